@@ -1,0 +1,68 @@
+//! Command-line options and subcommands.
+
+use std::path::PathBuf;
+
+use bypass_common::names::{DEFAULT_MAX_SOCKETS, DEFAULT_PIN_DIR};
+use clap::{Args, Parser, Subcommand};
+
+use crate::cidr::PodCidr;
+
+/// Same-node TCP bypass: pod-to-pod sockets talk socket to socket.
+#[derive(Debug, Parser)]
+#[command(name = "bypass-agent", version, about)]
+pub struct Cli {
+    /// Log as JSON lines instead of text (filter with RUST_LOG).
+    #[arg(long, global = true)]
+    pub log_json: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// What to do.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Load and attach the datapath and keep it until SIGINT/SIGTERM.
+    Run(RunOpts),
+    /// Print what the running datapath holds and has counted.
+    Status(StatusOpts),
+    /// Remove every pin a crashed agent left behind, and say what was removed.
+    Uninstall(PinOpts),
+}
+
+/// Options of `run`.
+#[derive(Debug, Args)]
+pub struct RunOpts {
+    /// A pod CIDR (repeatable): connections whose two ends are inside pod CIDRs or are
+    /// pod addresses are bypassed. IPv4 and IPv6.
+    #[arg(long = "pod-cidr", value_name = "CIDR")]
+    pub pod_cidrs: Vec<PodCidr>,
+    /// A single pod address (repeatable).
+    #[arg(long = "pod-ip", value_name = "ADDR")]
+    pub pod_ips: Vec<std::net::IpAddr>,
+    /// cgroup v2 directory to attach sock_ops to [default: the cgroup2 mount root].
+    #[arg(long, value_name = "PATH")]
+    pub cgroup: Option<PathBuf>,
+    #[command(flatten)]
+    pub pins: PinOpts,
+    /// SockHash capacity in sockets (two per bypassed connection).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_SOCKETS)]
+    pub max_sockets: u32,
+}
+
+/// Where the pins live.
+#[derive(Debug, Args)]
+pub struct PinOpts {
+    /// bpffs directory holding the agent's pinned maps and programs.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
+    pub pin_dir: PathBuf,
+}
+
+/// Options of `status`.
+#[derive(Debug, Args)]
+pub struct StatusOpts {
+    #[command(flatten)]
+    pub pins: PinOpts,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}

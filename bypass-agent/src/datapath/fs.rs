@@ -1,0 +1,202 @@
+//! The two file systems the datapath needs: cgroup v2 (where sock_ops attaches) and
+//! bpffs (where pins live). Finding mounts is a pure parse of /proc/self/mountinfo.
+
+use std::{
+    ffi::CString,
+    fs::File,
+    os::unix::ffi::OsStrExt as _,
+    path::{Path, PathBuf},
+};
+
+use crate::error::AgentError;
+
+const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+const CGROUP_SUPER_MAGIC: i64 = 0x0027_e0eb;
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+const SYSFS_MAGIC: i64 = 0x6265_6572;
+
+/// The mount point of the first mount of `fstype` in a mountinfo text.
+pub fn find_mount(mountinfo: &str, fstype: &str) -> Option<PathBuf> {
+    mountinfo.lines().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        let ty = right.split_whitespace().next()?;
+        if ty != fstype {
+            return None;
+        }
+        let mount_point = left.split_whitespace().nth(4)?;
+        Some(PathBuf::from(unescape(mount_point)))
+    })
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8)
+        {
+            out.push(v);
+            i += 4;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Where cgroup2 is mounted on this machine (`/sys/fs/cgroup` on unified hosts,
+/// `/sys/fs/cgroup/unified` on hybrid ones).
+pub fn find_cgroup2_mount() -> Result<PathBuf, AgentError> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").map_err(|source| AgentError::Io {
+        action: "read",
+        path: "/proc/self/mountinfo".into(),
+        source,
+    })?;
+    find_mount(&text, "cgroup2").ok_or(AgentError::NoCgroup2Mount)
+}
+
+fn fs_magic(path: &Path) -> std::io::Result<i64> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: zeroed statfs is a valid out-parameter; `c` is NUL-terminated.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    #[allow(clippy::unnecessary_cast, reason = "f_type is i64 or u32 by arch")]
+    Ok(st.f_type as i64)
+}
+
+fn fs_name(magic: i64) -> &'static str {
+    match magic {
+        CGROUP_SUPER_MAGIC => "cgroup v1",
+        TMPFS_MAGIC => "tmpfs",
+        SYSFS_MAGIC => "sysfs",
+        BPF_FS_MAGIC => "bpffs",
+        CGROUP2_SUPER_MAGIC => "cgroup2",
+        _ => "non-cgroup",
+    }
+}
+
+/// Opens a cgroup v2 directory for attaching, or says what is wrong with the path.
+pub fn open_cgroup2_dir(path: &Path) -> Result<File, AgentError> {
+    if !path.exists() {
+        return Err(AgentError::CgroupMissing {
+            path: path.to_path_buf(),
+        });
+    }
+    let magic = fs_magic(path).map_err(|source| AgentError::Io {
+        action: "statfs",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    if magic != CGROUP2_SUPER_MAGIC || !path.is_dir() {
+        return Err(AgentError::NotCgroup2 {
+            path: path.to_path_buf(),
+            found: if path.is_dir() { fs_name(magic) } else { "non-directory" },
+        });
+    }
+    File::open(path).map_err(|source| AgentError::Io {
+        action: "open cgroup",
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Makes sure `pin_dir` can live on bpffs: its nearest existing ancestor must be
+/// bpffs; if that ancestor is the conventional /sys/fs/bpf and bpffs is not mounted
+/// there, mount it.
+pub fn ensure_bpffs(pin_dir: &Path) -> Result<(), AgentError> {
+    let existing = pin_dir
+        .ancestors()
+        .find(|p| p.exists())
+        .unwrap_or(Path::new("/"));
+    let magic = fs_magic(existing).unwrap_or(0);
+    if magic == BPF_FS_MAGIC {
+        return Ok(());
+    }
+    let conventional = Path::new("/sys/fs/bpf");
+    if pin_dir.starts_with(conventional) && existing.starts_with("/sys") {
+        mount_bpffs(conventional)?;
+        tracing::info!(path = %conventional.display(), "mounted bpffs");
+        return Ok(());
+    }
+    Err(AgentError::NotBpffs {
+        path: pin_dir.to_path_buf(),
+    })
+}
+
+fn mount_bpffs(at: &Path) -> Result<(), AgentError> {
+    if !at.exists() {
+        std::fs::create_dir_all(at).map_err(|source| AgentError::BpffsMount {
+            path: at.to_path_buf(),
+            source,
+        })?;
+    }
+    nix::mount::mount(
+        Some("bpf"),
+        at,
+        Some("bpf"),
+        nix::mount::MsFlags::empty(),
+        Some("mode=0700"),
+    )
+    .map_err(|errno| AgentError::BpffsMount {
+        path: at.to_path_buf(),
+        source: std::io::Error::from_raw_os_error(errno as i32),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HYBRID: &str = "\
+25 30 0:23 / /sys rw,nosuid,nodev,noexec,relatime shared:7 - sysfs sysfs rw
+33 25 0:28 / /sys/fs/cgroup ro,nosuid,nodev,noexec shared:9 - tmpfs tmpfs ro,mode=755
+34 33 0:29 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime shared:10 - cgroup2 cgroup2 rw,nsdelegate
+35 33 0:30 / /sys/fs/cgroup/cpu rw,relatime shared:11 - cgroup cgroup rw,cpu
+40 25 0:35 / /sys/fs/bpf rw,nosuid,nodev,noexec,relatime shared:14 - bpf bpf rw,mode=700
+";
+
+    #[test]
+    fn finds_hybrid_cgroup2() {
+        assert_eq!(
+            find_mount(HYBRID, "cgroup2"),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
+        assert_eq!(find_mount(HYBRID, "bpf"), Some(PathBuf::from("/sys/fs/bpf")));
+    }
+
+    #[test]
+    fn finds_unified_and_none() {
+        let unified = "29 23 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw\n";
+        assert_eq!(find_mount(unified, "cgroup2"), Some(PathBuf::from("/sys/fs/cgroup")));
+        let v1_only = "35 33 0:30 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n";
+        assert_eq!(find_mount(v1_only, "cgroup2"), None);
+        assert_eq!(find_mount("garbage line\n\n", "cgroup2"), None);
+    }
+
+    #[test]
+    fn unescapes_spaces() {
+        let line = "34 33 0:29 / /mnt/my\\040cgroup rw - cgroup2 cgroup2 rw\n";
+        assert_eq!(find_mount(line, "cgroup2"), Some(PathBuf::from("/mnt/my cgroup")));
+    }
+
+    #[test]
+    fn missing_cgroup_path_is_named() {
+        let err = open_cgroup2_dir(Path::new("/nonexistent/cg")).unwrap_err().to_string();
+        assert!(err.contains("/nonexistent/cg") && err.contains("--cgroup"), "{err}");
+    }
+
+    #[test]
+    fn non_cgroup_path_is_named() {
+        let err = open_cgroup2_dir(Path::new("/proc")).unwrap_err().to_string();
+        assert!(err.contains("not a cgroup v2 directory"), "{err}");
+    }
+}

@@ -1,0 +1,233 @@
+//! Typed views over the maps, usable from the loading agent or, through the pins, from
+//! another process (`status`).
+
+use std::{collections::BTreeSet, net::IpAddr};
+
+use aya::maps::{
+    Array, HashMap, Map, MapData, PerCpuArray, SockHash,
+    lpm_trie::{Key, LpmTrie},
+};
+use bypass_common::{
+    IpKey, SockKey, Stat, addr::ip_from_key, ip_key, names, CONTROL_DISABLED, CONTROL_ENABLED,
+};
+use serde::Serialize;
+
+use super::pins::PinLayout;
+use crate::{cidr::PodCidr, error::AgentError};
+
+fn open_err(name: &str, e: &(dyn std::error::Error + 'static)) -> AgentError {
+    AgentError::bpf(format!("open map {name}"), e)
+}
+
+/// The two address maps: pod CIDRs and exact pod addresses.
+pub struct PodMaps {
+    cidrs: LpmTrie<MapData, [u8; 16], u8>,
+    addrs: HashMap<MapData, IpKey, u8>,
+}
+
+impl PodMaps {
+    /// Wraps the two maps.
+    pub fn new(cidrs: Map, addrs: Map) -> Result<Self, AgentError> {
+        Ok(Self {
+            cidrs: LpmTrie::try_from(cidrs).map_err(|e| open_err(names::MAP_POD_CIDRS, &e))?,
+            addrs: HashMap::try_from(addrs).map_err(|e| open_err(names::MAP_POD_ADDRS, &e))?,
+        })
+    }
+
+    /// Adds a pod CIDR.
+    pub fn insert_cidr(&mut self, cidr: &PodCidr) -> Result<(), AgentError> {
+        let (len, bytes) = cidr.trie_key();
+        self.cidrs
+            .insert(&Key::new(len, bytes), 1, 0)
+            .map_err(|e| AgentError::bpf(format!("add pod CIDR {cidr} to {}", names::MAP_POD_CIDRS), &e))
+    }
+
+    /// Removes a pod CIDR.
+    pub fn remove_cidr(&mut self, cidr: &PodCidr) -> Result<(), AgentError> {
+        let (len, bytes) = cidr.trie_key();
+        self.cidrs
+            .remove(&Key::new(len, bytes))
+            .map_err(|e| AgentError::bpf(format!("remove pod CIDR {cidr}"), &e))
+    }
+
+    /// Adds a pod address.
+    pub fn insert_addr(&mut self, ip: IpAddr) -> Result<(), AgentError> {
+        self.addrs
+            .insert(ip_key(ip), 1, 0)
+            .map_err(|e| AgentError::bpf(format!("add pod address {ip} to {}", names::MAP_POD_ADDRS), &e))
+    }
+
+    /// Removes a pod address.
+    pub fn remove_addr(&mut self, ip: IpAddr) -> Result<(), AgentError> {
+        self.addrs
+            .remove(&ip_key(ip))
+            .map_err(|e| AgentError::bpf(format!("remove pod address {ip}"), &e))
+    }
+
+    /// The CIDRs in the trie now.
+    pub fn cidrs(&self) -> BTreeSet<PodCidr> {
+        self.cidrs
+            .keys()
+            .filter_map(Result::ok)
+            .filter_map(|k| cidr_from_trie(k.prefix_len(), k.data()))
+            .collect()
+    }
+
+    /// The exact addresses in the map now.
+    pub fn addrs(&self) -> BTreeSet<IpAddr> {
+        self.addrs.keys().filter_map(Result::ok).map(ip_from_key).collect()
+    }
+}
+
+fn cidr_from_trie(len: u32, bytes: [u8; 16]) -> Option<PodCidr> {
+    let v6 = std::net::Ipv6Addr::from(bytes);
+    match v6.to_ipv4_mapped() {
+        Some(v4) if len >= 96 => PodCidr::new(IpAddr::V4(v4), u8::try_from(len - 96).ok()?).ok(),
+        _ => PodCidr::new(IpAddr::V6(v6), u8::try_from(len).ok()?).ok(),
+    }
+}
+
+/// Counter values summed over CPUs, in [`Stat`] order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Counters {
+    /// Sockets inserted into the SockHash.
+    pub sockets_inserted: u64,
+    /// Inserts that failed (map full).
+    pub insert_failures: u64,
+    /// Messages redirected.
+    pub redirected_messages: u64,
+    /// Bytes redirected.
+    pub redirected_bytes: u64,
+    /// Messages that took the TCP path.
+    pub passed_messages: u64,
+    /// Bytes that took the TCP path.
+    pub passed_bytes: u64,
+    /// Established sockets that were not pod-to-pod.
+    pub sockets_skipped: u64,
+}
+
+impl Counters {
+    fn set(&mut self, stat: Stat, v: u64) {
+        match stat {
+            Stat::SocketsInserted => self.sockets_inserted = v,
+            Stat::InsertFailures => self.insert_failures = v,
+            Stat::RedirectedMessages => self.redirected_messages = v,
+            Stat::RedirectedBytes => self.redirected_bytes = v,
+            Stat::PassedMessages => self.passed_messages = v,
+            Stat::PassedBytes => self.passed_bytes = v,
+            Stat::SocketsSkipped => self.sockets_skipped = v,
+        }
+    }
+}
+
+/// The per-CPU counter array.
+pub struct Stats(PerCpuArray<MapData, u64>);
+
+impl Stats {
+    /// Wraps the map.
+    pub fn new(map: Map) -> Result<Self, AgentError> {
+        Ok(Self(
+            PerCpuArray::try_from(map).map_err(|e| open_err(names::MAP_STATS, &e))?,
+        ))
+    }
+
+    /// Sums every slot over CPUs.
+    pub fn read(&self) -> Result<Counters, AgentError> {
+        let mut c = Counters::default();
+        for stat in Stat::ALL {
+            let per_cpu = self
+                .0
+                .get(&stat.index(), 0)
+                .map_err(|e| AgentError::bpf(format!("read counter {}", stat.name()), &e))?;
+            c.set(stat, per_cpu.iter().copied().fold(0u64, u64::wrapping_add));
+        }
+        Ok(c)
+    }
+}
+
+/// The control word.
+pub struct Control(Array<MapData, u32>);
+
+impl Control {
+    /// Wraps the map.
+    pub fn new(map: Map) -> Result<Self, AgentError> {
+        Ok(Self(
+            Array::try_from(map).map_err(|e| open_err(names::MAP_CONTROL, &e))?,
+        ))
+    }
+
+    /// Allows or stops redirects.
+    pub fn set_enabled(&mut self, on: bool) -> Result<(), AgentError> {
+        let v = if on { CONTROL_ENABLED } else { CONTROL_DISABLED };
+        self.0
+            .set(0, v, 0)
+            .map_err(|e| AgentError::bpf("write the control word", &e))
+    }
+
+    /// Whether redirects are allowed.
+    pub fn enabled(&self) -> Result<bool, AgentError> {
+        self.0
+            .get(&0, 0)
+            .map(|v| v == CONTROL_ENABLED)
+            .map_err(|e| AgentError::bpf("read the control word", &e))
+    }
+}
+
+/// Number of keys in a SockHash.
+pub fn count_keys(map: &SockHash<MapData, SockKey>) -> usize {
+    map.keys().filter(Result::is_ok).count()
+}
+
+/// Everything `status` reads, opened from the pins of a running agent.
+pub struct PinnedView {
+    /// Address maps.
+    pub pod_maps: PodMaps,
+    /// Counters.
+    pub stats: Stats,
+    /// Control word.
+    pub control: Control,
+    /// The SockHash.
+    pub sockets: SockHash<MapData, SockKey>,
+    /// Whether the sock_ops link is pinned and alive.
+    pub link_pinned: bool,
+}
+
+impl PinnedView {
+    /// Opens the pins under `layout`.
+    pub fn open(layout: &PinLayout) -> Result<Self, AgentError> {
+        if !layout.map(names::MAP_STATS).exists() {
+            return Err(AgentError::NotPinned {
+                path: layout.root().to_path_buf(),
+            });
+        }
+        let open = |name: &str| -> Result<Map, AgentError> {
+            let data = MapData::from_pin(layout.map(name)).map_err(|e| open_err(name, &e))?;
+            Map::from_map_data(data).map_err(|e| open_err(name, &e))
+        };
+        Ok(Self {
+            pod_maps: PodMaps::new(open(names::MAP_POD_CIDRS)?, open(names::MAP_POD_ADDRS)?)?,
+            stats: Stats::new(open(names::MAP_STATS)?)?,
+            control: Control::new(open(names::MAP_CONTROL)?)?,
+            sockets: SockHash::try_from(open(names::MAP_SOCKETS)?)
+                .map_err(|e| open_err(names::MAP_SOCKETS, &e))?,
+            link_pinned: aya::programs::links::PinnedLink::from_pin(
+                layout.link(names::PIN_LINK_SOCKOPS),
+            )
+            .is_ok(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trie_keys_round_trip() {
+        for s in ["10.244.1.0/24", "fd00:10:244::/48", "0.0.0.0/0", "::/0"] {
+            let c: PodCidr = s.parse().unwrap();
+            let (len, bytes) = c.trie_key();
+            assert_eq!(cidr_from_trie(len, bytes), Some(c), "{s}");
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! The agent's error type: each variant names the object at fault and the fix.
+
+use std::path::PathBuf;
+
+/// Everything that can stop the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// `run` was given nothing to bypass.
+    #[error("no pod addresses given: pass --pod-cidr CIDR (repeatable) or --pod-ip ADDR")]
+    NoPodAddresses,
+    /// No cgroup2 mount in /proc/self/mountinfo.
+    #[error(
+        "no cgroup v2 hierarchy is mounted: mount one (mount -t cgroup2 none /sys/fs/cgroup) or pass --cgroup PATH"
+    )]
+    NoCgroup2Mount,
+    /// The cgroup path does not exist.
+    #[error("cgroup path {path} does not exist: pass an existing cgroup v2 directory with --cgroup")]
+    CgroupMissing {
+        /// The path given.
+        path: PathBuf,
+    },
+    /// The cgroup path is on another file system.
+    #[error(
+        "{path} is not a cgroup v2 directory (it is on a {found} file system): pass a directory under the cgroup2 mount with --cgroup"
+    )]
+    NotCgroup2 {
+        /// The path given.
+        path: PathBuf,
+        /// What is there instead.
+        found: &'static str,
+    },
+    /// bpffs could not be found or mounted.
+    #[error(
+        "bpffs is not mounted at {path} and mounting it failed ({source}): run `mount -t bpf bpf {path}` as root, or pass a --pin-dir on a bpffs"
+    )]
+    BpffsMount {
+        /// The bpffs mount point.
+        path: PathBuf,
+        /// Why the mount failed.
+        source: std::io::Error,
+    },
+    /// The pin directory is not on bpffs.
+    #[error("{path} is not on a bpf file system: pass a --pin-dir under a bpffs mount such as /sys/fs/bpf")]
+    NotBpffs {
+        /// The pin directory.
+        path: PathBuf,
+    },
+    /// Another agent holds the pin directory.
+    #[error(
+        "another bypass-agent (pid {pid}) is running on {path}: stop it first, or pass a different --pin-dir"
+    )]
+    PinDirBusy {
+        /// The pin directory.
+        path: PathBuf,
+        /// The holder, when it could be read.
+        pid: String,
+    },
+    /// Nothing is pinned where status looks.
+    #[error("no bypass datapath is pinned under {path}: is the agent running? (its --pin-dir must match)")]
+    NotPinned {
+        /// The pin directory.
+        path: PathBuf,
+    },
+    /// Missing privileges.
+    #[error("{action} was refused ({source}): run as root, or with CAP_BPF, CAP_NET_ADMIN and CAP_SYS_ADMIN")]
+    Permission {
+        /// What was attempted.
+        action: String,
+        /// The kernel's answer.
+        source: std::io::Error,
+    },
+    /// The kernel lacks a feature.
+    #[error("the kernel cannot {what} ({detail}): use a kernel >= 5.10 built with CONFIG_BPF_SYSCALL, CONFIG_CGROUP_BPF, CONFIG_BPF_STREAM_PARSER and CONFIG_DEBUG_INFO_BTF")]
+    KernelSupport {
+        /// The missing capability.
+        what: &'static str,
+        /// The underlying error.
+        detail: String,
+    },
+    /// A BPF operation failed.
+    #[error("{action}: {detail}")]
+    Bpf {
+        /// What was attempted.
+        action: String,
+        /// The underlying error chain.
+        detail: String,
+    },
+    /// The verifier rejected a program.
+    #[error("{action}: the kernel verifier rejected it ({detail}); this kernel lacks something the program needs (kernel >= 5.10 with BTF), log:\n{log}")]
+    Verifier {
+        /// What was attempted.
+        action: String,
+        /// The syscall error.
+        detail: String,
+        /// The verifier's log.
+        log: String,
+    },
+    /// A file operation failed.
+    #[error("{action} {path}: {source}")]
+    Io {
+        /// What was attempted.
+        action: &'static str,
+        /// On which path.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+impl AgentError {
+    /// A BPF failure, classified: EPERM becomes [`AgentError::Permission`].
+    pub fn bpf(action: impl Into<String>, err: &(dyn std::error::Error + 'static)) -> Self {
+        let action = action.into();
+        if let Some(io) = find_io(err)
+            && io.raw_os_error() == Some(libc::EPERM)
+        {
+            return Self::Permission {
+                action,
+                source: std::io::Error::from_raw_os_error(libc::EPERM),
+            };
+        }
+        if let Some(aya::programs::ProgramError::LoadError { io_error, verifier_log }) =
+            err.downcast_ref::<aya::programs::ProgramError>()
+        {
+            return Self::Verifier {
+                action,
+                detail: io_error.to_string(),
+                log: verifier_log.to_string(),
+            };
+        }
+        Self::Bpf {
+            action,
+            detail: chain(err),
+        }
+    }
+}
+
+/// The first `io::Error` in an error's source chain.
+fn find_io<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a std::io::Error> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = cur {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            return Some(io);
+        }
+        cur = e.source();
+    }
+    None
+}
+
+/// An error and its sources on one line.
+pub fn chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        let s = e.to_string();
+        if !out.contains(&s) {
+            out.push_str(": ");
+            out.push_str(&s);
+        }
+        cur = e.source();
+    }
+    out
+}

@@ -1,0 +1,47 @@
+//! Map names, program names and pin layout. The kernel side declares its maps under
+//! these names; the agent looks them up and pins them under the same names.
+
+/// SockHash of established pod-to-pod sockets, keyed by [`crate::SockKey`].
+pub const MAP_SOCKETS: &str = "BYPASS_SOCKETS";
+/// LPM trie of pod CIDRs, keyed by an `lpm_trie::Key<IpKey>` (IPv4 as `::ffff:0:0/96`).
+pub const MAP_POD_CIDRS: &str = "BYPASS_POD_CIDRS";
+/// Hash of exact pod addresses (`IpKey` → `u8`, the value is unused).
+pub const MAP_POD_ADDRS: &str = "BYPASS_POD_ADDRS";
+/// Per-CPU `u64` counters indexed by [`crate::Stat`].
+pub const MAP_STATS: &str = "BYPASS_STATS";
+/// One-entry `Array<u32>`: [`crate::CONTROL_ENABLED`] or [`crate::CONTROL_DISABLED`].
+pub const MAP_CONTROL: &str = "BYPASS_CONTROL";
+/// Socket-local storage holding each socket's [`crate::tx_mode`].
+pub const MAP_TX_MODE: &str = "BYPASS_TX_MODE";
+
+/// The sock_ops program: inserts eligible established sockets.
+pub const PROG_SOCKOPS: &str = "bypass_sockops";
+/// The sk_msg program: redirects each send to the peer socket.
+pub const PROG_SKMSG: &str = "bypass_skmsg";
+
+/// Maps the agent pins, in the order it creates them.
+pub const PINNED_MAPS: [&str; 5] = [
+    MAP_SOCKETS,
+    MAP_POD_CIDRS,
+    MAP_POD_ADDRS,
+    MAP_STATS,
+    MAP_CONTROL,
+];
+
+/// Default pin directory on bpffs.
+pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/bypass";
+/// Sub-directory of the pin directory that holds the maps.
+pub const PIN_MAPS_SUBDIR: &str = "maps";
+/// Sub-directory of the pin directory that holds the programs.
+pub const PIN_PROGS_SUBDIR: &str = "progs";
+/// Sub-directory of the pin directory that holds links.
+pub const PIN_LINKS_SUBDIR: &str = "links";
+/// Name of the pinned sock_ops cgroup link.
+pub const PIN_LINK_SOCKOPS: &str = "sockops_cgroup";
+
+/// Default capacity of the SockHash (sockets, i.e. two per bypassed connection).
+pub const DEFAULT_MAX_SOCKETS: u32 = 65_536;
+/// Default capacity of the pod CIDR trie.
+pub const DEFAULT_MAX_CIDRS: u32 = 1_024;
+/// Default capacity of the exact pod address map.
+pub const DEFAULT_MAX_ADDRS: u32 = 16_384;

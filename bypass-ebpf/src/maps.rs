@@ -1,0 +1,44 @@
+//! The maps, declared under the names in `bypass_common::names`.
+
+use aya_ebpf::{
+    btf_maps::{Array, HashMap, LpmTrie, PerCpuArray, SkStorage, SockHash},
+    macros::btf_map,
+};
+use bypass_common::{
+    IpKey, SockKey,
+    names::{DEFAULT_MAX_ADDRS, DEFAULT_MAX_CIDRS, DEFAULT_MAX_SOCKETS},
+    stats::STAT_SLOTS,
+};
+
+/// Established pod-to-pod sockets. The agent may resize it at load time.
+#[btf_map]
+pub(crate) static BYPASS_SOCKETS: SockHash<SockKey, { DEFAULT_MAX_SOCKETS as usize }> =
+    SockHash::new();
+
+/// Pod CIDRs, IPv4 as `::ffff:0:0/96` prefixes.
+#[btf_map]
+pub(crate) static BYPASS_POD_CIDRS: LpmTrie<[u8; 16], u8, { DEFAULT_MAX_CIDRS as usize }> =
+    LpmTrie::new();
+
+/// Exact pod addresses.
+#[btf_map]
+pub(crate) static BYPASS_POD_ADDRS: HashMap<IpKey, u8, { DEFAULT_MAX_ADDRS as usize }> =
+    HashMap::new();
+
+/// Per-CPU counters, indexed by `bypass_common::Stat`.
+#[btf_map]
+pub(crate) static BYPASS_STATS: PerCpuArray<u64, { STAT_SLOTS as usize }> = PerCpuArray::new();
+
+/// Slot 0: `CONTROL_ENABLED` or `CONTROL_DISABLED`.
+#[btf_map]
+pub(crate) static BYPASS_CONTROL: Array<u32, 1> = Array::new();
+
+/// Each inserted socket's `tx_mode`, freed with the socket.
+#[btf_map]
+pub(crate) static BYPASS_TX_MODE: SkStorage<u32> = SkStorage::new();
+
+/// Address of a BTF map definition, as the helpers take it.
+#[inline(always)]
+pub(crate) fn map_ptr<T>(map: &'static T) -> *mut core::ffi::c_void {
+    core::ptr::from_ref(map).cast_mut().cast()
+}
