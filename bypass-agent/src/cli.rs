@@ -47,6 +47,15 @@ pub struct RunOpts {
     /// SockHash capacity in sockets (two per bypassed connection).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_SOCKETS)]
     pub max_sockets: u32,
+    /// Load the embedded programs even if this build is already pinned (by default a
+    /// restarted agent adopts them, keeping maps, counters and the attachment).
+    #[arg(long)]
+    pub reset: bool,
+    /// On exit, detach and remove the pins (`true`), or leave the datapath pinned and
+    /// attached for the next agent to adopt (`false`, what a DaemonSet wants; remove it
+    /// with `bypass-agent uninstall`).
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub detach_on_exit: bool,
 }
 
 /// Where the pins live.

@@ -1,7 +1,10 @@
 //! `run` in standalone mode: pod addresses from flags, datapath attached until a
 //! signal, then detached and unpinned.
 
+use std::{collections::BTreeSet, net::IpAddr};
+
 use crate::{
+    cidr::PodCidr,
     cli::RunOpts,
     datapath::{self, Datapath},
     error::AgentError,
@@ -20,6 +23,8 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
         pin_dir: opts.pins.pin_dir,
         cgroup,
         max_sockets: opts.max_sockets,
+        reset: opts.reset,
+        detach_on_exit: opts.detach_on_exit,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -38,11 +43,22 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
             source,
         })?;
     let mut dp = Datapath::load(&config)?;
-    for cidr in &opts.pod_cidrs {
-        dp.pod_maps().insert_cidr(cidr)?;
+    // An adopted datapath may hold another run's addresses: make the maps match the flags.
+    let want_cidrs: BTreeSet<PodCidr> = opts.pod_cidrs.iter().copied().collect();
+    let want_ips: BTreeSet<IpAddr> = opts.pod_ips.iter().copied().collect();
+    let maps = dp.pod_maps();
+    let (have_cidrs, have_ips) = (maps.cidrs(), maps.addrs());
+    for cidr in have_cidrs.difference(&want_cidrs) {
+        maps.remove_cidr(cidr)?;
     }
-    for ip in &opts.pod_ips {
-        dp.pod_maps().insert_addr(*ip)?;
+    for cidr in want_cidrs.difference(&have_cidrs) {
+        maps.insert_cidr(cidr)?;
+    }
+    for ip in have_ips.difference(&want_ips) {
+        maps.remove_addr(*ip)?;
+    }
+    for ip in want_ips.difference(&have_ips) {
+        maps.insert_addr(*ip)?;
     }
     dp.attach()?;
     tracing::info!(
@@ -50,6 +66,7 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
         pod_ips = ?opts.pod_ips,
         cgroup = %config.cgroup.display(),
         pin_dir = %dp.pins().root().display(),
+        origin = ?dp.origin(),
         "running; SIGINT or SIGTERM detaches"
     );
     let signal = runtime.block_on(async {
@@ -60,7 +77,6 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
     });
     let counters = dp.counters()?;
     tracing::info!(signal, sockets = dp.socket_count(), ?counters, "stopping");
-    dp.detach()?;
     drop(dp);
     Ok(())
 }

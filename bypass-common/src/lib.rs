@@ -14,14 +14,31 @@ pub use addr::{IpKey, ip_key, mapped_v4};
 pub use key::SockKey;
 pub use stats::Stat;
 
-/// Control word slot values in [`names::MAP_CONTROL`] (an `Array<u32>` of one entry).
-///
-/// The sk_msg program redirects only while the word is [`CONTROL_ENABLED`]; any other
-/// value sends every message the normal TCP path, which is how the agent detaches
-/// without losing bytes already queued on a peer (see README, "Detach").
-pub const CONTROL_ENABLED: u32 = 1;
-/// See [`CONTROL_ENABLED`].
-pub const CONTROL_DISABLED: u32 = 0;
+/// Slots of the control array [`names::MAP_CONTROL`] (`Array<u32>`).
+pub mod control {
+    /// Redirect switch: [`ENABLED`] or [`DISABLED`]. The sk_msg program redirects only
+    /// while it is [`ENABLED`]; otherwise every message takes the normal TCP path, which
+    /// is how the agent detaches without losing bytes already queued on a peer.
+    pub const SLOT_ENABLED: u32 = 0;
+    /// Low and high words of the loaded object's fingerprint (FNV-1a of the ELF), so a
+    /// restarted agent knows whether the pinned programs are its own build.
+    pub const SLOT_OBJECT_LO: u32 = 1;
+    /// See [`SLOT_OBJECT_LO`].
+    pub const SLOT_OBJECT_HI: u32 = 2;
+    /// Low and high words of the id (inode) of the cgroup sock_ops is attached to.
+    pub const SLOT_CGROUP_LO: u32 = 3;
+    /// See [`SLOT_CGROUP_LO`].
+    pub const SLOT_CGROUP_HI: u32 = 4;
+    /// Free for the agent's own state (e.g. why the bypass is on or off).
+    pub const SLOT_AGENT_STATE: u32 = 5;
+    /// Number of slots.
+    pub const SLOTS: u32 = 8;
+
+    /// Value of [`SLOT_ENABLED`]: redirects allowed.
+    pub const ENABLED: u32 = 1;
+    /// Value of [`SLOT_ENABLED`]: every send takes the TCP path.
+    pub const DISABLED: u32 = 0;
+}
 
 /// Per-socket transmit mode kept in socket-local storage by the sk_msg program.
 ///

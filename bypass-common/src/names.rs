@@ -9,7 +9,7 @@ pub const MAP_POD_CIDRS: &str = "BYPASS_POD_CIDRS";
 pub const MAP_POD_ADDRS: &str = "BYPASS_POD_ADDRS";
 /// Per-CPU `u64` counters indexed by [`crate::Stat`].
 pub const MAP_STATS: &str = "BYPASS_STATS";
-/// One-entry `Array<u32>`: [`crate::CONTROL_ENABLED`] or [`crate::CONTROL_DISABLED`].
+/// `Array<u32>` of [`crate::control::SLOTS`] control words.
 pub const MAP_CONTROL: &str = "BYPASS_CONTROL";
 /// Socket-local storage holding each socket's [`crate::tx_mode`].
 pub const MAP_TX_MODE: &str = "BYPASS_TX_MODE";
@@ -19,14 +19,6 @@ pub const PROG_SOCKOPS: &str = "bypass_sockops";
 /// The sk_msg program: redirects each send to the peer socket.
 pub const PROG_SKMSG: &str = "bypass_skmsg";
 
-/// Maps the agent pins, in the order it creates them.
-pub const PINNED_MAPS: [&str; 5] = [
-    MAP_SOCKETS,
-    MAP_POD_CIDRS,
-    MAP_POD_ADDRS,
-    MAP_STATS,
-    MAP_CONTROL,
-];
 
 /// Default pin directory on bpffs.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/bypass";

@@ -5,7 +5,7 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use bypass_common::{
-    IpKey, SockKey,
+    IpKey, SockKey, control,
     names::{DEFAULT_MAX_ADDRS, DEFAULT_MAX_CIDRS, DEFAULT_MAX_SOCKETS},
     stats::STAT_SLOTS,
 };
@@ -29,9 +29,9 @@ pub(crate) static BYPASS_POD_ADDRS: HashMap<IpKey, u8, { DEFAULT_MAX_ADDRS as us
 #[btf_map]
 pub(crate) static BYPASS_STATS: PerCpuArray<u64, { STAT_SLOTS as usize }> = PerCpuArray::new();
 
-/// Slot 0: `CONTROL_ENABLED` or `CONTROL_DISABLED`.
+/// Control words, slots in `bypass_common::control`.
 #[btf_map]
-pub(crate) static BYPASS_CONTROL: Array<u32, 1> = Array::new();
+pub(crate) static BYPASS_CONTROL: Array<u32, { control::SLOTS as usize }> = Array::new();
 
 /// Each inserted socket's `tx_mode`, freed with the socket.
 #[btf_map]

@@ -11,7 +11,7 @@ use aya_ebpf::{
     macros::sk_msg,
     programs::SkMsgContext,
 };
-use bypass_common::{CONTROL_ENABLED, Stat, tx_mode};
+use bypass_common::{Stat, control, tx_mode};
 
 use crate::{
     key,
@@ -60,7 +60,7 @@ fn try_redirect(ctx: &SkMsgContext) -> bool {
     if *mode == tx_mode::TCP {
         return false;
     }
-    let enabled = BYPASS_CONTROL.get(0).copied() == Some(CONTROL_ENABLED);
+    let enabled = BYPASS_CONTROL.get(control::SLOT_ENABLED).copied() == Some(control::ENABLED);
     let redirected = enabled
         && match key::from_sk_msg(ctx.msg) {
             Some(key) => {

@@ -8,7 +8,7 @@ use aya::maps::{
     lpm_trie::{Key, LpmTrie},
 };
 use bypass_common::{
-    IpKey, SockKey, Stat, addr::ip_from_key, ip_key, names, CONTROL_DISABLED, CONTROL_ENABLED,
+    IpKey, SockKey, Stat, addr::ip_from_key, control, ip_key, names,
 };
 use serde::Serialize;
 
@@ -145,7 +145,7 @@ impl Stats {
     }
 }
 
-/// The control word.
+/// The control words (slots in `bypass_common::control`).
 pub struct Control(Array<MapData, u32>);
 
 impl Control {
@@ -156,26 +156,87 @@ impl Control {
         ))
     }
 
+    fn get(&self, slot: u32) -> Result<u32, AgentError> {
+        self.0
+            .get(&slot, 0)
+            .map_err(|e| AgentError::bpf(format!("read control slot {slot}"), &e))
+    }
+
+    fn set(&mut self, slot: u32, v: u32) -> Result<(), AgentError> {
+        self.0
+            .set(slot, v, 0)
+            .map_err(|e| AgentError::bpf(format!("write control slot {slot}"), &e))
+    }
+
+    fn get64(&self, lo: u32, hi: u32) -> Result<u64, AgentError> {
+        Ok(u64::from(self.get(lo)?) | (u64::from(self.get(hi)?) << 32))
+    }
+
+    fn set64(&mut self, lo: u32, hi: u32, v: u64) -> Result<(), AgentError> {
+        // Truncations are the point: the two halves.
+        self.set(lo, (v & 0xffff_ffff) as u32)?;
+        self.set(hi, (v >> 32) as u32)
+    }
+
+    /// Pins the map (consumes the view: a pinned map is reopened from its pin).
+    pub fn pin(self, path: &std::path::Path) -> Result<(), aya::pin::PinError> {
+        self.0.pin(path)
+    }
+
     /// Allows or stops redirects.
     pub fn set_enabled(&mut self, on: bool) -> Result<(), AgentError> {
-        let v = if on { CONTROL_ENABLED } else { CONTROL_DISABLED };
-        self.0
-            .set(0, v, 0)
-            .map_err(|e| AgentError::bpf("write the control word", &e))
+        let v = if on { control::ENABLED } else { control::DISABLED };
+        self.set(control::SLOT_ENABLED, v)
     }
 
     /// Whether redirects are allowed.
     pub fn enabled(&self) -> Result<bool, AgentError> {
-        self.0
-            .get(&0, 0)
-            .map(|v| v == CONTROL_ENABLED)
-            .map_err(|e| AgentError::bpf("read the control word", &e))
+        Ok(self.get(control::SLOT_ENABLED)? == control::ENABLED)
     }
+
+    /// Records which object and cgroup the pinned datapath belongs to.
+    pub fn set_identity(&mut self, id: Identity) -> Result<(), AgentError> {
+        self.set64(control::SLOT_OBJECT_LO, control::SLOT_OBJECT_HI, id.object)?;
+        self.set64(control::SLOT_CGROUP_LO, control::SLOT_CGROUP_HI, id.cgroup)
+    }
+
+    /// Which object and cgroup the pinned datapath belongs to.
+    pub fn identity(&self) -> Result<Identity, AgentError> {
+        Ok(Identity {
+            object: self.get64(control::SLOT_OBJECT_LO, control::SLOT_OBJECT_HI)?,
+            cgroup: self.get64(control::SLOT_CGROUP_LO, control::SLOT_CGROUP_HI)?,
+        })
+    }
+
+    /// The agent's own state word.
+    pub fn agent_state(&self) -> Result<u32, AgentError> {
+        self.get(control::SLOT_AGENT_STATE)
+    }
+
+    /// Sets the agent's own state word.
+    pub fn set_agent_state(&mut self, v: u32) -> Result<(), AgentError> {
+        self.set(control::SLOT_AGENT_STATE, v)
+    }
+}
+
+/// What a pinned datapath is: the object's fingerprint and the cgroup it serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity {
+    /// FNV-1a of the embedded ELF object.
+    pub object: u64,
+    /// Inode (cgroup id) of the attach cgroup.
+    pub cgroup: u64,
 }
 
 /// Number of keys in a SockHash.
 pub fn count_keys(map: &SockHash<MapData, SockKey>) -> usize {
     map.keys().filter(Result::is_ok).count()
+}
+
+/// Opens the map `name` from its pin.
+pub fn open_pinned(layout: &PinLayout, name: &str) -> Result<Map, AgentError> {
+    let data = MapData::from_pin(layout.map(name)).map_err(|e| open_err(name, &e))?;
+    Map::from_map_data(data).map_err(|e| open_err(name, &e))
 }
 
 /// Everything `status` reads, opened from the pins of a running agent.
@@ -200,10 +261,7 @@ impl PinnedView {
                 path: layout.root().to_path_buf(),
             });
         }
-        let open = |name: &str| -> Result<Map, AgentError> {
-            let data = MapData::from_pin(layout.map(name)).map_err(|e| open_err(name, &e))?;
-            Map::from_map_data(data).map_err(|e| open_err(name, &e))
-        };
+        let open = |name: &str| open_pinned(layout, name);
         Ok(Self {
             pod_maps: PodMaps::new(open(names::MAP_POD_CIDRS)?, open(names::MAP_POD_ADDRS)?)?,
             stats: Stats::new(open(names::MAP_STATS)?)?,

@@ -1,6 +1,6 @@
-//! The kernel side as the agent sees it: load the embedded object, pin its maps,
-//! attach and detach, and typed views over the maps. Nothing here decides *what* goes
-//! into the maps; callers do.
+//! The kernel side as the agent sees it: load the embedded object or adopt a pinned
+//! one, attach and detach, and typed views over the maps. Nothing here decides *what*
+//! goes into the address maps; callers do.
 
 mod fs;
 mod lock;
@@ -8,12 +8,15 @@ mod maps;
 mod object;
 mod pins;
 
-use std::{fs::File, path::PathBuf};
+use std::{fs::File, os::unix::fs::MetadataExt as _, path::PathBuf};
 
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Map, MapData, SockHash},
-    programs::{CgroupAttachMode, SkMsg, SockOps, links::{FdLink, PinnedLink}},
+    programs::{
+        CgroupAttachMode, SkMsg, SockOps,
+        links::{FdLink, PinnedLink},
+    },
 };
 use bypass_common::{
     SockKey,
@@ -23,7 +26,7 @@ use bypass_common::{
     },
 };
 pub use fs::find_cgroup2_mount;
-pub use maps::{Counters, PinnedView, PodMaps, count_keys as count_sockets};
+pub use maps::{Counters, Identity, PinnedView, PodMaps, count_keys as count_sockets};
 pub use pins::{PinLayout, uninstall};
 use tracing::{info, warn};
 
@@ -38,85 +41,120 @@ pub struct Config {
     pub cgroup: PathBuf,
     /// SockHash capacity.
     pub max_sockets: u32,
+    /// Reload even when the pinned datapath is this build (drops nothing: sockets in
+    /// the old map keep it until they close).
+    pub reset: bool,
+    /// On drop, detach and remove the pins. Off, the datapath stays pinned and
+    /// attached for the next agent to adopt.
+    pub detach_on_exit: bool,
 }
 
-/// A loaded, pinned datapath. Dropping it detaches and removes every pin it made.
+/// How the running datapath came to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// Loaded now; nothing was pinned.
+    Fresh,
+    /// The pinned datapath of this same build was adopted: maps, counters and the
+    /// attachment carried over, no connection noticed.
+    Adopted,
+    /// A pinned datapath of another build (or cgroup, or `--reset`) was released and
+    /// this build loaded. Its sockets keep the old programs until they close.
+    Replaced,
+}
+
+/// A pinned datapath. Dropping it detaches and removes the pins when
+/// [`Config::detach_on_exit`] is set.
 pub struct Datapath {
-    // Field order is drop order: unpin before the object goes.
+    // Field order is drop order.
     sockops_link: Option<PinnedLink>,
     pod_maps: PodMaps,
     control: maps::Control,
     stats: maps::Stats,
     sockets: SockHash<MapData, SockKey>,
+    sockops: SockOps,
     pins: PinLayout,
     cgroup: File,
     cgroup_path: PathBuf,
-    ebpf: Ebpf,
+    origin: Origin,
+    detach_on_exit: bool,
+    // Keeps the sk_msg attachment of a fresh load owned (dropping it detaches).
+    _ebpf: Option<Ebpf>,
     _lock: lock::PinDirLock,
 }
 
 impl Datapath {
-    /// Checks the environment, loads the programs, attaches sk_msg to the SockHash and
-    /// pins the maps. sock_ops is not attached yet: see [`Datapath::attach`].
+    /// Checks the environment, then adopts the pinned datapath if it is this build on
+    /// this cgroup, or loads the embedded object and pins it. A fresh load is not
+    /// attached yet: see [`Datapath::attach`]; an adopted one keeps its state.
     pub fn load(config: &Config) -> Result<Self, AgentError> {
         let cgroup = fs::open_cgroup2_dir(&config.cgroup)?;
+        let identity = Identity {
+            object: object::fingerprint(),
+            cgroup: cgroup
+                .metadata()
+                .map_err(|source| AgentError::Io {
+                    action: "stat",
+                    path: config.cgroup.clone(),
+                    source,
+                })?
+                .ino(),
+        };
         fs::ensure_bpffs(&config.pin_dir)?;
         let pins = PinLayout::new(&config.pin_dir);
         let lock = lock::PinDirLock::acquire(&config.pin_dir)?;
-        let stale = pins::remove_stale(&pins)?;
-        if !stale.is_empty() {
-            warn!(pin_dir = %config.pin_dir.display(), removed = stale.len(),
-                "removed pins left by an agent that did not exit cleanly");
-        }
-        raise_memlock();
 
-        let mut ebpf = EbpfLoader::new()
-            .map_max_entries(MAP_SOCKETS, config.max_sockets)
-            .load(object::BYTES)
-            .map_err(|e| classify_load_error(&e))?;
+        let pinned = pins::complete(&pins);
+        let adopt = pinned && !config.reset && pinned_identity(&pins) == Some(identity);
+        let origin = if adopt {
+            Origin::Adopted
+        } else {
+            let stale = pins::remove_stale(&pins)?;
+            if !stale.is_empty() {
+                info!(pin_dir = %config.pin_dir.display(), removed = stale.len(), reset = config.reset,
+                    "released a pinned datapath of another build, cgroup or an interrupted start; \
+                     its connections keep it until they close");
+            }
+            if pinned { Origin::Replaced } else { Origin::Fresh }
+        };
 
-        // From here on, failure unwinds through `PinGuard`.
-        let guard = pins::PinGuard::new(pins.clone());
-        pins.create_dirs()?;
+        let ebpf = if adopt {
+            None
+        } else {
+            Some(load_fresh(&pins, config.max_sockets, identity)?)
+        };
+        let guard = pins::PinGuard::new(pins.clone(), !adopt);
         let sockets: SockHash<MapData, SockKey> =
-            SockHash::try_from(take_pinned(&mut ebpf, &pins, MAP_SOCKETS)?)
-                .map_err(|e| AgentError::bpf("open the SockHash", &e))?;
-        let cidrs = take_pinned(&mut ebpf, &pins, MAP_POD_CIDRS)?;
-        let addrs = take_pinned(&mut ebpf, &pins, MAP_POD_ADDRS)?;
-        let pod_maps = PodMaps::new(cidrs, addrs)?;
-        let stats = maps::Stats::new(take_pinned(&mut ebpf, &pins, MAP_STATS)?)?;
-        let mut control = maps::Control::new(take_pinned(&mut ebpf, &pins, MAP_CONTROL)?)?;
-        control.set_enabled(false)?;
-
-        let skmsg: &mut SkMsg = program(&mut ebpf, PROG_SKMSG)?;
-        skmsg
-            .load()
-            .map_err(|e| AgentError::bpf(format!("load {PROG_SKMSG}"), &e))?;
-        skmsg
-            .attach(sockets.fd())
-            .map_err(|e| AgentError::bpf(format!("attach {PROG_SKMSG} to {MAP_SOCKETS}"), &e))?;
-        skmsg
-            .pin(pins.prog(PROG_SKMSG))
-            .map_err(|e| AgentError::bpf(format!("pin {PROG_SKMSG}"), &e))?;
-        let sockops: &mut SockOps = program(&mut ebpf, PROG_SOCKOPS)?;
-        sockops
-            .load()
-            .map_err(|e| AgentError::bpf(format!("load {PROG_SOCKOPS}"), &e))?;
-        sockops
-            .pin(pins.prog(PROG_SOCKOPS))
-            .map_err(|e| AgentError::bpf(format!("pin {PROG_SOCKOPS}"), &e))?;
+            SockHash::try_from(maps::open_pinned(&pins, MAP_SOCKETS)?)
+                .map_err(|e| AgentError::bpf(format!("open map {MAP_SOCKETS}"), &e))?;
+        let pod_maps = PodMaps::new(
+            maps::open_pinned(&pins, MAP_POD_CIDRS)?,
+            maps::open_pinned(&pins, MAP_POD_ADDRS)?,
+        )?;
+        let stats = maps::Stats::new(maps::open_pinned(&pins, MAP_STATS)?)?;
+        let control = maps::Control::new(maps::open_pinned(&pins, MAP_CONTROL)?)?;
+        let sockops = SockOps::from_pin(pins.prog(PROG_SOCKOPS))
+            .map_err(|e| AgentError::bpf(format!("open pinned program {PROG_SOCKOPS}"), &e))?;
+        let sockops_link = if adopt {
+            PinnedLink::from_pin(pins.link(PIN_LINK_SOCKOPS)).ok()
+        } else {
+            None
+        };
         guard.disarm();
-        info!(pin_dir = %config.pin_dir.display(), max_sockets = config.max_sockets, "datapath loaded");
+        info!(pin_dir = %config.pin_dir.display(), ?origin, attached = sockops_link.is_some(),
+            max_sockets = config.max_sockets, "datapath ready");
         Ok(Self {
-            sockops_link: None,
+            sockops_link,
             pod_maps,
             control,
             stats,
             sockets,
+            sockops,
             pins,
             cgroup,
             cgroup_path: config.cgroup.clone(),
-            ebpf,
+            origin,
+            detach_on_exit: config.detach_on_exit,
+            _ebpf: ebpf,
             _lock: lock,
         })
     }
@@ -124,18 +162,24 @@ impl Datapath {
     /// Turns the bypass on: redirects allowed, then sock_ops attached to the cgroup (in
     /// that order, so no socket is inserted while redirects are still off).
     pub fn attach(&mut self) -> Result<(), AgentError> {
+        self.control.set_enabled(true)?;
         if self.sockops_link.is_some() {
             return Ok(());
         }
-        self.control.set_enabled(true)?;
         let cgroup = &self.cgroup_path;
-        let prog: &mut SockOps = program(&mut self.ebpf, PROG_SOCKOPS)?;
         // On kernels >= 5.7 this is a bpf_link, which the kernel always attaches in
         // multi mode (kernel/bpf/cgroup.c), so other sock_ops programs keep running.
-        let id = prog
+        let id = self
+            .sockops
             .attach(&self.cgroup, CgroupAttachMode::Single)
-            .map_err(|e| AgentError::bpf(format!("attach {PROG_SOCKOPS} to cgroup {}", cgroup.display()), &e))?;
-        let link = prog
+            .map_err(|e| {
+                AgentError::bpf(
+                    format!("attach {PROG_SOCKOPS} to cgroup {}", cgroup.display()),
+                    &e,
+                )
+            })?;
+        let link = self
+            .sockops
             .take_link(id)
             .map_err(|e| AgentError::bpf("take the sock_ops link", &e))?;
         let link: FdLink = link
@@ -166,14 +210,29 @@ impl Datapath {
         Ok(())
     }
 
-    /// Whether sock_ops is attached.
+    /// Whether sock_ops is attached and redirects are allowed.
     pub fn is_attached(&self) -> bool {
-        self.sockops_link.is_some()
+        self.sockops_link.is_some() && self.control.enabled().unwrap_or(false)
+    }
+
+    /// How this datapath came to be.
+    pub fn origin(&self) -> Origin {
+        self.origin
     }
 
     /// The address maps, to fill.
     pub fn pod_maps(&mut self) -> &mut PodMaps {
         &mut self.pod_maps
+    }
+
+    /// The agent's own state word (kept across restarts).
+    pub fn agent_state(&self) -> Result<u32, AgentError> {
+        self.control.agent_state()
+    }
+
+    /// Sets the agent's own state word.
+    pub fn set_agent_state(&mut self, v: u32) -> Result<(), AgentError> {
+        self.control.set_agent_state(v)
     }
 
     /// Counters summed over CPUs.
@@ -194,6 +253,11 @@ impl Datapath {
 
 impl Drop for Datapath {
     fn drop(&mut self) {
+        if !self.detach_on_exit {
+            info!(pin_dir = %self.pins.root().display(),
+                "leaving the datapath pinned and attached for the next agent");
+            return;
+        }
         if let Err(e) = self.detach() {
             warn!(error = %e, "detach on shutdown");
         }
@@ -204,15 +268,79 @@ impl Drop for Datapath {
     }
 }
 
-/// Takes a map out of the object and pins it.
-fn take_pinned(ebpf: &mut Ebpf, pins: &PinLayout, name: &str) -> Result<Map, AgentError> {
-    let map = ebpf.take_map(name).ok_or_else(|| AgentError::Bpf {
-        action: format!("find map {name}"),
-        detail: "not in the embedded object (build mismatch: rebuild with `cargo xtask build`)".into(),
-    })?;
-    map.pin(pins.map(name))
-        .map_err(|e| AgentError::bpf(format!("pin map {name} at {}", pins.map(name).display()), &e))?;
-    Ok(map)
+/// The identity recorded in a pinned control map, if it can be read.
+fn pinned_identity(pins: &PinLayout) -> Option<Identity> {
+    let control = maps::Control::new(maps::open_pinned(pins, MAP_CONTROL).ok()?).ok()?;
+    control.identity().ok()
+}
+
+/// Loads the embedded object, attaches sk_msg to the SockHash, pins maps and programs
+/// and records the identity. Removes what it pinned if any step fails.
+fn load_fresh(pins: &PinLayout, max_sockets: u32, identity: Identity) -> Result<Ebpf, AgentError> {
+    raise_memlock();
+    let mut ebpf = EbpfLoader::new()
+        .map_max_entries(MAP_SOCKETS, max_sockets)
+        .load(object::BYTES)
+        .map_err(|e| classify_load_error(&e))?;
+    let guard = pins::PinGuard::new(pins.clone(), true);
+    pins.create_dirs()?;
+    for name in [MAP_SOCKETS, MAP_POD_CIDRS, MAP_POD_ADDRS, MAP_STATS] {
+        pin_map(&ebpf, pins, name)?;
+    }
+    let mut control = maps::Control::new(take_map(&mut ebpf, MAP_CONTROL)?)?;
+    control.set_enabled(false)?;
+    control.set_identity(identity)?;
+
+    let sockets: SockHash<&MapData, SockKey> = SockHash::try_from(
+        ebpf.map(MAP_SOCKETS)
+            .ok_or_else(|| missing("map", MAP_SOCKETS))?,
+    )
+    .map_err(|e| AgentError::bpf(format!("open map {MAP_SOCKETS}"), &e))?;
+    let sockets_fd = sockets.fd().try_clone().map_err(|e| AgentError::bpf("dup the SockHash fd", &e))?;
+    let skmsg: &mut SkMsg = program(&mut ebpf, PROG_SKMSG)?;
+    skmsg
+        .load()
+        .map_err(|e| AgentError::bpf(format!("load {PROG_SKMSG}"), &e))?;
+    skmsg
+        .attach(&sockets_fd)
+        .map_err(|e| AgentError::bpf(format!("attach {PROG_SKMSG} to {MAP_SOCKETS}"), &e))?;
+    skmsg
+        .pin(pins.prog(PROG_SKMSG))
+        .map_err(|e| AgentError::bpf(format!("pin {PROG_SKMSG}"), &e))?;
+    let sockops: &mut SockOps = program(&mut ebpf, PROG_SOCKOPS)?;
+    sockops
+        .load()
+        .map_err(|e| AgentError::bpf(format!("load {PROG_SOCKOPS}"), &e))?;
+    sockops
+        .pin(pins.prog(PROG_SOCKOPS))
+        .map_err(|e| AgentError::bpf(format!("pin {PROG_SOCKOPS}"), &e))?;
+    // The control map is pinned last: its pin marks a complete datapath.
+    let path = pins.map(MAP_CONTROL);
+    control
+        .pin(path.as_path())
+        .map_err(|e| AgentError::bpf(format!("pin map {MAP_CONTROL} at {}", path.display()), &e))?;
+    guard.disarm();
+    Ok(ebpf)
+}
+
+fn missing(kind: &str, name: &str) -> AgentError {
+    AgentError::Bpf {
+        action: format!("find {kind} {name}"),
+        detail: "not in the embedded object (build mismatch: rebuild with `cargo xtask build`)"
+            .into(),
+    }
+}
+
+fn take_map(ebpf: &mut Ebpf, name: &str) -> Result<Map, AgentError> {
+    ebpf.take_map(name).ok_or_else(|| missing("map", name))
+}
+
+fn pin_map(ebpf: &Ebpf, pins: &PinLayout, name: &str) -> Result<(), AgentError> {
+    let path = pins.map(name);
+    ebpf.map(name)
+        .ok_or_else(|| missing("map", name))?
+        .pin(&path)
+        .map_err(|e| AgentError::bpf(format!("pin map {name} at {}", path.display()), &e))
 }
 
 /// A program of the object, by name and type.
@@ -220,10 +348,9 @@ fn program<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, AgentErro
 where
     &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
 {
-    let prog = ebpf.program_mut(name).ok_or_else(|| AgentError::Bpf {
-        action: format!("find program {name}"),
-        detail: "not in the embedded object (build mismatch: rebuild with `cargo xtask build`)".into(),
-    })?;
+    let prog = ebpf
+        .program_mut(name)
+        .ok_or_else(|| missing("program", name))?;
     prog.try_into()
         .map_err(|e: aya::programs::ProgramError| AgentError::bpf(format!("program {name}"), &e))
 }
@@ -251,9 +378,9 @@ fn classify_load_error(err: &aya::EbpfError) -> AgentError {
             source: std::io::Error::from_raw_os_error(libc::EPERM),
         };
     }
-    if text.contains("SOCKHASH") || text.contains(MAP_SOCKETS) && text.contains("Invalid argument") {
+    if text.contains(MAP_SOCKETS) {
         return AgentError::KernelSupport {
-            what: "create a SockHash map",
+            what: "create the SockHash map",
             detail: text,
         };
     }

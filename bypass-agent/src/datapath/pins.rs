@@ -60,6 +60,13 @@ impl PinLayout {
     }
 }
 
+/// Whether a complete datapath is pinned (the control map is pinned last).
+pub fn complete(layout: &PinLayout) -> bool {
+    layout.map(bypass_common::names::MAP_CONTROL).exists()
+        && layout.prog(bypass_common::names::PROG_SOCKOPS).exists()
+        && layout.prog(bypass_common::names::PROG_SKMSG).exists()
+}
+
 /// Removes pins in the sub-directories (links first, so the datapath detaches before
 /// its maps go) and the empty sub-directories; the root stays (it carries the lock).
 /// Returns what was removed.
@@ -132,11 +139,11 @@ pub struct PinGuard {
 }
 
 impl PinGuard {
-    /// Armed guard over `layout`.
-    pub fn new(layout: PinLayout) -> Self {
+    /// Guard over `layout`, armed or not.
+    pub fn new(layout: PinLayout, armed: bool) -> Self {
         Self {
             layout,
-            armed: Cell::new(true),
+            armed: Cell::new(armed),
         }
     }
 

@@ -1,0 +1,340 @@
+//! The reconcile loop: three reflectors (this Node, the Pods on it, all Namespaces)
+//! feed one loop that, on every change, computes the desired map contents and toggle
+//! state with the pure core (`sync`, `toggle`) and applies the difference to the
+//! datapath. While the API server is away the watchers retry with backoff and the
+//! stores, and so the datapath, stay as they were; on return the watchers relist.
+
+use std::{collections::BTreeSet, future::Future, sync::Arc, time::Duration};
+
+use futures::{FutureExt as _, StreamExt as _, stream::BoxStream};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::{
+    Api, Client,
+    runtime::{
+        WatchStreamExt as _,
+        reflector::{self, ObjectRef, Store},
+        watcher,
+    },
+};
+use tracing::{debug, error, info, warn};
+
+use super::{
+    Settings,
+    client::{Failure, classify},
+};
+use crate::{
+    datapath::Datapath,
+    error::AgentError,
+    metrics::{ErrorKind, Telemetry},
+    sync::{self, Policy, Rejection, RejectionKind, Statics},
+    toggle::{self, Action, EnabledBy, LabelValue, Recorded},
+};
+
+/// Which watcher an event came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Node = 0,
+    Pods = 1,
+    Namespaces = 2,
+}
+
+impl Source {
+    fn resource(self) -> &'static str {
+        match self {
+            Self::Node => "nodes",
+            Self::Pods => "pods",
+            Self::Namespaces => "namespaces",
+        }
+    }
+}
+
+/// One item of the merged watch streams: an event (whether it completed a listing), or
+/// an error.
+type Item = (Source, Result<bool, watcher::Error>);
+
+fn watch<K>(
+    source: Source,
+    api: Api<K>,
+    config: watcher::Config,
+) -> (Store<K>, BoxStream<'static, Item>)
+where
+    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store();
+    let stream = reflector(writer, watcher(api, config).default_backoff())
+        .map(move |r| (source, r.map(|e| matches!(e, watcher::Event::InitDone))))
+        .boxed();
+    (store, stream)
+}
+
+/// Runs until `shutdown` completes. Errors only when the datapath itself fails in a
+/// way the loop cannot carry on from.
+pub async fn run(
+    client: Client,
+    settings: &Settings,
+    statics: Statics,
+    dp: &mut Datapath,
+    telemetry: Arc<Telemetry>,
+    shutdown: impl Future<Output = &'static str>,
+) -> Result<&'static str, AgentError> {
+    let node = settings.node.clone();
+    let (nodes, node_events) = watch(
+        Source::Node,
+        Api::<Node>::all(client.clone()),
+        watcher::Config::default().fields(&format!("metadata.name={node}")),
+    );
+    let (pods, pod_events) = watch(
+        Source::Pods,
+        Api::<Pod>::all(client.clone()),
+        watcher::Config::default().fields(&format!("spec.nodeName={node}")),
+    );
+    let (namespaces, ns_events) = watch(
+        Source::Namespaces,
+        Api::<Namespace>::all(client),
+        watcher::Config::default(),
+    );
+    let mut events = futures::stream::select_all([node_events, pod_events, ns_events]);
+    let mut ctl = Reconciler {
+        policy: Policy {
+            node: node.clone(),
+            exclude_annotation: settings.exclude_annotation.clone(),
+            exclude_namespace_label: settings.exclude_namespace_label.clone(),
+        },
+        settings,
+        statics,
+        telemetry,
+        reported: BTreeSet::new(),
+        last_bad_label: None,
+        enabled_by: None,
+        node_seen: None,
+        nodes,
+        pods,
+        namespaces,
+    };
+    let mut synced = [false; 3];
+    let mut dirty = false;
+    // A periodic pass repairs drift (an entry removed behind the agent's back) and
+    // retries failed map updates.
+    let mut resync = tokio::time::interval(settings.resync);
+    resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let shutdown = shutdown.fuse();
+    futures::pin_mut!(shutdown);
+    info!(node = %node, "watching the node, its pods and namespaces");
+    loop {
+        tokio::select! {
+            signal = &mut shutdown => return Ok(signal),
+            item = events.next() => match item {
+                Some(item) => {
+                    ctl.note(item, &mut synced);
+                    dirty = true;
+                }
+                None => {
+                    return Err(AgentError::Api {
+                        action: "watch the node, pods and namespaces".into(),
+                        detail: "the watch streams ended".into(),
+                    });
+                }
+            },
+            _ = resync.tick() => dirty = true,
+        }
+        // Coalesce a burst (a relist delivers every object) into one reconcile.
+        while let Some(Some(item)) = events.next().now_or_never() {
+            ctl.note(item, &mut synced);
+        }
+        if dirty && synced.iter().all(|s| *s) {
+            if !ctl.telemetry.health.ready() {
+                info!("node, pods and namespaces listed; reconciling");
+            }
+            ctl.telemetry.health.set_synced(true);
+            ctl.telemetry.agent.synced.set(1);
+            ctl.reconcile(dp);
+            dirty = false;
+        }
+    }
+}
+
+struct Reconciler<'a> {
+    policy: Policy,
+    settings: &'a Settings,
+    statics: Statics,
+    telemetry: Arc<Telemetry>,
+    /// Rejections already logged and counted.
+    reported: BTreeSet<Rejection>,
+    /// The bad node label value already logged and counted.
+    last_bad_label: Option<String>,
+    /// Where the current on/off state came from.
+    enabled_by: Option<EnabledBy>,
+    /// Whether the node was in the store at the last reconcile (for logging changes).
+    node_seen: Option<bool>,
+    nodes: Store<Node>,
+    pods: Store<Pod>,
+    namespaces: Store<Namespace>,
+}
+
+impl Reconciler<'_> {
+    /// Records one watch item: a completed listing, or an error (logged and counted;
+    /// the watcher retries by itself with backoff).
+    fn note(&self, (source, item): Item, synced: &mut [bool; 3]) {
+        match item {
+            Ok(true) => {
+                debug!(resource = source.resource(), "listed");
+                synced[source as usize] = true;
+            }
+            Ok(false) => {}
+            Err(e) => {
+                let inner = match &e {
+                    watcher::Error::InitialListFailed(k)
+                    | watcher::Error::WatchStartFailed(k)
+                    | watcher::Error::WatchFailed(k) => Some(classify(k)),
+                    _ => None,
+                };
+                if let Some(Failure::Forbidden(detail)) = inner {
+                    self.telemetry.agent.error(ErrorKind::Forbidden);
+                    error!(resource = source.resource(), %detail,
+                        "the API server forbids watching {}: apply deploy/rbac.yaml (get, list, watch on nodes, pods, namespaces); keeping the datapath as it is",
+                        source.resource());
+                } else {
+                    self.telemetry.agent.error(ErrorKind::Watch);
+                    warn!(resource = source.resource(), error = %crate::error::chain(&e),
+                        "watch failed; retrying with backoff, keeping the datapath as it is");
+                }
+            }
+        }
+    }
+
+    /// Makes the maps and the toggle match the stores. Failures are logged and counted;
+    /// the next pass retries.
+    fn reconcile(&mut self, dp: &mut Datapath) {
+        let metrics = self.telemetry.agent.clone();
+        metrics.reconciles.inc();
+        let node = self.nodes.get(&ObjectRef::new(&self.policy.node));
+        if self.node_seen != Some(node.is_some()) {
+            if node.is_none() {
+                warn!(node = %self.policy.node,
+                    "node not found in the API: no pod CIDRs from it, and --default-enabled decides");
+            }
+            self.node_seen = Some(node.is_some());
+        }
+        let pods = self.pods.state();
+        let namespaces = self.namespaces.state();
+        let desired = sync::desired(
+            node.as_deref(),
+            pods.iter().map(AsRef::as_ref),
+            namespaces.iter().map(AsRef::as_ref),
+            &self.policy,
+            &self.statics,
+        );
+        for r in sync::new_rejections(&self.reported, &desired.rejections) {
+            metrics.error(match r.kind {
+                RejectionKind::PodAddress => ErrorKind::PodAddress,
+                RejectionKind::NodeCidr => ErrorKind::NodeCidr,
+                RejectionKind::OptOutValue => ErrorKind::OptOutValue,
+            });
+            warn!(kind = r.kind.as_str(), object = %r.object, field = %r.field, value = %r.value,
+                "rejected: {}", r.reason);
+        }
+        self.reported = desired.rejections.clone();
+        metrics
+            .pods_tracked
+            .set(i64::try_from(desired.pods_tracked).unwrap_or(i64::MAX));
+
+        let maps = dp.pod_maps();
+        let plan = sync::plan(&maps.cidrs(), &maps.addrs(), &desired);
+        if !plan.is_empty() {
+            debug!(?plan, "applying");
+        }
+        let mut failed = 0usize;
+        let mut check = |r: Result<(), AgentError>| {
+            if let Err(e) = r {
+                failed += 1;
+                metrics.error(ErrorKind::MapUpdate);
+                error!(error = %e, "map update failed; retrying on the next pass");
+            }
+        };
+        for cidr in &plan.add_cidrs {
+            check(maps.insert_cidr(cidr));
+        }
+        for ip in &plan.add_addrs {
+            check(maps.insert_addr(*ip));
+        }
+        for cidr in &plan.remove_cidrs {
+            check(maps.remove_cidr(cidr));
+        }
+        for ip in &plan.remove_addrs {
+            check(maps.remove_addr(*ip));
+        }
+        if !plan.is_empty() {
+            info!(
+                added_cidrs = plan.add_cidrs.len(),
+                removed_cidrs = plan.remove_cidrs.len(),
+                added_addrs = plan.add_addrs.len(),
+                removed_addrs = plan.remove_addrs.len(),
+                failed,
+                pods_tracked = desired.pods_tracked,
+                "maps updated"
+            );
+        }
+        self.toggle(dp, node.as_deref());
+    }
+
+    /// Applies what the node label means.
+    fn toggle(&mut self, dp: &mut Datapath, node: Option<&Node>) {
+        let metrics = self.telemetry.agent.clone();
+        let labels = node.and_then(|n| n.metadata.labels.as_ref());
+        let key = &self.settings.node_label;
+        let attached = dp.is_attached();
+        let decision = toggle::decide(&self.policy.node, labels, key, self.settings.default_enabled, attached);
+        match &decision {
+            Ok(d) => {
+                self.last_bad_label = None;
+                self.enabled_by = Some(d.by);
+            }
+            Err(bad) => {
+                if self.last_bad_label.as_deref() != Some(bad.value.as_str()) {
+                    metrics.error(ErrorKind::LabelValue);
+                    warn!(node = %bad.node, key = %bad.key, value = %bad.value, "{bad}");
+                    self.last_bad_label = Some(bad.value.clone());
+                }
+            }
+        }
+        let result = match toggle::action(attached, &decision) {
+            Action::Attach => dp.attach().map(|()| info!(by = ?self.enabled_by, "bypass on")),
+            Action::Detach => dp.detach().map(|()| info!(by = ?self.enabled_by, "bypass off")),
+            Action::Keep => Ok(()),
+        };
+        match result {
+            Ok(()) => self.telemetry.health.set_settled(true),
+            Err(e) => {
+                metrics.error(ErrorKind::Toggle);
+                error!(error = %e, "switching the bypass failed; retrying on the next pass");
+            }
+        }
+        let recorded = Recorded {
+            enabled_by: self.enabled_by,
+            label: LabelValue::of(labels, key),
+            synced: true,
+        };
+        if let Err(e) = dp.set_agent_state(recorded.encode()) {
+            warn!(error = %e, "recording the toggle state for `status`");
+        }
+    }
+}
+
+/// How long to wait between start-up checks while the API server does not answer.
+pub fn retry_delay(attempt: u32) -> Duration {
+    Duration::from_millis(500u64.saturating_mul(1 << attempt.min(6))).min(Duration::from_secs(30))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_delay_grows_and_caps() {
+        assert_eq!(retry_delay(0), Duration::from_millis(500));
+        assert_eq!(retry_delay(1), Duration::from_secs(1));
+        assert_eq!(retry_delay(5), Duration::from_secs(16));
+        assert_eq!(retry_delay(6), Duration::from_secs(30));
+        assert_eq!(retry_delay(60), Duration::from_secs(30));
+    }
+}

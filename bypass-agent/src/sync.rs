@@ -1,0 +1,612 @@
+//! Pure: which pod CIDRs and pod addresses belong in the maps, computed from the node,
+//! the pods on it and the namespaces, and the changes that take the maps from what they
+//! hold to that. The Kubernetes watchers only feed these functions and apply the plan.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+    net::IpAddr,
+};
+
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+
+use crate::{cidr::PodCidr, toggle};
+
+/// Which pods count, and how workloads opt out.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// This node's name: pods scheduled elsewhere never count.
+    pub node: String,
+    /// A pod annotation that opts the pod out when `"true"`.
+    pub exclude_annotation: String,
+    /// A namespace label that opts every pod of the namespace out when `"true"`.
+    pub exclude_namespace_label: String,
+}
+
+/// Entries given on the command line, always kept.
+#[derive(Debug, Clone, Default)]
+pub struct Statics {
+    /// `--pod-cidr`.
+    pub cidrs: BTreeSet<PodCidr>,
+    /// `--pod-ip`.
+    pub addrs: BTreeSet<IpAddr>,
+}
+
+/// Why a pod contributes no address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Skip {
+    /// Scheduled on another node (or not yet scheduled).
+    OtherNode,
+    /// Shares the node's network namespace: its address is the node's.
+    HostNetwork,
+    /// Phase `Succeeded` or `Failed`: its address may already belong to another pod.
+    Finished,
+    /// Opted out by the pod annotation.
+    Excluded,
+    /// Opted out by its namespace's label.
+    NamespaceExcluded,
+    /// No address yet, or none that parses.
+    NoAddress,
+}
+
+/// An input value that was not used, and why: logged and counted by the caller.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Rejection {
+    /// What kind of problem, a short stable name for the metric label.
+    pub kind: RejectionKind,
+    /// The object: `pod NAMESPACE/NAME`, `node NAME` or `namespace NAME`.
+    pub object: String,
+    /// The field that held the value.
+    pub field: String,
+    /// The value.
+    pub value: String,
+    /// Why it was not used, and what to do.
+    pub reason: String,
+}
+
+/// Kinds of [`Rejection`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RejectionKind {
+    /// A pod address that is not an IP address, or not a unicast one.
+    PodAddress,
+    /// A node pod CIDR that is malformed.
+    NodeCidr,
+    /// An opt-out annotation or label whose value is neither `true` nor `false`.
+    OptOutValue,
+}
+
+impl RejectionKind {
+    /// The metric label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::PodAddress => "pod_address",
+            Self::NodeCidr => "node_cidr",
+            Self::OptOutValue => "opt_out_value",
+        }
+    }
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {}: {:?} ignored: {}",
+            self.object, self.field, self.value, self.reason
+        )
+    }
+}
+
+/// What the maps should hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Desired {
+    /// Pod CIDRs: the node's `spec.podCIDRs` and `--pod-cidr`.
+    pub cidrs: BTreeSet<PodCidr>,
+    /// Exact addresses: every address of every eligible pod, and `--pod-ip`.
+    pub addrs: BTreeSet<IpAddr>,
+    /// Pods that contribute at least one address.
+    pub pods_tracked: usize,
+    /// Values that were not used.
+    pub rejections: BTreeSet<Rejection>,
+}
+
+/// Changes to the maps.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// CIDRs to insert.
+    pub add_cidrs: Vec<PodCidr>,
+    /// CIDRs to remove.
+    pub remove_cidrs: Vec<PodCidr>,
+    /// Addresses to insert.
+    pub add_addrs: Vec<IpAddr>,
+    /// Addresses to remove.
+    pub remove_addrs: Vec<IpAddr>,
+}
+
+impl Plan {
+    /// Whether the maps already match.
+    pub fn is_empty(&self) -> bool {
+        self.add_cidrs.is_empty()
+            && self.remove_cidrs.is_empty()
+            && self.add_addrs.is_empty()
+            && self.remove_addrs.is_empty()
+    }
+}
+
+/// The changes that take `current` to `desired`.
+pub fn plan(
+    current_cidrs: &BTreeSet<PodCidr>,
+    current_addrs: &BTreeSet<IpAddr>,
+    desired: &Desired,
+) -> Plan {
+    // The map stores IPv4 as IPv4-mapped IPv6 and reads it back as IPv4; compare in
+    // that canonical form so a mapped address never churns.
+    let current_addrs: BTreeSet<IpAddr> = current_addrs.iter().map(IpAddr::to_canonical).collect();
+    Plan {
+        add_cidrs: desired.cidrs.difference(current_cidrs).copied().collect(),
+        remove_cidrs: current_cidrs.difference(&desired.cidrs).copied().collect(),
+        add_addrs: desired.addrs.difference(&current_addrs).copied().collect(),
+        remove_addrs: current_addrs.difference(&desired.addrs).copied().collect(),
+    }
+}
+
+/// The map contents the node, its pods and the namespaces call for.
+pub fn desired<'a>(
+    node: Option<&Node>,
+    pods: impl IntoIterator<Item = &'a Pod>,
+    namespaces: impl IntoIterator<Item = &'a Namespace>,
+    policy: &Policy,
+    statics: &Statics,
+) -> Desired {
+    let mut out = Desired {
+        cidrs: statics.cidrs.clone(),
+        addrs: statics.addrs.iter().map(IpAddr::to_canonical).collect(),
+        ..Desired::default()
+    };
+    if let Some(node) = node {
+        out.cidrs.extend(node_cidrs(node, &mut out.rejections));
+    }
+    let mut excluded_ns = BTreeSet::new();
+    for ns in namespaces {
+        if namespace_excluded(ns, policy, &mut out.rejections) {
+            excluded_ns.insert(ns.metadata.name.clone().unwrap_or_default());
+        }
+    }
+    for pod in pods {
+        if let Ok(addrs) = pod_addrs(pod, policy, &excluded_ns, &mut out.rejections) {
+            out.pods_tracked += 1;
+            out.addrs.extend(addrs);
+        }
+    }
+    out
+}
+
+/// The node's pod CIDRs (`spec.podCIDRs`, or the older single `spec.podCIDR`).
+pub fn node_cidrs(node: &Node, rejections: &mut BTreeSet<Rejection>) -> BTreeSet<PodCidr> {
+    let spec = node.spec.as_ref();
+    let (field, values): (&str, Vec<&String>) = match spec.and_then(|s| s.pod_cidrs.as_ref()) {
+        Some(list) if !list.is_empty() => ("spec.podCIDRs", list.iter().collect()),
+        _ => ("spec.podCIDR", spec.and_then(|s| s.pod_cidr.as_ref()).into_iter().collect()),
+    };
+    let mut out = BTreeSet::new();
+    for value in values {
+        match value.parse::<PodCidr>() {
+            Ok(cidr) => {
+                out.insert(cidr);
+            }
+            Err(e) => {
+                rejections.insert(Rejection {
+                    kind: RejectionKind::NodeCidr,
+                    object: format!("node {}", node.metadata.name.as_deref().unwrap_or("")),
+                    field: field.to_owned(),
+                    value: value.clone(),
+                    reason: e.to_string(),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Whether a namespace opts its pods out.
+fn namespace_excluded(ns: &Namespace, policy: &Policy, rejections: &mut BTreeSet<Rejection>) -> bool {
+    let name = ns.metadata.name.as_deref().unwrap_or("");
+    let value = ns
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(&policy.exclude_namespace_label));
+    opt_out(value, || format!("namespace {name}"), || {
+        format!("metadata.labels[{}]", policy.exclude_namespace_label)
+    }, rejections)
+}
+
+/// An opt-out value: `"true"` opts out, `"false"` or absent does not. Anything else is
+/// rejected and opts out too: the owner asked for something, and the safe reading of an
+/// unclear opt-out is "out".
+fn opt_out(
+    value: Option<&String>,
+    object: impl FnOnce() -> String,
+    field: impl FnOnce() -> String,
+    rejections: &mut BTreeSet<Rejection>,
+) -> bool {
+    let Some(value) = value else { return false };
+    match toggle::parse_value(value) {
+        Some(out) => out,
+        None => {
+            rejections.insert(Rejection {
+                kind: RejectionKind::OptOutValue,
+                object: object(),
+                field: field(),
+                value: value.clone(),
+                reason: "neither \"true\" nor \"false\"; treated as \"true\" (opted out): set it to \"true\" or \"false\"".into(),
+            });
+            true
+        }
+    }
+}
+
+/// The addresses a pod contributes, or why it contributes none. Malformed addresses are
+/// rejected one by one; the pod's other addresses still count.
+pub fn pod_addrs(
+    pod: &Pod,
+    policy: &Policy,
+    excluded_namespaces: &BTreeSet<String>,
+    rejections: &mut BTreeSet<Rejection>,
+) -> Result<BTreeSet<IpAddr>, Skip> {
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("");
+    let name = pod.metadata.name.as_deref().unwrap_or("");
+    let object = || format!("pod {namespace}/{name}");
+    let spec = pod.spec.as_ref();
+    if spec.and_then(|s| s.node_name.as_deref()) != Some(policy.node.as_str()) {
+        return Err(Skip::OtherNode);
+    }
+    if spec.and_then(|s| s.host_network) == Some(true) {
+        return Err(Skip::HostNetwork);
+    }
+    let status = pod.status.as_ref();
+    if matches!(status.and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed")) {
+        return Err(Skip::Finished);
+    }
+    let annotation = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(&policy.exclude_annotation));
+    if opt_out(
+        annotation,
+        object,
+        || format!("metadata.annotations[{}]", policy.exclude_annotation),
+        rejections,
+    ) {
+        return Err(Skip::Excluded);
+    }
+    if excluded_namespaces.contains(namespace) {
+        return Err(Skip::NamespaceExcluded);
+    }
+    let (field, values): (&str, Vec<&String>) = match status.and_then(|s| s.pod_ips.as_ref()) {
+        Some(list) if !list.is_empty() => ("status.podIPs", list.iter().map(|p| &p.ip).collect()),
+        _ => ("status.podIP", status.and_then(|s| s.pod_ip.as_ref()).into_iter().collect()),
+    };
+    let mut out = BTreeSet::new();
+    for value in values {
+        match parse_pod_ip(value) {
+            Ok(ip) => {
+                out.insert(ip);
+            }
+            Err(reason) => {
+                rejections.insert(Rejection {
+                    kind: RejectionKind::PodAddress,
+                    object: object(),
+                    field: field.to_owned(),
+                    value: value.clone(),
+                    reason: reason.to_owned(),
+                });
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err(Skip::NoAddress);
+    }
+    Ok(out)
+}
+
+/// A pod address in canonical form (IPv4-mapped IPv6 as IPv4), or why not.
+pub fn parse_pod_ip(value: &str) -> Result<IpAddr, &'static str> {
+    let ip: IpAddr = value
+        .parse()
+        .map_err(|_| "not an IP address in canonical form (e.g. 10.244.1.7 or fd00::7; no leading zeros, no zone)")?;
+    let ip = ip.to_canonical();
+    let special = match ip {
+        IpAddr::V4(v4) => v4.is_unspecified() || v4.is_loopback() || v4.is_multicast() || v4.is_broadcast(),
+        IpAddr::V6(v6) => v6.is_unspecified() || v6.is_loopback() || v6.is_multicast(),
+    };
+    if special {
+        return Err("not a unicast pod address (unspecified, loopback, multicast or broadcast)");
+    }
+    Ok(ip)
+}
+
+/// Rejections in `now` that were not in `before`: the ones to log and count, so a
+/// standing problem is reported once, not on every reconcile.
+pub fn new_rejections<'a>(
+    before: &BTreeSet<Rejection>,
+    now: &'a BTreeSet<Rejection>,
+) -> Vec<&'a Rejection> {
+    now.difference(before).collect()
+}
+
+/// Pod counts by reason, for logs.
+pub fn skip_counts<'a>(
+    pods: impl IntoIterator<Item = &'a Pod>,
+    policy: &Policy,
+    excluded_namespaces: &BTreeSet<String>,
+) -> BTreeMap<&'static str, usize> {
+    let mut out = BTreeMap::new();
+    let mut sink = BTreeSet::new();
+    for pod in pods {
+        let key = match pod_addrs(pod, policy, excluded_namespaces, &mut sink) {
+            Ok(_) => "tracked",
+            Err(Skip::OtherNode) => "other_node",
+            Err(Skip::HostNetwork) => "host_network",
+            Err(Skip::Finished) => "finished",
+            Err(Skip::Excluded) => "excluded",
+            Err(Skip::NamespaceExcluded) => "namespace_excluded",
+            Err(Skip::NoAddress) => "no_address",
+        };
+        *out.entry(key).or_insert(0) += 1;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    const NODE: &str = "node-a";
+
+    fn policy() -> Policy {
+        Policy {
+            node: NODE.into(),
+            exclude_annotation: "bypass.dev/exclude".into(),
+            exclude_namespace_label: "bypass.dev/exclude".into(),
+        }
+    }
+
+    fn pod(ns: &str, name: &str, node: &str, ips: &[&str]) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"namespace": ns, "name": name},
+            "spec": {"nodeName": node, "containers": [{"name": "c"}]},
+            "status": {
+                "phase": "Running",
+                "podIP": ips.first(),
+                "podIPs": ips.iter().map(|ip| json!({"ip": ip})).collect::<Vec<_>>(),
+            },
+        }))
+        .unwrap()
+    }
+
+    fn with(mut p: Pod, f: impl FnOnce(&mut Pod)) -> Pod {
+        f(&mut p);
+        p
+    }
+
+    fn node(cidrs: &[&str]) -> Node {
+        serde_json::from_value(json!({
+            "metadata": {"name": NODE},
+            "spec": {"podCIDR": cidrs.first(), "podCIDRs": cidrs},
+        }))
+        .unwrap()
+    }
+
+    fn ns(name: &str, labels: &[(&str, &str)]) -> Namespace {
+        let labels: BTreeMap<_, _> = labels.iter().copied().collect();
+        serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap()
+    }
+
+    fn ips(list: &[&str]) -> BTreeSet<IpAddr> {
+        list.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    fn cidrs(list: &[&str]) -> BTreeSet<PodCidr> {
+        list.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    fn run(node_: Option<&Node>, pods: &[Pod], nss: &[Namespace]) -> Desired {
+        desired(node_, pods, nss, &policy(), &Statics::default())
+    }
+
+    #[test]
+    fn dual_stack_pods_and_node_cidrs() {
+        let n = node(&["10.244.1.0/24", "fd00:10:244:1::/64"]);
+        let pods = [
+            pod("default", "a", NODE, &["10.244.1.2", "fd00:10:244:1::2"]),
+            pod("default", "b", NODE, &["10.244.1.3"]),
+        ];
+        let d = run(Some(&n), &pods, &[]);
+        assert_eq!(d.cidrs, cidrs(&["10.244.1.0/24", "fd00:10:244:1::/64"]));
+        assert_eq!(d.addrs, ips(&["10.244.1.2", "10.244.1.3", "fd00:10:244:1::2"]));
+        assert_eq!(d.pods_tracked, 2);
+        assert!(d.rejections.is_empty());
+    }
+
+    #[test]
+    fn ineligible_pods_contribute_nothing() {
+        let pods = [
+            pod("default", "other", "node-b", &["10.244.2.2"]),
+            pod("default", "unscheduled", "", &["10.244.1.9"]),
+            with(pod("default", "host", NODE, &["192.168.0.10"]), |p| {
+                p.spec.as_mut().unwrap().host_network = Some(true);
+            }),
+            with(pod("default", "done", NODE, &["10.244.1.4"]), |p| {
+                p.status.as_mut().unwrap().phase = Some("Succeeded".into());
+            }),
+            with(pod("default", "failed", NODE, &["10.244.1.5"]), |p| {
+                p.status.as_mut().unwrap().phase = Some("Failed".into());
+            }),
+            with(pod("default", "optout", NODE, &["10.244.1.6"]), |p| {
+                p.metadata.annotations =
+                    Some([("bypass.dev/exclude".to_owned(), "true".to_owned())].into());
+            }),
+            pod("quiet", "in-excluded-ns", NODE, &["10.244.1.7"]),
+            pod("default", "pending", NODE, &[]),
+        ];
+        let nss = [ns("quiet", &[("bypass.dev/exclude", "true")]), ns("default", &[])];
+        let d = run(None, &pods, &nss);
+        assert!(d.addrs.is_empty(), "{:?}", d.addrs);
+        assert_eq!(d.pods_tracked, 0);
+        let excluded: BTreeSet<String> = ["quiet".to_owned()].into();
+        let counts = skip_counts(&pods, &policy(), &excluded);
+        assert_eq!(counts["other_node"], 2);
+        assert_eq!(counts["host_network"], 1);
+        assert_eq!(counts["finished"], 2);
+        assert_eq!(counts["excluded"], 1);
+        assert_eq!(counts["namespace_excluded"], 1);
+        assert_eq!(counts["no_address"], 1);
+    }
+
+    #[test]
+    fn opt_out_false_keeps_pod_and_bad_values_opt_out_with_rejection() {
+        let keep = with(pod("default", "keep", NODE, &["10.244.1.2"]), |p| {
+            p.metadata.annotations = Some([("bypass.dev/exclude".to_owned(), "false".to_owned())].into());
+        });
+        let odd = with(pod("default", "odd", NODE, &["10.244.1.3"]), |p| {
+            p.metadata.annotations = Some([("bypass.dev/exclude".to_owned(), "yes".to_owned())].into());
+        });
+        let in_odd_ns = pod("weird", "w", NODE, &["10.244.1.4"]);
+        let in_open_ns = pod("open", "o", NODE, &["10.244.1.5"]);
+        let nss = [
+            ns("weird", &[("bypass.dev/exclude", "TRUE")]),
+            ns("open", &[("bypass.dev/exclude", "false")]),
+        ];
+        let d = run(None, &[keep, odd, in_odd_ns, in_open_ns], &nss);
+        assert_eq!(d.addrs, ips(&["10.244.1.2", "10.244.1.5"]));
+        let objects: Vec<_> = d.rejections.iter().map(|r| (r.kind, r.object.as_str())).collect();
+        assert_eq!(
+            objects,
+            [
+                (RejectionKind::OptOutValue, "namespace weird"),
+                (RejectionKind::OptOutValue, "pod default/odd"),
+            ]
+        );
+    }
+
+    #[test]
+    fn malformed_addresses_are_rejected_one_by_one() {
+        let p = pod("default", "m", NODE, &["10.244.1.010", "fd00::2"]);
+        let only_bad = pod("default", "bad", NODE, &["not-an-ip"]);
+        let special = pod("default", "lo", NODE, &["127.0.0.1", "0.0.0.0", "ff02::1", "::"]);
+        let d = run(None, &[p, only_bad, special], &[]);
+        assert_eq!(d.addrs, ips(&["fd00::2"]));
+        assert_eq!(d.pods_tracked, 1);
+        let bad: BTreeSet<_> = d
+            .rejections
+            .iter()
+            .filter(|r| r.kind == RejectionKind::PodAddress)
+            .map(|r| r.value.as_str())
+            .collect();
+        assert_eq!(
+            bad,
+            ["10.244.1.010", "not-an-ip", "127.0.0.1", "0.0.0.0", "ff02::1", "::"].into()
+        );
+        let r = d.rejections.iter().find(|r| r.value == "not-an-ip").unwrap();
+        assert_eq!(r.object, "pod default/bad");
+        assert_eq!(r.field, "status.podIPs");
+        assert!(r.to_string().contains("not an IP address"), "{r}");
+    }
+
+    #[test]
+    fn pod_ip_fallback_and_mapped_addresses() {
+        let legacy: Pod = serde_json::from_value(json!({
+            "metadata": {"namespace": "d", "name": "legacy"},
+            "spec": {"nodeName": NODE, "containers": []},
+            "status": {"podIP": "10.244.1.8"},
+        }))
+        .unwrap();
+        let mapped = pod("d", "mapped", NODE, &["::ffff:10.244.1.9"]);
+        let d = run(None, &[legacy, mapped], &[]);
+        assert_eq!(d.addrs, ips(&["10.244.1.8", "10.244.1.9"]));
+    }
+
+    #[test]
+    fn node_cidr_fallback_and_rejection() {
+        let legacy: Node = serde_json::from_value(json!({
+            "metadata": {"name": NODE}, "spec": {"podCIDR": "10.244.3.0/24"},
+        }))
+        .unwrap();
+        assert_eq!(run(Some(&legacy), &[], &[]).cidrs, cidrs(&["10.244.3.0/24"]));
+        let bad = node(&["10.244.3.5/24", "fd00::/64"]);
+        let d = run(Some(&bad), &[], &[]);
+        assert_eq!(d.cidrs, cidrs(&["fd00::/64"]));
+        let r = d.rejections.first().unwrap();
+        assert_eq!((r.kind, r.object.as_str()), (RejectionKind::NodeCidr, "node node-a"));
+        assert!(r.reason.contains("did you mean 10.244.3.0/24"), "{r}");
+        assert_eq!(run(Some(&node(&[])), &[], &[]).cidrs, BTreeSet::new());
+    }
+
+    #[test]
+    fn statics_always_kept() {
+        let statics = Statics {
+            cidrs: cidrs(&["10.99.0.0/16"]),
+            addrs: ips(&["::ffff:10.98.0.1"]),
+        };
+        let d = desired(None, &[], &[], &policy(), &statics);
+        assert_eq!(d.cidrs, cidrs(&["10.99.0.0/16"]));
+        assert_eq!(d.addrs, ips(&["10.98.0.1"]));
+    }
+
+    #[test]
+    fn shared_address_of_finished_and_running_pod_is_kept() {
+        let old = with(pod("d", "old", NODE, &["10.244.1.2"]), |p| {
+            p.status.as_mut().unwrap().phase = Some("Succeeded".into());
+        });
+        let new = pod("d", "new", NODE, &["10.244.1.2"]);
+        assert_eq!(run(None, &[old, new], &[]).addrs, ips(&["10.244.1.2"]));
+    }
+
+    #[test]
+    fn plan_adds_and_removes() {
+        let want = Desired {
+            cidrs: cidrs(&["10.244.1.0/24", "fd00::/64"]),
+            addrs: ips(&["10.244.1.2", "fd00::2"]),
+            ..Desired::default()
+        };
+        let p = plan(&cidrs(&["10.244.1.0/24", "10.0.0.0/8"]), &ips(&["10.244.1.3", "fd00::2"]), &want);
+        assert_eq!(p.add_cidrs, vec!["fd00::/64".parse::<PodCidr>().unwrap()]);
+        assert_eq!(p.remove_cidrs, vec!["10.0.0.0/8".parse::<PodCidr>().unwrap()]);
+        assert_eq!(p.add_addrs, vec!["10.244.1.2".parse::<IpAddr>().unwrap()]);
+        assert_eq!(p.remove_addrs, vec!["10.244.1.3".parse::<IpAddr>().unwrap()]);
+        assert!(!p.is_empty());
+        assert!(plan(&want.cidrs, &want.addrs, &want).is_empty());
+    }
+
+    #[test]
+    fn plan_treats_mapped_current_as_ipv4() {
+        let want = Desired {
+            addrs: ips(&["10.244.1.2"]),
+            ..Desired::default()
+        };
+        assert!(plan(&BTreeSet::new(), &ips(&["::ffff:10.244.1.2"]), &want).is_empty());
+    }
+
+    #[test]
+    fn address_change_moves_the_entry() {
+        let before = run(None, &[pod("d", "p", NODE, &["10.244.1.2"])], &[]);
+        let after = run(None, &[pod("d", "p", NODE, &["10.244.1.3"])], &[]);
+        let p = plan(&BTreeSet::new(), &before.addrs, &after);
+        assert_eq!(p.add_addrs, vec!["10.244.1.3".parse::<IpAddr>().unwrap()]);
+        assert_eq!(p.remove_addrs, vec!["10.244.1.2".parse::<IpAddr>().unwrap()]);
+    }
+
+    #[test]
+    fn new_rejections_reports_each_once() {
+        let a = run(None, &[pod("d", "x", NODE, &["bogus"])], &[]);
+        let b = run(None, &[pod("d", "x", NODE, &["bogus"]), pod("d", "y", NODE, &["nope"])], &[]);
+        assert_eq!(new_rejections(&BTreeSet::new(), &a.rejections).len(), 1);
+        let fresh = new_rejections(&a.rejections, &b.rejections);
+        assert_eq!(fresh.len(), 1);
+        assert_eq!(fresh[0].value, "nope");
+        assert!(new_rejections(&b.rejections, &b.rejections).is_empty());
+    }
+}
