@@ -1,0 +1,347 @@
+//! The `bypass-agent` under test, as a guard: started with `run`, ready once `status`
+//! says attached, stopped with SIGTERM (or killed on drop), its pin directory removed
+//! if it left one.
+
+use std::{
+    io::Read as _,
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    sync::{Arc, Mutex},
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use serde::Deserialize;
+
+/// How long `start` waits for the datapath to be attached.
+pub const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long `stop` waits for a clean exit after SIGTERM.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The agent binary: `$BYPASS_AGENT_BIN`, else `<workspace>/target/release/bypass-agent`
+/// (build it with `cargo build --release -p bypass-agent`).
+pub fn agent_bin() -> PathBuf {
+    match std::env::var_os("BYPASS_AGENT_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join("target/release/bypass-agent"),
+    }
+}
+
+/// A `Command` for the agent binary.
+pub fn agent_command() -> Command {
+    Command::new(agent_bin())
+}
+
+/// Options of `bypass-agent run`.
+#[derive(Clone, Debug, Default)]
+pub struct AgentOpts {
+    /// `--pod-cidr` values.
+    pub pod_cidrs: Vec<String>,
+    /// `--pod-ip` values.
+    pub pod_ips: Vec<String>,
+    /// `--cgroup`.
+    pub cgroup: PathBuf,
+    /// `--pin-dir`.
+    pub pin_dir: PathBuf,
+    /// More arguments, appended as given.
+    pub extra_args: Vec<String>,
+}
+
+impl AgentOpts {
+    /// The `run` command line.
+    pub fn args(&self) -> Vec<String> {
+        let mut a = vec!["run".to_owned()];
+        for c in &self.pod_cidrs {
+            a.extend(["--pod-cidr".to_owned(), c.clone()]);
+        }
+        for ip in &self.pod_ips {
+            a.extend(["--pod-ip".to_owned(), ip.clone()]);
+        }
+        a.extend(["--cgroup".to_owned(), self.cgroup.display().to_string()]);
+        a.extend(["--pin-dir".to_owned(), self.pin_dir.display().to_string()]);
+        a.extend(self.extra_args.iter().cloned());
+        a
+    }
+}
+
+/// `status --json`, typed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct AgentStatus {
+    /// sock_ops attached and redirects allowed.
+    pub attached: bool,
+    /// Sockets in the SockHash now.
+    pub sockets: u64,
+    /// Sockets inserted.
+    pub sockets_inserted: u64,
+    /// Established sockets that were not pod-to-pod.
+    pub sockets_skipped: u64,
+    /// Inserts that failed.
+    pub insert_failures: u64,
+    /// Messages redirected.
+    pub redirected_messages: u64,
+    /// Bytes redirected.
+    pub redirected_bytes: u64,
+    /// Messages that took the TCP path.
+    pub passed_messages: u64,
+    /// Bytes that took the TCP path.
+    pub passed_bytes: u64,
+    /// Pod CIDRs in the trie.
+    pub pod_cidrs: Vec<String>,
+    /// Exact pod addresses.
+    pub pod_addresses: Vec<String>,
+}
+
+/// How a stopped agent exited.
+#[derive(Debug)]
+pub struct AgentExit {
+    /// Exit status.
+    pub status: ExitStatus,
+    /// Everything it wrote to stderr.
+    pub stderr: String,
+}
+
+/// A running `bypass-agent run`.
+pub struct Agent {
+    child: Child,
+    running: bool,
+    pin_dir: PathBuf,
+    stderr: Arc<Mutex<Vec<u8>>>,
+    stderr_reader: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field("pid", &self.child.id())
+            .field("pin_dir", &self.pin_dir)
+            .finish()
+    }
+}
+
+impl Agent {
+    /// Starts the agent and waits until `status` reports it attached.
+    pub fn start(opts: &AgentOpts) -> Result<Self> {
+        let bin = agent_bin();
+        let mut child = Command::new(&bin)
+            .args(opts.args())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| {
+                format!(
+                    "start {} (build it: cargo build --release -p bypass-agent)",
+                    bin.display()
+                )
+            })?;
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let stderr_reader = child.stderr.take().map(|mut pipe| {
+            let sink = Arc::clone(&stderr);
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = pipe.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    if let Ok(mut s) = sink.lock() {
+                        s.extend_from_slice(&buf[..n]);
+                    }
+                }
+            })
+        });
+        let mut agent = Self {
+            child,
+            running: true,
+            pin_dir: opts.pin_dir.clone(),
+            stderr,
+            stderr_reader,
+        };
+        agent.wait_attached()?;
+        Ok(agent)
+    }
+
+    fn wait_attached(&mut self) -> Result<()> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(st) = self.child.try_wait().context("wait for the agent")? {
+                self.running = false;
+                bail!(
+                    "bypass-agent exited ({st}) before attaching: {}",
+                    self.stderr().trim()
+                );
+            }
+            if let Ok(s) = self.stats()
+                && s.attached
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "bypass-agent did not report attached within {START_TIMEOUT:?}: {}",
+                    self.stderr().trim()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Its pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Its pin directory.
+    pub fn pin_dir(&self) -> &Path {
+        &self.pin_dir
+    }
+
+    /// What it wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        self.stderr
+            .lock()
+            .map(|s| String::from_utf8_lossy(&s).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// `bypass-agent status --json --pin-dir <its pin dir>`.
+    pub fn status(&self) -> Result<serde_json::Value> {
+        status_json(&self.pin_dir)
+    }
+
+    /// [`Agent::status`], typed.
+    pub fn stats(&self) -> Result<AgentStatus> {
+        Ok(serde_json::from_value(self.status()?)?)
+    }
+
+    /// `bypass-agent status --pin-dir <its pin dir>` (the text form).
+    pub fn status_text(&self) -> Result<String> {
+        let out = agent_command()
+            .args(["status", "--pin-dir"])
+            .arg(&self.pin_dir)
+            .output()
+            .context("run bypass-agent status")?;
+        if !out.status.success() {
+            bail!(
+                "bypass-agent status failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// SIGTERM, then waits for the exit.
+    pub fn stop(&mut self) -> Result<AgentExit> {
+        if self.running {
+            // SAFETY: plain syscall on our own child's pid.
+            unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        }
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        let status = loop {
+            if let Some(st) = self.child.try_wait().context("wait for the agent")? {
+                break st;
+            }
+            if Instant::now() > deadline {
+                self.kill();
+                bail!("bypass-agent did not exit within {STOP_TIMEOUT:?} of SIGTERM; killed it");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        self.running = false;
+        if let Some(h) = self.stderr_reader.take() {
+            let _ = h.join();
+        }
+        Ok(AgentExit {
+            status,
+            stderr: self.stderr(),
+        })
+    }
+
+    fn kill(&mut self) {
+        if self.running {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            self.running = false;
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill();
+        if let Err(e) = remove_pins(&self.pin_dir) {
+            eprintln!("testbed: cleanup: {e:#}");
+        }
+    }
+}
+
+/// `bypass-agent status --json --pin-dir DIR`, parsed.
+pub fn status_json(pin_dir: &Path) -> Result<serde_json::Value> {
+    let out = agent_command()
+        .args(["status", "--json", "--pin-dir"])
+        .arg(pin_dir)
+        .output()
+        .context("run bypass-agent status")?;
+    if !out.status.success() {
+        bail!(
+            "bypass-agent status failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    serde_json::from_slice(&out.stdout).context("parse bypass-agent status --json")
+}
+
+/// Removes a pin directory a killed agent left: links first (that detaches), then
+/// programs and maps, then the directories.
+pub fn remove_pins(pin_dir: &Path) -> Result<()> {
+    if !pin_dir.exists() {
+        return Ok(());
+    }
+    for sub in ["links", "progs", "maps"] {
+        let dir = pin_dir.join(sub);
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            std::fs::remove_file(e.path())
+                .with_context(|| format!("remove {}", e.path().display()))?;
+        }
+        std::fs::remove_dir(&dir).with_context(|| format!("remove {}", dir.display()))?;
+    }
+    std::fs::remove_dir(pin_dir).with_context(|| format!("remove {}", pin_dir.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_args() {
+        let o = AgentOpts {
+            pod_cidrs: vec!["10.0.0.0/24".into()],
+            pod_ips: vec!["fd00::1".into()],
+            cgroup: "/cg".into(),
+            pin_dir: "/sys/fs/bpf/bt-x".into(),
+            extra_args: vec!["--max-sockets".into(), "8".into()],
+        };
+        assert_eq!(
+            o.args().join(" "),
+            "run --pod-cidr 10.0.0.0/24 --pod-ip fd00::1 --cgroup /cg --pin-dir /sys/fs/bpf/bt-x --max-sockets 8"
+        );
+    }
+
+    #[test]
+    fn status_json_parses() {
+        let v = serde_json::json!({
+            "attached": true, "sockets": 2, "sockets_inserted": 2, "sockets_skipped": 0,
+            "insert_failures": 0, "redirected_messages": 5, "redirected_bytes": 100,
+            "passed_messages": 0, "passed_bytes": 0, "pod_cidrs": ["10.0.0.0/24"],
+            "pod_addresses": [], "pin_dir": "/x"
+        });
+        let s: AgentStatus = serde_json::from_value(v).unwrap();
+        assert!(s.attached);
+        assert_eq!(s.redirected_bytes, 100);
+    }
+}

@@ -1,0 +1,2 @@
+//! `bypass-demo`: placeholder, replaced below.
+fn main() {}

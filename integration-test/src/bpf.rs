@@ -1,0 +1,52 @@
+//! Asking the kernel what is attached to a cgroup (`BPF_PROG_QUERY`), so a test can
+//! check that an agent left nothing behind without trusting the agent's own report.
+
+use std::{fs::File, os::fd::AsRawFd as _, path::Path};
+
+use anyhow::{Context as _, Result};
+
+const BPF_PROG_QUERY: libc::c_long = 16;
+const BPF_CGROUP_SOCK_OPS: u32 = 3;
+
+/// The `query` member of `union bpf_attr` (include/uapi/linux/bpf.h), up to `revision`.
+#[repr(C)]
+#[derive(Default)]
+struct ProgQuery {
+    target_fd: u32,
+    attach_type: u32,
+    query_flags: u32,
+    attach_flags: u32,
+    prog_ids: u64,
+    prog_cnt: u32,
+    _pad: u32,
+    prog_attach_flags: u64,
+    link_ids: u64,
+    link_attach_flags: u64,
+    revision: u64,
+}
+
+/// Number of sock_ops programs attached directly to the cgroup at `path` (not those
+/// inherited from its ancestors).
+pub fn sockops_attached(path: &Path) -> Result<u32> {
+    let dir = File::open(path).with_context(|| format!("open cgroup {}", path.display()))?;
+    let mut attr = ProgQuery {
+        target_fd: dir.as_raw_fd() as u32,
+        attach_type: BPF_CGROUP_SOCK_OPS,
+        ..Default::default()
+    };
+    // SAFETY: `attr` is a valid, zero-padded bpf_attr prefix of the size passed; with
+    // `prog_ids` 0 the kernel only writes `prog_cnt`, `attach_flags` and `revision`.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_QUERY,
+            &mut attr as *mut ProgQuery,
+            std::mem::size_of::<ProgQuery>() as u32,
+        )
+    };
+    if ret != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("BPF_PROG_QUERY sock_ops on {}", path.display()));
+    }
+    Ok(attr.prog_cnt)
+}

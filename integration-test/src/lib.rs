@@ -1,0 +1,50 @@
+//! `testbed`: a same-node testbed for the bypass datapath, and the `bypass-peer` tool.
+//!
+//! Two network namespaces ("pods") on a bridge, each in its own child cgroup under a
+//! parent test cgroup; the agent attached to the parent; processes started inside a
+//! pod's cgroup and namespace; veth byte counters to tell bypassed bytes from bytes on
+//! the wire. Every resource is a guard that undoes itself on drop, is named with the
+//! `bt` prefix plus this process's id and a counter, and so never collides with a
+//! parallel user.
+//!
+//! ```no_run
+//! # fn main() -> anyhow::Result<()> {
+//! use testbed::{Agent, ClientArgs, PeerServer, TwoPods};
+//! let pods = TwoPods::new()?;
+//! let agent = Agent::start(&pods.agent_opts())?;
+//! let server = PeerServer::start(&pods.b, pods.b.v4_addr(5000), 1)?;
+//! let client = testbed::run_client(&pods.a, pods.b.v4_addr(5000), &ClientArgs::bulk(1 << 20))?;
+//! let server = server.wait()?;
+//! assert!(client.ok && server.ok);
+//! println!("{}", agent.status()?);
+//! # Ok(()) }
+//! ```
+//!
+//! Needs root, `ip` (iproute2), a cgroup2 mount and bpffs. [`preflight`] checks them.
+
+// Unit tests may unwrap: a panic is their failure report. Library code may not (the
+// non-test build is linted with the workspace's deny).
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod agent;
+pub mod bpf;
+pub mod cgroup;
+pub mod cmd;
+pub mod link;
+pub mod names;
+pub mod netns;
+pub mod peer;
+pub mod peers;
+pub mod require;
+pub mod spawn;
+pub mod topology;
+
+pub use agent::{Agent, AgentExit, AgentOpts, AgentStatus};
+pub use cgroup::CgroupGuard;
+pub use link::{Bridge, LinkCounters, Veth};
+pub use netns::Netns;
+pub use peer::Report;
+pub use peers::{ClientArgs, PeerClient, PeerServer, run_client};
+pub use require::preflight;
+pub use spawn::{PodChild, spawn_in, spawn_in_on_cpus};
+pub use topology::{Pod, TwoPods};

@@ -1,0 +1,77 @@
+//! Unique resource names: every netns, bridge, veth, cgroup and pin directory this
+//! crate creates starts with [`PREFIX`] and carries a per-process tag, so parallel
+//! users (other tests, other engineers) never collide.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Prefix of everything we create.
+pub const PREFIX: &str = "bt";
+
+/// Interface names are at most this long (IFNAMSIZ - 1).
+pub const IFNAME_MAX: usize = 15;
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// Lower-case base-36 digits of `n`.
+pub fn base36(mut n: u64) -> String {
+    const DIGITS: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut out = Vec::new();
+    loop {
+        out.push(DIGITS[(n % 36) as usize]);
+        n /= 36;
+        if n == 0 {
+            break;
+        }
+    }
+    out.reverse();
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A fresh tag: base-36 pid, `x`, base-36 counter (at most 8 characters for any pid
+/// below 2^22 and the first 1296 tags of a process), e.g. `2n9cx0`.
+pub fn unique_tag() -> String {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!(
+        "{}x{}",
+        base36(u64::from(std::process::id())),
+        base36(u64::from(n))
+    )
+}
+
+/// `bt-<tag>-<what>`, for netns, cgroup and pin directory names (no length limit).
+pub fn resource(tag: &str, what: &str) -> String {
+    format!("{PREFIX}-{tag}-{what}")
+}
+
+/// An interface name `bt<kind><tag>`, checked against [`IFNAME_MAX`].
+pub fn ifname(kind: &str, tag: &str) -> Result<String, String> {
+    let name = format!("{PREFIX}{kind}{tag}");
+    if name.len() > IFNAME_MAX {
+        return Err(format!("interface name {name} is longer than {IFNAME_MAX}"));
+    }
+    Ok(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base36_digits() {
+        assert_eq!(base36(0), "0");
+        assert_eq!(base36(35), "z");
+        assert_eq!(base36(36), "10");
+        assert_eq!(base36(4_194_304), "2hwcg");
+    }
+
+    #[test]
+    fn tags_are_unique_and_short() {
+        let a = unique_tag();
+        let b = unique_tag();
+        assert_ne!(a, b);
+        assert!(a.len() <= 8, "{a}");
+        assert!(ifname("-br", &a).is_ok());
+        assert!(ifname("-br", "123456789abc").is_err());
+        assert_eq!(resource("t1", "a"), "bt-t1-a");
+    }
+}

@@ -1,0 +1,160 @@
+//! The `bypass-peer` TCP tool as a library: a client and a server that move a
+//! deterministic pattern each way and verify every byte in order, or ping-pong small
+//! messages and time them. The binary (`src/bin/bypass-peer.rs`) only parses options;
+//! [`crate::pods`] runs it inside pods and parses its [`Report`].
+
+pub mod client;
+mod io;
+pub mod pattern;
+pub mod report;
+pub mod server;
+pub mod wire;
+
+pub use report::{Failure, Report, Rtt};
+
+/// Parses a byte count: a number with an optional `K`, `M` or `G` suffix (powers of
+/// 1024; `KiB`, `MiB`, `GiB` too).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, suffix) = t.split_at(digits_end);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size: write e.g. 4096, 64K, 64M or 1G"))?;
+    let shift = match suffix.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        _ => return Err(format!("'{s}' has an unknown unit: use K, M or G")),
+    };
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("'{s}' is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        net::{Ipv4Addr, SocketAddr, TcpListener},
+        time::Duration,
+    };
+
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(64 << 10));
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("1g"), Ok(1 << 30));
+        assert!(parse_size("banana").is_err());
+        assert!(parse_size("1T").is_err());
+    }
+
+    fn free_port() -> u16 {
+        TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+
+    /// Client and server over loopback, no datapath involved: the tool itself is right.
+    fn loopback(client: client::ClientOpts, connections: u64) -> (Report, Report) {
+        let listen = client.connect;
+        let ready = std::env::temp_dir().join(format!("bt-peer-ready-{}", listen.port()));
+        let _ = std::fs::remove_file(&ready);
+        let sopts = server::ServerOpts {
+            listen,
+            connections,
+            ready_file: Some(ready.clone()),
+            idle_timeout: Duration::from_secs(10),
+        };
+        let srv = std::thread::spawn(move || server::run(&sopts).unwrap().unwrap());
+        while !ready.exists() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let c = client::run(&client);
+        let s = srv.join().unwrap();
+        std::fs::remove_file(&ready).unwrap();
+        (c, s)
+    }
+
+    fn opts(port: u16) -> client::ClientOpts {
+        client::ClientOpts {
+            connect: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+            send: 3 << 20,
+            recv: (2 << 20) + 17,
+            streams: 4,
+            connections: 8,
+            msg_size: 65536,
+            rate: 0,
+            pingpong: None,
+            stream_base: 100,
+            idle_timeout: Duration::from_secs(10),
+        }
+    }
+
+    #[test]
+    fn streams_verify_over_loopback() {
+        let (c, s) = loopback(opts(free_port()), 8);
+        assert!(c.ok && s.ok, "{c:?} {s:?}");
+        assert_eq!(c.connections, 8);
+        assert_eq!(c.bytes_sent, 8 * (3 << 20));
+        assert_eq!(c.bytes_received, 8 * ((2 << 20) + 17));
+        assert_eq!(s.bytes_received, c.bytes_sent);
+        assert_eq!(s.bytes_sent, c.bytes_received);
+    }
+
+    #[test]
+    fn pingpong_over_loopback() {
+        let mut o = opts(free_port());
+        o.pingpong = Some(200);
+        o.msg_size = 64;
+        o.streams = 1;
+        o.connections = 1;
+        let (c, s) = loopback(o, 1);
+        assert!(c.ok && s.ok, "{c:?} {s:?}");
+        assert_eq!(c.rtt.as_ref().map(|r| r.count), Some(200));
+        assert_eq!(s.bytes_received, 200 * 64);
+    }
+
+    #[test]
+    fn server_catches_a_client_that_sends_too_much() {
+        use std::io::Write as _;
+        let port = free_port();
+        let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let srv = std::thread::spawn(move || {
+            server::run(&server::ServerOpts {
+                listen,
+                connections: 1,
+                ready_file: None,
+                idle_timeout: Duration::from_secs(10),
+            })
+            .unwrap()
+            .unwrap()
+        });
+        let mut sock = loop {
+            match std::net::TcpStream::connect(listen) {
+                Ok(s) => break s,
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        };
+        let h = wire::Header {
+            mode: wire::Mode::Stream,
+            stream: 1,
+            c2s: 10,
+            s2c: 0,
+            msg_size: 10,
+            rate: 0,
+        };
+        let mut data = vec![0u8; 20];
+        pattern::Pattern::new(1, pattern::Direction::ClientToServer).fill(&mut data);
+        sock.write_all(&h.encode()).unwrap();
+        sock.write_all(&data).unwrap();
+        sock.shutdown(std::net::Shutdown::Write).unwrap();
+        let s = srv.join().unwrap();
+        assert!(!s.ok);
+        assert_eq!(s.failures[0].kind, "extra");
+    }
+}

@@ -1,0 +1,295 @@
+//! Running `bypass-peer` inside pods: a server that signals when it listens, clients
+//! that run to completion or in the background, and their JSON reports parsed.
+
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    process::{Command, Output, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::{
+    names,
+    peer::Report,
+    spawn::{PodChild, spawn_in_on_cpus},
+    topology::Pod,
+};
+
+/// Default limit for a peer run.
+pub const PEER_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The peer binary: `$BYPASS_PEER_BIN`, else `bypass-peer` next to the running
+/// executable (or next to its `deps/` directory, for cargo's test binaries).
+pub fn peer_bin() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("BYPASS_PEER_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().context("find the running executable")?;
+    let mut dir = exe.parent().map(PathBuf::from).unwrap_or_default();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let p = dir.join("bypass-peer");
+    if !p.is_file() {
+        bail!(
+            "no bypass-peer at {} (cargo build -p integration-test --bins, or set BYPASS_PEER_BIN)",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
+/// Options of `bypass-peer client`.
+#[derive(Clone, Debug)]
+pub struct ClientArgs {
+    /// Bytes sent on each connection.
+    pub send: u64,
+    /// Bytes the server sends back on each connection.
+    pub recv: u64,
+    /// Connections open at once.
+    pub streams: usize,
+    /// Connections in all (0: same as `streams`).
+    pub connections: u64,
+    /// Bytes per write.
+    pub msg_size: usize,
+    /// Bytes per second per connection and direction (0: unlimited).
+    pub rate: u64,
+    /// Ping-pong rounds instead of bulk.
+    pub pingpong: Option<u64>,
+    /// First stream id.
+    pub stream_base: u64,
+    /// CPUs the client may run on (empty: any).
+    pub cpus: Vec<usize>,
+}
+
+impl Default for ClientArgs {
+    fn default() -> Self {
+        Self {
+            send: 0,
+            recv: 0,
+            streams: 1,
+            connections: 0,
+            msg_size: 64 * 1024,
+            rate: 0,
+            pingpong: None,
+            stream_base: 0,
+            cpus: Vec::new(),
+        }
+    }
+}
+
+impl ClientArgs {
+    /// One connection, `bytes` each way.
+    pub fn bulk(bytes: u64) -> Self {
+        Self {
+            send: bytes,
+            recv: bytes,
+            ..Self::default()
+        }
+    }
+
+    /// One connection, `rounds` round trips of `size`-byte messages.
+    pub fn pingpong(rounds: u64, size: usize) -> Self {
+        Self {
+            pingpong: Some(rounds),
+            msg_size: size,
+            ..Self::default()
+        }
+    }
+
+    /// Connections in all, as the server must expect them.
+    pub fn total_connections(&self) -> u64 {
+        if self.connections == 0 {
+            self.streams.max(1) as u64
+        } else {
+            self.connections
+        }
+    }
+
+    /// The command line after `client --connect ADDR`.
+    pub fn args(&self) -> Vec<String> {
+        let mut a = vec![
+            "--send".to_owned(),
+            self.send.to_string(),
+            "--recv".to_owned(),
+            self.recv.to_string(),
+            "--streams".to_owned(),
+            self.streams.to_string(),
+            "--connections".to_owned(),
+            self.total_connections().to_string(),
+            "--msg-size".to_owned(),
+            self.msg_size.to_string(),
+            "--rate".to_owned(),
+            self.rate.to_string(),
+            "--stream-base".to_owned(),
+            self.stream_base.to_string(),
+        ];
+        if let Some(r) = self.pingpong {
+            a.extend(["--pingpong".to_owned(), r.to_string()]);
+        }
+        a
+    }
+}
+
+/// A `bypass-peer server` running in a pod.
+#[derive(Debug)]
+pub struct PeerServer {
+    child: PodChild,
+    ready: PathBuf,
+}
+
+impl PeerServer {
+    /// Starts a server in `pod` on `listen` that exits after `connections`
+    /// connections, and waits until it listens.
+    pub fn start(pod: &Pod, listen: SocketAddr, connections: u64) -> Result<Self> {
+        Self::start_on_cpus(pod, listen, connections, &[])
+    }
+
+    /// [`PeerServer::start`], restricted to `cpus`.
+    pub fn start_on_cpus(
+        pod: &Pod,
+        listen: SocketAddr,
+        connections: u64,
+        cpus: &[usize],
+    ) -> Result<Self> {
+        let ready = std::env::temp_dir().join(format!(
+            "{}-ready-{}",
+            names::resource(&names::unique_tag(), pod.name()),
+            listen.port()
+        ));
+        let _ = std::fs::remove_file(&ready);
+        let mut cmd = Command::new(peer_bin()?);
+        cmd.arg("server")
+            .arg("--listen")
+            .arg(listen.to_string())
+            .arg("--connections")
+            .arg(connections.to_string())
+            .arg("--ready-file")
+            .arg(&ready)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = spawn_in_on_cpus(pod, cmd, cpus)?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !ready.exists() {
+            if child.try_wait()?.is_some() {
+                let out = child.wait_output(Duration::from_secs(1))?;
+                bail!(
+                    "bypass-peer server on {listen} exited early: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
+            if Instant::now() > deadline {
+                bail!("bypass-peer server on {listen} did not listen within 10 s");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(Self { child, ready })
+    }
+
+    /// Its pid.
+    pub fn pid(&self) -> u32 {
+        self.child.pid()
+    }
+
+    /// Waits for it to serve its connections and returns its report.
+    pub fn wait(self) -> Result<Report> {
+        self.wait_timeout(PEER_TIMEOUT)
+    }
+
+    /// [`PeerServer::wait`] with a limit.
+    pub fn wait_timeout(self, timeout: Duration) -> Result<Report> {
+        let _ = std::fs::remove_file(&self.ready);
+        parse_report("server", self.child.wait_output(timeout)?)
+    }
+}
+
+/// A `bypass-peer client` running in a pod in the background.
+#[derive(Debug)]
+pub struct PeerClient {
+    child: PodChild,
+}
+
+impl PeerClient {
+    /// Starts a client in `pod` towards `connect`.
+    pub fn spawn(pod: &Pod, connect: SocketAddr, args: &ClientArgs) -> Result<Self> {
+        let mut cmd = Command::new(peer_bin()?);
+        cmd.arg("client")
+            .arg("--connect")
+            .arg(connect.to_string())
+            .args(args.args())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        Ok(Self {
+            child: spawn_in_on_cpus(pod, cmd, &args.cpus)?,
+        })
+    }
+
+    /// Its pid.
+    pub fn pid(&self) -> u32 {
+        self.child.pid()
+    }
+
+    /// Waits for it and returns its report.
+    pub fn wait(self) -> Result<Report> {
+        self.wait_timeout(PEER_TIMEOUT)
+    }
+
+    /// [`PeerClient::wait`] with a limit.
+    pub fn wait_timeout(self, timeout: Duration) -> Result<Report> {
+        parse_report("client", self.child.wait_output(timeout)?)
+    }
+}
+
+/// Runs a client in `pod` towards `connect` to completion.
+pub fn run_client(pod: &Pod, connect: SocketAddr, args: &ClientArgs) -> Result<Report> {
+    PeerClient::spawn(pod, connect, args)?.wait()
+}
+
+/// The last JSON line of a peer's stdout. A failed check still yields the report (the
+/// caller asserts on it); no report at all is an error carrying stderr.
+fn parse_report(role: &str, out: Output) -> Result<Report> {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'));
+    match line {
+        Some(l) => serde_json::from_str(l)
+            .with_context(|| format!("bypass-peer {role} printed a bad report: {l}")),
+        None => bail!(
+            "bypass-peer {role} exited ({}) without a report: {}",
+            out.status,
+            stderr.trim()
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_args() {
+        let a = ClientArgs {
+            streams: 20,
+            ..ClientArgs::bulk(1024)
+        };
+        assert_eq!(a.total_connections(), 20);
+        let line = a.args().join(" ");
+        assert!(
+            line.contains("--send 1024 --recv 1024 --streams 20 --connections 20"),
+            "{line}"
+        );
+        assert!(
+            ClientArgs::pingpong(10, 64)
+                .args()
+                .join(" ")
+                .ends_with("--pingpong 10")
+        );
+    }
+}

@@ -1,0 +1,173 @@
+//! Starting a process inside a pod: in its cgroup (so its sockets are subject to the
+//! sock_ops program attached above it) and in its network namespace, from the first
+//! instruction of the new program. Children are killed on drop.
+
+use std::{
+    fs::File,
+    os::{fd::AsRawFd as _, unix::process::CommandExt as _},
+    process::{Child, Command, ExitStatus, Output},
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::topology::Pod;
+
+/// A process started by [`spawn_in`]; killed (SIGKILL) and reaped on drop unless it
+/// was waited for.
+#[derive(Debug)]
+pub struct PodChild {
+    child: Child,
+    what: String,
+    done: bool,
+}
+
+/// Starts `cmd` inside `pod`: between fork and exec the child writes itself into the
+/// pod's `cgroup.procs` and `setns`es into its network namespace. Both files are
+/// opened before the fork; the child only makes raw syscalls.
+pub fn spawn_in(pod: &Pod, cmd: Command) -> Result<PodChild> {
+    spawn_in_on_cpus(pod, cmd, &[])
+}
+
+/// [`spawn_in`], and the process (and the threads it starts) may only run on `cpus`
+/// (`sched_setaffinity`); empty means no restriction.
+pub fn spawn_in_on_cpus(pod: &Pod, mut cmd: Command, cpus: &[usize]) -> Result<PodChild> {
+    let what = format!("{:?} in pod {}", cmd, pod.name());
+    let procs = pod.cgroup().procs_file();
+    let cgroup = File::options()
+        .write(true)
+        .open(&procs)
+        .with_context(|| format!("open {}", procs.display()))?;
+    let ns_path = pod.netns().path();
+    let netns = File::open(&ns_path).with_context(|| format!("open {}", ns_path.display()))?;
+    let cpu_set = cpu_set(cpus)?;
+    let (cg_fd, ns_fd) = (cgroup.as_raw_fd(), netns.as_raw_fd());
+    // SAFETY: the closure only makes async-signal-safe syscalls on fds that stay open
+    // until `spawn` returns, and touches no lock or allocator.
+    unsafe {
+        cmd.pre_exec(move || {
+            // "0" moves the writer itself (kernel/cgroup/cgroup.c, cgroup_procs_write_start).
+            if libc::write(cg_fd, b"0".as_ptr().cast(), 1) != 1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::setns(ns_fd, libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if let Some(set) = &cpu_set
+                && libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().with_context(|| format!("start {what}"))?;
+    drop((cgroup, netns));
+    Ok(PodChild {
+        child,
+        what,
+        done: false,
+    })
+}
+
+fn cpu_set(cpus: &[usize]) -> Result<Option<libc::cpu_set_t>> {
+    if cpus.is_empty() {
+        return Ok(None);
+    }
+    // SAFETY: an all-zero cpu_set_t is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &cpu in cpus {
+        if cpu >= libc::CPU_SETSIZE as usize {
+            bail!("cpu {cpu} is out of range");
+        }
+        // SAFETY: `cpu` is below CPU_SETSIZE, checked above.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    Ok(Some(set))
+}
+
+impl PodChild {
+    /// Its pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The std handle, e.g. to take its stdout.
+    pub fn inner(&mut self) -> &mut Child {
+        &mut self.child
+    }
+
+    /// Whether it has exited (and its status then).
+    pub fn try_wait(&mut self) -> Result<Option<ExitStatus>> {
+        let st = self
+            .child
+            .try_wait()
+            .with_context(|| format!("wait for {}", self.what))?;
+        if st.is_some() {
+            self.done = true;
+        }
+        Ok(st)
+    }
+
+    /// Waits at most `timeout`; past it, kills the process and fails.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(st) = self.try_wait()? {
+                return Ok(st);
+            }
+            if Instant::now() > deadline {
+                self.kill();
+                bail!("{} did not finish within {timeout:?}; killed it", self.what);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Collects stdout and stderr (when they were piped) until the process exits, at
+    /// most `timeout`.
+    pub fn wait_output(mut self, timeout: Duration) -> Result<Output> {
+        let out = drain(self.child.stdout.take());
+        let err = drain(self.child.stderr.take());
+        let waited = self.wait_timeout(timeout);
+        let stdout = out.map_or_else(Vec::new, |h| h.join().unwrap_or_default());
+        let stderr = err.map_or_else(Vec::new, |h| h.join().unwrap_or_default());
+        match waited {
+            Ok(status) => Ok(Output {
+                status,
+                stdout,
+                stderr,
+            }),
+            Err(e) => Err(e.context(format!(
+                "stderr: {}",
+                String::from_utf8_lossy(&stderr).trim()
+            ))),
+        }
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        if !self.done {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            self.done = true;
+        }
+    }
+}
+
+fn drain<R: std::io::Read + Send + 'static>(r: Option<R>) -> Option<JoinHandle<Vec<u8>>> {
+    r.map(|mut r| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = r.read_to_end(&mut buf);
+            buf
+        })
+    })
+}
+
+impl Drop for PodChild {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

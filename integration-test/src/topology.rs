@@ -1,0 +1,245 @@
+//! `TwoPods`: the same-node topology the datapath is for. A bridge, two namespaces on
+//! it with an IPv4 /24 and an IPv6 /64 address each, each namespace in its own child
+//! cgroup of one parent test cgroup (the agent attaches to the parent).
+
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, Result};
+
+use crate::{
+    agent::AgentOpts,
+    cgroup::CgroupGuard,
+    link::{Bridge, LinkCounters, Veth},
+    names,
+    netns::Netns,
+    spawn::{self, PodChild},
+};
+
+/// The interface name inside each pod.
+pub const POD_IFNAME: &str = "eth0";
+
+/// One pod: a namespace with a veth on the bridge, in its own cgroup.
+#[derive(Debug)]
+pub struct Pod {
+    // Drop order: processes killed, then the link, then the namespace.
+    cgroup: CgroupGuard,
+    veth: Veth,
+    netns: Netns,
+    name: String,
+    ipv4: Ipv4Addr,
+    ipv6: Ipv6Addr,
+}
+
+impl Pod {
+    /// Its label (`a` or `b`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its IPv4 address.
+    pub fn ipv4(&self) -> Ipv4Addr {
+        self.ipv4
+    }
+
+    /// Its IPv6 address.
+    pub fn ipv6(&self) -> Ipv6Addr {
+        self.ipv6
+    }
+
+    /// `ipv4:port`.
+    pub fn v4_addr(&self, port: u16) -> SocketAddr {
+        SocketAddr::new(IpAddr::V4(self.ipv4), port)
+    }
+
+    /// `[ipv6]:port`.
+    pub fn v6_addr(&self, port: u16) -> SocketAddr {
+        SocketAddr::new(IpAddr::V6(self.ipv6), port)
+    }
+
+    /// Its namespace.
+    pub fn netns(&self) -> &Netns {
+        &self.netns
+    }
+
+    /// Its cgroup.
+    pub fn cgroup(&self) -> &CgroupGuard {
+        &self.cgroup
+    }
+
+    /// The host end of its veth.
+    pub fn veth(&self) -> &Veth {
+        &self.veth
+    }
+
+    /// Counters of the host end of its veth: `rx` is what the pod sent.
+    pub fn counters(&self) -> Result<LinkCounters> {
+        self.veth.counters()
+    }
+
+    /// Runs `ip args...` inside the pod.
+    pub fn ip(&self, args: &[&str]) -> Result<String> {
+        self.netns.ip(args)
+    }
+
+    /// Adds an address (`ADDR/PREFIX`) to the pod's interface; IPv6 without DAD, so it
+    /// is usable at once.
+    pub fn add_addr(&self, cidr: &str) -> Result<()> {
+        let mut args = vec!["addr", "add", cidr, "dev", POD_IFNAME];
+        if cidr.contains(':') {
+            args.push("nodad");
+        }
+        self.ip(&args)?;
+        Ok(())
+    }
+
+    /// Routes `cidr` out of the pod's interface (on-link).
+    pub fn add_route(&self, cidr: &str) -> Result<()> {
+        self.ip(&["route", "add", cidr, "dev", POD_IFNAME])?;
+        Ok(())
+    }
+
+    /// Starts `cmd` inside the pod ([`spawn::spawn_in`]).
+    pub fn spawn(&self, cmd: Command) -> Result<PodChild> {
+        spawn::spawn_in(self, cmd)
+    }
+}
+
+/// Two pods on one bridge. Addresses are `10.88.<k>.1`/`.2` and `fd88:0:0:<k>::1`/`::2`
+/// with `k` from the instance tag; two instances are on different bridges, so even
+/// equal addresses could not meet.
+#[derive(Debug)]
+pub struct TwoPods {
+    /// Pod `a` (`.1`).
+    pub a: Pod,
+    /// Pod `b` (`.2`).
+    pub b: Pod,
+    bridge: Bridge,
+    cgroup: CgroupGuard,
+    tag: String,
+    subnet: u8,
+}
+
+impl TwoPods {
+    /// Builds the topology. Everything built so far is undone if a step fails.
+    pub fn new() -> Result<Self> {
+        let tag = names::unique_tag();
+        let subnet = subnet_of(&tag);
+        let cgroup = CgroupGuard::create(&names::resource(&tag, "cg"))?;
+        let bridge = Bridge::create(&names::ifname("-br", &tag).map_err(anyhow::Error::msg)?)?;
+        let a = make_pod(&tag, "a", 1, subnet, &bridge, &cgroup)?;
+        let b = make_pod(&tag, "b", 2, subnet, &bridge, &cgroup)?;
+        Ok(Self {
+            a,
+            b,
+            bridge,
+            cgroup,
+            tag,
+            subnet,
+        })
+    }
+
+    /// The unique tag in every name of this instance.
+    pub fn tag(&self) -> &str {
+        &self.tag
+    }
+
+    /// The parent cgroup both pods are in (attach the agent here).
+    pub fn cgroup(&self) -> &Path {
+        self.cgroup.path()
+    }
+
+    /// The bridge.
+    pub fn bridge(&self) -> &Bridge {
+        &self.bridge
+    }
+
+    /// The pods' IPv4 network, e.g. `10.88.7.0/24`.
+    pub fn pod_cidr_v4(&self) -> String {
+        format!("10.88.{}.0/24", self.subnet)
+    }
+
+    /// The pods' IPv6 network, e.g. `fd88:0:0:7::/64`.
+    pub fn pod_cidr_v6(&self) -> String {
+        format!("fd88:0:0:{:x}::/64", self.subnet)
+    }
+
+    /// An IPv4 network outside the pod CIDRs, for addresses that must not be
+    /// bypassed, e.g. `10.99.7.0/24`.
+    pub fn outside_cidr_v4(&self) -> String {
+        format!("10.99.{}.0/24", self.subnet)
+    }
+
+    /// A fresh bpffs pin directory name for an agent of this instance (not created).
+    pub fn pin_dir(&self, what: &str) -> PathBuf {
+        PathBuf::from("/sys/fs/bpf").join(names::resource(&self.tag, what))
+    }
+
+    /// Agent options: both pod CIDRs, this parent cgroup, pin dir `pins`.
+    pub fn agent_opts(&self) -> AgentOpts {
+        AgentOpts {
+            pod_cidrs: vec![self.pod_cidr_v4(), self.pod_cidr_v6()],
+            pod_ips: Vec::new(),
+            cgroup: self.cgroup().to_path_buf(),
+            pin_dir: self.pin_dir("pins"),
+            extra_args: Vec::new(),
+        }
+    }
+
+    /// Bytes the two pods put on the wire so far (sum of the host veth ends' rx).
+    pub fn wire_bytes(&self) -> Result<u64> {
+        Ok(self.a.counters()?.rx_bytes + self.b.counters()?.rx_bytes)
+    }
+}
+
+fn make_pod(
+    tag: &str,
+    label: &str,
+    host: u8,
+    subnet: u8,
+    bridge: &Bridge,
+    parent: &CgroupGuard,
+) -> Result<Pod> {
+    let netns = Netns::create(&names::resource(tag, label))?;
+    let host_if = names::ifname(&format!("-{label}"), tag).map_err(anyhow::Error::msg)?;
+    let veth = Veth::create(&host_if, bridge, &netns, POD_IFNAME)?;
+    let cgroup = parent.child(&format!("pod-{label}"))?;
+    let ipv4 = Ipv4Addr::new(10, 88, subnet, host);
+    let ipv6 = Ipv6Addr::new(0xfd88, 0, 0, u16::from(subnet), 0, 0, 0, u16::from(host));
+    let pod = Pod {
+        cgroup,
+        veth,
+        netns,
+        name: label.to_owned(),
+        ipv4,
+        ipv6,
+    };
+    pod.add_addr(&format!("{ipv4}/24"))
+        .and_then(|()| pod.add_addr(&format!("{ipv6}/64")))
+        .with_context(|| format!("address pod {label}"))?;
+    Ok(pod)
+}
+
+/// A subnet octet in 1..=250 from the tag, so concurrent instances differ.
+fn subnet_of(tag: &str) -> u8 {
+    let h = tag.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    (h % 250) as u8 + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subnets_in_range_and_spread() {
+        let s: std::collections::BTreeSet<u8> =
+            (0..50).map(|i| subnet_of(&format!("abcx{i}"))).collect();
+        assert!(s.iter().all(|&k| (1..=250).contains(&k)));
+        assert!(s.len() > 30, "{s:?}");
+    }
+}
