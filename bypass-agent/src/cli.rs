@@ -22,7 +22,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Load and attach the datapath and keep it until SIGINT/SIGTERM.
-    Run(RunOpts),
+    Run(Box<RunOpts>),
     /// Print what the running datapath holds and has counted.
     Status(StatusOpts),
     /// Remove every pin a crashed agent left behind, and say what was removed.
@@ -56,6 +56,41 @@ pub struct RunOpts {
     /// with `bypass-agent uninstall`).
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     pub detach_on_exit: bool,
+    #[command(flatten)]
+    pub kube: KubeOpts,
+}
+
+/// Options of `run` in Kubernetes mode, which `--node-name` (or `NODE_NAME`) turns on:
+/// pod CIDRs from the Node, pod addresses from its Pods, on/off from a Node label.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Kubernetes mode")]
+pub struct KubeOpts {
+    /// This node's name; turns on Kubernetes mode (then --pod-cidr/--pod-ip are optional
+    /// extras).
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    pub node_name: Option<String>,
+    /// kubeconfig file [default: $KUBECONFIG, else the pod's service account].
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Node label that turns the bypass on ("true") and off ("false") while running.
+    #[arg(long, value_name = "KEY", default_value = "bypass.dev/enabled")]
+    pub node_label: String,
+    /// Whether the bypass is on when the node has no such label.
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub default_enabled: bool,
+    /// Pod annotation that, set to "true", keeps the pod's addresses out of the bypass.
+    #[arg(long, value_name = "KEY", default_value = "bypass.dev/exclude")]
+    pub exclude_annotation: String,
+    /// Namespace label that, set to "true", keeps every pod of the namespace out.
+    #[arg(long, value_name = "KEY", default_value = "bypass.dev/exclude")]
+    pub exclude_namespace_label: String,
+    /// Serve /metrics, /healthz and /readyz here [default in Kubernetes mode:
+    /// 127.0.0.1:9464; standalone: not served unless given].
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Seconds between full reconcile passes that repair drift.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    pub resync_seconds: u64,
 }
 
 /// Where the pins live.

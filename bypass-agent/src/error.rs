@@ -6,7 +6,9 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
     /// `run` was given nothing to bypass.
-    #[error("no pod addresses given: pass --pod-cidr CIDR (repeatable) or --pod-ip ADDR")]
+    #[error(
+        "nothing to bypass: pass --node-name NAME (or set NODE_NAME) for Kubernetes mode, or --pod-cidr CIDR / --pod-ip ADDR (repeatable) for standalone mode"
+    )]
     NoPodAddresses,
     /// No cgroup2 mount in /proc/self/mountinfo.
     #[error(
@@ -14,7 +16,9 @@ pub enum AgentError {
     )]
     NoCgroup2Mount,
     /// The cgroup path does not exist.
-    #[error("cgroup path {path} does not exist: pass an existing cgroup v2 directory with --cgroup")]
+    #[error(
+        "cgroup path {path} does not exist: pass an existing cgroup v2 directory with --cgroup"
+    )]
     CgroupMissing {
         /// The path given.
         path: PathBuf,
@@ -40,7 +44,9 @@ pub enum AgentError {
         source: std::io::Error,
     },
     /// The pin directory is not on bpffs.
-    #[error("{path} is not on a bpf file system: pass a --pin-dir under a bpffs mount such as /sys/fs/bpf")]
+    #[error(
+        "{path} is not on a bpf file system: pass a --pin-dir under a bpffs mount such as /sys/fs/bpf"
+    )]
     NotBpffs {
         /// The pin directory.
         path: PathBuf,
@@ -56,13 +62,17 @@ pub enum AgentError {
         pid: String,
     },
     /// Nothing is pinned where status looks.
-    #[error("no bypass datapath is pinned under {path}: is the agent running? (its --pin-dir must match)")]
+    #[error(
+        "no bypass datapath is pinned under {path}: is the agent running? (its --pin-dir must match)"
+    )]
     NotPinned {
         /// The pin directory.
         path: PathBuf,
     },
     /// Missing privileges.
-    #[error("{action} was refused ({source}): run as root, or with CAP_BPF, CAP_NET_ADMIN and CAP_SYS_ADMIN")]
+    #[error(
+        "{action} was refused ({source}): run as root, or with CAP_BPF, CAP_NET_ADMIN and CAP_SYS_ADMIN"
+    )]
     Permission {
         /// What was attempted.
         action: String,
@@ -70,7 +80,9 @@ pub enum AgentError {
         source: std::io::Error,
     },
     /// The kernel lacks a feature.
-    #[error("the kernel cannot {what} ({detail}): use a kernel >= 5.10 built with CONFIG_BPF_SYSCALL, CONFIG_CGROUP_BPF, CONFIG_BPF_STREAM_PARSER and CONFIG_DEBUG_INFO_BTF")]
+    #[error(
+        "the kernel cannot {what} ({detail}): use a kernel >= 5.10 built with CONFIG_BPF_SYSCALL, CONFIG_CGROUP_BPF, CONFIG_BPF_STREAM_PARSER and CONFIG_DEBUG_INFO_BTF"
+    )]
     KernelSupport {
         /// The missing capability.
         what: &'static str,
@@ -86,7 +98,9 @@ pub enum AgentError {
         detail: String,
     },
     /// The verifier rejected a program.
-    #[error("{action}: the kernel verifier rejected it ({detail}); this kernel lacks something the program needs (kernel >= 5.10 with BTF), log:\n{log}")]
+    #[error(
+        "{action}: the kernel verifier rejected it ({detail}); this kernel lacks something the program needs (kernel >= 5.10 with BTF), log:\n{log}"
+    )]
     Verifier {
         /// What was attempted.
         action: String,
@@ -94,6 +108,73 @@ pub enum AgentError {
         detail: String,
         /// The verifier's log.
         log: String,
+    },
+    /// Kubernetes mode without a node name.
+    #[error(
+        "no node name: pass --node-name NAME or set NODE_NAME (in a DaemonSet, from the fieldRef spec.nodeName)"
+    )]
+    MissingNodeName,
+    /// The kubeconfig could not be read or used.
+    #[error(
+        "cannot use the kubeconfig {path}: {detail}: check that the file exists, is readable and is valid, or pass another --kubeconfig"
+    )]
+    Kubeconfig {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        detail: String,
+    },
+    /// Neither a kubeconfig nor an in-cluster service account.
+    #[error(
+        "no kubeconfig given and not running in a pod with a service account ({detail}): pass --kubeconfig PATH or set KUBECONFIG"
+    )]
+    NoKubeConfig {
+        /// Why the in-cluster configuration failed.
+        detail: String,
+    },
+    /// The node named does not exist.
+    #[error(
+        "node {node} does not exist in the API server: check --node-name / NODE_NAME against `kubectl get nodes`"
+    )]
+    NodeNotFound {
+        /// The node name given.
+        node: String,
+    },
+    /// RBAC forbids something the agent needs.
+    #[error(
+        "the API server forbids the agent to {verb} {resource} ({detail}): apply deploy/rbac.yaml, or grant get, list and watch on nodes, pods and namespaces to the agent's service account"
+    )]
+    Forbidden {
+        /// get, list or watch.
+        verb: &'static str,
+        /// nodes, pods or namespaces.
+        resource: &'static str,
+        /// The API server's message.
+        detail: String,
+    },
+    /// The credentials were rejected.
+    #[error(
+        "the API server rejected the agent's credentials ({detail}): check the kubeconfig's user, or the service account token"
+    )]
+    Unauthorized {
+        /// The API server's message.
+        detail: String,
+    },
+    /// Another API failure.
+    #[error("{action}: {detail}")]
+    Api {
+        /// What was attempted.
+        action: String,
+        /// The error chain.
+        detail: String,
+    },
+    /// The metrics address could not be bound.
+    #[error("cannot serve metrics on {addr} ({source}): pass another --metrics-addr")]
+    MetricsBind {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The error.
+        source: std::io::Error,
     },
     /// A file operation failed.
     #[error("{action} {path}: {source}")]
@@ -119,8 +200,10 @@ impl AgentError {
                 source: std::io::Error::from_raw_os_error(libc::EPERM),
             };
         }
-        if let Some(aya::programs::ProgramError::LoadError { io_error, verifier_log }) =
-            err.downcast_ref::<aya::programs::ProgramError>()
+        if let Some(aya::programs::ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        }) = err.downcast_ref::<aya::programs::ProgramError>()
         {
             return Self::Verifier {
                 action,

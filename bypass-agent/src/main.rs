@@ -4,8 +4,12 @@ mod cidr;
 mod cli;
 mod datapath;
 mod error;
+mod k8s;
+mod metrics;
 mod run;
 mod status;
+mod sync;
+mod toggle;
 
 use std::process::ExitCode;
 
@@ -24,7 +28,7 @@ fn main() -> ExitCode {
         builder.init();
     }
     let result = match cli.command {
-        cli::Command::Run(opts) => run::run(opts),
+        cli::Command::Run(opts) => run::run(*opts),
         cli::Command::Status(opts) => status::status(opts),
         cli::Command::Uninstall(opts) => datapath::uninstall(&opts.pin_dir).map(|removed| {
             for path in &removed {

@@ -20,7 +20,9 @@ use prometheus_client::{
     encoding::{
         DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelValueEncoder,
     },
-    metrics::{counter::ConstCounter, counter::Counter, family::Family, gauge::ConstGauge, gauge::Gauge},
+    metrics::{
+        counter::ConstCounter, counter::Counter, family::Family, gauge::ConstGauge, gauge::Gauge,
+    },
     registry::Registry,
 };
 use tracing::{debug, info, warn};
@@ -162,7 +164,8 @@ impl Telemetry {
     pub fn new(layout: PinLayout) -> Self {
         let agent = Arc::new(AgentMetrics::default());
         for kind in ErrorKind::ALL {
-            agent.errors.get_or_create(&ErrorLabels { kind });
+            // Created at zero so every kind is listed before its first error.
+            let _ = agent.errors.get_or_create(&ErrorLabels { kind });
         }
         let mut registry = Registry::default();
         registry.register(
@@ -208,12 +211,22 @@ struct DatapathCollector {
     layout: PinLayout,
 }
 
-fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> Result<(), std::fmt::Error> {
+fn counter(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    v: u64,
+) -> Result<(), std::fmt::Error> {
     let c = ConstCounter::new(v);
     c.encode(enc.encode_descriptor(name, help, None, c.metric_type())?)
 }
 
-fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, v: i64) -> Result<(), std::fmt::Error> {
+fn gauge(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    v: i64,
+) -> Result<(), std::fmt::Error> {
     let g = ConstGauge::new(v);
     g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)
 }
@@ -228,10 +241,20 @@ impl Collector for DatapathCollector {
             Ok(v) => v,
             Err(e) => {
                 debug!(error = %e, "datapath not readable for metrics");
-                return gauge(&mut enc, "bypass_datapath_up", "1 when the pinned datapath could be read", 0);
+                return gauge(
+                    &mut enc,
+                    "bypass_datapath_up",
+                    "1 when the pinned datapath could be read",
+                    0,
+                );
             }
         };
-        gauge(&mut enc, "bypass_datapath_up", "1 when the pinned datapath could be read", 1)?;
+        gauge(
+            &mut enc,
+            "bypass_datapath_up",
+            "1 when the pinned datapath could be read",
+            1,
+        )?;
         let attached = view.link_pinned && view.control.enabled().unwrap_or(false);
         gauge(
             &mut enc,
@@ -239,8 +262,18 @@ impl Collector for DatapathCollector {
             "1 when sock_ops is attached and redirects are allowed",
             i64::from(attached),
         )?;
-        gauge(&mut enc, "bypass_sockets", "Sockets in the SockHash", count(count_sockets(&view.sockets)))?;
-        gauge(&mut enc, "bypass_pod_cidrs", "Entries in the pod CIDR trie", count(view.pod_maps.cidrs().len()))?;
+        gauge(
+            &mut enc,
+            "bypass_sockets",
+            "Sockets in the SockHash",
+            count(count_sockets(&view.sockets)),
+        )?;
+        gauge(
+            &mut enc,
+            "bypass_pod_cidrs",
+            "Entries in the pod CIDR trie",
+            count(view.pod_maps.cidrs().len()),
+        )?;
         gauge(
             &mut enc,
             "bypass_pod_addresses",
@@ -250,13 +283,41 @@ impl Collector for DatapathCollector {
         match view.stats.read() {
             Ok(c) => {
                 let rows: [(&str, &str, u64); 7] = [
-                    ("bypass_sockets_inserted", "Sockets inserted into the SockHash", c.sockets_inserted),
-                    ("bypass_sockets_skipped", "Established sockets that were not pod-to-pod", c.sockets_skipped),
-                    ("bypass_insert_failures", "SockHash inserts that failed", c.insert_failures),
-                    ("bypass_redirected_messages", "Messages redirected socket to socket", c.redirected_messages),
-                    ("bypass_redirected_bytes", "Bytes redirected socket to socket", c.redirected_bytes),
-                    ("bypass_passed_messages", "Messages that took the TCP path", c.passed_messages),
-                    ("bypass_passed_bytes", "Bytes that took the TCP path", c.passed_bytes),
+                    (
+                        "bypass_sockets_inserted",
+                        "Sockets inserted into the SockHash",
+                        c.sockets_inserted,
+                    ),
+                    (
+                        "bypass_sockets_skipped",
+                        "Established sockets that were not pod-to-pod",
+                        c.sockets_skipped,
+                    ),
+                    (
+                        "bypass_insert_failures",
+                        "SockHash inserts that failed",
+                        c.insert_failures,
+                    ),
+                    (
+                        "bypass_redirected_messages",
+                        "Messages redirected socket to socket",
+                        c.redirected_messages,
+                    ),
+                    (
+                        "bypass_redirected_bytes",
+                        "Bytes redirected socket to socket",
+                        c.redirected_bytes,
+                    ),
+                    (
+                        "bypass_passed_messages",
+                        "Messages that took the TCP path",
+                        c.passed_messages,
+                    ),
+                    (
+                        "bypass_passed_bytes",
+                        "Bytes that took the TCP path",
+                        c.passed_bytes,
+                    ),
                 ];
                 for (name, help, v) in rows {
                     counter(&mut enc, name, help, v)?;
@@ -274,7 +335,9 @@ pub async fn serve(addr: SocketAddr, telemetry: Arc<Telemetry>) -> Result<Socket
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| AgentError::MetricsBind { addr, source })?;
-    let bound = listener.local_addr().map_err(|source| AgentError::MetricsBind { addr, source })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| AgentError::MetricsBind { addr, source })?;
     info!(addr = %bound, "serving /metrics, /healthz, /readyz");
     tokio::spawn(async move {
         loop {
@@ -325,7 +388,11 @@ fn respond<B>(req: &Request<B>, t: &Telemetry) -> Response<Full<Bytes>> {
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
                 body,
             ),
-            Err(_) => reply(StatusCode::INTERNAL_SERVER_ERROR, TEXT, "encoding failed\n".into()),
+            Err(_) => reply(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                TEXT,
+                "encoding failed\n".into(),
+            ),
         },
         "/healthz" => reply(StatusCode::OK, TEXT, "ok\n".into()),
         "/readyz" => {
@@ -339,7 +406,11 @@ fn respond<B>(req: &Request<B>, t: &Telemetry) -> Response<Full<Bytes>> {
                 )
             }
         }
-        _ => reply(StatusCode::NOT_FOUND, TEXT, "try /metrics, /healthz or /readyz\n".into()),
+        _ => reply(
+            StatusCode::NOT_FOUND,
+            TEXT,
+            "try /metrics, /healthz or /readyz\n".into(),
+        ),
     }
 }
 
@@ -348,14 +419,18 @@ mod tests {
     use super::*;
 
     fn telemetry() -> Telemetry {
-        Telemetry::new(PinLayout::new(std::path::Path::new("/nonexistent/bypass-test")))
+        Telemetry::new(PinLayout::new(std::path::Path::new(
+            "/nonexistent/bypass-test",
+        )))
     }
 
     fn get(t: &Telemetry, path: &str) -> (StatusCode, String) {
         let req = Request::builder().uri(path).body(()).unwrap();
         let resp = respond(&req, t);
         let status = resp.status();
-        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
         let body = rt
             .block_on(http_body_util::BodyExt::collect(resp.into_body()))
             .unwrap()
@@ -386,9 +461,15 @@ mod tests {
         let (status, body) = get(&t, "/metrics");
         assert_eq!(status, StatusCode::OK);
         assert!(body.contains("bypass_pods_tracked 3"), "{body}");
-        assert!(body.contains("bypass_reconcile_errors_total{kind=\"pod_address\"} 2"), "{body}");
+        assert!(
+            body.contains("bypass_reconcile_errors_total{kind=\"pod_address\"} 2"),
+            "{body}"
+        );
         for kind in ErrorKind::ALL {
-            assert!(body.contains(&format!("kind=\"{}\"", kind.as_str())), "{body}");
+            assert!(
+                body.contains(&format!("kind=\"{}\"", kind.as_str())),
+                "{body}"
+            );
         }
         // No datapath pinned at that path: reported, not an error.
         assert!(body.contains("bypass_datapath_up 0"), "{body}");

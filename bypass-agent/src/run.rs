@@ -1,18 +1,56 @@
-//! `run` in standalone mode: pod addresses from flags, datapath attached until a
-//! signal, then detached and unpinned.
+//! `run`: in standalone mode pod addresses come from flags and the datapath stays
+//! attached until a signal; with a node name the Kubernetes agent (`k8s`) runs instead.
 
-use std::{collections::BTreeSet, net::IpAddr};
+use std::{collections::BTreeSet, net::IpAddr, sync::Arc, time::Duration};
 
 use crate::{
     cidr::PodCidr,
     cli::RunOpts,
-    datapath::{self, Datapath},
+    datapath::{self, Datapath, PinLayout},
     error::AgentError,
+    k8s,
+    metrics::{self, Telemetry},
+    sync::Statics,
 };
+
+/// Kubernetes mode's settings when a node name is given (`--node-name`/`NODE_NAME`).
+fn kube_settings(opts: &RunOpts) -> Result<Option<k8s::Settings>, AgentError> {
+    let k = &opts.kube;
+    let node = match k.node_name.as_deref().map(str::trim) {
+        Some("") => return Err(AgentError::MissingNodeName),
+        Some(name) => name.to_owned(),
+        None if k.kubeconfig.is_some() => return Err(AgentError::MissingNodeName),
+        None => return Ok(None),
+    };
+    let metrics_addr = match k.metrics_addr {
+        Some(addr) => addr,
+        None => metrics::DEFAULT_METRICS_ADDR
+            .parse()
+            .map_err(|_| AgentError::Api {
+                action: "parse the default metrics address".into(),
+                detail: metrics::DEFAULT_METRICS_ADDR.into(),
+            })?,
+    };
+    Ok(Some(k8s::Settings {
+        node,
+        kubeconfig: k.kubeconfig.clone().or_else(|| {
+            std::env::var_os("KUBECONFIG")
+                .filter(|v| !v.is_empty())
+                .map(Into::into)
+        }),
+        node_label: k.node_label.clone(),
+        default_enabled: k.default_enabled,
+        exclude_annotation: k.exclude_annotation.clone(),
+        exclude_namespace_label: k.exclude_namespace_label.clone(),
+        metrics_addr,
+        resync: Duration::from_secs(k.resync_seconds.max(1)),
+    }))
+}
 
 /// Runs until SIGINT or SIGTERM.
 pub fn run(opts: RunOpts) -> Result<(), AgentError> {
-    if opts.pod_cidrs.is_empty() && opts.pod_ips.is_empty() {
+    let settings = kube_settings(&opts)?;
+    if settings.is_none() && opts.pod_cidrs.is_empty() && opts.pod_ips.is_empty() {
         return Err(AgentError::NoPodAddresses);
     }
     let cgroup = match opts.cgroup {
@@ -26,6 +64,13 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
         reset: opts.reset,
         detach_on_exit: opts.detach_on_exit,
     };
+    if let Some(settings) = settings {
+        let statics = Statics {
+            cidrs: opts.pod_cidrs.iter().copied().collect(),
+            addrs: opts.pod_ips.iter().copied().collect(),
+        };
+        return k8s::run(settings, config, statics);
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -36,13 +81,25 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
         })?;
     // Signal handlers first, so a signal during loading still unwinds cleanly.
     let mut term = runtime
-        .block_on(async { tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) })
+        .block_on(async {
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        })
         .map_err(|source| AgentError::Io {
             action: "install SIGTERM handler",
             path: "/".into(),
             source,
         })?;
+    let telemetry = match opts.kube.metrics_addr {
+        Some(addr) => {
+            let t = Arc::new(Telemetry::new(PinLayout::new(&config.pin_dir)));
+            runtime.block_on(metrics::serve(addr, t.clone()))?;
+            Some(t)
+        }
+        None => None,
+    };
     let mut dp = Datapath::load(&config)?;
+    // Nothing from Kubernetes decides here: clear what a Kubernetes agent recorded.
+    dp.set_agent_state(0)?;
     // An adopted datapath may hold another run's addresses: make the maps match the flags.
     let want_cidrs: BTreeSet<PodCidr> = opts.pod_cidrs.iter().copied().collect();
     let want_ips: BTreeSet<IpAddr> = opts.pod_ips.iter().copied().collect();
@@ -61,6 +118,10 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
         maps.insert_addr(*ip)?;
     }
     dp.attach()?;
+    if let Some(t) = &telemetry {
+        t.health.set_synced(true);
+        t.health.set_settled(true);
+    }
     tracing::info!(
         pod_cidrs = ?opts.pod_cidrs.iter().map(ToString::to_string).collect::<Vec<_>>(),
         pod_ips = ?opts.pod_ips,

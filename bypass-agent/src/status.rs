@@ -9,6 +9,7 @@ use crate::{
     cli::StatusOpts,
     datapath::{Counters, PinLayout, PinnedView},
     error::AgentError,
+    toggle::{EnabledBy, LabelValue, Recorded},
 };
 
 /// The report, as printed.
@@ -25,6 +26,12 @@ pub struct Report {
     pub pod_cidrs: Vec<String>,
     /// Exact pod addresses.
     pub pod_addresses: Vec<IpAddr>,
+    /// Kubernetes mode: where the on/off state came from (`label` or `default`); null
+    /// in standalone mode, or before a valid decision.
+    pub enabled_by: Option<EnabledBy>,
+    /// Kubernetes mode: what the node label held (`absent`, `true`, `false`,
+    /// `invalid`); null in standalone mode.
+    pub label_value: Option<LabelValue>,
     /// The pin directory read.
     pub pin_dir: String,
 }
@@ -32,12 +39,20 @@ pub struct Report {
 /// Reads the pins and builds the report.
 pub fn read(layout: &PinLayout) -> Result<Report, AgentError> {
     let view = PinnedView::open(layout)?;
+    let recorded = Recorded::decode(view.control.agent_state()?);
     Ok(Report {
         attached: view.link_pinned && view.control.enabled()?,
         sockets: crate::datapath::count_sockets(&view.sockets),
         counters: view.stats.read()?,
-        pod_cidrs: view.pod_maps.cidrs().iter().map(ToString::to_string).collect(),
+        pod_cidrs: view
+            .pod_maps
+            .cidrs()
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
         pod_addresses: view.pod_maps.addrs().into_iter().collect(),
+        enabled_by: recorded.and_then(|r| r.enabled_by),
+        label_value: recorded.map(|r| r.label),
         pin_dir: layout.root().display().to_string(),
     })
 }
@@ -45,7 +60,8 @@ pub fn read(layout: &PinLayout) -> Result<Report, AgentError> {
 /// Renders the report as aligned text.
 pub fn render_text(r: &Report) -> String {
     let c = &r.counters;
-    let rows: [(&str, String); 13] = [
+    let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    let rows: [(&str, String); 15] = [
         ("attached", r.attached.to_string()),
         ("sockets", r.sockets.to_string()),
         ("sockets_inserted", c.sockets_inserted.to_string()),
@@ -63,6 +79,14 @@ pub fn render_text(r: &Report) -> String {
                 .map(ToString::to_string)
                 .collect::<Vec<_>>()
                 .join(", "),
+        ),
+        (
+            "enabled_by",
+            opt(r.enabled_by.map(|b| format!("{b:?}").to_lowercase())),
+        ),
+        (
+            "label_value",
+            opt(r.label_value.map(|v| format!("{v:?}").to_lowercase())),
         ),
         ("pin_dir", r.pin_dir.clone()),
         ("", String::new()),
@@ -102,6 +126,8 @@ mod tests {
             },
             pod_cidrs: vec!["10.0.0.0/24".into()],
             pod_addresses: vec!["fd00::2".parse().unwrap()],
+            enabled_by: Some(EnabledBy::Label),
+            label_value: Some(LabelValue::True),
             pin_dir: "/sys/fs/bpf/bypass".into(),
         }
     }
@@ -118,10 +144,14 @@ mod tests {
             "insert_failures",
             "pod_cidrs",
             "pod_addresses",
+            "enabled_by",
+            "label_value",
         ] {
             assert!(v.get(k).is_some(), "missing {k} in {v}");
         }
         assert_eq!(v["redirected_bytes"], 1024);
+        assert_eq!(v["enabled_by"], "label");
+        assert_eq!(v["label_value"], "true");
     }
 
     #[test]

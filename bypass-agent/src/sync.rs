@@ -185,7 +185,10 @@ pub fn node_cidrs(node: &Node, rejections: &mut BTreeSet<Rejection>) -> BTreeSet
     let spec = node.spec.as_ref();
     let (field, values): (&str, Vec<&String>) = match spec.and_then(|s| s.pod_cidrs.as_ref()) {
         Some(list) if !list.is_empty() => ("spec.podCIDRs", list.iter().collect()),
-        _ => ("spec.podCIDR", spec.and_then(|s| s.pod_cidr.as_ref()).into_iter().collect()),
+        _ => (
+            "spec.podCIDR",
+            spec.and_then(|s| s.pod_cidr.as_ref()).into_iter().collect(),
+        ),
     };
     let mut out = BTreeSet::new();
     for value in values {
@@ -208,16 +211,23 @@ pub fn node_cidrs(node: &Node, rejections: &mut BTreeSet<Rejection>) -> BTreeSet
 }
 
 /// Whether a namespace opts its pods out.
-fn namespace_excluded(ns: &Namespace, policy: &Policy, rejections: &mut BTreeSet<Rejection>) -> bool {
+fn namespace_excluded(
+    ns: &Namespace,
+    policy: &Policy,
+    rejections: &mut BTreeSet<Rejection>,
+) -> bool {
     let name = ns.metadata.name.as_deref().unwrap_or("");
     let value = ns
         .metadata
         .labels
         .as_ref()
         .and_then(|l| l.get(&policy.exclude_namespace_label));
-    opt_out(value, || format!("namespace {name}"), || {
-        format!("metadata.labels[{}]", policy.exclude_namespace_label)
-    }, rejections)
+    opt_out(
+        value,
+        || format!("namespace {name}"),
+        || format!("metadata.labels[{}]", policy.exclude_namespace_label),
+        rejections,
+    )
 }
 
 /// An opt-out value: `"true"` opts out, `"false"` or absent does not. Anything else is
@@ -264,7 +274,10 @@ pub fn pod_addrs(
         return Err(Skip::HostNetwork);
     }
     let status = pod.status.as_ref();
-    if matches!(status.and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed")) {
+    if matches!(
+        status.and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    ) {
         return Err(Skip::Finished);
     }
     let annotation = pod
@@ -285,7 +298,10 @@ pub fn pod_addrs(
     }
     let (field, values): (&str, Vec<&String>) = match status.and_then(|s| s.pod_ips.as_ref()) {
         Some(list) if !list.is_empty() => ("status.podIPs", list.iter().map(|p| &p.ip).collect()),
-        _ => ("status.podIP", status.and_then(|s| s.pod_ip.as_ref()).into_iter().collect()),
+        _ => (
+            "status.podIP",
+            status.and_then(|s| s.pod_ip.as_ref()).into_iter().collect(),
+        ),
     };
     let mut out = BTreeSet::new();
     for value in values {
@@ -317,7 +333,9 @@ pub fn parse_pod_ip(value: &str) -> Result<IpAddr, &'static str> {
         .map_err(|_| "not an IP address in canonical form (e.g. 10.244.1.7 or fd00::7; no leading zeros, no zone)")?;
     let ip = ip.to_canonical();
     let special = match ip {
-        IpAddr::V4(v4) => v4.is_unspecified() || v4.is_loopback() || v4.is_multicast() || v4.is_broadcast(),
+        IpAddr::V4(v4) => {
+            v4.is_unspecified() || v4.is_loopback() || v4.is_multicast() || v4.is_broadcast()
+        }
         IpAddr::V6(v6) => v6.is_unspecified() || v6.is_loopback() || v6.is_multicast(),
     };
     if special {
@@ -329,7 +347,7 @@ pub fn parse_pod_ip(value: &str) -> Result<IpAddr, &'static str> {
 /// Rejections in `now` that were not in `before`: the ones to log and count, so a
 /// standing problem is reported once, not on every reconcile.
 pub fn new_rejections<'a>(
-    before: &BTreeSet<Rejection>,
+    before: &'a BTreeSet<Rejection>,
     now: &'a BTreeSet<Rejection>,
 ) -> Vec<&'a Rejection> {
     now.difference(before).collect()
@@ -426,7 +444,10 @@ mod tests {
         ];
         let d = run(Some(&n), &pods, &[]);
         assert_eq!(d.cidrs, cidrs(&["10.244.1.0/24", "fd00:10:244:1::/64"]));
-        assert_eq!(d.addrs, ips(&["10.244.1.2", "10.244.1.3", "fd00:10:244:1::2"]));
+        assert_eq!(
+            d.addrs,
+            ips(&["10.244.1.2", "10.244.1.3", "fd00:10:244:1::2"])
+        );
         assert_eq!(d.pods_tracked, 2);
         assert!(d.rejections.is_empty());
     }
@@ -452,7 +473,10 @@ mod tests {
             pod("quiet", "in-excluded-ns", NODE, &["10.244.1.7"]),
             pod("default", "pending", NODE, &[]),
         ];
-        let nss = [ns("quiet", &[("bypass.dev/exclude", "true")]), ns("default", &[])];
+        let nss = [
+            ns("quiet", &[("bypass.dev/exclude", "true")]),
+            ns("default", &[]),
+        ];
         let d = run(None, &pods, &nss);
         assert!(d.addrs.is_empty(), "{:?}", d.addrs);
         assert_eq!(d.pods_tracked, 0);
@@ -469,10 +493,12 @@ mod tests {
     #[test]
     fn opt_out_false_keeps_pod_and_bad_values_opt_out_with_rejection() {
         let keep = with(pod("default", "keep", NODE, &["10.244.1.2"]), |p| {
-            p.metadata.annotations = Some([("bypass.dev/exclude".to_owned(), "false".to_owned())].into());
+            p.metadata.annotations =
+                Some([("bypass.dev/exclude".to_owned(), "false".to_owned())].into());
         });
         let odd = with(pod("default", "odd", NODE, &["10.244.1.3"]), |p| {
-            p.metadata.annotations = Some([("bypass.dev/exclude".to_owned(), "yes".to_owned())].into());
+            p.metadata.annotations =
+                Some([("bypass.dev/exclude".to_owned(), "yes".to_owned())].into());
         });
         let in_odd_ns = pod("weird", "w", NODE, &["10.244.1.4"]);
         let in_open_ns = pod("open", "o", NODE, &["10.244.1.5"]);
@@ -482,7 +508,11 @@ mod tests {
         ];
         let d = run(None, &[keep, odd, in_odd_ns, in_open_ns], &nss);
         assert_eq!(d.addrs, ips(&["10.244.1.2", "10.244.1.5"]));
-        let objects: Vec<_> = d.rejections.iter().map(|r| (r.kind, r.object.as_str())).collect();
+        let objects: Vec<_> = d
+            .rejections
+            .iter()
+            .map(|r| (r.kind, r.object.as_str()))
+            .collect();
         assert_eq!(
             objects,
             [
@@ -496,7 +526,12 @@ mod tests {
     fn malformed_addresses_are_rejected_one_by_one() {
         let p = pod("default", "m", NODE, &["10.244.1.010", "fd00::2"]);
         let only_bad = pod("default", "bad", NODE, &["not-an-ip"]);
-        let special = pod("default", "lo", NODE, &["127.0.0.1", "0.0.0.0", "ff02::1", "::"]);
+        let special = pod(
+            "default",
+            "lo",
+            NODE,
+            &["127.0.0.1", "0.0.0.0", "ff02::1", "::"],
+        );
         let d = run(None, &[p, only_bad, special], &[]);
         assert_eq!(d.addrs, ips(&["fd00::2"]));
         assert_eq!(d.pods_tracked, 1);
@@ -508,9 +543,21 @@ mod tests {
             .collect();
         assert_eq!(
             bad,
-            ["10.244.1.010", "not-an-ip", "127.0.0.1", "0.0.0.0", "ff02::1", "::"].into()
+            [
+                "10.244.1.010",
+                "not-an-ip",
+                "127.0.0.1",
+                "0.0.0.0",
+                "ff02::1",
+                "::"
+            ]
+            .into()
         );
-        let r = d.rejections.iter().find(|r| r.value == "not-an-ip").unwrap();
+        let r = d
+            .rejections
+            .iter()
+            .find(|r| r.value == "not-an-ip")
+            .unwrap();
         assert_eq!(r.object, "pod default/bad");
         assert_eq!(r.field, "status.podIPs");
         assert!(r.to_string().contains("not an IP address"), "{r}");
@@ -535,12 +582,18 @@ mod tests {
             "metadata": {"name": NODE}, "spec": {"podCIDR": "10.244.3.0/24"},
         }))
         .unwrap();
-        assert_eq!(run(Some(&legacy), &[], &[]).cidrs, cidrs(&["10.244.3.0/24"]));
+        assert_eq!(
+            run(Some(&legacy), &[], &[]).cidrs,
+            cidrs(&["10.244.3.0/24"])
+        );
         let bad = node(&["10.244.3.5/24", "fd00::/64"]);
         let d = run(Some(&bad), &[], &[]);
         assert_eq!(d.cidrs, cidrs(&["fd00::/64"]));
         let r = d.rejections.first().unwrap();
-        assert_eq!((r.kind, r.object.as_str()), (RejectionKind::NodeCidr, "node node-a"));
+        assert_eq!(
+            (r.kind, r.object.as_str()),
+            (RejectionKind::NodeCidr, "node node-a")
+        );
         assert!(r.reason.contains("did you mean 10.244.3.0/24"), "{r}");
         assert_eq!(run(Some(&node(&[])), &[], &[]).cidrs, BTreeSet::new());
     }
@@ -572,11 +625,21 @@ mod tests {
             addrs: ips(&["10.244.1.2", "fd00::2"]),
             ..Desired::default()
         };
-        let p = plan(&cidrs(&["10.244.1.0/24", "10.0.0.0/8"]), &ips(&["10.244.1.3", "fd00::2"]), &want);
+        let p = plan(
+            &cidrs(&["10.244.1.0/24", "10.0.0.0/8"]),
+            &ips(&["10.244.1.3", "fd00::2"]),
+            &want,
+        );
         assert_eq!(p.add_cidrs, vec!["fd00::/64".parse::<PodCidr>().unwrap()]);
-        assert_eq!(p.remove_cidrs, vec!["10.0.0.0/8".parse::<PodCidr>().unwrap()]);
+        assert_eq!(
+            p.remove_cidrs,
+            vec!["10.0.0.0/8".parse::<PodCidr>().unwrap()]
+        );
         assert_eq!(p.add_addrs, vec!["10.244.1.2".parse::<IpAddr>().unwrap()]);
-        assert_eq!(p.remove_addrs, vec!["10.244.1.3".parse::<IpAddr>().unwrap()]);
+        assert_eq!(
+            p.remove_addrs,
+            vec!["10.244.1.3".parse::<IpAddr>().unwrap()]
+        );
         assert!(!p.is_empty());
         assert!(plan(&want.cidrs, &want.addrs, &want).is_empty());
     }
@@ -596,13 +659,23 @@ mod tests {
         let after = run(None, &[pod("d", "p", NODE, &["10.244.1.3"])], &[]);
         let p = plan(&BTreeSet::new(), &before.addrs, &after);
         assert_eq!(p.add_addrs, vec!["10.244.1.3".parse::<IpAddr>().unwrap()]);
-        assert_eq!(p.remove_addrs, vec!["10.244.1.2".parse::<IpAddr>().unwrap()]);
+        assert_eq!(
+            p.remove_addrs,
+            vec!["10.244.1.2".parse::<IpAddr>().unwrap()]
+        );
     }
 
     #[test]
     fn new_rejections_reports_each_once() {
         let a = run(None, &[pod("d", "x", NODE, &["bogus"])], &[]);
-        let b = run(None, &[pod("d", "x", NODE, &["bogus"]), pod("d", "y", NODE, &["nope"])], &[]);
+        let b = run(
+            None,
+            &[
+                pod("d", "x", NODE, &["bogus"]),
+                pod("d", "y", NODE, &["nope"]),
+            ],
+            &[],
+        );
         assert_eq!(new_rejections(&BTreeSet::new(), &a.rejections).len(), 1);
         let fresh = new_rejections(&a.rejections, &b.rejections);
         assert_eq!(fresh.len(), 1);

@@ -256,8 +256,14 @@ mod tests {
 
     #[test]
     fn other_keys_do_not_count() {
-        let l = labels(&[("bypass.dev/enabledx", "false"), ("example.com/enabled", "false")]);
-        assert_eq!(decide("n", Some(&l), KEY, true, true).map(|d| d.enabled), Ok(true));
+        let l = labels(&[
+            ("bypass.dev/enabledx", "false"),
+            ("example.com/enabled", "false"),
+        ]);
+        assert_eq!(
+            decide("n", Some(&l), KEY, true, true).map(|d| d.enabled),
+            Ok(true)
+        );
     }
 
     #[test]
@@ -278,8 +284,14 @@ mod tests {
 
     #[test]
     fn enabled_by_serializes_lowercase() {
-        assert_eq!(serde_json::to_string(&EnabledBy::Label).unwrap(), "\"label\"");
-        assert_eq!(serde_json::to_string(&EnabledBy::Default).unwrap(), "\"default\"");
+        assert_eq!(
+            serde_json::to_string(&EnabledBy::Label).unwrap(),
+            "\"label\""
+        );
+        assert_eq!(
+            serde_json::to_string(&EnabledBy::Default).unwrap(),
+            "\"default\""
+        );
     }
     #[test]
     fn label_value_of() {
@@ -294,7 +306,12 @@ mod tests {
     #[test]
     fn recorded_round_trips() {
         let bys = [None, Some(EnabledBy::Label), Some(EnabledBy::Default)];
-        let values = [LabelValue::Absent, LabelValue::True, LabelValue::False, LabelValue::Invalid];
+        let values = [
+            LabelValue::Absent,
+            LabelValue::True,
+            LabelValue::False,
+            LabelValue::Invalid,
+        ];
         for enabled_by in bys {
             for label in values {
                 for synced in [true, false] {

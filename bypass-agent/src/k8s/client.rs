@@ -77,11 +77,22 @@ pub async fn connect(kubeconfig: Option<&Path>) -> Result<Client, AgentError> {
 }
 
 /// Turns a failed start-up call into the agent's error; `None` for a transient one.
-fn fatal(err: &kube::Error, verb: &'static str, resource: &'static str, node: &str) -> Option<AgentError> {
+fn fatal(
+    err: &kube::Error,
+    verb: &'static str,
+    resource: &'static str,
+    node: &str,
+) -> Option<AgentError> {
     match classify(err) {
         Failure::Transient(_) => None,
-        Failure::NotFound(_) if resource == "nodes" => Some(AgentError::NodeNotFound { node: node.to_owned() }),
-        Failure::Forbidden(detail) => Some(AgentError::Forbidden { verb, resource, detail }),
+        Failure::NotFound(_) if resource == "nodes" => Some(AgentError::NodeNotFound {
+            node: node.to_owned(),
+        }),
+        Failure::Forbidden(detail) => Some(AgentError::Forbidden {
+            verb,
+            resource,
+            detail,
+        }),
         Failure::Unauthorized(detail) => Some(AgentError::Unauthorized { detail }),
         Failure::NotFound(detail) | Failure::Other(detail) => Some(AgentError::Api {
             action: format!("{verb} {resource}"),
@@ -115,22 +126,43 @@ pub async fn preflight(client: &Client, node: &str) -> Result<Preflight, AgentEr
                 Err(e) => {
                     return match fatal(&e, $verb, $resource, node) {
                         Some(err) => Err(err),
-                        None => Ok(Preflight::Retry(format!("{} {}: {}", $verb, $resource, chain(&e)))),
+                        None => Ok(Preflight::Retry(format!(
+                            "{} {}: {}",
+                            $verb,
+                            $resource,
+                            chain(&e)
+                        ))),
                     };
                 }
             }
         };
     }
     check!(nodes.get(node), "get", "nodes");
-    check!(nodes.list(&ListParams::default().fields(&node_field)), "list", "nodes");
-    check!(pods.list(&ListParams::default().fields(&pod_field).limit(1)), "list", "pods");
-    check!(namespaces.list(&ListParams::default().limit(1)), "list", "namespaces");
+    check!(
+        nodes.list(&ListParams::default().fields(&node_field)),
+        "list",
+        "nodes"
+    );
+    check!(
+        pods.list(&ListParams::default().fields(&pod_field).limit(1)),
+        "list",
+        "pods"
+    );
+    check!(
+        namespaces.list(&ListParams::default().limit(1)),
+        "list",
+        "namespaces"
+    );
     // A watch that is refused fails on the response head, before any event: drop it
     // as soon as it is accepted.
     let wp = |fields: &str| WatchParams::default().fields(fields).timeout(1);
     check!(nodes.watch(&wp(&node_field), "0"), "watch", "nodes");
     check!(pods.watch(&wp(&pod_field), "0"), "watch", "pods");
-    check!(namespaces.watch(&WatchParams::default().timeout(1), "0"), "watch", "namespaces");
+    check!(
+        namespaces.watch(&WatchParams::default().timeout(1), "0"),
+        "watch",
+        "namespaces"
+    );
     Ok(Preflight::Ok)
 }
 
@@ -146,11 +178,26 @@ mod tests {
 
     #[test]
     fn classifies_api_answers() {
-        assert_eq!(classify(&api(403, "nope")), Failure::Forbidden("nope".into()));
-        assert_eq!(classify(&api(401, "who")), Failure::Unauthorized("who".into()));
-        assert_eq!(classify(&api(404, "gone")), Failure::NotFound("gone".into()));
-        assert_eq!(classify(&api(503, "busy")), Failure::Transient("busy".into()));
-        assert_eq!(classify(&api(429, "slow")), Failure::Transient("slow".into()));
+        assert_eq!(
+            classify(&api(403, "nope")),
+            Failure::Forbidden("nope".into())
+        );
+        assert_eq!(
+            classify(&api(401, "who")),
+            Failure::Unauthorized("who".into())
+        );
+        assert_eq!(
+            classify(&api(404, "gone")),
+            Failure::NotFound("gone".into())
+        );
+        assert_eq!(
+            classify(&api(503, "busy")),
+            Failure::Transient("busy".into())
+        );
+        assert_eq!(
+            classify(&api(429, "slow")),
+            Failure::Transient("slow".into())
+        );
         assert_eq!(classify(&api(422, "bad")), Failure::Other("bad".into()));
         assert_eq!(classify(&api(403, "")), Failure::Forbidden("Reason".into()));
     }
@@ -162,7 +209,10 @@ mod tests {
         assert!(e.to_string().contains("--node-name"), "{e}");
         let e = fatal(&api(403, "forbidden"), "watch", "pods", "x").unwrap();
         let msg = e.to_string();
-        assert!(msg.contains("watch") && msg.contains("pods") && msg.contains("rbac"), "{msg}");
+        assert!(
+            msg.contains("watch") && msg.contains("pods") && msg.contains("rbac"),
+            "{msg}"
+        );
         let e = fatal(&api(401, "Unauthorized"), "get", "nodes", "x").unwrap();
         assert!(matches!(e, AgentError::Unauthorized { .. }));
         let io = kube::Error::ReadEvents(std::io::Error::other("reset"));

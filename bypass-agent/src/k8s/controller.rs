@@ -58,10 +58,16 @@ fn watch<K>(
     config: watcher::Config,
 ) -> (Store<K>, BoxStream<'static, Item>)
 where
-    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
 {
     let (store, writer) = reflector::store();
-    let stream = reflector(writer, watcher(api, config).default_backoff())
+    let stream = reflector::reflector(writer, watcher(api, config).default_backoff())
         .map(move |r| (source, r.map(|e| matches!(e, watcher::Event::InitDone))))
         .boxed();
     (store, stream)
@@ -105,14 +111,18 @@ pub async fn run(
         telemetry,
         reported: BTreeSet::new(),
         last_bad_label: None,
-        enabled_by: None,
+        // An adopted datapath keeps what the previous agent decided until the first pass.
+        enabled_by: dp
+            .agent_state()
+            .ok()
+            .and_then(Recorded::decode)
+            .and_then(|r| r.enabled_by),
         node_seen: None,
         nodes,
         pods,
         namespaces,
     };
     let mut synced = [false; 3];
-    let mut dirty = false;
     // A periodic pass repairs drift (an entry removed behind the agent's back) and
     // retries failed map updates.
     let mut resync = tokio::time::interval(settings.resync);
@@ -124,10 +134,7 @@ pub async fn run(
         tokio::select! {
             signal = &mut shutdown => return Ok(signal),
             item = events.next() => match item {
-                Some(item) => {
-                    ctl.note(item, &mut synced);
-                    dirty = true;
-                }
+                Some(item) => ctl.note(item, &mut synced),
                 None => {
                     return Err(AgentError::Api {
                         action: "watch the node, pods and namespaces".into(),
@@ -135,20 +142,20 @@ pub async fn run(
                     });
                 }
             },
-            _ = resync.tick() => dirty = true,
+            _ = resync.tick() => {}
         }
         // Coalesce a burst (a relist delivers every object) into one reconcile.
         while let Some(Some(item)) = events.next().now_or_never() {
             ctl.note(item, &mut synced);
         }
-        if dirty && synced.iter().all(|s| *s) {
+        // Every wake-up (event or resync tick) is a full, level-triggered pass.
+        if synced.iter().all(|s| *s) {
             if !ctl.telemetry.health.ready() {
                 info!("node, pods and namespaces listed; reconciling");
             }
             ctl.telemetry.health.set_synced(true);
             ctl.telemetry.agent.synced.set(1);
             ctl.reconcile(dp);
-            dirty = false;
         }
     }
 }
@@ -224,6 +231,17 @@ impl Reconciler<'_> {
             &self.policy,
             &self.statics,
         );
+        let excluded: BTreeSet<String> = namespaces
+            .iter()
+            .filter(|ns| {
+                ns.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(&self.policy.exclude_namespace_label))
+                    .is_some_and(|v| v != "false")
+            })
+            .filter_map(|ns| ns.metadata.name.clone())
+            .collect();
         for r in sync::new_rejections(&self.reported, &desired.rejections) {
             metrics.error(match r.kind {
                 RejectionKind::PodAddress => ErrorKind::PodAddress,
@@ -271,6 +289,7 @@ impl Reconciler<'_> {
                 removed_addrs = plan.remove_addrs.len(),
                 failed,
                 pods_tracked = desired.pods_tracked,
+                pods = ?sync::skip_counts(pods.iter().map(AsRef::as_ref), &self.policy, &excluded),
                 "maps updated"
             );
         }
@@ -283,7 +302,13 @@ impl Reconciler<'_> {
         let labels = node.and_then(|n| n.metadata.labels.as_ref());
         let key = &self.settings.node_label;
         let attached = dp.is_attached();
-        let decision = toggle::decide(&self.policy.node, labels, key, self.settings.default_enabled, attached);
+        let decision = toggle::decide(
+            &self.policy.node,
+            labels,
+            key,
+            self.settings.default_enabled,
+            attached,
+        );
         match &decision {
             Ok(d) => {
                 self.last_bad_label = None;
@@ -298,8 +323,12 @@ impl Reconciler<'_> {
             }
         }
         let result = match toggle::action(attached, &decision) {
-            Action::Attach => dp.attach().map(|()| info!(by = ?self.enabled_by, "bypass on")),
-            Action::Detach => dp.detach().map(|()| info!(by = ?self.enabled_by, "bypass off")),
+            Action::Attach => dp
+                .attach()
+                .map(|()| info!(by = ?self.enabled_by, "bypass on")),
+            Action::Detach => dp
+                .detach()
+                .map(|()| info!(by = ?self.enabled_by, "bypass off")),
             Action::Keep => Ok(()),
         };
         match result {

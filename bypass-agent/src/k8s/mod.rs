@@ -38,7 +38,11 @@ pub struct Settings {
 }
 
 /// Runs the Kubernetes agent until SIGINT or SIGTERM.
-pub fn run(settings: Settings, config: datapath::Config, statics: Statics) -> Result<(), AgentError> {
+pub fn run(
+    settings: Settings,
+    config: datapath::Config,
+    statics: Statics,
+) -> Result<(), AgentError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -66,7 +70,11 @@ async fn signals() -> Result<impl std::future::Future<Output = &'static str>, Ag
     })
 }
 
-async fn run_async(settings: Settings, config: datapath::Config, statics: Statics) -> Result<(), AgentError> {
+async fn run_async(
+    settings: Settings,
+    config: datapath::Config,
+    statics: Statics,
+) -> Result<(), AgentError> {
     let shutdown = signals().await?;
     futures::pin_mut!(shutdown);
     // Configuration problems first: they need a person, not a retry.
@@ -96,7 +104,15 @@ async fn run_async(settings: Settings, config: datapath::Config, statics: Static
 
     let mut dp = Datapath::load(&config)?;
     telemetry.health.set_settled(false);
-    let signal = controller::run(client, &settings, statics, &mut dp, telemetry, &mut shutdown).await?;
+    let signal = controller::run(
+        client,
+        &settings,
+        statics,
+        &mut dp,
+        telemetry,
+        &mut shutdown,
+    )
+    .await?;
     match dp.counters() {
         Ok(counters) => info!(signal, sockets = dp.socket_count(), ?counters, "stopping"),
         Err(e) => warn!(signal, error = %e, "stopping"),
