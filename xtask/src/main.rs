@@ -1,1 +1,49 @@
-fn main() {}
+//! `cargo xtask`: the project's tasks. This file only parses the command line and hands
+//! it to the module that does the task.
+
+mod build;
+mod cmd;
+mod demo;
+mod setup;
+mod test;
+mod workspace;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Tasks of the bypass project (run as `cargo xtask <task>`).
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", version)]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Debug, Subcommand)]
+enum Task {
+    /// Install what is missing: toolchain, bpf-linker, Debian packages. Fast when present.
+    Setup,
+    /// Build the agent (setup's toolchain checks first); `--check` adds fmt and clippy.
+    Build(build::Args),
+    /// Unit tests, then the privileged integration tests (root) against the built agent.
+    Test(test::Args),
+    /// Run the `bypass-demo` binary against the built agent.
+    Demo(demo::Args),
+}
+
+fn main() -> ExitCode {
+    let result = match Cli::parse().task {
+        Task::Setup => setup::run(),
+        Task::Build(args) => build::run(&args),
+        Task::Test(args) => test::run(&args),
+        Task::Demo(args) => demo::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

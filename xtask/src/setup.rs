@@ -1,0 +1,73 @@
+//! `cargo xtask setup`: installs what the project needs, only what is missing, and says
+//! what it did: the pinned toolchain, bpf-linker against its LLVM, the Debian packages.
+
+mod linker;
+mod packages;
+mod toolchain;
+
+use std::{path::PathBuf, process::Command, time::Instant};
+
+use anyhow::Result;
+
+use crate::workspace::{self, ToolchainSpec};
+
+/// What a task needs installed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Toolchain and bpf-linker: enough to build.
+    Build,
+    /// Also the Debian packages that the tests, the demo and the benches run.
+    All,
+}
+
+/// The installed tools, for the tasks that run cargo.
+pub struct Tools {
+    /// Directories to put first on PATH (where bpf-linker is).
+    path_dirs: Vec<PathBuf>,
+}
+
+impl Tools {
+    /// `cargo`, in the workspace root, finding our bpf-linker first.
+    pub fn cargo(&self) -> Result<Command> {
+        workspace::cargo(&self.path_dirs)
+    }
+}
+
+/// `cargo xtask setup`.
+pub fn run() -> Result<()> {
+    ensure(Scope::All).map(drop)
+}
+
+/// Installs what `scope` needs and is missing; prints one line saying what it did.
+pub fn ensure(scope: Scope) -> Result<Tools> {
+    let started = Instant::now();
+    let spec = ToolchainSpec::load()?;
+    let mut done = Vec::new();
+    let toolchain = toolchain::ensure(&spec, &mut done)?;
+    let linker_dir = linker::ensure(&toolchain, &mut done)?;
+    if scope == Scope::All {
+        packages::ensure(&mut done)?;
+    }
+    let checked = match scope {
+        Scope::Build => "",
+        Scope::All => ", Debian packages",
+    };
+    let elapsed = started.elapsed().as_secs_f32();
+    if done.is_empty() {
+        println!(
+            "setup: nothing to do: toolchain {} ({}), bpf-linker {} in {}{checked} present ({elapsed:.1}s)",
+            spec.channel,
+            spec.components.join(", "),
+            linker::VERSION,
+            linker_dir.display(),
+        );
+    } else {
+        println!("setup: done ({elapsed:.0}s):");
+        for what in &done {
+            println!("  - {what}");
+        }
+    }
+    Ok(Tools {
+        path_dirs: vec![linker_dir],
+    })
+}

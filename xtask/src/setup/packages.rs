@@ -1,0 +1,101 @@
+//! The Debian packages the tests and benches run, installed with apt-get when missing.
+
+use std::process::Command;
+
+use anyhow::{Result, bail};
+
+use crate::cmd;
+
+/// Each package the project needs, with what it is for.
+pub const PACKAGES: &[(&str, &str)] = &[
+    ("iproute2", "ip: namespaces, veth pairs, addresses"),
+    ("iptables", "the NAT/filter rules of the testbed"),
+    ("qperf", "TCP latency and bandwidth in the bench"),
+    ("sockperf", "TCP ping-pong latency in the bench"),
+    ("procps", "sysctl, ps"),
+    ("util-linux", "nsenter, unshare, mount"),
+];
+
+/// Installs the missing packages (one `apt-get update` first); records it in `done`.
+pub fn ensure(done: &mut Vec<String>) -> Result<()> {
+    let names: Vec<&str> = PACKAGES.iter().map(|(name, _)| *name).collect();
+    if !cmd::on_path("dpkg-query") {
+        bail!(
+            "dpkg-query is not on PATH: this is not Debian; install these yourself: {}",
+            names.join(" ")
+        );
+    }
+    let missing = missing_packages(&names)?;
+    if missing.is_empty() {
+        return Ok(());
+    }
+    if !nix::unistd::geteuid().is_root() {
+        bail!(
+            "missing Debian packages: {0}; run `cargo xtask setup` as root, or \
+             `sudo apt-get install {0}`",
+            missing.join(" ")
+        );
+    }
+    println!("setup: installing Debian packages {}", missing.join(" "));
+    let apt = || {
+        let mut cmd = Command::new("apt-get");
+        // Other apt users (another engineer, unattended-upgrades) hold the lock briefly.
+        cmd.env("DEBIAN_FRONTEND", "noninteractive")
+            .args(["-o", "DPkg::Lock::Timeout=300", "-q"]);
+        cmd
+    };
+    cmd::run(apt().arg("update"))?;
+    cmd::run(
+        apt()
+            .args(["install", "-y", "--no-install-recommends"])
+            .args(&missing),
+    )?;
+    let still = missing_packages(&names)?;
+    if !still.is_empty() {
+        bail!(
+            "apt-get install succeeded but these are still not installed: {}",
+            still.join(" ")
+        );
+    }
+    done.push(format!("installed Debian packages {}", missing.join(" ")));
+    Ok(())
+}
+
+/// The `names` that dpkg does not report as installed.
+fn missing_packages(names: &[&str]) -> Result<Vec<String>> {
+    // dpkg-query exits 1 and complains on stderr for never-seen packages; stdout still
+    // lists the known ones, which is all we read.
+    let out = Command::new("dpkg-query")
+        .args(["-W", "-f=${Package} ${db:Status-Abbrev}\\n"])
+        .args(names)
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    Ok(not_installed(&stdout, names))
+}
+
+/// Parses `dpkg-query -W -f='${Package} ${db:Status-Abbrev}\n'`: `ii` means installed.
+fn not_installed(status: &str, names: &[&str]) -> Vec<String> {
+    names
+        .iter()
+        .filter(|name| {
+            !status.lines().any(|line| {
+                let mut words = line.split_whitespace();
+                let package = words.next().map(|p| p.split(':').next().unwrap_or(p));
+                package == Some(**name) && words.next() == Some("ii")
+            })
+        })
+        .map(|name| (*name).to_owned())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_ii_counts_as_installed() {
+        let status = "iproute2 ii \nprocps rc \nutil-linux:amd64 ii \n";
+        let names = ["iproute2", "procps", "util-linux", "qperf"];
+        assert_eq!(not_installed(status, &names), ["procps", "qperf"]);
+    }
+}

@@ -1,0 +1,124 @@
+//! `cargo xtask test`: setup and build, the unit tests of the workspace, then the
+//! privileged tests of `integration-test` one at a time (they share kernel state) against
+//! the built agent; ends with `N passed, M failed` and fails on any failure. Privileged
+//! tests never skip: without root the task fails.
+
+mod summary;
+
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    path::Path,
+    process::{Command, ExitStatus, Stdio},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::{build, cmd, setup};
+use summary::Counts;
+
+/// Arguments of `cargo xtask test`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub build: build::Options,
+    /// Given to both test harnesses: a name filter, `--nocapture`, `--exact`, ...
+    #[arg(last = true)]
+    pub harness: Vec<String>,
+}
+
+/// `cargo xtask test`.
+pub fn run(args: &Args) -> Result<()> {
+    let root = nix::unistd::geteuid().is_root();
+    if is_ci() && !root {
+        bail!(
+            "CI is set but this is not root: the privileged tests cannot run, and under CI \
+             they never skip; run .ci/run as root"
+        );
+    }
+    let tools = setup::ensure(setup::Scope::All)?;
+    let agent = build::build_agent(&tools, &args.build)?;
+
+    let mut counts = Counts::default();
+    let mut failures = Vec::new();
+
+    let mut unit = tools.cargo()?;
+    unit.args([
+        "test",
+        "--workspace",
+        "--exclude",
+        "integration-test",
+        "--no-fail-fast",
+        "--",
+    ])
+    .args(&args.harness);
+    let status = run_counting(&mut unit, &mut counts)?;
+    if !status.success() {
+        failures.push(format!("unit tests: {status}"));
+    }
+
+    if root {
+        let mut privileged = privileged_tests(tools.cargo()?, &agent, &args.harness);
+        let before = counts;
+        let status = run_counting(&mut privileged, &mut counts)?;
+        if !status.success() {
+            failures.push(format!("privileged tests: {status}"));
+        } else if counts.passed == before.passed && counts.failed == before.failed {
+            println!("test: warning: no privileged test ran");
+        }
+    } else {
+        failures.push(
+            "privileged tests not run: they need root (run `cargo xtask test` as root)".into(),
+        );
+    }
+
+    println!("test: {counts}");
+    if failures.is_empty() {
+        return Ok(());
+    }
+    bail!("{}", failures.join("; "))
+}
+
+/// `cargo test -p integration-test -- --test-threads=1` against `agent`.
+fn privileged_tests(mut cargo: Command, agent: &Path, harness: &[String]) -> Command {
+    cargo
+        .env("BYPASS_AGENT_BIN", agent)
+        .args([
+            "test",
+            "--package",
+            "integration-test",
+            "--no-fail-fast",
+            "--",
+            "--test-threads=1",
+        ])
+        .args(harness);
+    cargo
+}
+
+/// Whether we run under CI (`CI=true`, as GitHub, GitLab and most runners set it).
+fn is_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
+}
+
+/// Runs `cmd`, echoing its stdout as it comes and adding its `test result:` lines to
+/// `counts`.
+fn run_counting(cmd: &mut Command, counts: &mut Counts) -> Result<ExitStatus> {
+    println!("+ {}", cmd::display(cmd));
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("could not start `{}`", cmd::display(cmd)))?;
+    if let Some(stdout) = child.stdout.take() {
+        let mut reader = BufReader::new(stdout);
+        let mut line = Vec::new();
+        let mut out = std::io::stdout();
+        while reader.read_until(b'\n', &mut line)? > 0 {
+            out.write_all(&line)?;
+            out.flush()?;
+            counts.add_line(&String::from_utf8_lossy(&line));
+            line.clear();
+        }
+    }
+    child
+        .wait()
+        .with_context(|| format!("`{}` did not finish", cmd::display(cmd)))
+}
