@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context as _, Result};
+use anyhow::{Context as _, Result, bail};
 
 use crate::{
     cmd,
@@ -42,13 +42,15 @@ pub fn run(args: &Args) -> Result<()> {
 /// Builds `bypass-agent` and returns the path of the binary.
 pub fn build_agent(tools: &Tools, opts: &Options) -> Result<PathBuf> {
     let mut cargo = tools.cargo()?;
-    cargo.args(["build", "--package", "bypass-agent"]);
+    cargo.args(["build", "--package", workspace::AGENT]);
     if !opts.debug {
         cargo.arg("--release");
     }
     cmd::run(&mut cargo)?;
     let profile = if opts.debug { "debug" } else { "release" };
-    let agent = workspace::target_dir()?.join(profile).join("bypass-agent");
+    let agent = workspace::target_dir()?
+        .join(profile)
+        .join(workspace::AGENT);
     let size = agent
         .metadata()
         .with_context(|| format!("the build succeeded but {} is missing", agent.display()))?
@@ -61,17 +63,40 @@ pub fn build_agent(tools: &Tools, opts: &Options) -> Result<PathBuf> {
     Ok(agent)
 }
 
-/// `cargo fmt --check` and clippy with warnings denied, on the whole workspace.
+/// `cargo fmt --check`, and clippy with warnings denied on the whole workspace: the host
+/// crates for the host, the kernel crate for the BPF target (on the host its `no_std`
+/// binary clashes with std's panic handler). Runs all three, then reports every failure.
 fn lint(tools: &Tools) -> Result<()> {
-    cmd::run(tools.cargo()?.args(["fmt", "--all", "--check"]))?;
-    cmd::run(tools.cargo()?.args([
-        "clippy",
-        "--workspace",
-        "--all-targets",
-        "--",
-        "-D",
-        "warnings",
-    ]))?;
+    let mut fmt = tools.cargo()?;
+    fmt.args(["fmt", "--all", "--check"]);
+    let mut host = tools.cargo()?;
+    host.args(["clippy", "--workspace", "--exclude", workspace::EBPF])
+        .args(["--all-targets", "--", "-D", "warnings"]);
+    let mut bpf = tools.cargo()?;
+    // Unstable `-Z build-std` on the stable toolchain, as the agent's build script does.
+    bpf.env("RUSTC_BOOTSTRAP", "1")
+        .args(["clippy", "--package", workspace::EBPF, "--release"])
+        .args(["--target", bpf_target(), "-Z", "build-std=core"])
+        .args(["--", "-D", "warnings"]);
+    let mut failed = Vec::new();
+    for mut cargo in [fmt, host, bpf] {
+        let status = cmd::status(&mut cargo)?;
+        if !status.success() {
+            failed.push(format!("`{}` ({status})", cmd::display(&cargo)));
+        }
+    }
+    if !failed.is_empty() {
+        bail!("{} failed", failed.join(", "));
+    }
     println!("build: fmt and clippy clean");
     Ok(())
+}
+
+/// The BPF target of the host's byte order, as aya-build chooses it.
+fn bpf_target() -> &'static str {
+    if cfg!(target_endian = "big") {
+        "bpfeb-unknown-none"
+    } else {
+        "bpfel-unknown-none"
+    }
 }

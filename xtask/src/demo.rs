@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 
-use crate::{build, cmd, setup};
+use crate::{build, cmd, setup, workspace};
 
 /// Arguments of `cargo xtask demo`.
 #[derive(Debug, Clone, clap::Args)]
@@ -27,7 +27,7 @@ pub fn run(args: &Args) -> Result<()> {
                 "run",
                 "--release",
                 "--package",
-                "integration-test",
+                workspace::INTEGRATION_TEST,
                 "--bin",
                 "bypass-demo",
                 "--",

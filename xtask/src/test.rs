@@ -1,4 +1,4 @@
-//! `cargo xtask test`: setup and build, the unit tests of the workspace, then the
+//! `cargo xtask test`: setup and build, the unit tests of the host crates, then the
 //! privileged tests of `integration-test` one at a time (they share kernel state) against
 //! the built agent; ends with `N passed, M failed` and fails on any failure. Privileged
 //! tests never skip: without root the task fails.
@@ -13,7 +13,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{build, cmd, setup};
+use crate::{build, cmd, setup, workspace};
 use summary::Counts;
 
 /// Arguments of `cargo xtask test`.
@@ -42,15 +42,11 @@ pub fn run(args: &Args) -> Result<()> {
     let mut failures = Vec::new();
 
     let mut unit = tools.cargo()?;
-    unit.args([
-        "test",
-        "--workspace",
-        "--exclude",
-        "integration-test",
-        "--no-fail-fast",
-        "--",
-    ])
-    .args(&args.harness);
+    unit.args(["test", "--workspace", "--no-fail-fast"])
+        .args(["--exclude", workspace::INTEGRATION_TEST])
+        .args(["--exclude", workspace::EBPF])
+        .arg("--")
+        .args(&args.harness);
     let status = run_counting(&mut unit, &mut counts)?;
     if !status.success() {
         failures.push(format!("unit tests: {status}"));
@@ -85,7 +81,7 @@ fn privileged_tests(mut cargo: Command, agent: &Path, harness: &[String]) -> Com
         .args([
             "test",
             "--package",
-            "integration-test",
+            workspace::INTEGRATION_TEST,
             "--no-fail-fast",
             "--",
             "--test-threads=1",

@@ -11,6 +11,14 @@ use anyhow::{Context as _, Result, anyhow, bail};
 
 use crate::cmd;
 
+/// The agent package; its binary has the same name.
+pub const AGENT: &str = "bypass-agent";
+/// The kernel programs: built for the BPF target only (through the agent's build script),
+/// so host-target tasks leave it out.
+pub const EBPF: &str = "bypass-ebpf";
+/// The privileged tests, and the `bypass-demo` binary.
+pub const INTEGRATION_TEST: &str = "integration-test";
+
 /// The workspace root: the parent of this crate's directory.
 pub fn root() -> &'static Path {
     let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
