@@ -1,1 +1,213 @@
-fn main() {}
+//! `bypass-bench`: parses the command line and hands it to the library. `run` is the
+//! bench (`cargo xtask bench` builds and starts it); `report` redoes the table and plot
+//! from a saved `bench.json`; `floor` and `floor-peer` are the Unix-socket floor's two
+//! processes, started by `run`.
+
+use std::{path::PathBuf, process::ExitCode};
+
+use anyhow::{Context as _, Result, bail};
+use bench::{
+    driver,
+    model::{Config, Placement, SIZES, Test},
+    report,
+};
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// Bench of the same-node TCP bypass against the normal path and the Unix-socket floor.
+#[derive(Debug, Parser)]
+#[command(name = "bypass-bench", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Placements {
+    /// Same-CPU and cross-CPU.
+    Both,
+    /// Client and server on CPU 0.
+    Same,
+    /// Client on CPU 0, server on CPU 1.
+    Cross,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum TestArg {
+    #[value(name = "tcp_lat")]
+    TcpLat,
+    #[value(name = "tcp_bw")]
+    TcpBw,
+}
+
+impl From<TestArg> for Test {
+    fn from(t: TestArg) -> Self {
+        match t {
+            TestArg::TcpLat => Test::TcpLat,
+            TestArg::TcpBw => Test::TcpBw,
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Run the bench (root): two pods, qperf and sockperf with the bypass attached and
+    /// detached, the floor, the agent's cost. The agent binary is $BYPASS_AGENT_BIN or
+    /// target/release/bypass-agent.
+    Run {
+        /// Under two minutes: one repetition, cross-CPU only, sockperf shortened.
+        #[arg(long)]
+        quick: bool,
+        /// Interleaved repetitions [default: 5, quick: 1].
+        #[arg(long)]
+        reps: Option<u32>,
+        /// Seconds per qperf test [default: 1].
+        #[arg(long)]
+        secs: Option<u32>,
+        /// Placements [default: both, quick: cross].
+        #[arg(long, value_enum)]
+        placement: Option<Placements>,
+        /// Message sizes, comma-separated [default: 1,4,16,64,256,1024,4096,16384].
+        #[arg(long, value_delimiter = ',')]
+        sizes: Option<Vec<u32>>,
+        /// sockperf sizes, comma-separated; empty to skip sockperf [default: 64,16384].
+        #[arg(long, value_delimiter = ',')]
+        sockperf_sizes: Option<Vec<u32>>,
+        /// Skip the Unix-socket floor.
+        #[arg(long)]
+        no_floor: bool,
+        /// Where the table, JSON and plot go.
+        #[arg(long, default_value = "results/latest")]
+        out: PathBuf,
+        /// Where raw tool output is appended (git-ignored).
+        #[arg(long, default_value = "results/raw")]
+        raw: PathBuf,
+    },
+    /// Redo table.txt, table.md and plot.svg from a bench.json.
+    Report {
+        /// The bench.json.
+        #[arg(long, default_value = "results/latest/bench.json")]
+        from: PathBuf,
+        /// Where to write [default: beside the JSON].
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// The floor's client (started by `run`): prints one JSON line.
+    Floor {
+        #[arg(long, value_enum)]
+        test: TestArg,
+        #[arg(long)]
+        size: u32,
+        #[arg(long)]
+        secs: f64,
+        #[arg(long)]
+        client_cpu: usize,
+        #[arg(long)]
+        server_cpu: usize,
+    },
+    /// The floor's peer (started by `floor`, socket on stdin).
+    FloorPeer {
+        #[arg(long, value_enum)]
+        test: TestArg,
+        #[arg(long)]
+        size: u32,
+        #[arg(long)]
+        cpu: usize,
+    },
+}
+
+fn main() -> ExitCode {
+    match real_main() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn real_main() -> Result<()> {
+    match Cli::parse().command {
+        Cmd::Run {
+            quick,
+            reps,
+            secs,
+            placement,
+            sizes,
+            sockperf_sizes,
+            no_floor,
+            out,
+            raw,
+        } => {
+            let reps = reps.unwrap_or(if quick { 1 } else { 5 });
+            if reps == 0 {
+                bail!("--reps must be at least 1");
+            }
+            let placements = match placement.unwrap_or(if quick {
+                Placements::Cross
+            } else {
+                Placements::Both
+            }) {
+                Placements::Both => vec![Placement::cross_cpu(), Placement::same_cpu()],
+                Placements::Same => vec![Placement::same_cpu()],
+                Placements::Cross => vec![Placement::cross_cpu()],
+            };
+            let config = Config {
+                quick,
+                reps,
+                sockperf_reps: reps.min(3),
+                qperf_secs: secs.unwrap_or(1).max(1),
+                sockperf_secs: if quick { 2 } else { 3 },
+                floor_secs: if quick { 0.5 } else { 1.0 },
+                sizes: sizes.unwrap_or_else(|| SIZES.to_vec()),
+                sockperf_sizes: sockperf_sizes
+                    .unwrap_or_else(|| vec![64, 16384])
+                    .into_iter()
+                    .filter(|&s| s > 0)
+                    .collect(),
+                placements,
+                idle_secs: if quick { 1.0 } else { 3.0 },
+            };
+            let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+            let opts = driver::Options {
+                config,
+                raw_dir: raw,
+                workspace,
+                no_floor,
+            };
+            let results = driver::run(&opts)?;
+            let written = driver::write_outputs(&results, &out)?;
+            println!("{}", report::render(&results));
+            for w in written {
+                println!("wrote {}", w.display());
+            }
+            Ok(())
+        }
+        Cmd::Report { from, out } => {
+            let text = std::fs::read_to_string(&from)
+                .with_context(|| format!("read {}", from.display()))?;
+            let results = serde_json::from_str(&text).context("parse bench.json")?;
+            let dir = out.unwrap_or_else(|| {
+                from.parent()
+                    .map_or_else(|| PathBuf::from("."), PathBuf::from)
+            });
+            let written = driver::write_outputs(&results, &dir)?;
+            println!("{}", report::render(&results));
+            for w in written {
+                println!("wrote {}", w.display());
+            }
+            Ok(())
+        }
+        Cmd::Floor {
+            test,
+            size,
+            secs,
+            client_cpu,
+            server_cpu,
+        } => {
+            let r = bench::floor::client(test.into(), size, secs, client_cpu, server_cpu)?;
+            println!("{}", serde_json::to_string(&r)?);
+            Ok(())
+        }
+        Cmd::FloorPeer { test, size, cpu } => bench::floor::peer(test.into(), size, cpu),
+    }
+}

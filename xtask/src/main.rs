@@ -1,6 +1,7 @@
 //! `cargo xtask`: the project's tasks. This file only parses the command line and hands
 //! it to the module that does the task.
 
+mod bench;
 mod build;
 mod cmd;
 mod demo;
@@ -30,6 +31,8 @@ enum Task {
     Test(test::Args),
     /// Run the `bypass-demo` binary against the built agent.
     Demo(demo::Args),
+    /// The bench (root): bypass vs normal path vs Unix-socket floor; writes results/latest.
+    Bench(bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -38,6 +41,7 @@ fn main() -> ExitCode {
         Task::Build(args) => build::run(&args),
         Task::Test(args) => test::run(&args),
         Task::Demo(args) => demo::run(&args),
+        Task::Bench(args) => bench::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,592 @@
+//! The run: builds the two pods, starts the qperf and sockperf servers in pod `b` (one
+//! per server CPU, pinned), then for each repetition and placement measures a block
+//! with the bypass attached and a block detached (the agent stopped, so new connections
+//! are not inserted), alternating which comes first so the agent toggles once per block:
+//! bypass, default | default, bypass | bypass, default ... The floor is measured after
+//! each pair of blocks, in the same run. Probes the agent's memory and CPU as it goes.
+
+use std::{
+    collections::BTreeMap,
+    fs::OpenOptions,
+    io::Write as _,
+    net::IpAddr,
+    path::{Path as FsPath, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use testbed::{Agent, PodChild, TwoPods, spawn_in_on_cpus};
+
+use crate::{
+    env,
+    floor::FloorResult,
+    model::{
+        AgentProbe, Config, Path, PctSample, Placement, ProbePhase, Results, SCHEMA, Sample, Test,
+    },
+    procfs, qperf, sockperf,
+};
+
+/// First qperf listen port; the server pinned to CPU n listens on this + n.
+const QPERF_PORT: u16 = 19765;
+/// First sockperf port; the server pinned to CPU n listens on this + n.
+const SOCKPERF_PORT: u16 = 11111;
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The configuration (sizes, durations, repetitions, placements).
+    pub config: Config,
+    /// Where raw tool output is appended (ignored by git).
+    pub raw_dir: PathBuf,
+    /// The workspace (for the git commit).
+    pub workspace: PathBuf,
+    /// Skip the floor.
+    pub no_floor: bool,
+}
+
+/// Seconds a single tool run may take beyond its own duration.
+const SLACK: Duration = Duration::from_secs(20);
+
+struct AgentState {
+    agent: Option<Agent>,
+    /// (when, cpu ms) of the last probe of the running agent.
+    last: Option<(Instant, f64)>,
+}
+
+struct Run<'a> {
+    opts: &'a Options,
+    pods: TwoPods,
+    server_ip: IpAddr,
+    agent: AgentState,
+    results: Results,
+    raw: Option<std::fs::File>,
+    step: usize,
+    total_steps: usize,
+    started: Instant,
+}
+
+/// Runs the bench and returns everything it measured.
+pub fn run(opts: &Options) -> Result<Results> {
+    for (tool, arg) in [("qperf", "--version"), ("sockperf", "--version")] {
+        let ok = Command::new(tool)
+            .arg(arg)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok();
+        if !ok {
+            bail!("{tool} is not installed: apt-get install -y qperf sockperf");
+        }
+    }
+    let missing = testbed::require::missing();
+    if !missing.is_empty() {
+        bail!("cannot run the bench: {}", missing.join("; "));
+    }
+    let agent_bin = testbed::agent::agent_bin();
+    let env = env::collect(&opts.workspace, &agent_bin);
+    let mut config = opts.config.clone();
+    let mut warnings = Vec::new();
+    let cpus = env.cpus;
+    config.placements.retain(|p| {
+        let ok = p.client_cpu < cpus && p.server_cpu < cpus;
+        if !ok {
+            warnings.push(format!(
+                "placement {} skipped: only {cpus} CPUs",
+                p.describe()
+            ));
+        }
+        ok
+    });
+    if config.placements.is_empty() {
+        bail!("no placement fits on {cpus} CPUs");
+    }
+    std::fs::create_dir_all(&opts.raw_dir)
+        .with_context(|| format!("create {}", opts.raw_dir.display()))?;
+    let raw = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(opts.raw_dir.join("tools.log"))
+        .ok();
+    progress(&format!(
+        "building two pods; agent {}; {} CPUs, load {}",
+        agent_bin.display(),
+        cpus,
+        env.loadavg_start
+    ));
+    let pods = TwoPods::new().context("build the two-pod topology")?;
+    let server_ip = IpAddr::V4(pods.b.ipv4());
+    let per_block = config.sizes.len() + config.sockperf_sizes.len();
+    let floor_steps = if opts.no_floor { 0 } else { config.sizes.len() };
+    let total_steps =
+        config.reps as usize * config.placements.len() * (2 * per_block + floor_steps);
+    let mut env = env;
+    env.addresses = format!("{} -> {}", pods.a.ipv4(), pods.b.ipv4());
+    let mut run = Run {
+        opts,
+        server_ip,
+        agent: AgentState {
+            agent: None,
+            last: None,
+        },
+        results: Results {
+            schema: SCHEMA,
+            config,
+            env,
+            samples: Vec::new(),
+            percentiles: Vec::new(),
+            agent: Vec::new(),
+            warnings,
+        },
+        pods,
+        raw,
+        step: 0,
+        total_steps,
+        started: Instant::now(),
+    };
+    let servers = run.start_servers()?;
+    let outcome = run.sweep();
+    // Stop the agent before the servers and the pods go.
+    let stopped = run.set_path(Path::Default);
+    drop(servers);
+    outcome?;
+    stopped?;
+    run.results.env.loadavg_end = env::loadavg();
+    run.results.env.duration_secs = run.started.elapsed().as_secs_f64();
+    Ok(run.results)
+}
+
+fn progress(msg: &str) {
+    eprintln!("bench: {msg}");
+}
+
+fn fmt_secs(s: f64) -> String {
+    let s = s.max(0.0) as u64;
+    format!("{}m{:02}s", s / 60, s % 60)
+}
+
+impl Run<'_> {
+    fn start_servers(&mut self) -> Result<Vec<PodChild>> {
+        let mut cpus: Vec<usize> = self
+            .results
+            .config
+            .placements
+            .iter()
+            .map(|p| p.server_cpu)
+            .collect();
+        cpus.sort_unstable();
+        cpus.dedup();
+        let mut servers = Vec::new();
+        for cpu in cpus {
+            for mut cmd in [
+                qperf::server_command(qperf_port(cpu)),
+                sockperf::server_command(self.server_ip, sockperf_port(cpu)),
+            ] {
+                cmd.stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null());
+                servers.push(spawn_in_on_cpus(&self.pods.b, cmd, &[cpu])?);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        for s in &mut servers {
+            if let Some(st) = s.try_wait()? {
+                bail!("a bench server exited at start ({st}); is the port taken?");
+            }
+        }
+        Ok(servers)
+    }
+
+    fn sweep(&mut self) -> Result<()> {
+        let cfg = self.results.config.clone();
+        // The first start also gives the idle probe.
+        self.set_path(Path::Bypass)?;
+        progress(&format!("agent idle for {:.0} s", cfg.idle_secs));
+        std::thread::sleep(Duration::from_secs_f64(cfg.idle_secs));
+        self.probe(ProbePhase::Idle)?;
+        let mut bypass_first = true;
+        for rep in 0..cfg.reps {
+            for placement in &cfg.placements {
+                let order = if bypass_first {
+                    [Path::Bypass, Path::Default]
+                } else {
+                    [Path::Default, Path::Bypass]
+                };
+                bypass_first = !bypass_first;
+                for path in order {
+                    self.set_path(path)?;
+                    for &size in &cfg.sizes {
+                        self.qperf(rep, placement, path, size)?;
+                    }
+                    if rep < cfg.sockperf_reps {
+                        for &size in &cfg.sockperf_sizes {
+                            self.sockperf(rep, placement, path, size)?;
+                        }
+                    } else {
+                        self.step += cfg.sockperf_sizes.len();
+                    }
+                    if path == Path::Bypass {
+                        self.probe(ProbePhase::Sweep)?;
+                    }
+                }
+                if !self.opts.no_floor {
+                    for &size in &cfg.sizes {
+                        self.floor(rep, placement, size, rep < cfg.sockperf_reps)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Attaches (starts the agent) or detaches (stops it).
+    fn set_path(&mut self, path: Path) -> Result<()> {
+        match (path, self.agent.agent.is_some()) {
+            (Path::Bypass, false) => {
+                let t = Instant::now();
+                let agent = Agent::start(&self.pods.agent_opts()).context("start the agent")?;
+                let snap = procfs::snapshot(agent.pid())?;
+                self.results.agent.push(AgentProbe {
+                    phase: ProbePhase::Started,
+                    pid: agent.pid(),
+                    rss_kib: snap.rss_kib,
+                    hwm_kib: snap.hwm_kib,
+                    cpu_ms: snap.cpu_ms,
+                    wall_ms: t.elapsed().as_secs_f64() * 1e3,
+                });
+                self.agent.last = Some((Instant::now(), snap.cpu_ms));
+                self.agent.agent = Some(agent);
+            }
+            (Path::Default | Path::Floor, true) => {
+                if let Some(mut agent) = self.agent.agent.take() {
+                    let exit = agent.stop().context("stop the agent")?;
+                    if !exit.status.success() {
+                        self.results.warnings.push(format!(
+                            "agent exited with {}: {}",
+                            exit.status,
+                            exit.stderr.trim()
+                        ));
+                    }
+                }
+                self.agent.last = None;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn probe(&mut self, phase: ProbePhase) -> Result<()> {
+        let (Some(agent), Some((when, cpu))) = (&self.agent.agent, self.agent.last) else {
+            return Ok(());
+        };
+        let snap = procfs::snapshot(agent.pid())?;
+        self.results.agent.push(AgentProbe {
+            phase,
+            pid: agent.pid(),
+            rss_kib: snap.rss_kib,
+            hwm_kib: snap.hwm_kib,
+            cpu_ms: snap.cpu_ms - cpu,
+            wall_ms: when.elapsed().as_secs_f64() * 1e3,
+        });
+        self.agent.last = Some((Instant::now(), snap.cpu_ms));
+        Ok(())
+    }
+
+    fn log_raw(&mut self, what: &str, out: &str) {
+        if let Some(f) = &mut self.raw {
+            let _ = writeln!(f, "=== {what}\n{out}");
+        }
+    }
+
+    fn tick(&mut self, msg: &str) {
+        self.step += 1;
+        let el = self.started.elapsed().as_secs_f64();
+        let eta = if self.step > 0 {
+            el / self.step as f64 * (self.total_steps.saturating_sub(self.step)) as f64
+        } else {
+            0.0
+        };
+        progress(&format!(
+            "[{:>3}/{}] {} (elapsed {}, eta {})",
+            self.step,
+            self.total_steps,
+            msg,
+            fmt_secs(el),
+            fmt_secs(eta)
+        ));
+    }
+
+    /// Runs `cmd` in pod `a` pinned to `cpu`, returning stdout; one retry on failure.
+    fn client(
+        &mut self,
+        what: &str,
+        make: &dyn Fn() -> Command,
+        cpu: usize,
+        secs: u32,
+    ) -> Result<Option<String>> {
+        for attempt in 0..2 {
+            let mut cmd = make();
+            cmd.stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            let child = spawn_in_on_cpus(&self.pods.a, cmd, &[cpu])?;
+            let timeout = Duration::from_secs(u64::from(secs) * 2 + 5) + SLACK;
+            match child.wait_output(timeout) {
+                Ok(out) if out.status.success() => {
+                    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+                    self.log_raw(what, &text);
+                    return Ok(Some(text));
+                }
+                Ok(out) => {
+                    let msg = format!(
+                        "{what} (attempt {}): {}: {}",
+                        attempt + 1,
+                        out.status,
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    );
+                    self.results.warnings.push(msg);
+                }
+                Err(e) => self
+                    .results
+                    .warnings
+                    .push(format!("{what} (attempt {}): {e:#}", attempt + 1)),
+            }
+        }
+        Ok(None)
+    }
+
+    fn wire_and_stats(&self) -> (Option<u64>, Option<(u64, u64)>) {
+        let wire = self.pods.wire_bytes().ok();
+        let stats = self
+            .agent
+            .agent
+            .as_ref()
+            .and_then(|a| a.stats().ok())
+            .map(|s| (s.redirected_bytes, s.passed_bytes));
+        (wire, stats)
+    }
+
+    fn qperf(&mut self, rep: u32, p: &Placement, path: Path, size: u32) -> Result<()> {
+        let secs = self.results.config.qperf_secs;
+        let (ip, port) = (self.server_ip, qperf_port(p.server_cpu));
+        let what = format!("qperf rep {rep} {} {} size {size}", p.name, path.name());
+        let (wire0, stats0) = self.wire_and_stats();
+        let out = self.client(
+            &what,
+            &|| qperf::client_command(ip, port, size, secs),
+            p.client_cpu,
+            secs,
+        )?;
+        let (wire1, stats1) = self.wire_and_stats();
+        let Some(out) = out else {
+            self.tick(&format!("{what}: FAILED"));
+            return Ok(());
+        };
+        let r = match qperf::parse(&out) {
+            Ok(r) => r,
+            Err(e) => {
+                self.results.warnings.push(format!("{what}: {e:#}"));
+                self.tick(&format!("{what}: unparsable"));
+                return Ok(());
+            }
+        };
+        let wire = wire0.zip(wire1).map(|(a, b)| b.saturating_sub(a));
+        let delta = stats0
+            .zip(stats1)
+            .map(|(a, b)| (b.0.saturating_sub(a.0), b.1.saturating_sub(a.1)));
+        // A bypassed run puts only handshakes and ACK-less FINs on the wire; a default
+        // run puts every payload byte there.
+        let payload = r.bw_bytes_per_sec * f64::from(secs);
+        if let Some(w) = wire {
+            let w = w as f64;
+            if path == Path::Bypass && w > 0.05 * payload && w > 1e6 {
+                self.results.warnings.push(format!(
+                    "{what}: {w:.0} bytes on the wire although bypassed"
+                ));
+            }
+            if path == Path::Default && w < 0.5 * payload {
+                self.results.warnings.push(format!(
+                    "{what}: only {w:.0} bytes on the wire although not bypassed"
+                ));
+            }
+        }
+        for (test, value) in [
+            (Test::TcpLat, r.latency_ns),
+            (Test::TcpBw, r.bw_bytes_per_sec),
+        ] {
+            self.results.samples.push(Sample {
+                rep,
+                placement: p.name.clone(),
+                path,
+                test,
+                size,
+                value,
+                wire_bytes: wire,
+                redirected_bytes: delta.map(|d| d.0),
+                passed_bytes: delta.map(|d| d.1),
+            });
+        }
+        self.tick(&format!(
+            "{what}: lat {:.2} us, bw {:.1} MB/s",
+            r.latency_ns / 1e3,
+            r.bw_bytes_per_sec / 1e6
+        ));
+        Ok(())
+    }
+
+    fn sockperf(&mut self, rep: u32, p: &Placement, path: Path, size: u32) -> Result<()> {
+        let secs = self.results.config.sockperf_secs;
+        let (ip, port) = (self.server_ip, sockperf_port(p.server_cpu));
+        let what = format!("sockperf rep {rep} {} {} size {size}", p.name, path.name());
+        let out = self.client(
+            &what,
+            &|| sockperf::client_command(ip, port, size, secs),
+            p.client_cpu,
+            secs,
+        )?;
+        let parsed = out.map(|o| sockperf::parse(&o));
+        match parsed {
+            Some(Ok(r)) => {
+                self.results.percentiles.push(PctSample {
+                    rep,
+                    placement: p.name.clone(),
+                    path,
+                    size,
+                    avg_ns: r.avg_ns,
+                    p50_ns: r.p50_ns,
+                    p99_ns: r.p99_ns,
+                    p999_ns: r.p999_ns,
+                    observations: r.observations,
+                });
+                self.tick(&format!(
+                    "{what}: p50 {:.2} us, p99 {:.2} us, p99.9 {:.2} us",
+                    r.p50_ns / 1e3,
+                    r.p99_ns / 1e3,
+                    r.p999_ns / 1e3
+                ));
+            }
+            Some(Err(e)) => {
+                self.results.warnings.push(format!("{what}: {e:#}"));
+                self.tick(&format!("{what}: unparsable"));
+            }
+            None => self.tick(&format!("{what}: FAILED")),
+        }
+        Ok(())
+    }
+
+    fn floor(&mut self, rep: u32, p: &Placement, size: u32, with_pct: bool) -> Result<()> {
+        let secs = self.results.config.floor_secs;
+        let mut got = BTreeMap::new();
+        for test in [Test::TcpLat, Test::TcpBw] {
+            let what = format!("floor rep {rep} {} {} size {size}", p.name, test.name());
+            match floor_once(test, size, secs, p) {
+                Ok(r) => {
+                    got.insert(test.name(), r);
+                }
+                Err(e) => self.results.warnings.push(format!("{what}: {e:#}")),
+            }
+        }
+        let lat = got.get("tcp_lat").cloned();
+        let bw = got.get("tcp_bw").and_then(|r| r.bw_bytes_per_sec);
+        for (test, value) in [
+            (Test::TcpLat, lat.as_ref().and_then(|r| r.latency_ns)),
+            (Test::TcpBw, bw),
+        ] {
+            if let Some(value) = value {
+                self.results.samples.push(Sample {
+                    rep,
+                    placement: p.name.clone(),
+                    path: Path::Floor,
+                    test,
+                    size,
+                    value,
+                    wire_bytes: None,
+                    redirected_bytes: None,
+                    passed_bytes: None,
+                });
+            }
+        }
+        if with_pct
+            && self.results.config.sockperf_sizes.contains(&size)
+            && let Some(l) = &lat
+            && let (Some(avg), Some(p50), Some(p99), Some(p999)) =
+                (l.latency_ns, l.p50_ns, l.p99_ns, l.p999_ns)
+        {
+            self.results.percentiles.push(PctSample {
+                rep,
+                placement: p.name.clone(),
+                path: Path::Floor,
+                size,
+                avg_ns: avg,
+                p50_ns: p50,
+                p99_ns: p99,
+                p999_ns: p999,
+                observations: l.observations,
+            });
+        }
+        self.tick(&format!(
+            "floor rep {rep} {} size {size}: lat {}, bw {}",
+            p.name,
+            lat.and_then(|l| l.latency_ns)
+                .map_or_else(|| "-".into(), |v| format!("{:.2} us", v / 1e3)),
+            bw.map_or_else(|| "-".into(), |v| format!("{:.1} MB/s", v / 1e6)),
+        ));
+        Ok(())
+    }
+}
+
+fn qperf_port(cpu: usize) -> u16 {
+    QPERF_PORT + cpu as u16
+}
+
+fn sockperf_port(cpu: usize) -> u16 {
+    SOCKPERF_PORT + cpu as u16
+}
+
+/// Runs `bypass-bench floor ...` (this executable) and parses its JSON line.
+fn floor_once(test: Test, size: u32, secs: f64, p: &Placement) -> Result<FloorResult> {
+    let exe = std::env::current_exe().context("find our own executable")?;
+    let out = Command::new(exe)
+        .args([
+            "floor",
+            "--test",
+            test.name(),
+            "--size",
+            &size.to_string(),
+            "--secs",
+            &secs.to_string(),
+            "--client-cpu",
+            &p.client_cpu.to_string(),
+            "--server-cpu",
+            &p.server_cpu.to_string(),
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .context("run the floor")?;
+    if !out.status.success() {
+        bail!(
+            "floor failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    serde_json::from_slice(&out.stdout).context("parse the floor's output")
+}
+
+/// Writes `bench.json`, `table.txt`, `table.md` and `plot.svg` into `dir`.
+pub fn write_outputs(r: &Results, dir: &FsPath) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    let files = [
+        ("bench.json", serde_json::to_string_pretty(r)? + "\n"),
+        ("table.txt", crate::report::render(r)),
+        ("table.md", crate::report::render_markdown(r)),
+        ("plot.svg", crate::plot::svg(r)),
+    ];
+    let mut written = Vec::new();
+    for (name, text) in files {
+        let path = dir.join(name);
+        std::fs::write(&path, text).with_context(|| format!("write {}", path.display()))?;
+        written.push(path);
+    }
+    Ok(written)
+}

@@ -1,0 +1,22 @@
+//! `bench`: the bypass bench. Two pods on one node (the `testbed` topology), qperf and
+//! sockperf between them with the bypass attached and detached, interleaved; the
+//! Unix-domain socket floor measured in the same run; the agent's own memory and CPU.
+//! Writes a terminal table, a JSON file with every raw sample and an SVG plot.
+//!
+//! Data flow: [`driver`] runs the tools ([`qperf`], [`sockperf`], [`floor`]) and probes
+//! the agent ([`procfs`]) into a [`model::Results`]; [`report`] (pure) turns it into the
+//! table and the PASS/MISS targets, [`plot`] (pure) into SVG.
+
+// Unit tests may unwrap: a panic is their failure report.
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod driver;
+pub mod env;
+pub mod floor;
+pub mod model;
+pub mod plot;
+pub mod procfs;
+pub mod qperf;
+pub mod report;
+pub mod sockperf;
+pub mod stats;

@@ -1,0 +1,600 @@
+//! Pure: from [`Results`] to the table (size, bypass, default, ratio, floor), the
+//! sockperf percentiles, the agent's cost, and PASS/MISS for each target. Ratios are
+//! of medians measured in the same run; targets are reported, never asserted.
+
+use std::fmt::Write as _;
+
+use crate::{
+    model::{Path, PctSample, Placement, ProbePhase, Results, Test},
+    stats::{Summary, summarize},
+};
+
+/// Latency with the bypass at most this times the default path's, at every size.
+pub const TARGET_LAT_VS_DEFAULT: f64 = 0.5;
+/// Latency with the bypass at most this times the Unix-socket floor's, at every size.
+pub const TARGET_LAT_VS_FLOOR: f64 = 1.3;
+/// Throughput with the bypass at least this times the default path's at
+/// [`TARGET_BW_SIZES`].
+pub const TARGET_BW_VS_DEFAULT: f64 = 2.0;
+/// Sizes the throughput target is about.
+pub const TARGET_BW_SIZES: [u32; 2] = [4096, 16384];
+/// The agent's peak resident memory at most this many bytes.
+pub const TARGET_AGENT_RSS_BYTES: u64 = 30_000_000;
+
+/// `1`, `4`, ..., `1K`, `16K`.
+pub fn size_label(size: u32) -> String {
+    if size >= 1024 && size.is_multiple_of(1024) {
+        format!("{}K", size / 1024)
+    } else {
+        size.to_string()
+    }
+}
+
+/// One line of a table: a size and the summaries of each path.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Row {
+    /// Message size.
+    pub size: u32,
+    /// With the bypass.
+    pub bypass: Option<Summary>,
+    /// The normal path.
+    pub default: Option<Summary>,
+    /// The Unix-socket floor.
+    pub floor: Option<Summary>,
+}
+
+impl Row {
+    /// bypass / default, of medians.
+    pub fn ratio(&self) -> Option<f64> {
+        Some(self.bypass?.median / self.default?.median)
+    }
+
+    /// bypass / floor, of medians.
+    pub fn vs_floor(&self) -> Option<f64> {
+        Some(self.bypass?.median / self.floor?.median)
+    }
+}
+
+/// The summary of every sample of one cell.
+pub fn cell(r: &Results, placement: &str, path: Path, test: Test, size: u32) -> Option<Summary> {
+    let v: Vec<f64> = r
+        .samples
+        .iter()
+        .filter(|s| s.placement == placement && s.path == path && s.test == test && s.size == size)
+        .map(|s| s.value)
+        .collect();
+    summarize(&v)
+}
+
+/// The rows of one placement and test, one per configured size.
+pub fn rows(r: &Results, placement: &str, test: Test) -> Vec<Row> {
+    r.config
+        .sizes
+        .iter()
+        .map(|&size| Row {
+            size,
+            bypass: cell(r, placement, Path::Bypass, test, size),
+            default: cell(r, placement, Path::Default, test, size),
+            floor: cell(r, placement, Path::Floor, test, size),
+        })
+        .collect()
+}
+
+/// Medians of sockperf-style percentiles for one placement, path and size.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PctRow {
+    /// Median over runs of p50, ns.
+    pub p50_ns: f64,
+    /// Median over runs of p99, ns.
+    pub p99_ns: f64,
+    /// Median over runs of p99.9, ns.
+    pub p999_ns: f64,
+    /// Runs.
+    pub runs: usize,
+}
+
+/// The percentile row of one placement, path and size, if measured.
+pub fn pct_row(r: &Results, placement: &str, path: Path, size: u32) -> Option<PctRow> {
+    let runs: Vec<&PctSample> = r
+        .percentiles
+        .iter()
+        .filter(|p| p.placement == placement && p.path == path && p.size == size)
+        .collect();
+    let med = |f: fn(&PctSample) -> f64| {
+        summarize(&runs.iter().map(|p| f(p)).collect::<Vec<_>>()).map(|s| s.median)
+    };
+    Some(PctRow {
+        p50_ns: med(|p| p.p50_ns)?,
+        p99_ns: med(|p| p.p99_ns)?,
+        p999_ns: med(|p| p.p999_ns)?,
+        runs: runs.len(),
+    })
+}
+
+/// The agent's cost over the run.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AgentCost {
+    /// Largest VmRSS seen, KiB.
+    pub rss_kib: u64,
+    /// Largest VmHWM seen, KiB.
+    pub hwm_kib: u64,
+    /// CPU to load and attach, ms (largest over the starts).
+    pub start_cpu_ms: f64,
+    /// CPU while idle, ms per second of wall time.
+    pub idle_cpu_ms_per_s: Option<f64>,
+    /// CPU during the bypassed blocks of the sweep, ms per second of wall time.
+    pub sweep_cpu_ms_per_s: Option<f64>,
+    /// Agent processes started.
+    pub starts: usize,
+}
+
+/// Sums the agent probes.
+pub fn agent_cost(r: &Results) -> AgentCost {
+    let mut c = AgentCost::default();
+    let (mut idle, mut sweep) = ((0.0, 0.0), (0.0, 0.0));
+    for p in &r.agent {
+        c.rss_kib = c.rss_kib.max(p.rss_kib);
+        c.hwm_kib = c.hwm_kib.max(p.hwm_kib);
+        match p.phase {
+            ProbePhase::Started => {
+                c.starts += 1;
+                c.start_cpu_ms = c.start_cpu_ms.max(p.cpu_ms);
+            }
+            ProbePhase::Idle => idle = (idle.0 + p.cpu_ms, idle.1 + p.wall_ms),
+            ProbePhase::Sweep => sweep = (sweep.0 + p.cpu_ms, sweep.1 + p.wall_ms),
+        }
+    }
+    let rate = |(cpu, wall): (f64, f64)| (wall > 0.0).then(|| cpu / (wall / 1000.0));
+    c.idle_cpu_ms_per_s = rate(idle);
+    c.sweep_cpu_ms_per_s = rate(sweep);
+    c
+}
+
+/// One target's verdict.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Target {
+    /// What it asks.
+    pub name: String,
+    /// `Some(true)` PASS, `Some(false)` MISS, `None` not measured.
+    pub pass: Option<bool>,
+    /// The worst measured ratio or value, per placement.
+    pub detail: String,
+}
+
+impl Target {
+    /// `PASS`, `MISS` or `n/a`.
+    pub fn verdict(&self) -> &'static str {
+        match self.pass {
+            Some(true) => "PASS",
+            Some(false) => "MISS",
+            None => "n/a",
+        }
+    }
+}
+
+/// Worst ratio over rows for one placement: (ratio, size), for a target that wants
+/// ratios low (`want_low`) or high.
+fn worst(rows: &[Row], ratio: fn(&Row) -> Option<f64>, want_low: bool) -> Option<(f64, u32)> {
+    rows.iter()
+        .filter_map(|row| Some((ratio(row)?, row.size)))
+        .reduce(|a, b| {
+            let b_worse = if want_low { b.0 > a.0 } else { b.0 < a.0 };
+            if b_worse { b } else { a }
+        })
+}
+
+fn ratio_target(
+    r: &Results,
+    name: String,
+    test: Test,
+    sizes: Option<&[u32]>,
+    ratio: fn(&Row) -> Option<f64>,
+    limit: f64,
+    want_low: bool,
+) -> Target {
+    let mut pass = None;
+    let mut detail = Vec::new();
+    for p in &r.config.placements {
+        let rows: Vec<Row> = rows(r, &p.name, test)
+            .into_iter()
+            .filter(|row| sizes.is_none_or(|s| s.contains(&row.size)))
+            .collect();
+        if let Some((w, size)) = worst(&rows, ratio, want_low) {
+            let ok = if want_low { w <= limit } else { w >= limit };
+            pass = Some(pass.unwrap_or(true) && ok);
+            detail.push(format!("{}: worst {w:.2}x at {}", p.name, size_label(size)));
+        }
+    }
+    Target {
+        name,
+        pass,
+        detail: detail.join("; "),
+    }
+}
+
+/// Every target, evaluated on this run.
+pub fn targets(r: &Results) -> Vec<Target> {
+    let bw_sizes: Vec<String> = TARGET_BW_SIZES.iter().map(|&s| size_label(s)).collect();
+    let mut t = vec![
+        ratio_target(
+            r,
+            format!("latency: bypass <= {TARGET_LAT_VS_DEFAULT}x default at every size"),
+            Test::TcpLat,
+            None,
+            Row::ratio,
+            TARGET_LAT_VS_DEFAULT,
+            true,
+        ),
+        ratio_target(
+            r,
+            format!("latency: bypass <= {TARGET_LAT_VS_FLOOR}x Unix-socket floor at every size"),
+            Test::TcpLat,
+            None,
+            Row::vs_floor,
+            TARGET_LAT_VS_FLOOR,
+            true,
+        ),
+        ratio_target(
+            r,
+            format!(
+                "throughput: bypass >= {TARGET_BW_VS_DEFAULT}x default at {}",
+                bw_sizes.join(" and ")
+            ),
+            Test::TcpBw,
+            Some(&TARGET_BW_SIZES),
+            Row::ratio,
+            TARGET_BW_VS_DEFAULT,
+            false,
+        ),
+    ];
+    let cost = agent_cost(r);
+    let peak = cost.hwm_kib.max(cost.rss_kib) * 1024;
+    t.push(Target {
+        name: format!("agent RSS <= {} MB", TARGET_AGENT_RSS_BYTES / 1_000_000),
+        pass: (peak > 0).then_some(peak <= TARGET_AGENT_RSS_BYTES),
+        detail: format!("peak {:.1} MB (VmHWM)", peak as f64 / 1e6),
+    });
+    t
+}
+
+fn fmt_lat(ns: f64) -> String {
+    let us = ns / 1e3;
+    if us >= 100.0 {
+        format!("{us:.0}")
+    } else if us >= 10.0 {
+        format!("{us:.1}")
+    } else {
+        format!("{us:.2}")
+    }
+}
+
+fn fmt_bw(bps: f64) -> String {
+    let mb = bps / 1e6;
+    if mb >= 100.0 {
+        format!("{mb:.0}")
+    } else if mb >= 10.0 {
+        format!("{mb:.1}")
+    } else {
+        format!("{mb:.2}")
+    }
+}
+
+fn fmt_summary(s: Option<Summary>, f: fn(f64) -> String) -> String {
+    match s {
+        Some(s) if s.n > 1 => format!("{} [{}-{}]", f(s.median), f(s.min), f(s.max)),
+        Some(s) => f(s.median),
+        None => "-".into(),
+    }
+}
+
+fn fmt_ratio(x: Option<f64>) -> String {
+    x.map_or_else(|| "-".into(), |x| format!("{x:.2}x"))
+}
+
+/// How the table says which placement it is about.
+fn heading(p: &Placement) -> String {
+    format!("== {} ==", p.describe())
+}
+
+/// The whole text report: tables per placement, percentiles, agent cost, targets.
+pub fn render(r: &Results) -> String {
+    let mut o = String::new();
+    let c = &r.config;
+    let _ = writeln!(
+        o,
+        "bypass bench: kernel {}, {} CPUs, qperf {} s/test x {} interleaved reps (bypass, default, ...), git {}",
+        r.env.kernel, r.env.cpus, c.qperf_secs, c.reps, r.env.git_commit
+    );
+    let _ = writeln!(
+        o,
+        "cells: median [min-max] over reps; ratio = bypass/default; vs floor = bypass/Unix-socket floor"
+    );
+    for p in &c.placements {
+        let _ = writeln!(o, "\n{}", heading(p));
+        for (test, title, f) in [
+            (
+                Test::TcpLat,
+                "tcp_lat: one-way latency, us (lower is better)",
+                fmt_lat as fn(f64) -> String,
+            ),
+            (
+                Test::TcpBw,
+                "tcp_bw: throughput, MB/s = 10^6 B/s (higher is better)",
+                fmt_bw,
+            ),
+        ] {
+            let _ = writeln!(o, "{title}");
+            let _ = writeln!(
+                o,
+                "  {:>5}  {:<22} {:<22} {:>7}  {:<22} {:>8}",
+                "size", "bypass", "default", "ratio", "floor (unix)", "vs floor"
+            );
+            for row in rows(r, &p.name, test) {
+                let _ = writeln!(
+                    o,
+                    "  {:>5}  {:<22} {:<22} {:>7}  {:<22} {:>8}",
+                    size_label(row.size),
+                    fmt_summary(row.bypass, f),
+                    fmt_summary(row.default, f),
+                    fmt_ratio(row.ratio()),
+                    fmt_summary(row.floor, f),
+                    fmt_ratio(row.vs_floor()),
+                );
+            }
+        }
+        if !c.sockperf_sizes.is_empty() {
+            let _ = writeln!(
+                o,
+                "sockperf ping-pong one-way latency percentiles, us (median over runs; floor: own ping-pong)"
+            );
+            let _ = writeln!(
+                o,
+                "  {:>5}  {:<8} {:>9} {:>9} {:>9} {:>5}",
+                "size", "path", "p50", "p99", "p99.9", "runs"
+            );
+            for &size in &c.sockperf_sizes {
+                for path in [Path::Bypass, Path::Default, Path::Floor] {
+                    if let Some(row) = pct_row(r, &p.name, path, size) {
+                        let _ = writeln!(
+                            o,
+                            "  {:>5}  {:<8} {:>9} {:>9} {:>9} {:>5}",
+                            size_label(size),
+                            path.name(),
+                            fmt_lat(row.p50_ns),
+                            fmt_lat(row.p99_ns),
+                            fmt_lat(row.p999_ns),
+                            row.runs
+                        );
+                    }
+                }
+            }
+        }
+    }
+    let a = agent_cost(r);
+    let rate = |x: Option<f64>| x.map_or_else(|| "-".into(), |x| format!("{x:.2} ms/s"));
+    let _ = writeln!(
+        o,
+        "\nagent: RSS {:.1} MB, peak (VmHWM) {:.1} MB; CPU to load+attach {:.0} ms; idle {}; during the sweep {} ({} starts)",
+        a.rss_kib as f64 * 1024.0 / 1e6,
+        a.hwm_kib as f64 * 1024.0 / 1e6,
+        a.start_cpu_ms,
+        rate(a.idle_cpu_ms_per_s),
+        rate(a.sweep_cpu_ms_per_s),
+        a.starts
+    );
+    let _ = writeln!(
+        o,
+        "\ntargets (ratios of medians measured in this run, reported not asserted):"
+    );
+    for t in targets(r) {
+        let _ = writeln!(o, "  {:<4}  {:<62} {}", t.verdict(), t.name, t.detail);
+    }
+    if !r.warnings.is_empty() {
+        let _ = writeln!(o, "\nwarnings:");
+        for w in &r.warnings {
+            let _ = writeln!(o, "  - {w}");
+        }
+    }
+    o
+}
+
+/// The tables as Markdown (size | bypass | default | ratio | floor | vs floor), for the
+/// README.
+pub fn render_markdown(r: &Results) -> String {
+    let mut o = String::new();
+    for p in &r.config.placements {
+        for (test, title, f) in [
+            (
+                Test::TcpLat,
+                "one-way latency, µs",
+                fmt_lat as fn(f64) -> String,
+            ),
+            (Test::TcpBw, "throughput, MB/s", fmt_bw),
+        ] {
+            let _ = writeln!(o, "**{} — {}**\n", p.describe(), title);
+            let _ = writeln!(
+                o,
+                "| size | bypass | default | ratio | Unix floor | vs floor |"
+            );
+            let _ = writeln!(o, "|---:|---:|---:|---:|---:|---:|");
+            for row in rows(r, &p.name, test) {
+                let _ = writeln!(
+                    o,
+                    "| {} | {} | {} | {} | {} | {} |",
+                    size_label(row.size),
+                    fmt_summary(row.bypass, f),
+                    fmt_summary(row.default, f),
+                    fmt_ratio(row.ratio()),
+                    fmt_summary(row.floor, f),
+                    fmt_ratio(row.vs_floor()),
+                );
+            }
+            let _ = writeln!(o);
+        }
+    }
+    let _ = writeln!(o, "| target | result | measured |\n|---|---|---|");
+    for t in targets(r) {
+        let _ = writeln!(o, "| {} | {} | {} |", t.name, t.verdict(), t.detail);
+    }
+    o
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::model::{AgentProbe, Config, Environment, SCHEMA, Sample};
+
+    pub(crate) fn sample_results() -> Results {
+        let mut samples = Vec::new();
+        for rep in 0..3 {
+            for &size in &[64u32, 4096] {
+                for (path, lat, bw) in [
+                    (Path::Bypass, 5000.0, 4e9),
+                    (Path::Default, 12000.0, 1.5e9),
+                    (Path::Floor, 4500.0, 5e9),
+                ] {
+                    let jitter = f64::from(rep) * 100.0;
+                    samples.push(Sample {
+                        rep,
+                        placement: "cross-cpu".into(),
+                        path,
+                        test: Test::TcpLat,
+                        size,
+                        value: lat + jitter,
+                        wire_bytes: None,
+                        redirected_bytes: None,
+                        passed_bytes: None,
+                    });
+                    samples.push(Sample {
+                        rep,
+                        placement: "cross-cpu".into(),
+                        path,
+                        test: Test::TcpBw,
+                        size,
+                        value: bw + jitter,
+                        wire_bytes: None,
+                        redirected_bytes: None,
+                        passed_bytes: None,
+                    });
+                }
+            }
+        }
+        Results {
+            schema: SCHEMA,
+            config: Config {
+                quick: false,
+                reps: 3,
+                sockperf_reps: 1,
+                qperf_secs: 1,
+                sockperf_secs: 2,
+                floor_secs: 0.5,
+                sizes: vec![64, 4096],
+                sockperf_sizes: vec![64],
+                placements: vec![Placement::cross_cpu()],
+                idle_secs: 1.0,
+            },
+            env: Environment::default(),
+            samples,
+            percentiles: vec![PctSample {
+                rep: 0,
+                placement: "cross-cpu".into(),
+                path: Path::Bypass,
+                size: 64,
+                avg_ns: 5000.0,
+                p50_ns: 4900.0,
+                p99_ns: 8000.0,
+                p999_ns: 20000.0,
+                observations: 1000,
+            }],
+            agent: vec![
+                AgentProbe {
+                    phase: ProbePhase::Started,
+                    pid: 1,
+                    rss_kib: 8000,
+                    hwm_kib: 9000,
+                    cpu_ms: 40.0,
+                    wall_ms: 300.0,
+                },
+                AgentProbe {
+                    phase: ProbePhase::Sweep,
+                    pid: 1,
+                    rss_kib: 8100,
+                    hwm_kib: 9000,
+                    cpu_ms: 10.0,
+                    wall_ms: 10_000.0,
+                },
+            ],
+            warnings: vec![],
+        }
+    }
+
+    #[test]
+    fn rows_and_ratios() {
+        let r = sample_results();
+        let rows = rows(&r, "cross-cpu", Test::TcpLat);
+        assert_eq!(rows.len(), 2);
+        let b = rows[0].bypass.unwrap();
+        assert_eq!((b.median, b.min, b.max, b.n), (5100.0, 5000.0, 5200.0, 3));
+        assert!((rows[0].ratio().unwrap() - 5100.0 / 12100.0).abs() < 1e-9);
+        assert!((rows[0].vs_floor().unwrap() - 5100.0 / 4600.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn target_verdicts() {
+        let r = sample_results();
+        let t = targets(&r);
+        assert_eq!(t[0].verdict(), "PASS", "{t:?}"); // 0.42x <= 0.5x
+        assert_eq!(t[1].verdict(), "PASS", "{t:?}"); // 1.11x <= 1.3x
+        assert_eq!(t[2].verdict(), "PASS", "{t:?}"); // 2.67x >= 2x
+        assert_eq!(t[3].verdict(), "PASS", "{t:?}"); // 9.2 MB
+        assert!(t[2].detail.contains("4K"), "{}", t[2].detail);
+        let mut r2 = r.clone();
+        for s in &mut r2.samples {
+            if s.path == Path::Default && s.test == Test::TcpLat {
+                s.value = 6000.0;
+            }
+        }
+        assert_eq!(targets(&r2)[0].verdict(), "MISS");
+    }
+
+    #[test]
+    fn unmeasured_target_is_na() {
+        let mut r = sample_results();
+        r.samples.retain(|s| s.path != Path::Floor);
+        assert_eq!(targets(&r)[1].verdict(), "n/a");
+    }
+
+    #[test]
+    fn agent_rates() {
+        let a = agent_cost(&sample_results());
+        assert_eq!(a.starts, 1);
+        assert_eq!(a.sweep_cpu_ms_per_s, Some(1.0));
+        assert_eq!(a.idle_cpu_ms_per_s, None);
+        assert_eq!(a.hwm_kib, 9000);
+    }
+
+    #[test]
+    fn render_has_table_and_targets() {
+        let text = render(&sample_results());
+        assert!(
+            text.contains("cross-cpu (client CPU 0, server CPU 1)"),
+            "{text}"
+        );
+        assert!(text.contains("0.42x"), "{text}");
+        assert!(text.contains("PASS"), "{text}");
+        assert!(text.contains("4K"), "{text}");
+        let md = render_markdown(&sample_results());
+        assert!(
+            md.contains("| 64 | 5.10 [5.00-5.20] | 12.1 [12.0-12.2] | 0.42x |"),
+            "{md}"
+        );
+    }
+
+    #[test]
+    fn labels() {
+        assert_eq!(size_label(1), "1");
+        assert_eq!(size_label(1024), "1K");
+        assert_eq!(size_label(16384), "16K");
+        assert_eq!(size_label(1000), "1000");
+    }
+}
