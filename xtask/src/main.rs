@@ -5,6 +5,8 @@ mod bench;
 mod build;
 mod cmd;
 mod demo;
+#[allow(dead_code, reason = "the test-guard half is used by integration-test/tests/k8s.rs")]
+mod kube_env;
 mod setup;
 mod test;
 mod workspace;
@@ -33,6 +35,19 @@ enum Task {
     Demo(demo::Args),
     /// The bench (root): bypass vs normal path vs Unix-socket floor; writes results/latest.
     Bench(bench::Args),
+    /// A real kube-apiserver and etcd on loopback (built once from the Go module proxy).
+    KubeEnv {
+        #[command(subcommand)]
+        action: KubeEnvAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum KubeEnvAction {
+    /// Start them (state under target/kube-env) and print the admin kubeconfig path.
+    Up,
+    /// Stop them and remove the state.
+    Down,
 }
 
 fn main() -> ExitCode {
@@ -42,6 +57,13 @@ fn main() -> ExitCode {
         Task::Test(args) => test::run(&args),
         Task::Demo(args) => demo::run(&args),
         Task::Bench(args) => bench::run(&args),
+        Task::KubeEnv { action } => {
+            let dir = kube_env::default_dir(workspace::root());
+            match action {
+                KubeEnvAction::Up => kube_env::up(&dir).map(|kc| println!("{}", kc.display())),
+                KubeEnvAction::Down => kube_env::down(&dir),
+            }
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

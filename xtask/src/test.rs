@@ -53,6 +53,10 @@ pub fn run(args: &Args) -> Result<()> {
     }
 
     if root {
+        // The Kubernetes tests start a real API server; build it here, once and cached,
+        // rather than inside the first test.
+        crate::kube_env::ensure_binaries()
+            .context("build kube-apiserver and etcd for the Kubernetes tests")?;
         let mut privileged = privileged_tests(tools.cargo()?, &agent, &args.harness);
         let before = counts;
         let status = run_counting(&mut privileged, &mut counts)?;

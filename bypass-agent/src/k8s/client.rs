@@ -57,9 +57,10 @@ pub fn classify(err: &kube::Error) -> Failure {
 pub async fn connect(kubeconfig: Option<&Path>) -> Result<Client, AgentError> {
     let mut config = match kubeconfig {
         Some(path) => {
+            // Parser errors quote the offending lines: keep the message on one line.
             let bad = |detail: String| AgentError::Kubeconfig {
                 path: path.to_path_buf(),
-                detail,
+                detail: detail.split_whitespace().collect::<Vec<_>>().join(" "),
             };
             let kc = Kubeconfig::read_from(path).map_err(|e| bad(chain(&e)))?;
             Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())

@@ -14,6 +14,7 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("sockperf", "TCP ping-pong latency in the bench"),
     ("procps", "sysctl, ps"),
     ("util-linux", "nsenter, unshare, mount"),
+    ("openssl", "certificates of the Kubernetes tests' API server (kube_env)"),
 ];
 
 /// Installs the missing packages (one `apt-get update` first); records it in `done`.

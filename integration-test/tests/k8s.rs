@@ -1,0 +1,1014 @@
+//! The Kubernetes agent against a real kube-apiserver and etcd (built and started by
+//! `xtask/src/kube_env.rs`, one pair per test): pod addresses follow Pod objects into
+//! and out of the maps within a second (IPv4 and IPv6), ineligible pods never enter,
+//! traffic between two netns "pods" whose addresses come only from Pod objects is
+//! redirected, the node label switches it off and on without losing a byte, the
+//! datapath survives the API server going away and the maps match the API when it is
+//! back, bad input fails clearly, and every manifest in `deploy/` is accepted.
+//!
+//! Objects are made as a kubelet and controllers would: status through the status
+//! subresource, pods force-deleted, the `default` ServiceAccount created by hand.
+
+#[path = "../../xtask/src/kube_env.rs"]
+#[allow(dead_code, reason = "up/down and the binary build are for xtask")]
+mod kube_env;
+
+mod common;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    io::{Read as _, Write as _},
+    net::{IpAddr, TcpListener, TcpStream},
+    path::{Path, PathBuf},
+    sync::atomic::{AtomicU32, Ordering},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use common::{assert_bypassed, assert_byte_exact, exchange};
+use k8s_openapi::api::{
+    core::v1::{Namespace, Node, Pod, ServiceAccount},
+    rbac::v1::{ClusterRole, ClusterRoleBinding},
+};
+use kube::{
+    Api, Client,
+    api::{DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams},
+    config::{KubeConfigOptions, Kubeconfig},
+    discovery::Scope,
+};
+use kube_env::KubeEnv;
+use serde_json::{Value, json};
+use testbed::{Agent, AgentOpts, ClientArgs, PeerClient, PeerServer, TwoPods, preflight};
+
+/// "Within a second": how long a change in the API may take to reach the maps.
+const PROPAGATION: Duration = Duration::from_secs(1);
+const LABEL: &str = "bypass.dev/enabled";
+const EXCLUDE: &str = "bypass.dev/exclude";
+const MANAGER: &str = "bypass-test";
+
+/// A real API server for one test, and an admin client on it.
+struct Cluster {
+    // Dropped last: the runtime and client go before the server.
+    rt: tokio::runtime::Runtime,
+    client: Client,
+    env: KubeEnv,
+}
+
+static CLUSTERS: AtomicU32 = AtomicU32::new(0);
+
+impl Cluster {
+    fn start() -> Result<Self> {
+        let n = CLUSTERS.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("bk-kube-{}-{n}", std::process::id()));
+        let started = Instant::now();
+        let env = KubeEnv::start(&dir)?;
+        eprintln!(
+            "api server {} ready in {:.1?}",
+            env.server(),
+            started.elapsed()
+        );
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let client = rt.block_on(client_for(&env.kubeconfig()))?;
+        Ok(Self { rt, client, env })
+    }
+
+    fn block<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.rt.block_on(f)
+    }
+
+    fn nodes(&self) -> Api<Node> {
+        Api::all(self.client.clone())
+    }
+
+    fn pods(&self, ns: &str) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), ns)
+    }
+
+    /// A Node with these pod CIDRs and labels.
+    fn node(&self, name: &str, cidrs: &[&str], labels: &[(&str, &str)]) -> Result<()> {
+        let labels: BTreeMap<_, _> = labels.iter().copied().collect();
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"podCIDR": cidrs.first(), "podCIDRs": cidrs},
+        }))?;
+        self.block(self.nodes().create(&PostParams::default(), &node))
+            .with_context(|| format!("create node {name}"))?;
+        Ok(())
+    }
+
+    /// Sets (`Some`) or removes (`None`) a node label.
+    fn label_node(&self, name: &str, key: &str, value: Option<&str>) -> Result<()> {
+        let patch = json!({"metadata": {"labels": {key: value}}});
+        self.block(
+            self.nodes()
+                .patch(name, &PatchParams::default(), &Patch::Merge(patch)),
+        )
+        .with_context(|| format!("label node {name} {key}={value:?}"))?;
+        Ok(())
+    }
+
+    /// A namespace with labels, and its `default` ServiceAccount (no controller makes it).
+    fn namespace(&self, name: &str, labels: &[(&str, &str)]) -> Result<()> {
+        let labels: BTreeMap<_, _> = labels.iter().copied().collect();
+        let ns: Namespace =
+            serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}}))?;
+        self.block(Api::<Namespace>::all(self.client.clone()).create(&PostParams::default(), &ns))
+            .with_context(|| format!("create namespace {name}"))?;
+        let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "default"}}))?;
+        self.block(
+            Api::<ServiceAccount>::namespaced(self.client.clone(), name)
+                .create(&PostParams::default(), &sa),
+        )
+        .with_context(|| format!("create serviceaccount {name}/default"))?;
+        Ok(())
+    }
+
+    fn label_namespace(&self, name: &str, key: &str, value: Option<&str>) -> Result<()> {
+        let patch = json!({"metadata": {"labels": {key: value}}});
+        self.block(Api::<Namespace>::all(self.client.clone()).patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        ))?;
+        Ok(())
+    }
+
+    /// A pod scheduled on `node` (set directly: no scheduler runs), then given `ips`
+    /// through the status subresource as a kubelet would.
+    fn pod(&self, ns: &str, name: &str, node: &str, ips: &[&str], opts: PodOpts) -> Result<()> {
+        let annotations: BTreeMap<_, _> = opts.annotations.iter().copied().collect();
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "annotations": annotations},
+            "spec": {
+                "nodeName": node,
+                "hostNetwork": opts.host_network,
+                "containers": [{"name": "c", "image": "bypass.invalid/none:0"}],
+            },
+        }))?;
+        self.block(self.pods(ns).create(&PostParams::default(), &pod))
+            .with_context(|| format!("create pod {ns}/{name}"))?;
+        self.pod_ips(ns, name, ips, "Running")
+    }
+
+    fn pod_ips(&self, ns: &str, name: &str, ips: &[&str], phase: &str) -> Result<()> {
+        let list: Vec<Value> = ips.iter().map(|ip| json!({"ip": ip})).collect();
+        let patch = json!({"status": {"phase": phase, "podIP": ips.first(), "podIPs": list}});
+        self.block(
+            self.pods(ns)
+                .patch_status(name, &PatchParams::default(), &Patch::Merge(patch)),
+        )
+        .with_context(|| format!("set status of pod {ns}/{name}"))?;
+        Ok(())
+    }
+
+    fn annotate_pod(&self, ns: &str, name: &str, key: &str, value: Option<&str>) -> Result<()> {
+        let patch = json!({"metadata": {"annotations": {key: value}}});
+        self.block(
+            self.pods(ns)
+                .patch(name, &PatchParams::default(), &Patch::Merge(patch)),
+        )?;
+        Ok(())
+    }
+
+    /// Force delete, as `kubectl delete --grace-period=0 --force`.
+    fn delete_pod(&self, ns: &str, name: &str) -> Result<()> {
+        let dp = DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        };
+        self.block(self.pods(ns).delete(name, &dp))
+            .with_context(|| format!("delete pod {ns}/{name}"))?;
+        Ok(())
+    }
+
+    /// Server-side applies every object of a YAML file (`dry_run`: validated and
+    /// admitted, not stored).
+    fn apply_yaml(&self, path: &Path, dry_run: bool) -> Result<Vec<String>> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+        let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
+            .with_context(|| format!("parse {}", path.display()))?;
+        let mut applied = Vec::new();
+        for doc in docs.into_iter().filter(|d| !d.is_null()) {
+            let obj: DynamicObject = serde_json::from_value(doc)?;
+            let types = obj
+                .types
+                .clone()
+                .context("object without apiVersion/kind")?;
+            let gvk = GroupVersionKind::try_from(&types)?;
+            let name = obj.metadata.name.clone().context("object without a name")?;
+            let (ar, caps) = self.block(kube::discovery::pinned_kind(&self.client, &gvk))?;
+            let api: Api<DynamicObject> = match caps.scope {
+                Scope::Namespaced => {
+                    let ns = obj
+                        .metadata
+                        .namespace
+                        .clone()
+                        .context("namespaced object without a namespace")?;
+                    Api::namespaced_with(self.client.clone(), &ns, &ar)
+                }
+                Scope::Cluster => Api::all_with(self.client.clone(), &ar),
+            };
+            let mut pp = PatchParams::apply(MANAGER).force();
+            if dry_run {
+                pp = pp.dry_run();
+            }
+            self.block(api.patch(&name, &pp, &Patch::Apply(&obj)))
+                .with_context(|| {
+                    format!(
+                        "apply {} {name} from {} (dry run: {dry_run})",
+                        types.kind,
+                        path.display()
+                    )
+                })?;
+            applied.push(format!("{}/{name}", types.kind));
+        }
+        Ok(applied)
+    }
+}
+
+#[derive(Default, Clone, Copy)]
+struct PodOpts<'a> {
+    host_network: bool,
+    annotations: &'a [(&'a str, &'a str)],
+}
+
+async fn client_for(kubeconfig: &Path) -> Result<Client> {
+    let kc = Kubeconfig::read_from(kubeconfig)?;
+    let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+    Ok(Client::try_from(config)?)
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Agent options for Kubernetes mode: no `--pod-cidr`, everything from the API.
+fn kube_agent_opts(
+    pods: &TwoPods,
+    node: &str,
+    kubeconfig: &Path,
+    metrics_port: u16,
+    extra: &[&str],
+) -> AgentOpts {
+    let mut opts = pods.agent_opts();
+    opts.pod_cidrs.clear();
+    opts.extra_args = [
+        "--node-name".to_owned(),
+        node.to_owned(),
+        "--kubeconfig".to_owned(),
+        kubeconfig.display().to_string(),
+        "--metrics-addr".to_owned(),
+        format!("127.0.0.1:{metrics_port}"),
+    ]
+    .into_iter()
+    .chain(extra.iter().map(|s| (*s).to_owned()))
+    .collect();
+    opts
+}
+
+/// `GET path` on the agent's metrics server: status code and body.
+fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .with_context(|| format!("no HTTP status in {text:?}"))?;
+    Ok((
+        code,
+        text.split_once("\r\n\r\n")
+            .map_or("", |(_, b)| b)
+            .to_owned(),
+    ))
+}
+
+/// The value of one series on `/metrics`, e.g. `bypass_reconcile_errors_total{kind="watch"}`.
+fn metric(port: u16, series: &str) -> Result<f64> {
+    let (code, body) = http_get(port, "/metrics")?;
+    ensure!(code == 200, "/metrics answered {code}");
+    body.lines()
+        .find_map(|l| {
+            l.strip_prefix(series)
+                .and_then(|rest| rest.strip_prefix(' '))
+        })
+        .and_then(|v| v.trim().parse().ok())
+        .with_context(|| format!("no series {series} in /metrics:\n{body}"))
+}
+
+fn addrs(list: &[&str]) -> BTreeSet<IpAddr> {
+    list.iter().filter_map(|s| s.parse().ok()).collect()
+}
+
+/// The agent's maps and toggle state, read from its pins by `bypass-agent status`.
+#[derive(Debug)]
+struct Seen {
+    attached: bool,
+    cidrs: BTreeSet<String>,
+    addrs: BTreeSet<IpAddr>,
+    enabled_by: Value,
+    label_value: Value,
+}
+
+fn seen(pin_dir: &Path) -> Result<Seen> {
+    let v = testbed::agent::status_json(pin_dir)?;
+    let strings = |k: &str| -> Vec<String> {
+        v[k].as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    Ok(Seen {
+        attached: v["attached"].as_bool().unwrap_or(false),
+        cidrs: strings("pod_cidrs").into_iter().collect(),
+        addrs: strings("pod_addresses")
+            .iter()
+            .filter_map(|s| s.parse().ok())
+            .collect(),
+        enabled_by: v["enabled_by"].clone(),
+        label_value: v["label_value"].clone(),
+    })
+}
+
+/// Polls `status` until `ok` holds; fails after `timeout`. Returns how long it took.
+fn wait_for(
+    pin_dir: &Path,
+    timeout: Duration,
+    what: &str,
+    ok: impl Fn(&Seen) -> bool,
+) -> Result<Duration> {
+    let started = Instant::now();
+    loop {
+        let s = seen(pin_dir)?;
+        if ok(&s) {
+            let took = started.elapsed();
+            eprintln!("  {what}: {took:.0?}");
+            return Ok(took);
+        }
+        if started.elapsed() > timeout {
+            bail!("{what}: not within {timeout:?}; the agent has {s:#?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn wait_addrs(pin_dir: &Path, what: &str, want: &BTreeSet<IpAddr>) -> Result<Duration> {
+    wait_for(pin_dir, PROPAGATION, what, |s| &s.addrs == want)
+}
+
+/// A node name of this test run.
+fn node_name(pods: &TwoPods, what: &str) -> String {
+    format!("bk-{}-{what}", pods.tag())
+}
+
+#[test]
+fn k8s_pod_addresses_follow_the_api() -> Result<()> {
+    if !preflight("k8s_pod_addresses_follow_the_api")? {
+        return Ok(());
+    }
+    let pods = TwoPods::new()?;
+    let c = Cluster::start()?;
+    let node = node_name(&pods, "n1");
+    let other = node_name(&pods, "n2");
+    c.node(&node, &["10.77.1.0/24", "fd77:1::/64"], &[])?;
+    c.node(&other, &["10.77.2.0/24"], &[])?;
+    c.namespace("bk-apps", &[])?;
+    c.namespace("bk-quiet", &[(EXCLUDE, "true")])?;
+    let port = free_port()?;
+    let agent = Agent::start(&kube_agent_opts(
+        &pods,
+        &node,
+        &c.env.kubeconfig(),
+        port,
+        &[],
+    ))?;
+    let pin = agent.pin_dir().to_path_buf();
+    wait_for(&pin, PROPAGATION, "node pod CIDRs in the trie", |s| {
+        s.cidrs == ["10.77.1.0/24".to_owned(), "fd77:1::/64".to_owned()].into()
+    })?;
+    let s = seen(&pin)?;
+    ensure!(
+        s.attached && s.enabled_by == "default" && s.label_value == "absent",
+        "{s:#?}"
+    );
+    ensure!(http_get(port, "/readyz")?.0 == 200, "not ready");
+    ensure!(http_get(port, "/healthz")?.0 == 200, "not healthy");
+
+    // Dual-stack pod: both addresses in; an address change moves them.
+    c.pod(
+        "bk-apps",
+        "web",
+        &node,
+        &["10.77.1.5", "fd77:1::5"],
+        PodOpts::default(),
+    )?;
+    wait_addrs(
+        &pin,
+        "v4+v6 pod addresses in",
+        &addrs(&["10.77.1.5", "fd77:1::5"]),
+    )?;
+    c.pod_ips("bk-apps", "web", &["10.77.1.6", "fd77:1::6"], "Running")?;
+    wait_addrs(
+        &pin,
+        "changed addresses moved",
+        &addrs(&["10.77.1.6", "fd77:1::6"]),
+    )?;
+    c.pod(
+        "bk-apps",
+        "v6only",
+        &node,
+        &["fd77:1::7"],
+        PodOpts::default(),
+    )?;
+    wait_addrs(
+        &pin,
+        "IPv6-only pod in",
+        &addrs(&["10.77.1.6", "fd77:1::6", "fd77:1::7"]),
+    )?;
+
+    // Pods that must never enter; a sentinel after them proves they were processed.
+    c.pod(
+        "bk-apps",
+        "host",
+        &node,
+        &["192.0.2.10"],
+        PodOpts {
+            host_network: true,
+            ..PodOpts::default()
+        },
+    )?;
+    c.pod(
+        "bk-apps",
+        "elsewhere",
+        &other,
+        &["10.77.2.5"],
+        PodOpts::default(),
+    )?;
+    c.pod(
+        "bk-apps",
+        "optout",
+        &node,
+        &["10.77.1.8"],
+        PodOpts {
+            annotations: &[(EXCLUDE, "true")],
+            ..PodOpts::default()
+        },
+    )?;
+    c.pod(
+        "bk-quiet",
+        "quiet",
+        &node,
+        &["10.77.1.9"],
+        PodOpts::default(),
+    )?;
+    // Legacy validation lets the API server store an IPv4 with leading zeros; the
+    // agent rejects that one address (logged, counted) and keeps the pod's other one.
+    c.pod(
+        "bk-apps",
+        "odd",
+        &node,
+        &["10.77.1.010", "fd77:1::10"],
+        PodOpts::default(),
+    )?;
+    c.pod(
+        "bk-apps",
+        "sentinel",
+        &node,
+        &["10.77.1.11"],
+        PodOpts::default(),
+    )?;
+    let mut want = addrs(&[
+        "10.77.1.6",
+        "fd77:1::6",
+        "fd77:1::7",
+        "fd77:1::10",
+        "10.77.1.11",
+    ]);
+    wait_addrs(&pin, "sentinel in, ineligible pods out", &want)?;
+    ensure!(
+        metric(port, "bypass_reconcile_errors_total{kind=\"pod_address\"}")? >= 1.0,
+        "malformed address not counted"
+    );
+    ensure!(metric(port, "bypass_pods_tracked")? == 4.0, "pods_tracked");
+
+    // Opt-out by annotation and by namespace label, live, and back.
+    c.annotate_pod("bk-apps", "web", EXCLUDE, Some("true"))?;
+    let without_web: BTreeSet<IpAddr> = want
+        .difference(&addrs(&["10.77.1.6", "fd77:1::6"]))
+        .copied()
+        .collect();
+    wait_addrs(&pin, "annotated pod out", &without_web)?;
+    c.annotate_pod("bk-apps", "web", EXCLUDE, None)?;
+    wait_addrs(&pin, "annotation removed, pod back", &want)?;
+    c.label_namespace("bk-apps", EXCLUDE, Some("true"))?;
+    wait_addrs(&pin, "namespace opted out", &BTreeSet::new())?;
+    c.label_namespace("bk-quiet", EXCLUDE, Some("false"))?;
+    c.label_namespace("bk-apps", EXCLUDE, None)?;
+    want.insert("10.77.1.9".parse()?);
+    wait_addrs(&pin, "namespaces opted in", &want)?;
+
+    // Finished and deleted pods leave.
+    c.pod_ips("bk-apps", "sentinel", &["10.77.1.11"], "Succeeded")?;
+    want.remove(&"10.77.1.11".parse()?);
+    wait_addrs(&pin, "finished pod out", &want)?;
+    c.delete_pod("bk-apps", "v6only")?;
+    want.remove(&"fd77:1::7".parse()?);
+    wait_addrs(&pin, "deleted pod out", &want)?;
+
+    // The node's CIDRs follow the node too.
+    c.block(c.nodes().patch(
+        &node,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
+    ))?;
+    ensure!(
+        seen(&pin)?.cidrs.len() == 2,
+        "cidrs changed by a label edit"
+    );
+    Ok(())
+}
+
+#[test]
+fn k8s_traffic_from_pod_objects_and_label_toggle_lose_no_byte() -> Result<()> {
+    if !preflight("k8s_traffic_from_pod_objects_and_label_toggle_lose_no_byte")? {
+        return Ok(());
+    }
+    let pods = TwoPods::new()?;
+    let c = Cluster::start()?;
+    let node = node_name(&pods, "n");
+    // No pod CIDRs on the node, none on the command line: only Pod objects count.
+    c.node(&node, &[], &[])?;
+    c.namespace("bk-apps", &[])?;
+    let (a4, a6, b4, b6) = (
+        pods.a.ipv4().to_string(),
+        pods.a.ipv6().to_string(),
+        pods.b.ipv4().to_string(),
+        pods.b.ipv6().to_string(),
+    );
+    c.pod("bk-apps", "a", &node, &[&a4, &a6], PodOpts::default())?;
+    c.pod("bk-apps", "b", &node, &[&b4, &b6], PodOpts::default())?;
+    let port = free_port()?;
+    let agent = Agent::start(&kube_agent_opts(
+        &pods,
+        &node,
+        &c.env.kubeconfig(),
+        port,
+        &[],
+    ))?;
+    let pin = agent.pin_dir().to_path_buf();
+    wait_addrs(
+        &pin,
+        "both pods' addresses in",
+        &addrs(&[&a4, &a6, &b4, &b6]),
+    )?;
+    ensure!(seen(&pin)?.cidrs.is_empty(), "no CIDRs expected");
+
+    let bulk = ClientArgs::bulk(16 << 20);
+    let x = exchange(
+        &pods,
+        &agent,
+        pods.b.v4_addr(5101),
+        pods.b.v4_addr(5101),
+        &bulk,
+    )?;
+    assert_byte_exact(&x, &bulk)?;
+    assert_bypassed(&x, &bulk)?;
+    let x = exchange(
+        &pods,
+        &agent,
+        pods.b.v6_addr(5102),
+        pods.b.v6_addr(5102),
+        &bulk,
+    )?;
+    assert_byte_exact(&x, &bulk)?;
+    assert_bypassed(&x, &bulk)?;
+
+    // Label off: the normal path, byte-exact.
+    c.label_node(&node, LABEL, Some("false"))?;
+    wait_for(&pin, PROPAGATION, "label=false detaches", |s| {
+        !s.attached && s.enabled_by == "label" && s.label_value == "false"
+    })?;
+    ensure!(
+        http_get(port, "/readyz")?.0 == 200,
+        "deliberately off must still be ready"
+    );
+    let x = exchange(
+        &pods,
+        &agent,
+        pods.b.v4_addr(5103),
+        pods.b.v4_addr(5103),
+        &bulk,
+    )?;
+    assert_byte_exact(&x, &bulk)?;
+    ensure!(
+        x.grew(|s| s.redirected_bytes) == 0,
+        "redirected while off: {x:#?}"
+    );
+    ensure!(
+        x.wire >= 2 * (16 << 20),
+        "off, yet the wire carried only {} B",
+        x.wire
+    );
+
+    // Label on again: redirected again.
+    c.label_node(&node, LABEL, Some("true"))?;
+    wait_for(&pin, PROPAGATION, "label=true attaches", |s| {
+        s.attached && s.enabled_by == "label"
+    })?;
+    let x = exchange(
+        &pods,
+        &agent,
+        pods.b.v4_addr(5104),
+        pods.b.v4_addr(5104),
+        &bulk,
+    )?;
+    assert_byte_exact(&x, &bulk)?;
+    assert_bypassed(&x, &bulk)?;
+
+    // A bad value is logged and counted, and the state is kept.
+    c.label_node(&node, LABEL, Some("maybe"))?;
+    wait_for(&pin, PROPAGATION, "bad label value seen", |s| {
+        s.label_value == "invalid"
+    })?;
+    ensure!(
+        seen(&pin)?.attached,
+        "a bad label value must keep the bypass on"
+    );
+    ensure!(
+        metric(port, "bypass_reconcile_errors_total{kind=\"label_value\"}")? == 1.0,
+        "bad label not counted once"
+    );
+    c.label_node(&node, LABEL, None)?;
+    wait_for(&pin, PROPAGATION, "label removed: default", |s| {
+        s.attached && s.enabled_by == "default"
+    })?;
+
+    // Switch off and on while bytes flow, both ways, on live connections: none lost.
+    let flow = ClientArgs {
+        send: 24 << 20,
+        recv: 24 << 20,
+        streams: 2,
+        msg_size: 16 << 10,
+        rate: 8 << 20,
+        ..ClientArgs::default()
+    };
+    let before = agent.stats()?;
+    let server = PeerServer::start(&pods.b, pods.b.v4_addr(5105), flow.total_connections())?;
+    let client = PeerClient::spawn(&pods.a, pods.b.v4_addr(5105), &flow)?;
+    for value in ["false", "true", "false", "true"] {
+        std::thread::sleep(Duration::from_millis(600));
+        c.label_node(&node, LABEL, Some(value))?;
+        let on = value == "true";
+        wait_for(
+            &pin,
+            PROPAGATION,
+            &format!("label={value} while streaming"),
+            |s| s.attached == on,
+        )?;
+    }
+    let client = client.wait()?;
+    let server = server.wait()?;
+    ensure!(
+        client.ok && server.ok,
+        "bytes lost or corrupted across switches: {client:#?} {server:#?}"
+    );
+    let n = flow.total_connections();
+    ensure!(
+        server.bytes_received == n * flow.send && client.bytes_received == n * flow.recv,
+        "short: {client:#?} {server:#?}"
+    );
+    // The live connections really switched: part redirected, part (after the first
+    // switch off) on the TCP path.
+    let after = agent.stats()?;
+    ensure!(
+        after.redirected_bytes > before.redirected_bytes,
+        "nothing redirected: {after:?}"
+    );
+    ensure!(
+        after.passed_bytes > before.passed_bytes,
+        "nothing took the TCP path: {after:?}"
+    );
+
+    // And new connections are bypassed after the last switch on.
+    let x = exchange(
+        &pods,
+        &agent,
+        pods.b.v6_addr(5106),
+        pods.b.v6_addr(5106),
+        &bulk,
+    )?;
+    assert_byte_exact(&x, &bulk)?;
+    assert_bypassed(&x, &bulk)
+}
+
+#[test]
+fn k8s_api_server_outage_keeps_datapath_then_resyncs() -> Result<()> {
+    if !preflight("k8s_api_server_outage_keeps_datapath_then_resyncs")? {
+        return Ok(());
+    }
+    let pods = TwoPods::new()?;
+    let mut c = Cluster::start()?;
+    let node = node_name(&pods, "n");
+    c.node(&node, &[], &[])?;
+    c.namespace("bk-apps", &[])?;
+    let (a4, b4) = (pods.a.ipv4().to_string(), pods.b.ipv4().to_string());
+    c.pod("bk-apps", "a", &node, &[&a4], PodOpts::default())?;
+    c.pod("bk-apps", "b", &node, &[&b4], PodOpts::default())?;
+    c.pod(
+        "bk-apps",
+        "gone-later",
+        &node,
+        &["10.66.0.60"],
+        PodOpts::default(),
+    )?;
+    let port = free_port()?;
+    let agent = Agent::start(&kube_agent_opts(
+        &pods,
+        &node,
+        &c.env.kubeconfig(),
+        port,
+        &[],
+    ))?;
+    let pin = agent.pin_dir().to_path_buf();
+    let before = addrs(&[&a4, &b4, "10.66.0.60"]);
+    wait_addrs(&pin, "addresses in", &before)?;
+    let second = c.env.start_second_apiserver()?;
+    let c2 = c.block(client_for(&second))?;
+
+    c.env.stop_apiserver()?;
+    let watch_errors = |p| metric(p, "bypass_reconcile_errors_total{kind=\"watch\"}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while watch_errors(port)? < 1.0 {
+        ensure!(
+            Instant::now() < deadline,
+            "the agent did not notice the API server going away"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Meanwhile, through a second API server on the same etcd: one pod goes, one comes.
+    let pods2: Api<Pod> = Api::namespaced(c2.clone(), "bk-apps");
+    c.block(pods2.delete(
+        "gone-later",
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        },
+    ))?;
+    let new: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "new"},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "bypass.invalid/none:0"}]},
+    }))?;
+    c.block(pods2.create(&PostParams::default(), &new))?;
+    c.block(pods2.patch_status(
+        "new",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Running", "podIP": "10.66.0.61", "podIPs": [{"ip": "10.66.0.61"}]}})),
+    ))?;
+
+    // The datapath keeps working and keeps what it had.
+    let bulk = ClientArgs::bulk(16 << 20);
+    let x = exchange(
+        &pods,
+        &agent,
+        pods.b.v4_addr(5201),
+        pods.b.v4_addr(5201),
+        &bulk,
+    )?;
+    assert_byte_exact(&x, &bulk)?;
+    assert_bypassed(&x, &bulk)?;
+    let s = seen(&pin)?;
+    ensure!(
+        s.attached && s.addrs == before,
+        "changed while the API server was away: {s:#?}"
+    );
+    ensure!(
+        http_get(port, "/healthz")?.0 == 200,
+        "an API outage must not fail liveness"
+    );
+
+    // Back: the agent relists and matches the API.
+    c.env.start_apiserver()?;
+    drop(c2);
+    wait_for(
+        &pin,
+        Duration::from_secs(60),
+        "maps match the API after the outage",
+        |s| s.addrs == addrs(&[&a4, &b4, "10.66.0.61"]),
+    )?;
+    let x = exchange(
+        &pods,
+        &agent,
+        pods.b.v4_addr(5202),
+        pods.b.v4_addr(5202),
+        &bulk,
+    )?;
+    assert_byte_exact(&x, &bulk)?;
+    assert_bypassed(&x, &bulk)
+}
+
+/// Starts the agent expecting it to fail; returns its stderr. No datapath may be left.
+fn agent_fails(opts: &AgentOpts, env: &[(&str, Option<&str>)]) -> Result<String> {
+    let mut cmd = testbed::agent::agent_command();
+    cmd.args(opts.args())
+        .env_remove("NODE_NAME")
+        .env_remove("KUBECONFIG");
+    for (k, v) in env {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    let started = Instant::now();
+    let out = cmd.output().context("run bypass-agent")?;
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    ensure!(!out.status.success(), "the agent did not fail: {stderr}");
+    ensure!(
+        started.elapsed() < Duration::from_secs(20),
+        "took {:?} to fail",
+        started.elapsed()
+    );
+    ensure!(
+        !opts.pin_dir.exists(),
+        "a failed start left {}",
+        opts.pin_dir.display()
+    );
+    eprintln!("  {}", stderr.lines().last().unwrap_or(""));
+    Ok(stderr)
+}
+
+#[test]
+fn k8s_bad_input_fails_with_the_fix_and_deploy_rbac_suffices() -> Result<()> {
+    if !preflight("k8s_bad_input_fails_with_the_fix_and_deploy_rbac_suffices")? {
+        return Ok(());
+    }
+    let pods = TwoPods::new()?;
+    let c = Cluster::start()?;
+    let node = node_name(&pods, "n");
+    c.node(&node, &["10.55.0.0/24"], &[])?;
+    let admin = c.env.kubeconfig();
+    let port = free_port()?;
+
+    // Missing node name.
+    let mut opts = kube_agent_opts(&pods, &node, &admin, port, &[]);
+    opts.extra_args.drain(0..2);
+    let err = agent_fails(&opts, &[])?;
+    ensure!(
+        err.contains("no node name") && err.contains("NODE_NAME"),
+        "{err}"
+    );
+    let err = agent_fails(&opts, &[("NODE_NAME", Some(""))])?;
+    ensure!(err.contains("no node name"), "{err}");
+
+    // Unreadable and malformed kubeconfigs.
+    let err = agent_fails(
+        &kube_agent_opts(
+            &pods,
+            &node,
+            Path::new("/nonexistent/kubeconfig"),
+            port,
+            &[],
+        ),
+        &[],
+    )?;
+    ensure!(
+        err.contains("cannot use the kubeconfig /nonexistent/kubeconfig"),
+        "{err}"
+    );
+    let garbage = c.env.dir().join("garbage.kubeconfig");
+    std::fs::write(&garbage, "clusters: [[[")?;
+    let err = agent_fails(&kube_agent_opts(&pods, &node, &garbage, port, &[]), &[])?;
+    ensure!(err.contains("cannot use the kubeconfig"), "{err}");
+
+    // A Node that does not exist.
+    let err = agent_fails(
+        &kube_agent_opts(&pods, "bk-no-such-node", &admin, port, &[]),
+        &[],
+    )?;
+    ensure!(err.contains("node bk-no-such-node does not exist"), "{err}");
+
+    // RBAC: nothing granted, then everything but watch.
+    let nobody = c.env.user_kubeconfig("bk-nobody", &[])?;
+    let err = agent_fails(&kube_agent_opts(&pods, &node, &nobody, port, &[]), &[])?;
+    ensure!(
+        err.contains("forbids the agent to get nodes") && err.contains("deploy/rbac.yaml"),
+        "{err}"
+    );
+    let nowatch = c.env.user_kubeconfig("bk-nowatch", &[])?;
+    let role: ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": "bk-nowatch"},
+        "rules": [{"apiGroups": [""], "resources": ["nodes", "pods", "namespaces"], "verbs": ["get", "list"]}],
+    }))?;
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "bk-nowatch"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "bk-nowatch"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "bk-nowatch"}],
+    }))?;
+    c.block(Api::<ClusterRole>::all(c.client.clone()).create(&PostParams::default(), &role))?;
+    c.block(
+        Api::<ClusterRoleBinding>::all(c.client.clone()).create(&PostParams::default(), &binding),
+    )?;
+    let err = agent_fails(&kube_agent_opts(&pods, &node, &nowatch, port, &[]), &[])?;
+    ensure!(err.contains("forbids the agent to watch nodes"), "{err}");
+
+    // The ServiceAccount with exactly deploy/'s RBAC is enough.
+    let deploy = deploy_dir();
+    for f in ["namespace.yaml", "serviceaccount.yaml", "rbac.yaml"] {
+        c.apply_yaml(&deploy.join(f), false)?;
+    }
+    let sa = c.env.user_kubeconfig(
+        "system:serviceaccount:bypass-system:bypass-agent",
+        &["system:serviceaccounts"],
+    )?;
+    let agent = Agent::start(&kube_agent_opts(&pods, &node, &sa, port, &[]))?;
+    wait_for(
+        agent.pin_dir(),
+        PROPAGATION,
+        "CIDRs with deploy RBAC",
+        |s| s.cidrs.len() == 1,
+    )?;
+    ensure!(
+        http_get(port, "/readyz")?.0 == 200,
+        "not ready with deploy RBAC"
+    );
+    Ok(())
+}
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+#[test]
+fn k8s_deploy_manifests_accepted_by_the_api_server() -> Result<()> {
+    // No netns or BPF here, but the same tools and root policy as the others.
+    if !preflight("k8s_deploy_manifests_accepted_by_the_api_server")? {
+        return Ok(());
+    }
+    let c = Cluster::start()?;
+    let deploy = deploy_dir();
+    let mut files: Vec<String> = std::fs::read_dir(&deploy)?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".yaml") && n != "kustomization.yaml")
+        .collect();
+    files.sort();
+    // The kustomization lists every manifest, namespace first.
+    let kust: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(deploy.join("kustomization.yaml"))?)?;
+    let mut listed: Vec<String> = kust["resources"]
+        .as_array()
+        .context("kustomization without resources")?
+        .iter()
+        .filter_map(|v| v.as_str().map(str::to_owned))
+        .collect();
+    ensure!(
+        listed.first().map(String::as_str) == Some("namespace.yaml"),
+        "namespace must come first: {listed:?}"
+    );
+    listed.sort();
+    ensure!(
+        listed == files,
+        "kustomization resources {listed:?} != manifests {files:?}"
+    );
+    ensure!(deploy.join("Containerfile").is_file(), "no Containerfile");
+
+    // Namespaced objects need their namespace to exist for a dry run.
+    c.apply_yaml(&deploy.join("namespace.yaml"), false)?;
+    let mut kinds = BTreeSet::new();
+    for f in &files {
+        for obj in c.apply_yaml(&deploy.join(f), true)? {
+            eprintln!("  accepted (dry run): {obj} from {f}");
+            kinds.insert(obj.split('/').next().unwrap_or("").to_owned());
+        }
+    }
+    for k in [
+        "Namespace",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "DaemonSet",
+    ] {
+        ensure!(kinds.contains(k), "no {k} in deploy/: {kinds:?}");
+    }
+    // A dry run stores nothing.
+    let ds: Api<DynamicObject> = Api::namespaced_with(
+        c.client.clone(),
+        "bypass-system",
+        &kube::api::ApiResource::from_gvk(&GroupVersionKind::gvk("apps", "v1", "DaemonSet")),
+    );
+    ensure!(
+        c.block(ds.get_opt("bypass-agent"))?.is_none(),
+        "dry run stored the DaemonSet"
+    );
+    Ok(())
+}
