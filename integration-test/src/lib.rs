@@ -44,7 +44,7 @@ pub use cgroup::CgroupGuard;
 pub use link::{Bridge, LinkCounters, Veth};
 pub use netns::Netns;
 pub use peer::Report;
-pub use peers::{ClientArgs, PeerClient, PeerServer, run_client};
+pub use peers::{ClientArgs, PeerClient, PeerServer, ServerArgs, run_client};
 pub use require::preflight;
 pub use spawn::{PodChild, spawn_in, spawn_in_on_cpus};
 pub use topology::{Pod, TwoPods};

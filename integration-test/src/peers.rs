@@ -62,6 +62,9 @@ pub struct ClientArgs {
     pub stream_base: u64,
     /// CPUs the client may run on (empty: any).
     pub cpus: Vec<usize>,
+    /// A read or write without progress for this many seconds fails a connection;
+    /// 0 sets no socket timeout at all.
+    pub idle_timeout_secs: u64,
 }
 
 impl Default for ClientArgs {
@@ -76,6 +79,7 @@ impl Default for ClientArgs {
             pingpong: None,
             stream_base: 0,
             cpus: Vec::new(),
+            idle_timeout_secs: 60,
         }
     }
 }
@@ -125,11 +129,38 @@ impl ClientArgs {
             self.rate.to_string(),
             "--stream-base".to_owned(),
             self.stream_base.to_string(),
+            "--idle-timeout".to_owned(),
+            self.idle_timeout_secs.to_string(),
         ];
         if let Some(r) = self.pingpong {
             a.extend(["--pingpong".to_owned(), r.to_string()]);
         }
         a
+    }
+}
+
+/// Options of `bypass-peer server`.
+#[derive(Clone, Debug)]
+pub struct ServerArgs {
+    /// Exit after this many connections (0: never, and no final report).
+    pub connections: u64,
+    /// CPUs the server may run on (empty: any).
+    pub cpus: Vec<usize>,
+    /// As [`ClientArgs::idle_timeout_secs`].
+    pub idle_timeout_secs: u64,
+    /// Pause after each client header before answering, milliseconds.
+    pub reply_delay_ms: u64,
+}
+
+impl ServerArgs {
+    /// A server for `connections` connections.
+    pub fn new(connections: u64) -> Self {
+        Self {
+            connections,
+            cpus: Vec::new(),
+            idle_timeout_secs: 60,
+            reply_delay_ms: 0,
+        }
     }
 }
 
@@ -144,16 +175,11 @@ impl PeerServer {
     /// Starts a server in `pod` on `listen` that exits after `connections`
     /// connections, and waits until it listens.
     pub fn start(pod: &Pod, listen: SocketAddr, connections: u64) -> Result<Self> {
-        Self::start_on_cpus(pod, listen, connections, &[])
+        Self::start_with(pod, listen, &ServerArgs::new(connections))
     }
 
-    /// [`PeerServer::start`], restricted to `cpus`.
-    pub fn start_on_cpus(
-        pod: &Pod,
-        listen: SocketAddr,
-        connections: u64,
-        cpus: &[usize],
-    ) -> Result<Self> {
+    /// [`PeerServer::start`] with every option.
+    pub fn start_with(pod: &Pod, listen: SocketAddr, args: &ServerArgs) -> Result<Self> {
         let ready = std::env::temp_dir().join(format!(
             "{}-ready-{}",
             names::resource(&names::unique_tag(), pod.name()),
@@ -165,13 +191,17 @@ impl PeerServer {
             .arg("--listen")
             .arg(listen.to_string())
             .arg("--connections")
-            .arg(connections.to_string())
+            .arg(args.connections.to_string())
+            .arg("--idle-timeout")
+            .arg(args.idle_timeout_secs.to_string())
+            .arg("--reply-delay-ms")
+            .arg(args.reply_delay_ms.to_string())
             .arg("--ready-file")
             .arg(&ready)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = spawn_in_on_cpus(pod, cmd, cpus)?;
+        let mut child = spawn_in_on_cpus(pod, cmd, &args.cpus)?;
         let deadline = Instant::now() + Duration::from_secs(10);
         while !ready.exists() {
             if child.try_wait()?.is_some() {
@@ -254,6 +284,10 @@ pub fn run_client(pod: &Pod, connect: SocketAddr, args: &ClientArgs) -> Result<R
 fn parse_report(role: &str, out: Output) -> Result<Report> {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
+    // Shown with the test's output (cargo test keeps it unless the test fails).
+    for l in stderr.lines().filter(|l| !l.trim().is_empty()) {
+        eprintln!("[bypass-peer {role}] {l}");
+    }
     let line = stdout
         .lines()
         .rev()

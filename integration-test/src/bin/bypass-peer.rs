@@ -28,9 +28,14 @@ enum Cmd {
         /// File to create once listening (holds the bound address).
         #[arg(long, value_name = "PATH")]
         ready_file: Option<PathBuf>,
-        /// Fail a connection that makes no progress for this many seconds.
+        /// Fail a connection that makes no progress for this many seconds; 0 waits
+        /// forever.
         #[arg(long, default_value_t = 60)]
         idle_timeout: u64,
+        /// Wait this many milliseconds after a client's header before answering
+        /// (its read waits meanwhile).
+        #[arg(long, default_value_t = 0)]
+        reply_delay_ms: u64,
     },
     /// Connect, send the header and pattern at once, verify what comes back.
     Client {
@@ -61,7 +66,8 @@ enum Cmd {
         /// Stream id of the first connection (seeds its pattern).
         #[arg(long, default_value_t = 0)]
         stream_base: u64,
-        /// Fail a connection that makes no progress for this many seconds.
+        /// Fail a connection that makes no progress for this many seconds; 0 waits
+        /// forever.
         #[arg(long, default_value_t = 60)]
         idle_timeout: u64,
     },
@@ -74,12 +80,14 @@ fn main() -> ExitCode {
             connections,
             ready_file,
             idle_timeout,
+            reply_delay_ms,
         } => {
             let opts = server::ServerOpts {
                 listen,
                 connections,
                 ready_file,
                 idle_timeout: Duration::from_secs(idle_timeout),
+                reply_delay: Duration::from_millis(reply_delay_ms),
             };
             match server::run(&opts) {
                 Ok(Some(r)) => r,

@@ -12,7 +12,7 @@ use std::{
 };
 
 use super::{
-    io::{expect_eof, recv_pattern, send_pattern},
+    io::{PatientReader, expect_eof, recv_pattern, send_pattern},
     pattern::{Direction, Pattern, Verifier},
     report::{ConnOutcome, Failure, Report},
     wire::{Header, Mode, Trailer, Verdict},
@@ -39,7 +39,8 @@ pub struct ClientOpts {
     pub pingpong: Option<u64>,
     /// First stream id (ids are `stream_base..stream_base + connections`).
     pub stream_base: u64,
-    /// A read or write that makes no progress for this long fails the connection.
+    /// A read or write that makes no progress for this long fails the connection
+    /// (zero: wait forever).
     pub idle_timeout: Duration,
 }
 
@@ -69,13 +70,18 @@ pub fn run(opts: &ClientOpts) -> Report {
     Report::build("client", outcomes, elapsed)
 }
 
+/// The socket timeout for an idle limit (zero: none).
+pub(super) fn timeout_of(idle: Duration) -> Option<Duration> {
+    (!idle.is_zero()).then_some(idle)
+}
+
 /// One connection.
 fn one(opts: &ClientOpts, stream: u64) -> ConnOutcome {
     let mut out = ConnOutcome::default();
     let io_fail = |what: &str, e: std::io::Error| {
         Failure::new(stream, None, "io", None, format!("{what}: {e}"))
     };
-    let mut sock = match TcpStream::connect(opts.connect) {
+    let sock = match TcpStream::connect(opts.connect) {
         Ok(s) => s,
         Err(e) => {
             out.failures
@@ -83,10 +89,11 @@ fn one(opts: &ClientOpts, stream: u64) -> ConnOutcome {
             return out;
         }
     };
+    let timeout = timeout_of(opts.idle_timeout);
     let setup = sock
         .set_nodelay(true)
-        .and_then(|()| sock.set_read_timeout(Some(opts.idle_timeout)))
-        .and_then(|()| sock.set_write_timeout(Some(opts.idle_timeout)));
+        .and_then(|()| sock.set_read_timeout(timeout))
+        .and_then(|()| sock.set_write_timeout(timeout));
     if let Err(e) = setup {
         out.failures.push(io_fail("socket options", e));
         return out;
@@ -110,38 +117,33 @@ fn one(opts: &ClientOpts, stream: u64) -> ConnOutcome {
     };
     // The first send follows connect at once: it races the server's side of the
     // connection into the SockHash, which is what the datapath must survive.
-    if let Err(e) = sock.write_all(&header.encode()) {
+    if let Err(e) = (&sock).write_all(&header.encode()) {
         out.failures.push(io_fail("send header", e));
         return out;
     }
+    let mut reader = PatientReader::new(&sock, timeout);
     match header.mode {
-        Mode::Stream => stream_mode(&mut sock, &header, opts.rate, &mut out),
-        Mode::PingPong => pingpong_mode(&mut sock, &header, &mut out),
+        Mode::Stream => stream_mode(&sock, &mut reader, &header, opts.rate, &mut out),
+        Mode::PingPong => pingpong_mode(&sock, &mut reader, &header, &mut out),
     }
     if out.failures.is_empty() {
-        read_verdict(&mut sock, stream, &mut out);
+        read_verdict(&mut reader, stream, &mut out);
     }
+    out.spurious_eagain = reader.spurious_eagain();
     out
 }
 
 /// Bulk: a writer thread sends while this thread verifies what comes back.
-fn stream_mode(sock: &mut TcpStream, h: &Header, rate: u64, out: &mut ConnOutcome) {
-    let writer = match sock.try_clone() {
-        Ok(w) => w,
-        Err(e) => {
-            out.failures.push(Failure::new(
-                h.stream,
-                None,
-                "io",
-                None,
-                format!("clone socket: {e}"),
-            ));
-            return;
-        }
-    };
+fn stream_mode(
+    sock: &TcpStream,
+    reader: &mut PatientReader<'_>,
+    h: &Header,
+    rate: u64,
+    out: &mut ConnOutcome,
+) {
     let (sent, (received, failure)) = std::thread::scope(|s| {
         let w = s.spawn(move || {
-            let mut writer = writer;
+            let mut writer = sock;
             let r = send_pattern(
                 &mut writer,
                 h.stream,
@@ -154,7 +156,7 @@ fn stream_mode(sock: &mut TcpStream, h: &Header, rate: u64, out: &mut ConnOutcom
             let _ = writer.shutdown(Shutdown::Write);
             r
         });
-        let got = recv_pattern(sock, h.stream, Direction::ServerToClient, h.s2c);
+        let got = recv_pattern(reader, h.stream, Direction::ServerToClient, h.s2c);
         (w.join(), got)
     });
     out.received = received;
@@ -179,7 +181,13 @@ fn stream_mode(sock: &mut TcpStream, h: &Header, rate: u64, out: &mut ConnOutcom
 }
 
 /// Ping-pong: one message out, wait for its echo, verify, time it.
-fn pingpong_mode(sock: &mut TcpStream, h: &Header, out: &mut ConnOutcome) {
+fn pingpong_mode(
+    sock: &TcpStream,
+    reader: &mut PatientReader<'_>,
+    h: &Header,
+    out: &mut ConnOutcome,
+) {
+    let mut writer = sock;
     let size = h.msg_size as usize;
     let rounds = h.c2s / size as u64;
     let mut pattern = Pattern::new(h.stream, Direction::ClientToServer);
@@ -190,9 +198,9 @@ fn pingpong_mode(sock: &mut TcpStream, h: &Header, out: &mut ConnOutcome) {
     for _ in 0..rounds {
         pattern.fill(&mut msg);
         let t = Instant::now();
-        if let Err(e) = sock
+        if let Err(e) = writer
             .write_all(&msg)
-            .and_then(|()| sock.read_exact(&mut echo))
+            .and_then(|()| reader.read_exact(&mut echo))
         {
             out.failures.push(Failure::new(
                 h.stream,
@@ -224,9 +232,9 @@ fn pingpong_mode(sock: &mut TcpStream, h: &Header, out: &mut ConnOutcome) {
 }
 
 /// The server's verdict on our bytes, then its close.
-fn read_verdict(sock: &mut TcpStream, stream: u64, out: &mut ConnOutcome) {
+fn read_verdict(reader: &mut PatientReader<'_>, stream: u64, out: &mut ConnOutcome) {
     let mut b = [0u8; Trailer::LEN];
-    let verdict = sock
+    let verdict = reader
         .read_exact(&mut b)
         .map_err(|e| format!("read verdict: {e}"))
         .and_then(|()| Trailer::decode(&b));
@@ -258,7 +266,7 @@ fn read_verdict(sock: &mut TcpStream, stream: u64, out: &mut ConnOutcome) {
             .failures
             .push(Failure::new(stream, None, "protocol", None, e)),
     }
-    match expect_eof(sock) {
+    match expect_eof(reader) {
         Ok(0) => {}
         Ok(n) => out.failures.push(Failure::new(
             stream,

@@ -3,6 +3,7 @@
 
 use std::{
     io::{self, Read, Write},
+    net::TcpStream,
     time::{Duration, Instant},
 };
 
@@ -35,6 +36,57 @@ impl Pacer {
         let now = self.start.elapsed();
         if due > now {
             std::thread::sleep(due - now);
+        }
+    }
+}
+
+/// Reads a blocking socket, retrying the `EAGAIN` a blocking read must never return
+/// but a socket in a SockHash can (`tcp_bpf_recvmsg` gives up after one wake-up that
+/// found no data, net/ipv4/tcp_bpf.c): those are counted, so a test can assert on
+/// them, and not mistaken for lost bytes. `EAGAIN` after the socket's own receive
+/// timeout is a real timeout.
+pub struct PatientReader<'a> {
+    sock: &'a TcpStream,
+    timeout: Option<Duration>,
+    spurious: u64,
+}
+
+impl<'a> PatientReader<'a> {
+    /// Reads `sock`, whose `SO_RCVTIMEO` is `timeout` (`None`: no timeout).
+    pub fn new(sock: &'a TcpStream, timeout: Option<Duration>) -> Self {
+        Self {
+            sock,
+            timeout,
+            spurious: 0,
+        }
+    }
+
+    /// `EAGAIN`s seen before the timeout.
+    pub fn spurious_eagain(&self) -> u64 {
+        self.spurious
+    }
+}
+
+impl Read for PatientReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let start = Instant::now();
+        loop {
+            match (&*self.sock).read(buf) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // The kernel timer may fire a little early: 9/10 of it counts.
+                    if let Some(t) = self.timeout
+                        && start.elapsed() >= t.mul_f64(0.9)
+                    {
+                        return Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!("no data for {t:?}"),
+                        ));
+                    }
+                    self.spurious += 1;
+                }
+                r => return r,
+            }
         }
     }
 }

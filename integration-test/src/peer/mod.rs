@@ -69,6 +69,7 @@ mod tests {
             connections,
             ready_file: Some(ready.clone()),
             idle_timeout: Duration::from_secs(10),
+            reply_delay: Duration::ZERO,
         };
         let srv = std::thread::spawn(move || server::run(&sopts).unwrap().unwrap());
         while !ready.exists() {
@@ -130,6 +131,7 @@ mod tests {
                 connections: 1,
                 ready_file: None,
                 idle_timeout: Duration::from_secs(10),
+                reply_delay: Duration::ZERO,
             })
             .unwrap()
             .unwrap()

@@ -88,6 +88,9 @@ pub struct ConnOutcome {
     pub failures: Vec<Failure>,
     /// Ping-pong round trips, nanoseconds.
     pub rtts_ns: Vec<u64>,
+    /// `EAGAIN`s a blocking read returned before its timeout (see
+    /// [`super::io::PatientReader`]).
+    pub spurious_eagain: u64,
 }
 
 /// The report, one JSON object on stdout.
@@ -116,6 +119,10 @@ pub struct Report {
     pub gbit_per_sec: f64,
     /// Ping-pong round trips, when any.
     pub rtt: Option<Rtt>,
+    /// `EAGAIN`s that blocking reads returned before their timeout, retried. Plain TCP
+    /// never returns them; a socket in a SockHash can.
+    #[serde(default)]
+    pub spurious_eagain: u64,
 }
 
 impl Report {
@@ -132,6 +139,7 @@ impl Report {
             r.connections += 1;
             r.bytes_sent += o.sent;
             r.bytes_received += o.received;
+            r.spurious_eagain += o.spurious_eagain;
             if !o.failures.is_empty() {
                 r.failed_connections += 1;
             }
@@ -176,6 +184,7 @@ mod tests {
                 "x",
             )],
             rtts_ns: vec![3000, 1000, 2000],
+            spurious_eagain: 0,
         };
         let r = Report::build("client", vec![good.clone(), bad], 1.0);
         assert_eq!((r.connections, r.failed_connections), (2, 1));

@@ -10,7 +10,7 @@ use std::{
 };
 
 use super::{
-    io::{expect_eof, recv_pattern, send_pattern},
+    io::{PatientReader, expect_eof, recv_pattern, send_pattern},
     pattern::{Direction, Verifier},
     report::{ConnOutcome, Failure, Report},
     wire::{Header, Mode, Trailer, Verdict},
@@ -26,8 +26,11 @@ pub struct ServerOpts {
     pub connections: u64,
     /// Created once the socket listens.
     pub ready_file: Option<PathBuf>,
-    /// A read or write that makes no progress for this long fails the connection.
+    /// A read or write that makes no progress for this long fails the connection
+    /// (zero: wait forever).
     pub idle_timeout: Duration,
+    /// Pause between reading a header and answering it.
+    pub reply_delay: Duration,
 }
 
 /// Listens, serves, reports. Errors only if it cannot listen.
@@ -96,12 +99,13 @@ fn accept_failure(e: std::io::Error) -> ConnOutcome {
 }
 
 /// One connection: header, then stream or echo, then the verdict.
-fn serve(mut sock: TcpStream, opts: &ServerOpts) -> ConnOutcome {
+fn serve(sock: TcpStream, opts: &ServerOpts) -> ConnOutcome {
     let mut out = ConnOutcome::default();
+    let timeout = super::client::timeout_of(opts.idle_timeout);
     let setup = sock
         .set_nodelay(true)
-        .and_then(|()| sock.set_read_timeout(Some(opts.idle_timeout)))
-        .and_then(|()| sock.set_write_timeout(Some(opts.idle_timeout)));
+        .and_then(|()| sock.set_read_timeout(timeout))
+        .and_then(|()| sock.set_write_timeout(timeout));
     if let Err(e) = setup {
         out.failures.push(Failure::new(
             0,
@@ -112,7 +116,8 @@ fn serve(mut sock: TcpStream, opts: &ServerOpts) -> ConnOutcome {
         ));
         return out;
     }
-    let h = match Header::read_from(&mut sock) {
+    let mut reader = PatientReader::new(&sock, timeout);
+    let h = match Header::read_from(&mut reader) {
         Ok(h) => h,
         Err(e) => {
             out.failures.push(Failure::new(
@@ -126,11 +131,15 @@ fn serve(mut sock: TcpStream, opts: &ServerOpts) -> ConnOutcome {
         }
     };
     let verdict = match h.mode {
-        Mode::Stream => stream_mode(&mut sock, &h, &mut out),
-        Mode::PingPong => echo_mode(&mut sock, &h, &mut out),
+        Mode::Stream => {
+            std::thread::sleep(opts.reply_delay);
+            stream_mode(&sock, &mut reader, &h, &mut out)
+        }
+        Mode::PingPong => echo_mode(&sock, &mut reader, &h, &mut out),
     };
+    out.spurious_eagain = reader.spurious_eagain();
     if let Some(v) = verdict {
-        let sent = sock
+        let sent = (&sock)
             .write_all(&Trailer::encode(v))
             .and_then(|()| sock.shutdown(Shutdown::Write));
         if let Err(e) = sent {
@@ -158,20 +167,13 @@ fn verdict_of(received: u64, failure: Option<&Failure>, extra: u64) -> Verdict {
 
 /// Sends the requested bytes from a second thread while verifying the client's.
 /// Returns the verdict to send, or `None` when the connection is beyond answering.
-fn stream_mode(sock: &mut TcpStream, h: &Header, out: &mut ConnOutcome) -> Option<Verdict> {
-    let mut writer = match sock.try_clone() {
-        Ok(w) => w,
-        Err(e) => {
-            out.failures.push(Failure::new(
-                h.stream,
-                None,
-                "io",
-                None,
-                format!("clone socket: {e}"),
-            ));
-            return None;
-        }
-    };
+fn stream_mode(
+    sock: &TcpStream,
+    reader: &mut PatientReader<'_>,
+    h: &Header,
+    out: &mut ConnOutcome,
+) -> Option<Verdict> {
+    let mut writer = sock;
     let (sent, (received, failure, extra)) = std::thread::scope(|s| {
         let w = s.spawn(move || {
             send_pattern(
@@ -183,11 +185,11 @@ fn stream_mode(sock: &mut TcpStream, h: &Header, out: &mut ConnOutcome) -> Optio
                 h.rate,
             )
         });
-        let (received, failure) = recv_pattern(sock, h.stream, Direction::ClientToServer, h.c2s);
+        let (received, failure) = recv_pattern(reader, h.stream, Direction::ClientToServer, h.c2s);
         let extra = if failure.as_ref().is_some_and(|f| f.kind != "mismatch") {
             Ok(0)
         } else {
-            expect_eof(sock)
+            expect_eof(reader)
         };
         (w.join(), (received, failure, extra))
     });
@@ -245,15 +247,21 @@ fn stream_mode(sock: &mut TcpStream, h: &Header, out: &mut ConnOutcome) -> Optio
 }
 
 /// Echoes each message back as it completes, verifying it on the way.
-fn echo_mode(sock: &mut TcpStream, h: &Header, out: &mut ConnOutcome) -> Option<Verdict> {
+fn echo_mode(
+    sock: &TcpStream,
+    reader: &mut PatientReader<'_>,
+    h: &Header,
+    out: &mut ConnOutcome,
+) -> Option<Verdict> {
+    let mut writer = sock;
     let size = h.msg_size as usize;
     let mut verifier = Verifier::new(h.stream, Direction::ClientToServer);
     let mut msg = vec![0u8; size];
     while verifier.offset() < h.c2s {
         let n = (h.c2s - verifier.offset()).min(size as u64) as usize;
-        if let Err(e) = sock
+        if let Err(e) = reader
             .read_exact(&mut msg[..n])
-            .and_then(|()| sock.write_all(&msg[..n]))
+            .and_then(|()| writer.write_all(&msg[..n]))
         {
             let off = verifier.offset();
             out.received = off;
@@ -274,7 +282,7 @@ fn echo_mode(sock: &mut TcpStream, h: &Header, out: &mut ConnOutcome) -> Option<
         out.sent += n as u64;
     }
     out.received = verifier.offset();
-    let extra = match expect_eof(sock) {
+    let extra = match expect_eof(reader) {
         Ok(n) => n,
         Err(e) => {
             out.failures.push(Failure::new(

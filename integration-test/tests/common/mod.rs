@@ -1,0 +1,157 @@
+//! Helpers shared by the privileged tests: one measured exchange between the two pods
+//! of a [`TwoPods`], and the assertions every test makes on it.
+
+#![allow(dead_code, reason = "each test binary uses a different subset")]
+
+use std::{net::SocketAddr, time::Instant};
+
+use anyhow::{Result, ensure};
+use testbed::{
+    Agent, AgentStatus, ClientArgs, PeerServer, Report, ServerArgs, TwoPods, run_client,
+};
+
+/// 64 MiB.
+pub const MIB64: u64 = 64 << 20;
+
+/// What one exchange did.
+#[derive(Debug)]
+pub struct Exchange {
+    /// The client's report (pod a).
+    pub client: Report,
+    /// The server's report (pod b).
+    pub server: Report,
+    /// Bytes the pods put on the wire meanwhile.
+    pub wire: u64,
+    /// Agent counters before.
+    pub before: AgentStatus,
+    /// Agent counters after.
+    pub after: AgentStatus,
+    /// Wall time, seconds.
+    pub secs: f64,
+}
+
+impl Exchange {
+    /// Growth of a counter.
+    pub fn grew(&self, f: impl Fn(&AgentStatus) -> u64) -> u64 {
+        f(&self.after).saturating_sub(f(&self.before))
+    }
+}
+
+/// Server in pod b on `listen`, client in pod a towards `connect`; counters around it.
+pub fn exchange(
+    pods: &TwoPods,
+    agent: &Agent,
+    listen: SocketAddr,
+    connect: SocketAddr,
+    args: &ClientArgs,
+) -> Result<Exchange> {
+    let server = ServerArgs::new(args.total_connections());
+    exchange_with(pods, Some(agent), listen, connect, args, &server)
+}
+
+/// [`exchange`] with server options, and with or without an agent (without one, the
+/// counters read as zero).
+pub fn exchange_with(
+    pods: &TwoPods,
+    agent: Option<&Agent>,
+    listen: SocketAddr,
+    connect: SocketAddr,
+    args: &ClientArgs,
+    server_args: &ServerArgs,
+) -> Result<Exchange> {
+    let stats = || agent.map_or(Ok(AgentStatus::default()), Agent::stats);
+    let before = stats()?;
+    let wire0 = pods.wire_bytes()?;
+    let t = Instant::now();
+    let server = PeerServer::start_with(&pods.b, listen, server_args)?;
+    let client = run_client(&pods.a, connect, args)?;
+    let server = server.wait()?;
+    let secs = t.elapsed().as_secs_f64();
+    let wire = pods.wire_bytes()?.saturating_sub(wire0);
+    let after = stats()?;
+    let x = Exchange {
+        client,
+        server,
+        wire,
+        before,
+        after,
+        secs,
+    };
+    eprintln!(
+        "exchange {connect}: {} conns, client {} B out / {} B in, wire {} B, redirected +{} B, passed +{} B, inserted +{}, skipped +{}, EAGAIN {}+{}, {:.2} s",
+        x.client.connections,
+        x.client.bytes_sent,
+        x.client.bytes_received,
+        x.wire,
+        x.grew(|s| s.redirected_bytes),
+        x.grew(|s| s.passed_bytes),
+        x.grew(|s| s.sockets_inserted),
+        x.grew(|s| s.sockets_skipped),
+        x.client.spurious_eagain,
+        x.server.spurious_eagain,
+        x.secs,
+    );
+    Ok(x)
+}
+
+/// Every byte arrived in order on both sides, and the totals are what was asked.
+pub fn assert_byte_exact(x: &Exchange, args: &ClientArgs) -> Result<()> {
+    let n = args.total_connections();
+    ensure!(x.client.ok, "client saw failures: {:#?}", x.client.failures);
+    ensure!(x.server.ok, "server saw failures: {:#?}", x.server.failures);
+    ensure!(
+        x.client.connections == n && x.server.connections == n,
+        "connections: {x:#?}"
+    );
+    ensure!(
+        x.client.bytes_sent == n * args.send,
+        "client sent {}",
+        x.client.bytes_sent
+    );
+    ensure!(
+        x.server.bytes_received == n * args.send,
+        "server verified {}",
+        x.server.bytes_received
+    );
+    ensure!(
+        x.server.bytes_sent == n * args.recv,
+        "server sent {}",
+        x.server.bytes_sent
+    );
+    ensure!(
+        x.client.bytes_received == n * args.recv,
+        "client verified {}",
+        x.client.bytes_received
+    );
+    Ok(())
+}
+
+/// The bytes went socket to socket: the wire carried under 1% of the payload, the
+/// redirected counter grew by at least the payload, two sockets were inserted per
+/// connection and none failed.
+pub fn assert_bypassed(x: &Exchange, args: &ClientArgs) -> Result<()> {
+    let n = args.total_connections();
+    let payload = n * (args.send + args.recv);
+    ensure!(
+        x.wire * 100 < payload,
+        "wire carried {} B of a {payload} B payload (>= 1%): not bypassed",
+        x.wire
+    );
+    ensure!(
+        x.grew(|s| s.redirected_bytes) >= payload,
+        "redirected_bytes grew by {} < payload {payload}",
+        x.grew(|s| s.redirected_bytes)
+    );
+    ensure!(
+        x.grew(|s| s.sockets_inserted) == 2 * n,
+        "sockets_inserted grew by {}, want {}",
+        x.grew(|s| s.sockets_inserted),
+        2 * n
+    );
+    ensure!(
+        x.grew(|s| s.insert_failures) == 0,
+        "insert failures: {:?}",
+        x.after
+    );
+    Ok(())
+}

@@ -1,0 +1,71 @@
+//! A bypassed socket must look like a TCP socket to its application. Here: a blocking
+//! `recv` never returns `EAGAIN` (only a non-blocking one, or one whose `SO_RCVTIMEO`
+//! expired, may). `bypass-peer` retries such reads and counts them, so the byte checks
+//! elsewhere stay meaningful; this test asserts the count is zero.
+//!
+//! The pattern that shows it: the client sends its request, half-closes
+//! (`shutdown(SHUT_WR)`) and blocks reading the reply, which the server sends 20 ms
+//! later. When the ACK of the client's FIN arrives, the kernel wakes the reader
+//! (`sk_state_change`, FIN_WAIT1 -> FIN_WAIT2); plain `tcp_recvmsg` goes back to sleep,
+//! `tcp_bpf_recvmsg` returns -EAGAIN (net/ipv4/tcp_bpf.c: one `tcp_msg_wait_data`, then
+//! `copied = -EAGAIN`).
+
+mod common;
+
+use anyhow::{Result, ensure};
+use common::{assert_byte_exact, exchange_with};
+use testbed::{Agent, ClientArgs, ServerArgs, TwoPods, preflight};
+
+#[test]
+fn blocking_reads_never_return_eagain() -> Result<()> {
+    if !preflight("blocking_reads_never_return_eagain")? {
+        return Ok(());
+    }
+    let pods = TwoPods::new()?;
+    // No SO_RCVTIMEO anywhere: every EAGAIN is one a blocking read must not return.
+    let args = ClientArgs {
+        connections: 50,
+        idle_timeout_secs: 0,
+        ..ClientArgs::bulk(1024)
+    };
+    let server = ServerArgs {
+        idle_timeout_secs: 0,
+        reply_delay_ms: 20,
+        ..ServerArgs::new(args.total_connections())
+    };
+    let tcp = exchange_with(
+        &pods,
+        None,
+        pods.b.v4_addr(5101),
+        pods.b.v4_addr(5101),
+        &args,
+        &server,
+    )?;
+    assert_byte_exact(&tcp, &args)?;
+    ensure!(
+        tcp.client.spurious_eagain + tcp.server.spurious_eagain == 0,
+        "plain TCP returned EAGAIN to a blocking read: the test itself is wrong"
+    );
+    let agent = Agent::start(&pods.agent_opts())?;
+    let x = exchange_with(
+        &pods,
+        Some(&agent),
+        pods.b.v4_addr(5102),
+        pods.b.v4_addr(5102),
+        &args,
+        &server,
+    )?;
+    assert_byte_exact(&x, &args)?;
+    ensure!(
+        x.grew(|s| s.sockets_inserted) == 100,
+        "not bypassed: {:?}",
+        x.after
+    );
+    let eagain = x.client.spurious_eagain + x.server.spurious_eagain;
+    ensure!(
+        eagain == 0,
+        "blocking recv() on bypassed sockets returned EAGAIN {eagain} times in 50 connections \
+         (request, shutdown(SHUT_WR), blocking read of a reply sent 20 ms later); plain TCP: 0"
+    );
+    Ok(())
+}
