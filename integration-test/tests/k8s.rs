@@ -818,6 +818,56 @@ fn k8s_api_server_outage_keeps_datapath_then_resyncs() -> Result<()> {
     assert_bypassed(&x, &bulk)
 }
 
+#[test]
+fn k8s_agent_waits_for_an_absent_api_server() -> Result<()> {
+    if !preflight("k8s_agent_waits_for_an_absent_api_server")? {
+        return Ok(());
+    }
+    let pods = TwoPods::new()?;
+    let mut c = Cluster::start()?;
+    let node = node_name(&pods, "n");
+    c.node(&node, &["10.44.0.0/24"], &[])?;
+    c.env.stop_apiserver()?;
+    let port = free_port()?;
+    let opts = kube_agent_opts(&pods, &node, &c.env.kubeconfig(), port, &[]);
+    std::thread::scope(|s| -> Result<()> {
+        // Agent::start returns once the datapath is attached.
+        let starting = s.spawn(|| Agent::start(&opts));
+        std::thread::sleep(Duration::from_secs(3));
+        ensure!(
+            !starting.is_finished(),
+            "the agent gave up while the API server was away"
+        );
+        ensure!(
+            http_get(port, "/healthz")?.0 == 200,
+            "not live while waiting"
+        );
+        ensure!(
+            http_get(port, "/readyz")?.0 == 503,
+            "ready without an API server"
+        );
+        ensure!(
+            !opts.pin_dir.exists(),
+            "datapath loaded before the API server answered"
+        );
+        c.env.start_apiserver()?;
+        let agent = starting
+            .join()
+            .map_err(|_| anyhow::anyhow!("agent start panicked"))??;
+        wait_for(
+            agent.pin_dir(),
+            PROPAGATION,
+            "CIDRs once the API server is up",
+            |s| s.cidrs.len() == 1,
+        )?;
+        ensure!(
+            http_get(port, "/readyz")?.0 == 200,
+            "not ready after the API server came up"
+        );
+        Ok(())
+    })
+}
+
 /// Starts the agent expecting it to fail; returns its stderr. No datapath may be left.
 fn agent_fails(opts: &AgentOpts, env: &[(&str, Option<&str>)]) -> Result<String> {
     let mut cmd = testbed::agent::agent_command();
