@@ -3,9 +3,9 @@
 //! if it left one.
 
 use std::{
-    io::Read as _,
+    io::Read,
     path::{Path, PathBuf},
-    process::{Child, Command, ExitStatus, Stdio},
+    process::{Child, Command, ExitStatus, Output, Stdio},
     sync::{Arc, Mutex},
     thread::JoinHandle,
     time::{Duration, Instant},
@@ -33,6 +33,59 @@ pub fn agent_bin() -> PathBuf {
 /// A `Command` for the agent binary.
 pub fn agent_command() -> Command {
     Command::new(agent_bin())
+}
+
+/// Runs the agent binary with `args` to its exit (killed past `timeout`), output
+/// captured. For commands that must fail fast, such as `run` with bad input.
+pub fn run_agent(args: &[&str], timeout: Duration) -> Result<Output> {
+    let mut child = agent_command()
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("start {}", agent_bin().display()))?;
+    let drain = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(st) = child.try_wait().context("wait for bypass-agent")? {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!(
+                "`bypass-agent {}` still running after {timeout:?}; killed it",
+                args.join(" ")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Ok(Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    })
 }
 
 /// Options of `bypass-agent run`.
