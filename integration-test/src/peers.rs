@@ -5,6 +5,7 @@ use std::{
     net::SocketAddr,
     path::PathBuf,
     process::{Command, Output, Stdio},
+    sync::OnceLock,
     time::{Duration, Instant},
 };
 
@@ -39,6 +40,26 @@ pub fn peer_bin() -> Result<PathBuf> {
         );
     }
     Ok(p)
+}
+
+/// A program that acts as `bypass-peer` when given these leading arguments.
+static PEER_PROGRAM: OnceLock<(PathBuf, Vec<String>)> = OnceLock::new();
+
+/// Runs peers as `program leading_args...` from now on, instead of the `bypass-peer`
+/// binary (`bypass-demo` runs itself with `peer`, so it needs no second binary).
+/// Only the first call counts.
+pub fn set_peer_program(program: PathBuf, leading_args: Vec<String>) {
+    let _ = PEER_PROGRAM.set((program, leading_args));
+}
+
+/// A `Command` that runs the peer, before its `server`/`client` argument.
+pub fn peer_command() -> Result<Command> {
+    if let Some((program, leading)) = PEER_PROGRAM.get() {
+        let mut cmd = Command::new(program);
+        cmd.args(leading);
+        return Ok(cmd);
+    }
+    Ok(Command::new(peer_bin()?))
 }
 
 /// Options of `bypass-peer client`.
@@ -186,7 +207,7 @@ impl PeerServer {
             listen.port()
         ));
         let _ = std::fs::remove_file(&ready);
-        let mut cmd = Command::new(peer_bin()?);
+        let mut cmd = peer_command()?;
         cmd.arg("server")
             .arg("--listen")
             .arg(listen.to_string())
@@ -245,7 +266,7 @@ pub struct PeerClient {
 impl PeerClient {
     /// Starts a client in `pod` towards `connect`.
     pub fn spawn(pod: &Pod, connect: SocketAddr, args: &ClientArgs) -> Result<Self> {
-        let mut cmd = Command::new(peer_bin()?);
+        let mut cmd = peer_command()?;
         cmd.arg("client")
             .arg("--connect")
             .arg(connect.to_string())

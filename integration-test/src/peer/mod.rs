@@ -3,6 +3,7 @@
 //! messages and time them. The binary (`src/bin/bypass-peer.rs`) only parses options;
 //! [`crate::pods`] runs it inside pods and parses its [`Report`].
 
+pub mod cli;
 pub mod client;
 mod io;
 pub mod pattern;

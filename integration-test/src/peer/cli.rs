@@ -1,0 +1,154 @@
+//! The `bypass-peer` command line: options parsed by clap, then the client or server
+//! run and its report printed.
+
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
+
+use clap::{Parser, Subcommand};
+
+use super::{client, parse_size, server};
+
+#[derive(Debug, Parser)]
+#[command(name = "bypass-peer", about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Accept connections and serve what each client's header asks for.
+    Server {
+        /// Address to listen on; `[::]:PORT` takes IPv4 and IPv6.
+        #[arg(long, value_name = "ADDR:PORT")]
+        listen: SocketAddr,
+        /// Exit after this many connections with one report; 0 serves forever and
+        /// prints a report per connection.
+        #[arg(long, default_value_t = 0)]
+        connections: u64,
+        /// File to create once listening (holds the bound address).
+        #[arg(long, value_name = "PATH")]
+        ready_file: Option<PathBuf>,
+        /// Fail a connection that makes no progress for this many seconds; 0 waits
+        /// forever.
+        #[arg(long, default_value_t = 60)]
+        idle_timeout: u64,
+        /// Wait this many milliseconds after a client's header before answering
+        /// (its read waits meanwhile).
+        #[arg(long, default_value_t = 0)]
+        reply_delay_ms: u64,
+    },
+    /// Connect, send the header and pattern at once, verify what comes back.
+    Client {
+        /// Server address.
+        #[arg(long, value_name = "ADDR:PORT")]
+        connect: SocketAddr,
+        /// Bytes to send on each connection (K, M, G suffixes).
+        #[arg(long, default_value = "0", value_parser = parse_size)]
+        send: u64,
+        /// Bytes the server sends back on each connection.
+        #[arg(long, default_value = "0", value_parser = parse_size)]
+        recv: u64,
+        /// Connections open at once.
+        #[arg(long, default_value_t = 1)]
+        streams: usize,
+        /// Connections in all [default: --streams].
+        #[arg(long)]
+        connections: Option<u64>,
+        /// Bytes per write (one sendmsg, one sk_msg run), and the ping-pong message size.
+        #[arg(long, default_value = "64K", value_parser = parse_size)]
+        msg_size: u64,
+        /// Bytes per second per connection and direction; 0 is unlimited.
+        #[arg(long, default_value = "0", value_parser = parse_size)]
+        rate: u64,
+        /// Do this many round trips of --msg-size bytes instead of bulk transfer.
+        #[arg(long, value_name = "ROUNDS")]
+        pingpong: Option<u64>,
+        /// Stream id of the first connection (seeds its pattern).
+        #[arg(long, default_value_t = 0)]
+        stream_base: u64,
+        /// Fail a connection that makes no progress for this many seconds; 0 waits
+        /// forever.
+        #[arg(long, default_value_t = 60)]
+        idle_timeout: u64,
+    },
+}
+
+/// Runs `bypass-peer` with `args` (the first one is the program name), as the binary
+/// does; `bypass-demo` calls it to act as its own peer.
+pub fn main_from<I, T>(args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    let report = match cli.command {
+        Cmd::Server {
+            listen,
+            connections,
+            ready_file,
+            idle_timeout,
+            reply_delay_ms,
+        } => {
+            let opts = server::ServerOpts {
+                listen,
+                connections,
+                ready_file,
+                idle_timeout: Duration::from_secs(idle_timeout),
+                reply_delay: Duration::from_millis(reply_delay_ms),
+            };
+            match server::run(&opts) {
+                Ok(Some(r)) => r,
+                Ok(None) => return ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("bypass-peer: error: cannot listen on {listen}: {e}");
+                    return ExitCode::from(2);
+                }
+            }
+        }
+        Cmd::Client {
+            connect,
+            send,
+            recv,
+            streams,
+            connections,
+            msg_size,
+            rate,
+            pingpong,
+            stream_base,
+            idle_timeout,
+        } => client::run(&client::ClientOpts {
+            connect,
+            send,
+            recv,
+            streams,
+            connections: connections.unwrap_or(streams as u64),
+            msg_size: usize::try_from(msg_size).unwrap_or(usize::MAX),
+            rate,
+            pingpong,
+            stream_base,
+            idle_timeout: Duration::from_secs(idle_timeout),
+        }),
+    };
+    server::print_report(&report);
+    if report.ok {
+        ExitCode::SUCCESS
+    } else {
+        for f in &report.failures {
+            eprintln!(
+                "bypass-peer: stream {} {} {}: {}",
+                f.stream, f.direction, f.kind, f.detail
+            );
+        }
+        ExitCode::FAILURE
+    }
+}
