@@ -574,6 +574,16 @@ fn k8s_traffic_from_pod_objects_and_label_toggle_lose_no_byte() -> Result<()> {
         &addrs(&[&a4, &a6, &b4, &b6]),
     )?;
     ensure!(seen(&pin)?.cidrs.is_empty(), "no CIDRs expected");
+    ensure!(
+        metric(port, "bypass_pod_addresses")? == 4.0,
+        "map size metric"
+    );
+    ensure!(metric(port, "bypass_pod_cidrs")? == 0.0, "trie size metric");
+    ensure!(
+        metric(port, "bypass_pods_tracked")? == 2.0,
+        "pods tracked metric"
+    );
+    ensure!(metric(port, "bypass_synced")? == 1.0, "synced metric");
 
     let bulk = ClientArgs::bulk(16 << 20);
     let x = exchange(
@@ -595,6 +605,12 @@ fn k8s_traffic_from_pod_objects_and_label_toggle_lose_no_byte() -> Result<()> {
     assert_byte_exact(&x, &bulk)?;
     assert_bypassed(&x, &bulk)?;
 
+    ensure!(metric(port, "bypass_attached")? == 1.0, "attached metric");
+    ensure!(
+        metric(port, "bypass_redirected_bytes_total")? >= f64::from(4 * (16 << 20)),
+        "redirected bytes metric"
+    );
+
     // Label off: the normal path, byte-exact.
     c.label_node(&node, LABEL, Some("false"))?;
     wait_for(&pin, PROPAGATION, "label=false detaches", |s| {
@@ -603,6 +619,10 @@ fn k8s_traffic_from_pod_objects_and_label_toggle_lose_no_byte() -> Result<()> {
     ensure!(
         http_get(port, "/readyz")?.0 == 200,
         "deliberately off must still be ready"
+    );
+    ensure!(
+        metric(port, "bypass_attached")? == 0.0,
+        "attached metric while off"
     );
     let x = exchange(
         &pods,
