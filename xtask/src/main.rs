@@ -5,7 +5,10 @@ mod bench;
 mod build;
 mod cmd;
 mod demo;
-#[allow(dead_code, reason = "the test-guard half is used by integration-test/tests/k8s.rs")]
+#[allow(
+    dead_code,
+    reason = "the test-guard half is used by integration-test/tests/k8s.rs"
+)]
 mod kube_env;
 mod setup;
 mod test;

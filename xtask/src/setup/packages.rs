@@ -14,7 +14,10 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("sockperf", "TCP ping-pong latency in the bench"),
     ("procps", "sysctl, ps"),
     ("util-linux", "nsenter, unshare, mount"),
-    ("openssl", "certificates of the Kubernetes tests' API server (kube_env)"),
+    (
+        "openssl",
+        "certificates of the Kubernetes tests' API server",
+    ),
 ];
 
 /// Installs the missing packages (one `apt-get update` first); records it in `done`.
