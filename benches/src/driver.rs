@@ -369,11 +369,12 @@ impl Run<'_> {
     fn qperf(&mut self, rep: u32, p: &Placement, path: Path, size: u32) -> Result<()> {
         let secs = self.results.config.qperf_secs;
         let (ip, port) = (self.server_ip, qperf_port(p.server_cpu));
+        let tests = self.results.config.tests.clone();
         let what = format!("qperf rep {rep} {} {} size {size}", p.name, path.name());
         let (wire0, stats0) = self.wire_and_stats();
         let out = self.client(
             &what,
-            &|| qperf::client_command(ip, port, size, secs),
+            &|| qperf::client_command(ip, port, size, secs, &tests),
             p.client_cpu,
             secs,
         )?;
@@ -382,7 +383,7 @@ impl Run<'_> {
             self.tick(&format!("{what}: FAILED"));
             return Ok(());
         };
-        let r = match qperf::parse(&out) {
+        let r = match qperf::parse(&out, &tests) {
             Ok(r) => r,
             Err(e) => {
                 self.results.warnings.push(format!("{what}: {e:#}"));
@@ -390,13 +391,21 @@ impl Run<'_> {
                 return Ok(());
             }
         };
+        // qperf prints 0 ns when not one round trip completed (a stranded message).
+        let mut r = r;
+        if r.latency_ns.is_some_and(|l| l <= 0.0) {
+            self.results.warnings.push(format!(
+                "{what}: tcp_lat completed no round trip in {secs} s; sample dropped"
+            ));
+            r.latency_ns = None;
+        }
         let wire = wire0.zip(wire1).map(|(a, b)| b.saturating_sub(a));
         let delta = stats0
             .zip(stats1)
             .map(|(a, b)| (b.0.saturating_sub(a.0), b.1.saturating_sub(a.1)));
         // A bypassed run puts only handshakes and ACK-less FINs on the wire; a default
         // run puts every payload byte there.
-        let payload = r.bw_bytes_per_sec * f64::from(secs);
+        let payload = r.bw_bytes_per_sec.unwrap_or(0.0) * f64::from(secs);
         if let Some(w) = wire {
             let w = w as f64;
             if path == Path::Bypass && w > 0.05 * payload && w > 1e6 {
@@ -414,6 +423,7 @@ impl Run<'_> {
             (Test::TcpLat, r.latency_ns),
             (Test::TcpBw, r.bw_bytes_per_sec),
         ] {
+            let Some(value) = value else { continue };
             self.results.samples.push(Sample {
                 rep,
                 placement: p.name.clone(),
@@ -427,9 +437,11 @@ impl Run<'_> {
             });
         }
         self.tick(&format!(
-            "{what}: lat {:.2} us, bw {:.1} MB/s",
-            r.latency_ns / 1e3,
-            r.bw_bytes_per_sec / 1e6
+            "{what}: lat {}, bw {}",
+            r.latency_ns
+                .map_or_else(|| "-".into(), |v| format!("{:.2} us", v / 1e3)),
+            r.bw_bytes_per_sec
+                .map_or_else(|| "-".into(), |v| format!("{:.1} MB/s", v / 1e6)),
         ));
         Ok(())
     }

@@ -5,7 +5,8 @@
 //!
 //! Data flow: [`driver`] runs the tools ([`qperf`], [`sockperf`], [`floor`]) and probes
 //! the agent ([`procfs`]) into a [`model::Results`]; [`report`] (pure) turns it into the
-//! table and the PASS/MISS targets, [`plot`] (pure) into SVG.
+//! table and the PASS/MISS targets, [`plot`] (pure) into SVG. [`wakeups`] is a research
+//! probe of small-message streams.
 
 // Unit tests may unwrap: a panic is their failure report.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
@@ -20,3 +21,4 @@ pub mod qperf;
 pub mod report;
 pub mod sockperf;
 pub mod stats;
+pub mod wakeups;

@@ -69,9 +69,12 @@ enum Cmd {
         /// Message sizes, comma-separated [default: 1,4,16,64,256,1024,4096,16384].
         #[arg(long, value_delimiter = ',')]
         sizes: Option<Vec<u32>>,
-        /// sockperf sizes, comma-separated; empty to skip sockperf [default: 64,16384].
+        /// sockperf sizes, comma-separated; 0 to skip sockperf [default: 64,16384].
         #[arg(long, value_delimiter = ',')]
         sockperf_sizes: Option<Vec<u32>>,
+        /// qperf tests, comma-separated [default: tcp_lat,tcp_bw].
+        #[arg(long, value_enum, value_delimiter = ',')]
+        tests: Option<Vec<TestArg>>,
         /// Skip the Unix-socket floor.
         #[arg(long)]
         no_floor: bool,
@@ -104,6 +107,41 @@ enum Cmd {
         #[arg(long)]
         server_cpu: usize,
     },
+    /// Research probe (root): TCP streams between the pods, bypass attached and
+    /// detached; sleeps (wake-ups) and CPU per message on each side.
+    Wakeups {
+        /// Message sizes, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,16,64,256,4096")]
+        sizes: Vec<u32>,
+        /// Seconds per stream.
+        #[arg(long, default_value_t = 1.0)]
+        secs: f64,
+        /// Repetitions.
+        #[arg(long, default_value_t = 3)]
+        reps: u32,
+        /// Placements.
+        #[arg(long, value_enum, default_value = "both")]
+        placement: Placements,
+        /// Also write the samples as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// The probe's receiver (started by `wakeups`).
+    StreamRecv {
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        #[arg(long)]
+        size: u32,
+    },
+    /// The probe's sender (started by `wakeups`).
+    StreamSend {
+        #[arg(long)]
+        connect: std::net::SocketAddr,
+        #[arg(long)]
+        size: u32,
+        #[arg(long)]
+        secs: f64,
+    },
     /// The floor's peer (started by `floor`, socket on stdin).
     FloorPeer {
         #[arg(long, value_enum)]
@@ -113,6 +151,14 @@ enum Cmd {
         #[arg(long)]
         cpu: usize,
     },
+}
+
+fn placements_of(p: Placements) -> Vec<Placement> {
+    match p {
+        Placements::Both => vec![Placement::cross_cpu(), Placement::same_cpu()],
+        Placements::Same => vec![Placement::same_cpu()],
+        Placements::Cross => vec![Placement::cross_cpu()],
+    }
 }
 
 fn main() -> ExitCode {
@@ -134,6 +180,7 @@ fn real_main() -> Result<()> {
             placement,
             sizes,
             sockperf_sizes,
+            tests,
             no_floor,
             out,
             raw,
@@ -142,15 +189,11 @@ fn real_main() -> Result<()> {
             if reps == 0 {
                 bail!("--reps must be at least 1");
             }
-            let placements = match placement.unwrap_or(if quick {
+            let placements = placements_of(placement.unwrap_or(if quick {
                 Placements::Cross
             } else {
                 Placements::Both
-            }) {
-                Placements::Both => vec![Placement::cross_cpu(), Placement::same_cpu()],
-                Placements::Same => vec![Placement::same_cpu()],
-                Placements::Cross => vec![Placement::cross_cpu()],
-            };
+            }));
             let config = Config {
                 quick,
                 reps,
@@ -165,6 +208,10 @@ fn real_main() -> Result<()> {
                     .filter(|&s| s > 0)
                     .collect(),
                 placements,
+                tests: tests.map_or_else(
+                    || vec![Test::TcpLat, Test::TcpBw],
+                    |t| t.into_iter().map(Test::from).collect(),
+                ),
                 idle_secs: if quick { 1.0 } else { 3.0 },
             };
             let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -209,5 +256,35 @@ fn real_main() -> Result<()> {
             Ok(())
         }
         Cmd::FloorPeer { test, size, cpu } => bench::floor::peer(test.into(), size, cpu),
+        Cmd::Wakeups {
+            sizes,
+            secs,
+            reps,
+            placement,
+            json,
+        } => {
+            let placements = placements_of(placement);
+            let samples = bench::wakeups::run(&sizes, &placements, secs, reps)?;
+            print!("{}", bench::wakeups::render(&samples, &placements, &sizes));
+            if let Some(path) = json {
+                std::fs::write(&path, serde_json::to_string_pretty(&samples)?)
+                    .with_context(|| format!("write {}", path.display()))?;
+            }
+            Ok(())
+        }
+        Cmd::StreamRecv { listen, size } => {
+            let r = bench::wakeups::recv(listen, size)?;
+            println!("{}", serde_json::to_string(&r)?);
+            Ok(())
+        }
+        Cmd::StreamSend {
+            connect,
+            size,
+            secs,
+        } => {
+            let r = bench::wakeups::send(connect, size, secs)?;
+            println!("{}", serde_json::to_string(&r)?);
+            Ok(())
+        }
     }
 }

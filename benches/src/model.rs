@@ -192,6 +192,9 @@ pub struct Config {
     pub sockperf_sizes: Vec<u32>,
     /// Placements measured.
     pub placements: Vec<Placement>,
+    /// qperf tests run (both unless narrowed for research).
+    #[serde(default = "both_tests")]
+    pub tests: Vec<Test>,
     /// Seconds the agent sat idle for the idle probe.
     pub idle_secs: f64,
 }
@@ -249,6 +252,10 @@ pub struct Results {
     /// Things that looked wrong during the run (a bypassed run that put bytes on the
     /// wire, a tool that failed once, ...).
     pub warnings: Vec<String>,
+}
+
+fn both_tests() -> Vec<Test> {
+    vec![Test::TcpLat, Test::TcpBw]
 }
 
 /// The current [`Results::schema`].

@@ -7,6 +7,8 @@ use std::{net::IpAddr, process::Command};
 
 use anyhow::{Result, anyhow, bail};
 
+use crate::model::Test;
+
 /// The server: `qperf --listen_port PORT`. It forks a child per client, which inherits
 /// the server's CPU affinity.
 pub fn server_command(port: u16) -> Command {
@@ -15,9 +17,9 @@ pub fn server_command(port: u16) -> Command {
     c
 }
 
-/// The client: both tests, `secs` seconds each, message size `size`, units unified
-/// (`-uu`: ns and bytes/sec), parameters echoed (`-vu`).
-pub fn client_command(server: IpAddr, port: u16, size: u32, secs: u32) -> Command {
+/// The client: `tests` (`tcp_lat`, `tcp_bw`), `secs` seconds each, message size `size`,
+/// units unified (`-uu`: ns and bytes/sec), parameters echoed (`-vu`).
+pub fn client_command(server: IpAddr, port: u16, size: u32, secs: u32, tests: &[Test]) -> Command {
     let mut c = Command::new("qperf");
     c.args([
         "--listen_port",
@@ -31,23 +33,22 @@ pub fn client_command(server: IpAddr, port: u16, size: u32, secs: u32) -> Comman
         "-uu",
         "-vu",
         &server.to_string(),
-        "tcp_lat",
-        "tcp_bw",
     ]);
+    c.args(tests.iter().map(|t| t.name()));
     c
 }
 
 /// The results of one client run.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct QperfResult {
     /// `tcp_lat` latency, ns.
-    pub latency_ns: f64,
+    pub latency_ns: Option<f64>,
     /// `tcp_bw` bandwidth, bytes/s.
-    pub bw_bytes_per_sec: f64,
+    pub bw_bytes_per_sec: Option<f64>,
 }
 
-/// Parses client output with a `tcp_lat:` and a `tcp_bw:` section.
-pub fn parse(out: &str) -> Result<QperfResult> {
+/// Parses client output with a section for each of `tests`.
+pub fn parse(out: &str, tests: &[Test]) -> Result<QperfResult> {
     let mut section = "";
     let (mut lat, mut bw) = (None, None);
     for line in out.lines() {
@@ -65,13 +66,15 @@ pub fn parse(out: &str) -> Result<QperfResult> {
             _ => {}
         }
     }
-    match (lat, bw) {
-        (Some(latency_ns), Some(bw_bytes_per_sec)) => Ok(QperfResult {
-            latency_ns,
-            bw_bytes_per_sec,
-        }),
-        _ => bail!("qperf output lacks tcp_lat latency or tcp_bw bw: {out:?}"),
+    if (tests.contains(&Test::TcpLat) && lat.is_none())
+        || (tests.contains(&Test::TcpBw) && bw.is_none())
+    {
+        bail!("qperf output lacks a result of {tests:?}: {out:?}");
     }
+    Ok(QperfResult {
+        latency_ns: lat,
+        bw_bytes_per_sec: bw,
+    })
 }
 
 fn number_and_unit(s: &str) -> Result<(f64, &str)> {
@@ -135,31 +138,50 @@ tcp_bw:
     msg_size  =          64 bytes
 ";
 
+    const BOTH: &[Test] = &[Test::TcpLat, Test::TcpBw];
+
     #[test]
     fn parses_unified_units() {
-        let r = parse(OUT).unwrap();
-        assert_eq!(r.latency_ns, 8649.0);
-        assert_eq!(r.bw_bytes_per_sec, 29_137_216.0);
+        let r = parse(OUT, BOTH).unwrap();
+        assert_eq!(r.latency_ns, Some(8649.0));
+        assert_eq!(r.bw_bytes_per_sec, Some(29_137_216.0));
+    }
+
+    #[test]
+    fn one_test_only() {
+        let r = parse("tcp_bw:\n bw = 5 bytes/sec\n", &[Test::TcpBw]).unwrap();
+        assert_eq!(r.latency_ns, None);
+        assert_eq!(r.bw_bytes_per_sec, Some(5.0));
     }
 
     #[test]
     fn parses_scaled_units() {
-        let r = parse("tcp_lat:\n latency = 8.5 us\ntcp_bw:\n bw = 2.5 Gb/sec\n").unwrap();
-        assert_eq!(r.latency_ns, 8500.0);
-        assert_eq!(r.bw_bytes_per_sec, 2.5e9 / 8.0);
+        let r = parse(
+            "tcp_lat:\n latency = 8.5 us\ntcp_bw:\n bw = 2.5 Gb/sec\n",
+            BOTH,
+        )
+        .unwrap();
+        assert_eq!(r.latency_ns, Some(8500.0));
+        assert_eq!(r.bw_bytes_per_sec, Some(2.5e9 / 8.0));
         assert_eq!(parse_rate("3 MB/sec").unwrap(), 3e6);
     }
 
     #[test]
     fn missing_or_bad_fails() {
-        assert!(parse("tcp_lat:\n latency = 1 ns\n").is_err());
-        assert!(parse("tcp_lat:\n latency = x ns\ntcp_bw:\n bw = 1 bytes/sec\n").is_err());
+        assert!(parse("tcp_lat:\n latency = 1 ns\n", BOTH).is_err());
+        assert!(
+            parse(
+                "tcp_lat:\n latency = x ns\ntcp_bw:\n bw = 1 bytes/sec\n",
+                BOTH
+            )
+            .is_err()
+        );
         assert!(parse_rate("5 bytes").is_err());
     }
 
     #[test]
     fn client_args() {
-        let c = client_command("10.0.0.2".parse().unwrap(), 19770, 64, 2);
+        let c = client_command("10.0.0.2".parse().unwrap(), 19770, 64, 2, BOTH);
         let a: Vec<_> = c
             .get_args()
             .map(|a| a.to_string_lossy().into_owned())

@@ -491,6 +491,7 @@ pub(crate) mod tests {
                 sizes: vec![64, 4096],
                 sockperf_sizes: vec![64],
                 placements: vec![Placement::cross_cpu()],
+                tests: vec![Test::TcpLat, Test::TcpBw],
                 idle_secs: 1.0,
             },
             env: Environment::default(),
