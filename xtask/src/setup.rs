@@ -1,6 +1,8 @@
 //! `cargo xtask setup`: installs what the project needs, only what is missing, and says
-//! what it did: the pinned toolchain, bpf-linker against its LLVM, the Debian packages.
+//! what it did: the pinned toolchain, bpf-linker against its LLVM, the Debian packages,
+//! and Go for the Kubernetes tests.
 
+mod go;
 mod linker;
 mod packages;
 mod toolchain;
@@ -16,13 +18,13 @@ use crate::workspace::{self, ToolchainSpec};
 pub enum Scope {
     /// Toolchain and bpf-linker: enough to build.
     Build,
-    /// Also the Debian packages that the tests, the demo and the benches run.
+    /// Also the Debian packages that the tests, the demo and the benches run, and Go.
     All,
 }
 
 /// The installed tools, for the tasks that run cargo.
 pub struct Tools {
-    /// Directories to put first on PATH (where bpf-linker is).
+    /// Directories to put first on PATH (where bpf-linker and go are).
     path_dirs: Vec<PathBuf>,
 }
 
@@ -45,13 +47,14 @@ pub fn ensure(scope: Scope) -> Result<Tools> {
     let mut done = Vec::new();
     let toolchain = toolchain::ensure(&spec, &mut done)?;
     let linker_dir = linker::ensure(&toolchain, &mut done)?;
+    let mut path_dirs = vec![linker_dir.clone()];
+    let mut checked = String::new();
     if scope == Scope::All {
         packages::ensure(&mut done)?;
+        let go_dir = go::ensure(&mut done)?;
+        checked = format!(", Debian packages, go in {}", go_dir.display());
+        path_dirs.push(go_dir);
     }
-    let checked = match scope {
-        Scope::Build => "",
-        Scope::All => ", Debian packages",
-    };
     let elapsed = started.elapsed().as_secs_f32();
     if done.is_empty() {
         println!(
@@ -67,7 +70,10 @@ pub fn ensure(scope: Scope) -> Result<Tools> {
             println!("  - {what}");
         }
     }
-    Ok(Tools {
-        path_dirs: vec![linker_dir],
-    })
+    // Our own in-process lookups (`kube_env` finds `go` on PATH) see the same tools as
+    // the cargo commands we start.
+    let path = workspace::prepend_path(&path_dirs)?;
+    // SAFETY: the xtask has one thread; nothing reads the environment concurrently.
+    unsafe { std::env::set_var("PATH", path) };
+    Ok(Tools { path_dirs })
 }

@@ -14,6 +14,9 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("sockperf", "TCP ping-pong latency in the bench"),
     ("procps", "sysctl, ps"),
     ("util-linux", "nsenter, unshare, mount"),
+    ("curl", "fetches Go from the module proxy when none is here"),
+    ("unzip", "unpacks that Go"),
+    ("ca-certificates", "HTTPS for those downloads"),
     (
         "openssl",
         "certificates of the Kubernetes tests' API server",
