@@ -1,11 +1,43 @@
 //! Unique resource names: every netns, bridge, veth, cgroup and pin directory this
-//! crate creates starts with [`PREFIX`] and carries a per-process tag, so parallel
-//! users (other tests, other engineers) never collide.
+//! crate creates starts with a prefix ([`PREFIX`] unless [`set_prefix`] chose another)
+//! and carries a per-process tag, so parallel users (other tests, other engineers)
+//! never collide.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{
+    OnceLock,
+    atomic::{AtomicU32, Ordering},
+};
 
-/// Prefix of everything we create.
+/// Default prefix of everything we create.
 pub const PREFIX: &str = "bt";
+
+static CHOSEN_PREFIX: OnceLock<String> = OnceLock::new();
+
+/// Uses `prefix` instead of [`PREFIX`] for every name made from now on (a tool that
+/// shares the machine under its own prefix, e.g. the bench). One to four lower-case
+/// letters or digits, so interface names stay within 15 characters. Only the first
+/// successful call counts.
+pub fn set_prefix(prefix: &str) -> Result<(), String> {
+    let valid = (1..=4).contains(&prefix.len())
+        && prefix
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    if !valid {
+        return Err(format!(
+            "prefix {prefix:?} must be 1 to 4 lower-case letters or digits"
+        ));
+    }
+    let chosen = CHOSEN_PREFIX.get_or_init(|| prefix.to_owned());
+    if chosen != prefix {
+        return Err(format!("the prefix is already {chosen:?}"));
+    }
+    Ok(())
+}
+
+/// The prefix in use.
+pub fn prefix() -> &'static str {
+    CHOSEN_PREFIX.get().map_or(PREFIX, String::as_str)
+}
 
 /// Interface names are at most this long (IFNAMSIZ - 1).
 pub const IFNAME_MAX: usize = 15;
@@ -38,14 +70,14 @@ pub fn unique_tag() -> String {
     )
 }
 
-/// `bt-<tag>-<what>`, for netns, cgroup and pin directory names (no length limit).
+/// `<prefix>-<tag>-<what>`, for netns, cgroup and pin directory names (no length limit).
 pub fn resource(tag: &str, what: &str) -> String {
-    format!("{PREFIX}-{tag}-{what}")
+    format!("{}-{tag}-{what}", prefix())
 }
 
-/// An interface name `bt<kind><tag>`, checked against [`IFNAME_MAX`].
+/// An interface name `<prefix><kind><tag>`, checked against [`IFNAME_MAX`].
 pub fn ifname(kind: &str, tag: &str) -> Result<String, String> {
-    let name = format!("{PREFIX}{kind}{tag}");
+    let name = format!("{}{kind}{tag}", prefix());
     if name.len() > IFNAME_MAX {
         return Err(format!("interface name {name} is longer than {IFNAME_MAX}"));
     }
@@ -73,5 +105,14 @@ mod tests {
         assert!(ifname("-br", &a).is_ok());
         assert!(ifname("-br", "123456789abc").is_err());
         assert_eq!(resource("t1", "a"), "bt-t1-a");
+    }
+
+    #[test]
+    fn prefix_is_checked() {
+        assert!(set_prefix("BB").is_err());
+        assert!(set_prefix("toolong").is_err());
+        assert!(set_prefix("").is_err());
+        // The default stays: no valid prefix was set in this test binary.
+        assert_eq!(prefix(), PREFIX);
     }
 }
