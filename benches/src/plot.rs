@@ -16,7 +16,7 @@ const MARGIN_L: f64 = 70.0;
 const MARGIN_R: f64 = 20.0;
 const MARGIN_T: f64 = 40.0;
 const MARGIN_B: f64 = 50.0;
-const LEGEND_H: f64 = 90.0;
+const LEGEND_H: f64 = 110.0;
 
 fn color(path: Path) -> &'static str {
     match path {
@@ -157,7 +157,8 @@ fn panel(o: &mut String, r: &Results, test: Test, x0: f64, title: &str, label: f
                 r#"<line x1="{}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="{stroke}"/>"#,
                 xa.p0, xa.p1
             );
-            if m == 1.0 {
+            // Few decades: label 2x and 5x too, or a one-decade axis has two labels.
+            if m == 1.0 || hi / lo <= 100.0 {
                 let _ = writeln!(
                     o,
                     r#"<text x="{}" y="{:.1}" font-size="11" text-anchor="end">{}</text>"#,
@@ -254,7 +255,7 @@ pub fn svg(r: &Results) -> String {
     );
     // Legend.
     let mut x = MARGIN_L;
-    let mut y = PANEL_H + 25.0;
+    let mut y = MARGIN_T + PANEL_H + 10.0;
     for (pi, p) in r.config.placements.iter().enumerate() {
         for path in [Path::Bypass, Path::Default, Path::Floor] {
             let name = match path {
