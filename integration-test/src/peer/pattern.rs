@@ -30,11 +30,14 @@ const fn splitmix64(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
-/// An endless byte sequence: xorshift64* words, little-endian, seeded by stream id
-/// and direction.
+/// An endless byte sequence of little-endian words, word `n` a hash of the seed
+/// (stream id and direction) and `n`. Counter-based, not a recurrence: consecutive
+/// words do not depend on each other, so generating runs at memory speed and never
+/// limits the throughput a test measures.
 #[derive(Clone, Debug)]
 pub struct Pattern {
-    state: u64,
+    seed: u64,
+    counter: u64,
     /// Bytes of the current word not yet handed out (`word >> 8*(8-left)` first).
     word: u64,
     left: u32,
@@ -49,25 +52,25 @@ impl Pattern {
         };
         let seed = splitmix64(stream.wrapping_mul(2).wrapping_add(d));
         Self {
-            // xorshift must not start at zero.
-            state: if seed == 0 {
-                0x2545_f491_4f6c_dd1d
-            } else {
-                seed
-            },
+            seed,
+            counter: 0,
             word: 0,
             left: 0,
         }
     }
 
     #[inline(always)]
+    fn word_at(seed: u64, n: u64) -> u64 {
+        let mut z = seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 32)).wrapping_mul(0xd6e8_feb8_6659_fd93);
+        z ^ (z >> 32)
+    }
+
+    #[inline(always)]
     fn next_word(&mut self) -> u64 {
-        let mut x = self.state;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.state = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        let w = Self::word_at(self.seed, self.counter);
+        self.counter += 1;
+        w
     }
 
     /// Fills `buf` with the next `buf.len()` bytes of the sequence.
@@ -82,9 +85,13 @@ impl Pattern {
         }
         let rest = &mut buf[i..];
         let mut chunks = rest.chunks_exact_mut(8);
+        let (seed, first) = (self.seed, self.counter);
+        let mut n = 0;
         for chunk in &mut chunks {
-            chunk.copy_from_slice(&self.next_word().to_le_bytes());
+            chunk.copy_from_slice(&Self::word_at(seed, first + n).to_le_bytes());
+            n += 1;
         }
+        self.counter = first + n;
         let tail = chunks.into_remainder();
         if !tail.is_empty() {
             let mut w = self.next_word();
