@@ -171,7 +171,12 @@ fn main() -> ExitCode {
     }
 }
 
+/// Our resource prefix on this machine: netns, bridge, veths, cgroups and pin
+/// directories of the bench are named `bb...`.
+const RESOURCE_PREFIX: &str = "bb";
+
 fn real_main() -> Result<()> {
+    testbed::names::set_prefix(RESOURCE_PREFIX).map_err(anyhow::Error::msg)?;
     match Cli::parse().command {
         Cmd::Run {
             quick,
