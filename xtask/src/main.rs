@@ -63,7 +63,10 @@ fn main() -> ExitCode {
         Task::KubeEnv { action } => {
             let dir = kube_env::default_dir(workspace::root());
             match action {
-                KubeEnvAction::Up => kube_env::up(&dir).map(|kc| println!("{}", kc.display())),
+                // Setup first: it finds or fetches the Go that builds the API server.
+                KubeEnvAction::Up => setup::ensure(setup::Scope::All)
+                    .and_then(|_| kube_env::up(&dir))
+                    .map(|kc| println!("{}", kc.display())),
                 KubeEnvAction::Down => kube_env::down(&dir),
             }
         }
