@@ -1,4 +1,5 @@
-//! Runs child processes: echoes each command line, and names the command in every failure.
+//! Runs child processes: echoes each command line (on stderr, like cargo, so a task's
+//! stdout carries only its result), and names the command in every failure.
 
 use std::{
     ffi::OsStr,
@@ -17,11 +18,23 @@ pub fn run(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// Runs `cmd` with its stdout sent to our stderr (installers: their chatter is progress,
+/// not a result); fails unless it exits with status 0.
+pub fn run_to_stderr(cmd: &mut Command) -> Result<()> {
+    cmd.stdout(std::io::stderr());
+    run(cmd)
+}
+
 /// Runs `cmd` with inherited stdio and returns its exit status, whatever it is.
 pub fn status(cmd: &mut Command) -> Result<ExitStatus> {
-    println!("+ {}", display(cmd));
+    echo(cmd);
     cmd.status()
         .with_context(|| format!("could not start `{}`", display(cmd)))
+}
+
+/// Prints `+ <command line>` on stderr.
+pub fn echo(cmd: &Command) {
+    eprintln!("+ {}", display(cmd));
 }
 
 /// Runs `cmd` quietly and returns its stdout; fails with its stderr unless it exits with 0.

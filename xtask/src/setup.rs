@@ -57,7 +57,7 @@ pub fn ensure(scope: Scope) -> Result<Tools> {
     }
     let elapsed = started.elapsed().as_secs_f32();
     if done.is_empty() {
-        println!(
+        eprintln!(
             "setup: nothing to do: toolchain {} ({}), bpf-linker {} in {}{checked} present ({elapsed:.1}s)",
             spec.channel,
             spec.components.join(", "),
@@ -65,9 +65,9 @@ pub fn ensure(scope: Scope) -> Result<Tools> {
             linker_dir.display(),
         );
     } else {
-        println!("setup: done ({elapsed:.0}s):");
+        eprintln!("setup: done ({elapsed:.0}s):");
         for what in &done {
-            println!("  - {what}");
+            eprintln!("  - {what}");
         }
     }
     // Our own in-process lookups (`kube_env` finds `go` on PATH) see the same tools as

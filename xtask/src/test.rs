@@ -63,7 +63,7 @@ pub fn run(args: &Args) -> Result<()> {
         if !status.success() {
             failures.push(format!("privileged tests: {status}"));
         } else if counts.passed == before.passed && counts.failed == before.failed {
-            println!("test: warning: no privileged test ran");
+            eprintln!("test: warning: no privileged test ran");
         }
     } else {
         failures.push(
@@ -102,7 +102,7 @@ fn is_ci() -> bool {
 /// Runs `cmd`, echoing its stdout as it comes and adding its `test result:` lines to
 /// `counts`.
 fn run_counting(cmd: &mut Command, counts: &mut Counts) -> Result<ExitStatus> {
-    println!("+ {}", cmd::display(cmd));
+    cmd::echo(cmd);
     let mut child = cmd
         .stdout(Stdio::piped())
         .spawn()

@@ -65,7 +65,7 @@ pub fn ensure(done: &mut Vec<String>) -> Result<PathBuf> {
     } else {
         too_old.join(", ")
     };
-    println!(
+    eprintln!(
         "setup: {why}; fetching Go {PINNED} from proxy.golang.org into {}",
         cached.display()
     );
@@ -137,7 +137,7 @@ fn fetch(dest: &Path) -> Result<()> {
     fs::create_dir_all(&work).with_context(|| format!("could not create {}", work.display()))?;
     let result = (|| {
         let zip = work.join("go.zip");
-        cmd::run(
+        cmd::run_to_stderr(
             Command::new("curl")
                 .args(["--proto", "=https", "-fsSL", "--retry", "3", "-o"])
                 .arg(&zip)
@@ -148,7 +148,7 @@ fn fetch(dest: &Path) -> Result<()> {
         if got != *sha256 {
             bail!("{url} has SHA-256 {got}, expected {sha256}");
         }
-        cmd::run(
+        cmd::run_to_stderr(
             Command::new("unzip")
                 .arg("-q")
                 .arg(&zip)

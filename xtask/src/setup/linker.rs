@@ -25,13 +25,13 @@ pub fn ensure(toolchain: &Toolchain, done: &mut Vec<String>) -> Result<PathBuf> 
     let Err(why) = check(&linker, &llvm) else {
         return Ok(bin_dir);
     };
-    println!(
+    eprintln!(
         "setup: bpf-linker at {}: {why}; building {VERSION} against {} (about a minute)",
         linker.display(),
         llvm.lib.display()
     );
     let prefix = llvm_prefix(&root, &llvm)?;
-    cmd::run(
+    cmd::run_to_stderr(
         Command::new("rustup")
             .args(["run", &toolchain.channel, "cargo", "install"])
             .arg(format!("bpf-linker@{VERSION}"))

@@ -43,7 +43,7 @@ pub fn ensure(done: &mut Vec<String>) -> Result<()> {
             missing.join(" ")
         );
     }
-    println!("setup: installing Debian packages {}", missing.join(" "));
+    eprintln!("setup: installing Debian packages {}", missing.join(" "));
     let apt = || {
         let mut cmd = Command::new("apt-get");
         // Other apt users (another engineer, unattended-upgrades) hold the lock briefly.
@@ -51,8 +51,8 @@ pub fn ensure(done: &mut Vec<String>) -> Result<()> {
             .args(["-o", "DPkg::Lock::Timeout=300", "-q"]);
         cmd
     };
-    cmd::run(apt().arg("update"))?;
-    cmd::run(
+    cmd::run_to_stderr(apt().arg("update"))?;
+    cmd::run_to_stderr(
         apt()
             .args(["install", "-y", "--no-install-recommends"])
             .args(&missing),

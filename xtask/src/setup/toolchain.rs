@@ -26,13 +26,13 @@ pub fn ensure(spec: &ToolchainSpec, done: &mut Vec<String>) -> Result<Toolchain>
     let channel = spec.channel.as_str();
     let list = || cmd::output(Command::new("rustup").args(["toolchain", "list"]));
     if installed_name(&list()?, channel).is_none() {
-        println!("setup: installing Rust toolchain {channel}");
+        eprintln!("setup: installing Rust toolchain {channel}");
         let mut install = Command::new("rustup");
         install.args(["toolchain", "install", channel, "--profile", "minimal"]);
         if !spec.components.is_empty() {
             install.args(["--component", &spec.components.join(",")]);
         }
-        cmd::run(&mut install)?;
+        cmd::run_to_stderr(&mut install)?;
         done.push(format!(
             "installed toolchain {channel} with {}",
             spec.components.join(", ")
@@ -53,11 +53,11 @@ pub fn ensure(spec: &ToolchainSpec, done: &mut Vec<String>) -> Result<Toolchain>
     ]))?;
     let missing = missing_components(&installed, &spec.components, host);
     if !missing.is_empty() {
-        println!(
+        eprintln!(
             "setup: adding {} to toolchain {channel}",
             missing.join(", ")
         );
-        cmd::run(
+        cmd::run_to_stderr(
             Command::new("rustup")
                 .args(["component", "add", "--toolchain", channel])
                 .args(&missing),
