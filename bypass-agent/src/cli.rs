@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use bypass_common::names::{DEFAULT_MAX_SOCKETS, DEFAULT_PIN_DIR};
+use bypass_common::names::{DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_SOCKETS, DEFAULT_PIN_DIR};
 use clap::{Args, Parser, Subcommand};
 
 use crate::cidr::PodCidr;
@@ -47,6 +47,13 @@ pub struct RunOpts {
     /// SockHash capacity in sockets (two per bypassed connection).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_SOCKETS)]
     pub max_sockets: u32,
+    /// Bytes one direction of a connection may have redirected that the peer has not
+    /// read yet (K, M suffixes); past it, that direction takes the normal TCP path (and
+    /// TCP's backpressure). 0 turns the bound off: a peer that stops reading then lets
+    /// the sender queue kernel memory without limit.
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_QUEUED_BYTES,
+        value_parser = parse_bytes)]
+    pub max_queued_bytes: u32,
     /// Load the embedded programs even if this build is already pinned (by default a
     /// restarted agent adopts them, keeping maps, counters and the attachment).
     #[arg(long)]
@@ -101,6 +108,27 @@ pub struct PinOpts {
     pub pin_dir: PathBuf,
 }
 
+/// A byte count below 4 GiB: digits with an optional K, M or G suffix (powers of 1024).
+pub fn parse_bytes(s: &str) -> Result<u32, String> {
+    let t = s.trim();
+    let end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(end);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("'{s}' is not a byte count: write e.g. 4194304, 512K or 4M"))?;
+    let shift = match unit.to_ascii_uppercase().as_str() {
+        "" => 0,
+        "K" | "KIB" => 10,
+        "M" | "MIB" => 20,
+        "G" | "GIB" => 30,
+        _ => return Err(format!("'{s}' has an unknown unit: use K, M or G")),
+    };
+    n.checked_shl(shift)
+        .filter(|v| v >> shift == n)
+        .and_then(|v| u32::try_from(v).ok())
+        .ok_or_else(|| format!("'{s}' is 4 GiB or more"))
+}
+
 /// Options of `status`.
 #[derive(Debug, Args)]
 pub struct StatusOpts {
@@ -109,4 +137,22 @@ pub struct StatusOpts {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_counts() {
+        assert_eq!(parse_bytes("4194304"), Ok(4 << 20));
+        assert_eq!(parse_bytes("512K"), Ok(512 << 10));
+        assert_eq!(parse_bytes("4M"), Ok(4 << 20));
+        assert_eq!(parse_bytes("0"), Ok(0));
+        assert!(parse_bytes("4G").is_err());
+        assert!(parse_bytes("3G").is_ok());
+        assert!(parse_bytes("1T").is_err());
+        assert!(parse_bytes("x").is_err());
+        assert!(parse_bytes("99999999999999999999").is_err());
+    }
 }

@@ -61,6 +61,7 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
         pin_dir: opts.pins.pin_dir,
         cgroup,
         max_sockets: opts.max_sockets,
+        max_queued_bytes: opts.max_queued_bytes,
         reset: opts.reset,
         detach_on_exit: opts.detach_on_exit,
     };

@@ -19,6 +19,11 @@ pub struct Report {
     pub attached: bool,
     /// Sockets in the SockHash now.
     pub sockets: usize,
+    /// Entries in the socket address map: one per socket in the SockHash, each removed
+    /// when its socket closes; null for a datapath pinned by a build without the map.
+    pub addr_entries: Option<usize>,
+    /// Bound, in bytes, on a peer's ingress queue (0: none).
+    pub max_queued_bytes: u32,
     /// Counters.
     #[serde(flatten)]
     pub counters: Counters,
@@ -43,6 +48,8 @@ pub fn read(layout: &PinLayout) -> Result<Report, AgentError> {
     Ok(Report {
         attached: view.link_pinned && view.control.enabled()?,
         sockets: crate::datapath::count_sockets(&view.sockets),
+        addr_entries: view.addrs.as_ref().map(crate::datapath::SockAddrs::len),
+        max_queued_bytes: view.control.max_queued()?,
         counters: view.stats.read()?,
         pod_cidrs: view
             .pod_maps
@@ -61,9 +68,11 @@ pub fn read(layout: &PinLayout) -> Result<Report, AgentError> {
 pub fn render_text(r: &Report) -> String {
     let c = &r.counters;
     let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
-    let rows: [(&str, String); 15] = [
+    let rows: [(&str, String); 19] = [
         ("attached", r.attached.to_string()),
         ("sockets", r.sockets.to_string()),
+        ("addr_entries", opt(r.addr_entries.map(|n| n.to_string()))),
+        ("max_queued_bytes", r.max_queued_bytes.to_string()),
         ("sockets_inserted", c.sockets_inserted.to_string()),
         ("sockets_skipped", c.sockets_skipped.to_string()),
         ("insert_failures", c.insert_failures.to_string()),
@@ -71,6 +80,8 @@ pub fn render_text(r: &Report) -> String {
         ("redirected_bytes", c.redirected_bytes.to_string()),
         ("passed_messages", c.passed_messages.to_string()),
         ("passed_bytes", c.passed_bytes.to_string()),
+        ("queue_limited", c.queue_limited.to_string()),
+        ("resumed", c.resumed.to_string()),
         ("pod_cidrs", r.pod_cidrs.join(", ")),
         (
             "pod_addresses",
@@ -120,6 +131,8 @@ mod tests {
         Report {
             attached: true,
             sockets: 4,
+            addr_entries: Some(4),
+            max_queued_bytes: 4 << 20,
             counters: Counters {
                 redirected_bytes: 1024,
                 ..Default::default()

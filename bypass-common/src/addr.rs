@@ -53,7 +53,11 @@ pub fn ip_from_key(key: IpKey) -> core::net::IpAddr {
 
 /// Prefix length in the trie for a CIDR of `prefix` bits in its own family.
 pub const fn trie_prefix_len(is_v4: bool, prefix: u8) -> u32 {
-    if is_v4 { 96 + prefix as u32 } else { prefix as u32 }
+    if is_v4 {
+        96 + prefix as u32
+    } else {
+        prefix as u32
+    }
 }
 
 /// The bytes of a key as they sit in memory (the LPM trie matches on bytes).

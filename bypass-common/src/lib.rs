@@ -7,11 +7,15 @@
 
 pub mod addr;
 pub mod key;
+pub mod layout;
 pub mod names;
+pub mod state;
 pub mod stats;
 
 pub use addr::{IpKey, ip_key, mapped_v4};
 pub use key::SockKey;
+pub use layout::KernelLayout;
+pub use state::SockState;
 pub use stats::Stat;
 
 /// Slots of the control array [`names::MAP_CONTROL`] (`Array<u32>`).
@@ -31,8 +35,25 @@ pub mod control {
     pub const SLOT_CGROUP_HI: u32 = 4;
     /// Free for the agent's own state (e.g. why the bypass is on or off).
     pub const SLOT_AGENT_STATE: u32 = 5;
+    /// Bound, in bytes, on the peer's ingress queue (redirected bytes its application
+    /// has not read): a send that would pass it takes the TCP path (and TCP's
+    /// backpressure) until the peer has read everything. 0: no bound. The kernel charges
+    /// that queue to no socket buffer limit (net/ipv4/tcp_bpf.c, bpf_tcp_ingress), so
+    /// without a bound a reader that stops reading lets its peer queue memory without
+    /// limit.
+    pub const SLOT_MAX_QUEUED: u32 = 6;
+    /// [`crate::KernelLayout::sk_user_data`].
+    pub const SLOT_OFF_SK_USER_DATA: u32 = 8;
+    /// [`crate::KernelLayout::sk_write_pending`].
+    pub const SLOT_OFF_SK_WRITE_PENDING: u32 = 9;
+    /// [`crate::KernelLayout::psock_msg_tot_len`].
+    pub const SLOT_OFF_PSOCK_MSG_TOT_LEN: u32 = 10;
+    /// [`crate::KernelLayout::tcp_copied_seq`].
+    pub const SLOT_OFF_TCP_COPIED_SEQ: u32 = 11;
+    /// [`crate::KernelLayout::tcp_write_seq`].
+    pub const SLOT_OFF_TCP_WRITE_SEQ: u32 = 12;
     /// Number of slots.
-    pub const SLOTS: u32 = 8;
+    pub const SLOTS: u32 = 16;
 
     /// Value of [`SLOT_ENABLED`]: redirects allowed.
     pub const ENABLED: u32 = 1;
@@ -42,14 +63,17 @@ pub mod control {
 
 /// Per-socket transmit mode kept in socket-local storage by the sk_msg program.
 ///
-/// A direction of a connection may switch from redirect to the TCP path (the peer's
-/// queued bytes are read before anything that arrives by TCP), never the other way:
-/// a byte redirected after one sent by TCP could overtake it.
+/// A direction of a connection may switch from redirect to the TCP path at any time
+/// (the peer reads its queued redirected bytes before anything that arrives by TCP,
+/// net/ipv4/tcp_bpf.c, tcp_bpf_recvmsg). Back from TCP to redirect only once the peer
+/// has read every byte sent by TCP ([`crate::state::caught_up`]): a byte redirected
+/// earlier would overtake them.
 pub mod tx_mode {
     /// No message sent yet.
     pub const UNDECIDED: u32 = 0;
     /// Messages are redirected to the peer socket.
     pub const REDIRECT: u32 = 1;
-    /// At least one message took the TCP path; this socket stays there.
+    /// The last message took the TCP path; the next redirects only once the peer has
+    /// read everything sent by TCP.
     pub const TCP: u32 = 2;
 }

@@ -11,14 +11,18 @@ pub const MAP_POD_ADDRS: &str = "BYPASS_POD_ADDRS";
 pub const MAP_STATS: &str = "BYPASS_STATS";
 /// `Array<u32>` of [`crate::control::SLOTS`] control words.
 pub const MAP_CONTROL: &str = "BYPASS_CONTROL";
-/// Socket-local storage holding each socket's [`crate::tx_mode`].
-pub const MAP_TX_MODE: &str = "BYPASS_TX_MODE";
+/// Socket-local storage holding each inserted socket's [`crate::SockState`].
+pub const MAP_SOCK_STATE: &str = "BYPASS_SOCK_STATE";
+/// Hash of each inserted socket's kernel address ([`crate::SockKey`] → `u64`), where
+/// its peer's sk_msg program reads how much it has queued and read: one entry per socket
+/// in [`MAP_SOCKETS`], created with it and removed when the socket closes. Its capacity
+/// follows the SockHash's.
+pub const MAP_SOCK_ADDRS: &str = "BYPASS_SOCK_ADDRS";
 
 /// The sock_ops program: inserts eligible established sockets.
 pub const PROG_SOCKOPS: &str = "bypass_sockops";
 /// The sk_msg program: redirects each send to the peer socket.
 pub const PROG_SKMSG: &str = "bypass_skmsg";
-
 
 /// Default pin directory on bpffs.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/bypass";
@@ -37,3 +41,5 @@ pub const DEFAULT_MAX_SOCKETS: u32 = 65_536;
 pub const DEFAULT_MAX_CIDRS: u32 = 1_024;
 /// Default capacity of the exact pod address map.
 pub const DEFAULT_MAX_ADDRS: u32 = 16_384;
+/// Default bound on a peer's ingress queue ([`crate::control::SLOT_MAX_QUEUED`]).
+pub const DEFAULT_MAX_QUEUED_BYTES: u32 = 64 << 20;

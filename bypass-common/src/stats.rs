@@ -18,10 +18,16 @@ pub enum Stat {
     PassedBytes = 5,
     /// Established sockets skipped because an end is not a pod address.
     SocketsSkipped = 6,
+    /// Times a socket's sends moved to the TCP path because its peer's ingress queue
+    /// would have passed [`crate::control::SLOT_MAX_QUEUED`].
+    QueueLimited = 7,
+    /// Times a socket's sends moved back from the TCP path to redirects, its peer having
+    /// read everything sent by TCP.
+    Resumed = 8,
 }
 
 /// Number of slots; the array is created with this many entries.
-pub const STAT_SLOTS: u32 = 7;
+pub const STAT_SLOTS: u32 = 9;
 
 impl Stat {
     /// Every slot, in index order.
@@ -33,6 +39,8 @@ impl Stat {
         Stat::PassedMessages,
         Stat::PassedBytes,
         Stat::SocketsSkipped,
+        Stat::QueueLimited,
+        Stat::Resumed,
     ];
 
     /// The array index.
@@ -50,6 +58,8 @@ impl Stat {
             Stat::PassedMessages => "passed_messages",
             Stat::PassedBytes => "passed_bytes",
             Stat::SocketsSkipped => "sockets_skipped",
+            Stat::QueueLimited => "queue_limited",
+            Stat::Resumed => "resumed",
         }
     }
 }

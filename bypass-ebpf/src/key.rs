@@ -1,5 +1,5 @@
-//! Building a `SockKey` from the two kernel contexts, which expose the same address
-//! fields under the same names.
+//! Building a `SockKey` from a kernel context. sock_ops builds it once, at insertion,
+//! and keeps it in the socket's storage; sk_msg and the read counter use that copy.
 //!
 //! Every context field is read with a volatile load straight from the context pointer:
 //! the verifier rejects a load through a context pointer the compiler has offset and
@@ -7,13 +7,14 @@
 
 use core::ptr::{addr_of, read_volatile};
 
-use aya_ebpf::bindings::{bpf_sock_ops, sk_msg_md};
+use aya_ebpf::bindings::bpf_sock_ops;
 use bypass_common::{SockKey, key::remote_port_from_ctx, mapped_v4};
 
 const AF_INET: u32 = 2;
 const AF_INET6: u32 = 10;
 
-/// Reads the key fields of a context type. Every field is loaded before any branch:
+/// Reads the key fields of a context type (`bpf_sock_ops` and `sk_msg_md` name them
+/// alike). Every field is loaded before any branch:
 /// loads in two arms of a `match` get merged by LLVM into one load through a computed
 /// context pointer, which the verifier refuses.
 macro_rules! key_from_ctx {
@@ -61,10 +62,4 @@ macro_rules! key_from_ctx {
 #[inline(always)]
 pub(crate) fn from_sock_ops(ops: *const bpf_sock_ops) -> Option<SockKey> {
     key_from_ctx!(ops)
-}
-
-/// The sending socket's own key from an sk_msg context, or `None` for another family.
-#[inline(always)]
-pub(crate) fn from_sk_msg(msg: *const sk_msg_md) -> Option<SockKey> {
-    key_from_ctx!(msg)
 }

@@ -1,9 +1,11 @@
 //! The bypass kernel object: `sockops` inserts each established socket whose two ends
 //! are pod addresses into the SockHash, `skmsg` redirects each send to the peer socket's
-//! ingress queue or lets it take the normal TCP path.
+//! ingress queue or lets it take the normal TCP path (bounding that queue), `kernel`
+//! reads the few kernel fields that decision needs.
 #![no_std]
 #![no_main]
 
+mod kernel;
 mod key;
 mod maps;
 mod skmsg;

@@ -5,7 +5,7 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use bypass_common::{
-    IpKey, SockKey, control,
+    IpKey, SockKey, SockState, control,
     names::{DEFAULT_MAX_ADDRS, DEFAULT_MAX_CIDRS, DEFAULT_MAX_SOCKETS},
     stats::STAT_SLOTS,
 };
@@ -33,9 +33,16 @@ pub(crate) static BYPASS_STATS: PerCpuArray<u64, { STAT_SLOTS as usize }> = PerC
 #[btf_map]
 pub(crate) static BYPASS_CONTROL: Array<u32, { control::SLOTS as usize }> = Array::new();
 
-/// Each inserted socket's `tx_mode`, freed with the socket.
+/// Each inserted socket's state (own key, `tx_mode`, kernel address), freed with the
+/// socket.
 #[btf_map]
-pub(crate) static BYPASS_TX_MODE: SkStorage<u32> = SkStorage::new();
+pub(crate) static BYPASS_SOCK_STATE: SkStorage<SockState> = SkStorage::new();
+
+/// Each inserted socket's kernel address, by its key, for its peer to read through.
+/// Sized like the SockHash (the agent resizes both): one entry per inserted socket.
+#[btf_map]
+pub(crate) static BYPASS_SOCK_ADDRS: HashMap<SockKey, u64, { DEFAULT_MAX_SOCKETS as usize }> =
+    HashMap::new();
 
 /// Address of a BTF map definition, as the helpers take it.
 #[inline(always)]

@@ -52,11 +52,12 @@ fn unescape(s: &str) -> String {
 /// Where cgroup2 is mounted on this machine (`/sys/fs/cgroup` on unified hosts,
 /// `/sys/fs/cgroup/unified` on hybrid ones).
 pub fn find_cgroup2_mount() -> Result<PathBuf, AgentError> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").map_err(|source| AgentError::Io {
-        action: "read",
-        path: "/proc/self/mountinfo".into(),
-        source,
-    })?;
+    let text =
+        std::fs::read_to_string("/proc/self/mountinfo").map_err(|source| AgentError::Io {
+            action: "read",
+            path: "/proc/self/mountinfo".into(),
+            source,
+        })?;
     find_mount(&text, "cgroup2").ok_or(AgentError::NoCgroup2Mount)
 }
 
@@ -99,7 +100,11 @@ pub fn open_cgroup2_dir(path: &Path) -> Result<File, AgentError> {
     if magic != CGROUP2_SUPER_MAGIC || !path.is_dir() {
         return Err(AgentError::NotCgroup2 {
             path: path.to_path_buf(),
-            found: if path.is_dir() { fs_name(magic) } else { "non-directory" },
+            found: if path.is_dir() {
+                fs_name(magic)
+            } else {
+                "non-directory"
+            },
         });
     }
     File::open(path).map_err(|source| AgentError::Io {
@@ -170,13 +175,19 @@ mod tests {
             find_mount(HYBRID, "cgroup2"),
             Some(PathBuf::from("/sys/fs/cgroup/unified"))
         );
-        assert_eq!(find_mount(HYBRID, "bpf"), Some(PathBuf::from("/sys/fs/bpf")));
+        assert_eq!(
+            find_mount(HYBRID, "bpf"),
+            Some(PathBuf::from("/sys/fs/bpf"))
+        );
     }
 
     #[test]
     fn finds_unified_and_none() {
         let unified = "29 23 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw\n";
-        assert_eq!(find_mount(unified, "cgroup2"), Some(PathBuf::from("/sys/fs/cgroup")));
+        assert_eq!(
+            find_mount(unified, "cgroup2"),
+            Some(PathBuf::from("/sys/fs/cgroup"))
+        );
         let v1_only = "35 33 0:30 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n";
         assert_eq!(find_mount(v1_only, "cgroup2"), None);
         assert_eq!(find_mount("garbage line\n\n", "cgroup2"), None);
@@ -185,18 +196,28 @@ mod tests {
     #[test]
     fn unescapes_spaces() {
         let line = "34 33 0:29 / /mnt/my\\040cgroup rw - cgroup2 cgroup2 rw\n";
-        assert_eq!(find_mount(line, "cgroup2"), Some(PathBuf::from("/mnt/my cgroup")));
+        assert_eq!(
+            find_mount(line, "cgroup2"),
+            Some(PathBuf::from("/mnt/my cgroup"))
+        );
     }
 
     #[test]
     fn missing_cgroup_path_is_named() {
-        let err = open_cgroup2_dir(Path::new("/nonexistent/cg")).unwrap_err().to_string();
-        assert!(err.contains("/nonexistent/cg") && err.contains("--cgroup"), "{err}");
+        let err = open_cgroup2_dir(Path::new("/nonexistent/cg"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("/nonexistent/cg") && err.contains("--cgroup"),
+            "{err}"
+        );
     }
 
     #[test]
     fn non_cgroup_path_is_named() {
-        let err = open_cgroup2_dir(Path::new("/proc")).unwrap_err().to_string();
+        let err = open_cgroup2_dir(Path::new("/proc"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("not a cgroup v2 directory"), "{err}");
     }
 }

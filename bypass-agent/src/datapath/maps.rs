@@ -8,7 +8,7 @@ use aya::maps::{
     lpm_trie::{Key, LpmTrie},
 };
 use bypass_common::{
-    IpKey, SockKey, Stat, addr::ip_from_key, control, ip_key, names,
+    IpKey, KernelLayout, SockKey, Stat, addr::ip_from_key, control, ip_key, names,
 };
 use serde::Serialize;
 
@@ -37,9 +37,12 @@ impl PodMaps {
     /// Adds a pod CIDR.
     pub fn insert_cidr(&mut self, cidr: &PodCidr) -> Result<(), AgentError> {
         let (len, bytes) = cidr.trie_key();
-        self.cidrs
-            .insert(&Key::new(len, bytes), 1, 0)
-            .map_err(|e| AgentError::bpf(format!("add pod CIDR {cidr} to {}", names::MAP_POD_CIDRS), &e))
+        self.cidrs.insert(&Key::new(len, bytes), 1, 0).map_err(|e| {
+            AgentError::bpf(
+                format!("add pod CIDR {cidr} to {}", names::MAP_POD_CIDRS),
+                &e,
+            )
+        })
     }
 
     /// Removes a pod CIDR.
@@ -52,9 +55,12 @@ impl PodMaps {
 
     /// Adds a pod address.
     pub fn insert_addr(&mut self, ip: IpAddr) -> Result<(), AgentError> {
-        self.addrs
-            .insert(ip_key(ip), 1, 0)
-            .map_err(|e| AgentError::bpf(format!("add pod address {ip} to {}", names::MAP_POD_ADDRS), &e))
+        self.addrs.insert(ip_key(ip), 1, 0).map_err(|e| {
+            AgentError::bpf(
+                format!("add pod address {ip} to {}", names::MAP_POD_ADDRS),
+                &e,
+            )
+        })
     }
 
     /// Removes a pod address.
@@ -75,7 +81,11 @@ impl PodMaps {
 
     /// The exact addresses in the map now.
     pub fn addrs(&self) -> BTreeSet<IpAddr> {
-        self.addrs.keys().filter_map(Result::ok).map(ip_from_key).collect()
+        self.addrs
+            .keys()
+            .filter_map(Result::ok)
+            .map(ip_from_key)
+            .collect()
     }
 }
 
@@ -104,6 +114,10 @@ pub struct Counters {
     pub passed_bytes: u64,
     /// Established sockets that were not pod-to-pod.
     pub sockets_skipped: u64,
+    /// Times a socket moved to the TCP path because its peer's queue was full.
+    pub queue_limited: u64,
+    /// Times a socket moved back to redirects, its peer having read everything.
+    pub resumed: u64,
 }
 
 impl Counters {
@@ -116,6 +130,8 @@ impl Counters {
             Stat::PassedMessages => self.passed_messages = v,
             Stat::PassedBytes => self.passed_bytes = v,
             Stat::SocketsSkipped => self.sockets_skipped = v,
+            Stat::QueueLimited => self.queue_limited = v,
+            Stat::Resumed => self.resumed = v,
         }
     }
 }
@@ -185,7 +201,11 @@ impl Control {
 
     /// Allows or stops redirects.
     pub fn set_enabled(&mut self, on: bool) -> Result<(), AgentError> {
-        let v = if on { control::ENABLED } else { control::DISABLED };
+        let v = if on {
+            control::ENABLED
+        } else {
+            control::DISABLED
+        };
         self.set(control::SLOT_ENABLED, v)
     }
 
@@ -206,6 +226,25 @@ impl Control {
             object: self.get64(control::SLOT_OBJECT_LO, control::SLOT_OBJECT_HI)?,
             cgroup: self.get64(control::SLOT_CGROUP_LO, control::SLOT_CGROUP_HI)?,
         })
+    }
+
+    /// Sets the bound on a peer's ingress queue (0: none).
+    pub fn set_max_queued(&mut self, bytes: u32) -> Result<(), AgentError> {
+        self.set(control::SLOT_MAX_QUEUED, bytes)
+    }
+
+    /// The bound on a peer's ingress queue (0: none).
+    pub fn max_queued(&self) -> Result<u32, AgentError> {
+        self.get(control::SLOT_MAX_QUEUED)
+    }
+
+    /// Records where the kernel fields sk_msg reads are.
+    pub fn set_layout(&mut self, l: &KernelLayout) -> Result<(), AgentError> {
+        self.set(control::SLOT_OFF_SK_USER_DATA, l.sk_user_data)?;
+        self.set(control::SLOT_OFF_SK_WRITE_PENDING, l.sk_write_pending)?;
+        self.set(control::SLOT_OFF_PSOCK_MSG_TOT_LEN, l.psock_msg_tot_len)?;
+        self.set(control::SLOT_OFF_TCP_COPIED_SEQ, l.tcp_copied_seq)?;
+        self.set(control::SLOT_OFF_TCP_WRITE_SEQ, l.tcp_write_seq)
     }
 
     /// The agent's own state word.
@@ -233,6 +272,53 @@ pub fn count_keys(map: &SockHash<MapData, SockKey>) -> usize {
     map.keys().filter(Result::is_ok).count()
 }
 
+/// The socket address map: where each inserted socket's peer reads its queue.
+pub struct SockAddrs(HashMap<MapData, SockKey, u64>);
+
+impl SockAddrs {
+    /// Wraps the map.
+    pub fn new(map: Map) -> Result<Self, AgentError> {
+        Ok(Self(
+            HashMap::try_from(map).map_err(|e| open_err(names::MAP_SOCK_ADDRS, &e))?,
+        ))
+    }
+
+    /// Number of entries (one per inserted socket that has not closed).
+    pub fn len(&self) -> usize {
+        self.0.keys().filter(Result::is_ok).count()
+    }
+
+    /// Removes the entries of sockets that are no longer in the SockHash: they closed
+    /// while sock_ops was detached, so no state callback removed them. Only safe while
+    /// sock_ops is detached (an insert adds the entry just before the socket).
+    /// Returns how many went.
+    pub fn sweep(&mut self, sockets: &SockHash<MapData, SockKey>) -> Result<usize, AgentError> {
+        let keys: Vec<SockKey> = self.0.keys().filter_map(Result::ok).collect();
+        // A userspace lookup in a SockHash with 4-byte values fails (net/core/sock_map.c,
+        // sock_map_lookup_sys wants 8): compare against its keys instead.
+        let alive: std::collections::HashSet<SockKey> =
+            sockets.keys().filter_map(Result::ok).collect();
+        let stale = stale_keys(&keys, |k| alive.contains(k));
+        for key in &stale {
+            match self.0.remove(key) {
+                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(e) => {
+                    return Err(AgentError::bpf(
+                        format!("sweep {}", names::MAP_SOCK_ADDRS),
+                        &e,
+                    ));
+                }
+            }
+        }
+        Ok(stale.len())
+    }
+}
+
+/// The keys whose socket is gone, in the order given.
+pub fn stale_keys(keys: &[SockKey], alive: impl Fn(&SockKey) -> bool) -> Vec<SockKey> {
+    keys.iter().copied().filter(|k| !alive(k)).collect()
+}
+
 /// Opens the map `name` from its pin.
 pub fn open_pinned(layout: &PinLayout, name: &str) -> Result<Map, AgentError> {
     let data = MapData::from_pin(layout.map(name)).map_err(|e| open_err(name, &e))?;
@@ -249,6 +335,8 @@ pub struct PinnedView {
     pub control: Control,
     /// The SockHash.
     pub sockets: SockHash<MapData, SockKey>,
+    /// The socket address map (absent in a datapath pinned by an older build).
+    pub addrs: Option<SockAddrs>,
     /// Whether the sock_ops link is pinned and alive.
     pub link_pinned: bool,
 }
@@ -268,6 +356,10 @@ impl PinnedView {
             control: Control::new(open(names::MAP_CONTROL)?)?,
             sockets: SockHash::try_from(open(names::MAP_SOCKETS)?)
                 .map_err(|e| open_err(names::MAP_SOCKETS, &e))?,
+            addrs: match layout.map(names::MAP_SOCK_ADDRS).exists() {
+                true => Some(SockAddrs::new(open(names::MAP_SOCK_ADDRS)?)?),
+                false => None,
+            },
             link_pinned: aya::programs::links::PinnedLink::from_pin(
                 layout.link(names::PIN_LINK_SOCKOPS),
             )
@@ -279,6 +371,20 @@ impl PinnedView {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stale_keys_are_those_gone() {
+        let k = |p| SockKey {
+            local_port: p,
+            ..SockKey::default()
+        };
+        let keys = [k(1), k(2), k(3)];
+        assert_eq!(
+            stale_keys(&keys, |key| key.local_port == 2),
+            vec![k(1), k(3)]
+        );
+        assert!(stale_keys(&keys, |_| true).is_empty());
+    }
 
     #[test]
     fn trie_keys_round_trip() {

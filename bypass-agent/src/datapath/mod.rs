@@ -2,6 +2,7 @@
 //! one, attach and detach, and typed views over the maps. Nothing here decides *what*
 //! goes into the address maps; callers do.
 
+mod btf;
 mod fs;
 mod lock;
 mod maps;
@@ -19,14 +20,14 @@ use aya::{
     },
 };
 use bypass_common::{
-    SockKey,
+    KernelLayout, SockKey,
     names::{
-        MAP_CONTROL, MAP_POD_ADDRS, MAP_POD_CIDRS, MAP_SOCKETS, MAP_STATS, PIN_LINK_SOCKOPS,
-        PROG_SKMSG, PROG_SOCKOPS,
+        MAP_CONTROL, MAP_POD_ADDRS, MAP_POD_CIDRS, MAP_SOCK_ADDRS, MAP_SOCKETS, MAP_STATS,
+        PIN_LINK_SOCKOPS, PROG_SKMSG, PROG_SOCKOPS,
     },
 };
 pub use fs::find_cgroup2_mount;
-pub use maps::{Counters, Identity, PinnedView, PodMaps, count_keys as count_sockets};
+pub use maps::{Counters, Identity, PinnedView, PodMaps, SockAddrs, count_keys as count_sockets};
 pub use pins::{PinLayout, uninstall};
 use tracing::{info, warn};
 
@@ -39,8 +40,11 @@ pub struct Config {
     pub pin_dir: PathBuf,
     /// cgroup v2 directory for sock_ops.
     pub cgroup: PathBuf,
-    /// SockHash capacity.
+    /// SockHash capacity (the socket address map gets the same).
     pub max_sockets: u32,
+    /// Bound on a peer's ingress queue (bytes redirected to it and not read yet) past
+    /// which sends take the TCP path until the peer has read everything; 0: no bound.
+    pub max_queued_bytes: u32,
     /// Reload even when the pinned datapath is this build (drops nothing: sockets in
     /// the old map keep it until they close).
     pub reset: bool,
@@ -67,6 +71,7 @@ pub enum Origin {
 pub struct Datapath {
     // Field order is drop order.
     sockops_link: Option<PinnedLink>,
+    addrs: Option<SockAddrs>,
     pod_maps: PodMaps,
     control: maps::Control,
     stats: maps::Stats,
@@ -114,13 +119,17 @@ impl Datapath {
                     "released a pinned datapath of another build, cgroup or an interrupted start; \
                      its connections keep it until they close");
             }
-            if pinned { Origin::Replaced } else { Origin::Fresh }
+            if pinned {
+                Origin::Replaced
+            } else {
+                Origin::Fresh
+            }
         };
 
         let ebpf = if adopt {
             None
         } else {
-            Some(load_fresh(&pins, config.max_sockets, identity)?)
+            Some(load_fresh(&pins, config, identity)?)
         };
         let guard = pins::PinGuard::new(pins.clone(), !adopt);
         let sockets: SockHash<MapData, SockKey> =
@@ -131,7 +140,24 @@ impl Datapath {
             maps::open_pinned(&pins, MAP_POD_ADDRS)?,
         )?;
         let stats = maps::Stats::new(maps::open_pinned(&pins, MAP_STATS)?)?;
-        let control = maps::Control::new(maps::open_pinned(&pins, MAP_CONTROL)?)?;
+        let mut control = maps::Control::new(maps::open_pinned(&pins, MAP_CONTROL)?)?;
+        let addrs = SockAddrs::new(maps::open_pinned(&pins, MAP_SOCK_ADDRS)?)?;
+        // Every start (adopting too) writes this kernel's layout and the bound asked for.
+        let layout = kernel_layout();
+        control.set_layout(&layout)?;
+        let max_queued = if layout.can_bound() {
+            config.max_queued_bytes
+        } else {
+            if config.max_queued_bytes != 0 {
+                warn!(
+                    max_queued_bytes = config.max_queued_bytes,
+                    "this kernel's sockmap does not expose its queue length (sk_psock.msg_tot_len): \
+                     no bound on queued bytes; a peer that stops reading lets its sender queue memory"
+                );
+            }
+            0
+        };
+        control.set_max_queued(max_queued)?;
         let sockops = SockOps::from_pin(pins.prog(PROG_SOCKOPS))
             .map_err(|e| AgentError::bpf(format!("open pinned program {PROG_SOCKOPS}"), &e))?;
         let sockops_link = if adopt {
@@ -141,9 +167,10 @@ impl Datapath {
         };
         guard.disarm();
         info!(pin_dir = %config.pin_dir.display(), ?origin, attached = sockops_link.is_some(),
-            max_sockets = config.max_sockets, "datapath ready");
+            max_sockets = config.max_sockets, max_queued_bytes = max_queued, "datapath ready");
         Ok(Self {
             sockops_link,
+            addrs: Some(addrs),
             pod_maps,
             control,
             stats,
@@ -165,6 +192,16 @@ impl Datapath {
         self.control.set_enabled(true)?;
         if self.sockops_link.is_some() {
             return Ok(());
+        }
+        // Sockets that closed while sock_ops was detached left their address entries.
+        if let Some(addrs) = &mut self.addrs {
+            let swept = addrs.sweep(&self.sockets)?;
+            if swept > 0 {
+                info!(
+                    swept,
+                    "removed address entries of sockets that closed while detached"
+                );
+            }
         }
         let cgroup = &self.cgroup_path;
         // On kernels >= 5.7 this is a bpf_link, which the kernel always attaches in
@@ -276,15 +313,22 @@ fn pinned_identity(pins: &PinLayout) -> Option<Identity> {
 
 /// Loads the embedded object, attaches sk_msg to the SockHash, pins maps and programs
 /// and records the identity. Removes what it pinned if any step fails.
-fn load_fresh(pins: &PinLayout, max_sockets: u32, identity: Identity) -> Result<Ebpf, AgentError> {
+fn load_fresh(pins: &PinLayout, config: &Config, identity: Identity) -> Result<Ebpf, AgentError> {
     raise_memlock();
     let mut ebpf = EbpfLoader::new()
-        .map_max_entries(MAP_SOCKETS, max_sockets)
+        .map_max_entries(MAP_SOCKETS, config.max_sockets)
+        .map_max_entries(MAP_SOCK_ADDRS, config.max_sockets)
         .load(object::BYTES)
         .map_err(|e| classify_load_error(&e))?;
     let guard = pins::PinGuard::new(pins.clone(), true);
     pins.create_dirs()?;
-    for name in [MAP_SOCKETS, MAP_POD_CIDRS, MAP_POD_ADDRS, MAP_STATS] {
+    for name in [
+        MAP_SOCKETS,
+        MAP_POD_CIDRS,
+        MAP_POD_ADDRS,
+        MAP_STATS,
+        MAP_SOCK_ADDRS,
+    ] {
         pin_map(&ebpf, pins, name)?;
     }
     let mut control = maps::Control::new(take_map(&mut ebpf, MAP_CONTROL)?)?;
@@ -296,7 +340,10 @@ fn load_fresh(pins: &PinLayout, max_sockets: u32, identity: Identity) -> Result<
             .ok_or_else(|| missing("map", MAP_SOCKETS))?,
     )
     .map_err(|e| AgentError::bpf(format!("open map {MAP_SOCKETS}"), &e))?;
-    let sockets_fd = sockets.fd().try_clone().map_err(|e| AgentError::bpf("dup the SockHash fd", &e))?;
+    let sockets_fd = sockets
+        .fd()
+        .try_clone()
+        .map_err(|e| AgentError::bpf("dup the SockHash fd", &e))?;
     let skmsg: &mut SkMsg = program(&mut ebpf, PROG_SKMSG)?;
     skmsg
         .load()
@@ -321,6 +368,28 @@ fn load_fresh(pins: &PinLayout, max_sockets: u32, identity: Identity) -> Result<
         .map_err(|e| AgentError::bpf(format!("pin map {MAP_CONTROL} at {}", path.display()), &e))?;
     guard.disarm();
     Ok(ebpf)
+}
+
+/// The running kernel's layout of the fields sk_msg reads; what cannot be found stays
+/// unknown (0) and turns off what needs it, with a warning.
+fn kernel_layout() -> KernelLayout {
+    let parsed = std::fs::read(btf::VMLINUX_BTF)
+        .map_err(|e| e.to_string())
+        .and_then(|bytes| btf::Btf::parse(&bytes).map_err(|e| e.to_string()));
+    match parsed {
+        Ok(b) => {
+            let (layout, missing) = b.kernel_layout();
+            for e in &missing {
+                warn!(error = %e, "kernel field not found in BTF");
+            }
+            layout
+        }
+        Err(e) => {
+            warn!(error = %e, path = btf::VMLINUX_BTF,
+                "no kernel BTF: no bound on queued bytes, and a socket that once took the TCP path stays there");
+            KernelLayout::default()
+        }
+    }
 }
 
 fn missing(kind: &str, name: &str) -> AgentError {

@@ -188,7 +188,10 @@ mod tests {
         std::fs::write(l.link("B"), b"").unwrap();
         let removed = remove_all(&l).unwrap();
         assert_eq!(removed.len(), 2);
-        assert!(removed[0].ends_with("links/B"), "links go first: {removed:?}");
+        assert!(
+            removed[0].ends_with("links/B"),
+            "links go first: {removed:?}"
+        );
         assert!(!root.exists());
     }
 }

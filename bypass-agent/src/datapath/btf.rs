@@ -1,0 +1,341 @@
+//! Member offsets of kernel structures from the running kernel's BTF
+//! (`/sys/kernel/btf/vmlinux`), for the fields the sk_msg program reads with
+//! `bpf_probe_read_kernel` ([`bypass_common::KernelLayout`]). A pure parse of the BTF
+//! bytes (the format is include/uapi/linux/btf.h); only the header, struct/union
+//! members and the string table are interpreted, every other kind is skipped by size.
+
+use bypass_common::KernelLayout;
+use thiserror::Error;
+
+/// Where the running kernel publishes its BTF.
+pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+const BTF_MAGIC: u16 = 0xeb9f;
+const KIND_INT: u32 = 1;
+const KIND_ARRAY: u32 = 3;
+const KIND_STRUCT: u32 = 4;
+const KIND_UNION: u32 = 5;
+const KIND_ENUM: u32 = 6;
+const KIND_FUNC_PROTO: u32 = 13;
+const KIND_VAR: u32 = 14;
+const KIND_DATASEC: u32 = 15;
+const KIND_DECL_TAG: u32 = 17;
+const KIND_ENUM64: u32 = 19;
+
+/// Why an offset could not be found.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum BtfError {
+    /// The bytes are not BTF of this machine's byte order.
+    #[error("not BTF (bad magic or header)")]
+    BadHeader,
+    /// A type record runs past the end of the type section.
+    #[error("truncated BTF type section")]
+    Truncated,
+    /// A type kind this parser does not know how to skip.
+    #[error("unknown BTF kind {kind}")]
+    UnknownKind {
+        /// The kind number.
+        kind: u32,
+    },
+    /// No struct of that name.
+    #[error("no struct {name} in BTF")]
+    NoStruct {
+        /// The struct.
+        name: String,
+    },
+    /// The struct has no such member (directly or in an anonymous struct/union).
+    #[error("struct {strukt} has no member {member}")]
+    NoMember {
+        /// The struct.
+        strukt: String,
+        /// The member.
+        member: String,
+    },
+    /// The member is a bitfield or lies beyond 4 GiB.
+    #[error("struct {strukt} member {member} is not byte-addressable")]
+    NotByteAligned {
+        /// The struct.
+        strukt: String,
+        /// The member.
+        member: String,
+    },
+}
+
+#[derive(Clone, Copy)]
+struct Member {
+    name_off: u32,
+    type_id: u32,
+    bit_offset: u32,
+}
+
+struct Type {
+    name_off: u32,
+    kind: u32,
+    members: Vec<Member>,
+}
+
+/// Parsed BTF: named structs and unions with their members.
+pub struct Btf {
+    types: Vec<Type>,
+    strings: Vec<u8>,
+}
+
+fn u16_at(b: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?))
+}
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+impl Btf {
+    /// Parses raw BTF (little-endian, as on x86_64 and arm64).
+    pub fn parse(bytes: &[u8]) -> Result<Self, BtfError> {
+        let header = |at| u32_at(bytes, at).ok_or(BtfError::BadHeader);
+        if u16_at(bytes, 0) != Some(BTF_MAGIC) {
+            return Err(BtfError::BadHeader);
+        }
+        let hdr_len = header(4)? as usize;
+        let (type_off, type_len) = (header(8)? as usize, header(12)? as usize);
+        let (str_off, str_len) = (header(16)? as usize, header(20)? as usize);
+        let section = |off: usize, len: usize| {
+            let start = hdr_len.checked_add(off).ok_or(BtfError::BadHeader)?;
+            let end = start.checked_add(len).ok_or(BtfError::BadHeader)?;
+            bytes.get(start..end).ok_or(BtfError::BadHeader)
+        };
+        let t = section(type_off, type_len)?;
+        let strings = section(str_off, str_len)?.to_vec();
+        // Type ids start at 1; id 0 is void.
+        let mut types = vec![Type {
+            name_off: 0,
+            kind: 0,
+            members: Vec::new(),
+        }];
+        let mut p = 0;
+        while p < t.len() {
+            let word = |at: usize| u32_at(t, at).ok_or(BtfError::Truncated);
+            let (name_off, info) = (word(p)?, word(p + 4)?);
+            p += 12;
+            let kind = (info >> 24) & 0x1f;
+            let vlen = (info & 0xffff) as usize;
+            let kind_flag = info >> 31 == 1;
+            let mut members = Vec::new();
+            let extra = match kind {
+                KIND_INT | KIND_VAR | KIND_DECL_TAG => 4,
+                KIND_ARRAY => 12,
+                KIND_STRUCT | KIND_UNION => {
+                    for i in 0..vlen {
+                        let m = p + 12 * i;
+                        let raw = word(m + 8)?;
+                        members.push(Member {
+                            name_off: word(m)?,
+                            type_id: word(m + 4)?,
+                            // With kind_flag the high 8 bits are a bitfield size.
+                            bit_offset: if kind_flag { raw & 0x00ff_ffff } else { raw },
+                        });
+                    }
+                    12 * vlen
+                }
+                KIND_ENUM => 8 * vlen,
+                KIND_FUNC_PROTO => 8 * vlen,
+                KIND_DATASEC | KIND_ENUM64 => 12 * vlen,
+                // PTR, FWD, TYPEDEF, VOLATILE, CONST, RESTRICT, FUNC, FLOAT, TYPE_TAG.
+                2 | 7..=12 | 16 | 18 => 0,
+                _ => return Err(BtfError::UnknownKind { kind }),
+            };
+            p += extra;
+            if p > t.len() {
+                return Err(BtfError::Truncated);
+            }
+            types.push(Type {
+                name_off,
+                kind,
+                members,
+            });
+        }
+        Ok(Self { types, strings })
+    }
+
+    fn name(&self, off: u32) -> &[u8] {
+        let rest = self.strings.get(off as usize..).unwrap_or_default();
+        let end = rest.iter().position(|&c| c == 0).unwrap_or(rest.len());
+        &rest[..end]
+    }
+
+    /// Byte offset of `member` in `struct strukt`, looking into anonymous structs and
+    /// unions the way C does.
+    pub fn member_offset(&self, strukt: &str, member: &str) -> Result<u32, BtfError> {
+        let st = self
+            .types
+            .iter()
+            .find(|t| t.kind == KIND_STRUCT && self.name(t.name_off) == strukt.as_bytes())
+            .ok_or_else(|| BtfError::NoStruct {
+                name: strukt.to_owned(),
+            })?;
+        let bits = self
+            .find_member(st, member.as_bytes(), 0, 0)
+            .ok_or_else(|| BtfError::NoMember {
+                strukt: strukt.to_owned(),
+                member: member.to_owned(),
+            })?;
+        if bits % 8 != 0 {
+            return Err(BtfError::NotByteAligned {
+                strukt: strukt.to_owned(),
+                member: member.to_owned(),
+            });
+        }
+        u32::try_from(bits / 8).map_err(|_| BtfError::NotByteAligned {
+            strukt: strukt.to_owned(),
+            member: member.to_owned(),
+        })
+    }
+
+    fn find_member(&self, t: &Type, member: &[u8], base: u64, depth: u32) -> Option<u64> {
+        if depth > 8 {
+            return None;
+        }
+        for m in &t.members {
+            let at = base + u64::from(m.bit_offset);
+            if m.name_off != 0 && self.name(m.name_off) == member {
+                return Some(at);
+            }
+            if m.name_off == 0 {
+                let inner = self.types.get(m.type_id as usize)?;
+                if (inner.kind == KIND_STRUCT || inner.kind == KIND_UNION)
+                    && let Some(found) = self.find_member(inner, member, at, depth + 1)
+                {
+                    return Some(found);
+                }
+            }
+        }
+        None
+    }
+
+    /// The offsets the datapath needs; a field this kernel lacks stays 0 (unknown), and
+    /// its absence is reported.
+    pub fn kernel_layout(&self) -> (KernelLayout, Vec<BtfError>) {
+        let mut missing = Vec::new();
+        let mut get = |s: &str, m: &str| {
+            self.member_offset(s, m).unwrap_or_else(|e| {
+                missing.push(e);
+                0
+            })
+        };
+        let layout = KernelLayout {
+            sk_user_data: get("sock", "sk_user_data"),
+            sk_write_pending: get("sock", "sk_write_pending"),
+            psock_msg_tot_len: get("sk_psock", "msg_tot_len"),
+            tcp_copied_seq: get("tcp_sock", "copied_seq"),
+            tcp_write_seq: get("tcp_sock", "write_seq"),
+        };
+        (layout, missing)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A BTF blob with: 1 int, 2 `struct inner { int b; int c; }`, 3 `struct outer {
+    /// int a; struct inner x; union { int d; }; }` where the union is type 4.
+    fn sample() -> Vec<u8> {
+        let strings = b"\0int\0inner\0b\0c\0outer\0a\0x\0d\0";
+        let name = |s: &str| {
+            let needle = format!("\0{s}\0");
+            strings
+                .windows(needle.len())
+                .position(|w| w == needle.as_bytes())
+                .map(|p| p as u32 + 1)
+                .unwrap()
+        };
+        let mut t = Vec::new();
+        let mut push = |w: u32| t.extend_from_slice(&w.to_le_bytes());
+        // 1: int
+        push(name("int"));
+        push(KIND_INT << 24);
+        push(4);
+        push(32);
+        // 2: struct inner, two members
+        push(name("inner"));
+        push((KIND_STRUCT << 24) | 2);
+        push(8);
+        push(name("b"));
+        push(1);
+        push(0);
+        push(name("c"));
+        push(1);
+        push(32);
+        // 3: struct outer, three members, the last anonymous (type 4) at byte 12
+        push(name("outer"));
+        push((KIND_STRUCT << 24) | 3);
+        push(16);
+        push(name("a"));
+        push(1);
+        push(0);
+        push(name("x"));
+        push(2);
+        push(32);
+        push(0);
+        push(4);
+        push(96);
+        // 4: anonymous union { int d; }
+        push(0);
+        push((KIND_UNION << 24) | 1);
+        push(4);
+        push(name("d"));
+        push(1);
+        push(0);
+        let mut b = Vec::new();
+        b.extend_from_slice(&BTF_MAGIC.to_le_bytes());
+        b.extend_from_slice(&[1, 0]);
+        for w in [
+            24u32,
+            0,
+            t.len() as u32,
+            t.len() as u32,
+            strings.len() as u32,
+        ] {
+            b.extend_from_slice(&w.to_le_bytes());
+        }
+        b.extend_from_slice(&t);
+        b.extend_from_slice(strings);
+        b
+    }
+
+    #[test]
+    fn offsets_of_direct_and_anonymous_members() {
+        let btf = Btf::parse(&sample()).unwrap();
+        assert_eq!(btf.member_offset("outer", "a"), Ok(0));
+        assert_eq!(btf.member_offset("outer", "x"), Ok(4));
+        assert_eq!(btf.member_offset("outer", "d"), Ok(12), "through the union");
+        assert_eq!(btf.member_offset("inner", "c"), Ok(4));
+        assert!(matches!(
+            btf.member_offset("outer", "b"),
+            Err(BtfError::NoMember { .. })
+        ));
+        assert!(matches!(
+            btf.member_offset("nope", "a"),
+            Err(BtfError::NoStruct { .. })
+        ));
+    }
+
+    #[test]
+    fn rejects_garbage_and_truncation() {
+        assert!(Btf::parse(b"not btf at all, not at all").is_err());
+        let mut b = sample();
+        b.truncate(b.len() - 30);
+        assert!(Btf::parse(&b).is_err());
+        let missing = Btf::parse(&sample()).unwrap().kernel_layout();
+        assert_eq!(missing.0, KernelLayout::default());
+        assert_eq!(missing.1.len(), 5);
+    }
+
+    #[test]
+    fn running_kernel_has_the_fields() {
+        // The kernels this runs on all publish BTF (the agent needs it).
+        let bytes = std::fs::read(VMLINUX_BTF).unwrap();
+        let (layout, missing) = Btf::parse(&bytes).unwrap().kernel_layout();
+        assert!(layout.can_resume(), "{missing:?}");
+        assert!(layout.tcp_copied_seq > layout.sk_user_data);
+    }
+}

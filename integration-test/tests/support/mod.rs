@@ -1,0 +1,172 @@
+//! Helpers for the reliability and semantics tests: `bypass-probe` (one TCP behaviour,
+//! observed by the application) run inside the pods, an agent with extra flags, and
+//! counter deltas.
+
+#![allow(dead_code, reason = "each test binary uses a different subset")]
+
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use serde_json::Value;
+use testbed::{Agent, AgentOpts, AgentStatus, PodChild, TwoPods, names, topology::Pod};
+
+/// The prefix of everything these tests create (namespaces, bridge, cgroups, pins), so
+/// they never meet another engineer's or suite's resources on a shared machine.
+pub const PREFIX: &str = "br";
+
+/// The two pods, named under [`PREFIX`].
+pub fn two_pods() -> Result<TwoPods> {
+    // Only the first call in a process sets it; every later one agrees.
+    names::set_prefix(PREFIX).map_err(anyhow::Error::msg)?;
+    TwoPods::new()
+}
+
+/// How long one probe side may run.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The probe binary: `$BYPASS_PROBE_BIN`, else `bypass-probe` next to the test binary's
+/// directory (cargo builds it with the crate's other binaries).
+pub fn probe_bin() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("BYPASS_PROBE_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().context("find the running executable")?;
+    let mut dir = exe.parent().map(PathBuf::from).unwrap_or_default();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let p = dir.join("bypass-probe");
+    if !p.is_file() {
+        bail!(
+            "no bypass-probe at {} (cargo build -p integration-test --bins, or set BYPASS_PROBE_BIN)",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
+/// A probe server in a pod.
+pub struct ProbeServer {
+    child: PodChild,
+    ready: PathBuf,
+}
+
+impl ProbeServer {
+    /// Starts `bypass-probe server --listen ADDR <args>` in `pod` and waits until it
+    /// listens.
+    pub fn start(pod: &Pod, listen: SocketAddr, args: &[String]) -> Result<Self> {
+        let ready = std::env::temp_dir().join(format!(
+            "{}-probe-{}",
+            names::resource(&names::unique_tag(), pod.name()),
+            listen.port()
+        ));
+        let _ = std::fs::remove_file(&ready);
+        let mut cmd = Command::new(probe_bin()?);
+        cmd.arg("server")
+            .arg("--listen")
+            .arg(listen.to_string())
+            .arg("--ready-file")
+            .arg(&ready)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = pod.spawn(cmd)?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !ready.exists() {
+            if child.try_wait()?.is_some() {
+                let out = child.wait_output(Duration::from_secs(1))?;
+                bail!(
+                    "bypass-probe server exited early: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
+            if Instant::now() > deadline {
+                bail!("bypass-probe server on {listen} did not listen within 10 s");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(Self { child, ready })
+    }
+
+    /// Waits for its report.
+    pub fn wait(self) -> Result<Value> {
+        let _ = std::fs::remove_file(&self.ready);
+        report("server", self.child.wait_output(PROBE_TIMEOUT)?)
+    }
+}
+
+/// Runs `bypass-probe client --connect ADDR <args>` in `pod` to completion.
+pub fn probe_client(pod: &Pod, connect: SocketAddr, args: &[String]) -> Result<Value> {
+    let mut cmd = Command::new(probe_bin()?);
+    cmd.arg("client")
+        .arg("--connect")
+        .arg(connect.to_string())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    report("client", pod.spawn(cmd)?.wait_output(PROBE_TIMEOUT)?)
+}
+
+/// Server in pod b, client in pod a, same arguments; `(client, server)` reports.
+pub fn probe_pair(pods: &TwoPods, port: u16, args: &[&str]) -> Result<(Value, Value)> {
+    let args: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
+    let server = ProbeServer::start(&pods.b, pods.b.v4_addr(port), &args)?;
+    let client = probe_client(&pods.a, pods.b.v4_addr(port), &args)?;
+    Ok((client, server.wait()?))
+}
+
+fn report(role: &str, out: std::process::Output) -> Result<Value> {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!(
+            "bypass-probe {role} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .with_context(|| format!("bypass-probe {role} printed no report"))?;
+    serde_json::from_str(line).with_context(|| format!("bypass-probe {role} report: {line}"))
+}
+
+/// A JSON field as u64 (0 when absent).
+pub fn num(v: &Value, field: &str) -> u64 {
+    v.get(field).and_then(Value::as_u64).unwrap_or(0)
+}
+
+/// The agent on `pods` with extra `run` flags.
+pub fn agent_with(pods: &TwoPods, extra: &[&str]) -> Result<Agent> {
+    let opts = AgentOpts {
+        extra_args: extra.iter().map(|s| (*s).to_owned()).collect(),
+        ..pods.agent_opts()
+    };
+    Agent::start(&opts)
+}
+
+/// Growth of a counter between two readings.
+pub fn grew(before: &AgentStatus, after: &AgentStatus, f: impl Fn(&AgentStatus) -> u64) -> u64 {
+    f(after).saturating_sub(f(before))
+}
+
+/// Whether the agent's log shows `needle` within a few seconds (its stderr is read by a
+/// thread, so a line can lag the state it reports).
+pub fn wait_for_log(agent: &Agent, needle: &str) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if agent.stderr().contains(needle) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
