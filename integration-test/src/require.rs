@@ -6,9 +6,9 @@ use anyhow::{Result, bail};
 
 use crate::{agent::agent_bin, cgroup::cgroup2_mount, cmd};
 
-/// Whether we run under CI (`CI=true` or `CI=1`).
+/// Whether we run under CI (`CI=true`, any case, or `CI=1`).
 pub fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+    std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
 }
 
 /// What is missing for a privileged test, if anything.
