@@ -28,7 +28,7 @@ use bypass_common::{
 };
 pub use fs::find_cgroup2_mount;
 pub use maps::{Counters, Identity, PinnedView, PodMaps, SockAddrs, count_keys as count_sockets};
-pub use pins::{PinLayout, uninstall};
+pub use pins::PinLayout;
 use tracing::{info, warn};
 
 use crate::error::{AgentError, chain};
@@ -303,6 +303,26 @@ impl Drop for Datapath {
             Err(e) => warn!(error = %e, "removing pins on shutdown"),
         }
     }
+}
+
+/// `bypass-agent uninstall`: turns redirects off (sockets already bypassed send by TCP
+/// from now on, after what they queued, as on detach), then removes every pin under
+/// `root`: the sock_ops link first, which detaches it, then programs and maps. Refuses
+/// while an agent runs there. Returns what was removed.
+pub fn uninstall(root: &std::path::Path) -> Result<Vec<PathBuf>, AgentError> {
+    if !root.exists() {
+        return Ok(Vec::new());
+    }
+    let lock = lock::PinDirLock::acquire(root)?;
+    let layout = PinLayout::new(root);
+    if layout.map(MAP_CONTROL).exists() {
+        let mut control = maps::Control::new(maps::open_pinned(&layout, MAP_CONTROL)?)?;
+        control.set_enabled(false)?;
+        info!(pin_dir = %root.display(), "redirects off: bypassed sockets continue by TCP");
+    }
+    let removed = pins::remove_all(&layout)?;
+    drop(lock);
+    Ok(removed)
 }
 
 /// The identity recorded in a pinned control map, if it can be read.

@@ -120,18 +120,6 @@ pub fn remove_all(layout: &PinLayout) -> Result<Vec<PathBuf>, AgentError> {
     Ok(removed)
 }
 
-/// `bypass-agent uninstall`: detaches and removes what an agent left pinned under
-/// `root`, refusing while an agent is running there.
-pub fn uninstall(root: &Path) -> Result<Vec<PathBuf>, AgentError> {
-    if !root.exists() {
-        return Ok(Vec::new());
-    }
-    let lock = super::lock::PinDirLock::acquire(root)?;
-    let removed = remove_all(&PinLayout::new(root))?;
-    drop(lock);
-    Ok(removed)
-}
-
 /// Removes the pins made so far if loading fails half-way.
 pub struct PinGuard {
     layout: PinLayout,

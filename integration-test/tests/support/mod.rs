@@ -170,3 +170,119 @@ pub fn wait_for_log(agent: &Agent, needle: &str) -> bool {
     }
     false
 }
+
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_OBJ_GET: libc::c_long = 7;
+
+/// The `map_elem` member of `union bpf_attr` (include/uapi/linux/bpf.h).
+#[repr(C)]
+struct MapElem {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
+
+/// The `obj` member of `union bpf_attr`.
+#[repr(C)]
+struct ObjGet {
+    pathname: u64,
+    bpf_fd: u32,
+    file_flags: u32,
+    path_fd: i32,
+    _pad: u32,
+}
+
+fn bpf(cmd: libc::c_long, attr: *mut libc::c_void, size: usize) -> std::io::Result<i64> {
+    // SAFETY: `attr` points to a live, zero-padded bpf_attr prefix of `size` bytes.
+    let ret = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr, size as u32) };
+    if ret < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(ret)
+}
+
+/// Opens a pinned map (`BPF_OBJ_GET`), straight from the kernel, not through the agent.
+fn open_pinned(pin: &std::path::Path) -> Result<std::os::fd::OwnedFd> {
+    use std::os::{fd::FromRawFd as _, unix::ffi::OsStrExt as _};
+    let path = std::ffi::CString::new(pin.as_os_str().as_bytes())?;
+    let mut attr = ObjGet {
+        pathname: path.as_ptr() as u64,
+        bpf_fd: 0,
+        file_flags: 0,
+        path_fd: 0,
+        _pad: 0,
+    };
+    let fd = bpf(BPF_OBJ_GET, (&raw mut attr).cast(), size_of::<ObjGet>())
+        .with_context(|| format!("BPF_OBJ_GET {}", pin.display()))?;
+    // SAFETY: the kernel just returned this fd to us.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Reads slot `key` of a pinned `Array<u32>`.
+pub fn pinned_u32(pin: &std::path::Path, key: u32) -> Result<u32> {
+    use std::os::fd::AsRawFd as _;
+    let fd = open_pinned(pin)?;
+    let mut value = 0u32;
+    let mut attr = MapElem {
+        map_fd: fd.as_raw_fd() as u32,
+        _pad: 0,
+        key: (&raw const key) as u64,
+        value: (&raw mut value) as u64,
+        flags: 0,
+    };
+    bpf(
+        BPF_MAP_LOOKUP_ELEM,
+        (&raw mut attr).cast(),
+        size_of::<MapElem>(),
+    )
+    .with_context(|| format!("read slot {key} of {}", pin.display()))?;
+    Ok(value)
+}
+
+/// Writes slot `key` of a pinned `Array<u32>`.
+pub fn set_pinned_u32(pin: &std::path::Path, key: u32, value: u32) -> Result<()> {
+    use std::os::fd::AsRawFd as _;
+    let fd = open_pinned(pin)?;
+    let mut attr = MapElem {
+        map_fd: fd.as_raw_fd() as u32,
+        _pad: 0,
+        key: (&raw const key) as u64,
+        value: (&raw const value) as u64,
+        flags: 0,
+    };
+    bpf(
+        BPF_MAP_UPDATE_ELEM,
+        (&raw mut attr).cast(),
+        size_of::<MapElem>(),
+    )
+    .with_context(|| format!("write slot {key} of {}", pin.display()))?;
+    Ok(())
+}
+
+/// SIGKILL to a process we started, then waits until it is gone (a zombie counts: its
+/// files, and so the agent's pin directory lock, are released at exit).
+pub fn sigkill(pid: u32) -> Result<()> {
+    // SAFETY: plain syscall on a child of this process.
+    if unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("kill -9");
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // The state is the field after the parenthesised command name.
+        let state = stat
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().next());
+        if matches!(state, None | Some("Z" | "X")) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("pid {pid} still alive 10 s after SIGKILL");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -1,0 +1,299 @@
+//! Restart, upgrade and uninstall, with connections in flight. The datapath lives in the
+//! kernel, pinned: an agent killed with SIGKILL leaves it redirecting, the next agent of
+//! the same build adopts it (maps, counters, attachment); an agent of another build
+//! replaces it (existing sockets keep the old programs until they close, new ones get
+//! the new); `uninstall` turns redirects off and removes every pin and attachment.
+
+mod support;
+
+use std::{
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Result, bail, ensure};
+use bypass_common::{control, names};
+use support::{num, pinned_u32, set_pinned_u32, sigkill, two_pods, wait_for_log};
+use testbed::{
+    Agent, AgentOpts, ClientArgs, PeerClient, PeerServer, Report, TwoPods, agent::run_agent,
+    agent::status_json, bpf::sockops_attached, preflight, run_client,
+};
+
+/// Polls `status` of `pin_dir` until `done` holds.
+fn wait_status(
+    pin_dir: &Path,
+    what: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> Result<serde_json::Value> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = status_json(pin_dir)?;
+        if done(&s) {
+            return Ok(s);
+        }
+        if Instant::now() > deadline {
+            bail!("{what}: never happened; status {s}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Every connection verified both ways, with the sizes asked for.
+fn ensure_exact(client: &Report, server: &Report, args: &ClientArgs) -> Result<()> {
+    let n = args.total_connections();
+    ensure!(client.ok, "client failures: {:#?}", client.failures);
+    ensure!(server.ok, "server failures: {:#?}", server.failures);
+    ensure!(
+        client.connections == n && server.connections == n,
+        "connections {} / {}",
+        client.connections,
+        server.connections
+    );
+    ensure!(
+        client.bytes_sent == n * args.send && server.bytes_received == n * args.send,
+        "client to server: sent {} verified {}",
+        client.bytes_sent,
+        server.bytes_received
+    );
+    ensure!(
+        server.bytes_sent == n * args.recv && client.bytes_received == n * args.recv,
+        "server to client: sent {} verified {}",
+        server.bytes_sent,
+        client.bytes_received
+    );
+    Ok(())
+}
+
+fn opts(pods: &TwoPods, extra: &[&str]) -> AgentOpts {
+    AgentOpts {
+        extra_args: extra.iter().map(|s| (*s).to_owned()).collect(),
+        ..pods.agent_opts()
+    }
+}
+
+#[test]
+fn sigkill_mid_100_streams_then_restart_adopts() -> Result<()> {
+    if !preflight("sigkill_mid_100_streams_then_restart_adopts")? {
+        return Ok(());
+    }
+    let pods = two_pods()?;
+    let opts = opts(&pods, &[]);
+    let first = Agent::start(&opts)?;
+    // 100 streams, 4 MiB each way at 1 MiB/s: about 4 s, so the kill lands mid-way.
+    let args = ClientArgs {
+        streams: 100,
+        msg_size: 16 * 1024,
+        rate: 1 << 20,
+        ..ClientArgs::bulk(4 << 20)
+    };
+    let payload = args.total_connections() * (args.send + args.recv);
+    let addr = pods.b.v4_addr(5301);
+    let server = PeerServer::start(&pods.b, addr, args.total_connections())?;
+    let client = PeerClient::spawn(&pods.a, addr, &args)?;
+    wait_status(&opts.pin_dir, "200 sockets inserted", |s| {
+        num(s, "sockets") == 200 && num(s, "redirected_bytes") > 0
+    })?;
+    std::thread::sleep(Duration::from_millis(500));
+
+    sigkill(first.pid())?;
+    let at_kill = status_json(&opts.pin_dir)?;
+    std::thread::sleep(Duration::from_millis(700));
+    // No agent runs: the pinned datapath goes on redirecting on its own.
+    let in_gap = status_json(&opts.pin_dir)?;
+    ensure!(
+        num(&in_gap, "redirected_bytes") > num(&at_kill, "redirected_bytes"),
+        "nothing redirected while no agent ran: {at_kill} -> {in_gap}"
+    );
+    ensure!(
+        num(&at_kill, "redirected_bytes") < payload * 3 / 4,
+        "killed too late to matter: {at_kill}"
+    );
+
+    let second = Agent::start(&opts)?;
+    ensure!(
+        wait_for_log(&second, "Adopted"),
+        "the restarted agent did not adopt: {}",
+        second.stderr()
+    );
+    let client = client.wait()?;
+    let server = server.wait()?;
+    ensure_exact(&client, &server, &args)?;
+    let end = second.status()?;
+    eprintln!(
+        "redirected: {} B at the kill, {} B 0.7 s later with no agent, {} B at the end of \
+         {payload} B",
+        num(&at_kill, "redirected_bytes"),
+        num(&in_gap, "redirected_bytes"),
+        num(&end, "redirected_bytes")
+    );
+    ensure!(
+        num(&end, "redirected_bytes") > num(&in_gap, "redirected_bytes"),
+        "redirected_bytes stopped growing after the restart: {end}"
+    );
+    ensure!(
+        num(&end, "redirected_bytes") >= payload && num(&end, "passed_bytes") == 0,
+        "every byte should have been redirected, across both agents: {end}"
+    );
+    ensure!(
+        num(&end, "sockets_inserted") == 200,
+        "counters did not carry over: {end}"
+    );
+    Ok(())
+}
+
+#[test]
+fn upgrade_replaces_programs_old_connections_finish() -> Result<()> {
+    if !preflight("upgrade_replaces_programs_old_connections_finish")? {
+        return Ok(());
+    }
+    let pods = two_pods()?;
+    let opts = opts(&pods, &["--detach-on-exit=false"]);
+    let mut old = Agent::start(&opts)?;
+    // 20 streams, 8 MiB each way at 2 MiB/s: they outlive the old agent.
+    let args = ClientArgs {
+        streams: 20,
+        msg_size: 16 * 1024,
+        rate: 2 << 20,
+        ..ClientArgs::bulk(8 << 20)
+    };
+    let addr = pods.b.v4_addr(5302);
+    let server = PeerServer::start(&pods.b, addr, args.total_connections())?;
+    let client = PeerClient::spawn(&pods.a, addr, &args)?;
+    wait_status(&opts.pin_dir, "40 sockets inserted", |s| {
+        num(s, "sockets") == 40
+    })?;
+    let exit = old.stop()?;
+    ensure!(exit.status.success(), "old agent: {}", exit.stderr);
+    ensure!(
+        sockops_attached(pods.cgroup())? == 1,
+        "--detach-on-exit=false left nothing attached"
+    );
+
+    // Another build: its fingerprint in the pinned control map's object slots.
+    let control_pin = opts
+        .pin_dir
+        .join(names::PIN_MAPS_SUBDIR)
+        .join(names::MAP_CONTROL);
+    let ours = pinned_u32(&control_pin, control::SLOT_OBJECT_LO)?;
+    set_pinned_u32(&control_pin, control::SLOT_OBJECT_LO, !ours)?;
+
+    let new = Agent::start(&opts)?;
+    ensure!(
+        wait_for_log(&new, "Replaced"),
+        "the new build did not replace the old programs: {}",
+        new.stderr()
+    );
+    ensure!(
+        pinned_u32(&control_pin, control::SLOT_OBJECT_LO)? == ours,
+        "the new datapath does not carry its own fingerprint"
+    );
+    ensure!(
+        sockops_attached(pods.cgroup())? == 1,
+        "old and new sock_ops both attached (or neither)"
+    );
+    // The connections opened under the old programs finish on them.
+    let client = client.wait()?;
+    let server = server.wait()?;
+    ensure_exact(&client, &server, &args)?;
+
+    // New connections are the new programs' alone: the fresh maps count only them.
+    let fresh = ClientArgs::bulk(16 << 20);
+    let addr = pods.b.v4_addr(5303);
+    let server = PeerServer::start(&pods.b, addr, 1)?;
+    let client = run_client(&pods.a, addr, &fresh)?;
+    let server = server.wait()?;
+    ensure_exact(&client, &server, &fresh)?;
+    let st = new.status()?;
+    ensure!(
+        num(&st, "sockets_inserted") == 2 && num(&st, "redirected_bytes") >= 32 << 20,
+        "the new connection did not go through the new programs: {st}"
+    );
+    Ok(())
+}
+
+#[test]
+fn uninstall_removes_every_pin_and_attachment() -> Result<()> {
+    if !preflight("uninstall_removes_every_pin_and_attachment")? {
+        return Ok(());
+    }
+    let pods = two_pods()?;
+    let opts = opts(&pods, &["--detach-on-exit=false"]);
+    let mut agent = Agent::start(&opts)?;
+    let args = ClientArgs {
+        streams: 4,
+        msg_size: 16 * 1024,
+        rate: 2 << 20,
+        ..ClientArgs::bulk(6 << 20)
+    };
+    let addr = pods.b.v4_addr(5304);
+    let server = PeerServer::start(&pods.b, addr, args.total_connections())?;
+    let client = PeerClient::spawn(&pods.a, addr, &args)?;
+    wait_status(&opts.pin_dir, "8 sockets inserted", |s| {
+        num(s, "sockets") == 8
+    })?;
+    agent.stop()?;
+    ensure!(
+        sockops_attached(pods.cgroup())? == 1,
+        "nothing left attached"
+    );
+
+    let wire0 = pods.wire_bytes()?;
+    let pin_dir = opts.pin_dir.display().to_string();
+    let out = run_agent(
+        &["uninstall", "--pin-dir", &pin_dir],
+        Duration::from_secs(30),
+    )?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success(),
+        "uninstall: {stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let expected = [
+        format!("{}/{}", names::PIN_LINKS_SUBDIR, names::PIN_LINK_SOCKOPS),
+        format!("{}/{}", names::PIN_PROGS_SUBDIR, names::PROG_SOCKOPS),
+        format!("{}/{}", names::PIN_PROGS_SUBDIR, names::PROG_SKMSG),
+        format!("{}/{}", names::PIN_MAPS_SUBDIR, names::MAP_SOCKETS),
+        format!("{}/{}", names::PIN_MAPS_SUBDIR, names::MAP_SOCK_ADDRS),
+        format!("{}/{}", names::PIN_MAPS_SUBDIR, names::MAP_POD_CIDRS),
+        format!("{}/{}", names::PIN_MAPS_SUBDIR, names::MAP_POD_ADDRS),
+        format!("{}/{}", names::PIN_MAPS_SUBDIR, names::MAP_STATS),
+        format!("{}/{}", names::PIN_MAPS_SUBDIR, names::MAP_CONTROL),
+    ];
+    for pin in &expected {
+        ensure!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with("removed ") && l.ends_with(pin.as_str())),
+            "uninstall did not say it removed {pin}: {stdout}"
+        );
+    }
+    ensure!(
+        stdout.lines().filter(|l| l.starts_with("removed ")).count() == expected.len(),
+        "uninstall removed something unexpected: {stdout}"
+    );
+    ensure!(!opts.pin_dir.exists(), "{pin_dir} still exists");
+    ensure!(
+        sockops_attached(pods.cgroup())? == 0,
+        "sock_ops still attached after uninstall"
+    );
+    let again = run_agent(
+        &["uninstall", "--pin-dir", &pin_dir],
+        Duration::from_secs(30),
+    )?;
+    ensure!(
+        again.status.success() && String::from_utf8_lossy(&again.stdout).contains("nothing pinned"),
+        "a second uninstall: {}",
+        String::from_utf8_lossy(&again.stdout)
+    );
+
+    // The connections in flight finish, by TCP from the uninstall on.
+    let client = client.wait()?;
+    let server = server.wait()?;
+    ensure_exact(&client, &server, &args)?;
+    ensure!(
+        pods.wire_bytes()? > wire0 + (1 << 20),
+        "nothing went by TCP after uninstall turned redirects off"
+    );
+    Ok(())
+}
