@@ -32,6 +32,12 @@ struct Cli {
     /// Message size in the ping-pong.
     #[arg(long, default_value = "64", value_parser = parse_size)]
     msg_size: u64,
+    /// CPU for the client in pod a [default: the first CPU this process may use].
+    #[arg(long)]
+    client_cpu: Option<usize>,
+    /// CPU for the server in pod b [default: the second CPU this process may use].
+    #[arg(long)]
+    server_cpu: Option<usize>,
 }
 
 /// One path's results.
@@ -77,7 +83,9 @@ fn demo(cli: &Cli) -> Result<bool> {
         std::env::current_exe().context("find my own executable")?,
         vec!["peer".to_owned()],
     );
-    let (client_cpu, server_cpu) = two_cpus()?;
+    let (first, second) = two_cpus()?;
+    let client_cpu = cli.client_cpu.unwrap_or(first);
+    let server_cpu = cli.server_cpu.unwrap_or(second);
     println!("Building two pods on a bridge, each in its own netns and cgroup...");
     let pods = TwoPods::new()?;
     println!(
