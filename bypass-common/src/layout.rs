@@ -17,6 +17,10 @@ pub struct KernelLayout {
     pub tcp_copied_seq: u32,
     /// `struct tcp_sock`, `write_seq` (next byte the application queues to TCP).
     pub tcp_write_seq: u32,
+    /// `struct sock`, `sk_rcvlowat` (SO_RCVLOWAT).
+    pub sk_rcvlowat: u32,
+    /// `struct sock`, `sk_peek_off` (SO_PEEK_OFF; -1 when unset).
+    pub sk_peek_off: u32,
 }
 
 impl KernelLayout {
@@ -28,5 +32,10 @@ impl KernelLayout {
     /// A socket that took the TCP path can tell when it may redirect again.
     pub const fn can_resume(&self) -> bool {
         self.sk_write_pending != 0 && self.tcp_copied_seq != 0 && self.tcp_write_seq != 0
+    }
+
+    /// The peer's receive options that the ingress queue ignores can be read.
+    pub const fn can_check_options(&self) -> bool {
+        self.sk_rcvlowat != 0 && self.sk_peek_off != 0
     }
 }

@@ -52,6 +52,10 @@ pub mod control {
     pub const SLOT_OFF_TCP_COPIED_SEQ: u32 = 11;
     /// [`crate::KernelLayout::tcp_write_seq`].
     pub const SLOT_OFF_TCP_WRITE_SEQ: u32 = 12;
+    /// [`crate::KernelLayout::sk_rcvlowat`].
+    pub const SLOT_OFF_SK_RCVLOWAT: u32 = 13;
+    /// [`crate::KernelLayout::sk_peek_off`].
+    pub const SLOT_OFF_SK_PEEK_OFF: u32 = 14;
     /// Number of slots.
     pub const SLOTS: u32 = 16;
 

@@ -60,6 +60,15 @@ pub const fn caught_up(write_seq: u32, write_pending: u32, peer_copied_seq: u32)
     write_pending == 0 && write_seq == peer_copied_seq
 }
 
+/// Whether a peer's receive options keep redirects away from it: the ingress queue is
+/// read without regard to SO_RCVLOWAT (a read returns what is queued, poll reports it
+/// readable at once) or SO_PEEK_OFF (net/core/skmsg.c, sk_msg_recvmsg), while the TCP
+/// path honours both.
+#[inline(always)]
+pub const fn options_need_tcp(rcvlowat: i32, peek_off: i32) -> bool {
+    rcvlowat > 1 || peek_off >= 0
+}
+
 #[cfg(feature = "user")]
 // SAFETY: `SockState` is `repr(C)`, has no padding (asserted above) and every bit
 // pattern is valid.
@@ -86,6 +95,14 @@ mod tests {
         assert!(!within_limit(1, 4096, 4096));
         assert!(within_limit(4 << 20, 1 << 30, 0), "0 is no bound");
         assert!(!within_limit(u64::MAX, 1, u64::MAX - 1), "no overflow");
+    }
+
+    #[test]
+    fn receive_options() {
+        assert!(!options_need_tcp(1, -1), "defaults");
+        assert!(!options_need_tcp(0, -1), "SO_RCVLOWAT 0 reads as 1");
+        assert!(options_need_tcp(1000, -1));
+        assert!(options_need_tcp(1, 0));
     }
 
     #[test]

@@ -22,6 +22,8 @@ pub(crate) fn layout() -> KernelLayout {
         psock_msg_tot_len: slot(control::SLOT_OFF_PSOCK_MSG_TOT_LEN),
         tcp_copied_seq: slot(control::SLOT_OFF_TCP_COPIED_SEQ),
         tcp_write_seq: slot(control::SLOT_OFF_TCP_WRITE_SEQ),
+        sk_rcvlowat: slot(control::SLOT_OFF_SK_RCVLOWAT),
+        sk_peek_off: slot(control::SLOT_OFF_SK_PEEK_OFF),
     }
 }
 
@@ -54,6 +56,14 @@ pub(crate) fn write_seq(sk: u64, l: &KernelLayout) -> Option<u32> {
 #[inline(always)]
 pub(crate) fn write_pending(sk: u64, l: &KernelLayout) -> Option<u32> {
     read_u32(sk + u64::from(l.sk_write_pending))
+}
+
+/// `sk_rcvlowat` and `sk_peek_off` of the socket at `sk`.
+#[inline(always)]
+pub(crate) fn receive_options(sk: u64, l: &KernelLayout) -> Option<(i32, i32)> {
+    let lowat = read_u32(sk + u64::from(l.sk_rcvlowat))?;
+    let peek_off = read_u32(sk + u64::from(l.sk_peek_off))?;
+    Some((lowat as i32, peek_off as i32))
 }
 
 /// `copied_seq` of the TCP socket at `sk`.

@@ -7,7 +7,8 @@
 //! Order is kept by one rule: a socket redirects only when the peer has read every
 //! byte the socket sent by TCP (the peer reads its ingress queue before its TCP receive
 //! queue, net/ipv4/tcp_bpf.c, tcp_bpf_recvmsg). Going from redirect to TCP is always
-//! safe; coming back waits until `bypass_common::state::caught_up`.
+//! safe; coming back waits until `bypass_common::state::caught_up`. A peer whose receive
+//! options the ingress queue would ignore (SO_RCVLOWAT, SO_PEEK_OFF) gets TCP.
 
 use core::ptr::{addr_of, read_volatile};
 
@@ -19,7 +20,7 @@ use aya_ebpf::{
 };
 use bypass_common::{
     SockState, Stat, control,
-    state::{caught_up, within_limit},
+    state::{caught_up, options_need_tcp, within_limit},
     tx_mode,
 };
 
@@ -118,14 +119,23 @@ fn decide(ctx: &SkMsgContext, state: &SockState, size: u64) -> Verdict {
             .unwrap_or(0),
     );
     let bounded = limit != 0 && layout.can_bound();
+    let check_options = layout.can_check_options();
     let mut peer = state.key.peer();
-    if check_order || bounded {
+    if check_order || bounded || check_options {
         // No address: the peer is not (or no longer) inserted; a redirect would fail.
         let Some(peer_sk) = BYPASS_SOCK_ADDRS.get_ptr(peer) else {
             return Verdict::Passed;
         };
         // SAFETY: a live map value.
         let peer_sk = unsafe { *peer_sk };
+        if check_options {
+            let Some((lowat, peek_off)) = kernel::receive_options(peer_sk, &layout) else {
+                return Verdict::Passed;
+            };
+            if options_need_tcp(lowat, peek_off) {
+                return Verdict::Passed;
+            }
+        }
         if check_order {
             let (Some(write_seq), Some(pending), Some(copied)) = (
                 kernel::write_seq(state.sk, &layout),

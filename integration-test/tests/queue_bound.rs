@@ -56,6 +56,10 @@ fn stalled_reader_queue_is_bounded() -> Result<()> {
         "only {accepted} B accepted: the bypass did not carry up to its bound"
     );
     ensure!(
+        num(&c, "eagain") > 0,
+        "the non-blocking writer never saw EAGAIN: {c}"
+    );
+    ensure!(
         num(&s, "fionread_after_hold") <= 4 * MIB,
         "the reader's queue holds more than the bound: {s}"
     );

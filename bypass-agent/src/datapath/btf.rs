@@ -227,6 +227,8 @@ impl Btf {
             psock_msg_tot_len: get("sk_psock", "msg_tot_len"),
             tcp_copied_seq: get("tcp_sock", "copied_seq"),
             tcp_write_seq: get("tcp_sock", "write_seq"),
+            sk_rcvlowat: get("sock", "sk_rcvlowat"),
+            sk_peek_off: get("sock", "sk_peek_off"),
         };
         (layout, missing)
     }
@@ -327,7 +329,7 @@ mod tests {
         assert!(Btf::parse(&b).is_err());
         let missing = Btf::parse(&sample()).unwrap().kernel_layout();
         assert_eq!(missing.0, KernelLayout::default());
-        assert_eq!(missing.1.len(), 5);
+        assert_eq!(missing.1.len(), 7);
     }
 
     #[test]
@@ -335,7 +337,10 @@ mod tests {
         // The kernels this runs on all publish BTF (the agent needs it).
         let bytes = std::fs::read(VMLINUX_BTF).unwrap();
         let (layout, missing) = Btf::parse(&bytes).unwrap().kernel_layout();
-        assert!(layout.can_resume(), "{missing:?}");
+        assert!(
+            layout.can_resume() && layout.can_bound() && layout.can_check_options(),
+            "{missing:?}"
+        );
         assert!(layout.tcp_copied_seq > layout.sk_user_data);
     }
 }

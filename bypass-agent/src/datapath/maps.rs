@@ -244,7 +244,9 @@ impl Control {
         self.set(control::SLOT_OFF_SK_WRITE_PENDING, l.sk_write_pending)?;
         self.set(control::SLOT_OFF_PSOCK_MSG_TOT_LEN, l.psock_msg_tot_len)?;
         self.set(control::SLOT_OFF_TCP_COPIED_SEQ, l.tcp_copied_seq)?;
-        self.set(control::SLOT_OFF_TCP_WRITE_SEQ, l.tcp_write_seq)
+        self.set(control::SLOT_OFF_TCP_WRITE_SEQ, l.tcp_write_seq)?;
+        self.set(control::SLOT_OFF_SK_RCVLOWAT, l.sk_rcvlowat)?;
+        self.set(control::SLOT_OFF_SK_PEEK_OFF, l.sk_peek_off)
     }
 
     /// The agent's own state word.
