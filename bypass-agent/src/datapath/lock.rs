@@ -3,7 +3,10 @@
 
 use std::{
     fs::File,
-    os::{fd::AsRawFd as _, unix::fs::MetadataExt as _},
+    os::{
+        fd::AsRawFd as _,
+        unix::fs::{MetadataExt as _, PermissionsExt as _},
+    },
     path::{Path, PathBuf},
 };
 
@@ -19,6 +22,9 @@ impl PinDirLock {
     /// Creates `path` if needed and locks it, or names the agent that holds it.
     pub fn acquire(path: &Path) -> Result<Self, AgentError> {
         std::fs::create_dir_all(path).map_err(|source| io("create pin directory", path, source))?;
+        // Root only: the maps behind these pins steer every pod connection.
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
+            .map_err(|source| io("restrict pin directory", path, source))?;
         let dir = File::open(path).map_err(|source| io("open pin directory", path, source))?;
         // SAFETY: valid fd owned by `dir`.
         let ret = unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };

@@ -8,6 +8,7 @@ mod lock;
 mod maps;
 mod object;
 mod pins;
+mod pressure;
 
 use std::{fs::File, os::unix::fs::MetadataExt as _, path::PathBuf};
 
@@ -71,6 +72,7 @@ pub enum Origin {
 pub struct Datapath {
     // Field order is drop order.
     sockops_link: Option<PinnedLink>,
+    _pressure: Option<pressure::Watcher>,
     addrs: Option<SockAddrs>,
     pod_maps: PodMaps,
     control: maps::Control,
@@ -140,6 +142,17 @@ impl Datapath {
             maps::open_pinned(&pins, MAP_POD_ADDRS)?,
         )?;
         let stats = maps::Stats::new(maps::open_pinned(&pins, MAP_STATS)?)?;
+        // Full maps are only visible as a growing counter: a thread watches it.
+        let pressure = maps::Stats::new(maps::open_pinned(&pins, MAP_STATS)?)
+            .and_then(|s| {
+                pressure::Watcher::start(s, config.max_sockets).map_err(|source| AgentError::Io {
+                    action: "start the map pressure thread",
+                    path: pins.map(MAP_STATS),
+                    source,
+                })
+            })
+            .inspect_err(|e| warn!(error = %e, "no warnings about full maps"))
+            .ok();
         let mut control = maps::Control::new(maps::open_pinned(&pins, MAP_CONTROL)?)?;
         let addrs = SockAddrs::new(maps::open_pinned(&pins, MAP_SOCK_ADDRS)?)?;
         // Every start (adopting too) writes this kernel's layout and the bound asked for.
@@ -170,6 +183,7 @@ impl Datapath {
             max_sockets = config.max_sockets, max_queued_bytes = max_queued, "datapath ready");
         Ok(Self {
             sockops_link,
+            _pressure: pressure,
             addrs: Some(addrs),
             pod_maps,
             control,

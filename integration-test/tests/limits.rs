@@ -1,0 +1,106 @@
+//! Full maps: with a SockHash of 4 sockets, the connections that do not fit take the
+//! normal path, byte-exact; `insert_failures` counts them; the agent warns, once per
+//! interval however many fail; and once the connections close, new ones are bypassed
+//! again (their address entries went with them).
+
+mod support;
+
+use std::time::Duration;
+
+use anyhow::{Result, ensure};
+use support::{agent_with, num, two_pods, wait_for_log};
+use testbed::{Agent, ClientArgs, PeerClient, PeerServer, Report, TwoPods, preflight};
+
+/// Ten connections open at once for about 2 s, 2 MiB each way.
+fn ten_at_once(pods: &TwoPods, agent: &Agent, port: u16) -> Result<(Report, Report)> {
+    let args = ClientArgs {
+        streams: 10,
+        msg_size: 16 * 1024,
+        rate: 1 << 20,
+        ..ClientArgs::bulk(2 << 20)
+    };
+    let before = agent.status()?;
+    let wire0 = pods.wire_bytes()?;
+    let addr = pods.b.v4_addr(port);
+    let server = PeerServer::start(&pods.b, addr, 10)?;
+    let client = PeerClient::spawn(&pods.a, addr, &args)?;
+    let (client, server) = (client.wait()?, server.wait()?);
+    let after = agent.status()?;
+    let wire = pods.wire_bytes()? - wire0;
+    ensure!(client.ok && server.ok, "{client:?} {server:?}");
+    ensure!(
+        client.bytes_sent == 10 * args.send && server.bytes_received == 10 * args.send,
+        "c2s: {client:?}"
+    );
+    ensure!(
+        server.bytes_sent == 10 * args.recv && client.bytes_received == 10 * args.recv,
+        "s2c: {server:?}"
+    );
+    let grew = |k: &str| num(&after, k) - num(&before, k);
+    eprintln!(
+        "10 connections, SockHash of 4: inserted +{}, insert_failures +{}, redirected +{} B, \
+         passed +{} B, wire {wire} B",
+        grew("sockets_inserted"),
+        grew("insert_failures"),
+        grew("redirected_bytes"),
+        grew("passed_bytes")
+    );
+    ensure!(
+        grew("sockets_inserted") <= 4,
+        "more sockets inserted than fit: {after}"
+    );
+    ensure!(
+        grew("sockets_inserted") + grew("insert_failures") == 20,
+        "every socket is inserted or counted as a failure: {before} -> {after}"
+    );
+    // At most two of the ten connections have both ends in the map: the other eight
+    // (32 MiB both ways) cross the veths.
+    ensure!(wire >= 32 << 20, "only {wire} B on the normal path");
+    Ok((client, server))
+}
+
+#[test]
+fn full_sockhash_falls_back_counts_and_warns() -> Result<()> {
+    if !preflight("full_sockhash_falls_back_counts_and_warns")? {
+        return Ok(());
+    }
+    let pods = two_pods()?;
+    let agent = agent_with(&pods, &["--max-sockets", "4"])?;
+    ten_at_once(&pods, &agent, 5501)?;
+    const WARNING: &str = "sockets could not be inserted";
+    ensure!(
+        wait_for_log(&agent, WARNING),
+        "no warning about the full map: {}",
+        agent.stderr()
+    );
+    // More failures within the interval: no second warning.
+    ten_at_once(&pods, &agent, 5502)?;
+    std::thread::sleep(Duration::from_millis(1500));
+    let warnings = agent.stderr().matches(WARNING).count();
+    ensure!(
+        warnings == 1,
+        "{warnings} warnings within 30 s: {}",
+        agent.stderr()
+    );
+
+    // Closed connections left the maps: a new one is bypassed.
+    let st = agent.status()?;
+    ensure!(
+        num(&st, "sockets") == 0 && num(&st, "addr_entries") == 0,
+        "maps not empty after every connection closed: {st}"
+    );
+    let args = ClientArgs::bulk(8 << 20);
+    let before = agent.status()?;
+    let addr = pods.b.v4_addr(5503);
+    let server = PeerServer::start(&pods.b, addr, 1)?;
+    let client = testbed::run_client(&pods.a, addr, &args)?;
+    let server = server.wait()?;
+    ensure!(client.ok && server.ok, "{client:?} {server:?}");
+    let after = agent.status()?;
+    ensure!(
+        num(&after, "sockets_inserted") - num(&before, "sockets_inserted") == 2
+            && num(&after, "redirected_bytes") - num(&before, "redirected_bytes") >= 16 << 20,
+        "not bypassed once there was room again: {after}"
+    );
+    Ok(())
+}
