@@ -6,6 +6,8 @@ mod datapath;
 mod error;
 mod k8s;
 mod metrics;
+#[cfg(test)]
+mod props;
 mod run;
 mod status;
 mod sync;
