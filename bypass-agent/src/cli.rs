@@ -2,7 +2,12 @@
 
 use std::path::PathBuf;
 
-use bypass_common::names::{DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_SOCKETS, DEFAULT_PIN_DIR};
+use std::collections::BTreeSet;
+
+use bypass_common::names::{
+    DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_SOCKETS, DEFAULT_PIN_DIR, DEFAULT_SKIP_PORTS,
+    MAX_SKIP_PORTS,
+};
 use clap::{Args, Parser, Subcommand};
 
 use crate::cidr::PodCidr;
@@ -39,6 +44,16 @@ pub struct RunOpts {
     /// A single pod address (repeatable).
     #[arg(long = "pod-ip", value_name = "ADDR")]
     pub pod_ips: Vec<std::net::IpAddr>,
+    /// A Service ClusterIP range (repeatable): a pod's connection to an address inside
+    /// it is watched, so that when kube-proxy's DNAT lands it on a pod of this node the
+    /// two sockets are paired and bypassed.
+    #[arg(long = "service-cidr", value_name = "CIDR")]
+    pub service_cidrs: Vec<PodCidr>,
+    /// Ports whose connections are left alone (either end), comma-separated; `none` for
+    /// none. The default is Istio's control ports.
+    #[arg(long, value_name = "PORTS", default_value = DEFAULT_SKIP_PORTS_ARG,
+        value_parser = parse_ports)]
+    pub skip_ports: PortList,
     /// cgroup v2 directory to attach sock_ops to [default: the cgroup2 mount root].
     #[arg(long, value_name = "PATH")]
     pub cgroup: Option<PathBuf>,
@@ -108,6 +123,42 @@ pub struct PinOpts {
     pub pin_dir: PathBuf,
 }
 
+/// The default of `--skip-ports`.
+pub const DEFAULT_SKIP_PORTS_ARG: &str =
+    "15000,15004,15010,15012,15014,15017,15020,15021,15053,15090";
+const _: () = assert!(DEFAULT_SKIP_PORTS.len() == 10);
+
+/// A set of TCP ports.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PortList(pub BTreeSet<u16>);
+
+/// `none`, or comma-separated ports 1-65535.
+pub fn parse_ports(s: &str) -> Result<PortList, String> {
+    let t = s.trim();
+    if t.eq_ignore_ascii_case("none") || t.is_empty() {
+        return Ok(PortList::default());
+    }
+    let mut set = BTreeSet::new();
+    for part in t.split(',') {
+        let p = part.trim();
+        match p.parse::<u16>() {
+            Ok(0) | Err(_) => {
+                return Err(format!(
+                    "'{p}' is not a port: write ports 1-65535 separated by commas, e.g. \
+                     15000,15021, or `none`"
+                ));
+            }
+            Ok(n) => {
+                set.insert(n);
+            }
+        }
+    }
+    if set.len() > MAX_SKIP_PORTS as usize {
+        return Err(format!("{} ports; at most {MAX_SKIP_PORTS}", set.len()));
+    }
+    Ok(PortList(set))
+}
+
 /// A byte count below 4 GiB: digits with an optional K, M or G suffix (powers of 1024).
 pub fn parse_bytes(s: &str) -> Result<u32, String> {
     let t = s.trim();
@@ -142,6 +193,23 @@ pub struct StatusOpts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn port_lists() {
+        let default = parse_ports(DEFAULT_SKIP_PORTS_ARG).unwrap();
+        assert_eq!(
+            default.0,
+            DEFAULT_SKIP_PORTS.iter().copied().collect::<BTreeSet<_>>()
+        );
+        assert!(parse_ports("none").unwrap().0.is_empty());
+        assert_eq!(
+            parse_ports(" 80, 443 ").unwrap().0,
+            BTreeSet::from([80, 443])
+        );
+        assert!(parse_ports("0").is_err());
+        assert!(parse_ports("80,x").unwrap_err().contains("'x'"));
+        assert!(parse_ports("65536").is_err());
+    }
 
     #[test]
     fn byte_counts() {

@@ -282,45 +282,9 @@ impl Collector for DatapathCollector {
         )?;
         match view.stats.read() {
             Ok(c) => {
-                let rows: [(&str, &str, u64); 7] = [
-                    (
-                        "bypass_sockets_inserted",
-                        "Sockets inserted into the SockHash",
-                        c.sockets_inserted,
-                    ),
-                    (
-                        "bypass_sockets_skipped",
-                        "Established sockets that were not pod-to-pod",
-                        c.sockets_skipped,
-                    ),
-                    (
-                        "bypass_insert_failures",
-                        "SockHash inserts that failed",
-                        c.insert_failures,
-                    ),
-                    (
-                        "bypass_redirected_messages",
-                        "Messages redirected socket to socket",
-                        c.redirected_messages,
-                    ),
-                    (
-                        "bypass_redirected_bytes",
-                        "Bytes redirected socket to socket",
-                        c.redirected_bytes,
-                    ),
-                    (
-                        "bypass_passed_messages",
-                        "Messages that took the TCP path",
-                        c.passed_messages,
-                    ),
-                    (
-                        "bypass_passed_bytes",
-                        "Bytes that took the TCP path",
-                        c.passed_bytes,
-                    ),
-                ];
-                for (name, help, v) in rows {
-                    counter(&mut enc, name, help, v)?;
+                for stat in bypass_common::Stat::ALL {
+                    let name = format!("bypass_{}", stat.name());
+                    counter(&mut enc, &name, stat.help(), c.get(stat))?;
                 }
             }
             Err(e) => warn!(error = %e, "reading datapath counters for metrics"),

@@ -101,6 +101,7 @@ pub fn reconcile(data: &[u8]) {
     let statics = Statics {
         cidrs: cidrs(&input.static_cidrs),
         addrs: input.static_addrs.iter().copied().collect(),
+        ..Statics::default()
     };
     let want = sync::desired(
         input.node.as_ref(),

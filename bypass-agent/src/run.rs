@@ -64,11 +64,13 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
         max_queued_bytes: opts.max_queued_bytes,
         reset: opts.reset,
         detach_on_exit: opts.detach_on_exit,
+        skip_ports: opts.skip_ports.0.clone(),
     };
     if let Some(settings) = settings {
         let statics = Statics {
             cidrs: opts.pod_cidrs.iter().copied().collect(),
             addrs: opts.pod_ips.iter().copied().collect(),
+            service_cidrs: opts.service_cidrs.iter().copied().collect(),
         };
         return k8s::run(settings, config, statics);
     }
@@ -118,6 +120,7 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
     for ip in want_ips.difference(&have_ips) {
         maps.insert_addr(*ip)?;
     }
+    maps.set_service_cidrs(&opts.service_cidrs.iter().copied().collect())?;
     dp.attach()?;
     if let Some(t) = &telemetry {
         t.health.set_synced(true);
@@ -126,6 +129,8 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
     tracing::info!(
         pod_cidrs = ?opts.pod_cidrs.iter().map(ToString::to_string).collect::<Vec<_>>(),
         pod_ips = ?opts.pod_ips,
+        service_cidrs = ?opts.service_cidrs.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        skip_ports = ?opts.skip_ports.0,
         cgroup = %config.cgroup.display(),
         pin_dir = %dp.pins().root().display(),
         origin = ?dp.origin(),

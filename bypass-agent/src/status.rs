@@ -3,6 +3,7 @@
 
 use std::net::IpAddr;
 
+use bypass_common::Stat;
 use serde::Serialize;
 
 use crate::{
@@ -31,6 +32,10 @@ pub struct Report {
     pub pod_cidrs: Vec<String>,
     /// Exact pod addresses.
     pub pod_addresses: Vec<IpAddr>,
+    /// Service (ClusterIP) CIDRs.
+    pub service_cidrs: Vec<String>,
+    /// Ports left alone.
+    pub skip_ports: Vec<u16>,
     /// Kubernetes mode: where the on/off state came from (`label` or `default`); null
     /// in standalone mode, or before a valid decision.
     pub enabled_by: Option<EnabledBy>,
@@ -58,6 +63,13 @@ pub fn read(layout: &PinLayout) -> Result<Report, AgentError> {
             .map(ToString::to_string)
             .collect(),
         pod_addresses: view.pod_maps.addrs().into_iter().collect(),
+        service_cidrs: view
+            .pod_maps
+            .service_cidrs()
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
+        skip_ports: view.skip_ports.ports().into_iter().collect(),
         enabled_by: recorded.and_then(|r| r.enabled_by),
         label_value: recorded.map(|r| r.label),
         pin_dir: layout.root().display().to_string(),
@@ -68,20 +80,14 @@ pub fn read(layout: &PinLayout) -> Result<Report, AgentError> {
 pub fn render_text(r: &Report) -> String {
     let c = &r.counters;
     let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
-    let rows: [(&str, String); 19] = [
+    let mut rows: Vec<(&str, String)> = vec![
         ("attached", r.attached.to_string()),
         ("sockets", r.sockets.to_string()),
         ("addr_entries", opt(r.addr_entries.map(|n| n.to_string()))),
         ("max_queued_bytes", r.max_queued_bytes.to_string()),
-        ("sockets_inserted", c.sockets_inserted.to_string()),
-        ("sockets_skipped", c.sockets_skipped.to_string()),
-        ("insert_failures", c.insert_failures.to_string()),
-        ("redirected_messages", c.redirected_messages.to_string()),
-        ("redirected_bytes", c.redirected_bytes.to_string()),
-        ("passed_messages", c.passed_messages.to_string()),
-        ("passed_bytes", c.passed_bytes.to_string()),
-        ("queue_limited", c.queue_limited.to_string()),
-        ("resumed", c.resumed.to_string()),
+    ];
+    rows.extend(Stat::ALL.map(|s| (s.name(), c.get(s).to_string())));
+    rows.extend([
         ("pod_cidrs", r.pod_cidrs.join(", ")),
         (
             "pod_addresses",
@@ -99,13 +105,18 @@ pub fn render_text(r: &Report) -> String {
             "label_value",
             opt(r.label_value.map(|v| format!("{v:?}").to_lowercase())),
         ),
+        ("service_cidrs", r.service_cidrs.join(", ")),
+        (
+            "skip_ports",
+            r.skip_ports
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
         ("pin_dir", r.pin_dir.clone()),
-        ("", String::new()),
-    ];
-    rows.iter()
-        .filter(|(k, _)| !k.is_empty())
-        .map(|(k, v)| format!("{k:<20} {v}\n"))
-        .collect()
+    ]);
+    rows.iter().map(|(k, v)| format!("{k:<28} {v}\n")).collect()
 }
 
 /// `bypass-agent status`.
@@ -139,6 +150,8 @@ mod tests {
             },
             pod_cidrs: vec!["10.0.0.0/24".into()],
             pod_addresses: vec!["fd00::2".parse().unwrap()],
+            service_cidrs: vec!["10.96.0.0/12".into()],
+            skip_ports: vec![15021],
             enabled_by: Some(EnabledBy::Label),
             label_value: Some(LabelValue::True),
             pin_dir: "/sys/fs/bpf/bypass".into(),
@@ -155,6 +168,11 @@ mod tests {
             "redirected_bytes",
             "passed_messages",
             "insert_failures",
+            "paired_translated",
+            "redirected_bytes_loopback",
+            "skipped_ports",
+            "service_cidrs",
+            "skip_ports",
             "pod_cidrs",
             "pod_addresses",
             "enabled_by",
@@ -170,7 +188,7 @@ mod tests {
     #[test]
     fn text_lists_counters() {
         let t = render_text(&sample());
-        assert!(t.contains("redirected_bytes     1024"), "{t}");
-        assert!(t.contains("attached             true"), "{t}");
+        assert!(t.contains("redirected_bytes             1024"), "{t}");
+        assert!(t.contains("attached                     true"), "{t}");
     }
 }

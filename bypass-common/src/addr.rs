@@ -16,6 +16,19 @@ pub const fn mapped_v4(ip4_be: u32) -> IpKey {
     [0, 0, 0x0000_ffff_u32.to_be(), ip4_be]
 }
 
+/// Whether a key is a loopback address: `127.0.0.0/8` (as `::ffff:127.0.0.0/104`) or
+/// `::1`.
+#[inline(always)]
+pub const fn is_loopback(ip: &IpKey) -> bool {
+    if ip[0] != 0 || ip[1] != 0 {
+        return false;
+    }
+    if ip[2] == 0 {
+        return ip[3] == 1u32.to_be();
+    }
+    ip[2] == 0x0000_ffff_u32.to_be() && u32::from_be(ip[3]) >> 24 == 127
+}
+
 /// The key form of a user-space address.
 pub const fn ip_key(ip: core::net::IpAddr) -> IpKey {
     match ip {
@@ -110,6 +123,27 @@ mod tests {
             IpAddr::V6(Ipv6Addr::LOCALHOST),
         ] {
             assert_eq!(ip_from_key(ip_key(ip)), ip);
+        }
+    }
+
+    #[test]
+    fn loopback() {
+        for (ip, lo) in [
+            (IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)), true),
+            (IpAddr::V4(Ipv4Addr::new(127, 0, 0, 6)), true),
+            (IpAddr::V4(Ipv4Addr::new(127, 255, 1, 2)), true),
+            (IpAddr::V4(Ipv4Addr::new(128, 0, 0, 1)), false),
+            (IpAddr::V4(Ipv4Addr::new(10, 127, 0, 1)), false),
+            (IpAddr::V4(Ipv4Addr::new(0, 0, 0, 1)), false),
+            (IpAddr::V6(Ipv6Addr::LOCALHOST), true),
+            (IpAddr::V6(Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 2)), false),
+            (
+                IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 1)),
+                false,
+            ),
+            (IpAddr::V6(Ipv6Addr::UNSPECIFIED), false),
+        ] {
+            assert_eq!(is_loopback(&ip_key(ip)), lo, "{ip}");
         }
     }
 

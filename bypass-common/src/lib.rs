@@ -13,9 +13,9 @@ pub mod state;
 pub mod stats;
 
 pub use addr::{IpKey, ip_key, mapped_v4};
-pub use key::SockKey;
+pub use key::{Endpoint, SockKey};
 pub use layout::KernelLayout;
-pub use state::SockState;
+pub use state::{Connector, Pairing, SockState};
 pub use stats::Stat;
 
 /// Slots of the control array [`names::MAP_CONTROL`] (`Array<u32>`).

@@ -18,6 +18,22 @@ pub const MAP_SOCK_STATE: &str = "BYPASS_SOCK_STATE";
 /// in [`MAP_SOCKETS`], created with it and removed when the socket closes. Its capacity
 /// follows the SockHash's.
 pub const MAP_SOCK_ADDRS: &str = "BYPASS_SOCK_ADDRS";
+/// LPM trie of Service ClusterIP ranges (same key as [`MAP_POD_CIDRS`]): a pod's
+/// connection to such an address is inserted, in case kube-proxy's DNAT lands it on a
+/// pod of this node.
+pub const MAP_SERVICE_CIDRS: &str = "BYPASS_SERVICE_CIDRS";
+/// Hash of ports (`u32`, host order → `u8`, unused) whose connections are left alone.
+pub const MAP_SKIP_PORTS: &str = "BYPASS_SKIP_PORTS";
+/// LRU hash: network namespace cookie → the pod address (`IpKey`) a socket of that
+/// namespace was seen with. Loopback connections are bypassed only in a namespace whose
+/// pod address is still a pod address (so the per-pod opt-out covers them too).
+pub const MAP_POD_NETNS: &str = "BYPASS_POD_NETNS";
+/// LRU hash: a connecting socket's local [`crate::key::Endpoint`] →
+/// [`crate::state::Connector`], for the accepting side of a translated connection.
+pub const MAP_CONNECTORS: &str = "BYPASS_CONNECTORS";
+/// LRU hash: a connecting socket's key → its [`crate::state::Pairing`], written by the
+/// accepting side, read (then deleted) by the connecting socket's first sends.
+pub const MAP_PAIRS: &str = "BYPASS_PAIRS";
 
 /// The sock_ops program: inserts eligible established sockets.
 pub const PROG_SOCKOPS: &str = "bypass_sockops";
@@ -41,5 +57,19 @@ pub const DEFAULT_MAX_SOCKETS: u32 = 65_536;
 pub const DEFAULT_MAX_CIDRS: u32 = 1_024;
 /// Default capacity of the exact pod address map.
 pub const DEFAULT_MAX_ADDRS: u32 = 16_384;
+/// Default capacity of the Service CIDR trie.
+pub const DEFAULT_MAX_SERVICE_CIDRS: u32 = 64;
+/// Capacity of the skip-port map.
+pub const MAX_SKIP_PORTS: u32 = 256;
+/// Capacity of the pod network namespace map (pods on one node, with room).
+pub const DEFAULT_MAX_POD_NETNS: u32 = 4_096;
+/// Istio's control-plane and sidecar-management ports, left alone by default: the
+/// Envoy admin (15000), debug (15004), istiod xDS and CA (15010, 15012), istiod
+/// monitoring (15014), webhook (15017), merged telemetry and health (15020, 15021), DNS
+/// proxy (15053) and Envoy metrics (15090). The data ports (15001 outbound, 15006
+/// inbound, 15008 HBONE) are not in it.
+pub const DEFAULT_SKIP_PORTS: [u16; 10] = [
+    15000, 15004, 15010, 15012, 15014, 15017, 15020, 15021, 15053, 15090,
+];
 /// Default bound on a peer's ingress queue ([`crate::control::SLOT_MAX_QUEUED`]).
 pub const DEFAULT_MAX_QUEUED_BYTES: u32 = 64 << 20;

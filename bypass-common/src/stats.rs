@@ -24,10 +24,29 @@ pub enum Stat {
     /// Times a socket's sends moved back from the TCP path to redirects, its peer having
     /// read everything sent by TCP.
     Resumed = 8,
+    /// Connections paired pod address to pod address (counted once, on the accepting
+    /// side).
+    PairedPod = 9,
+    /// Connections paired over loopback inside a pod.
+    PairedLoopback = 10,
+    /// Connections paired across an address translation (REDIRECT, DNAT).
+    PairedTranslated = 11,
+    /// Bytes redirected on pod-to-pod connections ([`crate::state::hop::POD`]).
+    RedirectedBytesPod = 12,
+    /// Bytes redirected on loopback connections ([`crate::state::hop::LOOPBACK`]).
+    RedirectedBytesLoopback = 13,
+    /// Bytes redirected on translated connections ([`crate::state::hop::TRANSLATED`]).
+    RedirectedBytesTranslated = 14,
+    /// Accepting sockets that found a connecting socket on their client's address and
+    /// port whose sequence numbers did not match (another connection from the same
+    /// source, or a source NAT): left on the normal path.
+    PairRejected = 15,
+    /// Established sockets left alone because a port is in the skip list.
+    SkippedPorts = 16,
 }
 
 /// Number of slots; the array is created with this many entries.
-pub const STAT_SLOTS: u32 = 9;
+pub const STAT_SLOTS: u32 = 17;
 
 impl Stat {
     /// Every slot, in index order.
@@ -41,7 +60,62 @@ impl Stat {
         Stat::SocketsSkipped,
         Stat::QueueLimited,
         Stat::Resumed,
+        Stat::PairedPod,
+        Stat::PairedLoopback,
+        Stat::PairedTranslated,
+        Stat::RedirectedBytesPod,
+        Stat::RedirectedBytesLoopback,
+        Stat::RedirectedBytesTranslated,
+        Stat::PairRejected,
+        Stat::SkippedPorts,
     ];
+
+    /// One line of help for metrics.
+    pub const fn help(self) -> &'static str {
+        match self {
+            Stat::SocketsInserted => "Sockets inserted into the SockHash",
+            Stat::InsertFailures => "SockHash inserts that failed (map full, or refused)",
+            Stat::RedirectedMessages => "Messages redirected socket to socket",
+            Stat::RedirectedBytes => "Bytes redirected socket to socket",
+            Stat::PassedMessages => "Messages that took the TCP path",
+            Stat::PassedBytes => "Bytes that took the TCP path",
+            Stat::SocketsSkipped => "Established sockets that were not pod-to-pod",
+            Stat::QueueLimited => "Times sends moved to TCP because the peer's queue was full",
+            Stat::Resumed => "Times sends moved back to redirects after the peer caught up",
+            Stat::PairedPod => "Connections paired pod address to pod address",
+            Stat::PairedLoopback => "Connections paired over loopback inside a pod",
+            Stat::PairedTranslated => "Connections paired across a REDIRECT or DNAT",
+            Stat::RedirectedBytesPod => "Bytes redirected on pod-to-pod connections",
+            Stat::RedirectedBytesLoopback => "Bytes redirected on loopback connections",
+            Stat::RedirectedBytesTranslated => "Bytes redirected on translated connections",
+            Stat::PairRejected => {
+                "Accepted sockets whose client's sequence numbers did not match (left on TCP)"
+            }
+            Stat::SkippedPorts => "Sockets left alone for a port in the skip list",
+        }
+    }
+
+    /// The paired-connections counter of a [`crate::state::hop`] kind.
+    #[inline(always)]
+    pub const fn paired(hop: u32) -> Option<Stat> {
+        match hop {
+            crate::state::hop::POD => Some(Stat::PairedPod),
+            crate::state::hop::LOOPBACK => Some(Stat::PairedLoopback),
+            crate::state::hop::TRANSLATED => Some(Stat::PairedTranslated),
+            _ => None,
+        }
+    }
+
+    /// The redirected-bytes counter of a [`crate::state::hop`] kind.
+    #[inline(always)]
+    pub const fn redirected_bytes(hop: u32) -> Option<Stat> {
+        match hop {
+            crate::state::hop::POD => Some(Stat::RedirectedBytesPod),
+            crate::state::hop::LOOPBACK => Some(Stat::RedirectedBytesLoopback),
+            crate::state::hop::TRANSLATED => Some(Stat::RedirectedBytesTranslated),
+            _ => None,
+        }
+    }
 
     /// The array index.
     pub const fn index(self) -> u32 {
@@ -60,6 +134,14 @@ impl Stat {
             Stat::SocketsSkipped => "sockets_skipped",
             Stat::QueueLimited => "queue_limited",
             Stat::Resumed => "resumed",
+            Stat::PairedPod => "paired_pod",
+            Stat::PairedLoopback => "paired_loopback",
+            Stat::PairedTranslated => "paired_translated",
+            Stat::RedirectedBytesPod => "redirected_bytes_pod",
+            Stat::RedirectedBytesLoopback => "redirected_bytes_loopback",
+            Stat::RedirectedBytesTranslated => "redirected_bytes_translated",
+            Stat::PairRejected => "pair_rejected",
+            Stat::SkippedPorts => "skipped_ports",
         }
     }
 }

@@ -18,7 +18,7 @@ const AF_INET6: u32 = 10;
 /// loads in two arms of a `match` get merged by LLVM into one load through a computed
 /// context pointer, which the verifier refuses.
 macro_rules! key_from_ctx {
-    ($ctx:expr) => {{
+    ($ctx:expr, $netns:expr) => {{
         let c = $ctx;
         // SAFETY: `c` is the program's context pointer; each field is a valid
         // 4-byte context load.
@@ -49,17 +49,31 @@ macro_rules! key_from_ctx {
             AF_INET6 => (local6, remote6),
             _ => return None,
         };
-        Some(SockKey {
+        Some(SockKey::scoped(
             local_ip,
             remote_ip,
             local_port,
-            remote_port: remote_port_from_ctx(remote_port),
-        })
+            remote_port_from_ctx(remote_port),
+            $netns,
+        ))
     }};
 }
 
-/// The socket's own key from a sock_ops context, or `None` for another family.
+/// The socket's own key from a sock_ops context, in network namespace `netns` (its
+/// cookie), or `None` for another family.
 #[inline(always)]
-pub(crate) fn from_sock_ops(ops: *const bpf_sock_ops) -> Option<SockKey> {
-    key_from_ctx!(ops)
+pub(crate) fn from_sock_ops(ops: *const bpf_sock_ops, netns: u64) -> Option<SockKey> {
+    key_from_ctx!(ops, netns)
+}
+
+/// `snd_nxt` and `rcv_nxt` of a sock_ops context's socket.
+#[inline(always)]
+pub(crate) fn sequence(ops: *const bpf_sock_ops) -> (u32, u32) {
+    // SAFETY: `ops` is the program's context pointer; both are valid 4-byte loads.
+    unsafe {
+        (
+            read_volatile(addr_of!((*ops).snd_nxt)),
+            read_volatile(addr_of!((*ops).rcv_nxt)),
+        )
+    }
 }

@@ -1,12 +1,15 @@
 //! The maps, declared under the names in `bypass_common::names`.
 
 use aya_ebpf::{
-    btf_maps::{Array, HashMap, LpmTrie, PerCpuArray, SkStorage, SockHash},
+    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, SkStorage, SockHash},
     macros::btf_map,
 };
 use bypass_common::{
-    IpKey, SockKey, SockState, control,
-    names::{DEFAULT_MAX_ADDRS, DEFAULT_MAX_CIDRS, DEFAULT_MAX_SOCKETS},
+    Connector, Endpoint, IpKey, Pairing, SockKey, SockState, control,
+    names::{
+        DEFAULT_MAX_ADDRS, DEFAULT_MAX_CIDRS, DEFAULT_MAX_POD_NETNS, DEFAULT_MAX_SERVICE_CIDRS,
+        DEFAULT_MAX_SOCKETS, MAX_SKIP_PORTS,
+    },
     stats::STAT_SLOTS,
 };
 
@@ -43,6 +46,38 @@ pub(crate) static BYPASS_SOCK_STATE: SkStorage<SockState> = SkStorage::new();
 #[btf_map]
 pub(crate) static BYPASS_SOCK_ADDRS: HashMap<SockKey, u64, { DEFAULT_MAX_SOCKETS as usize }> =
     HashMap::new();
+
+/// Service (ClusterIP) CIDRs, keyed like [`BYPASS_POD_CIDRS`].
+#[btf_map]
+pub(crate) static BYPASS_SERVICE_CIDRS: LpmTrie<
+    [u8; 16],
+    u8,
+    { DEFAULT_MAX_SERVICE_CIDRS as usize },
+> = LpmTrie::new();
+
+/// Ports (host order) whose connections are left alone.
+#[btf_map]
+pub(crate) static BYPASS_SKIP_PORTS: HashMap<u32, u8, { MAX_SKIP_PORTS as usize }> = HashMap::new();
+
+/// Network namespace cookie → a pod address seen as a local address there.
+#[btf_map]
+pub(crate) static BYPASS_POD_NETNS: LruHashMap<u64, IpKey, { DEFAULT_MAX_POD_NETNS as usize }> =
+    LruHashMap::new();
+
+/// Each inserted connecting socket, by its local end. The agent sizes it like the
+/// SockHash.
+#[btf_map]
+pub(crate) static BYPASS_CONNECTORS: LruHashMap<
+    Endpoint,
+    Connector,
+    { DEFAULT_MAX_SOCKETS as usize },
+> = LruHashMap::new();
+
+/// Pairings the accepting side made, for the connecting socket to pick up. The agent
+/// sizes it like the SockHash.
+#[btf_map]
+pub(crate) static BYPASS_PAIRS: LruHashMap<SockKey, Pairing, { DEFAULT_MAX_SOCKETS as usize }> =
+    LruHashMap::new();
 
 /// Address of a BTF map definition, as the helpers take it.
 #[inline(always)]

@@ -19,14 +19,16 @@ use aya_ebpf::{
     programs::SkMsgContext,
 };
 use bypass_common::{
-    SockState, Stat, control,
-    state::{caught_up, options_need_tcp, within_limit},
+    SockKey, SockState, Stat, control,
+    state::{caught_up, hop, options_need_tcp, within_limit},
     tx_mode,
 };
 
 use crate::{
     kernel,
-    maps::{BYPASS_CONTROL, BYPASS_SOCK_ADDRS, BYPASS_SOCK_STATE, BYPASS_SOCKETS, map_ptr},
+    maps::{
+        BYPASS_CONTROL, BYPASS_PAIRS, BYPASS_SOCK_ADDRS, BYPASS_SOCK_STATE, BYPASS_SOCKETS, map_ptr,
+    },
     stats,
 };
 
@@ -46,11 +48,14 @@ enum Verdict {
 #[sk_msg]
 pub fn bypass_skmsg(ctx: SkMsgContext) -> u32 {
     let size = u64::from(ctx.size());
-    let verdict = try_redirect(&ctx, size);
+    let (verdict, kind) = try_redirect(&ctx, size);
     match verdict {
         Verdict::Redirected | Verdict::Resumed => {
             stats::add(Stat::RedirectedMessages, 1);
             stats::add(Stat::RedirectedBytes, size);
+            if let Some(stat) = Stat::redirected_bytes(kind) {
+                stats::add(stat, size);
+            }
         }
         Verdict::Passed | Verdict::QueueLimited => {
             stats::add(Stat::PassedMessages, 1);
@@ -66,14 +71,15 @@ pub fn bypass_skmsg(ctx: SkMsgContext) -> u32 {
 }
 
 /// Sets up the redirect, or decides on the TCP path, and records the socket's mode.
+/// Returns the verdict and the connection's [`hop`] kind.
 #[inline(always)]
-fn try_redirect(ctx: &SkMsgContext, size: u64) -> Verdict {
+fn try_redirect(ctx: &SkMsgContext, size: u64) -> (Verdict, u32) {
     // Storage was created when the socket was inserted; without it we cannot remember
     // that bytes went by TCP, so such a socket never redirects.
     // SAFETY: context field load.
     let sk = unsafe { read_volatile(addr_of!((*ctx.msg).__bindgen_anon_3.sk)) };
     if sk.is_null() {
-        return Verdict::Passed;
+        return (Verdict::Passed, hop::UNPAIRED);
     }
     // SAFETY: `sk` is the context's non-null socket; the helper may return null.
     let state = unsafe {
@@ -86,21 +92,32 @@ fn try_redirect(ctx: &SkMsgContext, size: u64) -> Verdict {
     }
     .cast::<SockState>();
     if state.is_null() {
-        return Verdict::Passed;
+        return (Verdict::Passed, hop::UNPAIRED);
     }
     // SAFETY: non-null storage of this socket, sized for a `SockState`. sk_msg runs under
     // the socket's lock (net/ipv4/tcp_bpf.c, tcp_bpf_sendmsg), so this is its only writer.
     let state = unsafe { &mut *state };
-    let verdict = decide(ctx, state, size);
+    if state.hop == hop::UNPAIRED {
+        // A connecting socket learns its peer from the accepting side, once.
+        if let Some(p) = BYPASS_PAIRS.get_ptr(state.key) {
+            // SAFETY: a live map value.
+            let p = unsafe { *p };
+            state.peer = p.peer;
+            state.hop = p.hop;
+            let _ = BYPASS_PAIRS.remove(state.key);
+        }
+    }
+    let (peer, kind) = state.peer_and_hop();
+    let verdict = decide(ctx, state, peer, size);
     state.tx_mode = match verdict {
         Verdict::Redirected | Verdict::Resumed => tx_mode::REDIRECT,
         Verdict::Passed | Verdict::QueueLimited => tx_mode::TCP,
     };
-    verdict
+    (verdict, kind)
 }
 
 #[inline(always)]
-fn decide(ctx: &SkMsgContext, state: &SockState, size: u64) -> Verdict {
+fn decide(ctx: &SkMsgContext, state: &SockState, mut peer: SockKey, size: u64) -> Verdict {
     if BYPASS_CONTROL.get(control::SLOT_ENABLED).copied() != Some(control::ENABLED) {
         return Verdict::Passed;
     }
@@ -120,7 +137,6 @@ fn decide(ctx: &SkMsgContext, state: &SockState, size: u64) -> Verdict {
     );
     let bounded = limit != 0 && layout.can_bound();
     let check_options = layout.can_check_options();
-    let mut peer = state.key.peer();
     if check_order || bounded || check_options {
         // No address: the peer is not (or no longer) inserted; a redirect would fail.
         let Some(peer_sk) = BYPASS_SOCK_ADDRS.get_ptr(peer) else {

@@ -1,8 +1,17 @@
-//! sock_ops: when a TCP connection is established and both of its ends are pod
-//! addresses, give the socket its state, publish its address for its peer and insert it
-//! into the SockHash. Inserting attaches the sk_msg program to the socket
-//! (net/core/sock_map.c, sock_map_link). When an inserted socket closes, withdraw its
-//! address.
+//! sock_ops: when a TCP connection is established and its two ends can be local pods,
+//! give the socket its state, pair it with its peer when the peer is already known,
+//! publish its address for its peer and insert it into the SockHash. Inserting attaches
+//! the sk_msg program to the socket (net/core/sock_map.c, sock_map_link). When an
+//! inserted socket closes, withdraw what it published.
+//!
+//! Three kinds of connection are paired (`bypass_common::state::hop`):
+//! - pod address to pod address: each socket's key mirrors the other's;
+//! - loopback inside a pod (a sidecar and its app): mirrored keys scoped to the pod's
+//!   network namespace, so equal 127.0.0.1 tuples in two pods never meet;
+//! - translated (iptables REDIRECT to a sidecar, kube-proxy's DNAT): the client's
+//!   destination is not where the connection landed, so the accepting socket finds its
+//!   client by the client's address and port, and proves it by the crossed initial
+//!   sequence numbers.
 
 use core::ptr::{addr_of, read_volatile};
 
@@ -10,20 +19,26 @@ use aya_ebpf::{
     bindings::{
         BPF_ANY, BPF_SK_STORAGE_GET_F_CREATE, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB,
         BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG,
-        BPF_TCP_CLOSE,
+        BPF_SOCK_OPS_TCP_CONNECT_CB, BPF_TCP_CLOSE,
     },
     btf_maps::lpm_trie::Key,
-    helpers::generated::bpf_sk_storage_get,
+    helpers::generated::{bpf_get_netns_cookie, bpf_sk_storage_get},
     macros::sock_ops,
     programs::SockOpsContext,
 };
-use bypass_common::{IpKey, SockState, Stat, addr::key_bytes, tx_mode};
+use bypass_common::{
+    Connector, IpKey, Pairing, SockKey, SockState, Stat,
+    addr::{is_loopback, key_bytes},
+    state::{hop, is_other_end},
+    tx_mode,
+};
 
 use crate::{
     key,
     maps::{
-        BYPASS_POD_ADDRS, BYPASS_POD_CIDRS, BYPASS_SOCK_ADDRS, BYPASS_SOCK_STATE, BYPASS_SOCKETS,
-        map_ptr,
+        BYPASS_CONNECTORS, BYPASS_PAIRS, BYPASS_POD_ADDRS, BYPASS_POD_CIDRS, BYPASS_POD_NETNS,
+        BYPASS_SERVICE_CIDRS, BYPASS_SKIP_PORTS, BYPASS_SOCK_ADDRS, BYPASS_SOCK_STATE,
+        BYPASS_SOCKETS, map_ptr,
     },
     stats,
 };
@@ -34,6 +49,8 @@ enum Skip {
     NotOurs,
     /// An end is not a pod address, or data already left by TCP.
     Ineligible,
+    /// A port is in the skip list.
+    Port,
     /// No socket storage, no room in the address map or the SockHash, or the kernel
     /// refused the state callback.
     Failed,
@@ -46,10 +63,20 @@ pub fn bypass_sockops(ctx: SockOpsContext) -> u32 {
         on_state_change(&ctx);
         return 1;
     }
+    if op == BPF_SOCK_OPS_TCP_CONNECT_CB {
+        // A pod connecting anywhere marks its namespace as a pod's, so that its later
+        // loopback connections (to its sidecar) qualify.
+        let netns = netns_cookie(&ctx);
+        if let Some(key) = key::from_sock_ops(ctx.ops, netns) {
+            learn_netns(netns, &key.local_ip);
+        }
+        return 1;
+    }
     match try_bypass_sockops(&ctx, op) {
         Ok(()) => stats::add(Stat::SocketsInserted, 1),
         Err(Skip::NotOurs) => {}
         Err(Skip::Ineligible) => stats::add(Stat::SocketsSkipped, 1),
+        Err(Skip::Port) => stats::add(Stat::SkippedPorts, 1),
         Err(Skip::Failed) => stats::add(Stat::InsertFailures, 1),
     }
     // sock_ops return values only matter for ops that ask for a reply.
@@ -57,12 +84,30 @@ pub fn bypass_sockops(ctx: SockOpsContext) -> u32 {
 }
 
 #[inline(always)]
+fn netns_cookie(ctx: &SockOpsContext) -> u64 {
+    // SAFETY: the helper takes the program's context (kernels ≥ 5.15 allow it in
+    // sock_ops).
+    unsafe { bpf_get_netns_cookie(ctx.ops.cast()) }
+}
+
+#[inline(always)]
 fn try_bypass_sockops(ctx: &SockOpsContext, op: u32) -> Result<(), Skip> {
-    if op != BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB && op != BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB {
+    let active = op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB;
+    if !active && op != BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB {
         return Err(Skip::NotOurs);
     }
-    let key = key::from_sock_ops(ctx.ops).ok_or(Skip::NotOurs)?;
-    if !is_pod(&key.local_ip) || !is_pod(&key.remote_ip) {
+    let netns = netns_cookie(ctx);
+    let key = key::from_sock_ops(ctx.ops, netns).ok_or(Skip::NotOurs)?;
+    let (snd_nxt, rcv_nxt) = key::sequence(ctx.ops);
+    learn_netns(netns, &key.local_ip);
+    if skipped_port(key.local_port) || skipped_port(key.remote_port) {
+        return Err(Skip::Port);
+    }
+    // The remote end of a connecting socket may also be a Service address that a DNAT
+    // will land on a local pod.
+    if !local_end(&key.local_ip, netns)
+        || !(local_end(&key.remote_ip, netns) || (active && is_service(&key.remote_ip)))
+    {
         return Err(Skip::Ineligible);
     }
     // A socket that already sent data by TCP (TCP Fast Open) must stay there: its later
@@ -89,16 +134,28 @@ fn try_bypass_sockops(ctx: &SockOpsContext, op: u32) -> Result<(), Skip> {
     if state.is_null() {
         return Err(Skip::Failed);
     }
+    // The accepting side is established after its client (the client's callback runs
+    // before it acknowledges the SYN-ACK, net/ipv4/tcp_input.c), so it pairs the two.
+    let paired = if active {
+        None
+    } else {
+        pair(&key, snd_nxt, rcv_nxt)
+    };
     // The address is only ever read back through bpf_probe_read_kernel; storing a
     // pointer in a map needs CAP_PERFMON (kernel/bpf/verifier.c, allow_ptr_leaks).
     let addr = sk as u64;
+    let (peer, kind) = match paired {
+        Some(p) => (p.peer, p.hop),
+        None => (SockKey::default(), hop::UNPAIRED),
+    };
     // SAFETY: non-null storage of this socket, sized for a `SockState`. A connection
     // established again on the same socket (after a disconnect) starts afresh.
     unsafe {
         *state = SockState {
             key,
+            peer,
             tx_mode: tx_mode::UNDECIDED,
-            reserved: 0,
+            hop: kind,
             sk: addr,
         }
     };
@@ -125,12 +182,65 @@ fn try_bypass_sockops(ctx: &SockOpsContext, op: u32) -> Result<(), Skip> {
         let _ = BYPASS_SOCK_ADDRS.remove(key);
         return Err(Skip::Failed);
     }
+    if active {
+        // The latest connecting socket on an end wins; the sequence check keeps an
+        // older one (or another destination's) from being taken for it.
+        let _ = BYPASS_CONNECTORS.insert(
+            key.local_end(key.netns),
+            Connector {
+                key,
+                snd_nxt,
+                rcv_nxt,
+            },
+            BPF_ANY.into(),
+        );
+    } else if let Some(p) = paired {
+        // Tell the client who its peer is; its next send picks this up.
+        let _ = BYPASS_PAIRS.insert(
+            p.peer,
+            Pairing {
+                peer: key,
+                hop: p.hop,
+                reserved: 0,
+            },
+            BPF_ANY.into(),
+        );
+        if let Some(stat) = Stat::paired(p.hop) {
+            stats::add(stat, 1);
+        }
+    }
     Ok(())
 }
 
-/// On the transition to TCP_CLOSE, the socket's address goes: the SockHash drops the
-/// socket itself (net/core/sock_map.c, sock_map_unhash), and tcp_set_state runs this
-/// callback before that (net/ipv4/tcp.c), well before the socket is freed.
+/// The accepting socket `key`'s client: the socket under the mirrored key, or else the
+/// connecting socket on its remote end whose sequence numbers cross with ours.
+#[inline(always)]
+fn pair(key: &SockKey, snd_nxt: u32, rcv_nxt: u32) -> Option<Pairing> {
+    let mirror = key.peer();
+    if BYPASS_SOCK_ADDRS.get_ptr(mirror).is_some() {
+        return Some(Pairing {
+            peer: mirror,
+            hop: hop::of_mirror(key),
+            reserved: 0,
+        });
+    }
+    let connector = BYPASS_CONNECTORS.get_ptr(key.remote_end(key.netns))?;
+    // SAFETY: a live map value.
+    let connector = unsafe { *connector };
+    if !is_other_end(&connector, snd_nxt, rcv_nxt) {
+        stats::add(Stat::PairRejected, 1);
+        return None;
+    }
+    Some(Pairing {
+        peer: connector.key,
+        hop: hop::TRANSLATED,
+        reserved: 0,
+    })
+}
+
+/// On the transition to TCP_CLOSE, what the socket published goes: the SockHash drops
+/// the socket itself (net/core/sock_map.c, sock_map_unhash), and tcp_set_state runs
+/// this callback before that (net/ipv4/tcp.c), well before the socket is freed.
 #[inline(always)]
 fn on_state_change(ctx: &SockOpsContext) {
     if ctx.arg(1) != BPF_TCP_CLOSE {
@@ -157,6 +267,14 @@ fn on_state_change(ctx: &SockOpsContext) {
     // SAFETY: non-null storage of this socket, sized for a `SockState`.
     let key = unsafe { (*state).key };
     let _ = BYPASS_SOCK_ADDRS.remove(key);
+    let _ = BYPASS_PAIRS.remove(key);
+    let end = key.local_end(key.netns);
+    if let Some(c) = BYPASS_CONNECTORS.get_ptr(end) {
+        // SAFETY: a live map value.
+        if unsafe { (*c).key } == key {
+            let _ = BYPASS_CONNECTORS.remove(end);
+        }
+    }
 }
 
 /// Whether `ip` is a pod address: in the exact map or inside a pod CIDR.
@@ -168,4 +286,48 @@ fn is_pod(ip: &IpKey) -> bool {
     BYPASS_POD_CIDRS
         .get(&Key::new(128, key_bytes(*ip)))
         .is_some()
+}
+
+/// Whether `ip` is inside a Service CIDR.
+#[inline(always)]
+fn is_service(ip: &IpKey) -> bool {
+    BYPASS_SERVICE_CIDRS
+        .get(&Key::new(128, key_bytes(*ip)))
+        .is_some()
+}
+
+/// Whether `port` is in the skip list.
+#[inline(always)]
+fn skipped_port(port: u32) -> bool {
+    BYPASS_SKIP_PORTS.get_ptr(port).is_some()
+}
+
+/// Whether `ip`, an end of a socket in namespace `netns`, can be a local pod's: a pod
+/// address, or loopback inside a namespace whose pod address is still a pod address
+/// (an opted-out or deleted pod's is not).
+#[inline(always)]
+fn local_end(ip: &IpKey, netns: u64) -> bool {
+    if is_loopback(ip) {
+        return match BYPASS_POD_NETNS.get_ptr(netns) {
+            // SAFETY: a live map value.
+            Some(pod) => is_pod(&unsafe { *pod }),
+            None => false,
+        };
+    }
+    is_pod(ip)
+}
+
+/// Records that namespace `netns` belongs to the pod whose address `ip` is.
+#[inline(always)]
+fn learn_netns(netns: u64, ip: &IpKey) {
+    if is_loopback(ip) || !is_pod(ip) {
+        return;
+    }
+    if let Some(known) = BYPASS_POD_NETNS.get_ptr(netns) {
+        // SAFETY: a live map value.
+        if unsafe { *known } == *ip {
+            return;
+        }
+    }
+    let _ = BYPASS_POD_NETNS.insert(netns, *ip, BPF_ANY.into());
 }

@@ -19,19 +19,64 @@ fn open_err(name: &str, e: &(dyn std::error::Error + 'static)) -> AgentError {
     AgentError::bpf(format!("open map {name}"), e)
 }
 
-/// The two address maps: pod CIDRs and exact pod addresses.
+/// The address maps: pod CIDRs, exact pod addresses, Service (ClusterIP) CIDRs.
 pub struct PodMaps {
     cidrs: LpmTrie<MapData, [u8; 16], u8>,
     addrs: HashMap<MapData, IpKey, u8>,
+    services: LpmTrie<MapData, [u8; 16], u8>,
 }
 
 impl PodMaps {
-    /// Wraps the two maps.
-    pub fn new(cidrs: Map, addrs: Map) -> Result<Self, AgentError> {
+    /// Wraps the three maps.
+    pub fn new(cidrs: Map, addrs: Map, services: Map) -> Result<Self, AgentError> {
         Ok(Self {
             cidrs: LpmTrie::try_from(cidrs).map_err(|e| open_err(names::MAP_POD_CIDRS, &e))?,
             addrs: HashMap::try_from(addrs).map_err(|e| open_err(names::MAP_POD_ADDRS, &e))?,
+            services: LpmTrie::try_from(services)
+                .map_err(|e| open_err(names::MAP_SERVICE_CIDRS, &e))?,
         })
+    }
+
+    /// Adds a Service (ClusterIP) CIDR.
+    pub fn insert_service_cidr(&mut self, cidr: &PodCidr) -> Result<(), AgentError> {
+        let (len, bytes) = cidr.trie_key();
+        self.services
+            .insert(&Key::new(len, bytes), 1, 0)
+            .map_err(|e| {
+                AgentError::bpf(
+                    format!("add Service CIDR {cidr} to {}", names::MAP_SERVICE_CIDRS),
+                    &e,
+                )
+            })
+    }
+
+    /// Removes a Service CIDR.
+    pub fn remove_service_cidr(&mut self, cidr: &PodCidr) -> Result<(), AgentError> {
+        let (len, bytes) = cidr.trie_key();
+        self.services
+            .remove(&Key::new(len, bytes))
+            .map_err(|e| AgentError::bpf(format!("remove Service CIDR {cidr}"), &e))
+    }
+
+    /// The Service CIDRs in the trie now.
+    pub fn service_cidrs(&self) -> BTreeSet<PodCidr> {
+        self.services
+            .keys()
+            .filter_map(Result::ok)
+            .filter_map(|k| cidr_from_trie(k.prefix_len(), k.data()))
+            .collect()
+    }
+
+    /// Makes the Service CIDR trie hold exactly `want`.
+    pub fn set_service_cidrs(&mut self, want: &BTreeSet<PodCidr>) -> Result<(), AgentError> {
+        let have = self.service_cidrs();
+        for cidr in have.difference(want) {
+            self.remove_service_cidr(cidr)?;
+        }
+        for cidr in want.difference(&have) {
+            self.insert_service_cidr(cidr)?;
+        }
+        Ok(())
     }
 
     /// Adds a pod CIDR.
@@ -118,6 +163,22 @@ pub struct Counters {
     pub queue_limited: u64,
     /// Times a socket moved back to redirects, its peer having read everything.
     pub resumed: u64,
+    /// Connections paired pod address to pod address.
+    pub paired_pod: u64,
+    /// Connections paired over loopback inside a pod.
+    pub paired_loopback: u64,
+    /// Connections paired across an address translation (REDIRECT, DNAT).
+    pub paired_translated: u64,
+    /// Bytes redirected on pod-to-pod connections.
+    pub redirected_bytes_pod: u64,
+    /// Bytes redirected on loopback connections.
+    pub redirected_bytes_loopback: u64,
+    /// Bytes redirected on translated connections.
+    pub redirected_bytes_translated: u64,
+    /// Accepting sockets whose would-be client's sequence numbers did not match.
+    pub pair_rejected: u64,
+    /// Sockets left alone for a port in the skip list.
+    pub skipped_ports: u64,
 }
 
 impl Counters {
@@ -132,6 +193,37 @@ impl Counters {
             Stat::SocketsSkipped => self.sockets_skipped = v,
             Stat::QueueLimited => self.queue_limited = v,
             Stat::Resumed => self.resumed = v,
+            Stat::PairedPod => self.paired_pod = v,
+            Stat::PairedLoopback => self.paired_loopback = v,
+            Stat::PairedTranslated => self.paired_translated = v,
+            Stat::RedirectedBytesPod => self.redirected_bytes_pod = v,
+            Stat::RedirectedBytesLoopback => self.redirected_bytes_loopback = v,
+            Stat::RedirectedBytesTranslated => self.redirected_bytes_translated = v,
+            Stat::PairRejected => self.pair_rejected = v,
+            Stat::SkippedPorts => self.skipped_ports = v,
+        }
+    }
+
+    /// The value of one counter.
+    pub fn get(&self, stat: Stat) -> u64 {
+        match stat {
+            Stat::SocketsInserted => self.sockets_inserted,
+            Stat::InsertFailures => self.insert_failures,
+            Stat::RedirectedMessages => self.redirected_messages,
+            Stat::RedirectedBytes => self.redirected_bytes,
+            Stat::PassedMessages => self.passed_messages,
+            Stat::PassedBytes => self.passed_bytes,
+            Stat::SocketsSkipped => self.sockets_skipped,
+            Stat::QueueLimited => self.queue_limited,
+            Stat::Resumed => self.resumed,
+            Stat::PairedPod => self.paired_pod,
+            Stat::PairedLoopback => self.paired_loopback,
+            Stat::PairedTranslated => self.paired_translated,
+            Stat::RedirectedBytesPod => self.redirected_bytes_pod,
+            Stat::RedirectedBytesLoopback => self.redirected_bytes_loopback,
+            Stat::RedirectedBytesTranslated => self.redirected_bytes_translated,
+            Stat::PairRejected => self.pair_rejected,
+            Stat::SkippedPorts => self.skipped_ports,
         }
     }
 }
@@ -158,6 +250,50 @@ impl Stats {
             c.set(stat, per_cpu.iter().copied().fold(0u64, u64::wrapping_add));
         }
         Ok(c)
+    }
+}
+
+/// Ports whose connections the datapath leaves alone.
+pub struct SkipPorts(HashMap<MapData, u32, u8>);
+
+impl SkipPorts {
+    /// Wraps the map.
+    pub fn new(map: Map) -> Result<Self, AgentError> {
+        Ok(Self(
+            HashMap::try_from(map).map_err(|e| open_err(names::MAP_SKIP_PORTS, &e))?,
+        ))
+    }
+
+    /// The ports in the map now.
+    pub fn ports(&self) -> BTreeSet<u16> {
+        self.0
+            .keys()
+            .filter_map(Result::ok)
+            .filter_map(|p| u16::try_from(p).ok())
+            .collect()
+    }
+
+    /// Makes the map hold exactly `want`.
+    pub fn set(&mut self, want: &BTreeSet<u16>) -> Result<(), AgentError> {
+        let have = self.ports();
+        for p in have.difference(want) {
+            self.0
+                .remove(&u32::from(*p))
+                .map_err(|e| AgentError::bpf(format!("remove skip port {p}"), &e))?;
+        }
+        for p in want.difference(&have) {
+            self.0.insert(u32::from(*p), 1, 0).map_err(|e| {
+                AgentError::bpf(
+                    format!(
+                        "add skip port {p} to {} (at most {} ports)",
+                        names::MAP_SKIP_PORTS,
+                        names::MAX_SKIP_PORTS
+                    ),
+                    &e,
+                )
+            })?;
+        }
+        Ok(())
     }
 }
 
@@ -339,6 +475,8 @@ pub struct PinnedView {
     pub sockets: SockHash<MapData, SockKey>,
     /// The socket address map (absent in a datapath pinned by an older build).
     pub addrs: Option<SockAddrs>,
+    /// The skip-port list.
+    pub skip_ports: SkipPorts,
     /// Whether the sock_ops link is pinned and alive.
     pub link_pinned: bool,
 }
@@ -353,7 +491,12 @@ impl PinnedView {
         }
         let open = |name: &str| open_pinned(layout, name);
         Ok(Self {
-            pod_maps: PodMaps::new(open(names::MAP_POD_CIDRS)?, open(names::MAP_POD_ADDRS)?)?,
+            pod_maps: PodMaps::new(
+                open(names::MAP_POD_CIDRS)?,
+                open(names::MAP_POD_ADDRS)?,
+                open(names::MAP_SERVICE_CIDRS)?,
+            )?,
+            skip_ports: SkipPorts::new(open(names::MAP_SKIP_PORTS)?)?,
             stats: Stats::new(open(names::MAP_STATS)?)?,
             control: Control::new(open(names::MAP_CONTROL)?)?,
             sockets: SockHash::try_from(open(names::MAP_SOCKETS)?)

@@ -23,7 +23,8 @@ use aya::{
 use bypass_common::{
     KernelLayout, SockKey,
     names::{
-        MAP_CONTROL, MAP_POD_ADDRS, MAP_POD_CIDRS, MAP_SOCK_ADDRS, MAP_SOCKETS, MAP_STATS,
+        MAP_CONNECTORS, MAP_CONTROL, MAP_PAIRS, MAP_POD_ADDRS, MAP_POD_CIDRS, MAP_POD_NETNS,
+        MAP_SERVICE_CIDRS, MAP_SKIP_PORTS, MAP_SOCK_ADDRS, MAP_SOCKETS, MAP_STATS,
         PIN_LINK_SOCKOPS, PROG_SKMSG, PROG_SOCKOPS,
     },
 };
@@ -52,6 +53,8 @@ pub struct Config {
     /// On drop, detach and remove the pins. Off, the datapath stays pinned and
     /// attached for the next agent to adopt.
     pub detach_on_exit: bool,
+    /// Ports whose connections are left alone.
+    pub skip_ports: std::collections::BTreeSet<u16>,
 }
 
 /// How the running datapath came to be.
@@ -140,7 +143,10 @@ impl Datapath {
         let pod_maps = PodMaps::new(
             maps::open_pinned(&pins, MAP_POD_CIDRS)?,
             maps::open_pinned(&pins, MAP_POD_ADDRS)?,
+            maps::open_pinned(&pins, MAP_SERVICE_CIDRS)?,
         )?;
+        // Every start (adopting too) writes the skip list asked for.
+        maps::SkipPorts::new(maps::open_pinned(&pins, MAP_SKIP_PORTS)?)?.set(&config.skip_ports)?;
         let stats = maps::Stats::new(maps::open_pinned(&pins, MAP_STATS)?)?;
         // Full maps are only visible as a growing counter: a thread watches it.
         let pressure = maps::Stats::new(maps::open_pinned(&pins, MAP_STATS)?)
@@ -352,6 +358,8 @@ fn load_fresh(pins: &PinLayout, config: &Config, identity: Identity) -> Result<E
     let mut ebpf = EbpfLoader::new()
         .map_max_entries(MAP_SOCKETS, config.max_sockets)
         .map_max_entries(MAP_SOCK_ADDRS, config.max_sockets)
+        .map_max_entries(MAP_CONNECTORS, config.max_sockets)
+        .map_max_entries(MAP_PAIRS, config.max_sockets)
         .load(object::BYTES)
         .map_err(|e| classify_load_error(&e))?;
     let guard = pins::PinGuard::new(pins.clone(), true);
@@ -362,6 +370,11 @@ fn load_fresh(pins: &PinLayout, config: &Config, identity: Identity) -> Result<E
         MAP_POD_ADDRS,
         MAP_STATS,
         MAP_SOCK_ADDRS,
+        MAP_SERVICE_CIDRS,
+        MAP_SKIP_PORTS,
+        MAP_POD_NETNS,
+        MAP_CONNECTORS,
+        MAP_PAIRS,
     ] {
         pin_map(&ebpf, pins, name)?;
     }
