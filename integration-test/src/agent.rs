@@ -141,6 +141,30 @@ pub struct AgentStatus {
     pub passed_messages: u64,
     /// Bytes that took the TCP path.
     pub passed_bytes: u64,
+    /// Connections paired pod address to pod address (once, on the accepting side).
+    #[serde(default)]
+    pub paired_pod: u64,
+    /// Connections paired over loopback inside a pod.
+    #[serde(default)]
+    pub paired_loopback: u64,
+    /// Connections paired across an address translation (REDIRECT, DNAT).
+    #[serde(default)]
+    pub paired_translated: u64,
+    /// Bytes redirected on pod-to-pod connections.
+    #[serde(default)]
+    pub redirected_bytes_pod: u64,
+    /// Bytes redirected on loopback connections.
+    #[serde(default)]
+    pub redirected_bytes_loopback: u64,
+    /// Bytes redirected on translated connections.
+    #[serde(default)]
+    pub redirected_bytes_translated: u64,
+    /// Accepting sockets whose candidate client's sequence numbers did not match.
+    #[serde(default)]
+    pub pair_rejected: u64,
+    /// Established sockets left alone for a port in `--skip-ports`.
+    #[serde(default)]
+    pub skipped_ports: u64,
     /// Pod CIDRs in the trie.
     pub pod_cidrs: Vec<String>,
     /// Exact pod addresses.

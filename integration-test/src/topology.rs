@@ -173,6 +173,54 @@ impl TwoPods {
         format!("10.99.{}.0/24", self.subnet)
     }
 
+    /// An IPv4 Service (ClusterIP) range of this instance, apart from the pod and the
+    /// outside networks, e.g. `10.96.7.0/24`.
+    pub fn service_cidr_v4(&self) -> String {
+        format!("10.96.{}.0/24", self.subnet)
+    }
+
+    /// An IPv6 Service range of this instance, e.g. `fd96:0:0:7::/112`.
+    pub fn service_cidr_v6(&self) -> String {
+        format!("fd96:0:0:{:x}::/112", self.subnet)
+    }
+
+    /// Another "node" on the bridge: a namespace labelled `label` (one character) whose
+    /// addresses are `10.99.<k>.<host>/24` (in [`TwoPods::outside_cidr_v4`]) and
+    /// `fd99:0:0:<k>::<host>/64`, outside every pod CIDR, with on-link routes to the
+    /// pods. Its cgroup is not below [`TwoPods::cgroup`], so an agent attached there
+    /// sees none of its sockets.
+    pub fn outside_node(&self, label: &str, host: u8) -> Result<Pod> {
+        let netns = Netns::create(&names::resource(&self.tag, label))?;
+        let host_if = names::ifname(&format!("-{label}"), &self.tag).map_err(anyhow::Error::msg)?;
+        let veth = Veth::create(&host_if, &self.bridge, &netns, POD_IFNAME)?;
+        let cgroup = CgroupGuard::create(&names::resource(&self.tag, &format!("node-{label}")))?;
+        let ipv4 = Ipv4Addr::new(10, 99, self.subnet, host);
+        let ipv6 = Ipv6Addr::new(
+            0xfd99,
+            0,
+            0,
+            u16::from(self.subnet),
+            0,
+            0,
+            0,
+            u16::from(host),
+        );
+        let node = Pod {
+            cgroup,
+            veth,
+            netns,
+            name: label.to_owned(),
+            ipv4,
+            ipv6,
+        };
+        node.add_addr(&format!("{ipv4}/24"))
+            .and_then(|()| node.add_addr(&format!("{ipv6}/64")))
+            .and_then(|()| node.add_route(&self.pod_cidr_v4()))
+            .and_then(|()| node.add_route(&self.pod_cidr_v6()))
+            .with_context(|| format!("address node {label}"))?;
+        Ok(node)
+    }
+
     /// A fresh bpffs pin directory name for an agent of this instance (not created).
     pub fn pin_dir(&self, what: &str) -> PathBuf {
         PathBuf::from("/sys/fs/bpf").join(names::resource(&self.tag, what))

@@ -1,0 +1,182 @@
+//! Running `bypass-proxy` (the sidecar-like proxy of the mesh tests) inside a pod, as a
+//! guard: started, ready once it printed its listening line, killed on drop.
+
+use std::{
+    io::{BufRead as _, BufReader, Read as _},
+    net::SocketAddr,
+    path::PathBuf,
+    process::{Command, Stdio},
+    sync::{Arc, Mutex, mpsc},
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::{spawn::PodChild, spawn::spawn_in_on_cpus, topology::Pod};
+
+/// How long `start` waits for the listening line.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The proxy binary: `$BYPASS_PROXY_BIN`, else `bypass-proxy` next to the running
+/// executable (or next to its `deps/` directory, for cargo's test binaries).
+pub fn proxy_bin() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("BYPASS_PROXY_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().context("find the running executable")?;
+    let mut dir = exe.parent().map(PathBuf::from).unwrap_or_default();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let p = dir.join("bypass-proxy");
+    if !p.is_file() {
+        bail!(
+            "no bypass-proxy at {} (cargo build -p integration-test --bins, or set BYPASS_PROXY_BIN)",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
+/// Options of `bypass-proxy`.
+#[derive(Clone, Debug)]
+pub struct ProxyOpts {
+    /// `--listen`.
+    pub listen: SocketAddr,
+    /// `--upstream`.
+    pub upstream: SocketAddr,
+    /// `--mark` (0: none).
+    pub mark: u32,
+    /// `--upstream-bind`.
+    pub upstream_bind: Option<SocketAddr>,
+    /// CPUs it may run on (empty: any).
+    pub cpus: Vec<usize>,
+}
+
+impl ProxyOpts {
+    /// A proxy from `listen` to `upstream`, no mark.
+    pub fn new(listen: SocketAddr, upstream: SocketAddr) -> Self {
+        Self {
+            listen,
+            upstream,
+            mark: 0,
+            upstream_bind: None,
+            cpus: Vec::new(),
+        }
+    }
+
+    /// The command line after the program name.
+    pub fn args(&self) -> Vec<String> {
+        let mut a = vec![
+            "--listen".to_owned(),
+            self.listen.to_string(),
+            "--upstream".to_owned(),
+            self.upstream.to_string(),
+        ];
+        if self.mark != 0 {
+            a.extend(["--mark".to_owned(), format!("{:#x}", self.mark)]);
+        }
+        if let Some(b) = self.upstream_bind {
+            a.extend(["--upstream-bind".to_owned(), b.to_string()]);
+        }
+        a
+    }
+}
+
+/// A `bypass-proxy` running in a pod; killed on drop.
+#[derive(Debug)]
+pub struct Proxy {
+    child: PodChild,
+    stderr: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Proxy {
+    /// Starts the proxy in `pod` and waits until it listens.
+    pub fn start(pod: &Pod, opts: &ProxyOpts) -> Result<Self> {
+        let mut cmd = Command::new(proxy_bin()?);
+        cmd.args(opts.args())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = spawn_in_on_cpus(pod, cmd, &opts.cpus)?;
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        if let Some(mut pipe) = child.inner().stderr.take() {
+            let sink = Arc::clone(&stderr);
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = pipe.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    if let Ok(mut s) = sink.lock() {
+                        s.extend_from_slice(&buf[..n]);
+                    }
+                }
+            });
+        }
+        let stdout = child.inner().stdout.take().context("bypass-proxy stdout")?;
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let r = BufReader::new(stdout).read_line(&mut line).map(|_| line);
+            let _ = tx.send(r);
+        });
+        let proxy = Self { child, stderr };
+        match rx.recv_timeout(READY_TIMEOUT) {
+            Ok(Ok(line)) if line.starts_with("bypass-proxy listening on") => Ok(proxy),
+            Ok(Ok(line)) => {
+                // Give its stderr reader a moment to catch the reason.
+                std::thread::sleep(Duration::from_millis(50));
+                bail!(
+                    "bypass-proxy {} in pod {} did not start (stdout {:?}): {}",
+                    opts.args().join(" "),
+                    pod.name(),
+                    line.trim(),
+                    proxy.stderr().trim()
+                )
+            }
+            Ok(Err(e)) => Err(e).context("read bypass-proxy stdout"),
+            Err(_) => bail!(
+                "bypass-proxy in pod {} did not listen within {READY_TIMEOUT:?}",
+                pod.name()
+            ),
+        }
+    }
+
+    /// Its pid.
+    pub fn pid(&self) -> u32 {
+        self.child.pid()
+    }
+
+    /// What it wrote to stderr so far (one line per failed connection).
+    pub fn stderr(&self) -> String {
+        self.stderr
+            .lock()
+            .map(|s| String::from_utf8_lossy(&s).into_owned())
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn args() {
+        let mut o = ProxyOpts::new(
+            "0.0.0.0:15001".parse().unwrap(),
+            "10.88.1.2:5801".parse().unwrap(),
+        );
+        assert_eq!(
+            o.args().join(" "),
+            "--listen 0.0.0.0:15001 --upstream 10.88.1.2:5801"
+        );
+        o.mark = 0x539;
+        o.upstream_bind = Some("127.0.0.1:40123".parse().unwrap());
+        assert!(
+            o.args()
+                .join(" ")
+                .ends_with("--mark 0x539 --upstream-bind 127.0.0.1:40123")
+        );
+    }
+}
