@@ -22,7 +22,10 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail, ensure};
-use bypass_common::{SockKey, names::MAP_SOCKETS};
+use bypass_common::{
+    Endpoint, SockKey,
+    names::{MAP_CONNECTORS, MAP_PAIRS, MAP_SOCK_ADDRS, MAP_SOCKETS},
+};
 use common::{Exchange, assert_byte_exact, exchange};
 use testbed::{
     Agent, AgentOpts, AgentStatus, ClientArgs, PeerClient, PeerServer, Proxy, ProxyOpts, Report,
@@ -243,6 +246,92 @@ fn sidecar_chain(family: Family) -> Result<()> {
     );
     assert_pingpong_exact(&y, rounds, size).with_context(|| context("ping-pong"))?;
     assert_chain_bypassed(&y, 2 * rounds * size as u64).with_context(|| context("ping-pong"))
+}
+
+/// Many short connections through the chain, each writing at once, 8 at a time: the
+/// pairing at establishment races the first sends on every hop; all byte-exact, every
+/// hop of every connection paired, and the maps empty afterwards.
+#[test]
+fn sidecar_chain_short_connections_exact() -> Result<()> {
+    if !mesh_preflight("sidecar_chain_short_connections_exact")? {
+        return Ok(());
+    }
+    const CONNECTIONS: u64 = 300;
+    let pods = TwoPods::new()?;
+    iptables::apply(
+        pods.a.netns(),
+        Family::V4,
+        &iptables::sidecar_outbound(APP_PORT, PROXY_MARK, OUTBOUND_PORT),
+    )?;
+    iptables::apply(
+        pods.b.netns(),
+        Family::V4,
+        &iptables::sidecar_inbound(APP_PORT, INBOUND_PORT),
+    )?;
+    let agent = Agent::start(&pods.agent_opts())?;
+    let b_app = pods.b.v4_addr(APP_PORT);
+    let _outbound = Proxy::start(
+        &pods.a,
+        &ProxyOpts {
+            mark: PROXY_MARK,
+            ..ProxyOpts::new(SocketAddr::new(any(Family::V4), OUTBOUND_PORT), b_app)
+        },
+    )?;
+    let _inbound = Proxy::start(
+        &pods.b,
+        &ProxyOpts::new(
+            SocketAddr::new(any(Family::V4), INBOUND_PORT),
+            SocketAddr::new(loopback(Family::V4), APP_PORT),
+        ),
+    )?;
+    let args = ClientArgs {
+        send: 4096,
+        recv: 4096,
+        streams: 8,
+        connections: CONNECTIONS,
+        msg_size: 1024,
+        ..ClientArgs::default()
+    };
+    let x = exchange(
+        &pods,
+        &agent,
+        SocketAddr::new(any(Family::V4), APP_PORT),
+        b_app,
+        &args,
+    )?;
+    let why = growth(&x.before, &x.after);
+    eprintln!("sidecar chain, {CONNECTIONS} short connections: {why}");
+    assert_byte_exact(&x, &args)?;
+    ensure!(
+        x.grew(|s| s.paired_translated) == 2 * CONNECTIONS
+            && x.grew(|s| s.paired_loopback) == CONNECTIONS,
+        "every hop of every connection should be paired: {why}"
+    );
+    ensure!(x.grew(|s| s.insert_failures) == 0, "insert failures: {why}");
+    // Closed connections leave the map (the proxies close both ends of a hop).
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while agent.stats()?.sockets != 0 {
+        ensure!(
+            Instant::now() < deadline,
+            "{} sockets still in the map after every connection closed",
+            agent.stats()?.sockets
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // So does the per-connection pairing state (the LRU maps would only hide a leak).
+    for (map, key_size) in [
+        (MAP_SOCK_ADDRS, size_of::<SockKey>()),
+        (MAP_CONNECTORS, size_of::<Endpoint>()),
+        (MAP_PAIRS, size_of::<SockKey>()),
+    ] {
+        let left = mapkeys::pinned_map_keys(&agent.pin_dir().join("maps").join(map), key_size)?;
+        ensure!(
+            left.is_empty(),
+            "{map} still holds {} entries after every connection closed",
+            left.len()
+        );
+    }
+    Ok(())
 }
 
 #[test]
