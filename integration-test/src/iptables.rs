@@ -273,6 +273,7 @@ pub fn kube_proxy_rules(svc: &ClusterIp) -> Vec<Rule> {
             "kubernetes service traffic requiring SNAT",
             "-j",
             "MASQUERADE",
+            "--random-fully",
         ]),
         rule(&[
             "-t",

@@ -11,8 +11,15 @@
 //! - the same DNAT to a backend on another "node" (outside the pod CIDRs): normal path;
 //! - a port in `--skip-ports` (Istio's 15021 by default) is left alone, and `none`
 //!   bypasses it;
+//! - a client kube-proxy masquerades (`--random-fully`): byte-exact, never mispaired;
 //! - a source NAT onto the address and port of another live connection: the accepting
-//!   side's candidate fails the sequence-number check, normal path, byte-exact.
+//!   side's candidate fails the sequence-number check, normal path, byte-exact;
+//! - 300 short connections through the chain, each writing at once: all paired, the
+//!   maps empty afterwards; egress to an outside address: that hop not watched;
+//!   loopback bypassed only once the namespace is known as a pod's.
+//!
+//! The proxies are `bypass-proxy` (src/bin/bypass-proxy.rs); the rules come from
+//! `testbed::iptables` and vanish with the namespaces.
 
 mod common;
 
@@ -607,6 +614,63 @@ fn clusterip_dnat_to_local_pod_ipv6_bypassed_both_ways() -> Result<()> {
         return Ok(());
     }
     clusterip_to_local_pod(Family::V6)
+}
+
+/// A client kube-proxy masquerades (its address is outside the cluster CIDR it was
+/// given, so `KUBE-MARK-MASQ` marks it and `MASQUERADE --random-fully` picks a new
+/// source port): byte-exact, and either cleanly on the normal path (the server's view
+/// of its client matches no connecting socket) or, if the port happened to be kept,
+/// paired as the same connection; never rejected, never half-redirected.
+#[test]
+fn clusterip_masqueraded_client_exact() -> Result<()> {
+    if !mesh_preflight("clusterip_masqueraded_client_exact")? {
+        return Ok(());
+    }
+    const TARGET_PORT: u16 = 5703;
+    let pods = TwoPods::new()?;
+    let svc_cidr = pods.service_cidr_v4();
+    let vip = vip_in(&svc_cidr, 8080)?;
+    let backend = pods.b.v4_addr(TARGET_PORT);
+    pods.a.add_route(&svc_cidr)?;
+    let svc = ClusterIp {
+        // A cluster CIDR that does not hold pod a: its connections are masqueraded.
+        cluster_cidr: "10.250.0.0/16".to_owned(),
+        ..cluster_ip(&pods, vip, backend)
+    };
+    iptables::apply(
+        pods.a.netns(),
+        Family::V4,
+        &iptables::kube_proxy_rules(&svc),
+    )?;
+    let agent = agent_with(&pods, &["--service-cidr", &svc_cidr])?;
+    let args = ClientArgs::bulk(8 << 20);
+    let payload = args.send + args.recv;
+    let x = exchange(
+        &pods,
+        &agent,
+        SocketAddr::new(any(Family::V4), TARGET_PORT),
+        vip,
+        &args,
+    )?;
+    let why = growth(&x.before, &x.after);
+    eprintln!("masqueraded client of {vip}: {why}");
+    assert_byte_exact(&x, &args).with_context(|| nat_tables(&pods, Family::V4))?;
+    let (b, a) = (&x.before, &x.after);
+    let normal = grew(b, a, |s| s.paired_translated) == 0
+        && grew(b, a, |s| s.redirected_bytes) == 0
+        && x.wire >= payload;
+    let same_connection = grew(b, a, |s| s.paired_translated) == 1
+        && grew(b, a, |s| s.redirected_bytes_translated) >= payload * 99 / 100;
+    ensure!(
+        normal || same_connection,
+        "neither the normal path nor a clean pairing: wire {} B, {why}",
+        x.wire
+    );
+    ensure!(
+        grew(b, a, |s| s.pair_rejected) == 0,
+        "nothing to reject: {why}"
+    );
+    Ok(())
 }
 
 /// The same Service with its endpoint on another "node" (a namespace on the bridge,
