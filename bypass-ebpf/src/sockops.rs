@@ -22,12 +22,12 @@ use aya_ebpf::{
         BPF_SOCK_OPS_TCP_CONNECT_CB, BPF_TCP_CLOSE,
     },
     btf_maps::lpm_trie::Key,
-    helpers::generated::{bpf_get_netns_cookie, bpf_sk_storage_get},
+    helpers::generated::{bpf_get_netns_cookie, bpf_sk_storage_delete, bpf_sk_storage_get},
     macros::sock_ops,
     programs::SockOpsContext,
 };
 use bypass_common::{
-    Connector, IpKey, Pairing, SockKey, SockState, Stat,
+    Connector, IpKey, Pairing, SockState, Stat,
     addr::{is_loopback, key_bytes},
     state::{hop, is_other_end},
     tx_mode,
@@ -47,7 +47,8 @@ use crate::{
 enum Skip {
     /// Not an establishment event, or not IPv4/IPv6.
     NotOurs,
-    /// An end is not a pod address, or data already left by TCP.
+    /// An end is not a pod address, data already left by TCP, or an accepted socket
+    /// whose client is not a socket of this node's pods.
     Ineligible,
     /// A port is in the skip list.
     Port,
@@ -134,31 +135,27 @@ fn try_bypass_sockops(ctx: &SockOpsContext, op: u32) -> Result<(), Skip> {
     if state.is_null() {
         return Err(Skip::Failed);
     }
-    // The accepting side is established after its client (the client's callback runs
-    // before it acknowledges the SYN-ACK, net/ipv4/tcp_input.c), so it pairs the two.
-    let paired = if active {
-        None
-    } else {
-        pair(&key, snd_nxt, rcv_nxt)
-    };
+    // SAFETY: non-null storage of this socket, sized for a `SockState`; written field by
+    // field (a whole `SockState` on the stack would not fit beside the rest). A
+    // connection established again on the same socket (after a disconnect) starts
+    // afresh.
+    let state = unsafe { &mut *state };
+    state.key = key;
+    state.tx_mode = tx_mode::UNDECIDED;
+    state.hop = hop::UNPAIRED;
     // The address is only ever read back through bpf_probe_read_kernel; storing a
     // pointer in a map needs CAP_PERFMON (kernel/bpf/verifier.c, allow_ptr_leaks).
-    let addr = sk as u64;
-    let (peer, kind) = match paired {
-        Some(p) => (p.peer, p.hop),
-        None => (SockKey::default(), hop::UNPAIRED),
-    };
-    // SAFETY: non-null storage of this socket, sized for a `SockState`. A connection
-    // established again on the same socket (after a disconnect) starts afresh.
-    unsafe {
-        *state = SockState {
-            key,
-            peer,
-            tx_mode: tx_mode::UNDECIDED,
-            hop: kind,
-            sk: addr,
-        }
-    };
+    state.sk = sk as u64;
+    // The accepting side is established after its client (the client's callback runs
+    // before it acknowledges the SYN-ACK, net/ipv4/tcp_input.c, tcp_finish_connect), so
+    // it pairs the two. One with no client here (a pod on another node, a masqueraded
+    // client) could never redirect nor be redirected to: it stays out of the map and off
+    // tcp_bpf's paths.
+    if !active && !pair(state, snd_nxt, rcv_nxt) {
+        // SAFETY: `sk` is the context's non-null socket.
+        unsafe { bpf_sk_storage_delete(map_ptr(&BYPASS_SOCK_STATE), sk.cast()) };
+        return Err(Skip::Ineligible);
+    }
     // The state callback withdraws the address when the socket closes, so the map
     // cannot fill with dead sockets (include/uapi/linux/bpf.h, BPF_SOCK_OPS_STATE_CB).
     if ctx
@@ -171,71 +168,69 @@ fn try_bypass_sockops(ctx: &SockOpsContext, op: u32) -> Result<(), Skip> {
     // redirect to it can also measure its queue. A full map keeps the socket out: its
     // peer could not bound what it queues.
     BYPASS_SOCK_ADDRS
-        .insert(key, addr, BPF_ANY.into())
+        .insert(&state.key, state.sk, BPF_ANY.into())
         .map_err(|_| Skip::Failed)?;
-    let mut sock_key = key;
     // SAFETY: the context pointer is valid for the program's run.
     if BYPASS_SOCKETS
-        .update(&mut sock_key, unsafe { &mut *ctx.ops }, BPF_ANY.into())
+        .update(&mut state.key, unsafe { &mut *ctx.ops }, BPF_ANY.into())
         .is_err()
     {
-        let _ = BYPASS_SOCK_ADDRS.remove(key);
+        let _ = BYPASS_SOCK_ADDRS.remove(&state.key);
         return Err(Skip::Failed);
     }
     if active {
         // The latest connecting socket on an end wins; the sequence check keeps an
         // older one (or another destination's) from being taken for it.
         let _ = BYPASS_CONNECTORS.insert(
-            key.local_end(key.netns),
+            state.key.local_end(state.key.netns),
             Connector {
-                key,
+                key: state.key,
                 snd_nxt,
                 rcv_nxt,
             },
             BPF_ANY.into(),
         );
-    } else if let Some(p) = paired {
+    } else {
         // Tell the client who its peer is; its next send picks this up.
         let _ = BYPASS_PAIRS.insert(
-            p.peer,
+            &state.peer,
             Pairing {
-                peer: key,
-                hop: p.hop,
+                peer: state.key,
+                hop: state.hop,
                 reserved: 0,
             },
             BPF_ANY.into(),
         );
-        if let Some(stat) = Stat::paired(p.hop) {
+        if let Some(stat) = Stat::paired(state.hop) {
             stats::add(stat, 1);
         }
     }
     Ok(())
 }
 
-/// The accepting socket `key`'s client: the socket under the mirrored key, or else the
-/// connecting socket on its remote end whose sequence numbers cross with ours.
+/// Finds the accepting socket `state`'s client and records it as its peer: the socket
+/// under the mirrored key, or else the connecting socket on its remote end whose
+/// sequence numbers cross with ours.
 #[inline(always)]
-fn pair(key: &SockKey, snd_nxt: u32, rcv_nxt: u32) -> Option<Pairing> {
-    let mirror = key.peer();
-    if BYPASS_SOCK_ADDRS.get_ptr(mirror).is_some() {
-        return Some(Pairing {
-            peer: mirror,
-            hop: hop::of_mirror(key),
-            reserved: 0,
-        });
+fn pair(state: &mut SockState, snd_nxt: u32, rcv_nxt: u32) -> bool {
+    let mirror = state.key.peer();
+    if BYPASS_SOCK_ADDRS.get_ptr(&mirror).is_some() {
+        state.peer = mirror;
+        state.hop = hop::of_mirror(&state.key);
+        return true;
     }
-    let connector = BYPASS_CONNECTORS.get_ptr(key.remote_end(key.netns))?;
-    // SAFETY: a live map value.
-    let connector = unsafe { *connector };
-    if !is_other_end(&connector, snd_nxt, rcv_nxt) {
+    let Some(connector) = BYPASS_CONNECTORS.get_ptr(state.key.remote_end(state.key.netns)) else {
+        return false;
+    };
+    // SAFETY: a live map value, read in place.
+    let connector = unsafe { &*connector };
+    if !is_other_end(connector, snd_nxt, rcv_nxt) {
         stats::add(Stat::PairRejected, 1);
-        return None;
+        return false;
     }
-    Some(Pairing {
-        peer: connector.key,
-        hop: hop::TRANSLATED,
-        reserved: 0,
-    })
+    state.peer = connector.key;
+    state.hop = hop::TRANSLATED;
+    true
 }
 
 /// On the transition to TCP_CLOSE, what the socket published goes: the SockHash drops
