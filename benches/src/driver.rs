@@ -16,15 +16,18 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-use testbed::{Agent, PodChild, TwoPods, spawn_in_on_cpus};
+use testbed::{Agent, AgentOpts, PodChild, TwoPods, spawn_in_on_cpus};
 
 use crate::{
     env,
     floor::FloorResult,
     model::{
-        AgentProbe, Config, Path, PctSample, Placement, ProbePhase, Results, SCHEMA, Sample, Test,
+        AgentProbe, Config, HopSample, Path, PctSample, Placement, ProbePhase, Results, SCHEMA,
+        Sample, Scenario, Test,
     },
-    procfs, qperf, sockperf,
+    procfs, qperf,
+    scenario::{self, Setup},
+    sockperf,
 };
 
 /// First qperf listen port; the server pinned to CPU n listens on this + n.
@@ -56,8 +59,13 @@ struct AgentState {
 
 struct Run<'a> {
     opts: &'a Options,
+    // Drop order: the proxies before the pods they run in.
+    setup: Setup,
     pods: TwoPods,
     server_ip: IpAddr,
+    agent_opts: AgentOpts,
+    /// Counters when the current bypassed block began (scenario runs).
+    block_start: Option<std::collections::BTreeMap<String, u64>>,
     agent: AgentState,
     results: Results,
     raw: Option<std::fs::File>,
@@ -79,7 +87,8 @@ pub fn run(opts: &Options) -> Result<Results> {
             bail!("{tool} is not installed: apt-get install -y qperf sockperf");
         }
     }
-    let missing = testbed::require::missing();
+    let mut missing = testbed::require::missing();
+    missing.extend(scenario::missing(opts.config.scenario));
     if !missing.is_empty() {
         bail!("cannot run the bench: {}", missing.join("; "));
     }
@@ -115,16 +124,43 @@ pub fn run(opts: &Options) -> Result<Results> {
         env.loadavg_start
     ));
     let pods = TwoPods::new().context("build the two-pod topology")?;
-    let server_ip = IpAddr::V4(pods.b.ipv4());
+    let setup = Setup::apply(
+        config.scenario,
+        &pods,
+        &config.placements,
+        scenario::Ports {
+            qperf: qperf_port,
+            qperf_data: qperf_data_port,
+            sockperf: sockperf_port,
+        },
+    )
+    .with_context(|| format!("set up the {} scenario", config.scenario.name()))?;
+    let server_ip = setup.target;
+    let mut agent_opts = pods.agent_opts();
+    agent_opts
+        .extra_args
+        .extend(setup.agent_args.iter().cloned());
     let per_block = config.sizes.len() + config.sockperf_sizes.len();
     let floor_steps = if opts.no_floor { 0 } else { config.sizes.len() };
     let total_steps =
         config.reps as usize * config.placements.len() * (2 * per_block + floor_steps);
     let mut env = env;
     env.addresses = format!("{} -> {}", pods.a.ipv4(), pods.b.ipv4());
+    if config.scenario != Scenario::Default {
+        progress(&format!(
+            "scenario {}: {}; {}",
+            config.scenario.name(),
+            config.scenario.describe(),
+            setup.summary
+        ));
+        env.addresses = format!("{}; {}", env.addresses, setup.summary);
+    }
     let mut run = Run {
         opts,
+        setup,
         server_ip,
+        agent_opts,
+        block_start: None,
         agent: AgentState {
             agent: None,
             last: None,
@@ -136,6 +172,7 @@ pub fn run(opts: &Options) -> Result<Results> {
             samples: Vec::new(),
             percentiles: Vec::new(),
             agent: Vec::new(),
+            hops: Vec::new(),
             warnings,
         },
         pods,
@@ -180,7 +217,7 @@ impl Run<'_> {
         for cpu in cpus {
             for mut cmd in [
                 qperf::server_command(qperf_port(cpu)),
-                sockperf::server_command(self.server_ip, sockperf_port(cpu)),
+                sockperf::server_command(self.setup.listen, sockperf_port(cpu)),
             ] {
                 cmd.stdin(Stdio::null())
                     .stdout(Stdio::null())
@@ -215,6 +252,8 @@ impl Run<'_> {
                 bypass_first = !bypass_first;
                 for path in order {
                     self.set_path(path)?;
+                    self.setup.check()?;
+                    self.hops_begin(path)?;
                     for &size in &cfg.sizes {
                         self.qperf(rep, placement, path, size)?;
                     }
@@ -228,6 +267,7 @@ impl Run<'_> {
                     if path == Path::Bypass {
                         self.probe(ProbePhase::Sweep)?;
                     }
+                    self.hops_end(rep, placement, path, &cfg)?;
                 }
                 if !self.opts.no_floor {
                     for &size in &cfg.sizes {
@@ -244,7 +284,7 @@ impl Run<'_> {
         match (path, self.agent.agent.is_some()) {
             (Path::Bypass, false) => {
                 let t = Instant::now();
-                let agent = Agent::start(&self.pods.agent_opts()).context("start the agent")?;
+                let agent = Agent::start(&self.agent_opts).context("start the agent")?;
                 let snap = procfs::snapshot(agent.pid())?;
                 self.results.agent.push(AgentProbe {
                     phase: ProbePhase::Started,
@@ -289,6 +329,70 @@ impl Run<'_> {
             wall_ms: when.elapsed().as_secs_f64() * 1e3,
         });
         self.agent.last = Some((Instant::now(), snap.cpu_ms));
+        Ok(())
+    }
+
+    /// The agent's counters now, every integer field of `status --json`.
+    fn counters(&self) -> Result<std::collections::BTreeMap<String, u64>> {
+        let agent = self
+            .agent
+            .agent
+            .as_ref()
+            .context("no agent runs in a bypassed block")?;
+        Ok(scenario::counters_of(&agent.status()?))
+    }
+
+    /// At the start of a bypassed block of a scenario run: remember the counters.
+    fn hops_begin(&mut self, path: Path) -> Result<()> {
+        self.block_start = None;
+        if path == Path::Bypass && self.results.config.scenario != Scenario::Default {
+            self.block_start = Some(self.counters()?);
+        }
+        Ok(())
+    }
+
+    /// At the end of a bypassed block of a scenario run: record how the counters grew
+    /// and warn when a hop was not paired.
+    fn hops_end(&mut self, rep: u32, p: &Placement, path: Path, cfg: &Config) -> Result<()> {
+        let Some(before) = self.block_start.take() else {
+            return Ok(());
+        };
+        let after = self.counters()?;
+        let counters = scenario::delta(&before, &after);
+        let qperf_conns = cfg.sizes.len() * cfg.tests.len();
+        let sockperf_conns = if rep < cfg.sockperf_reps {
+            cfg.sockperf_sizes.len()
+        } else {
+            0
+        };
+        let connections = (qperf_conns + sockperf_conns) as u64;
+        for problem in scenario::hop_problems(cfg.scenario, connections, &counters) {
+            self.results
+                .warnings
+                .push(format!("rep {rep} {} {}: {problem}", p.name, path.name()));
+        }
+        let shown: Vec<String> = scenario::HOP_COUNTERS
+            .iter()
+            .map(|&k| {
+                format!(
+                    "{k} {}",
+                    counters
+                        .get(k)
+                        .map_or_else(|| "-".to_owned(), u64::to_string)
+                )
+            })
+            .collect();
+        progress(&format!(
+            "rep {rep} {} bypass block, {connections} measured connections: {}",
+            p.name,
+            shown.join(", ")
+        ));
+        self.results.hops.push(HopSample {
+            rep,
+            placement: p.name.clone(),
+            connections,
+            counters,
+        });
         Ok(())
     }
 
@@ -369,12 +473,16 @@ impl Run<'_> {
     fn qperf(&mut self, rep: u32, p: &Placement, path: Path, size: u32) -> Result<()> {
         let secs = self.results.config.qperf_secs;
         let (ip, port) = (self.server_ip, qperf_port(p.server_cpu));
+        let data_port = self
+            .setup
+            .fixed_data_port
+            .then(|| qperf_data_port(p.server_cpu));
         let tests = self.results.config.tests.clone();
         let what = format!("qperf rep {rep} {} {} size {size}", p.name, path.name());
         let (wire0, stats0) = self.wire_and_stats();
         let out = self.client(
             &what,
-            &|| qperf::client_command(ip, port, size, secs, &tests),
+            &|| qperf::client_command(ip, port, data_port, size, secs, &tests),
             p.client_cpu,
             secs,
         )?;
@@ -551,6 +659,11 @@ fn qperf_port(cpu: usize) -> u16 {
     QPERF_PORT + cpu as u16
 }
 
+/// qperf's data port for the server on `cpu`, when a scenario fixes it.
+fn qperf_data_port(cpu: usize) -> u16 {
+    scenario::QPERF_DATA_PORT + cpu as u16
+}
+
 fn sockperf_port(cpu: usize) -> u16 {
     SOCKPERF_PORT + cpu as u16
 }
@@ -585,15 +698,19 @@ fn floor_once(test: Test, size: u32, secs: f64, p: &Placement) -> Result<FloorRe
     serde_json::from_slice(&out.stdout).context("parse the floor's output")
 }
 
-/// Writes `bench.json`, `table.txt`, `table.md` and `plot.svg` into `dir`.
+/// Writes `bench.json`, `table.txt`, `table.md` and `plot.svg` into `dir`; a scenario
+/// run also `readme-snippet.md` (its ratios, ready for the README).
 pub fn write_outputs(r: &Results, dir: &FsPath) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
-    let files = [
+    let mut files = vec![
         ("bench.json", serde_json::to_string_pretty(r)? + "\n"),
         ("table.txt", crate::report::render(r)),
         ("table.md", crate::report::render_markdown(r)),
         ("plot.svg", crate::plot::svg(r)),
     ];
+    if r.config.scenario != Scenario::Default {
+        files.push(("readme-snippet.md", crate::report::render_snippet(r)));
+    }
     let mut written = Vec::new();
     for (name, text) in files {
         let path = dir.join(name);

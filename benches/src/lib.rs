@@ -5,8 +5,9 @@
 //!
 //! Data flow: [`driver`] runs the tools ([`qperf`], [`sockperf`], [`floor`]) and probes
 //! the agent ([`procfs`]) into a [`model::Results`]; [`report`] (pure) turns it into the
-//! table and the PASS/MISS targets, [`plot`] (pure) into SVG. [`wakeups`] is a research
-//! probe of small-message streams.
+//! table and the PASS/MISS targets, [`plot`] (pure) into SVG. [`scenario`] puts a
+//! service-mesh sidecar chain or a ClusterIP DNAT between client and server.
+//! [`wakeups`] is a research probe of small-message streams.
 
 // Unit tests may unwrap: a panic is their failure report.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
@@ -19,6 +20,7 @@ pub mod plot;
 pub mod procfs;
 pub mod qperf;
 pub mod report;
+pub mod scenario;
 pub mod sockperf;
 pub mod stats;
 pub mod wakeups;

@@ -8,7 +8,7 @@ use std::{path::PathBuf, process::ExitCode};
 use anyhow::{Context as _, Result, bail};
 use bench::{
     driver,
-    model::{Config, Placement, SIZES, Test},
+    model::{Config, Placement, SIZES, Scenario, Test},
     report,
 };
 use clap::{Parser, Subcommand, ValueEnum};
@@ -75,12 +75,19 @@ enum Cmd {
         /// qperf tests, comma-separated [default: tcp_lat,tcp_bw].
         #[arg(long, value_enum, value_delimiter = ',')]
         tests: Option<Vec<TestArg>>,
-        /// Skip the Unix-socket floor.
+        /// Skip the Unix-socket floor (always skipped in the mesh and clusterip
+        /// scenarios: it has no chain to compare with, and the default run measures it).
         #[arg(long)]
         no_floor: bool,
-        /// Where the table, JSON and plot go.
-        #[arg(long, default_value = "results/latest")]
-        out: PathBuf,
+        /// The path between client and server: default (pod to pod), mesh (through a
+        /// sidecar proxy in each pod behind iptables REDIRECT), clusterip (a Service VIP
+        /// DNATed by kube-proxy-shaped iptables chains).
+        #[arg(long, value_enum, default_value = "default")]
+        scenario: Scenario,
+        /// Where the table, JSON and plot go [default: results/latest, or
+        /// results/latest-<scenario>].
+        #[arg(long)]
+        out: Option<PathBuf>,
         /// Where raw tool output is appended (git-ignored).
         #[arg(long, default_value = "results/raw")]
         raw: PathBuf,
@@ -187,6 +194,7 @@ fn real_main() -> Result<()> {
             sockperf_sizes,
             tests,
             no_floor,
+            scenario,
             out,
             raw,
         } => {
@@ -218,14 +226,16 @@ fn real_main() -> Result<()> {
                     |t| t.into_iter().map(Test::from).collect(),
                 ),
                 idle_secs: if quick { 1.0 } else { 3.0 },
+                scenario,
             };
             let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
             let opts = driver::Options {
                 config,
                 raw_dir: raw,
                 workspace,
-                no_floor,
+                no_floor: no_floor || scenario != Scenario::Default,
             };
+            let out = out.unwrap_or_else(|| scenario.default_out());
             let results = driver::run(&opts)?;
             let written = driver::write_outputs(&results, &out)?;
             println!("{}", report::render(&results));

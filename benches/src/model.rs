@@ -2,7 +2,11 @@
 //! the agent probes. Serialized as-is to `bench.json`; the table and the plot are
 //! computed from it, so `bypass-bench report` can redo them from a saved file.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
+
+pub use crate::scenario::Scenario;
 
 /// The message sizes of the sweep: 1 B to 16 KiB, ×4 apart.
 pub const SIZES: [u32; 8] = [1, 4, 16, 64, 256, 1024, 4096, 16384];
@@ -171,6 +175,21 @@ pub struct AgentProbe {
     pub wall_ms: f64,
 }
 
+/// The agent's counters (`bypass-agent status --json`, every integer field) over one
+/// bypassed block: how many connections of each hop kind were paired and how many
+/// bytes each kind redirected.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HopSample {
+    /// Repetition, from 0.
+    pub rep: u32,
+    /// Placement name.
+    pub placement: String,
+    /// Measured (data) connections the client opened in the block.
+    pub connections: u64,
+    /// Counter growth over the block, by `status --json` key.
+    pub counters: BTreeMap<String, u64>,
+}
+
 /// What the run was asked to do.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Config {
@@ -197,6 +216,9 @@ pub struct Config {
     pub tests: Vec<Test>,
     /// Seconds the agent sat idle for the idle probe.
     pub idle_secs: f64,
+    /// The path between client and server (absent in a default run's JSON).
+    #[serde(default, skip_serializing_if = "Scenario::is_default")]
+    pub scenario: Scenario,
 }
 
 /// The machine and the tools.
@@ -249,6 +271,9 @@ pub struct Results {
     pub percentiles: Vec<PctSample>,
     /// Agent probes, in the order taken.
     pub agent: Vec<AgentProbe>,
+    /// The agent's counters over each bypassed block (scenario runs only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hops: Vec<HopSample>,
     /// Things that looked wrong during the run (a bypassed run that put bytes on the
     /// wire, a tool that failed once, ...).
     pub warnings: Vec<String>,

@@ -18,12 +18,23 @@ pub fn server_command(port: u16) -> Command {
 }
 
 /// The client: `tests` (`tcp_lat`, `tcp_bw`), `secs` seconds each, message size `size`,
-/// units unified (`-uu`: ns and bytes/sec), parameters echoed (`-vu`).
-pub fn client_command(server: IpAddr, port: u16, size: u32, secs: u32, tests: &[Test]) -> Command {
+/// units unified (`-uu`: ns and bytes/sec), parameters echoed (`-vu`). `data_port`:
+/// the port of the data connections (`--ip_port`; the server listens there), else one
+/// the server picks.
+pub fn client_command(
+    server: IpAddr,
+    port: u16,
+    data_port: Option<u16>,
+    size: u32,
+    secs: u32,
+    tests: &[Test],
+) -> Command {
     let mut c = Command::new("qperf");
+    c.args(["--listen_port", &port.to_string()]);
+    if let Some(d) = data_port {
+        c.args(["--ip_port", &d.to_string()]);
+    }
     c.args([
-        "--listen_port",
-        &port.to_string(),
         "--wait_server",
         "5",
         "--time",
@@ -181,7 +192,7 @@ tcp_bw:
 
     #[test]
     fn client_args() {
-        let c = client_command("10.0.0.2".parse().unwrap(), 19770, 64, 2, BOTH);
+        let c = client_command("10.0.0.2".parse().unwrap(), 19770, None, 64, 2, BOTH);
         let a: Vec<_> = c
             .get_args()
             .map(|a| a.to_string_lossy().into_owned())
@@ -189,6 +200,15 @@ tcp_bw:
         assert_eq!(
             a.join(" "),
             "--listen_port 19770 --wait_server 5 --time 2 --msg_size 64 -uu -vu 10.0.0.2 tcp_lat tcp_bw"
+        );
+        let c = client_command("10.0.0.2".parse().unwrap(), 19770, Some(19870), 64, 2, BOTH);
+        let a: Vec<_> = c
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            a.join(" ")
+                .starts_with("--listen_port 19770 --ip_port 19870 --wait_server 5")
         );
     }
 }

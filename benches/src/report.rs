@@ -2,10 +2,11 @@
 //! sockperf percentiles, the agent's cost, and PASS/MISS for each target. Ratios are
 //! of medians measured in the same run; targets are reported, never asserted.
 
-use std::fmt::Write as _;
+use std::{collections::BTreeMap, fmt::Write as _};
 
 use crate::{
-    model::{Path, PctSample, Placement, ProbePhase, Results, Test},
+    model::{Path, PctSample, Placement, ProbePhase, Results, Scenario, Test},
+    scenario::HOP_COUNTERS,
     stats::{Summary, summarize},
 };
 
@@ -296,6 +297,131 @@ fn heading(p: &Placement) -> String {
     format!("== {} ==", p.describe())
 }
 
+/// Where a scenario's extra processes run, for a placement.
+fn pinning(scenario: Scenario, p: &Placement) -> Option<String> {
+    (scenario == Scenario::Mesh).then(|| {
+        format!(
+            "pinning: client + sidecar A on CPU {}, sidecar B + server on CPU {} (same for bypass and default)",
+            p.client_cpu, p.server_cpu
+        )
+    })
+}
+
+/// The agent's counters summed over the bypassed blocks of one placement.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HopTotals {
+    /// Bypassed blocks.
+    pub blocks: usize,
+    /// Measured connections the clients opened in them.
+    pub connections: u64,
+    /// Counter growth, summed, by `status --json` key.
+    pub counters: BTreeMap<String, u64>,
+}
+
+impl HopTotals {
+    /// A counter's sum, if the agent reported it.
+    pub fn get(&self, key: &str) -> Option<u64> {
+        self.counters.get(key).copied()
+    }
+
+    /// A counter per measured connection.
+    pub fn per_connection(&self, key: &str) -> Option<f64> {
+        let v = self.get(key)?;
+        (self.connections > 0).then(|| v as f64 / self.connections as f64)
+    }
+
+    /// Bytes the datapath let take TCP, as a share of all it saw.
+    pub fn passed_share(&self) -> Option<f64> {
+        let (r, p) = (self.get("redirected_bytes")?, self.get("passed_bytes")?);
+        (r + p > 0).then(|| p as f64 / (r + p) as f64)
+    }
+}
+
+/// The hop counters of one placement, if the run recorded any.
+pub fn hop_totals(r: &Results, placement: &str) -> Option<HopTotals> {
+    let mut t = HopTotals::default();
+    for h in r.hops.iter().filter(|h| h.placement == placement) {
+        t.blocks += 1;
+        t.connections += h.connections;
+        for (k, v) in &h.counters {
+            *t.counters.entry(k.clone()).or_default() += v;
+        }
+    }
+    (t.blocks > 0).then_some(t)
+}
+
+/// What a scenario's bypassed connection should pair, per measured connection.
+fn hop_expectation(scenario: Scenario) -> &'static str {
+    match scenario {
+        Scenario::Default => "",
+        Scenario::Mesh => {
+            "expected per measured connection: 2 translated pairs (client->sidecar A, sidecar A->sidecar B), 1 loopback pair (sidecar B->server)"
+        }
+        Scenario::Clusterip => {
+            "expected per measured connection: at least 1 translated pair (qperf's control connections go through the VIP too)"
+        }
+    }
+}
+
+fn fmt_count(v: Option<u64>) -> String {
+    v.map_or_else(|| "-".into(), |v| v.to_string())
+}
+
+fn fmt_per_conn(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v:.2}"))
+}
+
+/// The hop section of the text report (scenario runs).
+fn render_hops(o: &mut String, r: &Results) {
+    if r.hops.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "\nhops: agent counters summed over the bypassed blocks (bypass-agent status --json)"
+    );
+    let _ = writeln!(o, "  {}", hop_expectation(r.config.scenario));
+    for p in &r.config.placements {
+        let Some(t) = hop_totals(r, &p.name) else {
+            continue;
+        };
+        let _ = writeln!(
+            o,
+            "  {}: {} blocks, {} measured connections",
+            p.name, t.blocks, t.connections
+        );
+        for key in HOP_COUNTERS {
+            let per = if key.starts_with("paired_") {
+                format!("  ({} per connection)", fmt_per_conn(t.per_connection(key)))
+            } else {
+                String::new()
+            };
+            let _ = writeln!(o, "    {key:<28} {:>14}{per}", fmt_count(t.get(key)));
+        }
+        for key in ["redirected_bytes", "passed_bytes"] {
+            let _ = writeln!(o, "    {key:<28} {:>14}", fmt_count(t.get(key)));
+        }
+        if let (Some(tr), Some(lo)) = (
+            t.get("redirected_bytes_translated"),
+            t.get("redirected_bytes_loopback"),
+        ) && lo > 0
+        {
+            let _ = writeln!(
+                o,
+                "    translated / loopback bytes  {:>14.2}  (2.00 when every byte crossed both translated hops and the loopback hop)",
+                tr as f64 / lo as f64
+            );
+        }
+        if let Some(share) = t.passed_share() {
+            let _ = writeln!(
+                o,
+                "    passed / (redirected+passed) {:>13.2}%",
+                share * 100.0
+            );
+        }
+    }
+}
+
 /// The whole text report: tables per placement, percentiles, agent cost, targets.
 pub fn render(r: &Results) -> String {
     let mut o = String::new();
@@ -305,12 +431,23 @@ pub fn render(r: &Results) -> String {
         "bypass bench: kernel {}, {} CPUs, qperf {} s/test x {} interleaved reps (bypass, default, ...), git {}",
         r.env.kernel, r.env.cpus, c.qperf_secs, c.reps, r.env.git_commit
     );
+    if c.scenario != Scenario::Default {
+        let _ = writeln!(
+            o,
+            "scenario {}: {}",
+            c.scenario.name(),
+            c.scenario.describe()
+        );
+    }
     let _ = writeln!(
         o,
         "cells: median [min-max] over reps; ratio = bypass/default; vs floor = bypass/Unix-socket floor"
     );
     for p in &c.placements {
         let _ = writeln!(o, "\n{}", heading(p));
+        if let Some(pin) = pinning(c.scenario, p) {
+            let _ = writeln!(o, "{pin}");
+        }
         for (test, title, f) in [
             (
                 Test::TcpLat,
@@ -382,6 +519,7 @@ pub fn render(r: &Results) -> String {
         rate(a.sweep_cpu_ms_per_s),
         a.starts
     );
+    render_hops(&mut o, r);
     let _ = writeln!(
         o,
         "\ntargets (ratios of medians measured in this run, reported not asserted):"
@@ -435,6 +573,117 @@ pub fn render_markdown(r: &Results) -> String {
     let _ = writeln!(o, "| target | result | measured |\n|---|---|---|");
     for t in targets(r) {
         let _ = writeln!(o, "| {} | {} | {} |", t.name, t.verdict(), t.detail);
+    }
+    o
+}
+
+/// A scenario's title in the README.
+fn scenario_title(s: Scenario) -> &'static str {
+    match s {
+        Scenario::Default => "Pod to pod",
+        Scenario::Mesh => {
+            "Service mesh: app → sidecar → sidecar → app (iptables REDIRECT in both pods)"
+        }
+        Scenario::Clusterip => "ClusterIP: app → Service VIP, kube-proxy DNAT → app",
+    }
+}
+
+fn ratio_cell(row: &Row, f: fn(f64) -> String, unit: &str) -> String {
+    match (row.ratio(), row.bypass, row.default) {
+        (Some(x), Some(b), Some(d)) => {
+            format!("{x:.2}× ({} vs {} {unit})", f(b.median), f(d.median))
+        }
+        _ => "-".into(),
+    }
+}
+
+/// `0123456789ab+dirty` from a full `git rev-parse HEAD` (plus `+dirty`).
+fn short_commit(c: &str) -> String {
+    match c.split_once('+') {
+        Some((h, rest)) => format!("{}+{rest}", &h[..h.len().min(12)]),
+        None => c[..c.len().min(12)].to_owned(),
+    }
+}
+
+/// A short Markdown block for the README: per size, bypass ÷ default for latency and
+/// throughput in each placement (medians of this run), and what the hop counters
+/// showed.
+pub fn render_snippet(r: &Results) -> String {
+    let c = &r.config;
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "**{}** — `cargo xtask bench --scenario {}`, {} interleaved reps, {} s per qperf test, git {}, load {} → {}; ratios are bypass ÷ normal path (agent stopped), medians of one run, absolute values in parentheses.\n",
+        scenario_title(c.scenario),
+        c.scenario.name(),
+        c.reps,
+        c.qperf_secs,
+        short_commit(&r.env.git_commit),
+        r.env.loadavg_start,
+        r.env.loadavg_end,
+    );
+    let mut head = vec!["size".to_owned()];
+    let mut cols: Vec<(Test, &Placement)> = Vec::new();
+    for (test, what) in [(Test::TcpLat, "latency"), (Test::TcpBw, "throughput")] {
+        if !c.tests.contains(&test) {
+            continue;
+        }
+        for p in &c.placements {
+            head.push(format!("{what}, {}", p.name));
+            cols.push((test, p));
+        }
+    }
+    let _ = writeln!(o, "| {} |", head.join(" | "));
+    let _ = writeln!(o, "|{}", "---:|".repeat(head.len()));
+    for (i, &size) in c.sizes.iter().enumerate() {
+        let mut line = vec![size_label(size)];
+        for (test, p) in &cols {
+            let row = &rows(r, &p.name, *test)[i];
+            line.push(match test {
+                Test::TcpLat => ratio_cell(row, fmt_lat, "µs"),
+                Test::TcpBw => ratio_cell(row, fmt_bw, "MB/s"),
+            });
+        }
+        let _ = writeln!(o, "| {} |", line.join(" | "));
+    }
+    let _ = writeln!(o);
+    for p in &c.placements {
+        let mut notes = Vec::new();
+        if let Some(pin) = pinning(c.scenario, p) {
+            notes.push(pin);
+        }
+        for &size in &c.sockperf_sizes {
+            if let (Some(b), Some(d)) = (
+                pct_row(r, &p.name, Path::Bypass, size),
+                pct_row(r, &p.name, Path::Default, size),
+            ) {
+                notes.push(format!(
+                    "sockperf {} B p50/p99/p99.9: {} / {} / {} µs vs {} / {} / {} µs",
+                    size_label(size),
+                    fmt_lat(b.p50_ns),
+                    fmt_lat(b.p99_ns),
+                    fmt_lat(b.p999_ns),
+                    fmt_lat(d.p50_ns),
+                    fmt_lat(d.p99_ns),
+                    fmt_lat(d.p999_ns)
+                ));
+            }
+        }
+        if let Some(t) = hop_totals(r, &p.name) {
+            let per = |k: &str| fmt_per_conn(t.per_connection(k));
+            notes.push(format!(
+                "hops paired per measured connection: {} translated, {} loopback, {} pod-to-pod (qperf's control connections); {} rejected; {} of the bytes took TCP",
+                per("paired_translated"),
+                per("paired_loopback"),
+                per("paired_pod"),
+                fmt_count(t.get("pair_rejected")),
+                t.passed_share()
+                    .map_or_else(|| "-".into(), |s| format!("{:.2} %", s * 100.0))
+            ));
+        }
+        if !notes.is_empty() {
+            let _ = writeln!(o, "- {}: {}", p.name, notes.join("; "));
+        }
     }
     o
 }
@@ -493,6 +742,7 @@ pub(crate) mod tests {
                 placements: vec![Placement::cross_cpu()],
                 tests: vec![Test::TcpLat, Test::TcpBw],
                 idle_secs: 1.0,
+                scenario: Default::default(),
             },
             env: Environment::default(),
             samples,
@@ -525,6 +775,7 @@ pub(crate) mod tests {
                     wall_ms: 10_000.0,
                 },
             ],
+            hops: vec![],
             warnings: vec![],
         }
     }
@@ -588,6 +839,55 @@ pub(crate) mod tests {
         assert!(
             md.contains("| 64 | 5.10 [5.00-5.20] | 12.1 [12.0-12.2] | 0.42x |"),
             "{md}"
+        );
+    }
+
+    #[test]
+    fn scenario_report_and_snippet() {
+        let mut r = sample_results();
+        r.config.scenario = Scenario::Mesh;
+        let counters = |t: u64, l: u64| {
+            [
+                ("paired_translated", t),
+                ("paired_loopback", l),
+                ("pair_rejected", 0),
+                ("redirected_bytes_translated", 2000),
+                ("redirected_bytes_loopback", 1000),
+                ("redirected_bytes", 3000),
+                ("passed_bytes", 0),
+            ]
+            .map(|(k, v)| (k.to_owned(), v))
+            .into_iter()
+            .collect()
+        };
+        for rep in 0..2 {
+            r.hops.push(crate::model::HopSample {
+                rep,
+                placement: "cross-cpu".into(),
+                connections: 5,
+                counters: counters(10, 5),
+            });
+        }
+        let text = render(&r);
+        assert!(text.contains("scenario mesh"), "{text}");
+        assert!(text.contains("sidecar B + server on CPU 1"), "{text}");
+        assert!(text.contains("2 blocks, 10 measured connections"), "{text}");
+        assert!(text.contains("(2.00 per connection)"), "{text}");
+        assert!(text.contains("translated / loopback bytes"), "{text}");
+        let md = render_snippet(&r);
+        assert!(
+            md.contains("| size | latency, cross-cpu | throughput, cross-cpu |"),
+            "{md}"
+        );
+        assert!(md.contains("| 64 | 0.42× (5.10 vs 12.1 µs) |"), "{md}");
+        assert!(md.contains("2.00 translated, 1.00 loopback"), "{md}");
+        assert_eq!(short_commit("0123456789abcdef+dirty"), "0123456789ab+dirty");
+        assert_eq!(short_commit("0123"), "0123");
+        // A default run's report has none of it.
+        let plain = render(&sample_results());
+        assert!(
+            !plain.contains("scenario") && !plain.contains("hops:"),
+            "{plain}"
         );
     }
 

@@ -36,7 +36,8 @@ enum Task {
     Test(test::Args),
     /// Run the `bypass-demo` binary against the built agent.
     Demo(demo::Args),
-    /// The bench (root): bypass vs normal path vs Unix-socket floor; writes results/latest.
+    /// The bench (root): bypass vs normal path vs Unix-socket floor; writes results/latest
+    /// (`--scenario mesh|clusterip`: through a sidecar chain or a ClusterIP DNAT).
     Bench(bench::Args),
     /// A real kube-apiserver and etcd on loopback (built once from the Go module proxy).
     KubeEnv {
