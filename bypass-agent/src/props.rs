@@ -7,7 +7,10 @@ use std::{
     net::{IpAddr, Ipv6Addr},
 };
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::{
+    core::v1::{Namespace, Node, Pod},
+    networking::v1::ServiceCIDR,
+};
 use serde::Deserialize;
 
 use crate::{
@@ -73,6 +76,10 @@ pub struct ReconcileInput {
     pub pods: Vec<Pod>,
     /// Namespaces.
     pub namespaces: Vec<Namespace>,
+    /// ServiceCIDR objects; absent: not listed yet.
+    pub service_cidrs: Option<Vec<ServiceCIDR>>,
+    /// `--service-cidr` values (unparseable ones are dropped).
+    pub static_service_cidrs: Vec<String>,
     /// `--pod-cidr` values (unparseable ones are dropped).
     pub static_cidrs: Vec<String>,
     /// `--pod-ip` values.
@@ -81,12 +88,15 @@ pub struct ReconcileInput {
     pub current_cidrs: Vec<String>,
     /// Addresses in the map now.
     pub current_addrs: Vec<IpAddr>,
+    /// CIDRs in the Service CIDR trie now (unparseable ones are dropped).
+    pub current_service_cidrs: Vec<String>,
 }
 
 /// Reconcile on any JSON: `desired` never panics and does not depend on the order of
-/// pods or namespaces; its addresses are canonical; the plan from any current contents
-/// is disjoint, minimal, and applied gives exactly the desired contents; from the
-/// desired contents it is empty.
+/// pods, namespaces or ServiceCIDRs; its addresses are canonical; its Service CIDRs, once
+/// known, include the flags; the plan from any current contents is disjoint, minimal,
+/// and applied gives exactly the desired contents (the Service CIDR trie untouched
+/// while the objects are unknown); from the desired contents it is empty.
 pub fn reconcile(data: &[u8]) {
     let Ok(input) = serde_json::from_slice::<ReconcileInput>(data) else {
         return;
@@ -101,12 +111,13 @@ pub fn reconcile(data: &[u8]) {
     let statics = Statics {
         cidrs: cidrs(&input.static_cidrs),
         addrs: input.static_addrs.iter().copied().collect(),
-        ..Statics::default()
+        service_cidrs: cidrs(&input.static_service_cidrs),
     };
     let want = sync::desired(
         input.node.as_ref(),
         &input.pods,
         &input.namespaces,
+        input.service_cidrs.as_deref(),
         &policy,
         &statics,
     );
@@ -114,6 +125,7 @@ pub fn reconcile(data: &[u8]) {
         input.node.as_ref(),
         input.pods.iter().rev(),
         input.namespaces.iter().rev(),
+        input.service_cidrs.as_ref().map(|v| v.iter().rev()),
         &policy,
         &statics,
     );
@@ -125,10 +137,18 @@ pub fn reconcile(data: &[u8]) {
         assert_eq!(*a, a.to_canonical(), "{a} is not canonical");
     }
     assert!(want.cidrs.is_superset(&statics.cidrs));
+    assert_eq!(want.service_cidrs.is_some(), input.service_cidrs.is_some());
+    if let Some(s) = &want.service_cidrs {
+        assert!(s.is_superset(&statics.service_cidrs));
+    }
 
-    let current_cidrs = cidrs(&input.current_cidrs);
-    let current_addrs: BTreeSet<IpAddr> = input.current_addrs.iter().copied().collect();
-    let p = sync::plan(&current_cidrs, &current_addrs, &want);
+    let current = sync::Current {
+        cidrs: cidrs(&input.current_cidrs),
+        addrs: input.current_addrs.iter().copied().collect(),
+        service_cidrs: cidrs(&input.current_service_cidrs),
+    };
+    let (current_cidrs, current_addrs) = (&current.cidrs, &current.addrs);
+    let p = sync::plan(&current, &want);
     let canonical: BTreeSet<IpAddr> = current_addrs.iter().map(IpAddr::to_canonical).collect();
     for c in &p.add_cidrs {
         assert!(!current_cidrs.contains(c) && !p.remove_cidrs.contains(c));
@@ -151,7 +171,26 @@ pub fn reconcile(data: &[u8]) {
         after_addrs.remove(a);
     }
     assert_eq!(after_addrs, want.addrs);
-    assert!(sync::plan(&want.cidrs, &want.addrs, &want).is_empty());
+    for c in &p.add_service_cidrs {
+        assert!(!current.service_cidrs.contains(c) && !p.remove_service_cidrs.contains(c));
+    }
+    let mut after_services = current.service_cidrs.clone();
+    after_services.extend(p.add_service_cidrs.iter().copied());
+    for c in &p.remove_service_cidrs {
+        assert!(after_services.remove(c), "{c} removed but not there");
+    }
+    assert_eq!(
+        &after_services,
+        want.service_cidrs
+            .as_ref()
+            .unwrap_or(&current.service_cidrs)
+    );
+    let reached = sync::Current {
+        cidrs: want.cidrs.clone(),
+        addrs: want.addrs.clone(),
+        service_cidrs: after_services,
+    };
+    assert!(sync::plan(&reached, &want).is_empty());
 }
 
 #[cfg(test)]

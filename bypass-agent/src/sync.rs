@@ -1,6 +1,7 @@
-//! Pure: which pod CIDRs and pod addresses belong in the maps, computed from the node,
-//! the pods on it and the namespaces, and the changes that take the maps from what they
-//! hold to that. The Kubernetes watchers only feed these functions and apply the plan.
+//! Pure: which pod CIDRs, pod addresses and Service CIDRs belong in the maps, computed
+//! from the node, the pods on it, the namespaces and the ServiceCIDR objects, and the
+//! changes that take the maps from what they hold to that. The Kubernetes watchers only
+//! feed these functions and apply the plan.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -8,7 +9,10 @@ use std::{
     net::IpAddr,
 };
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::{
+    core::v1::{Namespace, Node, Pod},
+    networking::v1::ServiceCIDR,
+};
 
 use crate::{cidr::PodCidr, toggle};
 
@@ -30,6 +34,8 @@ pub struct Statics {
     pub cidrs: BTreeSet<PodCidr>,
     /// `--pod-ip`.
     pub addrs: BTreeSet<IpAddr>,
+    /// `--service-cidr`.
+    pub service_cidrs: BTreeSet<PodCidr>,
 }
 
 /// Why a pod contributes no address.
@@ -54,7 +60,8 @@ pub enum Skip {
 pub struct Rejection {
     /// What kind of problem, a short stable name for the metric label.
     pub kind: RejectionKind,
-    /// The object: `pod NAMESPACE/NAME`, `node NAME` or `namespace NAME`.
+    /// The object: `pod NAMESPACE/NAME`, `node NAME`, `namespace NAME` or
+    /// `servicecidr NAME`.
     pub object: String,
     /// The field that held the value.
     pub field: String,
@@ -73,6 +80,8 @@ pub enum RejectionKind {
     NodeCidr,
     /// An opt-out annotation or label whose value is neither `true` nor `false`.
     OptOutValue,
+    /// A ServiceCIDR's `spec.cidrs` entry that is malformed.
+    ServiceCidr,
 }
 
 impl RejectionKind {
@@ -82,6 +91,7 @@ impl RejectionKind {
             Self::PodAddress => "pod_address",
             Self::NodeCidr => "node_cidr",
             Self::OptOutValue => "opt_out_value",
+            Self::ServiceCidr => "service_cidr",
         }
     }
 }
@@ -103,6 +113,10 @@ pub struct Desired {
     pub cidrs: BTreeSet<PodCidr>,
     /// Exact addresses: every address of every eligible pod, and `--pod-ip`.
     pub addrs: BTreeSet<IpAddr>,
+    /// Service CIDRs: `--service-cidr` and the `spec.cidrs` of every ServiceCIDR object;
+    /// `None` while the objects are not known yet, which leaves the trie as it is (an
+    /// adopted datapath keeps the previous agent's until the first listing).
+    pub service_cidrs: Option<BTreeSet<PodCidr>>,
     /// Pods that contribute at least one address.
     pub pods_tracked: usize,
     /// Values that were not used.
@@ -120,6 +134,10 @@ pub struct Plan {
     pub add_addrs: Vec<IpAddr>,
     /// Addresses to remove.
     pub remove_addrs: Vec<IpAddr>,
+    /// Service CIDRs to insert.
+    pub add_service_cidrs: Vec<PodCidr>,
+    /// Service CIDRs to remove.
+    pub remove_service_cidrs: Vec<PodCidr>,
 }
 
 impl Plan {
@@ -129,31 +147,53 @@ impl Plan {
             && self.remove_cidrs.is_empty()
             && self.add_addrs.is_empty()
             && self.remove_addrs.is_empty()
+            && self.add_service_cidrs.is_empty()
+            && self.remove_service_cidrs.is_empty()
     }
+}
+
+/// What the maps hold now.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Current {
+    /// The pod CIDR trie.
+    pub cidrs: BTreeSet<PodCidr>,
+    /// The pod address map.
+    pub addrs: BTreeSet<IpAddr>,
+    /// The Service CIDR trie.
+    pub service_cidrs: BTreeSet<PodCidr>,
 }
 
 /// The changes that take `current` to `desired`.
-pub fn plan(
-    current_cidrs: &BTreeSet<PodCidr>,
-    current_addrs: &BTreeSet<IpAddr>,
-    desired: &Desired,
-) -> Plan {
+pub fn plan(current: &Current, desired: &Desired) -> Plan {
     // The map stores IPv4 as IPv4-mapped IPv6 and reads it back as IPv4; compare in
     // that canonical form so a mapped address never churns.
-    let current_addrs: BTreeSet<IpAddr> = current_addrs.iter().map(IpAddr::to_canonical).collect();
+    let current_addrs: BTreeSet<IpAddr> = current.addrs.iter().map(IpAddr::to_canonical).collect();
+    let (add_service_cidrs, remove_service_cidrs) = match &desired.service_cidrs {
+        Some(want) => (
+            want.difference(&current.service_cidrs).copied().collect(),
+            current.service_cidrs.difference(want).copied().collect(),
+        ),
+        None => (Vec::new(), Vec::new()),
+    };
     Plan {
-        add_cidrs: desired.cidrs.difference(current_cidrs).copied().collect(),
-        remove_cidrs: current_cidrs.difference(&desired.cidrs).copied().collect(),
+        add_cidrs: desired.cidrs.difference(&current.cidrs).copied().collect(),
+        remove_cidrs: current.cidrs.difference(&desired.cidrs).copied().collect(),
         add_addrs: desired.addrs.difference(&current_addrs).copied().collect(),
         remove_addrs: current_addrs.difference(&desired.addrs).copied().collect(),
+        add_service_cidrs,
+        remove_service_cidrs,
     }
 }
 
-/// The map contents the node, its pods and the namespaces call for.
+/// The map contents the node, its pods, the namespaces and the ServiceCIDR objects
+/// call for. `service_cidrs` is `None` while the ServiceCIDRs are not known yet; when the
+/// API has none to give (no such API, or RBAC forbids it), pass an empty list: the
+/// `--service-cidr` flags alone.
 pub fn desired<'a>(
     node: Option<&Node>,
     pods: impl IntoIterator<Item = &'a Pod>,
     namespaces: impl IntoIterator<Item = &'a Namespace>,
+    service_cidrs: Option<impl IntoIterator<Item = &'a ServiceCIDR>>,
     policy: &Policy,
     statics: &Statics,
 ) -> Desired {
@@ -164,6 +204,13 @@ pub fn desired<'a>(
     };
     if let Some(node) = node {
         out.cidrs.extend(node_cidrs(node, &mut out.rejections));
+    }
+    if let Some(objects) = service_cidrs {
+        let mut set = statics.service_cidrs.clone();
+        for sc in objects {
+            set.extend(service_cidr_ranges(sc, &mut out.rejections));
+        }
+        out.service_cidrs = Some(set);
     }
     let mut excluded_ns = BTreeSet::new();
     for ns in namespaces {
@@ -201,6 +248,40 @@ pub fn node_cidrs(node: &Node, rejections: &mut BTreeSet<Rejection>) -> BTreeSet
                     kind: RejectionKind::NodeCidr,
                     object: format!("node {}", node.metadata.name.as_deref().unwrap_or("")),
                     field: field.to_owned(),
+                    value: value.clone(),
+                    reason: e.to_string(),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// A ServiceCIDR's ranges (`spec.cidrs`, one per family). Every object counts, whatever
+/// its status: one not yet Ready (nothing sets Ready on it but kube-controller-manager)
+/// or being deleted (it stays until its last ClusterIP is gone) may still hold live
+/// ClusterIPs, and a range too many costs only map slots for connections that are then
+/// never paired. Malformed entries are rejected one by one; the others still count.
+pub fn service_cidr_ranges(
+    sc: &ServiceCIDR,
+    rejections: &mut BTreeSet<Rejection>,
+) -> BTreeSet<PodCidr> {
+    let values = sc
+        .spec
+        .as_ref()
+        .and_then(|s| s.cidrs.as_ref())
+        .map_or(&[][..], Vec::as_slice);
+    let mut out = BTreeSet::new();
+    for value in values {
+        match value.parse::<PodCidr>() {
+            Ok(cidr) => {
+                out.insert(cidr);
+            }
+            Err(e) => {
+                rejections.insert(Rejection {
+                    kind: RejectionKind::ServiceCidr,
+                    object: format!("servicecidr {}", sc.metadata.name.as_deref().unwrap_or("")),
+                    field: "spec.cidrs".to_owned(),
                     value: value.clone(),
                     reason: e.to_string(),
                 });
@@ -432,7 +513,38 @@ mod tests {
     }
 
     fn run(node_: Option<&Node>, pods: &[Pod], nss: &[Namespace]) -> Desired {
-        desired(node_, pods, nss, &policy(), &Statics::default())
+        desired(node_, pods, nss, UNKNOWN, &policy(), &Statics::default())
+    }
+
+    /// ServiceCIDRs not listed yet.
+    const UNKNOWN: Option<&[ServiceCIDR]> = None;
+
+    fn service_cidr(name: &str, list: &[&str], ready: Option<bool>) -> ServiceCIDR {
+        let conditions: Vec<_> = ready
+            .map(|r| {
+                json!({
+                    "type": "Ready",
+                    "status": if r { "True" } else { "False" },
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                    "reason": "", "message": "",
+                })
+            })
+            .into_iter()
+            .collect();
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"cidrs": list},
+            "status": {"conditions": conditions},
+        }))
+        .unwrap()
+    }
+
+    fn current(cidrs_: &[&str], addrs_: &[&str], services: &[&str]) -> Current {
+        Current {
+            cidrs: cidrs(cidrs_),
+            addrs: ips(addrs_),
+            service_cidrs: cidrs(services),
+        }
     }
 
     #[test]
@@ -603,8 +715,9 @@ mod tests {
         let statics = Statics {
             cidrs: cidrs(&["10.99.0.0/16"]),
             addrs: ips(&["::ffff:10.98.0.1"]),
+            ..Statics::default()
         };
-        let d = desired(None, &[], &[], &policy(), &statics);
+        let d = desired(None, &[], &[], UNKNOWN, &policy(), &statics);
         assert_eq!(d.cidrs, cidrs(&["10.99.0.0/16"]));
         assert_eq!(d.addrs, ips(&["10.98.0.1"]));
     }
@@ -626,8 +739,11 @@ mod tests {
             ..Desired::default()
         };
         let p = plan(
-            &cidrs(&["10.244.1.0/24", "10.0.0.0/8"]),
-            &ips(&["10.244.1.3", "fd00::2"]),
+            &current(
+                &["10.244.1.0/24", "10.0.0.0/8"],
+                &["10.244.1.3", "fd00::2"],
+                &[],
+            ),
             &want,
         );
         assert_eq!(p.add_cidrs, vec!["fd00::/64".parse::<PodCidr>().unwrap()]);
@@ -641,7 +757,17 @@ mod tests {
             vec!["10.244.1.3".parse::<IpAddr>().unwrap()]
         );
         assert!(!p.is_empty());
-        assert!(plan(&want.cidrs, &want.addrs, &want).is_empty());
+        assert!(
+            plan(
+                &Current {
+                    cidrs: want.cidrs.clone(),
+                    addrs: want.addrs.clone(),
+                    ..Current::default()
+                },
+                &want
+            )
+            .is_empty()
+        );
     }
 
     #[test]
@@ -650,14 +776,20 @@ mod tests {
             addrs: ips(&["10.244.1.2"]),
             ..Desired::default()
         };
-        assert!(plan(&BTreeSet::new(), &ips(&["::ffff:10.244.1.2"]), &want).is_empty());
+        assert!(plan(&current(&[], &["::ffff:10.244.1.2"], &[]), &want).is_empty());
     }
 
     #[test]
     fn address_change_moves_the_entry() {
         let before = run(None, &[pod("d", "p", NODE, &["10.244.1.2"])], &[]);
         let after = run(None, &[pod("d", "p", NODE, &["10.244.1.3"])], &[]);
-        let p = plan(&BTreeSet::new(), &before.addrs, &after);
+        let p = plan(
+            &Current {
+                addrs: before.addrs,
+                ..Current::default()
+            },
+            &after,
+        );
         assert_eq!(p.add_addrs, vec!["10.244.1.3".parse::<IpAddr>().unwrap()]);
         assert_eq!(
             p.remove_addrs,
@@ -681,5 +813,138 @@ mod tests {
         assert_eq!(fresh.len(), 1);
         assert_eq!(fresh[0].value, "nope");
         assert!(new_rejections(&b.rejections, &b.rejections).is_empty());
+    }
+
+    #[test]
+    fn service_cidrs_are_the_flags_and_every_object() {
+        let statics = Statics {
+            service_cidrs: cidrs(&["10.96.0.0/12"]),
+            ..Statics::default()
+        };
+        let objects = [
+            service_cidr(
+                "kubernetes",
+                &["10.0.0.0/24", "fd00:10:96::/112"],
+                Some(true),
+            ),
+            // Not Ready yet, or terminating: its ClusterIPs may still be in use.
+            service_cidr("extra", &["10.1.0.0/16"], None),
+            service_cidr("draining", &["10.2.0.0/16"], Some(false)),
+            service_cidr("empty", &[], None),
+        ];
+        let d = desired(None, &[], &[], Some(&objects), &policy(), &statics);
+        assert_eq!(
+            d.service_cidrs,
+            Some(cidrs(&[
+                "10.96.0.0/12",
+                "10.0.0.0/24",
+                "fd00:10:96::/112",
+                "10.1.0.0/16",
+                "10.2.0.0/16",
+            ]))
+        );
+        assert!(d.rejections.is_empty());
+        // Service CIDRs are not pod CIDRs.
+        assert!(d.cidrs.is_empty());
+    }
+
+    #[test]
+    fn service_cidrs_unknown_or_unavailable() {
+        let statics = Statics {
+            service_cidrs: cidrs(&["10.96.0.0/12"]),
+            ..Statics::default()
+        };
+        // Not listed yet: leave the trie alone.
+        let d = desired(None, &[], &[], UNKNOWN, &policy(), &statics);
+        assert_eq!(d.service_cidrs, None);
+        let p = plan(&current(&[], &[], &["10.5.0.0/16"]), &d);
+        assert!(p.is_empty(), "{p:?}");
+        // No ServiceCIDR API, or forbidden: the flags alone.
+        let d = desired(None, &[], &[], Some(&[][..]), &policy(), &statics);
+        assert_eq!(d.service_cidrs, Some(cidrs(&["10.96.0.0/12"])));
+    }
+
+    #[test]
+    fn malformed_service_cidr_is_rejected_and_the_rest_kept() {
+        let objects = [
+            service_cidr("legacy", &["10.9.0.5/16", "fd00:9::/112"], None),
+            service_cidr("junk", &["nonsense"], None),
+            service_cidr("good", &["10.3.0.0/16"], Some(true)),
+        ];
+        let pods = [pod("d", "p", NODE, &["10.244.1.2"])];
+        let d = desired(
+            None,
+            &pods,
+            &[],
+            Some(&objects),
+            &policy(),
+            &Statics::default(),
+        );
+        assert_eq!(
+            d.service_cidrs,
+            Some(cidrs(&["fd00:9::/112", "10.3.0.0/16"]))
+        );
+        assert_eq!(d.addrs, ips(&["10.244.1.2"]), "pod sync unaffected");
+        let got: Vec<_> = d
+            .rejections
+            .iter()
+            .map(|r| {
+                (
+                    r.kind,
+                    r.object.as_str(),
+                    r.field.as_str(),
+                    r.value.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    RejectionKind::ServiceCidr,
+                    "servicecidr junk",
+                    "spec.cidrs",
+                    "nonsense"
+                ),
+                (
+                    RejectionKind::ServiceCidr,
+                    "servicecidr legacy",
+                    "spec.cidrs",
+                    "10.9.0.5/16"
+                ),
+            ]
+        );
+        let r = &d.rejections.iter().nth(1).unwrap();
+        assert!(r.reason.contains("did you mean 10.9.0.0/16"), "{r}");
+        assert_eq!(r.kind.as_str(), "service_cidr");
+    }
+
+    #[test]
+    fn plan_moves_service_cidrs() {
+        let objects = [service_cidr("kubernetes", &["10.0.0.0/24"], Some(true))];
+        let want = desired(
+            None,
+            &[],
+            &[],
+            Some(&objects),
+            &policy(),
+            &Statics {
+                service_cidrs: cidrs(&["10.96.0.0/12"]),
+                ..Statics::default()
+            },
+        );
+        let p = plan(&current(&[], &[], &["10.96.0.0/12", "10.7.0.0/16"]), &want);
+        assert_eq!(
+            p.add_service_cidrs,
+            vec!["10.0.0.0/24".parse::<PodCidr>().unwrap()]
+        );
+        assert_eq!(
+            p.remove_service_cidrs,
+            vec!["10.7.0.0/16".parse::<PodCidr>().unwrap()]
+        );
+        assert!(p.add_cidrs.is_empty() && p.remove_cidrs.is_empty());
+        assert!(!p.is_empty());
+        let done = current(&[], &[], &["10.96.0.0/12", "10.0.0.0/24"]);
+        assert!(plan(&done, &want).is_empty());
     }
 }

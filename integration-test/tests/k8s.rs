@@ -4,7 +4,10 @@
 //! traffic between two netns "pods" whose addresses come only from Pod objects is
 //! redirected, the node label switches it off and on without losing a byte, the
 //! datapath survives the API server going away and the maps match the API when it is
-//! back, bad input fails clearly, and every manifest in `deploy/` is accepted.
+//! back, bad input fails clearly, and every manifest in `deploy/` is accepted. Service
+//! CIDRs follow the ServiceCIDR objects (with the `--service-cidr` flags), a malformed
+//! one (written to etcd, as an older API server could have stored it) does not stop pod
+//! sync, and without RBAC for them the agent falls back to the flags and recovers.
 //!
 //! Objects are made as a kubelet and controllers would: status through the status
 //! subresource, pods force-deleted, the `default` ServiceAccount created by hand.
@@ -28,6 +31,7 @@ use anyhow::{Context as _, Result, bail, ensure};
 use common::{assert_bypassed, assert_byte_exact, exchange};
 use k8s_openapi::api::{
     core::v1::{Namespace, Node, Pod, ServiceAccount},
+    networking::v1::ServiceCIDR,
     rbac::v1::{ClusterRole, ClusterRoleBinding},
 };
 use kube::{
@@ -183,6 +187,47 @@ impl Cluster {
         Ok(())
     }
 
+    fn service_cidrs(&self) -> Api<ServiceCIDR> {
+        Api::all(self.client.clone())
+    }
+
+    /// A ServiceCIDR, as an administrator adds one (no controller sets it Ready).
+    fn service_cidr(&self, name: &str, cidrs: &[&str]) -> Result<()> {
+        let sc: ServiceCIDR = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"cidrs": cidrs},
+        }))?;
+        self.block(self.service_cidrs().create(&PostParams::default(), &sc))
+            .with_context(|| format!("create servicecidr {name}"))?;
+        Ok(())
+    }
+
+    fn delete_service_cidr(&self, name: &str) -> Result<()> {
+        self.block(self.service_cidrs().delete(name, &DeleteParams::default()))
+            .with_context(|| format!("delete servicecidr {name}"))?;
+        Ok(())
+    }
+
+    /// Stores a ServiceCIDR straight into etcd, bypassing validation: what an older API
+    /// server with laxer validation could have left (today's refuses host bits).
+    fn service_cidr_in_etcd(&self, name: &str, cidrs: &[&str]) -> Result<()> {
+        let obj = json!({
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "ServiceCIDR",
+            "metadata": {
+                "name": name,
+                "uid": "6b8f4a52-0000-4000-8000-00000000bad1",
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+            },
+            "spec": {"cidrs": cidrs},
+        });
+        etcd_put(
+            &etcd_url(&self.env)?,
+            &format!("/registry/servicecidrs/{name}"),
+            &obj.to_string(),
+        )
+    }
+
     /// Server-side applies every object of a YAML file (`dry_run`: validated and
     /// admitted, not stored).
     fn apply_yaml(&self, path: &Path, dry_run: bool) -> Result<Vec<String>> {
@@ -305,6 +350,75 @@ fn metric(port: u16, series: &str) -> Result<f64> {
         .with_context(|| format!("no series {series} in /metrics:\n{body}"))
 }
 
+/// The etcd client URL of this cluster's API server, from its command line.
+fn etcd_url(env: &KubeEnv) -> Result<String> {
+    let marker = format!(
+        "--tls-cert-file={}",
+        env.dir().join("pki").join("server.crt").display()
+    );
+    for entry in std::fs::read_dir("/proc")? {
+        let Ok(cmdline) = std::fs::read(entry?.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if args.contains(&marker)
+            && let Some(url) = args.iter().find_map(|a| a.strip_prefix("--etcd-servers="))
+        {
+            return Ok(url.to_owned());
+        }
+    }
+    bail!("no kube-apiserver running with {marker}")
+}
+
+/// `put key value` through etcd's JSON gateway (`/v3/kv/put`, keys and values base64).
+fn etcd_put(url: &str, key: &str, value: &str) -> Result<()> {
+    let addr = url
+        .strip_prefix("http://")
+        .with_context(|| format!("etcd at {url}: expected http://"))?;
+    let body =
+        json!({"key": base64(key.as_bytes()), "value": base64(value.as_bytes())}).to_string();
+    let mut s = TcpStream::connect(addr).with_context(|| format!("connect to etcd {addr}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "POST /v3/kv/put HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut answer = String::new();
+    s.read_to_string(&mut answer)?;
+    ensure!(
+        answer.starts_with("HTTP/1.1 200"),
+        "etcd put {key}: {answer}"
+    );
+    Ok(())
+}
+
+fn base64(bytes: &[u8]) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ABC[(n >> (18 - 6 * i) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+fn strings(list: &[&str]) -> BTreeSet<String> {
+    list.iter().map(|s| (*s).to_owned()).collect()
+}
+
 fn addrs(list: &[&str]) -> BTreeSet<IpAddr> {
     list.iter().filter_map(|s| s.parse().ok()).collect()
 }
@@ -315,6 +429,7 @@ struct Seen {
     attached: bool,
     cidrs: BTreeSet<String>,
     addrs: BTreeSet<IpAddr>,
+    service_cidrs: BTreeSet<String>,
     enabled_by: Value,
     label_value: Value,
 }
@@ -337,6 +452,7 @@ fn seen(pin_dir: &Path) -> Result<Seen> {
             .iter()
             .filter_map(|s| s.parse().ok())
             .collect(),
+        service_cidrs: strings("service_cidrs").into_iter().collect(),
         enabled_by: v["enabled_by"].clone(),
         label_value: v["label_value"].clone(),
     })
@@ -366,6 +482,19 @@ fn wait_for(
 
 fn wait_addrs(pin_dir: &Path, what: &str, want: &BTreeSet<IpAddr>) -> Result<Duration> {
     wait_for(pin_dir, PROPAGATION, what, |s| &s.addrs == want)
+}
+
+fn wait_service_cidrs(pin_dir: &Path, what: &str, want: &BTreeSet<String>) -> Result<Duration> {
+    wait_for(pin_dir, PROPAGATION, what, |s| &s.service_cidrs == want)
+}
+
+/// Lines of the agent's log that contain every one of `words`.
+fn log_lines(agent: &Agent, words: &[&str]) -> usize {
+    agent
+        .stderr()
+        .lines()
+        .filter(|l| words.iter().all(|w| l.contains(w)))
+        .count()
 }
 
 /// A node name of this test run.
@@ -1008,9 +1137,170 @@ fn k8s_bad_input_fails_with_the_fix_and_deploy_rbac_suffices() -> Result<()> {
         "CIDRs with deploy RBAC",
         |s| s.cidrs.len() == 1,
     )?;
+    // ServiceCIDRs too: the default one, from --service-cluster-ip-range.
+    wait_service_cidrs(
+        agent.pin_dir(),
+        "ServiceCIDRs with deploy RBAC",
+        &strings(&["10.0.0.0/24"]),
+    )?;
     ensure!(
         http_get(port, "/readyz")?.0 == 200,
         "not ready with deploy RBAC"
+    );
+    ensure!(
+        log_lines(&agent, &["forbids"]) == 0,
+        "deploy RBAC is not enough: {}",
+        agent.stderr()
+    );
+    Ok(())
+}
+
+#[test]
+fn k8s_service_cidrs_follow_the_api() -> Result<()> {
+    if !preflight("k8s_service_cidrs_follow_the_api")? {
+        return Ok(());
+    }
+    let pods = TwoPods::new()?;
+    let c = Cluster::start()?;
+    let node = node_name(&pods, "n");
+    c.node(&node, &["10.33.1.0/24"], &[])?;
+    c.namespace("bk-apps", &[])?;
+    let port = free_port()?;
+    let flags = [
+        "--service-cidr",
+        "10.96.0.0/16",
+        "--service-cidr",
+        "fd00:96::/112",
+    ];
+    let agent = Agent::start(&kube_agent_opts(
+        &pods,
+        &node,
+        &c.env.kubeconfig(),
+        port,
+        &flags,
+    ))?;
+    let pin = agent.pin_dir().to_path_buf();
+    // The default ServiceCIDR `kubernetes` (the API server's --service-cluster-ip-range)
+    // and the flags.
+    let mut want = strings(&["10.0.0.0/24", "10.96.0.0/16", "fd00:96::/112"]);
+    wait_service_cidrs(&pin, "default ServiceCIDR and the flags", &want)?;
+    ensure!(seen(&pin)?.cidrs == strings(&["10.33.1.0/24"]), "pod CIDRs");
+
+    // Added: counts at once, Ready or not (no controller here sets Ready), dual-stack.
+    c.service_cidr("bk-extra", &["10.1.0.0/16", "fd00:1::/112"])?;
+    want.extend(strings(&["10.1.0.0/16", "fd00:1::/112"]));
+    wait_service_cidrs(&pin, "added ServiceCIDR in", &want)?;
+    // One equal to a flag, then deleted: the flag's range stays.
+    // (One watch stream delivers in order: once bk-extra is seen gone, so is bk-same.)
+    c.service_cidr("bk-same", &["10.96.0.0/16"])?;
+    c.delete_service_cidr("bk-same")?;
+    c.delete_service_cidr("bk-extra")?;
+    want.remove("10.1.0.0/16");
+    want.remove("fd00:1::/112");
+    wait_service_cidrs(&pin, "deleted ServiceCIDRs out, flags kept", &want)?;
+
+    // Malformed, as an older API server could have stored it: the bad range is
+    // rejected (logged once, counted), the object's other range counts, and pod sync
+    // goes on.
+    let before = metric(port, "bypass_reconcile_errors_total{kind=\"node_cidr\"}")?;
+    c.service_cidr_in_etcd("bk-legacy", &["10.9.0.5/16", "fd00:9::/112"])?;
+    want.insert("fd00:9::/112".to_owned());
+    wait_service_cidrs(&pin, "legacy ServiceCIDR's good range in", &want)?;
+    c.pod("bk-apps", "web", &node, &["10.33.1.5"], PodOpts::default())?;
+    wait_addrs(&pin, "pod sync goes on", &addrs(&["10.33.1.5"]))?;
+    c.delete_service_cidr("bk-legacy")?;
+    want.remove("fd00:9::/112");
+    wait_service_cidrs(&pin, "legacy ServiceCIDR deleted", &want)?;
+    ensure!(
+        log_lines(
+            &agent,
+            &["rejected", "servicecidr bk-legacy", "10.9.0.5/16"]
+        ) == 1,
+        "the malformed range is not logged once: {}",
+        agent.stderr()
+    );
+    ensure!(
+        metric(port, "bypass_reconcile_errors_total{kind=\"node_cidr\"}")? == before + 1.0,
+        "the malformed range is not counted once"
+    );
+    ensure!(http_get(port, "/readyz")?.0 == 200, "not ready");
+    Ok(())
+}
+
+#[test]
+fn k8s_service_cidrs_forbidden_fall_back_to_the_flags() -> Result<()> {
+    if !preflight("k8s_service_cidrs_forbidden_fall_back_to_the_flags")? {
+        return Ok(());
+    }
+    let pods = TwoPods::new()?;
+    let c = Cluster::start()?;
+    let node = node_name(&pods, "n");
+    c.node(&node, &[], &[])?;
+    c.namespace("bk-apps", &[])?;
+    c.pod("bk-apps", "a", &node, &["10.34.0.5"], PodOpts::default())?;
+    // What deploy/rbac.yaml granted before ServiceCIDRs: nodes, pods, namespaces.
+    let user = "bk-core";
+    let kubeconfig = c.env.user_kubeconfig(user, &[])?;
+    let grant = |name: &str, rules: Value| -> Result<()> {
+        let role: ClusterRole =
+            serde_json::from_value(json!({"metadata": {"name": name}, "rules": rules}))?;
+        let binding: ClusterRoleBinding = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        }))?;
+        c.block(Api::<ClusterRole>::all(c.client.clone()).create(&PostParams::default(), &role))?;
+        c.block(
+            Api::<ClusterRoleBinding>::all(c.client.clone())
+                .create(&PostParams::default(), &binding),
+        )?;
+        Ok(())
+    };
+    grant(
+        "bk-core",
+        json!([{"apiGroups": [""], "resources": ["nodes", "pods", "namespaces"], "verbs": ["get", "list", "watch"]}]),
+    )?;
+    let port = free_port()?;
+    let agent = Agent::start(&kube_agent_opts(
+        &pods,
+        &node,
+        &kubeconfig,
+        port,
+        &["--service-cidr", "10.96.0.0/16"],
+    ))?;
+    let pin = agent.pin_dir().to_path_buf();
+    wait_service_cidrs(&pin, "the flag alone", &strings(&["10.96.0.0/16"]))?;
+    wait_addrs(&pin, "pods synced regardless", &addrs(&["10.34.0.5"]))?;
+    ensure!(http_get(port, "/readyz")?.0 == 200, "not ready");
+    // The agent retries (0.5 s, 1 s, 2 s, ...); the warning comes once, and is the only
+    // line about them.
+    std::thread::sleep(Duration::from_secs(3));
+    let warning = ["forbids listing ServiceCIDRs", "deploy/rbac.yaml"];
+    ensure!(
+        log_lines(&agent, &warning) == 1 && log_lines(&agent, &["servicecidrs"]) == 1,
+        "not warned exactly once: {}",
+        agent.stderr()
+    );
+    ensure!(
+        metric(port, "bypass_reconcile_errors_total{kind=\"forbidden\"}")? == 1.0,
+        "not counted once"
+    );
+
+    // Granted later: picked up without a restart, at the watcher's next retry.
+    grant(
+        "bk-servicecidrs",
+        json!([{"apiGroups": ["networking.k8s.io"], "resources": ["servicecidrs"], "verbs": ["list", "watch"]}]),
+    )?;
+    wait_for(
+        &pin,
+        Duration::from_secs(40),
+        "ServiceCIDRs once RBAC allows them",
+        |s| s.service_cidrs == strings(&["10.0.0.0/24", "10.96.0.0/16"]),
+    )?;
+    ensure!(
+        log_lines(&agent, &["ServiceCIDRs listed"]) == 1,
+        "{}",
+        agent.stderr()
     );
     Ok(())
 }

@@ -1,15 +1,25 @@
-//! The reconcile loop: three reflectors (this Node, the Pods on it, all Namespaces)
-//! feed one loop that, on every change, computes the desired map contents and toggle
-//! state with the pure core (`sync`, `toggle`) and applies the difference to the
-//! datapath. While the API server is away the watchers retry with backoff and the
+//! The reconcile loop: four reflectors (this Node, the Pods on it, all Namespaces, all
+//! ServiceCIDRs) feed one loop that, on every change, computes the desired map contents
+//! and toggle state with the pure core (`sync`, `toggle`) and applies the difference to
+//! the datapath. While the API server is away the watchers retry with backoff and the
 //! stores, and so the datapath, stay as they were; on return the watchers relist.
+//!
+//! ServiceCIDRs are optional: the first three must be listed before the first pass,
+//! ServiceCIDRs never hold it up. Where the API is missing (Kubernetes < 1.33) or RBAC
+//! forbids it, one warning says so and the Service CIDR trie holds `--service-cidr`
+//! alone; a probe keeps retrying quietly (at most every 30 s) and starts the watch once
+//! it succeeds, so granting RBAC later is picked up without a restart.
 
 use std::{collections::BTreeSet, future::Future, sync::Arc, time::Duration};
 
 use futures::{FutureExt as _, StreamExt as _, stream::BoxStream};
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::{
+    core::v1::{Namespace, Node, Pod},
+    networking::v1::ServiceCIDR,
+};
 use kube::{
     Api, Client,
+    api::ListParams,
     runtime::{
         WatchStreamExt as _,
         reflector::{self, ObjectRef, Store},
@@ -36,6 +46,7 @@ enum Source {
     Node = 0,
     Pods = 1,
     Namespaces = 2,
+    ServiceCidrs = 3,
 }
 
 impl Source {
@@ -44,7 +55,40 @@ impl Source {
             Self::Node => "nodes",
             Self::Pods => "pods",
             Self::Namespaces => "namespaces",
+            Self::ServiceCidrs => "servicecidrs",
         }
+    }
+}
+
+/// Which sources have completed a listing, and what is known of the ServiceCIDRs.
+#[derive(Debug, Default)]
+struct Listed {
+    /// By `Source as usize`.
+    done: [bool; 4],
+    /// Why the ServiceCIDRs cannot be listed, once warned about; cleared by a listing.
+    service_cidrs_unavailable: Option<Unavailable>,
+}
+
+/// Why the agent gets no ServiceCIDRs from the API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unavailable {
+    /// 404: no `networking.k8s.io/v1` ServiceCIDR (Kubernetes < 1.33).
+    NoApi,
+    /// 403: RBAC.
+    Forbidden,
+    /// Any other failure before the first listing.
+    Failed,
+}
+
+impl Listed {
+    /// The node, its pods and the namespaces are listed: reconciling may start.
+    fn core(&self) -> bool {
+        self.done[..3].iter().all(|d| *d)
+    }
+
+    /// The ServiceCIDRs are known: listed, or known not to come (the flags alone).
+    fn service_cidrs_known(&self) -> bool {
+        self.done[Source::ServiceCidrs as usize] || self.service_cidrs_unavailable.is_some()
     }
 }
 
@@ -73,6 +117,34 @@ where
     (store, stream)
 }
 
+/// The ServiceCIDR watch, behind a probe: a one-item list, retried with
+/// [`retry_delay`] until it succeeds, each failure an item (so a missing API or RBAC is
+/// warned about once by [`Reconciler::note`], not by the watcher on every retry), and
+/// then the reflector.
+fn watch_service_cidrs(api: Api<ServiceCIDR>) -> (Store<ServiceCIDR>, BoxStream<'static, Item>) {
+    let probe_api = api.clone();
+    let probe = futures::stream::unfold(0u32, move |attempt| {
+        let api = probe_api.clone();
+        async move {
+            if attempt > 0 {
+                tokio::time::sleep(retry_delay(attempt - 1)).await;
+            }
+            match api.list(&ListParams::default().limit(1)).await {
+                Ok(_) => None,
+                Err(e) => Some((
+                    (
+                        Source::ServiceCidrs,
+                        Err(watcher::Error::InitialListFailed(e)),
+                    ),
+                    attempt.saturating_add(1),
+                )),
+            }
+        }
+    });
+    let (store, watch) = watch(Source::ServiceCidrs, api, watcher::Config::default());
+    (store, probe.chain(watch).boxed())
+}
+
 /// Runs until `shutdown` completes. Errors only when the datapath itself fails in a
 /// way the loop cannot carry on from.
 pub async fn run(
@@ -96,10 +168,11 @@ pub async fn run(
     );
     let (namespaces, ns_events) = watch(
         Source::Namespaces,
-        Api::<Namespace>::all(client),
+        Api::<Namespace>::all(client.clone()),
         watcher::Config::default(),
     );
-    let mut events = futures::stream::select_all([node_events, pod_events, ns_events]);
+    let (service_cidrs, sc_events) = watch_service_cidrs(Api::<ServiceCIDR>::all(client));
+    let mut events = futures::stream::select_all([node_events, pod_events, ns_events, sc_events]);
     let mut ctl = Reconciler {
         policy: Policy {
             node: node.clone(),
@@ -121,23 +194,24 @@ pub async fn run(
         nodes,
         pods,
         namespaces,
+        service_cidrs,
+        listed: Listed::default(),
     };
-    let mut synced = [false; 3];
     // A periodic pass repairs drift (an entry removed behind the agent's back) and
     // retries failed map updates.
     let mut resync = tokio::time::interval(settings.resync);
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let shutdown = shutdown.fuse();
     futures::pin_mut!(shutdown);
-    info!(node = %node, "watching the node, its pods and namespaces");
+    info!(node = %node, "watching the node, its pods, namespaces and ServiceCIDRs");
     loop {
         tokio::select! {
             signal = &mut shutdown => return Ok(signal),
             item = events.next() => match item {
-                Some(item) => ctl.note(item, &mut synced),
+                Some(item) => ctl.note(item),
                 None => {
                     return Err(AgentError::Api {
-                        action: "watch the node, pods and namespaces".into(),
+                        action: "watch the node, pods, namespaces and ServiceCIDRs".into(),
                         detail: "the watch streams ended".into(),
                     });
                 }
@@ -146,10 +220,10 @@ pub async fn run(
         }
         // Coalesce a burst (a relist delivers every object) into one reconcile.
         while let Some(Some(item)) = events.next().now_or_never() {
-            ctl.note(item, &mut synced);
+            ctl.note(item);
         }
         // Every wake-up (event or resync tick) is a full, level-triggered pass.
-        if synced.iter().all(|s| *s) {
+        if ctl.listed.core() {
             if !ctl.telemetry.health.ready() {
                 info!("node, pods and namespaces listed; reconciling");
             }
@@ -176,16 +250,24 @@ struct Reconciler<'a> {
     nodes: Store<Node>,
     pods: Store<Pod>,
     namespaces: Store<Namespace>,
+    service_cidrs: Store<ServiceCIDR>,
+    /// Listings done, and the ServiceCIDR availability.
+    listed: Listed,
 }
 
 impl Reconciler<'_> {
     /// Records one watch item: a completed listing, or an error (logged and counted;
     /// the watcher retries by itself with backoff).
-    fn note(&self, (source, item): Item, synced: &mut [bool; 3]) {
+    fn note(&mut self, (source, item): Item) {
         match item {
             Ok(true) => {
                 debug!(resource = source.resource(), "listed");
-                synced[source as usize] = true;
+                self.listed.done[source as usize] = true;
+                if source == Source::ServiceCidrs
+                    && self.listed.service_cidrs_unavailable.take().is_some()
+                {
+                    info!("ServiceCIDRs listed: Service CIDRs come from the API again");
+                }
             }
             Ok(false) => {}
             Err(e) => {
@@ -195,7 +277,9 @@ impl Reconciler<'_> {
                     | watcher::Error::WatchFailed(k) => Some(classify(k)),
                     _ => None,
                 };
-                if let Some(Failure::Forbidden(detail)) = inner {
+                if source == Source::ServiceCidrs {
+                    self.service_cidrs_failed(inner, &e);
+                } else if let Some(Failure::Forbidden(detail)) = inner {
                     self.telemetry.agent.error(ErrorKind::Forbidden);
                     error!(resource = source.resource(), %detail,
                         "the API server forbids watching {}: apply deploy/rbac.yaml (get, list, watch on nodes, pods, namespaces); keeping the datapath as it is",
@@ -206,6 +290,48 @@ impl Reconciler<'_> {
                         "watch failed; retrying with backoff, keeping the datapath as it is");
                 }
             }
+        }
+    }
+
+    /// A failed ServiceCIDR list or watch. A missing API or RBAC is warned about once
+    /// (the watcher retries quietly); the trie then holds `--service-cidr` alone, or,
+    /// if the objects were listed before, keeps what they gave.
+    fn service_cidrs_failed(&mut self, failure: Option<Failure>, e: &watcher::Error) {
+        let why = match &failure {
+            Some(Failure::NotFound(_)) => Unavailable::NoApi,
+            Some(Failure::Forbidden(_)) => Unavailable::Forbidden,
+            _ => Unavailable::Failed,
+        };
+        let flags: Vec<String> = self
+            .statics
+            .service_cidrs
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let repeat = self.listed.service_cidrs_unavailable == Some(why);
+        if why == Unavailable::Failed {
+            // Like the other watchers: every failure is logged and counted.
+            self.telemetry.agent.error(ErrorKind::Watch);
+            warn!(resource = "servicecidrs", error = %crate::error::chain(e), service_cidrs = ?flags,
+                "watch failed; retrying with backoff; Service CIDRs: --service-cidr and what was listed before");
+        } else if !repeat {
+            let detail = match &failure {
+                Some(Failure::NotFound(d) | Failure::Forbidden(d)) => d.as_str(),
+                _ => "",
+            };
+            if why == Unavailable::Forbidden {
+                self.telemetry.agent.error(ErrorKind::Forbidden);
+                warn!(resource = "servicecidrs", %detail, service_cidrs = ?flags,
+                    "the API server forbids listing ServiceCIDRs: Service CIDRs come from --service-cidr alone; apply deploy/rbac.yaml (list, watch on networking.k8s.io servicecidrs)");
+            } else {
+                self.telemetry.agent.error(ErrorKind::Watch);
+                warn!(resource = "servicecidrs", %detail, service_cidrs = ?flags,
+                    "the API server has no networking.k8s.io/v1 ServiceCIDR (Kubernetes < 1.33): Service CIDRs come from --service-cidr alone; set it to the cluster's service range (kube-apiserver --service-cluster-ip-range)");
+            }
+        }
+        // A definite answer replaces "failed"; "failed" never hides a definite answer.
+        if why != Unavailable::Failed || self.listed.service_cidrs_unavailable.is_none() {
+            self.listed.service_cidrs_unavailable = Some(why);
         }
     }
 
@@ -224,10 +350,14 @@ impl Reconciler<'_> {
         }
         let pods = self.pods.state();
         let namespaces = self.namespaces.state();
+        let service_cidrs = self.service_cidrs.state();
         let desired = sync::desired(
             node.as_deref(),
             pods.iter().map(AsRef::as_ref),
             namespaces.iter().map(AsRef::as_ref),
+            self.listed
+                .service_cidrs_known()
+                .then(|| service_cidrs.iter().map(AsRef::as_ref)),
             &self.policy,
             &self.statics,
         );
@@ -247,6 +377,9 @@ impl Reconciler<'_> {
                 RejectionKind::PodAddress => ErrorKind::PodAddress,
                 RejectionKind::NodeCidr => ErrorKind::NodeCidr,
                 RejectionKind::OptOutValue => ErrorKind::OptOutValue,
+                // Counted with the other malformed cluster CIDRs until the metric has
+                // a kind of its own; the log line names the ServiceCIDR.
+                RejectionKind::ServiceCidr => ErrorKind::NodeCidr,
             });
             warn!(kind = r.kind.as_str(), object = %r.object, field = %r.field, value = %r.value,
                 "rejected: {}", r.reason);
@@ -257,7 +390,12 @@ impl Reconciler<'_> {
             .set(i64::try_from(desired.pods_tracked).unwrap_or(i64::MAX));
 
         let maps = dp.pod_maps();
-        let plan = sync::plan(&maps.cidrs(), &maps.addrs(), &desired);
+        let current = sync::Current {
+            cidrs: maps.cidrs(),
+            addrs: maps.addrs(),
+            service_cidrs: maps.service_cidrs(),
+        };
+        let plan = sync::plan(&current, &desired);
         if !plan.is_empty() {
             debug!(?plan, "applying");
         }
@@ -281,12 +419,20 @@ impl Reconciler<'_> {
         for ip in &plan.remove_addrs {
             check(maps.remove_addr(*ip));
         }
+        for cidr in &plan.add_service_cidrs {
+            check(maps.insert_service_cidr(cidr));
+        }
+        for cidr in &plan.remove_service_cidrs {
+            check(maps.remove_service_cidr(cidr));
+        }
         if !plan.is_empty() {
             info!(
                 added_cidrs = plan.add_cidrs.len(),
                 removed_cidrs = plan.remove_cidrs.len(),
                 added_addrs = plan.add_addrs.len(),
                 removed_addrs = plan.remove_addrs.len(),
+                added_service_cidrs = ?plan.add_service_cidrs.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                removed_service_cidrs = ?plan.remove_service_cidrs.iter().map(ToString::to_string).collect::<Vec<_>>(),
                 failed,
                 pods_tracked = desired.pods_tracked,
                 pods = ?sync::skip_counts(pods.iter().map(AsRef::as_ref), &self.policy, &excluded),
@@ -365,5 +511,19 @@ mod tests {
         assert_eq!(retry_delay(5), Duration::from_secs(16));
         assert_eq!(retry_delay(6), Duration::from_secs(30));
         assert_eq!(retry_delay(60), Duration::from_secs(30));
+    }
+
+    #[test]
+    fn service_cidrs_never_hold_up_the_first_pass() {
+        let mut l = Listed::default();
+        assert!(!l.core() && !l.service_cidrs_known());
+        l.done[..3].fill(true);
+        assert!(l.core(), "ServiceCIDRs are not needed to start");
+        assert!(!l.service_cidrs_known(), "not listed: leave the trie alone");
+        l.service_cidrs_unavailable = Some(Unavailable::Forbidden);
+        assert!(l.service_cidrs_known(), "forbidden: the flags alone");
+        l.service_cidrs_unavailable = None;
+        l.done[Source::ServiceCidrs as usize] = true;
+        assert!(l.service_cidrs_known());
     }
 }
