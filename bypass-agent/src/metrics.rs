@@ -52,13 +52,15 @@ pub enum ErrorKind {
     PodAddress,
     /// A node pod CIDR did not parse.
     NodeCidr,
+    /// A ServiceCIDR object's range did not parse.
+    ServiceCidr,
     /// An opt-out annotation or namespace label had a value other than `true`/`false`.
     OptOutValue,
 }
 
 impl ErrorKind {
     /// Every kind, so each appears on `/metrics` from the start.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::Watch,
         Self::Forbidden,
         Self::MapUpdate,
@@ -66,6 +68,7 @@ impl ErrorKind {
         Self::LabelValue,
         Self::PodAddress,
         Self::NodeCidr,
+        Self::ServiceCidr,
         Self::OptOutValue,
     ];
 
@@ -79,6 +82,7 @@ impl ErrorKind {
             Self::LabelValue => "label_value",
             Self::PodAddress => "pod_address",
             Self::NodeCidr => "node_cidr",
+            Self::ServiceCidr => "service_cidr",
             Self::OptOutValue => "opt_out_value",
         }
     }

@@ -35,6 +35,22 @@ pub const MAP_CONNECTORS: &str = "BYPASS_CONNECTORS";
 /// accepting side, read (then deleted) by the connecting socket's first sends.
 pub const MAP_PAIRS: &str = "BYPASS_PAIRS";
 
+/// Every map the agent pins, [`MAP_CONTROL`] last (its pin marks a complete datapath).
+/// ([`MAP_SOCK_STATE`] is not pinned: only the programs use it.)
+pub const PINNED_MAPS: [&str; 11] = [
+    MAP_SOCKETS,
+    MAP_POD_CIDRS,
+    MAP_POD_ADDRS,
+    MAP_STATS,
+    MAP_SOCK_ADDRS,
+    MAP_SERVICE_CIDRS,
+    MAP_SKIP_PORTS,
+    MAP_POD_NETNS,
+    MAP_CONNECTORS,
+    MAP_PAIRS,
+    MAP_CONTROL,
+];
+
 /// The sock_ops program: inserts eligible established sockets.
 pub const PROG_SOCKOPS: &str = "bypass_sockops";
 /// The sk_msg program: redirects each send to the peer socket.

@@ -91,6 +91,9 @@ fn netns_cookie(ctx: &SockOpsContext) -> u64 {
     unsafe { bpf_get_netns_cookie(ctx.ops.cast()) }
 }
 
+// Keys are passed by reference to the socket's storage on purpose: by value they would
+// be copied onto the 512-byte BPF stack.
+#[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
 fn try_bypass_sockops(ctx: &SockOpsContext, op: u32) -> Result<(), Skip> {
     let active = op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB;
@@ -214,7 +217,7 @@ fn try_bypass_sockops(ctx: &SockOpsContext, op: u32) -> Result<(), Skip> {
 #[inline(always)]
 fn pair(state: &mut SockState, snd_nxt: u32, rcv_nxt: u32) -> bool {
     let mirror = state.key.peer();
-    if BYPASS_SOCK_ADDRS.get_ptr(&mirror).is_some() {
+    if BYPASS_SOCK_ADDRS.get_ptr(mirror).is_some() {
         state.peer = mirror;
         state.hop = hop::of_mirror(&state.key);
         return true;

@@ -1202,7 +1202,7 @@ fn k8s_service_cidrs_follow_the_api() -> Result<()> {
     // Malformed, as an older API server could have stored it: the bad range is
     // rejected (logged once, counted), the object's other range counts, and pod sync
     // goes on.
-    let before = metric(port, "bypass_reconcile_errors_total{kind=\"node_cidr\"}")?;
+    let before = metric(port, "bypass_reconcile_errors_total{kind=\"service_cidr\"}")?;
     c.service_cidr_in_etcd("bk-legacy", &["10.9.0.5/16", "fd00:9::/112"])?;
     want.insert("fd00:9::/112".to_owned());
     wait_service_cidrs(&pin, "legacy ServiceCIDR's good range in", &want)?;
@@ -1220,7 +1220,7 @@ fn k8s_service_cidrs_follow_the_api() -> Result<()> {
         agent.stderr()
     );
     ensure!(
-        metric(port, "bypass_reconcile_errors_total{kind=\"node_cidr\"}")? == before + 1.0,
+        metric(port, "bypass_reconcile_errors_total{kind=\"service_cidr\"}")? == before + 1.0,
         "the malformed range is not counted once"
     );
     ensure!(http_get(port, "/readyz")?.0 == 200, "not ready");

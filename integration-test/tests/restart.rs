@@ -249,17 +249,16 @@ fn uninstall_removes_every_pin_and_attachment() -> Result<()> {
         "uninstall: {stdout} {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let expected = [
+    let mut expected = vec![
         format!("{}/{}", names::PIN_LINKS_SUBDIR, names::PIN_LINK_SOCKOPS),
         format!("{}/{}", names::PIN_PROGS_SUBDIR, names::PROG_SOCKOPS),
         format!("{}/{}", names::PIN_PROGS_SUBDIR, names::PROG_SKMSG),
-        format!("{}/{}", names::PIN_MAPS_SUBDIR, names::MAP_SOCKETS),
-        format!("{}/{}", names::PIN_MAPS_SUBDIR, names::MAP_SOCK_ADDRS),
-        format!("{}/{}", names::PIN_MAPS_SUBDIR, names::MAP_POD_CIDRS),
-        format!("{}/{}", names::PIN_MAPS_SUBDIR, names::MAP_POD_ADDRS),
-        format!("{}/{}", names::PIN_MAPS_SUBDIR, names::MAP_STATS),
-        format!("{}/{}", names::PIN_MAPS_SUBDIR, names::MAP_CONTROL),
     ];
+    expected.extend(
+        names::PINNED_MAPS
+            .iter()
+            .map(|m| format!("{}/{}", names::PIN_MAPS_SUBDIR, m)),
+    );
     for pin in &expected {
         ensure!(
             stdout

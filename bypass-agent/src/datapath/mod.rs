@@ -23,9 +23,9 @@ use aya::{
 use bypass_common::{
     KernelLayout, SockKey,
     names::{
-        MAP_CONNECTORS, MAP_CONTROL, MAP_PAIRS, MAP_POD_ADDRS, MAP_POD_CIDRS, MAP_POD_NETNS,
-        MAP_SERVICE_CIDRS, MAP_SKIP_PORTS, MAP_SOCK_ADDRS, MAP_SOCKETS, MAP_STATS,
-        PIN_LINK_SOCKOPS, PROG_SKMSG, PROG_SOCKOPS,
+        MAP_CONNECTORS, MAP_CONTROL, MAP_PAIRS, MAP_POD_ADDRS, MAP_POD_CIDRS, MAP_SERVICE_CIDRS,
+        MAP_SKIP_PORTS, MAP_SOCK_ADDRS, MAP_SOCKETS, MAP_STATS, PIN_LINK_SOCKOPS, PINNED_MAPS,
+        PROG_SKMSG, PROG_SOCKOPS,
     },
 };
 pub use fs::find_cgroup2_mount;
@@ -364,18 +364,7 @@ fn load_fresh(pins: &PinLayout, config: &Config, identity: Identity) -> Result<E
         .map_err(|e| classify_load_error(&e))?;
     let guard = pins::PinGuard::new(pins.clone(), true);
     pins.create_dirs()?;
-    for name in [
-        MAP_SOCKETS,
-        MAP_POD_CIDRS,
-        MAP_POD_ADDRS,
-        MAP_STATS,
-        MAP_SOCK_ADDRS,
-        MAP_SERVICE_CIDRS,
-        MAP_SKIP_PORTS,
-        MAP_POD_NETNS,
-        MAP_CONNECTORS,
-        MAP_PAIRS,
-    ] {
+    for name in PINNED_MAPS.iter().filter(|&&n| n != MAP_CONTROL) {
         pin_map(&ebpf, pins, name)?;
     }
     let mut control = maps::Control::new(take_map(&mut ebpf, MAP_CONTROL)?)?;

@@ -379,7 +379,7 @@ impl Reconciler<'_> {
                 RejectionKind::OptOutValue => ErrorKind::OptOutValue,
                 // Counted with the other malformed cluster CIDRs until the metric has
                 // a kind of its own; the log line names the ServiceCIDR.
-                RejectionKind::ServiceCidr => ErrorKind::NodeCidr,
+                RejectionKind::ServiceCidr => ErrorKind::ServiceCidr,
             });
             warn!(kind = r.kind.as_str(), object = %r.object, field = %r.field, value = %r.value,
                 "rejected: {}", r.reason);
