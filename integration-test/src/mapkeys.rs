@@ -1,6 +1,6 @@
-//! The keys of a pinned BPF map, read straight from the kernel (`BPF_OBJ_GET`, then
-//! `BPF_MAP_GET_NEXT_KEY`), so a test can see what the SockHash holds without trusting
-//! the agent's own report. Values are not read: a SockHash lookup from user space
+//! Pinned BPF maps read (and a control slot written) straight from the kernel
+//! (`BPF_OBJ_GET`, then `BPF_MAP_GET_NEXT_KEY` / `LOOKUP_ELEM` / `UPDATE_ELEM`), so a
+//! test can see what the SockHash holds without trusting the agent's own report. Values are not read: a SockHash lookup from user space
 //! answers with a socket cookie only for 8-byte values.
 
 use std::{
@@ -10,6 +10,8 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
 const BPF_OBJ_GET: libc::c_long = 7;
 
@@ -24,6 +26,16 @@ struct MapNextKey {
     _pad: u32,
     key: u64,
     next_key: u64,
+    flags: u64,
+}
+
+/// The `map_elem` member of `union bpf_attr` (include/uapi/linux/bpf.h).
+#[repr(C)]
+struct MapElem {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    value: u64,
     flags: u64,
 }
 
@@ -99,4 +111,43 @@ pub fn pinned_map_keys(pin: &Path, key_size: usize) -> Result<Vec<Vec<u8>>> {
         }
         prev = Some(next.clone());
     }
+}
+
+/// Reads slot `key` of a pinned `Array<u32>`.
+pub fn pinned_u32(pin: &Path, key: u32) -> Result<u32> {
+    let fd = open_pinned(pin)?;
+    let mut value = 0u32;
+    let mut attr = MapElem {
+        map_fd: fd.as_raw_fd() as u32,
+        _pad: 0,
+        key: (&raw const key) as u64,
+        value: (&raw mut value) as u64,
+        flags: 0,
+    };
+    bpf(
+        BPF_MAP_LOOKUP_ELEM,
+        (&raw mut attr).cast(),
+        size_of::<MapElem>(),
+    )
+    .with_context(|| format!("read slot {key} of {}", pin.display()))?;
+    Ok(value)
+}
+
+/// Writes slot `key` of a pinned `Array<u32>`.
+pub fn set_pinned_u32(pin: &Path, key: u32, value: u32) -> Result<()> {
+    let fd = open_pinned(pin)?;
+    let mut attr = MapElem {
+        map_fd: fd.as_raw_fd() as u32,
+        _pad: 0,
+        key: (&raw const key) as u64,
+        value: (&raw const value) as u64,
+        flags: 0,
+    };
+    bpf(
+        BPF_MAP_UPDATE_ELEM,
+        (&raw mut attr).cast(),
+        size_of::<MapElem>(),
+    )
+    .with_context(|| format!("write slot {key} of {}", pin.display()))?;
+    Ok(())
 }

@@ -13,7 +13,8 @@ use std::{
 
 use anyhow::{Result, bail, ensure};
 use bypass_common::{control, names};
-use support::{num, pinned_u32, set_pinned_u32, sigkill, two_pods, wait_for_log};
+use support::{num, sigkill, two_pods, wait_for_log};
+use testbed::mapkeys::{pinned_u32, set_pinned_u32};
 use testbed::{
     Agent, AgentOpts, ClientArgs, PeerClient, PeerServer, Report, TwoPods, agent::run_agent,
     agent::status_json, bpf::sockops_attached, preflight, run_client,

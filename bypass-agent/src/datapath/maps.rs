@@ -21,9 +21,9 @@ fn open_err(name: &str, e: &(dyn std::error::Error + 'static)) -> AgentError {
 
 /// The address maps: pod CIDRs, exact pod addresses, Service (ClusterIP) CIDRs.
 pub struct PodMaps {
-    cidrs: LpmTrie<MapData, [u8; 16], u8>,
+    cidrs: Trie,
     addrs: HashMap<MapData, IpKey, u8>,
-    services: LpmTrie<MapData, [u8; 16], u8>,
+    services: Trie,
 }
 
 impl PodMaps {
@@ -39,32 +39,22 @@ impl PodMaps {
 
     /// Adds a Service (ClusterIP) CIDR.
     pub fn insert_service_cidr(&mut self, cidr: &PodCidr) -> Result<(), AgentError> {
-        let (len, bytes) = cidr.trie_key();
-        self.services
-            .insert(&Key::new(len, bytes), 1, 0)
-            .map_err(|e| {
-                AgentError::bpf(
-                    format!("add Service CIDR {cidr} to {}", names::MAP_SERVICE_CIDRS),
-                    &e,
-                )
-            })
+        trie_insert(
+            &mut self.services,
+            cidr,
+            "Service",
+            names::MAP_SERVICE_CIDRS,
+        )
     }
 
     /// Removes a Service CIDR.
     pub fn remove_service_cidr(&mut self, cidr: &PodCidr) -> Result<(), AgentError> {
-        let (len, bytes) = cidr.trie_key();
-        self.services
-            .remove(&Key::new(len, bytes))
-            .map_err(|e| AgentError::bpf(format!("remove Service CIDR {cidr}"), &e))
+        trie_remove(&mut self.services, cidr, "Service")
     }
 
     /// The Service CIDRs in the trie now.
     pub fn service_cidrs(&self) -> BTreeSet<PodCidr> {
-        self.services
-            .keys()
-            .filter_map(Result::ok)
-            .filter_map(|k| cidr_from_trie(k.prefix_len(), k.data()))
-            .collect()
+        trie_cidrs(&self.services)
     }
 
     /// Makes the Service CIDR trie hold exactly `want`.
@@ -81,21 +71,12 @@ impl PodMaps {
 
     /// Adds a pod CIDR.
     pub fn insert_cidr(&mut self, cidr: &PodCidr) -> Result<(), AgentError> {
-        let (len, bytes) = cidr.trie_key();
-        self.cidrs.insert(&Key::new(len, bytes), 1, 0).map_err(|e| {
-            AgentError::bpf(
-                format!("add pod CIDR {cidr} to {}", names::MAP_POD_CIDRS),
-                &e,
-            )
-        })
+        trie_insert(&mut self.cidrs, cidr, "pod", names::MAP_POD_CIDRS)
     }
 
     /// Removes a pod CIDR.
     pub fn remove_cidr(&mut self, cidr: &PodCidr) -> Result<(), AgentError> {
-        let (len, bytes) = cidr.trie_key();
-        self.cidrs
-            .remove(&Key::new(len, bytes))
-            .map_err(|e| AgentError::bpf(format!("remove pod CIDR {cidr}"), &e))
+        trie_remove(&mut self.cidrs, cidr, "pod")
     }
 
     /// Adds a pod address.
@@ -117,11 +98,7 @@ impl PodMaps {
 
     /// The CIDRs in the trie now.
     pub fn cidrs(&self) -> BTreeSet<PodCidr> {
-        self.cidrs
-            .keys()
-            .filter_map(Result::ok)
-            .filter_map(|k| cidr_from_trie(k.prefix_len(), k.data()))
-            .collect()
+        trie_cidrs(&self.cidrs)
     }
 
     /// The exact addresses in the map now.
@@ -132,6 +109,27 @@ impl PodMaps {
             .map(ip_from_key)
             .collect()
     }
+}
+
+type Trie = LpmTrie<MapData, [u8; 16], u8>;
+
+fn trie_insert(trie: &mut Trie, cidr: &PodCidr, what: &str, map: &str) -> Result<(), AgentError> {
+    let (len, bytes) = cidr.trie_key();
+    trie.insert(&Key::new(len, bytes), 1, 0)
+        .map_err(|e| AgentError::bpf(format!("add {what} CIDR {cidr} to {map}"), &e))
+}
+
+fn trie_remove(trie: &mut Trie, cidr: &PodCidr, what: &str) -> Result<(), AgentError> {
+    let (len, bytes) = cidr.trie_key();
+    trie.remove(&Key::new(len, bytes))
+        .map_err(|e| AgentError::bpf(format!("remove {what} CIDR {cidr}"), &e))
+}
+
+fn trie_cidrs(trie: &Trie) -> BTreeSet<PodCidr> {
+    trie.keys()
+        .filter_map(Result::ok)
+        .filter_map(|k| cidr_from_trie(k.prefix_len(), k.data()))
+        .collect()
 }
 
 fn cidr_from_trie(len: u32, bytes: [u8; 16]) -> Option<PodCidr> {
