@@ -68,7 +68,9 @@ pub fn bypass_sockops(ctx: SockOpsContext) -> u32 {
         // A pod connecting anywhere marks its namespace as a pod's, so that its later
         // loopback connections (to its sidecar) qualify.
         let netns = netns_cookie(&ctx);
-        if let Some(key) = key::from_sock_ops(ctx.ops, netns) {
+        if let Some(key) = key::from_sock_ops(ctx.ops, netns)
+            && is_pod_address(&key.local_ip)
+        {
             learn_netns(netns, &key.local_ip);
         }
         return 1;
@@ -103,14 +105,19 @@ fn try_bypass_sockops(ctx: &SockOpsContext, op: u32) -> Result<(), Skip> {
     let netns = netns_cookie(ctx);
     let key = key::from_sock_ops(ctx.ops, netns).ok_or(Skip::NotOurs)?;
     let (snd_nxt, rcv_nxt) = key::sequence(ctx.ops);
-    learn_netns(netns, &key.local_ip);
+    let local_pod = is_pod_address(&key.local_ip);
+    if local_pod {
+        learn_netns(netns, &key.local_ip);
+    }
     if skipped_port(key.local_port) || skipped_port(key.remote_port) {
         return Err(Skip::Port);
     }
     // The remote end of a connecting socket may also be a Service address that a DNAT
     // will land on a local pod.
-    if !local_end(&key.local_ip, netns)
-        || !(local_end(&key.remote_ip, netns) || (active && is_service(&key.remote_ip)))
+    if !(local_pod || loopback_in_pod(&key.local_ip, netns))
+        || !(is_pod_address(&key.remote_ip)
+            || loopback_in_pod(&key.remote_ip, netns)
+            || (active && is_service(&key.remote_ip)))
     {
         return Err(Skip::Ineligible);
     }
@@ -300,27 +307,30 @@ fn skipped_port(port: u32) -> bool {
     BYPASS_SKIP_PORTS.get_ptr(port).is_some()
 }
 
-/// Whether `ip`, an end of a socket in namespace `netns`, can be a local pod's: a pod
-/// address, or loopback inside a namespace whose pod address is still a pod address
-/// (an opted-out or deleted pod's is not).
+/// Whether `ip` is a pod address (never a loopback one).
 #[inline(always)]
-fn local_end(ip: &IpKey, netns: u64) -> bool {
-    if is_loopback(ip) {
-        return match BYPASS_POD_NETNS.get_ptr(netns) {
-            // SAFETY: a live map value.
-            Some(pod) => is_pod(&unsafe { *pod }),
-            None => false,
-        };
-    }
-    is_pod(ip)
+fn is_pod_address(ip: &IpKey) -> bool {
+    !is_loopback(ip) && is_pod(ip)
 }
 
-/// Records that namespace `netns` belongs to the pod whose address `ip` is.
+/// Whether `ip` is loopback inside namespace `netns` whose pod address is still a pod
+/// address (an opted-out or deleted pod's is not).
+#[inline(always)]
+fn loopback_in_pod(ip: &IpKey, netns: u64) -> bool {
+    if !is_loopback(ip) {
+        return false;
+    }
+    match BYPASS_POD_NETNS.get_ptr(netns) {
+        // SAFETY: a live map value.
+        Some(pod) => is_pod(&unsafe { *pod }),
+        None => false,
+    }
+}
+
+/// Records that namespace `netns` belongs to the pod whose address `ip` is (the caller
+/// checked it is one).
 #[inline(always)]
 fn learn_netns(netns: u64, ip: &IpKey) {
-    if is_loopback(ip) || !is_pod(ip) {
-        return;
-    }
     if let Some(known) = BYPASS_POD_NETNS.get_ptr(netns) {
         // SAFETY: a live map value.
         if unsafe { *known } == *ip {

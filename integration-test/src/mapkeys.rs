@@ -113,41 +113,30 @@ pub fn pinned_map_keys(pin: &Path, key_size: usize) -> Result<Vec<Vec<u8>>> {
     }
 }
 
-/// Reads slot `key` of a pinned `Array<u32>`.
-pub fn pinned_u32(pin: &Path, key: u32) -> Result<u32> {
-    let fd = open_pinned(pin)?;
-    let mut value = 0u32;
+/// One `BPF_MAP_{LOOKUP,UPDATE}_ELEM` on slot `key` of the `Array<u32>` pinned at `pin`,
+/// the value read into or written from `value`.
+fn slot_elem(pin: &Path, cmd: libc::c_long, key: u32, value: *mut u32) -> std::io::Result<()> {
+    let fd = open_pinned(pin).map_err(std::io::Error::other)?;
     let mut attr = MapElem {
         map_fd: fd.as_raw_fd() as u32,
         _pad: 0,
         key: (&raw const key) as u64,
-        value: (&raw mut value) as u64,
+        value: value as u64,
         flags: 0,
     };
-    bpf(
-        BPF_MAP_LOOKUP_ELEM,
-        (&raw mut attr).cast(),
-        size_of::<MapElem>(),
-    )
-    .with_context(|| format!("read slot {key} of {}", pin.display()))?;
+    bpf(cmd, (&raw mut attr).cast(), size_of::<MapElem>()).map(drop)
+}
+
+/// Reads slot `key` of a pinned `Array<u32>`.
+pub fn pinned_u32(pin: &Path, key: u32) -> Result<u32> {
+    let mut value = 0u32;
+    slot_elem(pin, BPF_MAP_LOOKUP_ELEM, key, &raw mut value)
+        .with_context(|| format!("read slot {key} of {}", pin.display()))?;
     Ok(value)
 }
 
 /// Writes slot `key` of a pinned `Array<u32>`.
-pub fn set_pinned_u32(pin: &Path, key: u32, value: u32) -> Result<()> {
-    let fd = open_pinned(pin)?;
-    let mut attr = MapElem {
-        map_fd: fd.as_raw_fd() as u32,
-        _pad: 0,
-        key: (&raw const key) as u64,
-        value: (&raw const value) as u64,
-        flags: 0,
-    };
-    bpf(
-        BPF_MAP_UPDATE_ELEM,
-        (&raw mut attr).cast(),
-        size_of::<MapElem>(),
-    )
-    .with_context(|| format!("write slot {key} of {}", pin.display()))?;
-    Ok(())
+pub fn set_pinned_u32(pin: &Path, key: u32, mut value: u32) -> Result<()> {
+    slot_elem(pin, BPF_MAP_UPDATE_ELEM, key, &raw mut value)
+        .with_context(|| format!("write slot {key} of {}", pin.display()))
 }
