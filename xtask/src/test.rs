@@ -59,11 +59,20 @@ pub fn run(args: &Args) -> Result<()> {
             .context("build kube-apiserver and etcd for the Kubernetes tests")?;
         let mut privileged = privileged_tests(tools.cargo()?, &agent, &args.harness);
         let before = counts;
+        let pins_before = bpffs_entries();
         let status = run_counting(&mut privileged, &mut counts)?;
         if !status.success() {
             failures.push(format!("privileged tests: {status}"));
         } else if counts.passed == before.passed && counts.failed == before.failed {
             eprintln!("test: warning: no privileged test ran");
+        }
+        let left = leftover_pins(&pins_before, &bpffs_entries());
+        if !left.is_empty() {
+            failures.push(format!(
+                "the privileged tests left pins in {BPFFS}: {} (a test or the agent's \
+                 shutdown did not remove what it pinned)",
+                left.join(", ")
+            ));
         }
     } else {
         failures.push(
@@ -76,6 +85,36 @@ pub fn run(args: &Args) -> Result<()> {
         return Ok(());
     }
     bail!("{}", failures.join("; "))
+}
+
+/// Where the tests' agents pin (each under its own directory).
+const BPFFS: &str = "/sys/fs/bpf";
+
+/// What the kernel itself pins into every bpffs it mounts (CONFIG_BPF_PRELOAD,
+/// kernel/bpf/preload): not ours, and there from the first mount on.
+const KERNEL_PRELOAD_PINS: [&str; 2] = ["maps.debug", "progs.debug"];
+
+/// The names at the top of the bpffs mount (empty when it is not mounted).
+fn bpffs_entries() -> std::collections::BTreeSet<String> {
+    std::fs::read_dir(BPFFS)
+        .map(|dir| {
+            dir.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Entries present after the tests that were not before, the kernel's own excepted.
+fn leftover_pins(
+    before: &std::collections::BTreeSet<String>,
+    after: &std::collections::BTreeSet<String>,
+) -> Vec<String> {
+    after
+        .difference(before)
+        .filter(|n| !KERNEL_PRELOAD_PINS.contains(&n.as_str()))
+        .cloned()
+        .collect()
 }
 
 /// `cargo test -p integration-test -- --test-threads=1` against `agent`.
@@ -121,4 +160,26 @@ fn run_counting(cmd: &mut Command, counts: &mut Counts) -> Result<ExitStatus> {
     child
         .wait()
         .with_context(|| format!("`{}` did not finish", cmd::display(cmd)))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    fn set(v: &[&str]) -> BTreeSet<String> {
+        v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn leftovers_are_new_entries_but_the_kernels() {
+        // A fresh mount during the run brings the kernel's preload entries: not ours.
+        assert!(leftover_pins(&set(&[]), &set(&["maps.debug", "progs.debug"])).is_empty());
+        assert_eq!(
+            leftover_pins(&set(&["bypass"]), &set(&["bypass", "bt-x1-pins"])),
+            vec!["bt-x1-pins".to_owned()]
+        );
+        assert!(leftover_pins(&set(&["old"]), &set(&[])).is_empty());
+    }
 }
