@@ -1,5 +1,6 @@
 //! `bypass-agent`: parse options, start logging, run the chosen command.
 
+mod apply;
 mod cidr;
 mod cli;
 mod datapath;

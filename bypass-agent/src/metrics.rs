@@ -21,7 +21,8 @@ use prometheus_client::{
         DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelValueEncoder,
     },
     metrics::{
-        counter::ConstCounter, counter::Counter, family::Family, gauge::ConstGauge, gauge::Gauge,
+        MetricType, counter::ConstCounter, counter::Counter, family::Family, gauge::ConstGauge,
+        gauge::Gauge,
     },
     registry::Registry,
 };
@@ -50,8 +51,6 @@ pub enum ErrorKind {
     LabelValue,
     /// A pod address did not parse or was not unicast.
     PodAddress,
-    /// A node pod CIDR did not parse.
-    NodeCidr,
     /// A ServiceCIDR object's range did not parse.
     ServiceCidr,
     /// An opt-out annotation or namespace label had a value other than `true`/`false`.
@@ -60,14 +59,13 @@ pub enum ErrorKind {
 
 impl ErrorKind {
     /// Every kind, so each appears on `/metrics` from the start.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 8] = [
         Self::Watch,
         Self::Forbidden,
         Self::MapUpdate,
         Self::Toggle,
         Self::LabelValue,
         Self::PodAddress,
-        Self::NodeCidr,
         Self::ServiceCidr,
         Self::OptOutValue,
     ];
@@ -81,7 +79,6 @@ impl ErrorKind {
             Self::Toggle => "toggle",
             Self::LabelValue => "label_value",
             Self::PodAddress => "pod_address",
-            Self::NodeCidr => "node_cidr",
             Self::ServiceCidr => "service_cidr",
             Self::OptOutValue => "opt_out_value",
         }
@@ -235,6 +232,22 @@ fn gauge(
     g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)
 }
 
+/// One gauge per value of `label`.
+fn labeled_gauges(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    label: &str,
+    values: &[(&str, i64)],
+) -> Result<(), std::fmt::Error> {
+    let mut family = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (value, v) in values {
+        let labels = [(label, *value)];
+        ConstGauge::new(*v).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
 fn count(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
@@ -284,6 +297,35 @@ impl Collector for DatapathCollector {
             "Entries in the exact pod address map",
             count(view.pod_maps.addrs().len()),
         )?;
+        gauge(
+            &mut enc,
+            "bypass_excluded_addresses",
+            "Addresses never treated as a pod's (opted out)",
+            count(view.pod_maps.excluded().len()),
+        )?;
+        let release = crate::datapath::kernel_release();
+        labeled_gauges(
+            &mut enc,
+            "bypass_kernel",
+            "The running kernel's release (always 1)",
+            "release",
+            &[(release.as_str(), 1)],
+        )?;
+        if let Ok(bits) = view.control.features() {
+            let features = crate::status::Features::from_bits(bits, view.sockopt_pinned);
+            let values: Vec<(&str, i64)> = features
+                .list()
+                .iter()
+                .map(|&(name, on)| (name, i64::from(on)))
+                .collect();
+            labeled_gauges(
+                &mut enc,
+                "bypass_feature",
+                "1 when the datapath guarantee is active on this kernel",
+                "feature",
+                &values,
+            )?;
+        }
         match view.stats.read() {
             Ok(c) => {
                 for stat in bypass_common::Stat::ALL {

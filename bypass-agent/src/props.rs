@@ -70,7 +70,7 @@ pub fn cidr_parse(data: &[u8]) {
 pub struct ReconcileInput {
     /// This node's name.
     pub node_name: String,
-    /// The Node object.
+    /// The Node object (its podCIDRs must change nothing).
     pub node: Option<Node>,
     /// Pods (of any node).
     pub pods: Vec<Pod>,
@@ -88,6 +88,8 @@ pub struct ReconcileInput {
     pub current_cidrs: Vec<String>,
     /// Addresses in the map now.
     pub current_addrs: Vec<IpAddr>,
+    /// Excluded addresses in the map now.
+    pub current_excluded: Vec<IpAddr>,
     /// CIDRs in the Service CIDR trie now (unparseable ones are dropped).
     pub current_service_cidrs: Vec<String>,
 }
@@ -114,7 +116,6 @@ pub fn reconcile(data: &[u8]) {
         service_cidrs: cidrs(&input.static_service_cidrs),
     };
     let want = sync::desired(
-        input.node.as_ref(),
         &input.pods,
         &input.namespaces,
         input.service_cidrs.as_deref(),
@@ -122,7 +123,6 @@ pub fn reconcile(data: &[u8]) {
         &statics,
     );
     let reversed = sync::desired(
-        input.node.as_ref(),
         input.pods.iter().rev(),
         input.namespaces.iter().rev(),
         input.service_cidrs.as_ref().map(|v| v.iter().rev()),
@@ -136,7 +136,11 @@ pub fn reconcile(data: &[u8]) {
     for a in &want.addrs {
         assert_eq!(*a, a.to_canonical(), "{a} is not canonical");
     }
-    assert!(want.cidrs.is_superset(&statics.cidrs));
+    assert_eq!(want.cidrs, statics.cidrs, "only --pod-cidr makes CIDRs");
+    assert!(
+        want.addrs.is_disjoint(&want.excluded),
+        "an address is a pod's or excluded, never both"
+    );
     assert_eq!(want.service_cidrs.is_some(), input.service_cidrs.is_some());
     if let Some(s) = &want.service_cidrs {
         assert!(s.is_superset(&statics.service_cidrs));
@@ -145,6 +149,7 @@ pub fn reconcile(data: &[u8]) {
     let current = sync::Current {
         cidrs: cidrs(&input.current_cidrs),
         addrs: input.current_addrs.iter().copied().collect(),
+        excluded: input.current_excluded.iter().copied().collect(),
         service_cidrs: cidrs(&input.current_service_cidrs),
     };
     let (current_cidrs, current_addrs) = (&current.cidrs, &current.addrs);
@@ -171,6 +176,13 @@ pub fn reconcile(data: &[u8]) {
         after_addrs.remove(a);
     }
     assert_eq!(after_addrs, want.addrs);
+    let mut after_excluded: BTreeSet<IpAddr> =
+        current.excluded.iter().map(IpAddr::to_canonical).collect();
+    after_excluded.extend(p.add_excluded.iter().copied());
+    for a in &p.remove_excluded {
+        assert!(after_excluded.remove(a), "{a} removed but not there");
+    }
+    assert_eq!(after_excluded, want.excluded);
     for c in &p.add_service_cidrs {
         assert!(!current.service_cidrs.contains(c) && !p.remove_service_cidrs.contains(c));
     }
@@ -188,6 +200,7 @@ pub fn reconcile(data: &[u8]) {
     let reached = sync::Current {
         cidrs: want.cidrs.clone(),
         addrs: want.addrs.clone(),
+        excluded: want.excluded.clone(),
         service_cidrs: after_services,
     };
     assert!(sync::plan(&reached, &want).is_empty());

@@ -1,16 +1,16 @@
 //! `run`: in standalone mode pod addresses come from flags and the datapath stays
 //! attached until a signal; with a node name the Kubernetes agent (`k8s`) runs instead.
 
-use std::{collections::BTreeSet, net::IpAddr, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use crate::{
-    cidr::PodCidr,
+    apply,
     cli::RunOpts,
     datapath::{self, Datapath, PinLayout},
     error::AgentError,
     k8s,
     metrics::{self, Telemetry},
-    sync::Statics,
+    sync::{self, Statics},
 };
 
 /// Kubernetes mode's settings when a node name is given (`--node-name`/`NODE_NAME`).
@@ -104,23 +104,23 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
     // Nothing from Kubernetes decides here: clear what a Kubernetes agent recorded.
     dp.set_agent_state(0)?;
     // An adopted datapath may hold another run's addresses: make the maps match the flags.
-    let want_cidrs: BTreeSet<PodCidr> = opts.pod_cidrs.iter().copied().collect();
-    let want_ips: BTreeSet<IpAddr> = opts.pod_ips.iter().copied().collect();
+    let statics = Statics {
+        cidrs: opts.pod_cidrs.iter().copied().collect(),
+        addrs: opts.pod_ips.iter().copied().collect(),
+        service_cidrs: opts.service_cidrs.iter().copied().collect(),
+    };
     let maps = dp.pod_maps();
-    let (have_cidrs, have_ips) = (maps.cidrs(), maps.addrs());
-    for cidr in have_cidrs.difference(&want_cidrs) {
-        maps.remove_cidr(cidr)?;
+    let plan = sync::plan(
+        &apply::current(maps),
+        &sync::Desired::from_statics(&statics),
+    );
+    let mut first = None;
+    apply::apply(maps, &plan, |e| {
+        first.get_or_insert(e);
+    });
+    if let Some(e) = first {
+        return Err(e);
     }
-    for cidr in want_cidrs.difference(&have_cidrs) {
-        maps.insert_cidr(cidr)?;
-    }
-    for ip in have_ips.difference(&want_ips) {
-        maps.remove_addr(*ip)?;
-    }
-    for ip in want_ips.difference(&have_ips) {
-        maps.insert_addr(*ip)?;
-    }
-    maps.set_service_cidrs(&opts.service_cidrs.iter().copied().collect())?;
     dp.attach()?;
     if let Some(t) = &telemetry {
         t.health.set_synced(true);

@@ -20,11 +20,19 @@ pub struct Report {
     pub attached: bool,
     /// Sockets in the SockHash now.
     pub sockets: usize,
-    /// Entries in the socket address map: one per socket in the SockHash, each removed
-    /// when its socket closes; null for a datapath pinned by a build without the map.
-    pub addr_entries: Option<usize>,
+    /// Connecting sockets waiting for their peer to pair (removed when paired or
+    /// closed).
+    pub connectors: usize,
+    /// Paired connections (removed when the connecting socket closes).
+    pub links: usize,
     /// Bound, in bytes, on a peer's ingress queue (0: none).
     pub max_queued_bytes: u32,
+    /// The running kernel's release.
+    pub kernel: String,
+    /// What the loaded programs do on this kernel.
+    pub features: Features,
+    /// Why the queue bound is off, when it is.
+    pub queue_bound_off: Option<&'static str>,
     /// Counters.
     #[serde(flatten)]
     pub counters: Counters,
@@ -32,6 +40,8 @@ pub struct Report {
     pub pod_cidrs: Vec<String>,
     /// Exact pod addresses.
     pub pod_addresses: Vec<IpAddr>,
+    /// Addresses never treated as a pod's (opted out), whatever CIDR holds them.
+    pub excluded_addresses: Vec<IpAddr>,
     /// Service (ClusterIP) CIDRs.
     pub service_cidrs: Vec<String>,
     /// Ports left alone.
@@ -46,15 +56,62 @@ pub struct Report {
     pub pin_dir: String,
 }
 
+/// What the loaded programs guarantee on this kernel. The order rule (a direction never
+/// goes back from TCP to redirects) and the upper-layer protocol refusal hold on every
+/// kernel the agent loads on; the queue bound needs the kernel's sockmap to expose its
+/// queue length and `bpf_probe_read_kernel`.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+pub struct Features {
+    /// Sends that would pass `--max-queued-bytes` in the peer's ingress queue take TCP.
+    pub queue_bound: bool,
+    /// A peer's SO_RCVLOWAT / SO_PEEK_OFF keep redirects away from it.
+    pub receive_options: bool,
+    /// `TCP_ULP` (kTLS) refused on bypassed sockets; MPTCP subflows never inserted.
+    pub ulp_guard: bool,
+    /// A direction never goes back from TCP to redirects.
+    pub order_no_resume: bool,
+    /// The setsockopt hook is attached.
+    pub sockopt_hook: bool,
+}
+
+impl Features {
+    /// From the recorded feature bits and whether the setsockopt hook is attached.
+    pub fn from_bits(bits: u32, sockopt_hook: bool) -> Self {
+        Self {
+            queue_bound: bits & bypass_common::layout::features::QUEUE_BOUND != 0,
+            receive_options: sockopt_hook,
+            ulp_guard: sockopt_hook,
+            order_no_resume: true,
+            sockopt_hook,
+        }
+    }
+
+    /// `(name, on)` pairs, for text and metrics.
+    pub fn list(&self) -> [(&'static str, bool); 4] {
+        [
+            ("queue_bound", self.queue_bound),
+            ("receive_options", self.receive_options),
+            ("ulp_guard", self.ulp_guard),
+            ("order_no_resume", self.order_no_resume),
+        ]
+    }
+}
+
 /// Reads the pins and builds the report.
 pub fn read(layout: &PinLayout) -> Result<Report, AgentError> {
     let view = PinnedView::open(layout)?;
     let recorded = Recorded::decode(view.control.agent_state()?);
+    let bits = view.control.features()?;
+    let (connectors, links) = view.pairings.len();
     Ok(Report {
         attached: view.link_pinned && view.control.enabled()?,
         sockets: crate::datapath::count_sockets(&view.sockets),
-        addr_entries: view.addrs.as_ref().map(crate::datapath::SockAddrs::len),
+        connectors,
+        links,
         max_queued_bytes: view.control.max_queued()?,
+        kernel: crate::datapath::kernel_release(),
+        features: Features::from_bits(bits, view.sockopt_pinned),
+        queue_bound_off: crate::datapath::queue_bound_off_reason(bits),
         counters: view.stats.read()?,
         pod_cidrs: view
             .pod_maps
@@ -63,6 +120,7 @@ pub fn read(layout: &PinLayout) -> Result<Report, AgentError> {
             .map(ToString::to_string)
             .collect(),
         pod_addresses: view.pod_maps.addrs().into_iter().collect(),
+        excluded_addresses: view.pod_maps.excluded().into_iter().collect(),
         service_cidrs: view
             .pod_maps
             .service_cidrs()
@@ -83,15 +141,38 @@ pub fn render_text(r: &Report) -> String {
     let mut rows: Vec<(&str, String)> = vec![
         ("attached", r.attached.to_string()),
         ("sockets", r.sockets.to_string()),
-        ("addr_entries", opt(r.addr_entries.map(|n| n.to_string()))),
+        ("connectors", r.connectors.to_string()),
+        ("links", r.links.to_string()),
         ("max_queued_bytes", r.max_queued_bytes.to_string()),
+        ("kernel", r.kernel.clone()),
     ];
+    rows.extend(r.features.list().map(|(k, on)| {
+        (
+            k,
+            if on {
+                "on".to_owned()
+            } else {
+                "off".to_owned()
+            },
+        )
+    }));
+    if let Some(why) = r.queue_bound_off {
+        rows.push(("queue_bound_off", why.to_owned()));
+    }
     rows.extend(Stat::ALL.map(|s| (s.name(), c.get(s).to_string())));
     rows.extend([
         ("pod_cidrs", r.pod_cidrs.join(", ")),
         (
             "pod_addresses",
             r.pod_addresses
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
+        (
+            "excluded_addresses",
+            r.excluded_addresses
                 .iter()
                 .map(ToString::to_string)
                 .collect::<Vec<_>>()
@@ -142,14 +223,19 @@ mod tests {
         Report {
             attached: true,
             sockets: 4,
-            addr_entries: Some(4),
+            connectors: 0,
+            links: 2,
             max_queued_bytes: 4 << 20,
+            kernel: "6.18.0".into(),
+            features: Features::from_bits(bypass_common::layout::features::QUEUE_BOUND, true),
+            queue_bound_off: None,
             counters: Counters {
                 redirected_bytes: 1024,
                 ..Default::default()
             },
             pod_cidrs: vec!["10.0.0.0/24".into()],
             pod_addresses: vec!["fd00::2".parse().unwrap()],
+            excluded_addresses: vec!["10.0.0.9".parse().unwrap()],
             service_cidrs: vec!["10.96.0.0/12".into()],
             skip_ports: vec![15021],
             enabled_by: Some(EnabledBy::Label),
@@ -177,12 +263,19 @@ mod tests {
             "pod_addresses",
             "enabled_by",
             "label_value",
+            "kernel",
+            "features",
+            "excluded_addresses",
+            "links",
+            "ulp_refused",
+            "unpaired_sends",
         ] {
             assert!(v.get(k).is_some(), "missing {k} in {v}");
         }
         assert_eq!(v["redirected_bytes"], 1024);
         assert_eq!(v["enabled_by"], "label");
         assert_eq!(v["label_value"], "true");
+        assert_eq!(v["features"]["queue_bound"], true);
     }
 
     #[test]
@@ -190,5 +283,6 @@ mod tests {
         let t = render_text(&sample());
         assert!(t.contains("redirected_bytes             1024"), "{t}");
         assert!(t.contains("attached                     true"), "{t}");
+        assert!(t.contains("queue_bound                  on"), "{t}");
     }
 }

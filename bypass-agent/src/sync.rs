@@ -1,7 +1,11 @@
-//! Pure: which pod CIDRs, pod addresses and Service CIDRs belong in the maps, computed
-//! from the node, the pods on it, the namespaces and the ServiceCIDR objects, and the
-//! changes that take the maps from what they hold to that. The Kubernetes watchers only
-//! feed these functions and apply the plan.
+//! Pure: which pod CIDRs, pod addresses, excluded addresses and Service CIDRs belong in
+//! the maps, computed from the pods on the node, the namespaces and the ServiceCIDR
+//! objects, and the changes that take the maps from what they hold to that. The
+//! Kubernetes watchers only feed these functions and apply the plan.
+//!
+//! A pod is a pod here only once its Pod object says so: the node's `spec.podCIDRs` are
+//! not used, because every address in them (an opted-out pod's, one whose Pod object
+//! the agent has not seen yet, the bridge gateway's) would count as a pod's.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -10,7 +14,7 @@ use std::{
 };
 
 use k8s_openapi::api::{
-    core::v1::{Namespace, Node, Pod},
+    core::v1::{Namespace, Pod},
     networking::v1::ServiceCIDR,
 };
 
@@ -76,8 +80,6 @@ pub struct Rejection {
 pub enum RejectionKind {
     /// A pod address that is not an IP address, or not a unicast one.
     PodAddress,
-    /// A node pod CIDR that is malformed.
-    NodeCidr,
     /// An opt-out annotation or label whose value is neither `true` nor `false`.
     OptOutValue,
     /// A ServiceCIDR's `spec.cidrs` entry that is malformed.
@@ -89,7 +91,6 @@ impl RejectionKind {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::PodAddress => "pod_address",
-            Self::NodeCidr => "node_cidr",
             Self::OptOutValue => "opt_out_value",
             Self::ServiceCidr => "service_cidr",
         }
@@ -109,10 +110,14 @@ impl fmt::Display for Rejection {
 /// What the maps should hold.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Desired {
-    /// Pod CIDRs: the node's `spec.podCIDRs` and `--pod-cidr`.
+    /// Pod CIDRs: `--pod-cidr` (never the node's `spec.podCIDRs`).
     pub cidrs: BTreeSet<PodCidr>,
     /// Exact addresses: every address of every eligible pod, and `--pod-ip`.
     pub addrs: BTreeSet<IpAddr>,
+    /// Addresses that are never a pod's whatever CIDR holds them: every address of a
+    /// pod of this node that is opted out (annotation or namespace label) or on the
+    /// host network. An address both here and in [`Desired::addrs`] is only here.
+    pub excluded: BTreeSet<IpAddr>,
     /// Service CIDRs: `--service-cidr` and the `spec.cidrs` of every ServiceCIDR object;
     /// `None` while the objects are not known yet, which leaves the trie as it is (an
     /// adopted datapath keeps the previous agent's until the first listing).
@@ -134,6 +139,10 @@ pub struct Plan {
     pub add_addrs: Vec<IpAddr>,
     /// Addresses to remove.
     pub remove_addrs: Vec<IpAddr>,
+    /// Excluded addresses to insert.
+    pub add_excluded: Vec<IpAddr>,
+    /// Excluded addresses to remove.
+    pub remove_excluded: Vec<IpAddr>,
     /// Service CIDRs to insert.
     pub add_service_cidrs: Vec<PodCidr>,
     /// Service CIDRs to remove.
@@ -147,6 +156,8 @@ impl Plan {
             && self.remove_cidrs.is_empty()
             && self.add_addrs.is_empty()
             && self.remove_addrs.is_empty()
+            && self.add_excluded.is_empty()
+            && self.remove_excluded.is_empty()
             && self.add_service_cidrs.is_empty()
             && self.remove_service_cidrs.is_empty()
     }
@@ -159,6 +170,8 @@ pub struct Current {
     pub cidrs: BTreeSet<PodCidr>,
     /// The pod address map.
     pub addrs: BTreeSet<IpAddr>,
+    /// The excluded address map.
+    pub excluded: BTreeSet<IpAddr>,
     /// The Service CIDR trie.
     pub service_cidrs: BTreeSet<PodCidr>,
 }
@@ -168,6 +181,8 @@ pub fn plan(current: &Current, desired: &Desired) -> Plan {
     // The map stores IPv4 as IPv4-mapped IPv6 and reads it back as IPv4; compare in
     // that canonical form so a mapped address never churns.
     let current_addrs: BTreeSet<IpAddr> = current.addrs.iter().map(IpAddr::to_canonical).collect();
+    let current_excluded: BTreeSet<IpAddr> =
+        current.excluded.iter().map(IpAddr::to_canonical).collect();
     let (add_service_cidrs, remove_service_cidrs) = match &desired.service_cidrs {
         Some(want) => (
             want.difference(&current.service_cidrs).copied().collect(),
@@ -180,31 +195,33 @@ pub fn plan(current: &Current, desired: &Desired) -> Plan {
         remove_cidrs: current.cidrs.difference(&desired.cidrs).copied().collect(),
         add_addrs: desired.addrs.difference(&current_addrs).copied().collect(),
         remove_addrs: current_addrs.difference(&desired.addrs).copied().collect(),
+        add_excluded: desired
+            .excluded
+            .difference(&current_excluded)
+            .copied()
+            .collect(),
+        remove_excluded: current_excluded
+            .difference(&desired.excluded)
+            .copied()
+            .collect(),
         add_service_cidrs,
         remove_service_cidrs,
     }
 }
 
-/// The map contents the node, its pods, the namespaces and the ServiceCIDR objects
+/// The map contents the pods of this node, the namespaces and the ServiceCIDR objects
 /// call for. `service_cidrs` is `None` while the ServiceCIDRs are not known yet; when the
 /// API has none to give (no such API, or RBAC forbids it), pass an empty list: the
 /// `--service-cidr` flags alone.
 pub fn desired<'a>(
-    node: Option<&Node>,
     pods: impl IntoIterator<Item = &'a Pod>,
     namespaces: impl IntoIterator<Item = &'a Namespace>,
     service_cidrs: Option<impl IntoIterator<Item = &'a ServiceCIDR>>,
     policy: &Policy,
     statics: &Statics,
 ) -> Desired {
-    let mut out = Desired {
-        cidrs: statics.cidrs.clone(),
-        addrs: statics.addrs.iter().map(IpAddr::to_canonical).collect(),
-        ..Desired::default()
-    };
-    if let Some(node) = node {
-        out.cidrs.extend(node_cidrs(node, &mut out.rejections));
-    }
+    let mut out = Desired::from_statics(statics);
+    out.service_cidrs = None;
     if let Some(objects) = service_cidrs {
         let mut set = statics.service_cidrs.clone();
         for sc in objects {
@@ -219,42 +236,32 @@ pub fn desired<'a>(
         }
     }
     for pod in pods {
-        if let Ok(addrs) = pod_addrs(pod, policy, &excluded_ns, &mut out.rejections) {
-            out.pods_tracked += 1;
-            out.addrs.extend(addrs);
+        match pod_addrs(pod, policy, &excluded_ns, &mut out.rejections) {
+            Ok(addrs) => {
+                out.pods_tracked += 1;
+                out.addrs.extend(addrs);
+            }
+            Err(Skip::Excluded | Skip::NamespaceExcluded | Skip::HostNetwork) => {
+                out.excluded.extend(status_addrs(pod, &mut out.rejections));
+            }
+            Err(_) => {}
         }
     }
+    // An opt-out wins over a pod that (for a moment) shares the address.
+    out.addrs = out.addrs.difference(&out.excluded).copied().collect();
     out
 }
 
-/// The node's pod CIDRs (`spec.podCIDRs`, or the older single `spec.podCIDR`).
-pub fn node_cidrs(node: &Node, rejections: &mut BTreeSet<Rejection>) -> BTreeSet<PodCidr> {
-    let spec = node.spec.as_ref();
-    let (field, values): (&str, Vec<&String>) = match spec.and_then(|s| s.pod_cidrs.as_ref()) {
-        Some(list) if !list.is_empty() => ("spec.podCIDRs", list.iter().collect()),
-        _ => (
-            "spec.podCIDR",
-            spec.and_then(|s| s.pod_cidr.as_ref()).into_iter().collect(),
-        ),
-    };
-    let mut out = BTreeSet::new();
-    for value in values {
-        match value.parse::<PodCidr>() {
-            Ok(cidr) => {
-                out.insert(cidr);
-            }
-            Err(e) => {
-                rejections.insert(Rejection {
-                    kind: RejectionKind::NodeCidr,
-                    object: format!("node {}", node.metadata.name.as_deref().unwrap_or("")),
-                    field: field.to_owned(),
-                    value: value.clone(),
-                    reason: e.to_string(),
-                });
-            }
+impl Desired {
+    /// What the command line alone calls for (standalone mode).
+    pub fn from_statics(statics: &Statics) -> Self {
+        Self {
+            cidrs: statics.cidrs.clone(),
+            addrs: statics.addrs.iter().map(IpAddr::to_canonical).collect(),
+            service_cidrs: Some(statics.service_cidrs.clone()),
+            ..Self::default()
         }
     }
-    out
 }
 
 /// A ServiceCIDR's ranges (`spec.cidrs`, one per family). Every object counts, whatever
@@ -377,6 +384,19 @@ pub fn pod_addrs(
     if excluded_namespaces.contains(namespace) {
         return Err(Skip::NamespaceExcluded);
     }
+    let out = status_addrs(pod, rejections);
+    if out.is_empty() {
+        return Err(Skip::NoAddress);
+    }
+    Ok(out)
+}
+
+/// The addresses in a pod's status (`status.podIPs`, or the older `status.podIP`).
+/// Malformed addresses are rejected one by one.
+fn status_addrs(pod: &Pod, rejections: &mut BTreeSet<Rejection>) -> BTreeSet<IpAddr> {
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("");
+    let name = pod.metadata.name.as_deref().unwrap_or("");
+    let status = pod.status.as_ref();
     let (field, values): (&str, Vec<&String>) = match status.and_then(|s| s.pod_ips.as_ref()) {
         Some(list) if !list.is_empty() => ("status.podIPs", list.iter().map(|p| &p.ip).collect()),
         _ => (
@@ -393,7 +413,7 @@ pub fn pod_addrs(
             Err(reason) => {
                 rejections.insert(Rejection {
                     kind: RejectionKind::PodAddress,
-                    object: object(),
+                    object: format!("pod {namespace}/{name}"),
                     field: field.to_owned(),
                     value: value.clone(),
                     reason: reason.to_owned(),
@@ -401,10 +421,7 @@ pub fn pod_addrs(
             }
         }
     }
-    if out.is_empty() {
-        return Err(Skip::NoAddress);
-    }
-    Ok(out)
+    out
 }
 
 /// A pod address in canonical form (IPv4-mapped IPv6 as IPv4), or why not.
@@ -491,14 +508,6 @@ mod tests {
         p
     }
 
-    fn node(cidrs: &[&str]) -> Node {
-        serde_json::from_value(json!({
-            "metadata": {"name": NODE},
-            "spec": {"podCIDR": cidrs.first(), "podCIDRs": cidrs},
-        }))
-        .unwrap()
-    }
-
     fn ns(name: &str, labels: &[(&str, &str)]) -> Namespace {
         let labels: BTreeMap<_, _> = labels.iter().copied().collect();
         serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap()
@@ -512,8 +521,8 @@ mod tests {
         list.iter().map(|s| s.parse().unwrap()).collect()
     }
 
-    fn run(node_: Option<&Node>, pods: &[Pod], nss: &[Namespace]) -> Desired {
-        desired(node_, pods, nss, UNKNOWN, &policy(), &Statics::default())
+    fn run(pods: &[Pod], nss: &[Namespace]) -> Desired {
+        desired(pods, nss, UNKNOWN, &policy(), &Statics::default())
     }
 
     /// ServiceCIDRs not listed yet.
@@ -543,19 +552,20 @@ mod tests {
         Current {
             cidrs: cidrs(cidrs_),
             addrs: ips(addrs_),
+            excluded: BTreeSet::new(),
             service_cidrs: cidrs(services),
         }
     }
 
     #[test]
-    fn dual_stack_pods_and_node_cidrs() {
-        let n = node(&["10.244.1.0/24", "fd00:10:244:1::/64"]);
+    fn dual_stack_pods_and_no_node_cidrs() {
         let pods = [
             pod("default", "a", NODE, &["10.244.1.2", "fd00:10:244:1::2"]),
             pod("default", "b", NODE, &["10.244.1.3"]),
         ];
-        let d = run(Some(&n), &pods, &[]);
-        assert_eq!(d.cidrs, cidrs(&["10.244.1.0/24", "fd00:10:244:1::/64"]));
+        let d = run(&pods, &[]);
+        // Only Pod objects make pod addresses: nothing from the node's podCIDRs.
+        assert!(d.cidrs.is_empty());
         assert_eq!(
             d.addrs,
             ips(&["10.244.1.2", "10.244.1.3", "fd00:10:244:1::2"])
@@ -589,9 +599,15 @@ mod tests {
             ns("quiet", &[("bypass.dev/exclude", "true")]),
             ns("default", &[]),
         ];
-        let d = run(None, &pods, &nss);
+        let d = run(&pods, &nss);
         assert!(d.addrs.is_empty(), "{:?}", d.addrs);
         assert_eq!(d.pods_tracked, 0);
+        // Opted-out and host-network pods' addresses are never a pod's, whatever CIDR
+        // holds them; other nodes', finished and address-less pods are simply absent.
+        assert_eq!(
+            d.excluded,
+            ips(&["192.168.0.10", "10.244.1.6", "10.244.1.7"])
+        );
         let excluded: BTreeSet<String> = ["quiet".to_owned()].into();
         let counts = skip_counts(&pods, &policy(), &excluded);
         assert_eq!(counts["other_node"], 2);
@@ -618,7 +634,7 @@ mod tests {
             ns("weird", &[("bypass.dev/exclude", "TRUE")]),
             ns("open", &[("bypass.dev/exclude", "false")]),
         ];
-        let d = run(None, &[keep, odd, in_odd_ns, in_open_ns], &nss);
+        let d = run(&[keep, odd, in_odd_ns, in_open_ns], &nss);
         assert_eq!(d.addrs, ips(&["10.244.1.2", "10.244.1.5"]));
         let objects: Vec<_> = d
             .rejections
@@ -644,7 +660,7 @@ mod tests {
             NODE,
             &["127.0.0.1", "0.0.0.0", "ff02::1", "::"],
         );
-        let d = run(None, &[p, only_bad, special], &[]);
+        let d = run(&[p, only_bad, special], &[]);
         assert_eq!(d.addrs, ips(&["fd00::2"]));
         assert_eq!(d.pods_tracked, 1);
         let bad: BTreeSet<_> = d
@@ -684,30 +700,50 @@ mod tests {
         }))
         .unwrap();
         let mapped = pod("d", "mapped", NODE, &["::ffff:10.244.1.9"]);
-        let d = run(None, &[legacy, mapped], &[]);
+        let d = run(&[legacy, mapped], &[]);
         assert_eq!(d.addrs, ips(&["10.244.1.8", "10.244.1.9"]));
     }
 
     #[test]
-    fn node_cidr_fallback_and_rejection() {
-        let legacy: Node = serde_json::from_value(json!({
-            "metadata": {"name": NODE}, "spec": {"podCIDR": "10.244.3.0/24"},
-        }))
-        .unwrap();
-        assert_eq!(
-            run(Some(&legacy), &[], &[]).cidrs,
-            cidrs(&["10.244.3.0/24"])
+    fn opt_out_wins_over_a_shared_address() {
+        let out = with(pod("d", "out", NODE, &["10.244.1.2"]), |p| {
+            p.metadata.annotations =
+                Some([("bypass.dev/exclude".to_owned(), "true".to_owned())].into());
+        });
+        let other = pod("d", "other", NODE, &["10.244.1.2", "10.244.1.3"]);
+        let d = run(&[out, other], &[]);
+        assert_eq!(d.addrs, ips(&["10.244.1.3"]));
+        assert_eq!(d.excluded, ips(&["10.244.1.2"]));
+    }
+
+    #[test]
+    fn plan_moves_addresses_between_pod_and_excluded() {
+        let want = Desired {
+            addrs: ips(&["10.244.1.3"]),
+            excluded: ips(&["10.244.1.2"]),
+            ..Desired::default()
+        };
+        let p = plan(
+            &Current {
+                addrs: ips(&["10.244.1.2"]),
+                excluded: ips(&["::ffff:10.244.1.3"]),
+                ..Current::default()
+            },
+            &want,
         );
-        let bad = node(&["10.244.3.5/24", "fd00::/64"]);
-        let d = run(Some(&bad), &[], &[]);
-        assert_eq!(d.cidrs, cidrs(&["fd00::/64"]));
-        let r = d.rejections.first().unwrap();
         assert_eq!(
-            (r.kind, r.object.as_str()),
-            (RejectionKind::NodeCidr, "node node-a")
+            p.add_excluded,
+            vec!["10.244.1.2".parse::<IpAddr>().unwrap()]
         );
-        assert!(r.reason.contains("did you mean 10.244.3.0/24"), "{r}");
-        assert_eq!(run(Some(&node(&[])), &[], &[]).cidrs, BTreeSet::new());
+        assert_eq!(
+            p.remove_addrs,
+            vec!["10.244.1.2".parse::<IpAddr>().unwrap()]
+        );
+        assert_eq!(p.add_addrs, vec!["10.244.1.3".parse::<IpAddr>().unwrap()]);
+        assert_eq!(
+            p.remove_excluded,
+            vec!["10.244.1.3".parse::<IpAddr>().unwrap()]
+        );
     }
 
     #[test]
@@ -717,7 +753,7 @@ mod tests {
             addrs: ips(&["::ffff:10.98.0.1"]),
             ..Statics::default()
         };
-        let d = desired(None, &[], &[], UNKNOWN, &policy(), &statics);
+        let d = desired(&[], &[], UNKNOWN, &policy(), &statics);
         assert_eq!(d.cidrs, cidrs(&["10.99.0.0/16"]));
         assert_eq!(d.addrs, ips(&["10.98.0.1"]));
     }
@@ -728,7 +764,7 @@ mod tests {
             p.status.as_mut().unwrap().phase = Some("Succeeded".into());
         });
         let new = pod("d", "new", NODE, &["10.244.1.2"]);
-        assert_eq!(run(None, &[old, new], &[]).addrs, ips(&["10.244.1.2"]));
+        assert_eq!(run(&[old, new], &[]).addrs, ips(&["10.244.1.2"]));
     }
 
     #[test]
@@ -781,8 +817,8 @@ mod tests {
 
     #[test]
     fn address_change_moves_the_entry() {
-        let before = run(None, &[pod("d", "p", NODE, &["10.244.1.2"])], &[]);
-        let after = run(None, &[pod("d", "p", NODE, &["10.244.1.3"])], &[]);
+        let before = run(&[pod("d", "p", NODE, &["10.244.1.2"])], &[]);
+        let after = run(&[pod("d", "p", NODE, &["10.244.1.3"])], &[]);
         let p = plan(
             &Current {
                 addrs: before.addrs,
@@ -799,9 +835,8 @@ mod tests {
 
     #[test]
     fn new_rejections_reports_each_once() {
-        let a = run(None, &[pod("d", "x", NODE, &["bogus"])], &[]);
+        let a = run(&[pod("d", "x", NODE, &["bogus"])], &[]);
         let b = run(
-            None,
             &[
                 pod("d", "x", NODE, &["bogus"]),
                 pod("d", "y", NODE, &["nope"]),
@@ -832,7 +867,7 @@ mod tests {
             service_cidr("draining", &["10.2.0.0/16"], Some(false)),
             service_cidr("empty", &[], None),
         ];
-        let d = desired(None, &[], &[], Some(&objects), &policy(), &statics);
+        let d = desired(&[], &[], Some(&objects), &policy(), &statics);
         assert_eq!(
             d.service_cidrs,
             Some(cidrs(&[
@@ -855,12 +890,12 @@ mod tests {
             ..Statics::default()
         };
         // Not listed yet: leave the trie alone.
-        let d = desired(None, &[], &[], UNKNOWN, &policy(), &statics);
+        let d = desired(&[], &[], UNKNOWN, &policy(), &statics);
         assert_eq!(d.service_cidrs, None);
         let p = plan(&current(&[], &[], &["10.5.0.0/16"]), &d);
         assert!(p.is_empty(), "{p:?}");
         // No ServiceCIDR API, or forbidden: the flags alone.
-        let d = desired(None, &[], &[], Some(&[][..]), &policy(), &statics);
+        let d = desired(&[], &[], Some(&[][..]), &policy(), &statics);
         assert_eq!(d.service_cidrs, Some(cidrs(&["10.96.0.0/12"])));
     }
 
@@ -872,14 +907,7 @@ mod tests {
             service_cidr("good", &["10.3.0.0/16"], Some(true)),
         ];
         let pods = [pod("d", "p", NODE, &["10.244.1.2"])];
-        let d = desired(
-            None,
-            &pods,
-            &[],
-            Some(&objects),
-            &policy(),
-            &Statics::default(),
-        );
+        let d = desired(&pods, &[], Some(&objects), &policy(), &Statics::default());
         assert_eq!(
             d.service_cidrs,
             Some(cidrs(&["fd00:9::/112", "10.3.0.0/16"]))
@@ -923,7 +951,6 @@ mod tests {
     fn plan_moves_service_cidrs() {
         let objects = [service_cidr("kubernetes", &["10.0.0.0/24"], Some(true))];
         let want = desired(
-            None,
             &[],
             &[],
             Some(&objects),

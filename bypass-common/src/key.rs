@@ -3,12 +3,15 @@
 use crate::addr::{IpKey, is_loopback};
 
 /// Key of a socket in [`crate::names::MAP_SOCKETS`]: its local and remote address and
-/// port. The peer of the socket with key `k` has key [`SockKey::peer`]`(k)`.
+/// port, and the cookie of the network namespace it lives in.
 ///
-/// Ports are in host byte order. `netns` is the network namespace's cookie when an end
-/// is a loopback address (those tuples repeat in every pod), else 0 (a pod address is
-/// unique on the node). 48 bytes, no padding (checked below), so the kernel hashes no
-/// uninitialised bytes.
+/// The namespace makes a key unique to one socket on the node: a socket in another
+/// namespace (a private one any pod can make where user namespaces are allowed, or with
+/// `TCP_REPAIR` an established socket without a packet) can hold the same addresses and
+/// ports as a pod's connection, but never its key, so it can neither take, displace nor
+/// receive that connection's entries. Inside one namespace the kernel keeps established
+/// 4-tuples unique. Ports are in host byte order. 48 bytes, no padding (checked below),
+/// so the kernel hashes no uninitialised bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct SockKey {
@@ -20,8 +23,7 @@ pub struct SockKey {
     pub local_port: u32,
     /// Remote port, host byte order.
     pub remote_port: u32,
-    /// Network namespace cookie for a connection with a loopback end, else 0
-    /// ([`SockKey::scoped`]).
+    /// Cookie of the socket's network namespace.
     pub netns: u64,
 }
 
@@ -51,33 +53,15 @@ const _: () = assert!(core::mem::size_of::<Endpoint>() == 32);
 const _: () = assert!(core::mem::align_of::<Endpoint>() == 8);
 
 impl SockKey {
-    /// The key under which the other end of this connection is stored.
+    /// The key of a socket in network namespace `netns` (its cookie).
     #[inline(always)]
-    pub const fn peer(&self) -> Self {
-        Self {
-            local_ip: self.remote_ip,
-            remote_ip: self.local_ip,
-            local_port: self.remote_port,
-            remote_port: self.local_port,
-            netns: self.netns,
-        }
-    }
-
-    /// The key of a socket in network namespace `netns` (its cookie): the cookie is
-    /// kept only when an end is loopback.
-    #[inline(always)]
-    pub const fn scoped(
+    pub const fn new(
         local_ip: IpKey,
         remote_ip: IpKey,
         local_port: u32,
         remote_port: u32,
         netns: u64,
     ) -> Self {
-        let netns = if is_loopback(&local_ip) || is_loopback(&remote_ip) {
-            netns
-        } else {
-            0
-        };
         Self {
             local_ip,
             remote_ip,
@@ -93,18 +77,34 @@ impl SockKey {
         is_loopback(&self.local_ip) || is_loopback(&self.remote_ip)
     }
 
+    /// Whether `other` sees the same connection from the other end with nothing
+    /// translated in between: its local end is this key's remote end and the other way
+    /// round (namespaces aside: two pods live in two).
+    #[inline(always)]
+    pub const fn mirrors(&self, other: &SockKey) -> bool {
+        self.local_port == other.remote_port
+            && self.remote_port == other.local_port
+            && ip_eq(&self.local_ip, &other.remote_ip)
+            && ip_eq(&self.remote_ip, &other.local_ip)
+    }
+
     /// This socket's local end, as its peer sees it as remote when nothing translated
     /// the connection's source.
     #[inline(always)]
-    pub const fn local_end(&self, netns: u64) -> Endpoint {
-        Endpoint::scoped(self.local_ip, self.local_port, netns)
+    pub const fn local_end(&self) -> Endpoint {
+        Endpoint::scoped(self.local_ip, self.local_port, self.netns)
     }
 
     /// This socket's remote end.
     #[inline(always)]
-    pub const fn remote_end(&self, netns: u64) -> Endpoint {
-        Endpoint::scoped(self.remote_ip, self.remote_port, netns)
+    pub const fn remote_end(&self) -> Endpoint {
+        Endpoint::scoped(self.remote_ip, self.remote_port, self.netns)
     }
+}
+
+#[inline(always)]
+const fn ip_eq(a: &IpKey, b: &IpKey) -> bool {
+    a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3]
 }
 
 impl Endpoint {
@@ -144,44 +144,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn peer_is_involution() {
-        let k = SockKey {
-            local_ip: [1, 2, 3, 4],
-            remote_ip: [5, 6, 7, 8],
-            local_port: 80,
-            remote_port: 40000,
-            netns: 0,
-        };
-        assert_eq!(k.peer().peer(), k);
-        assert_eq!(k.peer().local_port, 40000);
-        assert_eq!(k.peer().remote_ip, [1, 2, 3, 4]);
+    fn mirrors_ignores_namespaces() {
+        let k = SockKey::new([1, 2, 3, 4], [5, 6, 7, 8], 80, 40000, 11);
+        let m = SockKey::new([5, 6, 7, 8], [1, 2, 3, 4], 40000, 80, 22);
+        assert!(k.mirrors(&m) && m.mirrors(&k));
+        assert!(!k.mirrors(&SockKey {
+            local_port: 40001,
+            ..m
+        }));
+        assert!(!k.mirrors(&k));
     }
 
     #[test]
-    fn netns_scopes_only_loopback() {
+    fn endpoints_scope_only_loopback() {
         use crate::addr::ip_key;
         use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
         let pod_a = ip_key(IpAddr::V4(Ipv4Addr::new(10, 244, 0, 7)));
-        let pod_b = ip_key(IpAddr::V4(Ipv4Addr::new(10, 244, 0, 8)));
         let lo4 = ip_key(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 6)));
         let lo6 = ip_key(IpAddr::V6(Ipv6Addr::LOCALHOST));
-        assert_eq!(SockKey::scoped(pod_a, pod_b, 1, 2, 77).netns, 0);
-        assert_eq!(SockKey::scoped(lo4, pod_b, 1, 2, 77).netns, 77);
-        assert_eq!(SockKey::scoped(pod_a, lo6, 1, 2, 77).netns, 77);
-        // The same loopback tuple in two namespaces: two keys.
-        assert_ne!(
-            SockKey::scoped(lo4, lo4, 1, 2, 77),
-            SockKey::scoped(lo4, lo4, 1, 2, 78)
-        );
-        let k = SockKey::scoped(pod_a, lo4, 5, 6, 9);
-        assert_eq!(k.peer().netns, 9);
+        let k = SockKey::new(pod_a, lo4, 5, 6, 9);
+        assert_eq!(k.netns, 9, "every key carries its namespace");
         assert_eq!(
-            k.local_end(9).netns,
+            k.local_end().netns,
             0,
             "a pod address is unique on the node"
         );
-        assert_eq!(k.remote_end(9).netns, 9);
-        assert_eq!(k.remote_end(9).port, 6);
+        assert_eq!(k.remote_end().netns, 9, "loopback repeats in every pod");
+        assert_eq!(k.remote_end().port, 6);
+        assert_eq!(SockKey::new(lo6, pod_a, 1, 2, 4).local_end().netns, 4);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Everything the kernel programs and the agent must agree on, defined once: map and
-//! program names, pin sub-paths, the socket key layout, address encoding, stats slots
-//! and the control word.
+//! program names, pin sub-paths, the socket key layout, address encoding, stats slots,
+//! the control words and the globals fixed at load.
 //!
 //! `no_std` so the eBPF crate can use it; the `user` feature adds `aya::Pod` impls.
 #![no_std]
@@ -15,7 +15,7 @@ pub mod stats;
 pub use addr::{IpKey, ip_key, mapped_v4};
 pub use key::{Endpoint, SockKey};
 pub use layout::KernelLayout;
-pub use state::{Connector, Pairing, SockState};
+pub use state::{Connector, Link, SockState};
 pub use stats::Stat;
 
 /// Slots of the control array [`names::MAP_CONTROL`] (`Array<u32>`).
@@ -37,25 +37,14 @@ pub mod control {
     pub const SLOT_AGENT_STATE: u32 = 5;
     /// Bound, in bytes, on the peer's ingress queue (redirected bytes its application
     /// has not read): a send that would pass it takes the TCP path (and TCP's
-    /// backpressure) until the peer has read everything. 0: no bound. The kernel charges
-    /// that queue to no socket buffer limit (net/ipv4/tcp_bpf.c, bpf_tcp_ingress), so
-    /// without a bound a reader that stops reading lets its peer queue memory without
-    /// limit.
+    /// backpressure), as does every later send of that socket. 0: no bound. The kernel
+    /// charges that queue to no socket buffer limit (net/ipv4/tcp_bpf.c,
+    /// bpf_tcp_ingress), so without a bound a reader that stops reading lets its peer
+    /// queue memory without limit.
     pub const SLOT_MAX_QUEUED: u32 = 6;
-    /// [`crate::KernelLayout::sk_user_data`].
-    pub const SLOT_OFF_SK_USER_DATA: u32 = 8;
-    /// [`crate::KernelLayout::sk_write_pending`].
-    pub const SLOT_OFF_SK_WRITE_PENDING: u32 = 9;
-    /// [`crate::KernelLayout::psock_msg_tot_len`].
-    pub const SLOT_OFF_PSOCK_MSG_TOT_LEN: u32 = 10;
-    /// [`crate::KernelLayout::tcp_copied_seq`].
-    pub const SLOT_OFF_TCP_COPIED_SEQ: u32 = 11;
-    /// [`crate::KernelLayout::tcp_write_seq`].
-    pub const SLOT_OFF_TCP_WRITE_SEQ: u32 = 12;
-    /// [`crate::KernelLayout::sk_rcvlowat`].
-    pub const SLOT_OFF_SK_RCVLOWAT: u32 = 13;
-    /// [`crate::KernelLayout::sk_peek_off`].
-    pub const SLOT_OFF_SK_PEEK_OFF: u32 = 14;
+    /// The [`crate::layout::features`] bits the programs were loaded with, for `status`
+    /// (the programs read their own copy, a read-only global).
+    pub const SLOT_FEATURES: u32 = 7;
     /// Number of slots.
     pub const SLOTS: u32 = 16;
 
@@ -67,17 +56,19 @@ pub mod control {
 
 /// Per-socket transmit mode kept in socket-local storage by the sk_msg program.
 ///
-/// A direction of a connection may switch from redirect to the TCP path at any time
-/// (the peer reads its queued redirected bytes before anything that arrives by TCP,
-/// net/ipv4/tcp_bpf.c, tcp_bpf_recvmsg). Back from TCP to redirect only once the peer
-/// has read every byte sent by TCP ([`crate::state::caught_up`]): a byte redirected
-/// earlier would overtake them.
+/// A direction of a connection may move from redirects to the TCP path at any time:
+/// the peer reads its queued redirected bytes before anything that arrives by TCP
+/// (net/ipv4/tcp_bpf.c, tcp_bpf_recvmsg, reads the ingress queue first and falls back to
+/// tcp_recvmsg only once it is empty). It never moves back. A reader may be blocked
+/// inside plain tcp_recvmsg (MSG_WAITALL, SO_RCVLOWAT) with every TCP byte already
+/// copied: redirected bytes sent then would wait unseen behind a read that only a later
+/// TCP byte completes, ahead of them. No field of the peer tells that state apart from
+/// "read everything and returned", so no resume is safe.
 pub mod tx_mode {
     /// No message sent yet.
     pub const UNDECIDED: u32 = 0;
     /// Messages are redirected to the peer socket.
     pub const REDIRECT: u32 = 1;
-    /// The last message took the TCP path; the next redirects only once the peer has
-    /// read everything sent by TCP.
+    /// A message took the TCP path; so does every later one.
     pub const TCP: u32 = 2;
 }

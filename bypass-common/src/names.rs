@@ -7,17 +7,16 @@ pub const MAP_SOCKETS: &str = "BYPASS_SOCKETS";
 pub const MAP_POD_CIDRS: &str = "BYPASS_POD_CIDRS";
 /// Hash of exact pod addresses (`IpKey` → `u8`, the value is unused).
 pub const MAP_POD_ADDRS: &str = "BYPASS_POD_ADDRS";
+/// Hash of addresses that are never pod addresses even inside a pod CIDR (`IpKey` →
+/// `u8`, unused): opted-out pods' and hostNetwork pods', so an opt-out holds whatever
+/// CIDR covers the address.
+pub const MAP_EXCLUDED_ADDRS: &str = "BYPASS_EXCLUDED_ADDRS";
 /// Per-CPU `u64` counters indexed by [`crate::Stat`].
 pub const MAP_STATS: &str = "BYPASS_STATS";
 /// `Array<u32>` of [`crate::control::SLOTS`] control words.
 pub const MAP_CONTROL: &str = "BYPASS_CONTROL";
 /// Socket-local storage holding each inserted socket's [`crate::SockState`].
 pub const MAP_SOCK_STATE: &str = "BYPASS_SOCK_STATE";
-/// Hash of each inserted socket's kernel address ([`crate::SockKey`] → `u64`), where
-/// its peer's sk_msg program reads how much it has queued and read: one entry per socket
-/// in [`MAP_SOCKETS`], created with it and removed when the socket closes. Its capacity
-/// follows the SockHash's.
-pub const MAP_SOCK_ADDRS: &str = "BYPASS_SOCK_ADDRS";
 /// LPM trie of Service ClusterIP ranges (same key as [`MAP_POD_CIDRS`]): a pod's
 /// connection to such an address is inserted, in case kube-proxy's DNAT lands it on a
 /// pod of this node.
@@ -31,9 +30,10 @@ pub const MAP_POD_NETNS: &str = "BYPASS_POD_NETNS";
 /// LRU hash: a connecting socket's local [`crate::key::Endpoint`] →
 /// [`crate::state::Connector`], for the accepting side of a translated connection.
 pub const MAP_CONNECTORS: &str = "BYPASS_CONNECTORS";
-/// LRU hash: a connecting socket's key → its [`crate::state::Pairing`], written by the
-/// accepting side, read (then deleted) by the connecting socket's first sends.
-pub const MAP_PAIRS: &str = "BYPASS_PAIRS";
+/// LRU hash: a connecting socket's key → the [`crate::state::Link`] of its connection,
+/// written by the accepting side when it pairs, read by both sides' sends, removed when
+/// the connecting socket closes.
+pub const MAP_LINKS: &str = "BYPASS_LINKS";
 
 /// Every map the agent pins, [`MAP_CONTROL`] last (its pin marks a complete datapath).
 /// ([`MAP_SOCK_STATE`] is not pinned: only the programs use it.)
@@ -41,13 +41,13 @@ pub const PINNED_MAPS: [&str; 11] = [
     MAP_SOCKETS,
     MAP_POD_CIDRS,
     MAP_POD_ADDRS,
+    MAP_EXCLUDED_ADDRS,
     MAP_STATS,
-    MAP_SOCK_ADDRS,
     MAP_SERVICE_CIDRS,
     MAP_SKIP_PORTS,
     MAP_POD_NETNS,
     MAP_CONNECTORS,
-    MAP_PAIRS,
+    MAP_LINKS,
     MAP_CONTROL,
 ];
 
@@ -55,6 +55,9 @@ pub const PINNED_MAPS: [&str; 11] = [
 pub const PROG_SOCKOPS: &str = "bypass_sockops";
 /// The sk_msg program: redirects each send to the peer socket.
 pub const PROG_SKMSG: &str = "bypass_skmsg";
+/// The cgroup setsockopt program: refuses an upper-layer protocol (`TCP_ULP`, e.g.
+/// kTLS) on an inserted socket, and records receive options its peer must honour.
+pub const PROG_SOCKOPT: &str = "bypass_sockopt";
 
 /// Default pin directory on bpffs.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/bypass";
@@ -66,6 +69,8 @@ pub const PIN_PROGS_SUBDIR: &str = "progs";
 pub const PIN_LINKS_SUBDIR: &str = "links";
 /// Name of the pinned sock_ops cgroup link.
 pub const PIN_LINK_SOCKOPS: &str = "sockops_cgroup";
+/// Name of the pinned setsockopt cgroup link.
+pub const PIN_LINK_SOCKOPT: &str = "sockopt_cgroup";
 
 /// Default capacity of the SockHash (sockets, i.e. two per bypassed connection).
 pub const DEFAULT_MAX_SOCKETS: u32 = 65_536;

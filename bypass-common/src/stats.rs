@@ -21,9 +21,10 @@ pub enum Stat {
     /// Times a socket's sends moved to the TCP path because its peer's ingress queue
     /// would have passed [`crate::control::SLOT_MAX_QUEUED`].
     QueueLimited = 7,
-    /// Times a socket's sends moved back from the TCP path to redirects, its peer having
-    /// read everything sent by TCP.
-    Resumed = 8,
+    /// Connections whose connecting socket sent before it was paired (the send raced
+    /// the end of the handshake, or its peer is not on this node): that direction keeps
+    /// the TCP path.
+    UnpairedSends = 8,
     /// Connections paired pod address to pod address (counted once, on the accepting
     /// side).
     PairedPod = 9,
@@ -43,10 +44,16 @@ pub enum Stat {
     PairRejected = 15,
     /// Established sockets left alone because a port is in the skip list.
     SkippedPorts = 16,
+    /// `setsockopt(TCP_ULP)` calls refused (EPERM) on an inserted socket: an upper-layer
+    /// protocol (kTLS) would see its bytes redirected around it.
+    UlpRefused = 17,
+    /// Established sockets left alone because an upper-layer protocol is attached
+    /// (an MPTCP subflow).
+    UlpSkipped = 18,
 }
 
 /// Number of slots; the array is created with this many entries.
-pub const STAT_SLOTS: u32 = 17;
+pub const STAT_SLOTS: u32 = 19;
 
 impl Stat {
     /// Every slot, in index order.
@@ -59,7 +66,7 @@ impl Stat {
         Stat::PassedBytes,
         Stat::SocketsSkipped,
         Stat::QueueLimited,
-        Stat::Resumed,
+        Stat::UnpairedSends,
         Stat::PairedPod,
         Stat::PairedLoopback,
         Stat::PairedTranslated,
@@ -68,6 +75,8 @@ impl Stat {
         Stat::RedirectedBytesTranslated,
         Stat::PairRejected,
         Stat::SkippedPorts,
+        Stat::UlpRefused,
+        Stat::UlpSkipped,
     ];
 
     /// One line of help for metrics.
@@ -81,7 +90,9 @@ impl Stat {
             Stat::PassedBytes => "Bytes that took the TCP path",
             Stat::SocketsSkipped => "Established sockets that were not pod-to-pod",
             Stat::QueueLimited => "Times sends moved to TCP because the peer's queue was full",
-            Stat::Resumed => "Times sends moved back to redirects after the peer caught up",
+            Stat::UnpairedSends => {
+                "Connections whose client sent before being paired (that direction stays on TCP)"
+            }
             Stat::PairedPod => "Connections paired pod address to pod address",
             Stat::PairedLoopback => "Connections paired over loopback inside a pod",
             Stat::PairedTranslated => "Connections paired across a REDIRECT or DNAT",
@@ -92,6 +103,8 @@ impl Stat {
                 "Accepted sockets whose client's sequence numbers did not match (left on TCP)"
             }
             Stat::SkippedPorts => "Sockets left alone for a port in the skip list",
+            Stat::UlpRefused => "TCP_ULP (kTLS) refused on bypassed sockets",
+            Stat::UlpSkipped => "Sockets left alone for an upper-layer protocol (MPTCP subflow)",
         }
     }
 
@@ -133,7 +146,7 @@ impl Stat {
             Stat::PassedBytes => "passed_bytes",
             Stat::SocketsSkipped => "sockets_skipped",
             Stat::QueueLimited => "queue_limited",
-            Stat::Resumed => "resumed",
+            Stat::UnpairedSends => "unpaired_sends",
             Stat::PairedPod => "paired_pod",
             Stat::PairedLoopback => "paired_loopback",
             Stat::PairedTranslated => "paired_translated",
@@ -142,6 +155,8 @@ impl Stat {
             Stat::RedirectedBytesTranslated => "redirected_bytes_translated",
             Stat::PairRejected => "pair_rejected",
             Stat::SkippedPorts => "skipped_ports",
+            Stat::UlpRefused => "ulp_refused",
+            Stat::UlpSkipped => "ulp_skipped",
         }
     }
 }

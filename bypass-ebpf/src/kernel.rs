@@ -1,29 +1,97 @@
-//! The few kernel fields the sk_msg program reads, through `bpf_probe_read_kernel` at
-//! offsets the agent took from the running kernel's BTF and wrote into control slots
-//! (`bypass_common::KernelLayout`). A probe read never faults: a bad address yields an
-//! error, which every caller treats as "take the TCP path".
+//! What the programs read of kernel structures, and the read-only globals the agent
+//! fixes at load (`bypass_common::layout`).
+//!
+//! A socket's own fields are read typed: `bpf_skc_to_tcp_sock` on the context's socket
+//! gives a BTF pointer, and a load at `pointer + OFFSET` (a frozen read-only global, so
+//! a constant to the verifier) is checked against the kernel's own `struct tcp_sock`:
+//! a wrong offset fails the load, never reads another field. Nothing is kept.
+//!
+//! The one read of another socket, its peer's ingress queue length for the queue bound,
+//! cannot be typed: sk_msg may not hold a reference to another socket (a SockHash
+//! lookup returns a counted reference and `bpf_sk_release` is not allowed there), so it
+//! goes through `bpf_probe_read_kernel` at the address the peer published, and only
+//! after reading the peer's socket cookie back at that address: cookies are unique and
+//! never reused, and a freed or reused socket has another (or none), so a stale
+//! address yields "cannot measure", never another socket's numbers. A probe read never
+//! faults. With [`features::QUEUE_BOUND`] off that code is dead to the verifier, which
+//! then loads the object where the helper is unavailable (kernel lockdown).
 
-use aya_ebpf::helpers::bpf_probe_read_kernel;
-use bypass_common::{KernelLayout, control, state::psock_of};
+use core::ptr::{addr_of, read_volatile};
 
-use crate::maps::BYPASS_CONTROL;
+use aya_ebpf::{
+    Global,
+    bindings::bpf_sock_ops,
+    helpers::{bpf_probe_read_kernel, generated::bpf_skc_to_tcp_sock},
+};
+use bypass_common::{layout::features, state::psock_of};
 
+#[unsafe(no_mangle)]
+static BYPASS_OFF_SK_RCVLOWAT: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static BYPASS_OFF_SK_PEEK_OFF: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static BYPASS_OFF_ICSK_ULP_OPS: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static BYPASS_OFF_SK_USER_DATA: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static BYPASS_OFF_SK_COOKIE: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static BYPASS_OFF_PSOCK_MSG_TOT_LEN: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static BYPASS_FEATURES: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static BYPASS_HOST_NETNS: Global<u64> = Global::new(0);
+
+/// The host's network namespace cookie.
 #[inline(always)]
-fn slot(i: u32) -> u32 {
-    BYPASS_CONTROL.get(i).copied().unwrap_or(0)
+pub(crate) fn host_netns() -> u64 {
+    BYPASS_HOST_NETNS.load()
 }
 
-/// The offsets in the control slots (0: unknown).
+/// Whether the sk_msg program measures and bounds its peer's queue.
 #[inline(always)]
-pub(crate) fn layout() -> KernelLayout {
-    KernelLayout {
-        sk_user_data: slot(control::SLOT_OFF_SK_USER_DATA),
-        sk_write_pending: slot(control::SLOT_OFF_SK_WRITE_PENDING),
-        psock_msg_tot_len: slot(control::SLOT_OFF_PSOCK_MSG_TOT_LEN),
-        tcp_copied_seq: slot(control::SLOT_OFF_TCP_COPIED_SEQ),
-        tcp_write_seq: slot(control::SLOT_OFF_TCP_WRITE_SEQ),
-        sk_rcvlowat: slot(control::SLOT_OFF_SK_RCVLOWAT),
-        sk_peek_off: slot(control::SLOT_OFF_SK_PEEK_OFF),
+pub(crate) fn bound_enabled() -> bool {
+    BYPASS_FEATURES.load() & features::QUEUE_BOUND != 0
+}
+
+/// What an establishing socket's own fields say.
+pub(crate) struct Own {
+    /// `sk_rcvlowat`.
+    pub(crate) rcvlowat: i32,
+    /// `sk_peek_off`.
+    pub(crate) peek_off: i32,
+    /// An upper-layer protocol is attached (`icsk_ulp_ops` set).
+    pub(crate) ulp: bool,
+}
+
+/// The sock_ops context socket's own fields, read typed; `None` if the context has no
+/// full TCP socket.
+#[inline(always)]
+pub(crate) fn own(ops: *const bpf_sock_ops) -> Option<Own> {
+    // SAFETY: context field load.
+    let sk = unsafe { read_volatile(addr_of!((*ops).__bindgen_anon_2.sk)) };
+    if sk.is_null() {
+        return None;
+    }
+    // SAFETY: `sk` is the context's non-null socket; the helper returns a BTF pointer
+    // to its `struct tcp_sock`, or null.
+    let tp = unsafe { bpf_skc_to_tcp_sock(sk.cast()) }.cast::<u8>();
+    if tp.is_null() {
+        return None;
+    }
+    // SAFETY: typed loads at offsets the verifier checks against the kernel's BTF.
+    unsafe {
+        let rcvlowat = read_volatile(tp.add(BYPASS_OFF_SK_RCVLOWAT.load() as usize).cast::<i32>());
+        let peek_off = read_volatile(tp.add(BYPASS_OFF_SK_PEEK_OFF.load() as usize).cast::<i32>());
+        let ulp = read_volatile(
+            tp.add(BYPASS_OFF_ICSK_ULP_OPS.load() as usize)
+                .cast::<u64>(),
+        );
+        Some(Own {
+            rcvlowat,
+            peek_off,
+            ulp: ulp != 0,
+        })
     }
 }
 
@@ -39,35 +107,21 @@ fn read_u64(addr: u64) -> Option<u64> {
     unsafe { bpf_probe_read_kernel(addr as *const u64) }.ok()
 }
 
-/// Bytes waiting in the ingress queue of the socket at `sk` (`psock->msg_tot_len`).
+/// Bytes waiting in the ingress queue of the socket published at `sk` with `cookie`,
+/// or `None` when that address no longer holds that socket (or it has no psock).
 #[inline(always)]
-pub(crate) fn queued(sk: u64, l: &KernelLayout) -> Option<u32> {
-    let psock = psock_of(read_u64(sk + u64::from(l.sk_user_data))?)?;
-    read_u32(psock + u64::from(l.psock_msg_tot_len))
-}
-
-/// `write_seq` of the TCP socket at `sk`.
-#[inline(always)]
-pub(crate) fn write_seq(sk: u64, l: &KernelLayout) -> Option<u32> {
-    read_u32(sk + u64::from(l.tcp_write_seq))
-}
-
-/// `sk_write_pending` of the socket at `sk`.
-#[inline(always)]
-pub(crate) fn write_pending(sk: u64, l: &KernelLayout) -> Option<u32> {
-    read_u32(sk + u64::from(l.sk_write_pending))
-}
-
-/// `sk_rcvlowat` and `sk_peek_off` of the socket at `sk`.
-#[inline(always)]
-pub(crate) fn receive_options(sk: u64, l: &KernelLayout) -> Option<(i32, i32)> {
-    let lowat = read_u32(sk + u64::from(l.sk_rcvlowat))?;
-    let peek_off = read_u32(sk + u64::from(l.sk_peek_off))?;
-    Some((lowat as i32, peek_off as i32))
-}
-
-/// `copied_seq` of the TCP socket at `sk`.
-#[inline(always)]
-pub(crate) fn copied_seq(sk: u64, l: &KernelLayout) -> Option<u32> {
-    read_u32(sk + u64::from(l.tcp_copied_seq))
+pub(crate) fn peer_queued(sk: u64, cookie: u64) -> Option<u64> {
+    if sk == 0 || cookie == 0 {
+        return None;
+    }
+    if read_u64(sk + u64::from(BYPASS_OFF_SK_COOKIE.load()))? != cookie {
+        return None;
+    }
+    let psock = psock_of(read_u64(sk + u64::from(BYPASS_OFF_SK_USER_DATA.load()))?)?;
+    let queued = read_u32(psock + u64::from(BYPASS_OFF_PSOCK_MSG_TOT_LEN.load()))?;
+    // Still the same socket after the reads: nothing above came from a reused one.
+    if read_u64(sk + u64::from(BYPASS_OFF_SK_COOKIE.load()))? != cookie {
+        return None;
+    }
+    Some(u64::from(queued))
 }

@@ -49,7 +49,7 @@ macro_rules! key_from_ctx {
             AF_INET6 => (local6, remote6),
             _ => return None,
         };
-        Some(SockKey::scoped(
+        Some(SockKey::new(
             local_ip,
             remote_ip,
             local_port,

@@ -1,7 +1,8 @@
 //! The bypass kernel object: `sockops` inserts each established socket whose two ends
 //! are pod addresses into the SockHash, `skmsg` redirects each send to the peer socket's
 //! ingress queue or lets it take the normal TCP path (bounding that queue), `kernel`
-//! reads the few kernel fields that decision needs.
+//! reads the few kernel fields those decisions need, `sockopt` refuses upper-layer
+//! protocols on inserted sockets and records receive options their peers must honour.
 #![no_std]
 #![no_main]
 
@@ -10,6 +11,7 @@ mod key;
 mod maps;
 mod skmsg;
 mod sockops;
+mod sockopt;
 mod stats;
 
 #[cfg(not(test))]

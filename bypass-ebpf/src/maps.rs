@@ -5,7 +5,7 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use bypass_common::{
-    Connector, Endpoint, IpKey, Pairing, SockKey, SockState, control,
+    Connector, Endpoint, IpKey, Link, SockKey, SockState, control,
     names::{
         DEFAULT_MAX_ADDRS, DEFAULT_MAX_CIDRS, DEFAULT_MAX_POD_NETNS, DEFAULT_MAX_SERVICE_CIDRS,
         DEFAULT_MAX_SOCKETS, MAX_SKIP_PORTS,
@@ -28,6 +28,11 @@ pub(crate) static BYPASS_POD_CIDRS: LpmTrie<[u8; 16], u8, { DEFAULT_MAX_CIDRS as
 pub(crate) static BYPASS_POD_ADDRS: HashMap<IpKey, u8, { DEFAULT_MAX_ADDRS as usize }> =
     HashMap::new();
 
+/// Addresses that are never pod addresses, whatever CIDR holds them (opted-out pods).
+#[btf_map]
+pub(crate) static BYPASS_EXCLUDED_ADDRS: HashMap<IpKey, u8, { DEFAULT_MAX_ADDRS as usize }> =
+    HashMap::new();
+
 /// Per-CPU counters, indexed by `bypass_common::Stat`.
 #[btf_map]
 pub(crate) static BYPASS_STATS: PerCpuArray<u64, { STAT_SLOTS as usize }> = PerCpuArray::new();
@@ -36,16 +41,9 @@ pub(crate) static BYPASS_STATS: PerCpuArray<u64, { STAT_SLOTS as usize }> = PerC
 #[btf_map]
 pub(crate) static BYPASS_CONTROL: Array<u32, { control::SLOTS as usize }> = Array::new();
 
-/// Each inserted socket's state (own key, `tx_mode`, kernel address), freed with the
-/// socket.
+/// Each inserted socket's state, freed with the socket.
 #[btf_map]
 pub(crate) static BYPASS_SOCK_STATE: SkStorage<SockState> = SkStorage::new();
-
-/// Each inserted socket's kernel address, by its key, for its peer to read through.
-/// Sized like the SockHash (the agent resizes both): one entry per inserted socket.
-#[btf_map]
-pub(crate) static BYPASS_SOCK_ADDRS: HashMap<SockKey, u64, { DEFAULT_MAX_SOCKETS as usize }> =
-    HashMap::new();
 
 /// Service (ClusterIP) CIDRs, keyed like [`BYPASS_POD_CIDRS`].
 #[btf_map]
@@ -64,8 +62,8 @@ pub(crate) static BYPASS_SKIP_PORTS: HashMap<u32, u8, { MAX_SKIP_PORTS as usize 
 pub(crate) static BYPASS_POD_NETNS: LruHashMap<u64, IpKey, { DEFAULT_MAX_POD_NETNS as usize }> =
     LruHashMap::new();
 
-/// Each inserted connecting socket, by its local end. The agent sizes it like the
-/// SockHash.
+/// Each inserted connecting socket, by its local end. The agent sizes it
+/// like the SockHash.
 #[btf_map]
 pub(crate) static BYPASS_CONNECTORS: LruHashMap<
     Endpoint,
@@ -73,10 +71,10 @@ pub(crate) static BYPASS_CONNECTORS: LruHashMap<
     { DEFAULT_MAX_SOCKETS as usize },
 > = LruHashMap::new();
 
-/// Pairings the accepting side made, for the connecting socket to pick up. The agent
-/// sizes it like the SockHash.
+/// Each paired connection, by its connecting socket's key. The agent sizes it like the
+/// SockHash.
 #[btf_map]
-pub(crate) static BYPASS_PAIRS: LruHashMap<SockKey, Pairing, { DEFAULT_MAX_SOCKETS as usize }> =
+pub(crate) static BYPASS_LINKS: LruHashMap<SockKey, Link, { DEFAULT_MAX_SOCKETS as usize }> =
     LruHashMap::new();
 
 /// Address of a BTF map definition, as the helpers take it.

@@ -1,43 +1,45 @@
 //! sock_ops: when a TCP connection is established and its two ends can be local pods,
-//! give the socket its state, pair it with its peer when the peer is already known,
-//! publish its address for its peer and insert it into the SockHash. Inserting attaches
-//! the sk_msg program to the socket (net/core/sock_map.c, sock_map_link). When an
-//! inserted socket closes, withdraw what it published.
+//! give the socket its state and insert it into the SockHash (which attaches the sk_msg
+//! program to it, net/core/sock_map.c, sock_map_link). A connecting socket publishes
+//! itself ([`Connector`]); the accepting socket finds its client there, proves it by the
+//! crossed initial sequence numbers, and writes the connection's [`Link`], which both
+//! sides' sends read. When the connecting socket closes, what it published goes.
 //!
-//! Three kinds of connection are paired (`bypass_common::state::hop`):
-//! - pod address to pod address: each socket's key mirrors the other's;
-//! - loopback inside a pod (a sidecar and its app): mirrored keys scoped to the pod's
-//!   network namespace, so equal 127.0.0.1 tuples in two pods never meet;
-//! - translated (iptables REDIRECT to a sidecar, kube-proxy's DNAT): the client's
-//!   destination is not where the connection landed, so the accepting socket finds its
-//!   client by the client's address and port, and proves it by the crossed initial
-//!   sequence numbers.
+//! Every key carries the socket's network namespace, so a socket elsewhere (a private
+//! namespace holding a pod's addresses) never shares a key with a pod's; inserts never
+//! replace (`BPF_NOEXIST`); pairing needs sequence numbers only the two ends saw. The
+//! host's namespace (the node's own processes, hostNetwork pods) is never touched.
+//!
+//! Three kinds of connection are paired (`bypass_common::state::hop`): pod address to
+//! pod address, loopback inside a pod (a sidecar and its app, only in a namespace known
+//! to be a pod's), and translated (iptables REDIRECT to a sidecar, kube-proxy's DNAT),
+//! where the client's destination is not where the connection landed.
 
 use core::ptr::{addr_of, read_volatile};
 
 use aya_ebpf::{
     bindings::{
-        BPF_ANY, BPF_SK_STORAGE_GET_F_CREATE, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB,
+        BPF_ANY, BPF_NOEXIST, BPF_SK_STORAGE_GET_F_CREATE, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB,
         BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG,
         BPF_SOCK_OPS_TCP_CONNECT_CB, BPF_TCP_CLOSE,
     },
     btf_maps::lpm_trie::Key,
-    helpers::generated::{bpf_get_netns_cookie, bpf_sk_storage_delete, bpf_sk_storage_get},
+    helpers::generated::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_sk_storage_get},
     macros::sock_ops,
     programs::SockOpsContext,
 };
 use bypass_common::{
-    Connector, IpKey, Pairing, SockState, Stat,
+    Connector, IpKey, Link, SockKey, SockState, Stat,
     addr::{is_loopback, key_bytes},
-    state::{hop, is_other_end},
+    state::{hop, is_other_end, options_need_tcp, side},
     tx_mode,
 };
 
 use crate::{
-    key,
+    kernel, key,
     maps::{
-        BYPASS_CONNECTORS, BYPASS_PAIRS, BYPASS_POD_ADDRS, BYPASS_POD_CIDRS, BYPASS_POD_NETNS,
-        BYPASS_SERVICE_CIDRS, BYPASS_SKIP_PORTS, BYPASS_SOCK_ADDRS, BYPASS_SOCK_STATE,
+        BYPASS_CONNECTORS, BYPASS_EXCLUDED_ADDRS, BYPASS_LINKS, BYPASS_POD_ADDRS, BYPASS_POD_CIDRS,
+        BYPASS_POD_NETNS, BYPASS_SERVICE_CIDRS, BYPASS_SKIP_PORTS, BYPASS_SOCK_STATE,
         BYPASS_SOCKETS, map_ptr,
     },
     stats,
@@ -45,14 +47,16 @@ use crate::{
 
 /// Why a socket was not inserted.
 enum Skip {
-    /// Not an establishment event, or not IPv4/IPv6.
+    /// Not an establishment event, not IPv4/IPv6, or in the host's namespace.
     NotOurs,
     /// An end is not a pod address, data already left by TCP, or an accepted socket
     /// whose client is not a socket of this node's pods.
     Ineligible,
     /// A port is in the skip list.
     Port,
-    /// No socket storage, no room in the address map or the SockHash, or the kernel
+    /// An upper-layer protocol is attached (an MPTCP subflow).
+    Ulp,
+    /// No socket storage, no room in the SockHash (or the key is taken), or the kernel
     /// refused the state callback.
     Failed,
 }
@@ -64,10 +68,15 @@ pub fn bypass_sockops(ctx: SockOpsContext) -> u32 {
         on_state_change(&ctx);
         return 1;
     }
+    let netns = netns_cookie(&ctx);
+    // The node's own sockets are never a pod's, whatever address they use (a bridge
+    // CNI's gateway address lies inside the pod CIDR).
+    if netns == kernel::host_netns() {
+        return 1;
+    }
     if op == BPF_SOCK_OPS_TCP_CONNECT_CB {
         // A pod connecting anywhere marks its namespace as a pod's, so that its later
         // loopback connections (to its sidecar) qualify.
-        let netns = netns_cookie(&ctx);
         if let Some(key) = key::from_sock_ops(ctx.ops, netns)
             && is_pod_address(&key.local_ip)
         {
@@ -75,11 +84,12 @@ pub fn bypass_sockops(ctx: SockOpsContext) -> u32 {
         }
         return 1;
     }
-    match try_bypass_sockops(&ctx, op) {
+    match try_insert(&ctx, op, netns) {
         Ok(()) => stats::add(Stat::SocketsInserted, 1),
         Err(Skip::NotOurs) => {}
         Err(Skip::Ineligible) => stats::add(Stat::SocketsSkipped, 1),
         Err(Skip::Port) => stats::add(Stat::SkippedPorts, 1),
+        Err(Skip::Ulp) => stats::add(Stat::UlpSkipped, 1),
         Err(Skip::Failed) => stats::add(Stat::InsertFailures, 1),
     }
     // sock_ops return values only matter for ops that ask for a reply.
@@ -93,16 +103,23 @@ fn netns_cookie(ctx: &SockOpsContext) -> u64 {
     unsafe { bpf_get_netns_cookie(ctx.ops.cast()) }
 }
 
+/// What the accepting side takes from its client's [`Connector`].
+struct Client {
+    key: SockKey,
+    sk: u64,
+    cookie: u64,
+    rx_tcp: u32,
+}
+
 // Keys are passed by reference to the socket's storage on purpose: by value they would
 // be copied onto the 512-byte BPF stack.
 #[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
-fn try_bypass_sockops(ctx: &SockOpsContext, op: u32) -> Result<(), Skip> {
+fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
     let active = op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB;
     if !active && op != BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB {
         return Err(Skip::NotOurs);
     }
-    let netns = netns_cookie(ctx);
     let key = key::from_sock_ops(ctx.ops, netns).ok_or(Skip::NotOurs)?;
     let (snd_nxt, rcv_nxt) = key::sequence(ctx.ops);
     let local_pod = is_pod_address(&key.local_ip);
@@ -127,11 +144,28 @@ fn try_bypass_sockops(ctx: &SockOpsContext, op: u32) -> Result<(), Skip> {
     if unsafe { read_volatile(addr_of!((*ctx.ops).data_segs_out)) } != 0 {
         return Err(Skip::Ineligible);
     }
+    let own = kernel::own(ctx.ops).ok_or(Skip::Failed)?;
+    // An upper-layer protocol (an MPTCP subflow) owns the byte stream: never redirect
+    // around it.
+    if own.ulp {
+        return Err(Skip::Ulp);
+    }
+    // The accepting side is established after its client (the client's callback runs
+    // before it acknowledges the SYN-ACK, net/ipv4/tcp_input.c, tcp_finish_connect).
+    // One with no client here (a pod on another node, a masqueraded client) could never
+    // redirect nor be redirected to: it stays out of the map and off tcp_bpf's paths.
+    let client = if active {
+        None
+    } else {
+        Some(find_client(&key, snd_nxt, rcv_nxt).ok_or(Skip::Ineligible)?)
+    };
     // SAFETY: context field load.
     let sk = unsafe { read_volatile(addr_of!((*ctx.ops).__bindgen_anon_2.sk)) };
     if sk.is_null() {
         return Err(Skip::Failed);
     }
+    // SAFETY: the helper takes the program's context.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.ops.cast()) };
     // SAFETY: `sk` is the context's non-null socket; the helper may return null.
     let state = unsafe {
         bpf_sk_storage_get(
@@ -151,101 +185,113 @@ fn try_bypass_sockops(ctx: &SockOpsContext, op: u32) -> Result<(), Skip> {
     // afresh.
     let state = unsafe { &mut *state };
     state.key = key;
+    state.side = side::NONE;
     state.tx_mode = tx_mode::UNDECIDED;
-    state.hop = hop::UNPAIRED;
-    // The address is only ever read back through bpf_probe_read_kernel; storing a
-    // pointer in a map needs CAP_PERFMON (kernel/bpf/verifier.c, allow_ptr_leaks).
-    state.sk = sk as u64;
-    // The accepting side is established after its client (the client's callback runs
-    // before it acknowledges the SYN-ACK, net/ipv4/tcp_input.c, tcp_finish_connect), so
-    // it pairs the two. One with no client here (a pod on another node, a masqueraded
-    // client) could never redirect nor be redirected to: it stays out of the map and off
-    // tcp_bpf's paths.
-    if !active && !pair(state, snd_nxt, rcv_nxt) {
-        // SAFETY: `sk` is the context's non-null socket.
-        unsafe { bpf_sk_storage_delete(map_ptr(&BYPASS_SOCK_STATE), sk.cast()) };
-        return Err(Skip::Ineligible);
-    }
-    // The state callback withdraws the address when the socket closes, so the map
-    // cannot fill with dead sockets (include/uapi/linux/bpf.h, BPF_SOCK_OPS_STATE_CB).
+    state.queued = 0;
+    state.rx_tcp = u32::from(options_need_tcp(own.rcvlowat, own.peek_off));
+    // The state callback withdraws what the socket published when it closes, so the
+    // maps cannot fill with dead sockets (include/uapi/linux/bpf.h,
+    // BPF_SOCK_OPS_STATE_CB).
     if ctx
         .set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32)
         .is_err()
     {
         return Err(Skip::Failed);
     }
-    // The address is published before the socket is in the SockHash, so a peer that can
-    // redirect to it can also measure its queue. A full map keeps the socket out: its
-    // peer could not bound what it queues.
-    BYPASS_SOCK_ADDRS
-        .insert(&state.key, state.sk, BPF_ANY.into())
-        .map_err(|_| Skip::Failed)?;
+    // Never replaces: a key names one socket.
     // SAFETY: the context pointer is valid for the program's run.
     if BYPASS_SOCKETS
-        .update(&mut state.key, unsafe { &mut *ctx.ops }, BPF_ANY.into())
+        .update(&mut state.key, unsafe { &mut *ctx.ops }, BPF_NOEXIST.into())
         .is_err()
     {
-        let _ = BYPASS_SOCK_ADDRS.remove(&state.key);
         return Err(Skip::Failed);
     }
-    if active {
-        // The latest connecting socket on an end wins; the sequence check keeps an
-        // older one (or another destination's) from being taken for it.
-        let _ = BYPASS_CONNECTORS.insert(
-            state.key.local_end(state.key.netns),
-            Connector {
-                key: state.key,
-                snd_nxt,
-                rcv_nxt,
-            },
-            BPF_ANY.into(),
-        );
-    } else {
-        // Tell the client who its peer is; its next send picks this up.
-        let _ = BYPASS_PAIRS.insert(
-            &state.peer,
-            Pairing {
-                peer: state.key,
-                hop: state.hop,
-                reserved: 0,
-            },
-            BPF_ANY.into(),
-        );
-        if let Some(stat) = Stat::paired(state.hop) {
-            stats::add(stat, 1);
+    match client {
+        None => {
+            state.link = state.key;
+            state.side = side::CLIENT;
+            // The latest connecting socket on an end wins; the sequence check keeps an
+            // older one (or another namespace's) from being taken for it.
+            let _ = BYPASS_CONNECTORS.insert(
+                state.key.local_end(),
+                Connector {
+                    key: state.key,
+                    snd_nxt,
+                    rcv_nxt,
+                    sk: sk as u64,
+                    cookie,
+                    rx_tcp: state.rx_tcp,
+                    reserved: 0,
+                },
+                BPF_ANY.into(),
+            );
+        }
+        Some(client) => {
+            state.link = client.key;
+            state.side = side::SERVER;
+            let kind = hop::of(&client.key, &state.key);
+            // The link makes the pair: until it exists neither side redirects. Written
+            // after the insert, so a client that sees it finds this socket in the map.
+            // The connector stays until its socket closes: a later accepting socket that
+            // claims the same client end (a SNAT onto it) is then told apart by its
+            // sequence numbers and counted.
+            let _ = BYPASS_LINKS.insert(
+                &client.key,
+                Link {
+                    server: state.key,
+                    hop: kind,
+                    reserved: 0,
+                    sk: [client.sk, sk as u64],
+                    cookie: [client.cookie, cookie],
+                    rx_tcp: [client.rx_tcp, state.rx_tcp],
+                },
+                BPF_ANY.into(),
+            );
+            if let Some(stat) = Stat::paired(kind) {
+                stats::add(stat, 1);
+            }
         }
     }
     Ok(())
 }
 
-/// Finds the accepting socket `state`'s client and records it as its peer: the socket
-/// under the mirrored key, or else the connecting socket on its remote end whose
-/// sequence numbers cross with ours.
+/// The connecting socket on the accepting socket's remote end whose initial sequence
+/// numbers cross with its own.
 #[inline(always)]
-fn pair(state: &mut SockState, snd_nxt: u32, rcv_nxt: u32) -> bool {
-    let mirror = state.key.peer();
-    if BYPASS_SOCK_ADDRS.get_ptr(mirror).is_some() {
-        state.peer = mirror;
-        state.hop = hop::of_mirror(&state.key);
-        return true;
-    }
-    let Some(connector) = BYPASS_CONNECTORS.get_ptr(state.key.remote_end(state.key.netns)) else {
-        return false;
-    };
+fn find_client(key: &SockKey, snd_nxt: u32, rcv_nxt: u32) -> Option<Client> {
+    let connector = BYPASS_CONNECTORS.get_ptr(key.remote_end())?;
     // SAFETY: a live map value, read in place.
     let connector = unsafe { &*connector };
     if !is_other_end(connector, snd_nxt, rcv_nxt) {
         stats::add(Stat::PairRejected, 1);
-        return false;
+        return None;
     }
-    state.peer = connector.key;
-    state.hop = hop::TRANSLATED;
-    true
+    Some(Client {
+        key: connector.key,
+        sk: connector.sk,
+        cookie: connector.cookie,
+        rx_tcp: connector.rx_tcp,
+    })
 }
 
-/// On the transition to TCP_CLOSE, what the socket published goes: the SockHash drops
-/// the socket itself (net/core/sock_map.c, sock_map_unhash), and tcp_set_state runs
-/// this callback before that (net/ipv4/tcp.c), well before the socket is freed.
+/// Removes the connector entry at `end` if it is still `owner`'s.
+#[inline(always)]
+fn remove_connector(end: &bypass_common::Endpoint, owner: &SockKey) {
+    if let Some(c) = BYPASS_CONNECTORS.get_ptr(end) {
+        // SAFETY: a live map value.
+        if unsafe { (*c).key } == *owner {
+            let _ = BYPASS_CONNECTORS.remove(end);
+        }
+    }
+}
+
+/// On the transition to TCP_CLOSE, a connecting socket's connector and its link go
+/// (only its own: both are found under its key). The SockHash drops the socket itself
+/// (net/core/sock_map.c, sock_map_unhash), and tcp_set_state runs this callback before
+/// that (net/ipv4/tcp.c), well before the socket is freed.
+// Keys are passed by reference on purpose: by value they would be copied onto the
+// 512-byte BPF stack.
+#[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
 fn on_state_change(ctx: &SockOpsContext) {
     if ctx.arg(1) != BPF_TCP_CLOSE {
@@ -270,27 +316,29 @@ fn on_state_change(ctx: &SockOpsContext) {
         return;
     }
     // SAFETY: non-null storage of this socket, sized for a `SockState`.
-    let key = unsafe { (*state).key };
-    let _ = BYPASS_SOCK_ADDRS.remove(key);
-    let _ = BYPASS_PAIRS.remove(key);
-    let end = key.local_end(key.netns);
-    if let Some(c) = BYPASS_CONNECTORS.get_ptr(end) {
-        // SAFETY: a live map value.
-        if unsafe { (*c).key } == key {
-            let _ = BYPASS_CONNECTORS.remove(end);
-        }
+    let state = unsafe { &mut *state };
+    if state.side == side::CLIENT {
+        let _ = BYPASS_LINKS.remove(&state.key);
+        remove_connector(&state.key.local_end(), &state.key);
     }
+    // Freed with the socket; until then, no longer an inserted socket.
+    state.side = side::NONE;
 }
 
-/// Whether `ip` is a pod address: in the exact map or inside a pod CIDR.
+/// Whether `ip` is a pod address: in the exact map, or inside a pod CIDR and not an
+/// excluded (opted-out) address.
 #[inline(always)]
 fn is_pod(ip: &IpKey) -> bool {
     if BYPASS_POD_ADDRS.get_ptr(ip).is_some() {
         return true;
     }
-    BYPASS_POD_CIDRS
+    if BYPASS_POD_CIDRS
         .get(&Key::new(128, key_bytes(*ip)))
-        .is_some()
+        .is_none()
+    {
+        return false;
+    }
+    BYPASS_EXCLUDED_ADDRS.get_ptr(ip).is_none()
 }
 
 /// Whether `ip` is inside a Service CIDR.
@@ -327,8 +375,8 @@ fn loopback_in_pod(ip: &IpKey, netns: u64) -> bool {
     }
 }
 
-/// Records that namespace `netns` belongs to the pod whose address `ip` is (the caller
-/// checked it is one).
+/// Records that namespace `netns` (never the host's: the caller checked) belongs to the
+/// pod whose address `ip` is (the caller checked it is one).
 #[inline(always)]
 fn learn_netns(netns: u64, ip: &IpKey) {
     if let Some(known) = BYPASS_POD_NETNS.get_ptr(netns) {

@@ -7,6 +7,7 @@ use anyhow::{Context as _, Result};
 
 const BPF_PROG_QUERY: libc::c_long = 16;
 const BPF_CGROUP_SOCK_OPS: u32 = 3;
+const BPF_CGROUP_SETSOCKOPT: u32 = 22;
 
 /// The `query` member of `union bpf_attr` (include/uapi/linux/bpf.h), up to `revision`.
 #[repr(C)]
@@ -28,10 +29,19 @@ struct ProgQuery {
 /// Number of sock_ops programs attached directly to the cgroup at `path` (not those
 /// inherited from its ancestors).
 pub fn sockops_attached(path: &Path) -> Result<u32> {
+    attached(path, BPF_CGROUP_SOCK_OPS, "sock_ops")
+}
+
+/// Number of setsockopt programs attached directly to the cgroup at `path`.
+pub fn sockopt_attached(path: &Path) -> Result<u32> {
+    attached(path, BPF_CGROUP_SETSOCKOPT, "setsockopt")
+}
+
+fn attached(path: &Path, attach_type: u32, what: &str) -> Result<u32> {
     let dir = File::open(path).with_context(|| format!("open cgroup {}", path.display()))?;
     let mut attr = ProgQuery {
         target_fd: dir.as_raw_fd() as u32,
-        attach_type: BPF_CGROUP_SOCK_OPS,
+        attach_type,
         ..Default::default()
     };
     // SAFETY: `attr` is a valid, zero-padded bpf_attr prefix of the size passed; with
@@ -46,7 +56,7 @@ pub fn sockops_attached(path: &Path) -> Result<u32> {
     };
     if ret != 0 {
         return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("BPF_PROG_QUERY sock_ops on {}", path.display()));
+            .with_context(|| format!("BPF_PROG_QUERY {what} on {}", path.display()));
     }
     Ok(attr.prog_cnt)
 }

@@ -429,6 +429,7 @@ struct Seen {
     attached: bool,
     cidrs: BTreeSet<String>,
     addrs: BTreeSet<IpAddr>,
+    excluded: BTreeSet<IpAddr>,
     service_cidrs: BTreeSet<String>,
     enabled_by: Value,
     label_value: Value,
@@ -449,6 +450,10 @@ fn seen(pin_dir: &Path) -> Result<Seen> {
         attached: v["attached"].as_bool().unwrap_or(false),
         cidrs: strings("pod_cidrs").into_iter().collect(),
         addrs: strings("pod_addresses")
+            .iter()
+            .filter_map(|s| s.parse().ok())
+            .collect(),
+        excluded: strings("excluded_addresses")
             .iter()
             .filter_map(|s| s.parse().ok())
             .collect(),
@@ -524,14 +529,14 @@ fn k8s_pod_addresses_follow_the_api() -> Result<()> {
         &[],
     ))?;
     let pin = agent.pin_dir().to_path_buf();
-    wait_for(&pin, PROPAGATION, "node pod CIDRs in the trie", |s| {
-        s.cidrs == ["10.77.1.0/24".to_owned(), "fd77:1::/64".to_owned()].into()
+    wait_for(&pin, PROPAGATION, "attached by default", |s| {
+        s.attached && s.enabled_by == "default"
     })?;
     let s = seen(&pin)?;
-    ensure!(
-        s.attached && s.enabled_by == "default" && s.label_value == "absent",
-        "{s:#?}"
-    );
+    ensure!(s.label_value == "absent", "{s:#?}");
+    // The node's podCIDRs never enter the trie: an address there is a pod's only once
+    // a Pod object of this node says so (not opted out, not on the host network).
+    ensure!(s.cidrs.is_empty(), "node podCIDRs in the trie: {s:#?}");
     ensure!(http_get(port, "/readyz")?.0 == 200, "not ready");
     ensure!(http_get(port, "/healthz")?.0 == 200, "not healthy");
 
@@ -626,6 +631,13 @@ fn k8s_pod_addresses_follow_the_api() -> Result<()> {
         "10.77.1.11",
     ]);
     wait_addrs(&pin, "sentinel in, ineligible pods out", &want)?;
+    // Opted-out and host-network pods' addresses are excluded whatever CIDR covers
+    // them; the other node's pod is simply not this node's business.
+    ensure!(
+        seen(&pin)?.excluded == addrs(&["192.0.2.10", "10.77.1.8", "10.77.1.9"]),
+        "excluded addresses: {:#?}",
+        seen(&pin)?
+    );
     ensure!(
         metric(port, "bypass_reconcile_errors_total{kind=\"pod_address\"}")? >= 1.0,
         "malformed address not counted"
@@ -639,6 +651,10 @@ fn k8s_pod_addresses_follow_the_api() -> Result<()> {
         .copied()
         .collect();
     wait_addrs(&pin, "annotated pod out", &without_web)?;
+    ensure!(
+        seen(&pin)?.excluded.contains(&"10.77.1.6".parse()?),
+        "annotated pod not excluded"
+    );
     c.annotate_pod("bk-apps", "web", EXCLUDE, None)?;
     wait_addrs(&pin, "annotation removed, pod back", &want)?;
     c.label_namespace("bk-apps", EXCLUDE, Some("true"))?;
@@ -656,15 +672,17 @@ fn k8s_pod_addresses_follow_the_api() -> Result<()> {
     want.remove(&"fd77:1::7".parse()?);
     wait_addrs(&pin, "deleted pod out", &want)?;
 
-    // The node's CIDRs follow the node too.
+    // A node edit changes no map.
     c.block(c.nodes().patch(
         &node,
         &PatchParams::default(),
         &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
     ))?;
+    std::thread::sleep(Duration::from_millis(200));
+    let s = seen(&pin)?;
     ensure!(
-        seen(&pin)?.cidrs.len() == 2,
-        "cidrs changed by a label edit"
+        s.cidrs.is_empty() && s.addrs == want,
+        "maps changed by a label edit: {s:#?}"
     );
     Ok(())
 }
@@ -976,6 +994,8 @@ fn k8s_agent_waits_for_an_absent_api_server() -> Result<()> {
     let mut c = Cluster::start()?;
     let node = node_name(&pods, "n");
     c.node(&node, &["10.44.0.0/24"], &[])?;
+    c.namespace("bk-apps", &[])?;
+    c.pod("bk-apps", "p", &node, &["10.44.0.5"], PodOpts::default())?;
     c.env.stop_apiserver()?;
     let port = free_port()?;
     let opts = kube_agent_opts(&pods, &node, &c.env.kubeconfig(), port, &[]);
@@ -1006,8 +1026,8 @@ fn k8s_agent_waits_for_an_absent_api_server() -> Result<()> {
         wait_for(
             agent.pin_dir(),
             PROPAGATION,
-            "CIDRs once the API server is up",
-            |s| s.cidrs.len() == 1,
+            "pod address once the API server is up",
+            |s| s.addrs.len() == 1,
         )?;
         ensure!(
             http_get(port, "/readyz")?.0 == 200,
@@ -1056,6 +1076,8 @@ fn k8s_bad_input_fails_with_the_fix_and_deploy_rbac_suffices() -> Result<()> {
     let c = Cluster::start()?;
     let node = node_name(&pods, "n");
     c.node(&node, &["10.55.0.0/24"], &[])?;
+    c.namespace("bk-apps", &[])?;
+    c.pod("bk-apps", "p", &node, &["10.55.0.5"], PodOpts::default())?;
     let admin = c.env.kubeconfig();
     let port = free_port()?;
 
@@ -1134,8 +1156,8 @@ fn k8s_bad_input_fails_with_the_fix_and_deploy_rbac_suffices() -> Result<()> {
     wait_for(
         agent.pin_dir(),
         PROPAGATION,
-        "CIDRs with deploy RBAC",
-        |s| s.cidrs.len() == 1,
+        "pod address with deploy RBAC",
+        |s| s.addrs.len() == 1,
     )?;
     // ServiceCIDRs too: the default one, from --service-cluster-ip-range.
     wait_service_cidrs(
@@ -1184,7 +1206,10 @@ fn k8s_service_cidrs_follow_the_api() -> Result<()> {
     // and the flags.
     let mut want = strings(&["10.0.0.0/24", "10.96.0.0/16", "fd00:96::/112"]);
     wait_service_cidrs(&pin, "default ServiceCIDR and the flags", &want)?;
-    ensure!(seen(&pin)?.cidrs == strings(&["10.33.1.0/24"]), "pod CIDRs");
+    ensure!(
+        seen(&pin)?.cidrs.is_empty(),
+        "node podCIDRs must not enter the trie"
+    );
 
     // Added: counts at once, Ready or not (no controller here sets Ready), dual-stack.
     c.service_cidr("bk-extra", &["10.1.0.0/16", "fd00:1::/112"])?;

@@ -92,7 +92,7 @@ fn full_sockhash_falls_back_counts_and_warns() -> Result<()> {
     // Closed connections left the maps: a new one is bypassed.
     let st = agent.status()?;
     ensure!(
-        num(&st, "sockets") == 0 && num(&st, "addr_entries") == 0,
+        num(&st, "sockets") == 0 && num(&st, "connectors") == 0 && num(&st, "links") == 0,
         "maps not empty after every connection closed: {st}"
     );
     let args = ClientArgs::bulk(8 << 20);

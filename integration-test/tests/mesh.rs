@@ -31,7 +31,7 @@ use std::{
 use anyhow::{Context as _, Result, bail, ensure};
 use bypass_common::{
     Endpoint, SockKey,
-    names::{MAP_CONNECTORS, MAP_PAIRS, MAP_SOCK_ADDRS, MAP_SOCKETS},
+    names::{MAP_CONNECTORS, MAP_LINKS, MAP_SOCKETS},
 };
 use common::{Exchange, assert_byte_exact, exchange};
 use testbed::{
@@ -327,9 +327,8 @@ fn sidecar_chain_short_connections_exact() -> Result<()> {
     }
     // So does the per-connection pairing state (the LRU maps would only hide a leak).
     for (map, key_size) in [
-        (MAP_SOCK_ADDRS, size_of::<SockKey>()),
         (MAP_CONNECTORS, size_of::<Endpoint>()),
-        (MAP_PAIRS, size_of::<SockKey>()),
+        (MAP_LINKS, size_of::<SockKey>()),
     ] {
         let left = mapkeys::pinned_map_keys(&agent.pin_dir().join("maps").join(map), key_size)?;
         ensure!(
@@ -489,7 +488,7 @@ fn loopback_tuples_in_two_pods_do_not_collide() -> Result<()> {
     for k in &keys {
         ensure!(k.is_loopback(), "not a loopback key: {k:?}");
         ensure!(
-            keys.contains(&k.peer()),
+            keys.iter().any(|o| o.mirrors(k) && o.netns == k.netns),
             "key {k:?} has no peer key in its namespace: {keys:#?}"
         );
     }

@@ -16,8 +16,11 @@ use bypass_common::{control, names};
 use support::{num, sigkill, two_pods, wait_for_log};
 use testbed::mapkeys::{pinned_u32, set_pinned_u32};
 use testbed::{
-    Agent, AgentOpts, ClientArgs, PeerClient, PeerServer, Report, TwoPods, agent::run_agent,
-    agent::status_json, bpf::sockops_attached, preflight, run_client,
+    Agent, AgentOpts, ClientArgs, PeerClient, PeerServer, Report, TwoPods,
+    agent::run_agent,
+    agent::status_json,
+    bpf::{sockops_attached, sockopt_attached},
+    preflight, run_client,
 };
 
 /// Polls `status` of `pin_dir` until `done` holds.
@@ -252,8 +255,10 @@ fn uninstall_removes_every_pin_and_attachment() -> Result<()> {
     );
     let mut expected = vec![
         format!("{}/{}", names::PIN_LINKS_SUBDIR, names::PIN_LINK_SOCKOPS),
+        format!("{}/{}", names::PIN_LINKS_SUBDIR, names::PIN_LINK_SOCKOPT),
         format!("{}/{}", names::PIN_PROGS_SUBDIR, names::PROG_SOCKOPS),
         format!("{}/{}", names::PIN_PROGS_SUBDIR, names::PROG_SKMSG),
+        format!("{}/{}", names::PIN_PROGS_SUBDIR, names::PROG_SOCKOPT),
     ];
     expected.extend(
         names::PINNED_MAPS
@@ -274,8 +279,8 @@ fn uninstall_removes_every_pin_and_attachment() -> Result<()> {
     );
     ensure!(!opts.pin_dir.exists(), "{pin_dir} still exists");
     ensure!(
-        sockops_attached(pods.cgroup())? == 0,
-        "sock_ops still attached after uninstall"
+        sockops_attached(pods.cgroup())? == 0 && sockopt_attached(pods.cgroup())? == 0,
+        "sock_ops or setsockopt still attached after uninstall"
     );
     let again = run_agent(
         &["uninstall", "--pin-dir", &pin_dir],

@@ -354,11 +354,11 @@ fn one_gib_in_one_stream() -> Result<()> {
         if let (Some(a), Some(before)) = (&agent, before) {
             let after = a.status()?;
             eprintln!(
-                "1 GiB bypassed: redirected +{} B, passed +{} B, queue_limited +{}, resumed +{}",
+                "1 GiB bypassed: redirected +{} B, passed +{} B, queue_limited +{}, unpaired_sends +{}",
                 num(&after, "redirected_bytes") - num(&before, "redirected_bytes"),
                 num(&after, "passed_bytes") - num(&before, "passed_bytes"),
                 num(&after, "queue_limited") - num(&before, "queue_limited"),
-                num(&after, "resumed") - num(&before, "resumed")
+                num(&after, "unpaired_sends") - num(&before, "unpaired_sends")
             );
             ensure!(
                 num(&after, "redirected_bytes") - num(&before, "redirected_bytes") > 1 << 28,

@@ -8,7 +8,7 @@ use aya::maps::{
     lpm_trie::{Key, LpmTrie},
 };
 use bypass_common::{
-    IpKey, KernelLayout, SockKey, Stat, addr::ip_from_key, control, ip_key, names,
+    Connector, Endpoint, IpKey, Link, SockKey, Stat, addr::ip_from_key, control, ip_key, names,
 };
 use serde::Serialize;
 
@@ -19,22 +19,40 @@ fn open_err(name: &str, e: &(dyn std::error::Error + 'static)) -> AgentError {
     AgentError::bpf(format!("open map {name}"), e)
 }
 
-/// The address maps: pod CIDRs, exact pod addresses, Service (ClusterIP) CIDRs.
+/// The address maps: pod CIDRs, exact pod addresses, excluded addresses, Service
+/// (ClusterIP) CIDRs.
 pub struct PodMaps {
     cidrs: Trie,
-    addrs: HashMap<MapData, IpKey, u8>,
+    addrs: AddrSet,
+    excluded: AddrSet,
     services: Trie,
 }
 
 impl PodMaps {
-    /// Wraps the three maps.
-    pub fn new(cidrs: Map, addrs: Map, services: Map) -> Result<Self, AgentError> {
+    /// Wraps the four maps.
+    pub fn new(cidrs: Map, addrs: Map, excluded: Map, services: Map) -> Result<Self, AgentError> {
         Ok(Self {
             cidrs: LpmTrie::try_from(cidrs).map_err(|e| open_err(names::MAP_POD_CIDRS, &e))?,
-            addrs: HashMap::try_from(addrs).map_err(|e| open_err(names::MAP_POD_ADDRS, &e))?,
+            addrs: AddrSet::new(addrs, names::MAP_POD_ADDRS, "pod")?,
+            excluded: AddrSet::new(excluded, names::MAP_EXCLUDED_ADDRS, "excluded")?,
             services: LpmTrie::try_from(services)
                 .map_err(|e| open_err(names::MAP_SERVICE_CIDRS, &e))?,
         })
+    }
+
+    /// Adds an address that is never a pod address (an opted-out pod's).
+    pub fn insert_excluded(&mut self, ip: IpAddr) -> Result<(), AgentError> {
+        self.excluded.insert(ip)
+    }
+
+    /// Removes an excluded address.
+    pub fn remove_excluded(&mut self, ip: IpAddr) -> Result<(), AgentError> {
+        self.excluded.remove(ip)
+    }
+
+    /// The excluded addresses in the map now.
+    pub fn excluded(&self) -> BTreeSet<IpAddr> {
+        self.excluded.list()
     }
 
     /// Adds a Service (ClusterIP) CIDR.
@@ -57,18 +75,6 @@ impl PodMaps {
         trie_cidrs(&self.services)
     }
 
-    /// Makes the Service CIDR trie hold exactly `want`.
-    pub fn set_service_cidrs(&mut self, want: &BTreeSet<PodCidr>) -> Result<(), AgentError> {
-        let have = self.service_cidrs();
-        for cidr in have.difference(want) {
-            self.remove_service_cidr(cidr)?;
-        }
-        for cidr in want.difference(&have) {
-            self.insert_service_cidr(cidr)?;
-        }
-        Ok(())
-    }
-
     /// Adds a pod CIDR.
     pub fn insert_cidr(&mut self, cidr: &PodCidr) -> Result<(), AgentError> {
         trie_insert(&mut self.cidrs, cidr, "pod", names::MAP_POD_CIDRS)
@@ -81,19 +87,12 @@ impl PodMaps {
 
     /// Adds a pod address.
     pub fn insert_addr(&mut self, ip: IpAddr) -> Result<(), AgentError> {
-        self.addrs.insert(ip_key(ip), 1, 0).map_err(|e| {
-            AgentError::bpf(
-                format!("add pod address {ip} to {}", names::MAP_POD_ADDRS),
-                &e,
-            )
-        })
+        self.addrs.insert(ip)
     }
 
     /// Removes a pod address.
     pub fn remove_addr(&mut self, ip: IpAddr) -> Result<(), AgentError> {
-        self.addrs
-            .remove(&ip_key(ip))
-            .map_err(|e| AgentError::bpf(format!("remove pod address {ip}"), &e))
+        self.addrs.remove(ip)
     }
 
     /// The CIDRs in the trie now.
@@ -103,7 +102,43 @@ impl PodMaps {
 
     /// The exact addresses in the map now.
     pub fn addrs(&self) -> BTreeSet<IpAddr> {
-        self.addrs
+        self.addrs.list()
+    }
+}
+
+/// A set of addresses (`IpKey` → unused `u8`).
+struct AddrSet {
+    map: HashMap<MapData, IpKey, u8>,
+    name: &'static str,
+    what: &'static str,
+}
+
+impl AddrSet {
+    fn new(map: Map, name: &'static str, what: &'static str) -> Result<Self, AgentError> {
+        Ok(Self {
+            map: HashMap::try_from(map).map_err(|e| open_err(name, &e))?,
+            name,
+            what,
+        })
+    }
+
+    fn insert(&mut self, ip: IpAddr) -> Result<(), AgentError> {
+        self.map.insert(ip_key(ip), 1, 0).map_err(|e| {
+            AgentError::bpf(
+                format!("add {} address {ip} to {}", self.what, self.name),
+                &e,
+            )
+        })
+    }
+
+    fn remove(&mut self, ip: IpAddr) -> Result<(), AgentError> {
+        self.map
+            .remove(&ip_key(ip))
+            .map_err(|e| AgentError::bpf(format!("remove {} address {ip}", self.what), &e))
+    }
+
+    fn list(&self) -> BTreeSet<IpAddr> {
+        self.map
             .keys()
             .filter_map(Result::ok)
             .map(ip_from_key)
@@ -159,8 +194,8 @@ pub struct Counters {
     pub sockets_skipped: u64,
     /// Times a socket moved to the TCP path because its peer's queue was full.
     pub queue_limited: u64,
-    /// Times a socket moved back to redirects, its peer having read everything.
-    pub resumed: u64,
+    /// Connections whose client sent before being paired (that direction stays on TCP).
+    pub unpaired_sends: u64,
     /// Connections paired pod address to pod address.
     pub paired_pod: u64,
     /// Connections paired over loopback inside a pod.
@@ -177,6 +212,10 @@ pub struct Counters {
     pub pair_rejected: u64,
     /// Sockets left alone for a port in the skip list.
     pub skipped_ports: u64,
+    /// `TCP_ULP` refused on inserted sockets.
+    pub ulp_refused: u64,
+    /// Sockets left alone for an upper-layer protocol.
+    pub ulp_skipped: u64,
 }
 
 impl Counters {
@@ -190,7 +229,7 @@ impl Counters {
             Stat::PassedBytes => self.passed_bytes = v,
             Stat::SocketsSkipped => self.sockets_skipped = v,
             Stat::QueueLimited => self.queue_limited = v,
-            Stat::Resumed => self.resumed = v,
+            Stat::UnpairedSends => self.unpaired_sends = v,
             Stat::PairedPod => self.paired_pod = v,
             Stat::PairedLoopback => self.paired_loopback = v,
             Stat::PairedTranslated => self.paired_translated = v,
@@ -199,6 +238,8 @@ impl Counters {
             Stat::RedirectedBytesTranslated => self.redirected_bytes_translated = v,
             Stat::PairRejected => self.pair_rejected = v,
             Stat::SkippedPorts => self.skipped_ports = v,
+            Stat::UlpRefused => self.ulp_refused = v,
+            Stat::UlpSkipped => self.ulp_skipped = v,
         }
     }
 
@@ -213,7 +254,7 @@ impl Counters {
             Stat::PassedBytes => self.passed_bytes,
             Stat::SocketsSkipped => self.sockets_skipped,
             Stat::QueueLimited => self.queue_limited,
-            Stat::Resumed => self.resumed,
+            Stat::UnpairedSends => self.unpaired_sends,
             Stat::PairedPod => self.paired_pod,
             Stat::PairedLoopback => self.paired_loopback,
             Stat::PairedTranslated => self.paired_translated,
@@ -222,6 +263,8 @@ impl Counters {
             Stat::RedirectedBytesTranslated => self.redirected_bytes_translated,
             Stat::PairRejected => self.pair_rejected,
             Stat::SkippedPorts => self.skipped_ports,
+            Stat::UlpRefused => self.ulp_refused,
+            Stat::UlpSkipped => self.ulp_skipped,
         }
     }
 }
@@ -372,15 +415,15 @@ impl Control {
         self.get(control::SLOT_MAX_QUEUED)
     }
 
-    /// Records where the kernel fields sk_msg reads are.
-    pub fn set_layout(&mut self, l: &KernelLayout) -> Result<(), AgentError> {
-        self.set(control::SLOT_OFF_SK_USER_DATA, l.sk_user_data)?;
-        self.set(control::SLOT_OFF_SK_WRITE_PENDING, l.sk_write_pending)?;
-        self.set(control::SLOT_OFF_PSOCK_MSG_TOT_LEN, l.psock_msg_tot_len)?;
-        self.set(control::SLOT_OFF_TCP_COPIED_SEQ, l.tcp_copied_seq)?;
-        self.set(control::SLOT_OFF_TCP_WRITE_SEQ, l.tcp_write_seq)?;
-        self.set(control::SLOT_OFF_SK_RCVLOWAT, l.sk_rcvlowat)?;
-        self.set(control::SLOT_OFF_SK_PEEK_OFF, l.sk_peek_off)
+    /// Records the [`bypass_common::layout::features`] bits the programs were loaded
+    /// with.
+    pub fn set_features(&mut self, bits: u32) -> Result<(), AgentError> {
+        self.set(control::SLOT_FEATURES, bits)
+    }
+
+    /// The features the programs were loaded with.
+    pub fn features(&self) -> Result<u32, AgentError> {
+        self.get(control::SLOT_FEATURES)
     }
 
     /// The agent's own state word.
@@ -408,45 +451,67 @@ pub fn count_keys(map: &SockHash<MapData, SockKey>) -> usize {
     map.keys().filter(Result::is_ok).count()
 }
 
-/// The socket address map: where each inserted socket's peer reads its queue.
-pub struct SockAddrs(HashMap<MapData, SockKey, u64>);
+/// The pairing maps: connecting sockets not yet paired, and the links of paired
+/// connections. Their entries are removed when the connecting socket closes, by the
+/// sock_ops state callback, which only runs while sock_ops is attached.
+pub struct Pairings {
+    connectors: HashMap<MapData, Endpoint, Connector>,
+    links: HashMap<MapData, SockKey, Link>,
+}
 
-impl SockAddrs {
-    /// Wraps the map.
-    pub fn new(map: Map) -> Result<Self, AgentError> {
-        Ok(Self(
-            HashMap::try_from(map).map_err(|e| open_err(names::MAP_SOCK_ADDRS, &e))?,
-        ))
+impl Pairings {
+    /// Wraps the two maps.
+    pub fn new(connectors: Map, links: Map) -> Result<Self, AgentError> {
+        Ok(Self {
+            connectors: HashMap::try_from(connectors)
+                .map_err(|e| open_err(names::MAP_CONNECTORS, &e))?,
+            links: HashMap::try_from(links).map_err(|e| open_err(names::MAP_LINKS, &e))?,
+        })
     }
 
-    /// Number of entries (one per inserted socket that has not closed).
-    pub fn len(&self) -> usize {
-        self.0.keys().filter(Result::is_ok).count()
+    /// Entries in the two maps.
+    pub fn len(&self) -> (usize, usize) {
+        (
+            self.connectors.keys().filter(Result::is_ok).count(),
+            self.links.keys().filter(Result::is_ok).count(),
+        )
     }
 
-    /// Removes the entries of sockets that are no longer in the SockHash: they closed
-    /// while sock_ops was detached, so no state callback removed them. Only safe while
-    /// sock_ops is detached (an insert adds the entry just before the socket).
+    /// Removes the entries of connecting sockets that are no longer in the SockHash:
+    /// they closed while sock_ops was detached, so no state callback removed them. Only
+    /// safe while sock_ops is detached (an insert adds the socket before its entries).
     /// Returns how many went.
     pub fn sweep(&mut self, sockets: &SockHash<MapData, SockKey>) -> Result<usize, AgentError> {
-        let keys: Vec<SockKey> = self.0.keys().filter_map(Result::ok).collect();
-        // A userspace lookup in a SockHash with 4-byte values fails (net/core/sock_map.c,
+        // A user-space lookup in a SockHash with 4-byte values fails (net/core/sock_map.c,
         // sock_map_lookup_sys wants 8): compare against its keys instead.
         let alive: std::collections::HashSet<SockKey> =
             sockets.keys().filter_map(Result::ok).collect();
-        let stale = stale_keys(&keys, |k| alive.contains(k));
-        for key in &stale {
-            match self.0.remove(key) {
-                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
-                Err(e) => {
-                    return Err(AgentError::bpf(
-                        format!("sweep {}", names::MAP_SOCK_ADDRS),
-                        &e,
-                    ));
-                }
+        let connectors: Vec<(Endpoint, SockKey)> = self
+            .connectors
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(end, c)| (end, c.key))
+            .collect();
+        let links: Vec<SockKey> = self.links.keys().filter_map(Result::ok).collect();
+        let mut swept = 0;
+        for (end, key) in connectors {
+            if !alive.contains(&key) {
+                swept += gone(self.connectors.remove(&end), names::MAP_CONNECTORS)?;
             }
         }
-        Ok(stale.len())
+        for key in stale_keys(&links, |k| alive.contains(k)) {
+            swept += gone(self.links.remove(&key), names::MAP_LINKS)?;
+        }
+        Ok(swept)
+    }
+}
+
+/// 1 if an entry was removed, 0 if it was already gone.
+fn gone(r: Result<(), aya::maps::MapError>, map: &str) -> Result<usize, AgentError> {
+    match r {
+        Ok(()) => Ok(1),
+        Err(aya::maps::MapError::KeyNotFound) => Ok(0),
+        Err(e) => Err(AgentError::bpf(format!("sweep {map}"), &e)),
     }
 }
 
@@ -471,12 +536,14 @@ pub struct PinnedView {
     pub control: Control,
     /// The SockHash.
     pub sockets: SockHash<MapData, SockKey>,
-    /// The socket address map (absent in a datapath pinned by an older build).
-    pub addrs: Option<SockAddrs>,
+    /// The pairing maps.
+    pub pairings: Pairings,
     /// The skip-port list.
     pub skip_ports: SkipPorts,
     /// Whether the sock_ops link is pinned and alive.
     pub link_pinned: bool,
+    /// Whether the setsockopt link is pinned and alive.
+    pub sockopt_pinned: bool,
 }
 
 impl PinnedView {
@@ -492,6 +559,7 @@ impl PinnedView {
             pod_maps: PodMaps::new(
                 open(names::MAP_POD_CIDRS)?,
                 open(names::MAP_POD_ADDRS)?,
+                open(names::MAP_EXCLUDED_ADDRS)?,
                 open(names::MAP_SERVICE_CIDRS)?,
             )?,
             skip_ports: SkipPorts::new(open(names::MAP_SKIP_PORTS)?)?,
@@ -499,12 +567,13 @@ impl PinnedView {
             control: Control::new(open(names::MAP_CONTROL)?)?,
             sockets: SockHash::try_from(open(names::MAP_SOCKETS)?)
                 .map_err(|e| open_err(names::MAP_SOCKETS, &e))?,
-            addrs: match layout.map(names::MAP_SOCK_ADDRS).exists() {
-                true => Some(SockAddrs::new(open(names::MAP_SOCK_ADDRS)?)?),
-                false => None,
-            },
+            pairings: Pairings::new(open(names::MAP_CONNECTORS)?, open(names::MAP_LINKS)?)?,
             link_pinned: aya::programs::links::PinnedLink::from_pin(
                 layout.link(names::PIN_LINK_SOCKOPS),
+            )
+            .is_ok(),
+            sockopt_pinned: aya::programs::links::PinnedLink::from_pin(
+                layout.link(names::PIN_LINK_SOCKOPT),
             )
             .is_ok(),
         })

@@ -4,32 +4,40 @@
 
 mod btf;
 mod fs;
+mod host;
 mod lock;
 mod maps;
 mod object;
 mod pins;
 mod pressure;
+mod rawlink;
 
-use std::{fs::File, os::unix::fs::MetadataExt as _, path::PathBuf};
+use std::{
+    fs::File,
+    os::{fd::AsFd as _, unix::fs::MetadataExt as _},
+    path::PathBuf,
+};
 
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Map, MapData, SockHash},
     programs::{
-        CgroupAttachMode, SkMsg, SockOps,
+        CgroupAttachMode, CgroupSockopt, SkMsg, SockOps,
         links::{FdLink, PinnedLink},
     },
 };
 use bypass_common::{
     KernelLayout, SockKey,
+    layout::{self, features, globals},
     names::{
-        MAP_CONNECTORS, MAP_CONTROL, MAP_PAIRS, MAP_POD_ADDRS, MAP_POD_CIDRS, MAP_SERVICE_CIDRS,
-        MAP_SKIP_PORTS, MAP_SOCK_ADDRS, MAP_SOCKETS, MAP_STATS, PIN_LINK_SOCKOPS, PINNED_MAPS,
-        PROG_SKMSG, PROG_SOCKOPS,
+        MAP_CONNECTORS, MAP_CONTROL, MAP_EXCLUDED_ADDRS, MAP_LINKS, MAP_POD_ADDRS, MAP_POD_CIDRS,
+        MAP_SERVICE_CIDRS, MAP_SKIP_PORTS, MAP_SOCKETS, MAP_STATS, PIN_LINK_SOCKOPS,
+        PIN_LINK_SOCKOPT, PINNED_MAPS, PROG_SKMSG, PROG_SOCKOPS, PROG_SOCKOPT,
     },
 };
 pub use fs::find_cgroup2_mount;
-pub use maps::{Counters, Identity, PinnedView, PodMaps, SockAddrs, count_keys as count_sockets};
+pub use host::kernel_release;
+pub use maps::{Counters, Identity, Pairings, PinnedView, PodMaps, count_keys as count_sockets};
 pub use pins::PinLayout;
 use tracing::{info, warn};
 
@@ -70,18 +78,79 @@ pub enum Origin {
     Replaced,
 }
 
+/// What a load fixes in the programs' read-only globals, found on this host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadPlan {
+    /// Kernel field offsets, from BTF.
+    pub layout: KernelLayout,
+    /// [`features`] bits: what the programs do, and why an optional part is off.
+    pub features: u32,
+    /// The host's network namespace cookie.
+    pub host_netns: u64,
+}
+
+impl LoadPlan {
+    /// Reads this host: BTF offsets (those every load needs must be there), the host
+    /// namespace, whether the queue bound can be measured.
+    pub fn detect() -> Result<Self, AgentError> {
+        let layout = kernel_layout()?;
+        let host_netns = host::netns_cookie()?;
+        let mut f = 0;
+        if !layout.can_bound() {
+            f |= features::NO_QUEUE_FIELD;
+        } else if host::probe_reads_forbidden() {
+            f |= features::NO_PROBE_READ;
+        } else {
+            f |= features::QUEUE_BOUND;
+        }
+        Ok(Self {
+            layout,
+            features: f,
+            host_netns,
+        })
+    }
+
+    /// The same load without the probe reads (the verifier refused the helper).
+    fn without_probe_reads(self) -> Self {
+        Self {
+            features: (self.features & !features::QUEUE_BOUND) | features::NO_PROBE_READ,
+            ..self
+        }
+    }
+
+    /// Digest of what the programs were loaded with.
+    pub fn digest(&self) -> u64 {
+        layout::digest(&self.layout, self.features, self.host_netns)
+    }
+}
+
+/// Why the queue bound is off, for logs and status; `None` when it is on.
+pub fn queue_bound_off_reason(features_bits: u32) -> Option<&'static str> {
+    if features_bits & features::QUEUE_BOUND != 0 {
+        None
+    } else if features_bits & features::NO_QUEUE_FIELD != 0 {
+        Some("this kernel's sockmap does not expose its queue length (sk_psock.msg_tot_len)")
+    } else if features_bits & features::NO_PROBE_READ != 0 {
+        Some("bpf_probe_read_kernel is unavailable (kernel lockdown, confidentiality mode)")
+    } else {
+        Some("not loaded with it")
+    }
+}
+
 /// A pinned datapath. Dropping it detaches and removes the pins when
 /// [`Config::detach_on_exit`] is set.
 pub struct Datapath {
     // Field order is drop order.
     sockops_link: Option<PinnedLink>,
+    sockopt_link: Option<PinnedLink>,
     _pressure: Option<pressure::Watcher>,
-    addrs: Option<SockAddrs>,
+    pairings: Pairings,
     pod_maps: PodMaps,
     control: maps::Control,
     stats: maps::Stats,
     sockets: SockHash<MapData, SockKey>,
     sockops: SockOps,
+    sockopt: CgroupSockopt,
     pins: PinLayout,
     cgroup: File,
     cgroup_path: PathBuf,
@@ -98,8 +167,9 @@ impl Datapath {
     /// attached yet: see [`Datapath::attach`]; an adopted one keeps its state.
     pub fn load(config: &Config) -> Result<Self, AgentError> {
         let cgroup = fs::open_cgroup2_dir(&config.cgroup)?;
+        let plan = LoadPlan::detect()?;
         let identity = Identity {
-            object: object::fingerprint(),
+            object: object::fingerprint() ^ plan.digest(),
             cgroup: cgroup
                 .metadata()
                 .map_err(|source| AgentError::Io {
@@ -118,11 +188,22 @@ impl Datapath {
         let origin = if adopt {
             Origin::Adopted
         } else {
+            if pinned {
+                // The released datapath's sockets keep its programs until they close;
+                // from now on they send by TCP (redirect to TCP is always safe), so no
+                // program without an agent keeps redirecting on maps no one tends.
+                if let Ok(map) = maps::open_pinned(&pins, MAP_CONTROL)
+                    && let Ok(mut old) = maps::Control::new(map)
+                    && let Err(e) = old.set_enabled(false)
+                {
+                    warn!(error = %e, "could not switch the released datapath's redirects off");
+                }
+            }
             let stale = pins::remove_stale(&pins)?;
             if !stale.is_empty() {
                 info!(pin_dir = %config.pin_dir.display(), removed = stale.len(), reset = config.reset,
                     "released a pinned datapath of another build, cgroup or an interrupted start; \
-                     its connections keep it until they close");
+                     its connections finish on the TCP path");
             }
             if pinned {
                 Origin::Replaced
@@ -134,7 +215,7 @@ impl Datapath {
         let ebpf = if adopt {
             None
         } else {
-            Some(load_fresh(&pins, config, identity)?)
+            Some(load_fresh(&pins, config, identity, plan)?)
         };
         let guard = pins::PinGuard::new(pins.clone(), !adopt);
         let sockets: SockHash<MapData, SockKey> =
@@ -143,6 +224,7 @@ impl Datapath {
         let pod_maps = PodMaps::new(
             maps::open_pinned(&pins, MAP_POD_CIDRS)?,
             maps::open_pinned(&pins, MAP_POD_ADDRS)?,
+            maps::open_pinned(&pins, MAP_EXCLUDED_ADDRS)?,
             maps::open_pinned(&pins, MAP_SERVICE_CIDRS)?,
         )?;
         // Every start (adopting too) writes the skip list asked for.
@@ -160,42 +242,60 @@ impl Datapath {
             .inspect_err(|e| warn!(error = %e, "no warnings about full maps"))
             .ok();
         let mut control = maps::Control::new(maps::open_pinned(&pins, MAP_CONTROL)?)?;
-        let addrs = SockAddrs::new(maps::open_pinned(&pins, MAP_SOCK_ADDRS)?)?;
-        // Every start (adopting too) writes this kernel's layout and the bound asked for.
-        let layout = kernel_layout();
-        control.set_layout(&layout)?;
-        let max_queued = if layout.can_bound() {
-            config.max_queued_bytes
-        } else {
-            if config.max_queued_bytes != 0 {
-                warn!(
-                    max_queued_bytes = config.max_queued_bytes,
-                    "this kernel's sockmap does not expose its queue length (sk_psock.msg_tot_len): \
-                     no bound on queued bytes; a peer that stops reading lets its sender queue memory"
-                );
+        let pairings = Pairings::new(
+            maps::open_pinned(&pins, MAP_CONNECTORS)?,
+            maps::open_pinned(&pins, MAP_LINKS)?,
+        )?;
+        // What the pinned programs were loaded with (an adopted datapath: the previous
+        // agent's load, same build and same host, so the same plan).
+        let loaded = control.features()?;
+        let max_queued = match queue_bound_off_reason(loaded) {
+            None => config.max_queued_bytes,
+            Some(why) => {
+                if config.max_queued_bytes != 0 {
+                    warn!(
+                        max_queued_bytes = config.max_queued_bytes,
+                        reason = why,
+                        "no bound on queued bytes: a peer that stops reading lets its sender \
+                         queue memory (the kernel charges the ingress queue to no socket buffer)"
+                    );
+                }
+                0
             }
-            0
         };
+        // Every start (adopting too) writes the bound asked for.
         control.set_max_queued(max_queued)?;
         let sockops = SockOps::from_pin(pins.prog(PROG_SOCKOPS))
             .map_err(|e| AgentError::bpf(format!("open pinned program {PROG_SOCKOPS}"), &e))?;
-        let sockops_link = if adopt {
-            PinnedLink::from_pin(pins.link(PIN_LINK_SOCKOPS)).ok()
+        let sockopt = CgroupSockopt::from_pin(
+            pins.prog(PROG_SOCKOPT),
+            aya::programs::CgroupSockoptAttachType::Set,
+        )
+        .map_err(|e| AgentError::bpf(format!("open pinned program {PROG_SOCKOPT}"), &e))?;
+        let (sockops_link, sockopt_link) = if adopt {
+            (
+                PinnedLink::from_pin(pins.link(PIN_LINK_SOCKOPS)).ok(),
+                PinnedLink::from_pin(pins.link(PIN_LINK_SOCKOPT)).ok(),
+            )
         } else {
-            None
+            (None, None)
         };
         guard.disarm();
         info!(pin_dir = %config.pin_dir.display(), ?origin, attached = sockops_link.is_some(),
-            max_sockets = config.max_sockets, max_queued_bytes = max_queued, "datapath ready");
+            max_sockets = config.max_sockets, max_queued_bytes = max_queued,
+            kernel = %host::kernel_release(),
+            queue_bound = queue_bound_off_reason(loaded).unwrap_or("on"), "datapath ready");
         Ok(Self {
             sockops_link,
+            sockopt_link,
             _pressure: pressure,
-            addrs: Some(addrs),
+            pairings,
             pod_maps,
             control,
             stats,
             sockets,
             sockops,
+            sockopt,
             pins,
             cgroup,
             cgroup_path: config.cgroup.clone(),
@@ -206,35 +306,41 @@ impl Datapath {
         })
     }
 
-    /// Turns the bypass on: redirects allowed, then sock_ops attached to the cgroup (in
-    /// that order, so no socket is inserted while redirects are still off).
+    /// Turns the bypass on: entries of sockets that closed while sock_ops was detached
+    /// swept, the setsockopt hook attached (before any socket can be inserted), redirects
+    /// allowed, then sock_ops attached to the cgroup (in that order, so no socket is
+    /// inserted while redirects are still off).
     pub fn attach(&mut self) -> Result<(), AgentError> {
-        self.control.set_enabled(true)?;
         if self.sockops_link.is_some() {
-            return Ok(());
+            return self.control.set_enabled(true);
         }
-        // Sockets that closed while sock_ops was detached left their address entries.
-        if let Some(addrs) = &mut self.addrs {
-            let swept = addrs.sweep(&self.sockets)?;
-            if swept > 0 {
-                info!(
-                    swept,
-                    "removed address entries of sockets that closed while detached"
-                );
-            }
+        // Sockets that closed while sock_ops was detached left their pairing entries.
+        let swept = self.pairings.sweep(&self.sockets)?;
+        if swept > 0 {
+            info!(
+                swept,
+                "removed pairing entries of sockets that closed while detached"
+            );
         }
-        let cgroup = &self.cgroup_path;
+        if self.sockopt_link.is_none() {
+            let prog = self
+                .sockopt
+                .fd()
+                .map_err(|e| AgentError::bpf(format!("open {PROG_SOCKOPT}"), &e))?;
+            self.sockopt_link = Some(rawlink::create_pinned(
+                prog.as_fd(),
+                self.cgroup.as_fd(),
+                rawlink::BPF_CGROUP_SETSOCKOPT,
+                &self.pins.link(PIN_LINK_SOCKOPT),
+            )?);
+        }
+        self.control.set_enabled(true)?;
         // On kernels >= 5.7 this is a bpf_link, which the kernel always attaches in
         // multi mode (kernel/bpf/cgroup.c), so other sock_ops programs keep running.
         let id = self
             .sockops
             .attach(&self.cgroup, CgroupAttachMode::Single)
-            .map_err(|e| {
-                AgentError::bpf(
-                    format!("attach {PROG_SOCKOPS} to cgroup {}", cgroup.display()),
-                    &e,
-                )
-            })?;
+            .map_err(|e| self.attach_err(PROG_SOCKOPS, &e))?;
         let link = self
             .sockops
             .take_link(id)
@@ -242,17 +348,22 @@ impl Datapath {
         let link: FdLink = link
             .try_into()
             .map_err(|e: aya::programs::links::LinkError| AgentError::bpf("sock_ops link", &e))?;
-        let pinned = link
-            .pin(self.pins.link(PIN_LINK_SOCKOPS))
-            .map_err(|e| AgentError::bpf("pin the sock_ops link", &e))?;
-        self.sockops_link = Some(pinned);
-        info!(cgroup = %cgroup.display(), "bypass attached");
+        self.sockops_link = Some(pin_link(link, &self.pins.link(PIN_LINK_SOCKOPS))?);
+        info!(cgroup = %self.cgroup_path.display(), "bypass attached");
         Ok(())
+    }
+
+    fn attach_err(&self, prog: &str, e: &(dyn std::error::Error + 'static)) -> AgentError {
+        AgentError::bpf(
+            format!("attach {prog} to cgroup {}", self.cgroup_path.display()),
+            e,
+        )
     }
 
     /// Turns the bypass off without losing a byte: every send takes the TCP path from
     /// now on (a peer reads what was already redirected to it first), and no new socket
-    /// is inserted. Sockets already in the map stay until they close.
+    /// is inserted. Sockets already in the map stay until they close, and so does the
+    /// setsockopt hook that keeps upper-layer protocols off them.
     pub fn detach(&mut self) -> Result<(), AgentError> {
         self.control.set_enabled(false)?;
         if let Some(link) = self.sockops_link.take() {
@@ -308,6 +419,12 @@ impl Datapath {
     }
 }
 
+/// Pins `link` at `path`.
+fn pin_link(link: FdLink, path: &std::path::Path) -> Result<PinnedLink, AgentError> {
+    link.pin(path)
+        .map_err(|e| AgentError::bpf(format!("pin the link at {}", path.display()), &e))
+}
+
 impl Drop for Datapath {
     fn drop(&mut self) {
         if !self.detach_on_exit {
@@ -352,14 +469,52 @@ fn pinned_identity(pins: &PinLayout) -> Option<Identity> {
 }
 
 /// Loads the embedded object, attaches sk_msg to the SockHash, pins maps and programs
-/// and records the identity. Removes what it pinned if any step fails.
-fn load_fresh(pins: &PinLayout, config: &Config, identity: Identity) -> Result<Ebpf, AgentError> {
+/// and records the identity. Removes what it pinned if any step fails. If the verifier
+/// refuses the probe reads of the queue bound (kernel lockdown not seen in securityfs),
+/// loads again without them.
+fn load_fresh(
+    pins: &PinLayout,
+    config: &Config,
+    identity: Identity,
+    plan: LoadPlan,
+) -> Result<Ebpf, AgentError> {
     raise_memlock();
+    match load_with(pins, config, identity, plan) {
+        Err(AgentError::Verifier { log, .. })
+            if plan.features & features::QUEUE_BOUND != 0 && log.contains("probe_read") =>
+        {
+            warn!("the verifier refused bpf_probe_read_kernel: loading without the queue bound");
+            let plan = plan.without_probe_reads();
+            let identity = Identity {
+                object: object::fingerprint() ^ plan.digest(),
+                ..identity
+            };
+            load_with(pins, config, identity, plan)
+        }
+        other => other,
+    }
+}
+
+fn load_with(
+    pins: &PinLayout,
+    config: &Config,
+    identity: Identity,
+    plan: LoadPlan,
+) -> Result<Ebpf, AgentError> {
+    let l = &plan.layout;
+    let program_features = plan.features & features::PROGRAM_BITS;
     let mut ebpf = EbpfLoader::new()
         .map_max_entries(MAP_SOCKETS, config.max_sockets)
-        .map_max_entries(MAP_SOCK_ADDRS, config.max_sockets)
         .map_max_entries(MAP_CONNECTORS, config.max_sockets)
-        .map_max_entries(MAP_PAIRS, config.max_sockets)
+        .map_max_entries(MAP_LINKS, config.max_sockets)
+        .override_global(globals::OFF_SK_RCVLOWAT, &l.sk_rcvlowat, true)
+        .override_global(globals::OFF_SK_PEEK_OFF, &l.sk_peek_off, true)
+        .override_global(globals::OFF_ICSK_ULP_OPS, &l.icsk_ulp_ops, true)
+        .override_global(globals::OFF_SK_USER_DATA, &l.sk_user_data, true)
+        .override_global(globals::OFF_SK_COOKIE, &l.sk_cookie, true)
+        .override_global(globals::OFF_PSOCK_MSG_TOT_LEN, &l.psock_msg_tot_len, true)
+        .override_global(globals::FEATURES, &program_features, true)
+        .override_global(globals::HOST_NETNS, &plan.host_netns, true)
         .load(object::BYTES)
         .map_err(|e| classify_load_error(&e))?;
     let guard = pins::PinGuard::new(pins.clone(), true);
@@ -370,6 +525,7 @@ fn load_fresh(pins: &PinLayout, config: &Config, identity: Identity) -> Result<E
     let mut control = maps::Control::new(take_map(&mut ebpf, MAP_CONTROL)?)?;
     control.set_enabled(false)?;
     control.set_identity(identity)?;
+    control.set_features(plan.features)?;
 
     let sockets: SockHash<&MapData, SockKey> = SockHash::try_from(
         ebpf.map(MAP_SOCKETS)
@@ -390,13 +546,9 @@ fn load_fresh(pins: &PinLayout, config: &Config, identity: Identity) -> Result<E
     skmsg
         .pin(pins.prog(PROG_SKMSG))
         .map_err(|e| AgentError::bpf(format!("pin {PROG_SKMSG}"), &e))?;
-    let sockops: &mut SockOps = program(&mut ebpf, PROG_SOCKOPS)?;
-    sockops
-        .load()
-        .map_err(|e| AgentError::bpf(format!("load {PROG_SOCKOPS}"), &e))?;
-    sockops
-        .pin(pins.prog(PROG_SOCKOPS))
-        .map_err(|e| AgentError::bpf(format!("pin {PROG_SOCKOPS}"), &e))?;
+    for name in [PROG_SOCKOPS, PROG_SOCKOPT] {
+        load_and_pin(&mut ebpf, pins, name)?;
+    }
     // The control map is pinned last: its pin marks a complete datapath.
     let path = pins.map(MAP_CONTROL);
     control
@@ -406,26 +558,49 @@ fn load_fresh(pins: &PinLayout, config: &Config, identity: Identity) -> Result<E
     Ok(ebpf)
 }
 
-/// The running kernel's layout of the fields sk_msg reads; what cannot be found stays
-/// unknown (0) and turns off what needs it, with a warning.
-fn kernel_layout() -> KernelLayout {
-    let parsed = std::fs::read(btf::VMLINUX_BTF)
-        .map_err(|e| e.to_string())
-        .and_then(|bytes| btf::Btf::parse(&bytes).map_err(|e| e.to_string()));
-    match parsed {
-        Ok(b) => {
-            let (layout, missing) = b.kernel_layout();
-            for e in &missing {
-                warn!(error = %e, "kernel field not found in BTF");
-            }
-            layout
+/// Loads program `name` (sock_ops or setsockopt) and pins it.
+fn load_and_pin(ebpf: &mut Ebpf, pins: &PinLayout, name: &str) -> Result<(), AgentError> {
+    let prog = ebpf
+        .program_mut(name)
+        .ok_or_else(|| missing("program", name))?;
+    let load_err = |e: aya::programs::ProgramError| AgentError::bpf(format!("load {name}"), &e);
+    let pin_err = |e: aya::pin::PinError| AgentError::bpf(format!("pin {name}"), &e);
+    match prog {
+        aya::programs::Program::SockOps(p) => {
+            p.load().map_err(load_err)?;
+            p.pin(pins.prog(name)).map_err(pin_err)
         }
-        Err(e) => {
-            warn!(error = %e, path = btf::VMLINUX_BTF,
-                "no kernel BTF: no bound on queued bytes, and a socket that once took the TCP path stays there");
-            KernelLayout::default()
+        aya::programs::Program::CgroupSockopt(p) => {
+            p.load().map_err(load_err)?;
+            p.pin(pins.prog(name)).map_err(pin_err)
         }
+        _ => Err(missing("program", name)),
     }
+}
+
+/// The running kernel's layout of the fields the programs read. Those every load needs
+/// must be there; the others turn off what needs them.
+fn kernel_layout() -> Result<KernelLayout, AgentError> {
+    let bytes = std::fs::read(btf::VMLINUX_BTF).map_err(|e| AgentError::KernelSupport {
+        what: "describe its structures",
+        detail: format!("{}: {e}", btf::VMLINUX_BTF),
+    })?;
+    let b = btf::Btf::parse(&bytes).map_err(|e| AgentError::KernelSupport {
+        what: "describe its structures",
+        detail: format!("{}: {e}", btf::VMLINUX_BTF),
+    })?;
+    let (layout, missing) = b.kernel_layout();
+    if !layout.has_required() {
+        let what: Vec<String> = missing.iter().map(ToString::to_string).collect();
+        return Err(AgentError::KernelSupport {
+            what: "show the socket fields the datapath checks at insertion",
+            detail: what.join("; "),
+        });
+    }
+    for e in &missing {
+        warn!(error = %e, "kernel field not found in BTF");
+    }
+    Ok(layout)
 }
 
 fn missing(kind: &str, name: &str) -> AgentError {

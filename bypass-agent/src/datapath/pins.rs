@@ -65,6 +65,7 @@ pub fn complete(layout: &PinLayout) -> bool {
     layout.map(bypass_common::names::MAP_CONTROL).exists()
         && layout.prog(bypass_common::names::PROG_SOCKOPS).exists()
         && layout.prog(bypass_common::names::PROG_SKMSG).exists()
+        && layout.prog(bypass_common::names::PROG_SOCKOPT).exists()
 }
 
 /// Removes pins in the sub-directories (links first, so the datapath detaches before

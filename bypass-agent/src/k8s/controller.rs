@@ -33,6 +33,7 @@ use super::{
     client::{Failure, classify},
 };
 use crate::{
+    apply,
     datapath::Datapath,
     error::AgentError,
     metrics::{ErrorKind, Telemetry},
@@ -344,7 +345,7 @@ impl Reconciler<'_> {
         if self.node_seen != Some(node.is_some()) {
             if node.is_none() {
                 warn!(node = %self.policy.node,
-                    "node not found in the API: no pod CIDRs from it, and --default-enabled decides");
+                    "node not found in the API: --default-enabled decides");
             }
             self.node_seen = Some(node.is_some());
         }
@@ -352,7 +353,6 @@ impl Reconciler<'_> {
         let namespaces = self.namespaces.state();
         let service_cidrs = self.service_cidrs.state();
         let desired = sync::desired(
-            node.as_deref(),
             pods.iter().map(AsRef::as_ref),
             namespaces.iter().map(AsRef::as_ref),
             self.listed
@@ -375,7 +375,6 @@ impl Reconciler<'_> {
         for r in sync::new_rejections(&self.reported, &desired.rejections) {
             metrics.error(match r.kind {
                 RejectionKind::PodAddress => ErrorKind::PodAddress,
-                RejectionKind::NodeCidr => ErrorKind::NodeCidr,
                 RejectionKind::OptOutValue => ErrorKind::OptOutValue,
                 // Counted with the other malformed cluster CIDRs until the metric has
                 // a kind of its own; the log line names the ServiceCIDR.
@@ -390,47 +389,22 @@ impl Reconciler<'_> {
             .set(i64::try_from(desired.pods_tracked).unwrap_or(i64::MAX));
 
         let maps = dp.pod_maps();
-        let current = sync::Current {
-            cidrs: maps.cidrs(),
-            addrs: maps.addrs(),
-            service_cidrs: maps.service_cidrs(),
-        };
-        let plan = sync::plan(&current, &desired);
+        let plan = sync::plan(&apply::current(maps), &desired);
         if !plan.is_empty() {
             debug!(?plan, "applying");
         }
-        let mut failed = 0usize;
-        let mut check = |r: Result<(), AgentError>| {
-            if let Err(e) = r {
-                failed += 1;
-                metrics.error(ErrorKind::MapUpdate);
-                error!(error = %e, "map update failed; retrying on the next pass");
-            }
-        };
-        for cidr in &plan.add_cidrs {
-            check(maps.insert_cidr(cidr));
-        }
-        for ip in &plan.add_addrs {
-            check(maps.insert_addr(*ip));
-        }
-        for cidr in &plan.remove_cidrs {
-            check(maps.remove_cidr(cidr));
-        }
-        for ip in &plan.remove_addrs {
-            check(maps.remove_addr(*ip));
-        }
-        for cidr in &plan.add_service_cidrs {
-            check(maps.insert_service_cidr(cidr));
-        }
-        for cidr in &plan.remove_service_cidrs {
-            check(maps.remove_service_cidr(cidr));
-        }
+        let failed = apply::apply(maps, &plan, |e| {
+            metrics.error(ErrorKind::MapUpdate);
+            error!(error = %e, "map update failed; retrying on the next pass");
+        });
         if !plan.is_empty() {
             info!(
                 added_cidrs = plan.add_cidrs.len(),
                 removed_cidrs = plan.remove_cidrs.len(),
                 added_addrs = plan.add_addrs.len(),
                 removed_addrs = plan.remove_addrs.len(),
+                added_excluded = plan.add_excluded.len(),
+                removed_excluded = plan.remove_excluded.len(),
                 added_service_cidrs = ?plan.add_service_cidrs.iter().map(ToString::to_string).collect::<Vec<_>>(),
                 removed_service_cidrs = ?plan.remove_service_cidrs.iter().map(ToString::to_string).collect::<Vec<_>>(),
                 failed,

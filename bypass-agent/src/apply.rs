@@ -1,0 +1,57 @@
+//! Executes a [`sync::Plan`] on the address maps: the one place their contents change,
+//! in Kubernetes and standalone mode alike. The plan itself is pure (`sync::plan`).
+
+use crate::{
+    datapath::PodMaps,
+    error::AgentError,
+    sync::{Current, Plan},
+};
+
+/// What the address maps hold now.
+pub fn current(maps: &PodMaps) -> Current {
+    Current {
+        cidrs: maps.cidrs(),
+        addrs: maps.addrs(),
+        excluded: maps.excluded(),
+        service_cidrs: maps.service_cidrs(),
+    }
+}
+
+/// Applies `plan`: exclusions first and removals of pod addresses last, so an address
+/// leaving for the excluded set is never a pod's and excluded at once in a way that
+/// lets it pass (the datapath checks the exact map first). Every step is tried; each
+/// failure goes to `on_error`. Returns the number of failures.
+pub fn apply(maps: &mut PodMaps, plan: &Plan, mut on_error: impl FnMut(AgentError)) -> usize {
+    let mut failed = 0;
+    let mut check = |r: Result<(), AgentError>| {
+        if let Err(e) = r {
+            failed += 1;
+            on_error(e);
+        }
+    };
+    for ip in &plan.add_excluded {
+        check(maps.insert_excluded(*ip));
+    }
+    for ip in &plan.remove_addrs {
+        check(maps.remove_addr(*ip));
+    }
+    for cidr in &plan.add_cidrs {
+        check(maps.insert_cidr(cidr));
+    }
+    for ip in &plan.add_addrs {
+        check(maps.insert_addr(*ip));
+    }
+    for cidr in &plan.remove_cidrs {
+        check(maps.remove_cidr(cidr));
+    }
+    for ip in &plan.remove_excluded {
+        check(maps.remove_excluded(*ip));
+    }
+    for cidr in &plan.add_service_cidrs {
+        check(maps.insert_service_cidr(cidr));
+    }
+    for cidr in &plan.remove_service_cidrs {
+        check(maps.remove_service_cidr(cidr));
+    }
+    failed
+}

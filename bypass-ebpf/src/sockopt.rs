@@ -1,0 +1,147 @@
+//! cgroup setsockopt: runs before the kernel applies any setsockopt in the cgroup. Only
+//! inserted sockets are looked at; every other call passes untouched.
+//!
+//! - `TCP_ULP` on an inserted socket is refused (EPERM). An upper-layer protocol would
+//!   see its bytes redirected around it: kTLS runs the sk_msg verdict on the plaintext
+//!   record before encrypting (net/tls/tls_sw.c, bpf_exec_tx_verdict), so a redirect
+//!   hands the peer plaintext where TCP carries a TLS record, and a kTLS receiver reads
+//!   redirected bytes as already decrypted. TLS libraries fall back to user-space TLS
+//!   when the kernel refuses.
+//! - SO_RCVLOWAT above 1 or SO_PEEK_OFF on an inserted socket are recorded in its link:
+//!   the ingress queue honours neither, so its peer sends to it by TCP from then on.
+
+use core::ptr::{addr_of, addr_of_mut, read_volatile, write_volatile};
+
+use aya_ebpf::{
+    bindings::{SO_PEEK_OFF, SO_RCVLOWAT, SOL_SOCKET},
+    helpers::generated::bpf_sk_storage_get,
+    macros::cgroup_sockopt,
+    programs::SockoptContext,
+};
+use bypass_common::{
+    SockState, Stat,
+    state::{options_need_tcp, side},
+};
+
+use crate::{
+    maps::{BYPASS_CONNECTORS, BYPASS_LINKS, BYPASS_SOCK_STATE, map_ptr},
+    stats,
+};
+
+/// `SOL_TCP` (`IPPROTO_TCP`).
+const SOL_TCP: i32 = 6;
+/// `TCP_ULP` (include/uapi/linux/tcp.h).
+const TCP_ULP: i32 = 31;
+
+#[cgroup_sockopt(setsockopt)]
+pub fn bypass_sockopt(ctx: SockoptContext) -> i32 {
+    let verdict = check(&ctx);
+    // optlen 0: the kernel uses the caller's own buffer, untouched (and never fails an
+    // option longer than a page, kernel/bpf/cgroup.c,
+    // __cgroup_bpf_run_filter_setsockopt).
+    // SAFETY: `optlen` is a writable context field of setsockopt programs.
+    unsafe { write_volatile(addr_of_mut!((*ctx.sockopt).optlen), 0) };
+    verdict
+}
+
+/// 1 lets the call through, 0 refuses it with EPERM.
+#[inline(always)]
+fn check(ctx: &SockoptContext) -> i32 {
+    let c = ctx.sockopt;
+    // SAFETY: context field loads.
+    let (level, optname) = unsafe {
+        (
+            read_volatile(addr_of!((*c).level)),
+            read_volatile(addr_of!((*c).optname)),
+        )
+    };
+    let ulp = level == SOL_TCP && optname == TCP_ULP;
+    let lowat = level == SOL_SOCKET as i32 && optname == SO_RCVLOWAT as i32;
+    let peek_off = level == SOL_SOCKET as i32 && optname == SO_PEEK_OFF as i32;
+    if !(ulp || lowat || peek_off) {
+        return 1;
+    }
+    // SAFETY: context field load.
+    let sk = unsafe { read_volatile(addr_of!((*c).__bindgen_anon_1.sk)) };
+    if sk.is_null() {
+        return 1;
+    }
+    // SAFETY: `sk` is the context's non-null socket; the helper may return null.
+    let state = unsafe {
+        bpf_sk_storage_get(
+            map_ptr(&BYPASS_SOCK_STATE),
+            sk.cast(),
+            core::ptr::null_mut(),
+            0,
+        )
+    }
+    .cast::<SockState>();
+    if state.is_null() {
+        return 1;
+    }
+    // SAFETY: non-null storage of this socket, sized for a `SockState`; the hook runs
+    // under the socket's lock.
+    let state = unsafe { &mut *state };
+    if state.side == side::NONE {
+        return 1;
+    }
+    if ulp {
+        stats::add(Stat::UlpRefused, 1);
+        return 0;
+    }
+    let Some(value) = int_value(ctx) else {
+        return 1;
+    };
+    let needs_tcp = if lowat {
+        options_need_tcp(value, -1)
+    } else {
+        options_need_tcp(1, value)
+    };
+    if needs_tcp {
+        record_rx_tcp(state);
+    }
+    1
+}
+
+/// The option's value as an `int`, when the caller passed at least four bytes.
+#[inline(always)]
+fn int_value(ctx: &SockoptContext) -> Option<i32> {
+    let c = ctx.sockopt;
+    // SAFETY: context field loads; the value is read only after the verifier-visible
+    // bounds check against `optval_end`.
+    unsafe {
+        let start = read_volatile(addr_of!((*c).__bindgen_anon_2.optval)).cast::<u8>();
+        let end = read_volatile(addr_of!((*c).__bindgen_anon_3.optval_end)).cast::<u8>();
+        if start.add(4) > end {
+            return None;
+        }
+        Some(read_volatile(start.cast::<i32>()))
+    }
+}
+
+/// Records that the socket with `state` needs its peer's bytes by TCP, where its peer
+/// reads it: the link once paired, the connector until then.
+// Keys are passed by reference on purpose: by value they would be copied onto the
+// 512-byte BPF stack.
+#[allow(clippy::needless_borrows_for_generic_args)]
+#[inline(always)]
+fn record_rx_tcp(state: &mut SockState) {
+    state.rx_tcp = 1;
+    if let Some(link) = BYPASS_LINKS.get_ptr_mut(&state.link) {
+        // SAFETY: a live map value.
+        let link = unsafe { &mut *link };
+        if link.is_of(state) {
+            link.rx_tcp[side::index(state.side)] = 1;
+        }
+    }
+    if state.side == side::CLIENT {
+        let end = state.key.local_end();
+        if let Some(c) = BYPASS_CONNECTORS.get_ptr_mut(&end) {
+            // SAFETY: a live map value.
+            let c = unsafe { &mut *c };
+            if c.key == state.key {
+                c.rx_tcp = 1;
+            }
+        }
+    }
+}
