@@ -101,6 +101,8 @@ pub struct AgentOpts {
     pub pin_dir: PathBuf,
     /// More arguments, appended as given.
     pub extra_args: Vec<String>,
+    /// Environment variables set for the agent.
+    pub env: Vec<(String, String)>,
 }
 
 impl AgentOpts {
@@ -165,10 +167,28 @@ pub struct AgentStatus {
     /// Established sockets left alone for a port in `--skip-ports`.
     #[serde(default)]
     pub skipped_ports: u64,
+    /// Connections whose client sent before being paired.
+    #[serde(default)]
+    pub unpaired_sends: u64,
+    /// `TCP_ULP` refused on bypassed sockets.
+    #[serde(default)]
+    pub ulp_refused: u64,
+    /// Sockets left alone for an upper-layer protocol.
+    #[serde(default)]
+    pub ulp_skipped: u64,
+    /// Connecting sockets in the pairing map now.
+    #[serde(default)]
+    pub connectors: u64,
+    /// Paired connections (links) now.
+    #[serde(default)]
+    pub links: u64,
     /// Pod CIDRs in the trie.
     pub pod_cidrs: Vec<String>,
     /// Exact pod addresses.
     pub pod_addresses: Vec<String>,
+    /// Addresses never treated as a pod's.
+    #[serde(default)]
+    pub excluded_addresses: Vec<String>,
 }
 
 /// How a stopped agent exited.
@@ -204,6 +224,7 @@ impl Agent {
         let bin = agent_bin();
         let mut child = Command::new(&bin)
             .args(opts.args())
+            .envs(opts.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -402,6 +423,7 @@ mod tests {
             cgroup: "/cg".into(),
             pin_dir: "/sys/fs/bpf/bt-x".into(),
             extra_args: vec!["--max-sockets".into(), "8".into()],
+            env: Vec::new(),
         };
         assert_eq!(
             o.args().join(" "),

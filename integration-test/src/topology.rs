@@ -234,6 +234,7 @@ impl TwoPods {
             cgroup: self.cgroup().to_path_buf(),
             pin_dir: self.pin_dir("pins"),
             extra_args: Vec::new(),
+            env: Vec::new(),
         }
     }
 

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail, ensure};
 use testbed::{
-    Agent, ClientArgs, PeerClient, PeerServer, ServerArgs, TwoPods, bpf::sockops_attached,
+    Agent, ClientArgs, PeerClient, PeerServer, ServerArgs, TwoPods,
+    bpf::{sockops_attached, sockopt_attached},
     preflight,
 };
 
@@ -74,8 +75,8 @@ fn sigterm_mid_stream_loses_nothing() -> Result<()> {
         agent.pin_dir().display()
     );
     ensure!(
-        sockops_attached(pods.cgroup())? == 0,
-        "sock_ops still attached"
+        sockops_attached(pods.cgroup())? == 0 && sockopt_attached(pods.cgroup())? == 0,
+        "sock_ops or setsockopt still attached"
     );
 
     let client = client.wait()?;

@@ -1397,3 +1397,84 @@ fn k8s_deploy_manifests_accepted_by_the_api_server() -> Result<()> {
     );
     Ok(())
 }
+
+/// What a connection published for its peer (a connector, a link) is removed by the
+/// sock_ops state callback when it closes, which only runs while sock_ops is attached.
+/// Connections that close while the node label has the bypass off leave theirs; the
+/// next attach sweeps every entry whose socket is no longer in the SockHash, before
+/// sock_ops can insert anything again, so nothing stale stays for a later connection
+/// with the same key to find.
+#[test]
+fn k8s_entries_of_connections_closed_while_off_are_swept() -> Result<()> {
+    if !preflight("k8s_entries_of_connections_closed_while_off_are_swept")? {
+        return Ok(());
+    }
+    let pods = TwoPods::new()?;
+    let c = Cluster::start()?;
+    let node = node_name(&pods, "n");
+    c.node(&node, &[], &[])?;
+    c.namespace("bk-apps", &[])?;
+    let (a4, b4) = (pods.a.ipv4().to_string(), pods.b.ipv4().to_string());
+    c.pod("bk-apps", "a", &node, &[&a4], PodOpts::default())?;
+    c.pod("bk-apps", "b", &node, &[&b4], PodOpts::default())?;
+    let port = free_port()?;
+    let agent = Agent::start(&kube_agent_opts(
+        &pods,
+        &node,
+        &c.env.kubeconfig(),
+        port,
+        &[],
+    ))?;
+    let pin = agent.pin_dir().to_path_buf();
+    wait_addrs(&pin, "both pods in", &addrs(&[&a4, &b4]))?;
+    let pairing = |pin: &Path| -> Result<(u64, u64)> {
+        let v = testbed::agent::status_json(pin)?;
+        Ok((
+            v["connectors"].as_u64().unwrap_or(u64::MAX),
+            v["links"].as_u64().unwrap_or(u64::MAX),
+        ))
+    };
+    // Four connections, slow enough to outlive the switch-off.
+    let flow = ClientArgs {
+        send: 3 << 20,
+        recv: 3 << 20,
+        streams: 4,
+        msg_size: 16 << 10,
+        rate: 2 << 20,
+        ..ClientArgs::default()
+    };
+    let server = PeerServer::start(&pods.b, pods.b.v4_addr(5120), flow.total_connections())?;
+    let client = PeerClient::spawn(&pods.a, pods.b.v4_addr(5120), &flow)?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while pairing(&pin)? != (4, 4) {
+        ensure!(
+            Instant::now() < deadline,
+            "four paired connections expected: {:?}",
+            pairing(&pin)?
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    c.label_node(&node, LABEL, Some("false"))?;
+    wait_for(&pin, PROPAGATION, "label=false detaches", |s| !s.attached)?;
+    let (client, server) = (client.wait()?, server.wait()?);
+    ensure!(client.ok && server.ok, "{client:#?} {server:#?}");
+    ensure!(
+        pairing(&pin)? == (4, 4),
+        "closed while detached: the state callback did not run, the entries stay until \
+         the next attach: {:?}",
+        pairing(&pin)?
+    );
+    c.label_node(&node, LABEL, Some("true"))?;
+    wait_for(&pin, PROPAGATION, "label=true attaches", |s| s.attached)?;
+    ensure!(
+        pairing(&pin)? == (0, 0),
+        "the attach did not sweep the closed connections' entries: {:?}",
+        pairing(&pin)?
+    );
+    ensure!(
+        agent.stderr().contains("removed pairing entries"),
+        "no log of the sweep: {}",
+        agent.stderr()
+    );
+    Ok(())
+}

@@ -162,3 +162,70 @@ fn slow_reader_byte_exact_and_stays_on_tcp() -> Result<()> {
     );
     Ok(())
 }
+
+/// Under kernel lockdown in confidentiality mode `bpf_probe_read_kernel` is unavailable,
+/// and so is measuring a peer's queue. The agent then loads with that code dead to the
+/// verifier (the rest of the datapath reads nothing it would need), says so once in its
+/// log, in `status` and on `/metrics`, and redirects byte-exact. (The lockdown mode is
+/// read from securityfs; the test points the agent at a file that says
+/// `[confidentiality]`, the one seam it has. A real lockdown boot is in the kernel
+/// matrix.)
+#[test]
+fn lockdown_loads_without_the_bound_and_says_so() -> Result<()> {
+    if !preflight("lockdown_loads_without_the_bound_and_says_so")? {
+        return Ok(());
+    }
+    let pods = two_pods()?;
+    let lockdown = std::env::temp_dir().join(format!("bypass-lockdown-{}", pods.tag()));
+    std::fs::write(&lockdown, "none integrity [confidentiality]\n")?;
+    let agent = testbed::Agent::start(&testbed::AgentOpts {
+        env: vec![(
+            "BYPASS_LOCKDOWN_FILE".to_owned(),
+            lockdown.display().to_string(),
+        )],
+        ..pods.agent_opts()
+    });
+    let _ = std::fs::remove_file(&lockdown);
+    let agent = agent?;
+    let st = agent.status()?;
+    ensure!(
+        st["features"]["queue_bound"] == false
+            && st["queue_bound_off"]
+                .as_str()
+                .is_some_and(|s| s.contains("lockdown"))
+            && num(&st, "max_queued_bytes") == 0,
+        "status does not say the bound is off and why: {st}"
+    );
+    ensure!(
+        st["features"]["order_no_resume"] == true && st["features"]["ulp_guard"] == true,
+        "the guarantees that do not need probe reads must stay on: {st}"
+    );
+    ensure!(
+        wait_for_log(&agent, "no bound on queued bytes"),
+        "no warning: {}",
+        agent.stderr()
+    );
+    let before = agent.status()?;
+    let wire0 = pods.wire_bytes()?;
+    let (c, s) = probe_pair(&pods, 5205, &["--case", "duplex", "--bytes", "16M"])?;
+    let after = agent.status()?;
+    ensure!(
+        c["ok"] == true && s["ok"] == true,
+        "not byte-exact: {c} {s}"
+    );
+    let redirected = num(&after, "redirected_bytes") - num(&before, "redirected_bytes");
+    let wire = pods.wire_bytes()? - wire0;
+    ensure!(
+        redirected >= 32 * MIB && wire < MIB,
+        "not bypassed without the bound: redirected {redirected} B, wire {wire} B"
+    );
+    // Without the override the same kernel loads with the bound.
+    drop(agent);
+    let bounded = agent_with(&pods, &[])?;
+    let st = bounded.status()?;
+    ensure!(
+        st["features"]["queue_bound"] == true && st["queue_bound_off"].is_null(),
+        "{st}"
+    );
+    Ok(())
+}

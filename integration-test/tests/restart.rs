@@ -1,8 +1,9 @@
 //! Restart, upgrade and uninstall, with connections in flight. The datapath lives in the
 //! kernel, pinned: an agent killed with SIGKILL leaves it redirecting, the next agent of
 //! the same build adopts it (maps, counters, attachment); an agent of another build
-//! replaces it (existing sockets keep the old programs until they close, new ones get
-//! the new); `uninstall` turns redirects off and removes every pin and attachment.
+//! replaces it (existing sockets keep the old programs until they close, with their
+//! redirects switched off so they finish by TCP; new ones get the new); `uninstall`
+//! turns redirects off and removes every pin and attachment.
 
 mod support;
 
@@ -181,6 +182,7 @@ fn upgrade_replaces_programs_old_connections_finish() -> Result<()> {
     let ours = pinned_u32(&control_pin, control::SLOT_OBJECT_LO)?;
     set_pinned_u32(&control_pin, control::SLOT_OBJECT_LO, !ours)?;
 
+    let wire0 = pods.wire_bytes()?;
     let new = Agent::start(&opts)?;
     ensure!(
         wait_for_log(&new, "Replaced"),
@@ -192,13 +194,20 @@ fn upgrade_replaces_programs_old_connections_finish() -> Result<()> {
         "the new datapath does not carry its own fingerprint"
     );
     ensure!(
-        sockops_attached(pods.cgroup())? == 1,
-        "old and new sock_ops both attached (or neither)"
+        sockops_attached(pods.cgroup())? == 1 && sockopt_attached(pods.cgroup())? == 1,
+        "old and new programs both attached (or neither)"
     );
-    // The connections opened under the old programs finish on them.
+    // The connections opened under the old programs finish byte-exact, by TCP: the
+    // released datapath's redirects were switched off, so no program keeps
+    // redirecting on maps no agent tends any more.
     let client = client.wait()?;
     let server = server.wait()?;
     ensure_exact(&client, &server, &args)?;
+    ensure!(
+        pods.wire_bytes()? > wire0 + (8 << 20),
+        "the old connections kept redirecting after the upgrade ({} B on the wire)",
+        pods.wire_bytes()? - wire0
+    );
 
     // New connections are the new programs' alone: the fresh maps count only them.
     let fresh = ClientArgs::bulk(16 << 20);
