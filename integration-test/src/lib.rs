@@ -50,5 +50,5 @@ pub use peer::Report;
 pub use peers::{ClientArgs, PeerClient, PeerServer, ServerArgs, run_client};
 pub use proxy::{Proxy, ProxyOpts};
 pub use require::preflight;
-pub use spawn::{PodChild, spawn_in, spawn_in_on_cpus};
-pub use topology::{Pod, TwoPods};
+pub use spawn::{Place, PodChild, spawn_in, spawn_in_on_cpus};
+pub use topology::{Pod, Sandbox, TwoPods};

@@ -1,6 +1,7 @@
-//! Starting a process inside a pod: in its cgroup (so its sockets are subject to the
-//! sock_ops program attached above it) and in its network namespace, from the first
-//! instruction of the new program. Children are killed on drop.
+//! Starting a process inside a pod (or a [`crate::topology::Sandbox`]): in its cgroup
+//! (so its sockets are subject to the programs attached above it) and in its network
+//! namespace, from the first instruction of the new program. Children are killed on
+//! drop.
 
 use std::{
     fs::File,
@@ -12,7 +13,17 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::topology::Pod;
+use crate::cgroup::CgroupGuard;
+
+/// Where a process starts: a cgroup, and a network namespace (none: the host's).
+pub trait Place {
+    /// A label for messages.
+    fn label(&self) -> &str;
+    /// The cgroup.
+    fn cgroup(&self) -> &CgroupGuard;
+    /// The network namespace file to enter, or `None` to stay in the host's.
+    fn netns_path(&self) -> Option<std::path::PathBuf>;
+}
 
 /// A process started by [`spawn_in`]; killed (SIGKILL) and reaped on drop unless it
 /// was waited for.
@@ -26,23 +37,25 @@ pub struct PodChild {
 /// Starts `cmd` inside `pod`: between fork and exec the child writes itself into the
 /// pod's `cgroup.procs` and `setns`es into its network namespace. Both files are
 /// opened before the fork; the child only makes raw syscalls.
-pub fn spawn_in(pod: &Pod, cmd: Command) -> Result<PodChild> {
+pub fn spawn_in(pod: &impl Place, cmd: Command) -> Result<PodChild> {
     spawn_in_on_cpus(pod, cmd, &[])
 }
 
 /// [`spawn_in`], and the process (and the threads it starts) may only run on `cpus`
 /// (`sched_setaffinity`); empty means no restriction.
-pub fn spawn_in_on_cpus(pod: &Pod, mut cmd: Command, cpus: &[usize]) -> Result<PodChild> {
-    let what = format!("{:?} in pod {}", cmd, pod.name());
+pub fn spawn_in_on_cpus(pod: &impl Place, mut cmd: Command, cpus: &[usize]) -> Result<PodChild> {
+    let what = format!("{:?} in {}", cmd, pod.label());
     let procs = pod.cgroup().procs_file();
     let cgroup = File::options()
         .write(true)
         .open(&procs)
         .with_context(|| format!("open {}", procs.display()))?;
-    let ns_path = pod.netns().path();
-    let netns = File::open(&ns_path).with_context(|| format!("open {}", ns_path.display()))?;
+    let netns = match pod.netns_path() {
+        Some(p) => Some(File::open(&p).with_context(|| format!("open {}", p.display()))?),
+        None => None,
+    };
     let cpu_set = cpu_set(cpus)?;
-    let (cg_fd, ns_fd) = (cgroup.as_raw_fd(), netns.as_raw_fd());
+    let (cg_fd, ns_fd) = (cgroup.as_raw_fd(), netns.as_ref().map(|f| f.as_raw_fd()));
     // SAFETY: the closure only makes async-signal-safe syscalls on fds that stay open
     // until `spawn` returns, and touches no lock or allocator.
     unsafe {
@@ -51,7 +64,9 @@ pub fn spawn_in_on_cpus(pod: &Pod, mut cmd: Command, cpus: &[usize]) -> Result<P
             if libc::write(cg_fd, b"0".as_ptr().cast(), 1) != 1 {
                 return Err(std::io::Error::last_os_error());
             }
-            if libc::setns(ns_fd, libc::CLONE_NEWNET) != 0 {
+            if let Some(ns_fd) = ns_fd
+                && libc::setns(ns_fd, libc::CLONE_NEWNET) != 0
+            {
                 return Err(std::io::Error::last_os_error());
             }
             if let Some(set) = &cpu_set

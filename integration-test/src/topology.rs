@@ -108,6 +108,66 @@ impl Pod {
     }
 }
 
+impl spawn::Place for Pod {
+    fn label(&self) -> &str {
+        &self.name
+    }
+
+    fn cgroup(&self) -> &CgroupGuard {
+        &self.cgroup
+    }
+
+    fn netns_path(&self) -> Option<PathBuf> {
+        Some(self.netns.path())
+    }
+}
+
+/// Processes that are not a pod of the bridge, in their own child cgroup of the pods'
+/// parent (so the agent's programs see their sockets): either in a network namespace of
+/// their own, off the bridge (what any pod can make where user namespaces are allowed:
+/// an attacker's), or in the host's (a hostNetwork pod, kubelet).
+#[derive(Debug)]
+pub struct Sandbox {
+    // Drop order: processes killed, then the namespace.
+    cgroup: CgroupGuard,
+    netns: Option<Netns>,
+    label: String,
+}
+
+impl Sandbox {
+    /// Its network namespace; `None` for the host's.
+    pub fn netns(&self) -> Option<&Netns> {
+        self.netns.as_ref()
+    }
+
+    /// Runs `ip args...` inside its namespace (the host's for a host sandbox).
+    pub fn ip(&self, args: &[&str]) -> Result<String> {
+        match &self.netns {
+            Some(ns) => ns.ip(args),
+            None => crate::cmd::ip(args),
+        }
+    }
+
+    /// Starts `cmd` inside it ([`spawn::spawn_in`]).
+    pub fn spawn(&self, cmd: Command) -> Result<PodChild> {
+        spawn::spawn_in(self, cmd)
+    }
+}
+
+impl spawn::Place for Sandbox {
+    fn label(&self) -> &str {
+        &self.label
+    }
+
+    fn cgroup(&self) -> &CgroupGuard {
+        &self.cgroup
+    }
+
+    fn netns_path(&self) -> Option<PathBuf> {
+        self.netns.as_ref().map(Netns::path)
+    }
+}
+
 /// Two pods on one bridge. Addresses are `10.88.<k>.1`/`.2` and `fd88:0:0:<k>::1`/`::2`
 /// with `k` from the instance tag; two instances are on different bridges, so even
 /// equal addresses could not meet.
@@ -219,6 +279,28 @@ impl TwoPods {
             .and_then(|()| node.add_route(&self.pod_cidr_v6()))
             .with_context(|| format!("address node {label}"))?;
         Ok(node)
+    }
+
+    /// A network namespace of its own, not on the bridge (only `lo`, up), whose
+    /// processes run in a child cgroup `label` of the pods' parent.
+    pub fn private_namespace(&self, label: &str) -> Result<Sandbox> {
+        let cgroup = self.cgroup.child(&format!("private-{label}"))?;
+        let netns = Netns::create(&names::resource(&self.tag, label))?;
+        Ok(Sandbox {
+            cgroup,
+            netns: Some(netns),
+            label: format!("private namespace {label}"),
+        })
+    }
+
+    /// Processes in the host's network namespace, in a child cgroup `label` of the
+    /// pods' parent: a hostNetwork pod.
+    pub fn host_network(&self, label: &str) -> Result<Sandbox> {
+        Ok(Sandbox {
+            cgroup: self.cgroup.child(&format!("host-{label}"))?,
+            netns: None,
+            label: format!("host network {label}"),
+        })
     }
 
     /// A fresh bpffs pin directory name for an agent of this instance (not created).

@@ -1,15 +1,76 @@
 //! Isolation: the pins are root's alone (the pin directory 0700 on a bpffs mounted
-//! 0700, every pin 0600), and only connections whose two ends are pod addresses are
-//! inserted: not loopback inside a pod, not two pods talking over addresses outside the
-//! pod CIDRs.
+//! 0700, every pin 0600); only connections whose two ends are pod addresses are
+//! inserted (not loopback inside a pod, not two pods talking over addresses outside the
+//! pod CIDRs); a socket in another network namespace holding a pod's addresses and
+//! ports can neither take nor receive that pod's connection; and the host's own
+//! network namespace is never touched, whatever address it uses.
 
 mod support;
 
-use std::{os::unix::fs::MetadataExt as _, os::unix::process::CommandExt as _, process::Command};
+use std::{
+    net::{IpAddr, SocketAddr},
+    os::unix::fs::MetadataExt as _,
+    os::unix::process::CommandExt as _,
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
 
-use anyhow::{Context as _, Result, ensure};
-use support::{ProbeServer, agent_with, num, probe_client, two_pods};
-use testbed::preflight;
+use anyhow::{Context as _, Result, bail, ensure};
+use support::{
+    ProbeServer, agent_with, grew, num, probe_client, probe_report, spawn_probe_client, two_pods,
+};
+use testbed::{TwoPods, cmd, preflight};
+
+/// Files a test uses to step probes, in a directory removed on drop.
+struct Steps {
+    dir: PathBuf,
+}
+
+impl Steps {
+    fn new(pods: &TwoPods, what: &str) -> Result<Self> {
+        let dir = std::env::temp_dir().join(format!("{}-{what}", pods.tag()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+        Ok(Self { dir })
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    fn arg(&self, name: &str) -> String {
+        self.file(name).display().to_string()
+    }
+
+    fn touch(&self, name: &str) -> Result<()> {
+        std::fs::write(self.file(name), b"").context("touch")
+    }
+
+    fn wait(&self, name: &str) -> Result<()> {
+        wait_file(&self.file(name))
+    }
+}
+
+impl Drop for Steps {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn wait_file(p: &Path) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !p.exists() {
+        if Instant::now() > deadline {
+            bail!("{} did not appear within 30 s", p.display());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(())
+}
+
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| (*s).to_owned()).collect()
+}
 
 /// The mode bits of a path.
 fn mode(p: &std::path::Path) -> Result<u32> {
@@ -121,5 +182,188 @@ fn only_pod_to_pod_connections_are_inserted() -> Result<()> {
             "{name}: not seen as skipped: {after}"
         );
     }
+    Ok(())
+}
+
+/// A socket in another network namespace takes a live pod connection's addresses and
+/// ports. Any pod can make such a namespace where unprivileged user namespaces are
+/// allowed; there it holds copies of the victim pods' addresses on its loopback and
+/// connects from the victim client's exact address and port to the victim server's:
+/// the same 4-tuple, on both sides. Meanwhile the victim's server has 4 MiB redirected
+/// to it and not read yet. Then the victim client sends 4 MiB more and the victim
+/// server reads: it must get all 8 MiB, in order, still redirected (the veths idle);
+/// the attacker's server, whose client sent nothing, must read nothing.
+fn attacker_takes_the_tuple(v6: bool, port: u16) -> Result<()> {
+    let pods = two_pods()?;
+    let agent = agent_with(&pods, &[])?;
+    let (a, b) = if v6 {
+        (IpAddr::V6(pods.a.ipv6()), IpAddr::V6(pods.b.ipv6()))
+    } else {
+        (IpAddr::V4(pods.a.ipv4()), IpAddr::V4(pods.b.ipv4()))
+    };
+    let server_end = SocketAddr::new(b, port);
+    let client_end = SocketAddr::new(a, port + 30_000);
+    let steps = Steps::new(&pods, "attack")?;
+    let before = agent.stats()?;
+    let wire0 = pods.wire_bytes()?;
+
+    let victim_server = ProbeServer::start(
+        &pods.b,
+        server_end,
+        &strings(&["--case", "hold", "--go-file", &steps.arg("read")]),
+    )?;
+    let victim_client = spawn_probe_client(
+        &pods.a,
+        server_end,
+        &strings(&[
+            "--case",
+            "hold",
+            "--bytes",
+            "4M",
+            "--bind",
+            &client_end.to_string(),
+            "--mark-file",
+            &steps.arg("half-sent"),
+            "--go-file",
+            &steps.arg("send-more"),
+        ]),
+    )?;
+    steps.wait("half-sent")?;
+    let mid = agent.stats()?;
+    ensure!(
+        grew(&before, &mid, |s| s.redirected_bytes) >= 4 << 20,
+        "the victim's first 4 MiB were not redirected: {mid:?}"
+    );
+
+    let x = pods.private_namespace("x")?;
+    let host_len = if v6 { "128" } else { "32" };
+    for ip in [a, b] {
+        x.ip(&["addr", "add", &format!("{ip}/{host_len}"), "dev", "lo"])?;
+    }
+    let attacker_server = ProbeServer::start(&x, server_end, &strings(&["--case", "hold"]))?;
+    let attacker_client = spawn_probe_client(
+        &x,
+        server_end,
+        &strings(&[
+            "--case",
+            "hold",
+            "--bytes",
+            "0",
+            "--bind",
+            &client_end.to_string(),
+            "--mark-file",
+            &steps.arg("attacker-connected"),
+            "--go-file",
+            &steps.arg("send-more"),
+        ]),
+    )?;
+    steps.wait("attacker-connected")?;
+    let attacked = agent.stats()?;
+    steps.touch("send-more")?;
+    steps.touch("read")?;
+    let vc = probe_report(victim_client)?;
+    let vs = victim_server.wait()?;
+    let ac = probe_report(attacker_client)?;
+    let attacker = attacker_server.wait()?;
+    let after = agent.stats()?;
+    let wire = pods.wire_bytes()? - wire0;
+    eprintln!(
+        "attacker namespace on {server_end} <- {client_end}: victim client {vc}, server {vs}; \
+         attacker client {ac}, server {attacker}; wire {wire} B; inserted +{} (attacker's \
+         +{}), redirected +{} B, passed +{} B",
+        grew(&before, &after, |s| s.sockets_inserted),
+        grew(&mid, &attacked, |s| s.sockets_inserted),
+        grew(&before, &after, |s| s.redirected_bytes),
+        grew(&before, &after, |s| s.passed_bytes),
+    );
+    ensure!(
+        vs["ok"] == true && num(&vs, "received") == 8 << 20,
+        "the victim lost, reordered or never got bytes: {vs}"
+    );
+    ensure!(
+        num(&attacker, "received") == 0 && attacker["ok"] == true,
+        "the attacker's socket read bytes it was never sent: {attacker}"
+    );
+    ensure!(
+        wire < (8 << 20) / 100,
+        "the victim's connection was pushed onto TCP: {wire} B on the veths"
+    );
+    Ok(())
+}
+
+#[test]
+fn attacker_namespace_cannot_take_or_receive_a_pod_connection() -> Result<()> {
+    if !preflight("attacker_namespace_cannot_take_or_receive_a_pod_connection")? {
+        return Ok(());
+    }
+    attacker_takes_the_tuple(false, 5610)
+}
+
+#[test]
+fn attacker_namespace_cannot_take_or_receive_a_pod_connection_ipv6() -> Result<()> {
+    if !preflight("attacker_namespace_cannot_take_or_receive_a_pod_connection_ipv6")? {
+        return Ok(());
+    }
+    attacker_takes_the_tuple(true, 5611)
+}
+
+/// With bridge, flannel or kubenet CNIs the node's gateway address (the bridge's) lies
+/// inside the pod CIDR. A host process (a kubelet probe, a hostNetwork pod) that talks
+/// to a pod from that address must not make the host's network namespace look like a
+/// pod's, and the host's own loopback connections are never touched; nor is any socket
+/// of the host's namespace inserted.
+#[test]
+fn host_loopback_never_bypassed_via_gateway() -> Result<()> {
+    if !preflight("host_loopback_never_bypassed_via_gateway")? {
+        return Ok(());
+    }
+    let pods = two_pods()?;
+    let gateway = pods.pod_cidr_v4().replace(".0/24", ".254");
+    // On the bridge in the host's namespace; gone with the bridge.
+    cmd::ip(&[
+        "addr",
+        "add",
+        &format!("{gateway}/24"),
+        "dev",
+        pods.bridge().name(),
+    ])?;
+    let agent = agent_with(&pods, &[])?;
+    let host = pods.host_network("h")?;
+    let before = agent.stats()?;
+    let duplex = |bytes: &str| strings(&["--case", "duplex", "--bytes", bytes]);
+
+    // The host talks to pod b from the gateway address.
+    let server = ProbeServer::start(&pods.b, pods.b.v4_addr(5612), &duplex("1M"))?;
+    let mut args = duplex("1M");
+    args.extend(strings(&["--bind", &format!("{gateway}:0")]));
+    let c1 = probe_client(&host, pods.b.v4_addr(5612), &args)?;
+    let s1 = server.wait()?;
+    // Then host loopback, in the same host cgroup.
+    let lo: SocketAddr = "127.0.0.1:5613".parse()?;
+    let server = ProbeServer::start(&host, lo, &duplex("4M"))?;
+    let c2 = probe_client(&host, lo, &duplex("4M"))?;
+    let s2 = server.wait()?;
+    let after = agent.stats()?;
+    let g = |f: fn(&testbed::AgentStatus) -> u64| grew(&before, &after, f);
+    eprintln!(
+        "host via gateway {gateway}: inserted +{}, paired_loopback +{}, redirected +{} B, \
+         redirected loopback +{} B",
+        g(|s| s.sockets_inserted),
+        g(|s| s.paired_loopback),
+        g(|s| s.redirected_bytes),
+        g(|s| s.redirected_bytes_loopback)
+    );
+    ensure!(
+        c1["ok"] == true && s1["ok"] == true && c2["ok"] == true && s2["ok"] == true,
+        "bytes lost: {c1} {s1} {c2} {s2}"
+    );
+    ensure!(
+        g(|s| s.paired_loopback) == 0 && g(|s| s.redirected_bytes_loopback) == 0,
+        "the host's loopback was paired"
+    );
+    ensure!(
+        g(|s| s.sockets_inserted) == 0 && g(|s| s.redirected_bytes) == 0,
+        "a socket of the host's namespace was inserted or redirected"
+    );
     Ok(())
 }

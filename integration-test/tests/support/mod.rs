@@ -13,7 +13,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 use serde_json::Value;
-use testbed::{Agent, AgentOpts, AgentStatus, PodChild, TwoPods, names, topology::Pod};
+use testbed::{Agent, AgentOpts, AgentStatus, Place, PodChild, TwoPods, names, spawn_in};
 
 /// The prefix of everything these tests create (namespaces, bridge, cgroups, pins), so
 /// they never meet another engineer's or suite's resources on a shared machine.
@@ -57,12 +57,17 @@ pub struct ProbeServer {
 }
 
 impl ProbeServer {
-    /// Starts `bypass-probe server --listen ADDR <args>` in `pod` and waits until it
-    /// listens.
-    pub fn start(pod: &Pod, listen: SocketAddr, args: &[String]) -> Result<Self> {
+    /// Starts `bypass-probe server --listen ADDR <args>` in `pod` (or any [`Place`])
+    /// and waits until it listens.
+    pub fn start(pod: &impl Place, listen: SocketAddr, args: &[String]) -> Result<Self> {
+        let label: String = pod
+            .label()
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
         let ready = std::env::temp_dir().join(format!(
             "{}-probe-{}",
-            names::resource(&names::unique_tag(), pod.name()),
+            names::resource(&names::unique_tag(), &label),
             listen.port()
         ));
         let _ = std::fs::remove_file(&ready);
@@ -76,7 +81,7 @@ impl ProbeServer {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = pod.spawn(cmd)?;
+        let mut child = spawn_in(pod, cmd)?;
         let deadline = Instant::now() + Duration::from_secs(10);
         while !ready.exists() {
             if child.try_wait()?.is_some() {
@@ -102,7 +107,19 @@ impl ProbeServer {
 }
 
 /// Runs `bypass-probe client --connect ADDR <args>` in `pod` to completion.
-pub fn probe_client(pod: &Pod, connect: SocketAddr, args: &[String]) -> Result<Value> {
+pub fn probe_client(pod: &impl Place, connect: SocketAddr, args: &[String]) -> Result<Value> {
+    report(
+        "client",
+        spawn_probe_client(pod, connect, args)?.wait_output(PROBE_TIMEOUT)?,
+    )
+}
+
+/// Starts `bypass-probe client --connect ADDR <args>` in `pod`; see [`probe_report`].
+pub fn spawn_probe_client(
+    pod: &impl Place,
+    connect: SocketAddr,
+    args: &[String],
+) -> Result<PodChild> {
     let mut cmd = Command::new(probe_bin()?);
     cmd.arg("client")
         .arg("--connect")
@@ -111,7 +128,12 @@ pub fn probe_client(pod: &Pod, connect: SocketAddr, args: &[String]) -> Result<V
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    report("client", pod.spawn(cmd)?.wait_output(PROBE_TIMEOUT)?)
+    spawn_in(pod, cmd)
+}
+
+/// The report of a probe started with [`spawn_probe_client`], once it exits.
+pub fn probe_report(child: PodChild) -> Result<Value> {
+    report("client", child.wait_output(PROBE_TIMEOUT)?)
 }
 
 /// Server in pod b, client in pod a, same arguments; `(client, server)` reports.

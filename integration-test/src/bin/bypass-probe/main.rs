@@ -20,6 +20,8 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::{Value, json};
+mod trust;
+
 use testbed::peer::{
     parse_size,
     pattern::{Direction, Pattern, Verifier},
@@ -70,6 +72,22 @@ enum Case {
     /// --connections connections, --concurrency at a time; both sides write --bytes
     /// right after connect/accept, then read the other's.
     Burst,
+    /// Client: --bytes, --mark-file, wait for --go-file, --bytes more, half-close.
+    /// Server: --mark-file once accepted, wait for --go-file, read and verify all.
+    Hold,
+    /// With the agent's bound at --bytes. Client: 1.25 x --bytes, --mark-file, wait for
+    /// --go-file, 32 KiB, 2 x --bytes. Server: wait for --wait-file, read --bytes,
+    /// --mark-file, one recv(MSG_WAITALL) for more than TCP holds, then the rest.
+    WaitallAfterBound,
+    /// Both sides: setsockopt(TCP_ULP, "tls") after connect/accept, then --bytes each way.
+    Ulp,
+    /// Client: common setsockopts (and two longer than a page) on the connected socket
+    /// and a fresh one; then --bytes.
+    Sockopts,
+    /// TCP Fast Open: --connections connections with data in the SYN.
+    Tfo,
+    /// An MPTCP connection: --bytes each way.
+    Mptcp,
 }
 
 #[derive(Debug, clap::Args)]
@@ -104,6 +122,29 @@ struct Common {
     /// burst: connections at once.
     #[arg(long, default_value_t = 1)]
     concurrency: u64,
+    /// hold, waitall: wait until this file exists (see the case).
+    #[arg(long)]
+    go_file: Option<PathBuf>,
+    /// hold, waitall: create this file at the case's point.
+    #[arg(long)]
+    mark_file: Option<PathBuf>,
+    /// waitall: the server waits for this file before reading.
+    #[arg(long)]
+    wait_file: Option<PathBuf>,
+    /// Client: bind to this address and port before connecting.
+    #[arg(long)]
+    bind: Option<SocketAddr>,
+}
+
+impl Common {
+    fn steps(&self) -> trust::Steps<'_> {
+        trust::Steps {
+            go: trust::path(&self.go_file),
+            mark: trust::path(&self.mark_file),
+            wait: trust::path(&self.wait_file),
+            bytes: self.bytes,
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -154,6 +195,18 @@ fn main() -> ExitCode {
 // Server side
 
 fn server(listen: SocketAddr, ready: Option<PathBuf>, c: &Common) -> Result<Value> {
+    if let Case::Tfo | Case::Mptcp = c.case {
+        let mptcp = matches!(c.case, Case::Mptcp);
+        let l = trust::special_listener(listen, mptcp, !mptcp)?;
+        if let Some(f) = ready {
+            std::fs::write(&f, listen.to_string()).with_context(|| format!("write {f:?}"))?;
+        }
+        return if mptcp {
+            trust::mptcp_server(&l, c.bytes)
+        } else {
+            trust::tfo_server(&l, c.connections)
+        };
+    }
     let l = TcpListener::bind(listen).with_context(|| format!("listen on {listen}"))?;
     // std listens with a backlog of 128; bursts of connects need more, or the kernel
     // resets the ones that overflow the accept queue. listen() again raises it.
@@ -223,7 +276,11 @@ fn server(listen: SocketAddr, ready: Option<PathBuf>, c: &Common) -> Result<Valu
             Ok(json!({"received": r.bytes, "ok": r.ok}))
         }
         Case::SpliceRecv => splice_recv_server(&s),
-        Case::Burst => unreachable_case(),
+        Case::Hold => trust::hold_server(s, &c.steps()),
+        Case::WaitallAfterBound => trust::waitall_server(s, &c.steps()),
+        Case::Ulp => trust::ulp_server(s, &c.steps()),
+        Case::Sockopts => trust::drain_server(s),
+        Case::Burst | Case::Tfo | Case::Mptcp => unreachable_case(),
     }
 }
 
@@ -474,10 +531,13 @@ fn burst_server(l: &TcpListener, c: &Common) -> Result<Value> {
 // Client side
 
 fn client(connect: SocketAddr, c: &Common) -> Result<Value> {
-    if let Case::Burst = c.case {
-        return burst_client(connect, c);
+    match c.case {
+        Case::Burst => return burst_client(connect, c),
+        Case::Tfo => return trust::tfo_client(connect, c.connections, c.bytes),
+        Case::Mptcp => return trust::mptcp_client(connect, c.bytes),
+        _ => {}
     }
-    let mut s = TcpStream::connect(connect).with_context(|| format!("connect {connect}"))?;
+    let mut s = trust::connect(connect, c.bind)?;
     let mut p = Pattern::new(0, Direction::ClientToServer);
     let mut buf = vec![0u8; usize::try_from(c.chunk).unwrap_or(65536).max(1)];
     match c.case {
@@ -630,7 +690,11 @@ fn client(connect: SocketAddr, c: &Common) -> Result<Value> {
             s.shutdown(Shutdown::Write)?;
             wait_closed(&mut s)
         }
-        Case::Burst => unreachable_case(),
+        Case::Hold => trust::hold_client(s, &c.steps()),
+        Case::WaitallAfterBound => trust::waitall_client(s, &c.steps()),
+        Case::Ulp => trust::ulp_client(s, &c.steps()),
+        Case::Sockopts => trust::sockopts_client(s, &c.steps()),
+        Case::Burst | Case::Tfo | Case::Mptcp => unreachable_case(),
     }
 }
 

@@ -1,0 +1,461 @@
+//! Cases of the trust tests: sequences a test drives step by step through files (a
+//! side waits for a "go" file, or leaves a "mark" file when it reached a point), and
+//! sockets made the way an attacker, a kTLS library, a TCP Fast Open client or an
+//! MPTCP application makes them. Payload bytes are the testbed's pattern, verified in
+//! order by the reader.
+
+use std::{
+    io::{ErrorKind, Read, Write},
+    net::{Shutdown, SocketAddr, TcpListener, TcpStream},
+    os::fd::AsRawFd,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use serde_json::{Value, json};
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use testbed::peer::pattern::{Direction, Pattern, Verifier};
+
+/// What the trust cases take from the command line.
+pub struct Steps<'a> {
+    /// Wait until this file exists before the step the case names.
+    pub go: Option<&'a Path>,
+    /// Create this file when the case reaches its point.
+    pub mark: Option<&'a Path>,
+    /// The server waits for this file before it reads (waitall).
+    pub wait: Option<&'a Path>,
+    /// Bytes per phase.
+    pub bytes: u64,
+}
+
+/// Waits at most 60 s until `path` exists.
+pub fn wait_file(path: &Path) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !path.exists() {
+        if Instant::now() > deadline {
+            bail!("{} did not appear within 60 s", path.display());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(())
+}
+
+fn wait_opt(path: Option<&Path>) -> Result<()> {
+    path.map_or(Ok(()), wait_file)
+}
+
+fn mark(path: Option<&Path>) -> Result<()> {
+    if let Some(p) = path {
+        std::fs::write(p, b"").with_context(|| format!("write {}", p.display()))?;
+    }
+    Ok(())
+}
+
+/// One direction of the pattern, written across several calls.
+struct Writer {
+    p: Pattern,
+    buf: Vec<u8>,
+    sent: u64,
+}
+
+impl Writer {
+    fn new(dir: Direction) -> Self {
+        Self {
+            p: Pattern::new(0, dir),
+            buf: vec![0u8; 64 * 1024],
+            sent: 0,
+        }
+    }
+
+    fn send(&mut self, s: &mut impl Write, n: u64) -> Result<()> {
+        let mut left = n;
+        while left > 0 {
+            let k = left.min(self.buf.len() as u64) as usize;
+            self.p.fill(&mut self.buf[..k]);
+            s.write_all(&self.buf[..k]).context("write")?;
+            left -= k as u64;
+            self.sent += k as u64;
+        }
+        Ok(())
+    }
+}
+
+/// Reads into `v` until EOF (or `limit` bytes); retries EAGAIN from blocking reads.
+fn read_into(s: &mut impl Read, v: &mut Verifier, limit: Option<u64>) -> Result<()> {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let want = match limit {
+            Some(l) if v.offset() >= l => return Ok(()),
+            Some(l) => (l - v.offset()).min(buf.len() as u64) as usize,
+            None => buf.len(),
+        };
+        match s.read(&mut buf[..want]) {
+            Ok(0) => return Ok(()),
+            Ok(n) => v.feed(&buf[..n]),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {}
+            Err(e) => return Err(e).context("read"),
+        }
+    }
+}
+
+fn report(v: &Verifier) -> Value {
+    json!({"received": v.offset(), "ok": v.first_mismatch().is_none(),
+        "mismatch": v.first_mismatch().map(|m| format!("{m:?}"))})
+}
+
+/// A connected client socket, bound first to `bind` when given.
+pub fn connect(connect: SocketAddr, bind: Option<SocketAddr>) -> Result<TcpStream> {
+    let s = Socket::new(
+        Domain::for_address(connect),
+        Type::STREAM,
+        Some(Protocol::TCP),
+    )?;
+    if let Some(b) = bind {
+        s.set_reuse_address(true)?;
+        s.bind(&SockAddr::from(b))
+            .with_context(|| format!("bind {b}"))?;
+    }
+    s.connect(&SockAddr::from(connect))
+        .with_context(|| format!("connect {connect}"))?;
+    Ok(s.into())
+}
+
+/// hold, client: `bytes`, mark, wait for go, `bytes` more, half-close, wait for EOF.
+pub fn hold_client(mut s: TcpStream, st: &Steps<'_>) -> Result<Value> {
+    let mut w = Writer::new(Direction::ClientToServer);
+    w.send(&mut s, st.bytes)?;
+    mark(st.mark)?;
+    wait_opt(st.go)?;
+    w.send(&mut s, st.bytes)?;
+    s.shutdown(Shutdown::Write)?;
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    Ok(json!({"sent": w.sent, "got_back": rest.len()}))
+}
+
+/// hold, server: wait for go (if any), then read everything and verify.
+pub fn hold_server(mut s: TcpStream, st: &Steps<'_>) -> Result<Value> {
+    mark(st.mark)?;
+    wait_opt(st.go)?;
+    let mut v = Verifier::new(0, Direction::ClientToServer);
+    read_into(&mut s, &mut v, None)?;
+    Ok(report(&v))
+}
+
+/// waitall, client. With the agent's queue bound at `bytes`: `bytes + bytes/4` (the
+/// first `bytes` fill the peer's ingress queue, the rest take TCP), mark, wait for go
+/// (the reader is then blocked in MSG_WAITALL inside tcp_recvmsg), 32 KiB (a datapath
+/// that resumed redirects would queue them unseen), then `2 * bytes` (crossing the
+/// bound again: TCP), half-close.
+pub fn waitall_client(mut s: TcpStream, st: &Steps<'_>) -> Result<Value> {
+    let mut w = Writer::new(Direction::ClientToServer);
+    w.send(&mut s, st.bytes + st.bytes / 4)?;
+    mark(st.mark)?;
+    wait_opt(st.go)?;
+    w.send(&mut s, 32 * 1024)?;
+    std::thread::sleep(Duration::from_millis(100));
+    w.send(&mut s, 2 * st.bytes)?;
+    s.shutdown(Shutdown::Write)?;
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    Ok(json!({"sent": w.sent}))
+}
+
+/// waitall, server: wait until the client has sent its first part, read `bytes` (what
+/// was redirected), mark, then one recv(MSG_WAITALL) for more than what TCP holds, then
+/// the rest; everything verified in order.
+pub fn waitall_server(mut s: TcpStream, st: &Steps<'_>) -> Result<Value> {
+    wait_opt(st.wait)?;
+    let mut v = Verifier::new(0, Direction::ClientToServer);
+    read_into(&mut s, &mut v, Some(st.bytes))?;
+    mark(st.mark)?;
+    let want = st.bytes / 4 + st.bytes / 16;
+    let mut buf = vec![0u8; usize::try_from(want).unwrap_or(0)];
+    let t = Instant::now();
+    // SAFETY: valid buffer of the length passed.
+    let n = unsafe {
+        libc::recv(
+            s.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_WAITALL,
+        )
+    };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error()).context("recv MSG_WAITALL");
+    }
+    let waited_ms = t.elapsed().as_millis();
+    v.feed(&buf[..n as usize]);
+    let ok_after_waitall = v.first_mismatch().is_none();
+    read_into(&mut s, &mut v, None)?;
+    let mut r = report(&v);
+    r["waitall_len"] = json!(n);
+    r["waitall_ms"] = json!(waited_ms);
+    r["ok_after_waitall"] = json!(ok_after_waitall);
+    Ok(r)
+}
+
+/// `setsockopt(IPPROTO_TCP, TCP_ULP, "tls")`: `"ok"` or the errno's name.
+fn set_ulp_tls(s: &TcpStream) -> String {
+    const TCP_ULP: libc::c_int = 31;
+    let name = b"tls";
+    // SAFETY: valid buffer of the length passed.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            TCP_ULP,
+            name.as_ptr().cast(),
+            name.len() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        "ok".into()
+    } else {
+        errno_name(&std::io::Error::last_os_error())
+    }
+}
+
+/// ulp, client: asks for the TLS upper-layer protocol, then sends `bytes` and reads
+/// `bytes` back, both verified.
+pub fn ulp_client(mut s: TcpStream, st: &Steps<'_>) -> Result<Value> {
+    let ulp = set_ulp_tls(&s);
+    let mut w = Writer::new(Direction::ClientToServer);
+    w.send(&mut s, st.bytes)?;
+    let mut v = Verifier::new(0, Direction::ServerToClient);
+    read_into(&mut s, &mut v, Some(st.bytes))?;
+    let mut r = report(&v);
+    r["ulp"] = json!(ulp);
+    r["sent"] = json!(w.sent);
+    Ok(r)
+}
+
+/// ulp, server: the same on the accepted socket, then reads `bytes` and sends `bytes`.
+pub fn ulp_server(mut s: TcpStream, st: &Steps<'_>) -> Result<Value> {
+    let ulp = set_ulp_tls(&s);
+    let mut v = Verifier::new(0, Direction::ClientToServer);
+    read_into(&mut s, &mut v, Some(st.bytes))?;
+    let mut w = Writer::new(Direction::ServerToClient);
+    w.send(&mut s, st.bytes)?;
+    s.shutdown(Shutdown::Write)?;
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    let mut r = report(&v);
+    r["ulp"] = json!(ulp);
+    Ok(r)
+}
+
+/// One setsockopt with a raw buffer: `"ok"` or the errno's name.
+fn setsockopt_raw(fd: i32, level: i32, name: i32, val: &[u8]) -> String {
+    // SAFETY: valid buffer of the length passed.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            val.as_ptr().cast(),
+            val.len() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        "ok".into()
+    } else {
+        errno_name(&std::io::Error::last_os_error())
+    }
+}
+
+/// The setsockopt calls applications make, on a socket: name → result.
+fn common_sockopts(fd: i32) -> serde_json::Map<String, Value> {
+    let one = 1i32.to_ne_bytes();
+    let big = vec![0u8; 5000];
+    let cubic = b"cubic";
+    let mut out = serde_json::Map::new();
+    for (name, level, opt, val) in [
+        (
+            "TCP_NODELAY",
+            libc::IPPROTO_TCP,
+            libc::TCP_NODELAY,
+            &one[..],
+        ),
+        (
+            "SO_KEEPALIVE",
+            libc::SOL_SOCKET,
+            libc::SO_KEEPALIVE,
+            &one[..],
+        ),
+        (
+            "SO_RCVBUF",
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            &(256 * 1024i32).to_ne_bytes()[..],
+        ),
+        (
+            "IP_TOS",
+            libc::IPPROTO_IP,
+            libc::IP_TOS,
+            &0x10i32.to_ne_bytes()[..],
+        ),
+        (
+            "TCP_CONGESTION",
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            &cubic[..],
+        ),
+        // Longer than a page: a sockopt hook that mishandles it turns this into EFAULT.
+        (
+            "SO_BINDTODEVICE_5000",
+            libc::SOL_SOCKET,
+            libc::SO_BINDTODEVICE,
+            &big[..],
+        ),
+        (
+            "TCP_MD5SIG_5000",
+            libc::IPPROTO_TCP,
+            libc::TCP_MD5SIG,
+            &big[..],
+        ),
+    ] {
+        out.insert(name.into(), json!(setsockopt_raw(fd, level, opt, val)));
+    }
+    out
+}
+
+/// sockopts, client: the common setsockopts on the connected (bypassed) socket and on
+/// a fresh one, then `bytes` verified by the server.
+pub fn sockopts_client(mut s: TcpStream, st: &Steps<'_>) -> Result<Value> {
+    let connected = common_sockopts(s.as_raw_fd());
+    let fresh = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
+    let unconnected = common_sockopts(fresh.as_raw_fd());
+    let mut w = Writer::new(Direction::ClientToServer);
+    w.send(&mut s, st.bytes)?;
+    s.shutdown(Shutdown::Write)?;
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    Ok(json!({"connected": connected, "unconnected": unconnected, "sent": w.sent}))
+}
+
+/// A plain server side: read everything, verify.
+pub fn drain_server(mut s: TcpStream) -> Result<Value> {
+    let mut v = Verifier::new(0, Direction::ClientToServer);
+    read_into(&mut s, &mut v, None)?;
+    Ok(report(&v))
+}
+
+/// A listener made with `protocol` (MPTCP) or with TCP Fast Open, as `std` cannot.
+pub fn special_listener(listen: SocketAddr, mptcp: bool, fastopen: bool) -> Result<TcpListener> {
+    let proto = if mptcp {
+        Protocol::MPTCP
+    } else {
+        Protocol::TCP
+    };
+    let s = Socket::new(Domain::for_address(listen), Type::STREAM, Some(proto))
+        .with_context(|| format!("socket (MPTCP: {mptcp})"))?;
+    s.set_reuse_address(true)?;
+    if fastopen {
+        let qlen = 16i32.to_ne_bytes();
+        let r = setsockopt_raw(s.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_FASTOPEN, &qlen);
+        if r != "ok" {
+            bail!("TCP_FASTOPEN on the listener: {r}");
+        }
+    }
+    s.bind(&SockAddr::from(listen))
+        .with_context(|| format!("bind {listen}"))?;
+    s.listen(128)?;
+    Ok(s.into())
+}
+
+/// tfo, server: accepts `connections` connections, each carrying `bytes`.
+pub fn tfo_server(l: &TcpListener, connections: u64) -> Result<Value> {
+    let mut results = Vec::new();
+    for _ in 0..connections {
+        let (s, _) = l.accept().context("accept")?;
+        results.push(drain_server(s)?);
+    }
+    Ok(json!({"connections": results}))
+}
+
+/// tfo, client: `connections` connections, each sending `bytes` with the first part in
+/// the SYN (sendto MSG_FASTOPEN); the first fetches the cookie, the others use it.
+pub fn tfo_client(connect: SocketAddr, connections: u64, bytes: u64) -> Result<Value> {
+    let mut out = Vec::new();
+    for _ in 0..connections {
+        let s = Socket::new(
+            Domain::for_address(connect),
+            Type::STREAM,
+            Some(Protocol::TCP),
+        )?;
+        let mut p = Pattern::new(0, Direction::ClientToServer);
+        let first = bytes.min(1000) as usize;
+        let mut buf = vec![0u8; first];
+        p.fill(&mut buf);
+        let n = s
+            .send_to_with_flags(&buf, &SockAddr::from(connect), libc::MSG_FASTOPEN)
+            .context("sendto MSG_FASTOPEN")?;
+        let mut stream: TcpStream = s.into();
+        // What the SYN did not carry, then the rest.
+        stream.write_all(&buf[n..])?;
+        let mut rest = vec![0u8; (bytes as usize).saturating_sub(first)];
+        p.fill(&mut rest);
+        stream.write_all(&rest)?;
+        stream.shutdown(Shutdown::Write)?;
+        let mut back = Vec::new();
+        let _ = stream.read_to_end(&mut back);
+        out.push(json!({"in_syn": n}));
+    }
+    Ok(json!({"connections": out}))
+}
+
+/// mptcp, client: an MPTCP socket sends `bytes` and reads `bytes` back, verified.
+pub fn mptcp_client(connect: SocketAddr, bytes: u64) -> Result<Value> {
+    let s = Socket::new(
+        Domain::for_address(connect),
+        Type::STREAM,
+        Some(Protocol::MPTCP),
+    )
+    .context("MPTCP socket (net.mptcp.enabled?)")?;
+    s.connect(&SockAddr::from(connect))
+        .with_context(|| format!("connect {connect}"))?;
+    let mut s: TcpStream = s.into();
+    let mut w = Writer::new(Direction::ClientToServer);
+    w.send(&mut s, bytes)?;
+    s.shutdown(Shutdown::Write)?;
+    let mut v = Verifier::new(0, Direction::ServerToClient);
+    read_into(&mut s, &mut v, None)?;
+    let mut r = report(&v);
+    r["sent"] = json!(w.sent);
+    Ok(r)
+}
+
+/// mptcp, server: reads everything, then sends `bytes` back.
+pub fn mptcp_server(l: &TcpListener, bytes: u64) -> Result<Value> {
+    let (mut s, _) = l.accept().context("accept")?;
+    let mut v = Verifier::new(0, Direction::ClientToServer);
+    read_into(&mut s, &mut v, None)?;
+    let mut w = Writer::new(Direction::ServerToClient);
+    w.send(&mut s, bytes)?;
+    s.shutdown(Shutdown::Write)?;
+    Ok(report(&v))
+}
+
+/// An errno's symbolic name.
+pub fn errno_name(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::EPERM) => "EPERM".into(),
+        Some(libc::ENOENT) => "ENOENT".into(),
+        Some(libc::EFAULT) => "EFAULT".into(),
+        Some(libc::EINVAL) => "EINVAL".into(),
+        Some(libc::ENODEV) => "ENODEV".into(),
+        Some(libc::EEXIST) => "EEXIST".into(),
+        Some(libc::ENOTCONN) => "ENOTCONN".into(),
+        Some(libc::EOPNOTSUPP) => "EOPNOTSUPP".into(),
+        Some(libc::ENOPROTOOPT) => "ENOPROTOOPT".into(),
+        Some(n) => format!("errno {n}"),
+        None => e.to_string(),
+    }
+}
+
+/// A path argument, if given.
+pub fn path(p: &Option<PathBuf>) -> Option<&Path> {
+    p.as_deref()
+}
