@@ -13,6 +13,10 @@ pub mod globals {
     pub const OFF_SK_PEEK_OFF: &str = "BYPASS_OFF_SK_PEEK_OFF";
     /// [`super::KernelLayout::icsk_ulp_ops`].
     pub const OFF_ICSK_ULP_OPS: &str = "BYPASS_OFF_ICSK_ULP_OPS";
+    /// [`super::KernelLayout::tcp_write_seq`].
+    pub const OFF_TCP_WRITE_SEQ: &str = "BYPASS_OFF_TCP_WRITE_SEQ";
+    /// [`super::KernelLayout::tcp_fastopen_req`].
+    pub const OFF_TCP_FASTOPEN_REQ: &str = "BYPASS_OFF_TCP_FASTOPEN_REQ";
     /// [`super::KernelLayout::sk_user_data`].
     pub const OFF_SK_USER_DATA: &str = "BYPASS_OFF_SK_USER_DATA";
     /// [`super::KernelLayout::sk_cookie`].
@@ -39,6 +43,15 @@ pub struct KernelLayout {
     /// `struct inet_connection_sock`, `icsk_ulp_ops` (an upper-layer protocol such as
     /// MPTCP's subflow or kTLS), read typed at insertion.
     pub icsk_ulp_ops: u32,
+    /// `struct tcp_sock`, `write_seq` (the end of what the application queued), read
+    /// typed at insertion: bytes queued before the socket was inserted (a TCP Fast
+    /// Open client's first write, held until the handshake ends) go by TCP, so the
+    /// socket must not redirect after them.
+    pub tcp_write_seq: u32,
+    /// `struct tcp_sock`, `fastopen_req`, read typed at insertion: set while a TCP Fast
+    /// Open `sendto`/`write` connects, which then sends its data by plain TCP after the
+    /// socket was inserted (net/ipv4/tcp.c, tcp_sendmsg_fastopen).
+    pub tcp_fastopen_req: u32,
     /// `struct sock`, `sk_user_data` (the `struct sk_psock *`, with flag bits), read
     /// with `bpf_probe_read_kernel` for the queue bound.
     pub sk_user_data: u32,
@@ -53,7 +66,11 @@ pub struct KernelLayout {
 impl KernelLayout {
     /// The fields every load needs: the insertion checks read them typed.
     pub const fn has_required(&self) -> bool {
-        self.sk_rcvlowat != 0 && self.sk_peek_off != 0 && self.icsk_ulp_ops != 0
+        self.sk_rcvlowat != 0
+            && self.sk_peek_off != 0
+            && self.icsk_ulp_ops != 0
+            && self.tcp_write_seq != 0
+            && self.tcp_fastopen_req != 0
     }
 
     /// A peer's ingress queue can be measured, so a bound can be enforced (given
@@ -86,6 +103,8 @@ pub const fn digest(layout: &KernelLayout, features: u32, host_netns: u64) -> u6
         layout.sk_rcvlowat as u64,
         layout.sk_peek_off as u64,
         layout.icsk_ulp_ops as u64,
+        layout.tcp_write_seq as u64,
+        layout.tcp_fastopen_req as u64,
         layout.sk_user_data as u64,
         layout.sk_cookie as u64,
         layout.psock_msg_tot_len as u64,
@@ -112,6 +131,10 @@ mod tests {
         l.sk_rcvlowat = 1;
         l.sk_peek_off = 2;
         l.icsk_ulp_ops = 3;
+        assert!(!l.has_required());
+        l.tcp_write_seq = 7;
+        assert!(!l.has_required());
+        l.tcp_fastopen_req = 8;
         assert!(l.has_required() && !l.can_bound());
         l.sk_user_data = 4;
         l.sk_cookie = 5;

@@ -32,6 +32,10 @@ static BYPASS_OFF_SK_PEEK_OFF: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static BYPASS_OFF_ICSK_ULP_OPS: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
+static BYPASS_OFF_TCP_WRITE_SEQ: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static BYPASS_OFF_TCP_FASTOPEN_REQ: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
 static BYPASS_OFF_SK_USER_DATA: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static BYPASS_OFF_SK_COOKIE: Global<u32> = Global::new(0);
@@ -62,6 +66,10 @@ pub(crate) struct Own {
     pub(crate) peek_off: i32,
     /// An upper-layer protocol is attached (`icsk_ulp_ops` set).
     pub(crate) ulp: bool,
+    /// `write_seq`: the end of what the application has queued.
+    pub(crate) write_seq: u32,
+    /// A TCP Fast Open send is connecting (`fastopen_req` set).
+    pub(crate) fastopen: bool,
 }
 
 /// The sock_ops context socket's own fields, read typed; `None` if the context has no
@@ -87,10 +95,20 @@ pub(crate) fn own(ops: *const bpf_sock_ops) -> Option<Own> {
             tp.add(BYPASS_OFF_ICSK_ULP_OPS.load() as usize)
                 .cast::<u64>(),
         );
+        let write_seq = read_volatile(
+            tp.add(BYPASS_OFF_TCP_WRITE_SEQ.load() as usize)
+                .cast::<u32>(),
+        );
+        let fastopen = read_volatile(
+            tp.add(BYPASS_OFF_TCP_FASTOPEN_REQ.load() as usize)
+                .cast::<u64>(),
+        );
         Some(Own {
             rcvlowat,
             peek_off,
             ulp: ulp != 0,
+            write_seq,
+            fastopen: fastopen != 0,
         })
     }
 }

@@ -138,13 +138,22 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
     {
         return Err(Skip::Ineligible);
     }
-    // A socket that already sent data by TCP (TCP Fast Open) must stay there: its later
-    // bytes would overtake those on the wire.
+    // A socket that already sent data by TCP (TCP Fast Open with data in the SYN) must
+    // stay there: its later bytes would overtake those on the wire.
     // SAFETY: context field load.
     if unsafe { read_volatile(addr_of!((*ctx.ops).data_segs_out)) } != 0 {
         return Err(Skip::Ineligible);
     }
     let own = kernel::own(ctx.ops).ok_or(Skip::Failed)?;
+    // Bytes already queued to TCP and not sent yet (a TCP Fast Open client's first
+    // write without a cookie waits for the handshake's end) go by TCP too: later
+    // redirected bytes would overtake them.
+    // A TCP Fast Open send that is connecting goes on in plain tcp_sendmsg once the
+    // handshake ends, with its data (net/ipv4/tcp.c, tcp_sendmsg_fastopen): those bytes
+    // never pass sk_msg, so this socket must never redirect after them.
+    if own.write_seq != snd_nxt || own.fastopen {
+        return Err(Skip::Ineligible);
+    }
     // An upper-layer protocol (an MPTCP subflow) owns the byte stream: never redirect
     // around it.
     if own.ulp {

@@ -225,6 +225,8 @@ impl Btf {
             sk_rcvlowat: get("sock", "sk_rcvlowat"),
             sk_peek_off: get("sock", "sk_peek_off"),
             icsk_ulp_ops: get("inet_connection_sock", "icsk_ulp_ops"),
+            tcp_write_seq: get("tcp_sock", "write_seq"),
+            tcp_fastopen_req: get("tcp_sock", "fastopen_req"),
             sk_user_data: get("sock", "sk_user_data"),
             sk_cookie: get("sock_common", "skc_cookie"),
             psock_msg_tot_len: get("sk_psock", "msg_tot_len"),
@@ -328,7 +330,7 @@ mod tests {
         assert!(Btf::parse(&b).is_err());
         let missing = Btf::parse(&sample()).unwrap().kernel_layout();
         assert_eq!(missing.0, KernelLayout::default());
-        assert_eq!(missing.1.len(), 6);
+        assert_eq!(missing.1.len(), 8);
     }
 
     #[test]

@@ -510,6 +510,8 @@ fn load_with(
         .override_global(globals::OFF_SK_RCVLOWAT, &l.sk_rcvlowat, true)
         .override_global(globals::OFF_SK_PEEK_OFF, &l.sk_peek_off, true)
         .override_global(globals::OFF_ICSK_ULP_OPS, &l.icsk_ulp_ops, true)
+        .override_global(globals::OFF_TCP_WRITE_SEQ, &l.tcp_write_seq, true)
+        .override_global(globals::OFF_TCP_FASTOPEN_REQ, &l.tcp_fastopen_req, true)
         .override_global(globals::OFF_SK_USER_DATA, &l.sk_user_data, true)
         .override_global(globals::OFF_SK_COOKIE, &l.sk_cookie, true)
         .override_global(globals::OFF_PSOCK_MSG_TOT_LEN, &l.psock_msg_tot_len, true)

@@ -204,7 +204,7 @@ fn server(listen: SocketAddr, ready: Option<PathBuf>, c: &Common) -> Result<Valu
         return if mptcp {
             trust::mptcp_server(&l, c.bytes)
         } else {
-            trust::tfo_server(&l, c.connections)
+            trust::tfo_server(&l, c.connections, c.hold_ms)
         };
     }
     let l = TcpListener::bind(listen).with_context(|| format!("listen on {listen}"))?;

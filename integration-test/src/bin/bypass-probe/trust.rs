@@ -365,11 +365,13 @@ pub fn special_listener(listen: SocketAddr, mptcp: bool, fastopen: bool) -> Resu
     Ok(s.into())
 }
 
-/// tfo, server: accepts `connections` connections, each carrying `bytes`.
-pub fn tfo_server(l: &TcpListener, connections: u64) -> Result<Value> {
+/// tfo, server: accepts `connections` connections, each carrying `bytes`, and reads
+/// each only after `hold_ms`, when everything sent has landed (by TCP or redirected).
+pub fn tfo_server(l: &TcpListener, connections: u64, hold_ms: u64) -> Result<Value> {
     let mut results = Vec::new();
     for _ in 0..connections {
         let (s, _) = l.accept().context("accept")?;
+        std::thread::sleep(Duration::from_millis(hold_ms));
         results.push(drain_server(s)?);
     }
     Ok(json!({"connections": results}))
