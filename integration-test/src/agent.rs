@@ -3,7 +3,8 @@
 //! if it left one.
 
 use std::{
-    io::Read,
+    io::{Read, Write as _},
+    net::TcpStream,
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Output, Stdio},
     sync::{Arc, Mutex},
@@ -11,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result, bail, ensure};
 use serde::Deserialize;
 
 /// How long `start` waits for the datapath to be attached.
@@ -409,6 +410,42 @@ pub fn remove_pins(pin_dir: &Path) -> Result<()> {
         std::fs::remove_dir(&dir).with_context(|| format!("remove {}", dir.display()))?;
     }
     std::fs::remove_dir(pin_dir).with_context(|| format!("remove {}", pin_dir.display()))
+}
+
+/// `GET path` on the agent's metrics server: status code and body.
+pub fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .with_context(|| format!("no HTTP status in {text:?}"))?;
+    Ok((
+        code,
+        text.split_once("\r\n\r\n")
+            .map_or("", |(_, b)| b)
+            .to_owned(),
+    ))
+}
+
+/// The value of one series on `/metrics`, e.g. `bypass_reconcile_errors_total{kind="watch"}`.
+pub fn metric(port: u16, series: &str) -> Result<f64> {
+    let (code, body) = http_get(port, "/metrics")?;
+    ensure!(code == 200, "/metrics answered {code}");
+    body.lines()
+        .find_map(|l| {
+            l.strip_prefix(series)
+                .and_then(|rest| rest.strip_prefix(' '))
+        })
+        .and_then(|v| v.trim().parse().ok())
+        .with_context(|| format!("no series {series} in /metrics:\n{body}"))
 }
 
 #[cfg(test)]

@@ -44,6 +44,7 @@ use kube_env::KubeEnv;
 use serde_json::{Value, json};
 use testbed::{
     Agent, AgentOpts, AgentStatus, ClientArgs, PeerClient, PeerServer, Proxy, ProxyOpts, TwoPods,
+    agent::{http_get, metric},
     iptables::{self, Family},
     preflight, run_client,
 };
@@ -316,42 +317,6 @@ fn kube_agent_opts(
     .chain(extra.iter().map(|s| (*s).to_owned()))
     .collect();
     opts
-}
-
-/// `GET path` on the agent's metrics server: status code and body.
-fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut text = String::new();
-    s.read_to_string(&mut text)?;
-    let code = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .with_context(|| format!("no HTTP status in {text:?}"))?;
-    Ok((
-        code,
-        text.split_once("\r\n\r\n")
-            .map_or("", |(_, b)| b)
-            .to_owned(),
-    ))
-}
-
-/// The value of one series on `/metrics`, e.g. `bypass_reconcile_errors_total{kind="watch"}`.
-fn metric(port: u16, series: &str) -> Result<f64> {
-    let (code, body) = http_get(port, "/metrics")?;
-    ensure!(code == 200, "/metrics answered {code}");
-    body.lines()
-        .find_map(|l| {
-            l.strip_prefix(series)
-                .and_then(|rest| rest.strip_prefix(' '))
-        })
-        .and_then(|v| v.trim().parse().ok())
-        .with_context(|| format!("no series {series} in /metrics:\n{body}"))
 }
 
 /// The etcd client URL of this cluster's API server, from its command line.

@@ -183,11 +183,15 @@ fn lockdown_loads_without_the_bound_and_says_so() -> Result<()> {
     let pods = two_pods()?;
     let lockdown = std::env::temp_dir().join(format!("bypass-lockdown-{}", pods.tag()));
     std::fs::write(&lockdown, "none integrity [confidentiality]\n")?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
     let agent = testbed::Agent::start(&testbed::AgentOpts {
         env: vec![(
             "BYPASS_LOCKDOWN_FILE".to_owned(),
             lockdown.display().to_string(),
         )],
+        extra_args: vec!["--metrics-addr".to_owned(), format!("127.0.0.1:{port}")],
         ..pods.agent_opts()
     });
     let _ = std::fs::remove_file(&lockdown);
@@ -204,6 +208,13 @@ fn lockdown_loads_without_the_bound_and_says_so() -> Result<()> {
     ensure!(
         st["features"]["order_no_resume"] == true && st["features"]["ulp_guard"] == true,
         "the guarantees that do not need probe reads must stay on: {st}"
+    );
+    use testbed::agent::metric;
+    ensure!(
+        metric(port, "bypass_feature{feature=\"queue_bound\"}")? == 0.0
+            && metric(port, "bypass_feature{feature=\"order_no_resume\"}")? == 1.0
+            && metric(port, "bypass_feature{feature=\"ulp_guard\"}")? == 1.0,
+        "/metrics does not show which guarantees are active"
     );
     ensure!(
         wait_for_log(&agent, "no bound on queued bytes"),
