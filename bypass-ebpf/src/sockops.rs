@@ -244,7 +244,7 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
             // The connector stays until its socket closes: a later accepting socket that
             // claims the same client end (a SNAT onto it) is then told apart by its
             // sequence numbers and counted.
-            let _ = BYPASS_LINKS.insert(
+            let linked = BYPASS_LINKS.insert(
                 &client.key,
                 Link {
                     server: state.key,
@@ -256,7 +256,10 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
                 },
                 BPF_ANY.into(),
             );
-            if let Some(stat) = Stat::paired(kind) {
+            // Without a link (no room) the pair takes TCP; the socket stays inserted.
+            if linked.is_ok()
+                && let Some(stat) = Stat::paired(kind)
+            {
                 stats::add(stat, 1);
             }
         }

@@ -1571,9 +1571,40 @@ fn k8s_opt_outs_hold_by_traffic() -> Result<()> {
     assert_byte_exact(&z, &bulk)?;
     assert_bypassed(&z, &bulk)?;
 
-    // The namespace label: out again.
+    // An established connection streaming when the opt-out lands (the namespace label)
+    // leaves the bypass too: its link is cut, both sides take TCP, byte-exact.
+    let flow = ClientArgs {
+        send: 6 << 20,
+        recv: 6 << 20,
+        msg_size: 16 << 10,
+        rate: 3 << 20,
+        ..ClientArgs::default()
+    };
+    let before = agent.stats()?;
+    let server = PeerServer::start(&pods.b, pods.b.v4_addr(5135), flow.total_connections())?;
+    let client = PeerClient::spawn(&pods.a, pods.b.v4_addr(5135), &flow)?;
+    std::thread::sleep(Duration::from_millis(500));
     c.label_namespace("bk-apps", EXCLUDE, Some("true"))?;
     wait_addrs(&pin, "namespace opted out", &BTreeSet::new())?;
+    let wire_cut = pods.wire_bytes()?;
+    let (client, server) = (client.wait()?, server.wait()?);
+    let after = agent.stats()?;
+    ensure!(
+        client.ok && server.ok && server.bytes_received == 6 << 20,
+        "{client:#?} {server:#?}"
+    );
+    ensure!(
+        after.redirected_bytes > before.redirected_bytes
+            && after.passed_bytes > before.passed_bytes
+            && pods.wire_bytes()? > wire_cut + (1 << 20),
+        "the established connection did not leave the bypass when its pod opted out: \
+         {before:?} -> {after:?}"
+    );
+    ensure!(
+        agent.stderr().contains("moved to TCP"),
+        "no log of the cut: {}",
+        agent.stderr()
+    );
     let w = exchange(
         &pods,
         &agent,

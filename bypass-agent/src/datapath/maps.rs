@@ -477,6 +477,31 @@ impl Pairings {
         )
     }
 
+    /// Removes the links of connections that touch `excluded` addresses — at either
+    /// end, or as the pod a loopback end's namespace belongs to (`pod_netns`: namespace
+    /// cookie → the pod address learned there). Both sockets of such a connection find
+    /// no link at their next send and take TCP from then on, so an opt-out also moves
+    /// established connections off the bypass. Returns how many went.
+    pub fn cut(
+        &mut self,
+        excluded: &BTreeSet<IpAddr>,
+        pod_netns: &HashMap<MapData, u64, IpKey>,
+    ) -> Result<usize, AgentError> {
+        if excluded.is_empty() {
+            return Ok(0);
+        }
+        let keys: std::collections::HashSet<IpKey> =
+            excluded.iter().map(|ip| ip_key(*ip)).collect();
+        let owners: std::collections::HashMap<u64, IpKey> =
+            pod_netns.iter().filter_map(Result::ok).collect();
+        let entries: Vec<(SockKey, Link)> = self.links.iter().filter_map(Result::ok).collect();
+        let mut cut = 0;
+        for key in links_to_cut(&entries, &keys, &owners) {
+            cut += gone(self.links.remove(&key), names::MAP_LINKS)?;
+        }
+        Ok(cut)
+    }
+
     /// Removes the entries of connecting sockets that are no longer in the SockHash:
     /// they closed while sock_ops was detached, so no state callback removed them. Only
     /// safe while sock_ops is detached (an insert adds the socket before its entries).
@@ -513,6 +538,25 @@ fn gone(r: Result<(), aya::maps::MapError>, map: &str) -> Result<usize, AgentErr
         Err(aya::maps::MapError::KeyNotFound) => Ok(0),
         Err(e) => Err(AgentError::bpf(format!("sweep {map}"), &e)),
     }
+}
+
+/// The links (by their client key) whose connection touches an address in `excluded`:
+/// an end of either socket, or the pod owning either socket's namespace.
+pub fn links_to_cut(
+    entries: &[(SockKey, Link)],
+    excluded: &std::collections::HashSet<IpKey>,
+    owners: &std::collections::HashMap<u64, IpKey>,
+) -> Vec<SockKey> {
+    let touches = |k: &SockKey| {
+        excluded.contains(&k.local_ip)
+            || excluded.contains(&k.remote_ip)
+            || owners.get(&k.netns).is_some_and(|ip| excluded.contains(ip))
+    };
+    entries
+        .iter()
+        .filter(|(client, link)| touches(client) || touches(&link.server))
+        .map(|(client, _)| *client)
+        .collect()
 }
 
 /// The keys whose socket is gone, in the order given.
@@ -596,6 +640,32 @@ mod tests {
             vec![k(1), k(3)]
         );
         assert!(stale_keys(&keys, |_| true).is_empty());
+    }
+
+    #[test]
+    fn links_touching_excluded_addresses_are_cut() {
+        let ip = |s: &str| ip_key(s.parse().unwrap());
+        let lo = ip("127.0.0.1");
+        let (a, b, c) = (ip("10.0.0.1"), ip("10.0.0.2"), ip("10.0.0.3"));
+        let key = |l, r, netns| SockKey::new(l, r, 1, 2, netns);
+        let link = |server: SockKey| Link {
+            server,
+            ..Link::default()
+        };
+        let entries = [
+            (key(a, b, 10), link(key(b, a, 20))),
+            (key(a, c, 10), link(key(c, a, 30))),
+            (key(lo, lo, 20), link(key(lo, lo, 20))),
+            (key(lo, lo, 30), link(key(lo, lo, 30))),
+        ];
+        let excluded: std::collections::HashSet<IpKey> = [b].into();
+        let owners: std::collections::HashMap<u64, IpKey> = [(10, a), (20, b), (30, c)].into();
+        assert_eq!(
+            links_to_cut(&entries, &excluded, &owners),
+            vec![key(a, b, 10), key(lo, lo, 20)],
+            "pod to pod with b, and b's own loopback; not a to c, nor c's loopback"
+        );
+        assert!(links_to_cut(&entries, &Default::default(), &owners).is_empty());
     }
 
     #[test]

@@ -13,7 +13,9 @@ mod pressure;
 mod rawlink;
 
 use std::{
+    collections::BTreeSet,
     fs::File,
+    net::IpAddr,
     os::{fd::AsFd as _, unix::fs::MetadataExt as _},
     path::PathBuf,
 };
@@ -31,7 +33,7 @@ use bypass_common::{
     layout::{self, features, globals},
     names::{
         MAP_CONNECTORS, MAP_CONTROL, MAP_EXCLUDED_ADDRS, MAP_LINKS, MAP_POD_ADDRS, MAP_POD_CIDRS,
-        MAP_SERVICE_CIDRS, MAP_SKIP_PORTS, MAP_SOCKETS, MAP_STATS, PIN_LINK_SOCKOPS,
+        MAP_POD_NETNS, MAP_SERVICE_CIDRS, MAP_SKIP_PORTS, MAP_SOCKETS, MAP_STATS, PIN_LINK_SOCKOPS,
         PIN_LINK_SOCKOPT, PINNED_MAPS, PROG_SKMSG, PROG_SOCKOPS, PROG_SOCKOPT,
     },
 };
@@ -391,6 +393,14 @@ impl Datapath {
     /// The address maps, to fill.
     pub fn pod_maps(&mut self) -> &mut PodMaps {
         &mut self.pod_maps
+    }
+
+    /// Ends the links of connections that touch `excluded` addresses (see
+    /// [`Pairings::cut`]): newly opted-out pods' established connections go to TCP.
+    pub fn cut_links(&mut self, excluded: &BTreeSet<IpAddr>) -> Result<usize, AgentError> {
+        let pod_netns = aya::maps::HashMap::try_from(maps::open_pinned(&self.pins, MAP_POD_NETNS)?)
+            .map_err(|e| AgentError::bpf(format!("open map {MAP_POD_NETNS}"), &e))?;
+        self.pairings.cut(excluded, &pod_netns)
     }
 
     /// The agent's own state word (kept across restarts).

@@ -397,6 +397,19 @@ impl Reconciler<'_> {
             metrics.error(ErrorKind::MapUpdate);
             error!(error = %e, "map update failed; retrying on the next pass");
         });
+        // Connections already established with a pod that just opted out leave the
+        // bypass too (each side's next send takes TCP).
+        if !plan.add_excluded.is_empty() {
+            let newly: BTreeSet<std::net::IpAddr> = plan.add_excluded.iter().copied().collect();
+            match dp.cut_links(&newly) {
+                Ok(0) => {}
+                Ok(n) => info!(connections = n, "opted-out pods' connections moved to TCP"),
+                Err(e) => {
+                    metrics.error(ErrorKind::MapUpdate);
+                    error!(error = %e, "could not end opted-out pods' links");
+                }
+            }
+        }
         if !plan.is_empty() {
             info!(
                 added_cidrs = plan.add_cidrs.len(),
