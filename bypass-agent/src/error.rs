@@ -79,9 +79,27 @@ pub enum AgentError {
         /// The kernel's answer.
         source: std::io::Error,
     },
+    /// The kernel is older than the datapath supports.
+    #[error(
+        "kernel {release} is older than 5.15: sock_ops cannot read a socket's network namespace (bpf_get_netns_cookie, Linux 5.15), which every bypass key carries; run the agent on Linux >= 5.15"
+    )]
+    KernelTooOld {
+        /// `uname -r`.
+        release: String,
+    },
+    /// The kernel was built without something the datapath needs.
+    #[error("kernel {release} has no {what}, and {why}: use a kernel built with it")]
+    KernelLacks {
+        /// `uname -r`.
+        release: String,
+        /// The missing facility.
+        what: &'static str,
+        /// What the datapath needs it for.
+        why: &'static str,
+    },
     /// The kernel lacks a feature.
     #[error(
-        "the kernel cannot {what} ({detail}): use a kernel >= 5.10 built with CONFIG_BPF_SYSCALL, CONFIG_CGROUP_BPF, CONFIG_BPF_STREAM_PARSER and CONFIG_DEBUG_INFO_BTF"
+        "the kernel cannot {what} ({detail}): use a kernel >= 5.15 built with CONFIG_BPF_SYSCALL, CONFIG_CGROUP_BPF, CONFIG_BPF_STREAM_PARSER and CONFIG_DEBUG_INFO_BTF"
     )]
     KernelSupport {
         /// The missing capability.
@@ -99,7 +117,7 @@ pub enum AgentError {
     },
     /// The verifier rejected a program.
     #[error(
-        "{action}: the kernel verifier rejected it ({detail}); this kernel lacks something the program needs (kernel >= 5.10 with BTF), log:\n{log}"
+        "{action}: the kernel verifier rejected it ({detail}); this kernel lacks something the program needs (kernel >= 5.15 with BTF), log:\n{log}"
     )]
     Verifier {
         /// What was attempted.

@@ -51,11 +51,14 @@ fn ten_at_once(pods: &TwoPods, agent: &Agent, port: u16) -> Result<(Report, Repo
         "more sockets inserted than fit: {after}"
     );
     // A connecting socket that does not fit is a failure; its accepting side then has no
-    // client in the map and is left out (skipped), not inserted alone.
+    // client in the map and is left out (skipped), not inserted alone. An accepting side
+    // whose client did fit may find the map full too (connections established faster
+    // than they are accepted, as under emulation): a failure as well.
     ensure!(
         grew("sockets_inserted") + grew("insert_failures") + grew("sockets_skipped") == 20
             && grew("insert_failures") >= 8
-            && grew("insert_failures") == grew("sockets_skipped"),
+            && grew("sockets_skipped") <= grew("insert_failures")
+            && grew("insert_failures") - grew("sockets_skipped") <= grew("sockets_inserted"),
         "every socket is inserted, counted as a failure, or (the accepting side of a \
          failure) skipped: {before} -> {after}"
     );

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use support::{
-    ProbeServer, agent_with, num, probe_pair, probe_report, spawn_probe_client, two_pods,
-    wait_for_log,
+    ProbeServer, agent_with, num, probe_pair, probe_report, queue_bound_off, spawn_probe_client,
+    two_pods, wait_for_log,
 };
 use testbed::preflight;
 
@@ -38,6 +38,9 @@ fn stalled_reader_queue_is_bounded() -> Result<()> {
     );
 
     let agent = agent_with(&pods, &["--max-queued-bytes", "4M"])?;
+    if queue_bound_off(&agent)?.is_some() {
+        return Ok(());
+    }
     let before = agent.status()?;
     let (c, s) = probe_pair(&pods, 5202, &FLOOD)?;
     let after = agent.status()?;
@@ -90,6 +93,9 @@ fn restarted_agent_applies_its_own_bound() -> Result<()> {
         &pods,
         &["--max-queued-bytes", "8M", "--detach-on-exit=false"],
     )?;
+    if queue_bound_off(&first)?.is_some() {
+        return Ok(());
+    }
     ensure!(num(&first.status()?, "max_queued_bytes") == 8 * MIB);
     first.stop()?;
     // The adopted datapath takes the new agent's bound.
@@ -119,6 +125,9 @@ fn slow_reader_byte_exact_and_stays_on_tcp() -> Result<()> {
     }
     let pods = two_pods()?;
     let agent = agent_with(&pods, &["--max-queued-bytes", "1M"])?;
+    if queue_bound_off(&agent)?.is_some() {
+        return Ok(());
+    }
     let before = agent.status()?;
     // The writer outruns a reader of 64 KiB every 500 us, hits the bound, falls back to
     // TCP; its pauses let the reader catch up, and it still stays on TCP.
@@ -203,7 +212,8 @@ fn lockdown_loads_without_the_bound_and_says_so() -> Result<()> {
                 .as_str()
                 .is_some_and(|s| s.contains("lockdown"))
             && num(&st, "max_queued_bytes") == 0,
-        "status does not say the bound is off and why: {st}"
+        "status does not say the bound is off and why: {st}\nagent log:\n{}",
+        agent.stderr()
     );
     ensure!(
         st["features"]["order_no_resume"] == true && st["features"]["ulp_guard"] == true,
@@ -235,12 +245,17 @@ fn lockdown_loads_without_the_bound_and_says_so() -> Result<()> {
         redirected >= 32 * MIB && wire < MIB,
         "not bypassed without the bound: redirected {redirected} B, wire {wire} B"
     );
-    // Without the override the same kernel loads with the bound.
+    // Without the override the same kernel loads with the bound, where its sockmap has
+    // the queue length (not 6.1: there only that reason remains).
     drop(agent);
     let bounded = agent_with(&pods, &[])?;
     let st = bounded.status()?;
+    let has_field = st["features"]["fionread"] == true;
+    let why = st["queue_bound_off"].as_str().unwrap_or("");
     ensure!(
-        st["features"]["queue_bound"] == true && st["queue_bound_off"].is_null(),
+        st["features"]["queue_bound"] == has_field
+            && (has_field && st["queue_bound_off"].is_null()
+                || !has_field && why.contains("msg_tot_len") && !why.contains("lockdown")),
         "{st}"
     );
     Ok(())
@@ -272,6 +287,11 @@ fn blocked_waitall_reader_never_sees_reordered_bytes() -> Result<()> {
     }
     let pods = two_pods()?;
     let agent = agent_with(&pods, &["--max-queued-bytes", "1M"])?;
+    // Without the bound this scenario cannot be built; the rule it checks (never back
+    // to redirects) is the same on every kernel.
+    if queue_bound_off(&agent)?.is_some() {
+        return Ok(());
+    }
     let dir = std::env::temp_dir().join(format!("{}-waitall", pods.tag()));
     std::fs::create_dir_all(&dir)?;
     let file = |n: &str| dir.join(n);

@@ -100,3 +100,65 @@ fn bpf_target() -> &'static str {
         "bpfel-unknown-none"
     }
 }
+
+/// Builds `bins` (`(package, binary)`) for `target`, another architecture, with Debian's
+/// cross compiler `gcc` as linker (and as the C compiler of build scripts such as ring's),
+/// in the profile of `opts`, into `<target dir>/cross` (a target directory of its own:
+/// no wait on the host builds' lock). aya-build builds the kernel object for the BPF
+/// target of the agent's byte order (`bpfel` for aarch64, as on x86_64) and embeds it
+/// as on the host. Returns the binaries' paths, in the order of `bins`.
+pub fn build_cross(
+    tools: &Tools,
+    opts: &Options,
+    target: &str,
+    gcc: &str,
+    bins: &[(&str, &str)],
+) -> Result<Vec<PathBuf>> {
+    let dir = workspace::target_dir()?.join("cross");
+    let mut cargo = tools.cargo()?;
+    cargo
+        .env("CARGO_TARGET_DIR", &dir)
+        .env(linker_var(target), gcc)
+        .env(format!("CC_{}", target.replace('-', "_")), gcc)
+        .args(["build", "--target", target]);
+    for (package, bin) in bins {
+        cargo.args(["--package", package, "--bin", bin]);
+    }
+    if !opts.debug {
+        cargo.arg("--release");
+    }
+    cmd::run(&mut cargo)?;
+    let profile = if opts.debug { "debug" } else { "release" };
+    let out: Vec<PathBuf> = bins
+        .iter()
+        .map(|(_, bin)| dir.join(target).join(profile).join(bin))
+        .collect();
+    for p in &out {
+        if !p.is_file() {
+            bail!("the build succeeded but {} is missing", p.display());
+        }
+        println!("build: {}", p.display());
+    }
+    Ok(out)
+}
+
+/// Cargo's variable for the linker of `target`.
+fn linker_var(target: &str) -> String {
+    format!(
+        "CARGO_TARGET_{}_LINKER",
+        target.to_ascii_uppercase().replace(['-', '.'], "_")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn linker_variable_of_a_target() {
+        assert_eq!(
+            linker_var("aarch64-unknown-linux-gnu"),
+            "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER"
+        );
+    }
+}

@@ -53,6 +53,23 @@ pub fn output(cmd: &mut Command) -> Result<String> {
     String::from_utf8(out.stdout).with_context(|| format!("`{}` printed non-UTF-8", display(cmd)))
 }
 
+/// Runs `cmd` quietly and returns its raw stdout; fails with its stderr unless it exits
+/// with 0.
+pub fn output_bytes(cmd: &mut Command) -> Result<Vec<u8>> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("could not start `{}`", display(cmd)))?;
+    if !out.status.success() {
+        bail!(
+            "`{}` failed: {}\n{}",
+            display(cmd),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim_end()
+        );
+    }
+    Ok(out.stdout)
+}
+
 /// The command line as a shell user would type it, with the variables we set in front.
 pub fn display(cmd: &Command) -> String {
     let envs = cmd.get_envs().filter_map(|(key, value)| {

@@ -12,6 +12,7 @@ mod demo;
 mod kube_env;
 mod setup;
 mod test;
+mod vm;
 mod workspace;
 
 use std::process::ExitCode;
@@ -39,6 +40,8 @@ enum Task {
     /// The bench (root): bypass vs normal path vs Unix-socket floor; writes results/latest
     /// (`--scenario mesh|clusterip`: through a sidecar chain or a ClusterIP DNAT).
     Bench(bench::Args),
+    /// The README's kernel table, from the `cargo xtask test --kernel NAME` results.
+    KernelTable,
     /// A real kube-apiserver and etcd on loopback (built once from the Go module proxy).
     KubeEnv {
         #[command(subcommand)]
@@ -61,6 +64,7 @@ fn main() -> ExitCode {
         Task::Test(args) => test::run(&args),
         Task::Demo(args) => demo::run(&args),
         Task::Bench(args) => bench::run(&args),
+        Task::KernelTable => vm::table::run(),
         Task::KubeEnv { action } => {
             let dir = kube_env::default_dir(workspace::root());
             match action {

@@ -40,6 +40,24 @@ pub fn run() -> Result<()> {
     ensure(Scope::All).map(drop)
 }
 
+/// Installs what a build for `target` (another architecture) and booting it need and is
+/// missing: the target's standard library, Debian's cross toolchain, the emulator.
+pub fn ensure_cross(target: &str) -> Result<()> {
+    let started = Instant::now();
+    let spec = ToolchainSpec::load()?;
+    let mut done = Vec::new();
+    toolchain::ensure_target(&spec.channel, target, &mut done)?;
+    packages::ensure_list(packages::cross(target), &mut done)?;
+    if !done.is_empty() {
+        eprintln!(
+            "setup: done for {target} ({:.0}s): {}",
+            started.elapsed().as_secs_f32(),
+            done.join("; ")
+        );
+    }
+    Ok(())
+}
+
 /// Installs what `scope` needs and is missing; prints one line saying what it did.
 pub fn ensure(scope: Scope) -> Result<Tools> {
     let started = Instant::now();

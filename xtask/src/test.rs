@@ -3,7 +3,7 @@
 //! the built agent; ends with `N passed, M failed` and fails on any failure. Privileged
 //! tests never skip: without root the task fails.
 
-mod summary;
+pub mod summary;
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},
@@ -21,6 +21,13 @@ use summary::Counts;
 pub struct Args {
     #[command(flatten)]
     pub build: build::Options,
+    /// Run the privileged tests on this kernel instead, booted in qemu from a Debian
+    /// package (see `cargo xtask kernel-table`): 6.1, 6.1-lockdown, 6.12, 5.10, 6.1-arm64.
+    #[arg(long)]
+    pub kernel: Option<String>,
+    /// Skip the kernels `cargo xtask test` boots after the host's tests.
+    #[arg(long)]
+    pub no_kernels: bool,
     /// Given to both test harnesses: a name filter, `--nocapture`, `--exact`, ...
     #[arg(last = true)]
     pub harness: Vec<String>,
@@ -37,6 +44,9 @@ pub fn run(args: &Args) -> Result<()> {
     }
     let tools = setup::ensure(setup::Scope::All)?;
     let agent = build::build_agent(&tools, &args.build)?;
+    if let Some(kernel) = &args.kernel {
+        return crate::vm::run(&tools, &agent, kernel, &args.harness).1;
+    }
 
     let mut counts = Counts::default();
     let mut failures = Vec::new();
@@ -80,6 +90,20 @@ pub fn run(args: &Args) -> Result<()> {
         );
     }
 
+    // The kernel matrix's share of every full run (the others on demand, `--kernel
+    // NAME`); a filtered run is about the host's tests.
+    if root && !args.no_kernels && args.harness.is_empty() {
+        println!("test: host {counts}");
+        for kernel in crate::vm::EVERY_RUN {
+            let (c, verdict) = crate::vm::run(&tools, &agent, kernel, &args.harness);
+            counts.passed += c.passed;
+            counts.failed += c.failed;
+            if let Err(e) = verdict {
+                failures.push(format!("kernel {kernel}: {e:#}"));
+            }
+        }
+    }
+    // The closing line: the host's tests and the kernels' together.
     println!("test: {counts}");
     if failures.is_empty() {
         return Ok(());

@@ -9,6 +9,7 @@ mod lock;
 mod maps;
 mod object;
 mod pins;
+mod preflight;
 mod pressure;
 mod rawlink;
 
@@ -100,10 +101,12 @@ impl LoadPlan {
         let mut f = 0;
         if !layout.can_bound() {
             f |= features::NO_QUEUE_FIELD;
-        } else if host::probe_reads_forbidden() {
+        }
+        if host::probe_reads_forbidden() {
             f |= features::NO_PROBE_READ;
-        } else {
-            f |= features::QUEUE_BOUND;
+        }
+        if f == 0 {
+            f = features::QUEUE_BOUND;
         }
         Ok(Self {
             layout,
@@ -128,14 +131,23 @@ impl LoadPlan {
 
 /// Why the queue bound is off, for logs and status; `None` when it is on.
 pub fn queue_bound_off_reason(features_bits: u32) -> Option<&'static str> {
-    if features_bits & features::QUEUE_BOUND != 0 {
-        None
-    } else if features_bits & features::NO_QUEUE_FIELD != 0 {
-        Some("this kernel's sockmap does not expose its queue length (sk_psock.msg_tot_len)")
-    } else if features_bits & features::NO_PROBE_READ != 0 {
-        Some("bpf_probe_read_kernel is unavailable (kernel lockdown, confidentiality mode)")
-    } else {
-        Some("not loaded with it")
+    const FIELD: &str =
+        "this kernel's sockmap does not expose its queue length (sk_psock.msg_tot_len)";
+    const LOCKDOWN: &str =
+        "bpf_probe_read_kernel is unavailable (kernel lockdown, confidentiality mode)";
+    let (field, lockdown) = (
+        features_bits & features::NO_QUEUE_FIELD != 0,
+        features_bits & features::NO_PROBE_READ != 0,
+    );
+    match (features_bits & features::QUEUE_BOUND != 0, field, lockdown) {
+        (true, _, _) => None,
+        (false, true, true) => Some(
+            "this kernel's sockmap does not expose its queue length (sk_psock.msg_tot_len), \
+             and bpf_probe_read_kernel is unavailable (kernel lockdown, confidentiality mode)",
+        ),
+        (false, true, false) => Some(FIELD),
+        (false, false, true) => Some(LOCKDOWN),
+        (false, false, false) => Some("not loaded with it"),
     }
 }
 
@@ -168,7 +180,11 @@ impl Datapath {
     /// this cgroup, or loads the embedded object and pins it. A fresh load is not
     /// attached yet: see [`Datapath::attach`]; an adopted one keeps its state.
     pub fn load(config: &Config) -> Result<Self, AgentError> {
+        preflight::check(&host::kernel_release())?;
         let cgroup = fs::open_cgroup2_dir(&config.cgroup)?;
+        fs::ensure_bpffs(&config.pin_dir)?;
+        let pins = PinLayout::new(&config.pin_dir);
+        let lock = lock::PinDirLock::acquire(&config.pin_dir)?;
         let plan = LoadPlan::detect()?;
         let identity = Identity {
             object: object::fingerprint() ^ plan.digest(),
@@ -181,9 +197,6 @@ impl Datapath {
                 })?
                 .ino(),
         };
-        fs::ensure_bpffs(&config.pin_dir)?;
-        let pins = PinLayout::new(&config.pin_dir);
-        let lock = lock::PinDirLock::acquire(&config.pin_dir)?;
 
         let pinned = pins::complete(&pins);
         let adopt = pinned && !config.reset && pinned_identity(&pins) == Some(identity);
@@ -609,8 +622,9 @@ fn kernel_layout() -> Result<KernelLayout, AgentError> {
             detail: what.join("; "),
         });
     }
+    // What is missing turns off an optional guarantee, reported once by the caller.
     for e in &missing {
-        warn!(error = %e, "kernel field not found in BTF");
+        tracing::debug!(error = %e, "kernel field not found in BTF");
     }
     Ok(layout)
 }

@@ -21,11 +21,52 @@ pub const PACKAGES: &[(&str, &str)] = &[
         "openssl",
         "certificates of the Kubernetes tests' API server",
     ),
+    (
+        "qemu-system-x86",
+        "the kernel matrix boots Debian kernels in qemu",
+    ),
+    ("kmod", "modprobe/depmod: the matrix kernels' modules"),
+    ("busybox-static", "the matrix VMs' initramfs"),
+    ("cpio", "packs that initramfs"),
+    ("xz-utils", "Debian's package indexes and modules"),
 ];
+
+/// What building for, and booting, another architecture takes, by Rust target: only
+/// the kernel matrix's runs on that architecture install them.
+pub const CROSS: &[(&str, &[(&str, &str)])] = &[(
+    "aarch64-unknown-linux-gnu",
+    &[
+        (
+            "gcc-aarch64-linux-gnu",
+            "links arm64 binaries, compiles ring's C",
+        ),
+        (
+            "libc6-dev-arm64-cross",
+            "the arm64 libc they link and run against",
+        ),
+        (
+            "qemu-system-arm",
+            "qemu-system-aarch64 boots the arm64 kernels",
+        ),
+    ],
+)];
+
+/// The packages a cross build for `target` needs (none for an unknown target).
+pub fn cross(target: &str) -> &'static [(&'static str, &'static str)] {
+    CROSS
+        .iter()
+        .find(|(t, _)| *t == target)
+        .map_or(&[], |(_, list)| *list)
+}
 
 /// Installs the missing packages (one `apt-get update` first); records it in `done`.
 pub fn ensure(done: &mut Vec<String>) -> Result<()> {
-    let names: Vec<&str> = PACKAGES.iter().map(|(name, _)| *name).collect();
+    ensure_list(PACKAGES, done)
+}
+
+/// [`ensure`] for the packages of `list`.
+pub fn ensure_list(list: &[(&str, &str)], done: &mut Vec<String>) -> Result<()> {
+    let names: Vec<&str> = list.iter().map(|(name, _)| *name).collect();
     if !cmd::on_path("dpkg-query") {
         bail!(
             "dpkg-query is not on PATH: this is not Debian; install these yourself: {}",
@@ -104,5 +145,15 @@ mod tests {
         let status = "iproute2 ii \nprocps rc \nutil-linux:amd64 ii \n";
         let names = ["iproute2", "procps", "util-linux", "qperf"];
         assert_eq!(not_installed(status, &names), ["procps", "qperf"]);
+    }
+
+    #[test]
+    fn cross_packages_by_target() {
+        let arm: Vec<&str> = cross("aarch64-unknown-linux-gnu")
+            .iter()
+            .map(|(n, _)| *n)
+            .collect();
+        assert!(arm.contains(&"gcc-aarch64-linux-gnu") && arm.contains(&"qemu-system-arm"));
+        assert!(cross("x86_64-unknown-linux-gnu").is_empty());
     }
 }

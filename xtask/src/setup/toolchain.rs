@@ -72,6 +72,36 @@ pub fn ensure(spec: &ToolchainSpec, done: &mut Vec<String>) -> Result<Toolchain>
     })
 }
 
+/// Adds the standard library of `target` to the toolchain unless it is there; records
+/// it in `done`.
+pub fn ensure_target(channel: &str, target: &str, done: &mut Vec<String>) -> Result<()> {
+    let installed = cmd::output(Command::new("rustup").args([
+        "target",
+        "list",
+        "--installed",
+        "--toolchain",
+        channel,
+    ]))?;
+    if has_target(&installed, target) {
+        return Ok(());
+    }
+    eprintln!("setup: adding target {target} to toolchain {channel}");
+    cmd::run_to_stderr(Command::new("rustup").args([
+        "target",
+        "add",
+        "--toolchain",
+        channel,
+        target,
+    ]))?;
+    done.push(format!("added target {target} to {channel}"));
+    Ok(())
+}
+
+/// Whether `rustup target list --installed` shows `target`.
+fn has_target(installed: &str, target: &str) -> bool {
+    installed.lines().any(|l| l.trim() == target)
+}
+
 /// The full name (`1.95.0-x86_64-unknown-linux-gnu`) under which `rustup toolchain list`
 /// shows `channel`.
 fn installed_name(list: &str, channel: &str) -> Option<String> {
@@ -120,6 +150,13 @@ mod tests {
         assert!(installed_name(LIST, "nightly").is_some());
         assert_eq!(installed_name(LIST, "1.95"), None);
         assert_eq!(installed_name(LIST, "1.96.0"), None);
+    }
+
+    #[test]
+    fn finds_installed_targets() {
+        let list = "aarch64-unknown-linux-gnu\nx86_64-unknown-linux-gnu\n";
+        assert!(has_target(list, "aarch64-unknown-linux-gnu"));
+        assert!(!has_target(list, "aarch64-unknown-linux-musl"));
     }
 
     #[test]

@@ -1,0 +1,98 @@
+//! Before anything is loaded: is this kernel one the datapath runs on? One line names
+//! the kernel and what it lacks, instead of a verifier log.
+//!
+//! Minimum kernel version: 5.15 — sock_ops programs may call `bpf_get_netns_cookie`
+//! from 5.15 on, and every SockHash key carries the socket's network namespace. Every
+//! other kernel facility the datapath needs is older: sockmap and sk_msg (4.17),
+//! socket-local storage (5.2), cgroup setsockopt hooks (5.3), cgroup bpf_link (5.7),
+//! `bpf_skc_to_tcp_sock` (5.9), a sock_ops context socket (5.10). What a build may
+//! leave out is probed: BTF, and sockmap (`CONFIG_BPF_STREAM_PARSER`).
+
+use std::os::fd::{FromRawFd as _, OwnedFd};
+
+use crate::error::AgentError;
+
+/// The oldest kernel the datapath loads on.
+pub const MIN_KERNEL: (u32, u32) = (5, 15);
+
+/// `major.minor` of a release string such as `6.1.0-50-amd64` or `5.15.0-91-generic`.
+pub fn parse_release(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+/// Whether `release` is at least [`MIN_KERNEL`] (unparseable: assumed new enough, and
+/// the load itself will tell).
+pub fn new_enough(release: &str) -> bool {
+    parse_release(release).is_none_or(|v| v >= MIN_KERNEL)
+}
+
+/// Checks the running kernel: version, BTF, sockmap.
+pub fn check(release: &str) -> Result<(), AgentError> {
+    if !new_enough(release) {
+        return Err(AgentError::KernelTooOld {
+            release: release.to_owned(),
+        });
+    }
+    if !std::path::Path::new(super::btf::VMLINUX_BTF).exists() {
+        return Err(AgentError::KernelLacks {
+            release: release.to_owned(),
+            what: "BTF (/sys/kernel/btf/vmlinux, CONFIG_DEBUG_INFO_BTF)",
+            why: "the programs' reads of socket fields are checked against it",
+        });
+    }
+    if !sockhash_supported() {
+        return Err(AgentError::KernelLacks {
+            release: release.to_owned(),
+            what: "sockmap (CONFIG_BPF_STREAM_PARSER, CONFIG_NET_SOCK_MSG)",
+            why: "sockets are redirected through a SockHash",
+        });
+    }
+    Ok(())
+}
+
+/// Whether a SockHash can be created (`BPF_MAP_CREATE`, then closed at once).
+fn sockhash_supported() -> bool {
+    const BPF_MAP_CREATE: libc::c_long = 0;
+    const BPF_MAP_TYPE_SOCKHASH: u32 = 18;
+    // map_create: map_type, key_size, value_size, max_entries.
+    let mut attr = [0u8; 128];
+    for (i, v) in [BPF_MAP_TYPE_SOCKHASH, 4, 4, 1].into_iter().enumerate() {
+        attr[i * 4..i * 4 + 4].copy_from_slice(&v.to_ne_bytes());
+    }
+    // SAFETY: bpf(2) with a zero-filled attribute buffer of the stated size.
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, BPF_MAP_CREATE, attr.as_mut_ptr(), attr.len()) };
+    if fd < 0 {
+        // EPERM is a privilege problem, reported by the load with its own message.
+        return std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+    }
+    // SAFETY: BPF_MAP_CREATE returned a new descriptor we own; dropping closes it.
+    drop(unsafe { OwnedFd::from_raw_fd(fd as i32) });
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn releases() {
+        assert_eq!(parse_release("6.1.0-50-amd64"), Some((6, 1)));
+        assert_eq!(parse_release("5.15.0-91-generic"), Some((5, 15)));
+        assert_eq!(parse_release("6.18.44-fc-v782"), Some((6, 18)));
+        assert_eq!(parse_release("garbage"), None);
+        assert!(!new_enough("5.10.0-35-amd64"));
+        assert!(!new_enough("4.19.0"));
+        assert!(new_enough("5.15.0"));
+        assert!(new_enough("6.1.0-50-amd64"));
+        assert!(new_enough("weird"));
+    }
+
+    #[test]
+    fn this_kernel_passes() {
+        // The machines the tests run on have what the datapath needs.
+        check(&super::super::host::kernel_release()).unwrap();
+    }
+}

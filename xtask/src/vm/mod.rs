@@ -1,0 +1,488 @@
+//! `cargo xtask test --kernel NAME`: the privileged tests on another kernel, booted in
+//! qemu (TCG; `BYPASS_VM_ACCEL=kvm` where KVM runs a guest) from a Debian kernel package, with the
+//! host's filesystem shared read-only (9p) under a tmpfs overlay, so the guest runs the
+//! very binaries the host built. The serial console carries the results back; they are
+//! counted like the host run's and kept in `results/kernels/NAME.json`, which
+//! `cargo xtask kernel-table` turns into the README's table. A kernel of another
+//! architecture (arm64) boots in that architecture's qemu and runs the smoke test, built
+//! for it, instead of the privileged tests (see `smoke`).
+
+mod arch;
+mod catalog;
+mod fetch;
+mod guest;
+mod initramfs;
+mod smoke;
+pub mod table;
+
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use serde_json::{Value, json};
+
+use crate::{cmd, setup::Tools, test::summary::Counts, workspace};
+pub use catalog::KERNELS;
+
+/// The test binaries run in a VM unless a filter says otherwise: all but the
+/// Kubernetes ones (a real API server under emulation takes too long).
+pub const DEFAULT_TESTS: [&str; 10] = [
+    "datapath",
+    "isolation",
+    "queue_bound",
+    "tcp_semantics",
+    "detach",
+    "restart",
+    "limits",
+    "socket_semantics",
+    "mesh",
+    "bad_input",
+];
+
+/// Tests left out of a VM run unless a filter names tests: they pass under emulation
+/// only with far longer limits than the host's (a thousand streams at once through
+/// TCG take more than the probe's two minutes).
+pub const SLOW_UNDER_EMULATION: [&str; 1] = ["thousand_concurrent_streams"];
+
+/// The harness arguments of a VM run: `harness`, and `--skip` for each
+/// [`SLOW_UNDER_EMULATION`] test unless `harness` names tests itself.
+pub fn vm_harness(harness: &[String]) -> Vec<String> {
+    let mut out = harness.to_vec();
+    if harness.iter().all(|a| a.starts_with("--")) {
+        for t in SLOW_UNDER_EMULATION {
+            out.extend(["--skip".to_owned(), t.to_owned()]);
+        }
+    }
+    out
+}
+
+/// The kernels every `cargo xtask test` boots after the host's tests: the one most
+/// operators run, and the refusal below the minimum.
+pub const EVERY_RUN: [&str; 2] = ["6.1", "5.10"];
+
+/// How long one VM may run.
+const TIMEOUT: Duration = Duration::from_secs(60 * 60);
+
+/// 64-bit FNV-1a, for cache tags.
+pub const fn fnv(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut i = 0;
+    while i < bytes.len() {
+        h ^= bytes[i] as u64;
+        h = h.wrapping_mul(0x100_0000_01b3);
+        i += 1;
+    }
+    h
+}
+
+/// What a VM run saw.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// Test counts from the console.
+    pub counts: Counts,
+    /// The kernel release the guest reported.
+    pub release: Option<String>,
+    /// `bypass-agent status --json` in the guest.
+    pub status: Option<Value>,
+    /// For a refusing kernel: exit code, stderr line count, last line.
+    pub refusal: Option<(i32, u32, String)>,
+    /// The run script's exit code.
+    pub exit: Option<i32>,
+    /// Names of failed tests.
+    pub failed: Vec<String>,
+    /// Names of passed tests.
+    pub passed: Vec<String>,
+    /// `bypass-smoke`'s result line, on a foreign architecture.
+    pub smoke: Option<Value>,
+}
+
+impl Outcome {
+    /// Takes one console line (markers may follow the console's escape codes).
+    fn line(&mut self, line: &str) {
+        self.counts.add_line(line);
+        let after = |marker: &str| line.find(marker).map(|i| &line[i + marker.len()..]);
+        if let Some(r) = after(guest::UP) {
+            self.release = Some(r.trim().to_owned());
+        } else if let Some(s) = after(guest::STATUS) {
+            self.status = serde_json::from_str(s.trim()).ok();
+        } else if let Some(r) = after(guest::REFUSAL) {
+            let mut parts = r.trim().splitn(3, ' ');
+            let code = parts.next().and_then(|c| c.parse().ok()).unwrap_or(-1);
+            let lines = parts.next().and_then(|c| c.parse().ok()).unwrap_or(0);
+            self.refusal = Some((code, lines, parts.next().unwrap_or("").to_owned()));
+        } else if let Some(s) = after(guest::SMOKE) {
+            self.smoke = serde_json::from_str(s.trim()).ok();
+            if let Some(status) = self.smoke.as_ref().map(|v| &v["status"])
+                && !status.is_null()
+            {
+                self.status = Some(status.clone());
+            }
+        } else if let Some(c) = after(guest::EXIT) {
+            self.exit = c.trim().parse().ok();
+        } else if let Some(t) = line
+            .strip_prefix("test ")
+            .and_then(|l| l.strip_suffix(" ... FAILED"))
+        {
+            self.failed.push(t.to_owned());
+        } else if let Some(t) = line
+            .strip_prefix("test ")
+            .and_then(|l| l.strip_suffix(" ... ok"))
+        {
+            self.passed.push(t.to_owned());
+        }
+    }
+}
+
+/// Runs the privileged tests (or the refusal check) on kernel `name`.
+/// Returns the counts (the refusal and the smoke test count as one test each) and the
+/// verdict; a run that could not start is a failed one.
+pub fn run(tools: &Tools, agent: &Path, name: &str, harness: &[String]) -> (Counts, Result<()>) {
+    match run_once(tools, agent, name, harness) {
+        Ok(done) => done,
+        Err(e) => (
+            Counts {
+                failed: 1,
+                ..Counts::default()
+            },
+            Err(e),
+        ),
+    }
+}
+
+fn run_once(
+    tools: &Tools,
+    agent: &Path,
+    name: &str,
+    harness: &[String],
+) -> Result<(Counts, Result<()>)> {
+    let Some(k) = catalog::find(name) else {
+        let known: Vec<&str> = KERNELS.iter().map(|k| k.name).collect();
+        bail!(
+            "no kernel {name} in the matrix; known: {}",
+            known.join(", ")
+        );
+    };
+    let Some(a) = arch::of(k.arch) else {
+        bail!(
+            "kernel {name} is {}: no way to boot that architecture here",
+            k.arch
+        );
+    };
+    let smoke = k.expect == catalog::Expect::Smoke;
+    let harness = &vm_harness(harness);
+    let cross = match (a.cross, smoke) {
+        (Some(cross), true) => Some(cross),
+        (None, false) => None,
+        (Some(_), false) => bail!(
+            "kernel {name} is {}: only the smoke test runs there (the privileged tests \
+             need the host's tools)",
+            k.arch
+        ),
+        (None, true) => bail!("kernel {name}: the smoke test is for a foreign architecture"),
+    };
+    let unpacked = fetch::kernel(k)?;
+    let busybox = fetch::busybox(k.arch, k.suites)?;
+    let init = guest::init(cross.is_some());
+    let initrd = initramfs::build(&unpacked, &busybox, a.modules, &init)?;
+    let dir = workspace::target_dir()?.join("vm").join(name);
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let script = dir.join("run.sh");
+    let (text, tests) = if let Some(cross) = &cross {
+        smoke::prepare(tools, agent, cross, &unpacked.modules)?
+    } else {
+        let tests = if k.expect == catalog::Expect::Refuses {
+            Vec::new()
+        } else {
+            test_binaries(tools)?
+        };
+        let env: Vec<(String, String)> = ["CI", "RUST_BACKTRACE"]
+            .iter()
+            .filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_owned(), v)))
+            .collect();
+        let text = guest::script(&guest::Run {
+            modules: &unpacked.modules.display().to_string(),
+            agent: &agent.display().to_string(),
+            refuses: k.expect == catalog::Expect::Refuses,
+            tests: &tests,
+            harness,
+            env: &env,
+        });
+        (text, tests)
+    };
+    std::fs::write(&script, text).with_context(|| format!("write {}", script.display()))?;
+    cmd::run(Command::new("chmod").arg("755").arg(&script))?;
+
+    eprintln!(
+        "kernel {name}: booting {} ({}) in qemu",
+        unpacked.package, unpacked.release
+    );
+    let started = Instant::now();
+    let mut outcome = boot(a, &unpacked.vmlinuz, &initrd, &script, k.cmdline)?;
+    let secs = started.elapsed().as_secs();
+    let result = judge(k, &outcome);
+    if smoke || k.expect == catalog::Expect::Refuses {
+        // One check: counted like one test, so the summary line says how it went.
+        if result.is_ok() {
+            outcome.counts.passed += 1;
+        } else {
+            outcome.counts.failed += 1;
+            outcome
+                .failed
+                .push(if smoke { "bypass-smoke" } else { "refusal" }.to_owned());
+        }
+    } else if result.is_err() && outcome.counts.failed == 0 {
+        // The run failed without a failed test (no boot, no status, no test ran).
+        outcome.counts.failed += 1;
+    }
+    save(k, &unpacked, &outcome, secs, harness, &tests)?;
+    println!(
+        "test: {} (kernel {name}, {}, {secs} s)",
+        outcome.counts,
+        outcome.release.as_deref().unwrap_or("did not boot")
+    );
+    Ok((outcome.counts, result))
+}
+
+/// Whether the run met what the kernel expects.
+fn judge(k: &catalog::Kernel, o: &Outcome) -> Result<()> {
+    if o.release.is_none() {
+        bail!("the guest never came up (see the console above)");
+    }
+    match k.expect {
+        catalog::Expect::Refuses => match &o.refusal {
+            Some((code, 1, line)) if *code != 0 && line.contains("older than 5.15") => Ok(()),
+            other => bail!(
+                "the agent should refuse kernel {} in one line: {other:?}",
+                k.name
+            ),
+        },
+        catalog::Expect::Loads => {
+            if o.status.is_none() {
+                bail!("the agent did not load (no status)");
+            }
+            if o.counts.failed > 0 || o.exit != Some(0) {
+                bail!(
+                    "{} failed on kernel {}: {}",
+                    o.counts.failed,
+                    k.name,
+                    o.failed.join(", ")
+                );
+            }
+            if o.counts.passed == 0 {
+                bail!("no test ran on kernel {}", k.name);
+            }
+            Ok(())
+        }
+        catalog::Expect::Smoke => smoke::judge(o.smoke.as_ref(), o.exit),
+    }
+}
+
+/// Boots the kernel with the initramfs and the run script; reads the console until the
+/// guest powers off (or the timeout).
+fn boot(
+    a: &arch::Arch,
+    vmlinuz: &Path,
+    initrd: &Path,
+    script: &Path,
+    cmdline: &str,
+) -> Result<Outcome> {
+    // TCG by default: on this project's machines /dev/kvm exists but does not run a
+    // guest (qemu's KVM start fails or spins). `BYPASS_VM_ACCEL=kvm` where it does
+    // (never for another architecture).
+    let tcg = "tcg,thread=multi".to_owned();
+    let accel = match std::env::var("BYPASS_VM_ACCEL") {
+        Ok(accel) if a.cross.is_none() => accel,
+        _ => tcg,
+    };
+    let cpu = if accel.starts_with("kvm") {
+        "host"
+    } else {
+        a.tcg_cpu
+    };
+    let mut qemu = Command::new(a.qemu);
+    qemu.args([
+        "-machine", a.machine, "-cpu", cpu, "-m", "4096", "-smp", "2",
+    ])
+    .args(["-accel", &accel])
+    .args(["-nographic", "-no-reboot", "-kernel"])
+    .arg(vmlinuz)
+    .arg("-initrd")
+    .arg(initrd)
+    .arg("-append")
+    .arg(format!(
+        "console={} quiet panic=-1 {cmdline} bypass_cmd={}",
+        a.console,
+        script.display()
+    ))
+    .args([
+        "-virtfs",
+        "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null());
+    cmd::echo(&qemu);
+    let mut child = qemu
+        .spawn()
+        .with_context(|| format!("start {} (install {})", a.qemu, a.qemu_package))?;
+    let stdout = child.stdout.take().context("qemu stdout")?;
+    let deadline = Instant::now() + TIMEOUT;
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        let mut r = BufReader::new(stdout);
+        let mut buf = Vec::new();
+        while r.read_until(b'\n', &mut buf).unwrap_or(0) > 0 {
+            let line = String::from_utf8_lossy(&buf)
+                .trim_end_matches(['\r', '\n'])
+                .to_owned();
+            if tx.send(line).is_err() {
+                break;
+            }
+            buf.clear();
+        }
+    });
+    let mut outcome = Outcome::default();
+    let mut out = std::io::stdout();
+    loop {
+        match rx.recv_timeout(Duration::from_secs(5)) {
+            Ok(line) => {
+                // The console's escape sequences and BIOS noise are of no use here.
+                let clean: String = line.chars().filter(|c| !c.is_control()).collect();
+                writeln!(out, "{clean}")?;
+                outcome.line(&clean);
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            bail!("the guest ran longer than {TIMEOUT:?}; killed it");
+        }
+    }
+    let _ = reader.join();
+    let _ = child.wait();
+    Ok(outcome)
+}
+
+/// `(name, executable)` of the integration test binaries to run, built first.
+fn test_binaries(tools: &Tools) -> Result<Vec<(String, String)>> {
+    let mut cargo = tools.cargo()?;
+    cargo.args([
+        "test",
+        "--package",
+        workspace::INTEGRATION_TEST,
+        "--no-run",
+        "--message-format=json",
+    ]);
+    cmd::echo(&cargo);
+    let text = cmd::output(&mut cargo)?;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let Ok(v) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        if v["reason"] != "compiler-artifact" || v["target"]["kind"] != json!(["test"]) {
+            continue;
+        }
+        let (Some(name), Some(exe)) = (v["target"]["name"].as_str(), v["executable"].as_str())
+        else {
+            continue;
+        };
+        if DEFAULT_TESTS.contains(&name) {
+            out.push((name.to_owned(), exe.to_owned()));
+        }
+    }
+    out.sort_by_key(|(n, _)| DEFAULT_TESTS.iter().position(|d| d == n));
+    if out.len() != DEFAULT_TESTS.len() {
+        bail!(
+            "found {} of the {} test binaries",
+            out.len(),
+            DEFAULT_TESTS.len()
+        );
+    }
+    Ok(out)
+}
+
+/// Where the results of kernel runs are kept.
+pub fn results_dir() -> PathBuf {
+    workspace::root().join("results").join("kernels")
+}
+
+fn save(
+    k: &catalog::Kernel,
+    u: &fetch::Unpacked,
+    o: &Outcome,
+    secs: u64,
+    harness: &[String],
+    tests: &[(String, String)],
+) -> Result<()> {
+    let dir = results_dir();
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let v = json!({
+        "kernel": k.name,
+        "note": k.note,
+        "package": u.package,
+        "release": o.release,
+        "cmdline": k.cmdline,
+        "expect": format!("{:?}", k.expect),
+        "status": o.status,
+        "refusal": o.refusal.as_ref().map(|(c, n, l)| json!({"code": c, "lines": n, "line": l})),
+        "arch": k.arch,
+        "smoke": o.smoke,
+        "passed": o.counts.passed,
+        "failed": o.counts.failed,
+        "failed_tests": o.failed,
+        "passed_tests": o.passed,
+        "tests": tests.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+        "filter": harness,
+        "seconds": secs,
+    });
+    let path = dir.join(format!("{}.json", k.name));
+    std::fs::write(&path, serde_json::to_string_pretty(&v)? + "\n")
+        .with_context(|| format!("write {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_smoke_line_carries_the_status() {
+        let mut o = Outcome::default();
+        o.line(&format!(
+            "{} {{\"pass\": true, \"status\": {{\"attached\": true}}}}",
+            guest::SMOKE
+        ));
+        assert_eq!(o.smoke.as_ref().map(|s| s["pass"] == true), Some(true));
+        assert_eq!(o.status, Some(json!({"attached": true})));
+        o.line(&format!("{} 0", guest::EXIT));
+        assert_eq!(o.exit, Some(0));
+    }
+
+    #[test]
+    fn slow_tests_skipped_unless_tests_are_named() {
+        let skip = vm_harness(&["--nocapture".to_owned()]);
+        assert_eq!(skip[0], "--nocapture");
+        assert!(
+            skip.windows(2)
+                .any(|w| w[0] == "--skip" && w[1] == SLOW_UNDER_EMULATION[0])
+        );
+        let named = vm_harness(&["thousand_concurrent".to_owned()]);
+        assert_eq!(named, ["thousand_concurrent"]);
+    }
+
+    #[test]
+    fn passed_and_failed_tests_are_named() {
+        let mut o = Outcome::default();
+        o.line("test a_b ... ok");
+        o.line("test c_d ... FAILED");
+        assert_eq!(
+            (o.passed, o.failed),
+            (vec!["a_b".to_owned()], vec!["c_d".to_owned()])
+        );
+    }
+}
