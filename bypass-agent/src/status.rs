@@ -72,6 +72,10 @@ pub struct Features {
     pub order_no_resume: bool,
     /// The setsockopt hook is attached.
     pub sockopt_hook: bool,
+    /// FIONREAD (`ioctl(SIOCINQ)`) counts redirected bytes: kernels whose sockmap keeps
+    /// its queue length (`sk_psock.msg_tot_len`, not 6.1); elsewhere it reports only
+    /// what came by TCP.
+    pub fionread: bool,
 }
 
 impl Features {
@@ -83,16 +87,18 @@ impl Features {
             ulp_guard: sockopt_hook,
             order_no_resume: true,
             sockopt_hook,
+            fionread: bits & bypass_common::layout::features::NO_QUEUE_FIELD == 0,
         }
     }
 
     /// `(name, on)` pairs, for text and metrics.
-    pub fn list(&self) -> [(&'static str, bool); 4] {
+    pub fn list(&self) -> [(&'static str, bool); 5] {
         [
             ("queue_bound", self.queue_bound),
             ("receive_options", self.receive_options),
             ("ulp_guard", self.ulp_guard),
             ("order_no_resume", self.order_no_resume),
+            ("fionread", self.fionread),
         ]
     }
 }

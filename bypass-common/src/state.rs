@@ -30,7 +30,7 @@ pub mod side {
 
 /// The storage value of one socket.
 ///
-/// 120 bytes, no padding (checked below).
+/// 136 bytes, no padding (checked below).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct SockState {
@@ -46,15 +46,35 @@ pub struct SockState {
     /// Non-zero once this socket asked for a receive option the ingress queue cannot
     /// honour (SO_RCVLOWAT > 1, SO_PEEK_OFF): its peer sends to it by TCP from then on.
     pub rx_tcp: u32,
+    /// Its `write_seq` when inserted. Only its sends through sk_msg that take the TCP
+    /// path advance it (a redirect queues nothing to TCP), and those end redirects for
+    /// good; so while it may redirect, a different `write_seq` means bytes went to TCP
+    /// past sk_msg (a `write` that blocked in plain `tcp_sendmsg` while the socket was
+    /// connecting, and completed after it was inserted), and later redirected bytes
+    /// would overtake them.
+    pub write_seq: u32,
+    /// [`flags`] bits.
+    pub flags: u32,
     /// Zero.
     pub reserved: u32,
     /// An upper bound on the bytes waiting in the peer's ingress queue: this socket is
     /// the only one that redirects to its peer, so the queue grows only by what it adds
     /// here; a read shrinks it. Measured again only when a send could cross the bound.
     pub queued: u64,
+    /// Its socket cookie (unique on the node, never reused): a [`Link`] is this
+    /// socket's only if it names this cookie on this socket's side.
+    pub cookie: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<SockState>() == 120);
+const _: () = assert!(core::mem::size_of::<SockState>() == 136);
+
+/// Bits of [`SockState::flags`].
+pub mod flags {
+    /// The socket was once in the SockHash, so it has (or had) a psock with an ingress
+    /// queue: redirected bytes may still wait there after a close or a disconnect, so
+    /// an upper-layer protocol must never be attached to it.
+    pub const INSERTED: u32 = 1;
+}
 const _: () = assert!(core::mem::align_of::<SockState>() == 8);
 
 /// How the two sockets of a bypassed connection were paired; each kind has its own
@@ -138,16 +158,18 @@ pub struct Link {
 const _: () = assert!(core::mem::size_of::<Link>() == 96);
 
 impl Link {
-    /// Whether this link is the one the socket with `state` belongs to: a client's
-    /// link is under its own key (so it is its own), a server's must name it as the
-    /// server (a link for a later connection on the same client key is not its).
+    /// Whether this link is the one the socket with `state` belongs to: it names the
+    /// socket's cookie on its side (a link left by an earlier socket with the same key,
+    /// or a map element reused for another connection, names another), and a server's
+    /// also names it as the server.
     #[inline(always)]
     pub const fn is_of(&self, state: &SockState) -> bool {
-        if state.side == side::SERVER {
+        let named = if state.side == side::SERVER {
             key_eq(&self.server, &state.key)
         } else {
             state.side == side::CLIENT
-        }
+        };
+        named && state.cookie != 0 && self.cookie[side::index(state.side)] == state.cookie
     }
 
     /// The key the socket with `state` redirects to.
@@ -240,6 +262,8 @@ pub enum PassReason {
     Unmeasurable,
     /// The redirect found no peer in the SockHash.
     NoPeer,
+    /// Bytes of this socket went to TCP past sk_msg (see [`SockState::write_seq`]).
+    WroteByTcp,
 }
 
 /// The first checks of sk_msg, before anything is read of the peer: `None` lets the
@@ -334,19 +358,46 @@ mod tests {
             key: key(1, 2, 10),
             link: key(1, 2, 10),
             side: side::CLIENT,
+            cookie: 7,
             ..SockState::default()
         };
         let server = SockState {
             key: key(2, 1, 20),
             link: key(1, 2, 10),
             side: side::SERVER,
+            cookie: 8,
             ..SockState::default()
         };
         let link = Link {
             server: server.key,
+            cookie: [7, 8],
             ..Link::default()
         };
         assert!(link.is_of(&client) && link.is_of(&server));
+        let stale = Link {
+            cookie: [6, 8],
+            ..link
+        };
+        assert!(
+            !stale.is_of(&client) && stale.is_of(&server),
+            "a link an earlier client left under the same key"
+        );
+        let reused = Link {
+            cookie: [7, 9],
+            ..link
+        };
+        assert!(!reused.is_of(&server), "another server with the same key");
+        let uncookied = SockState {
+            cookie: 0,
+            ..client
+        };
+        assert!(
+            !Link {
+                cookie: [0, 8],
+                ..link
+            }
+            .is_of(&uncookied)
+        );
         assert_eq!(link.target(&client), server.key);
         assert_eq!(link.target(&server), client.key);
         let older_server = SockState {
@@ -365,9 +416,13 @@ mod tests {
     fn precheck_order() {
         let state = SockState {
             side: side::CLIENT,
+            cookie: 3,
             ..SockState::default()
         };
-        let link = Link::default();
+        let link = Link {
+            cookie: [3, 4],
+            ..Link::default()
+        };
         assert_eq!(
             precheck(tx_mode::TCP, true, Some(&link), &state),
             Some(PassReason::AlreadyTcp)

@@ -20,7 +20,7 @@ use core::ptr::{addr_of, read_volatile};
 
 use aya_ebpf::{
     Global,
-    bindings::bpf_sock_ops,
+    bindings::{bpf_sock, bpf_sock_ops},
     helpers::{bpf_probe_read_kernel, generated::bpf_skc_to_tcp_sock},
 };
 use bypass_common::{layout::features, state::psock_of};
@@ -111,6 +111,25 @@ pub(crate) fn own(ops: *const bpf_sock_ops) -> Option<Own> {
             fastopen: fastopen != 0,
         })
     }
+}
+
+/// `write_seq` of the sk_msg context's socket (`msg->sk`), read typed; `None` if it
+/// is not a full TCP socket.
+#[inline(always)]
+pub(crate) fn write_seq(sk: *mut bpf_sock) -> Option<u32> {
+    // SAFETY: `sk` is the context's non-null socket; the helper returns a BTF pointer
+    // to its `struct tcp_sock`, or null.
+    let tp = unsafe { bpf_skc_to_tcp_sock(sk.cast()) }.cast::<u8>();
+    if tp.is_null() {
+        return None;
+    }
+    // SAFETY: a typed load at an offset the verifier checks against the kernel's BTF.
+    Some(unsafe {
+        read_volatile(
+            tp.add(BYPASS_OFF_TCP_WRITE_SEQ.load() as usize)
+                .cast::<u32>(),
+        )
+    })
 }
 
 #[inline(always)]

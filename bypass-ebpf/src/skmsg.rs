@@ -10,7 +10,7 @@
 use core::ptr::{addr_of, read_volatile};
 
 use aya_ebpf::{
-    bindings::{BPF_F_INGRESS, sk_action::SK_PASS},
+    bindings::{BPF_F_INGRESS, bpf_sock, sk_action::SK_PASS},
     helpers::generated::bpf_sk_storage_get,
     macros::sk_msg,
     programs::SkMsgContext,
@@ -74,7 +74,7 @@ fn try_redirect(ctx: &SkMsgContext, size: u64) -> Result<u32, PassReason> {
     // SAFETY: non-null storage of this socket, sized for a `SockState`. sk_msg runs under
     // the socket's lock (net/ipv4/tcp_bpf.c, tcp_bpf_sendmsg), so this is its only writer.
     let state = unsafe { &mut *state };
-    match decide(ctx, state, size) {
+    match decide(ctx, sk, state, size) {
         Ok(kind) => {
             state.tx_mode = tx_mode::REDIRECT;
             state.queued = state.queued.saturating_add(size);
@@ -97,16 +97,32 @@ fn try_redirect(ctx: &SkMsgContext, size: u64) -> Result<u32, PassReason> {
 // 512-byte BPF stack.
 #[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
-fn decide(ctx: &SkMsgContext, state: &mut SockState, size: u64) -> Result<u32, PassReason> {
+fn decide(
+    ctx: &SkMsgContext,
+    sk: *mut bpf_sock,
+    state: &mut SockState,
+    size: u64,
+) -> Result<u32, PassReason> {
     let enabled = BYPASS_CONTROL.get(control::SLOT_ENABLED).copied() == Some(control::ENABLED);
-    // SAFETY: a live map value, read in place.
-    let link = BYPASS_LINKS.get_ptr(&state.link).map(|p| unsafe { &*p });
-    if let Some(reason) = precheck(state.tx_mode, enabled, link, state) {
+    let ptr = BYPASS_LINKS.get_ptr(&state.link);
+    // Copied, then checked: links live in an LRU map, whose elements are reused at once
+    // (no RCU grace period), so one read in place could mix two connections' links.
+    // SAFETY: a live map value, copied.
+    let link = ptr.map(|p| unsafe { *p });
+    if let Some(reason) = precheck(state.tx_mode, enabled, link.as_ref(), state) {
         return Err(reason);
     }
-    let Some(link) = link else {
+    let (Some(link), Some(ptr)) = (link, ptr) else {
         return Err(PassReason::Unpaired);
     };
+    // Still this socket's link after the copy (it names this socket's unique cookie).
+    // SAFETY: a live map value, one field read.
+    if unsafe { (*ptr).cookie[side::index(state.side)] } != state.cookie {
+        return Err(PassReason::Unpaired);
+    }
+    if kernel::write_seq(sk) != Some(state.write_seq) {
+        return Err(PassReason::WroteByTcp);
+    }
     if kernel::bound_enabled() {
         let limit = u64::from(
             BYPASS_CONTROL

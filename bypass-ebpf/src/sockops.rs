@@ -31,7 +31,7 @@ use aya_ebpf::{
 use bypass_common::{
     Connector, IpKey, Link, SockKey, SockState, Stat,
     addr::{is_loopback, key_bytes},
-    state::{hop, is_other_end, options_need_tcp, side},
+    state::{flags, hop, is_other_end, options_need_tcp, side},
     tx_mode,
 };
 
@@ -44,6 +44,9 @@ use crate::{
     },
     stats,
 };
+
+/// `TCPHDR_SYN` (include/net/tcp.h), as `skb_tcp_flags` carries it.
+const TCP_FLAG_SYN: u32 = 0x02;
 
 /// Why a socket was not inserted.
 enum Skip {
@@ -121,6 +124,15 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
         return Err(Skip::NotOurs);
     }
     let key = key::from_sock_ops(ctx.ops, netns).ok_or(Skip::NotOurs)?;
+    // A connecting socket is established by the SYN-ACK it received; one in TCP_REPAIR
+    // mode is established with no packet at all, with whatever sequence numbers its
+    // owner set (net/ipv4/tcp_input.c, bpf_skops_established: no skb). Such a socket
+    // could pose as a pod's client with the numbers of a handshake it never took part
+    // in (another namespace's CAP_NET_ADMIN is enough): never insert it.
+    // SAFETY: context field load.
+    if active && unsafe { read_volatile(addr_of!((*ctx.ops).skb_tcp_flags)) } & TCP_FLAG_SYN == 0 {
+        return Err(Skip::Ineligible);
+    }
     let (snd_nxt, rcv_nxt) = key::sequence(ctx.ops);
     let local_pod = is_pod_address(&key.local_ip);
     if local_pod {
@@ -198,6 +210,8 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
     state.tx_mode = tx_mode::UNDECIDED;
     state.queued = 0;
     state.rx_tcp = u32::from(options_need_tcp(own.rcvlowat, own.peek_off));
+    state.write_seq = own.write_seq;
+    state.cookie = cookie;
     // The state callback withdraws what the socket published when it closes, so the
     // maps cannot fill with dead sockets (include/uapi/linux/bpf.h,
     // BPF_SOCK_OPS_STATE_CB).
@@ -215,6 +229,7 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
     {
         return Err(Skip::Failed);
     }
+    state.flags |= flags::INSERTED;
     match client {
         None => {
             state.link = state.key;
@@ -257,10 +272,19 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
                 BPF_ANY.into(),
             );
             // Without a link (no room) the pair takes TCP; the socket stays inserted.
-            if linked.is_ok()
-                && let Some(stat) = Stat::paired(kind)
-            {
-                stats::add(stat, 1);
+            if linked.is_ok() {
+                // The client may have asked for a receive option between our read of
+                // its connector and the link's insert: it wrote the connector then, and
+                // finds the link from now on.
+                if connector_rx_tcp(&client.key) {
+                    if let Some(l) = BYPASS_LINKS.get_ptr_mut(&client.key) {
+                        // SAFETY: a live map value; only its client's flag is written.
+                        unsafe { (*l).rx_tcp[0] = 1 };
+                    }
+                }
+                if let Some(stat) = Stat::paired(kind) {
+                    stats::add(stat, 1);
+                }
             }
         }
     }
@@ -271,19 +295,37 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
 /// numbers cross with its own.
 #[inline(always)]
 fn find_client(key: &SockKey, snd_nxt: u32, rcv_nxt: u32) -> Option<Client> {
-    let connector = BYPASS_CONNECTORS.get_ptr(key.remote_end())?;
+    let ptr = BYPASS_CONNECTORS.get_ptr(key.remote_end())?;
     // SAFETY: a live map value, read in place.
-    let connector = unsafe { &*connector };
+    let connector = unsafe { &*ptr };
     if !is_other_end(connector, snd_nxt, rcv_nxt) {
         stats::add(Stat::PairRejected, 1);
         return None;
     }
-    Some(Client {
+    let client = Client {
         key: connector.key,
         sk: connector.sk,
         cookie: connector.cookie,
         rx_tcp: connector.rx_tcp,
-    })
+    };
+    // Connectors live in an LRU map, whose elements are reused at once: the fields
+    // copied above are the proven client's only if the sequence numbers still are.
+    // SAFETY: as above.
+    if !is_other_end(unsafe { &*ptr }, snd_nxt, rcv_nxt) {
+        stats::add(Stat::PairRejected, 1);
+        return None;
+    }
+    Some(client)
+}
+
+/// Whether the connector of the client with `key` records a receive option.
+#[inline(always)]
+fn connector_rx_tcp(key: &SockKey) -> bool {
+    match BYPASS_CONNECTORS.get_ptr(&key.local_end()) {
+        // SAFETY: a live map value, read in place.
+        Some(c) => unsafe { (*c).key == *key && (*c).rx_tcp != 0 },
+        None => false,
+    }
 }
 
 /// Removes the connector entry at `end` if it is still `owner`'s.

@@ -1,7 +1,7 @@
 //! cgroup setsockopt: runs before the kernel applies any setsockopt in the cgroup. Only
 //! inserted sockets are looked at; every other call passes untouched.
 //!
-//! - `TCP_ULP` on an inserted socket is refused (EPERM). An upper-layer protocol would
+//! - `TCP_ULP` on a socket that was ever inserted is refused (EPERM). An upper-layer protocol would
 //!   see its bytes redirected around it: kTLS runs the sk_msg verdict on the plaintext
 //!   record before encrypting (net/tls/tls_sw.c, bpf_exec_tx_verdict), so a redirect
 //!   hands the peer plaintext where TCP carries a TLS record, and a kTLS receiver reads
@@ -20,7 +20,7 @@ use aya_ebpf::{
 };
 use bypass_common::{
     SockState, Stat,
-    state::{options_need_tcp, side},
+    state::{flags, options_need_tcp, side},
 };
 
 use crate::{
@@ -82,12 +82,15 @@ fn check(ctx: &SockoptContext) -> i32 {
     // SAFETY: non-null storage of this socket, sized for a `SockState`; the hook runs
     // under the socket's lock.
     let state = unsafe { &mut *state };
-    if state.side == side::NONE {
-        return 1;
-    }
-    if ulp {
+    // Once inserted, a socket keeps its psock, and redirected bytes may wait in its
+    // ingress queue, until it is freed: also after a close or a disconnect
+    // (connect(AF_UNSPEC)) that took it out of the map.
+    if ulp && (state.side != side::NONE || state.flags & flags::INSERTED != 0) {
         stats::add(Stat::UlpRefused, 1);
         return 0;
+    }
+    if ulp || state.side == side::NONE {
+        return 1;
     }
     let Some(value) = int_value(ctx) else {
         return 1;

@@ -47,3 +47,19 @@ pub fn preflight(test: &str) -> Result<bool> {
     eprintln!("SKIPPED {test}: {}", m.join("; "));
     Ok(false)
 }
+
+/// [`preflight`], and iptables/ip6tables must work in a namespace (the tests that write
+/// rules: under CI a failure, else a skip).
+pub fn preflight_iptables(test: &str) -> Result<bool> {
+    if !preflight(test)? {
+        return Ok(false);
+    }
+    if let Some(why) = crate::iptables::missing() {
+        if in_ci() {
+            bail!("{test}: cannot run under CI: {why}");
+        }
+        eprintln!("SKIPPED {test}: {why}");
+        return Ok(false);
+    }
+    Ok(true)
+}

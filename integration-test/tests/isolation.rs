@@ -11,62 +11,15 @@ use std::{
     net::{IpAddr, SocketAddr},
     os::unix::fs::MetadataExt as _,
     os::unix::process::CommandExt as _,
-    path::{Path, PathBuf},
     process::Command,
-    time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, bail, ensure};
+use anyhow::{Context as _, Result, ensure};
 use support::{
-    ProbeServer, agent_with, grew, num, probe_client, probe_report, spawn_probe_client, two_pods,
+    ProbeServer, Steps, agent_with, grew, num, probe_client, probe_report, spawn_probe_client,
+    two_pods,
 };
-use testbed::{TwoPods, cmd, preflight};
-
-/// Files a test uses to step probes, in a directory removed on drop.
-struct Steps {
-    dir: PathBuf,
-}
-
-impl Steps {
-    fn new(pods: &TwoPods, what: &str) -> Result<Self> {
-        let dir = std::env::temp_dir().join(format!("{}-{what}", pods.tag()));
-        std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
-        Ok(Self { dir })
-    }
-
-    fn file(&self, name: &str) -> PathBuf {
-        self.dir.join(name)
-    }
-
-    fn arg(&self, name: &str) -> String {
-        self.file(name).display().to_string()
-    }
-
-    fn touch(&self, name: &str) -> Result<()> {
-        std::fs::write(self.file(name), b"").context("touch")
-    }
-
-    fn wait(&self, name: &str) -> Result<()> {
-        wait_file(&self.file(name))
-    }
-}
-
-impl Drop for Steps {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn wait_file(p: &Path) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !p.exists() {
-        if Instant::now() > deadline {
-            bail!("{} did not appear within 30 s", p.display());
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    Ok(())
-}
+use testbed::{cmd, iptables, preflight};
 
 fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| (*s).to_owned()).collect()
@@ -305,6 +258,111 @@ fn attacker_namespace_cannot_take_or_receive_a_pod_connection_ipv6() -> Result<(
         return Ok(());
     }
     attacker_takes_the_tuple(true, 5611)
+}
+
+/// Another namespace forges the victim client's end with TCP_REPAIR: a socket bound to
+/// the client's address and port, "connected" to the server's with the client's own
+/// sequence numbers (what such a namespace could guess: they are a keyed hash of the
+/// addresses plus a clock), established without a packet. It is made while the victim
+/// server's handshake is held open (its last ACK dropped in the server's namespace),
+/// so the server pairs only after the forgery exists. The victim client must still get
+/// every byte the server sends, redirected, and the forger must read nothing.
+#[test]
+fn forged_repair_socket_cannot_pose_as_a_pods_client() -> Result<()> {
+    if !testbed::require::preflight_iptables("forged_repair_socket_cannot_pose_as_a_pods_client")? {
+        return Ok(());
+    }
+    let pods = two_pods()?;
+    let agent = agent_with(&pods, &[])?;
+    let port = 5614u16;
+    let server_end = pods.b.v4_addr(port);
+    let client_end = SocketAddr::new(IpAddr::V4(pods.a.ipv4()), port + 30_000);
+    let steps = Steps::new(&pods, "forge")?;
+    let x = pods.private_namespace("x")?;
+    for ip in [pods.a.ipv4(), pods.b.ipv4()] {
+        x.ip(&["addr", "add", &format!("{ip}/32"), "dev", "lo"])?;
+    }
+    // The handshake's last ACK (flags ACK alone) to the server port is dropped: the
+    // client is established, the server waits in SYN_RECV and sends its SYN-ACK again.
+    let hold: Vec<String> = strings(&[
+        "INPUT",
+        "-p",
+        "tcp",
+        "--dport",
+        &port.to_string(),
+        "--tcp-flags",
+        "SYN,ACK,FIN,RST",
+        "ACK",
+        "-j",
+        "DROP",
+    ]);
+    let rule = |op: &str| {
+        let mut r = vec![op.to_owned()];
+        r.extend(hold.iter().cloned());
+        iptables::run(pods.b.netns(), iptables::Family::V4, &r)
+    };
+    rule("-I")?;
+    let before = agent.stats()?;
+    let server = ProbeServer::start(
+        &pods.b,
+        server_end,
+        &strings(&["--case", "forge", "--bytes", "1M"]),
+    )?;
+    let victim = spawn_probe_client(
+        &pods.a,
+        server_end,
+        &strings(&[
+            "--case",
+            "forge",
+            "--bytes",
+            "1M",
+            "--bind",
+            &client_end.to_string(),
+            "--mark-file",
+            &steps.arg("seq"),
+        ]),
+    )?;
+    let forger = spawn_probe_client(
+        &x,
+        server_end,
+        &strings(&[
+            "--case",
+            "forge-attacker",
+            "--bind",
+            &client_end.to_string(),
+            "--go-file",
+            &steps.arg("seq"),
+            "--mark-file",
+            &steps.arg("forged"),
+        ]),
+    )?;
+    let forged = steps.wait("forged");
+    rule("-D")?;
+    forged?;
+    let v = probe_report(victim)?;
+    let f = probe_report(forger)?;
+    let s = server.wait()?;
+    let after = agent.stats()?;
+    eprintln!(
+        "victim {v}, forger {f}, server {s}; inserted +{}, paired +{}, redirected +{} B",
+        grew(&before, &after, |s| s.sockets_inserted),
+        grew(&before, &after, |s| s.paired_pod),
+        grew(&before, &after, |s| s.redirected_bytes)
+    );
+    ensure!(
+        num(&f, "received") == 0,
+        "the forged socket read the victim server's bytes: {f}"
+    );
+    ensure!(
+        v["ok"] == true && num(&v, "received") == 1 << 20,
+        "the victim client lost bytes: {v}"
+    );
+    ensure!(
+        grew(&before, &after, |s| s.paired_pod) == 1
+            && grew(&before, &after, |s| s.redirected_bytes) >= 1 << 20,
+        "the victim's connection was not paired and redirected: {after:?}"
+    );
+    Ok(())
 }
 
 /// With bridge, flannel or kubenet CNIs the node's gateway address (the bridge's) lies

@@ -28,7 +28,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, bail, ensure};
+use anyhow::{Context as _, Result, ensure};
 use bypass_common::{
     Endpoint, SockKey,
     names::{MAP_CONNECTORS, MAP_LINKS, MAP_SOCKETS},
@@ -38,8 +38,7 @@ use testbed::{
     Agent, AgentOpts, AgentStatus, ClientArgs, PeerClient, PeerServer, Proxy, ProxyOpts, Report,
     TwoPods,
     iptables::{self, ClusterIp, Family},
-    mapkeys, preflight,
-    require::in_ci,
+    mapkeys,
     topology::Pod,
 };
 
@@ -55,20 +54,9 @@ const PROXY_MARK: u32 = 0x539;
 /// A port of the default `--skip-ports` (Istio's health port).
 const ISTIO_HEALTH_PORT: u16 = 15021;
 
-/// The usual preflight, and iptables/ip6tables must work (under CI a failure, else a
-/// skip).
+/// The usual preflight, and iptables/ip6tables must work.
 fn mesh_preflight(test: &str) -> Result<bool> {
-    if !preflight(test)? {
-        return Ok(false);
-    }
-    if let Some(why) = iptables::missing() {
-        if in_ci() {
-            bail!("{test}: cannot run under CI: {why}");
-        }
-        eprintln!("SKIPPED {test}: {why}");
-        return Ok(false);
-    }
-    Ok(true)
+    testbed::require::preflight_iptables(test)
 }
 
 /// The agent on `pods` with extra `run` flags.

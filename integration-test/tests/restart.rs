@@ -135,8 +135,11 @@ fn sigkill_mid_100_streams_then_restart_adopts() -> Result<()> {
         num(&end, "redirected_bytes") > num(&in_gap, "redirected_bytes"),
         "redirected_bytes stopped growing after the restart: {end}"
     );
+    // Every byte redirected, across both agents, but a connection whose client wrote
+    // before it was paired (a race with the end of the handshake): that one goes by TCP.
     ensure!(
-        num(&end, "redirected_bytes") >= payload && num(&end, "passed_bytes") == 0,
+        num(&end, "redirected_bytes") + num(&end, "passed_bytes") >= payload
+            && (num(&end, "passed_bytes") == 0 || num(&end, "unpaired_sends") > 0),
         "every byte should have been redirected, across both agents: {end}"
     );
     ensure!(
@@ -193,9 +196,22 @@ fn upgrade_replaces_programs_old_connections_finish() -> Result<()> {
         pinned_u32(&control_pin, control::SLOT_OBJECT_LO)? == ours,
         "the new datapath does not carry its own fingerprint"
     );
+    // The log line comes at load; the new programs' attachment (and the old ones'
+    // release) follows within moments.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let attached = loop {
+        let now = (
+            sockops_attached(pods.cgroup())?,
+            sockopt_attached(pods.cgroup())?,
+        );
+        if now == (1, 1) || std::time::Instant::now() > deadline {
+            break now;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
     ensure!(
-        sockops_attached(pods.cgroup())? == 1 && sockopt_attached(pods.cgroup())? == 1,
-        "old and new programs both attached (or neither)"
+        attached == (1, 1),
+        "old and new programs both attached (or neither): sock_ops, setsockopt {attached:?}"
     );
     // The connections opened under the old programs finish byte-exact, by TCP: the
     // released datapath's redirects were switched off, so no program keeps

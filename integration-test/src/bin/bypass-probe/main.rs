@@ -20,6 +20,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::{Value, json};
+mod handshake;
 mod trust;
 
 use testbed::peer::{
@@ -81,6 +82,9 @@ enum Case {
     WaitallAfterBound,
     /// Both sides: setsockopt(TCP_ULP, "tls") after connect/accept, then --bytes each way.
     Ulp,
+    /// Client: connect(AF_UNSPEC) once connected, then setsockopt(TCP_ULP, "tls").
+    /// Server: reads until the client is gone.
+    UlpAfterDisconnect,
     /// Client: common setsockopts (and two longer than a page) on the connected socket
     /// and a fresh one; then --bytes.
     Sockopts,
@@ -88,6 +92,16 @@ enum Case {
     Tfo,
     /// An MPTCP connection: --bytes each way.
     Mptcp,
+    /// Client: a thread's write of --bytes blocks while connecting (the test holds the
+    /// handshake), --mark-file once it waits; --bytes more once it returned, then
+    /// --go-file. Server: as hold.
+    ConnectWrite,
+    /// Client (the victim): reads its own sequence numbers through TCP_REPAIR into
+    /// --mark-file, then reads and verifies --bytes. Server: sends --bytes.
+    Forge,
+    /// Client only (the attacker): a TCP_REPAIR socket from --bind to --connect with
+    /// the sequence numbers in --go-file, --mark-file, then reads for 3 s.
+    ForgeAttacker,
 }
 
 #[derive(Debug, clap::Args)]
@@ -276,11 +290,13 @@ fn server(listen: SocketAddr, ready: Option<PathBuf>, c: &Common) -> Result<Valu
             Ok(json!({"received": r.bytes, "ok": r.ok}))
         }
         Case::SpliceRecv => splice_recv_server(&s),
-        Case::Hold => trust::hold_server(s, &c.steps()),
+        Case::Hold | Case::ConnectWrite => trust::hold_server(s, &c.steps()),
+        Case::Forge => handshake::push_server(s, &c.steps()),
         Case::WaitallAfterBound => trust::waitall_server(s, &c.steps()),
         Case::Ulp => trust::ulp_server(s, &c.steps()),
+        Case::UlpAfterDisconnect => trust::until_closed_server(s),
         Case::Sockopts => trust::drain_server(s),
-        Case::Burst | Case::Tfo | Case::Mptcp => unreachable_case(),
+        Case::Burst | Case::Tfo | Case::Mptcp | Case::ForgeAttacker => unreachable_case(),
     }
 }
 
@@ -535,6 +551,11 @@ fn client(connect: SocketAddr, c: &Common) -> Result<Value> {
         Case::Burst => return burst_client(connect, c),
         Case::Tfo => return trust::tfo_client(connect, c.connections, c.bytes),
         Case::Mptcp => return trust::mptcp_client(connect, c.bytes),
+        Case::ConnectWrite => return handshake::connect_write_client(connect, &c.steps()),
+        Case::ForgeAttacker => {
+            let bind = c.bind.context("forge-attacker needs --bind")?;
+            return handshake::forge_attacker(connect, bind, &c.steps());
+        }
         _ => {}
     }
     let mut s = trust::connect(connect, c.bind)?;
@@ -691,10 +712,14 @@ fn client(connect: SocketAddr, c: &Common) -> Result<Value> {
             wait_closed(&mut s)
         }
         Case::Hold => trust::hold_client(s, &c.steps()),
+        Case::Forge => handshake::forge_victim(s, &c.steps()),
         Case::WaitallAfterBound => trust::waitall_client(s, &c.steps()),
         Case::Ulp => trust::ulp_client(s, &c.steps()),
+        Case::UlpAfterDisconnect => trust::ulp_after_disconnect_client(s),
         Case::Sockopts => trust::sockopts_client(s, &c.steps()),
-        Case::Burst | Case::Tfo | Case::Mptcp => unreachable_case(),
+        Case::Burst | Case::Tfo | Case::Mptcp | Case::ConnectWrite | Case::ForgeAttacker => {
+            unreachable_case()
+        }
     }
 }
 

@@ -231,6 +231,37 @@ pub fn ulp_client(mut s: TcpStream, st: &Steps<'_>) -> Result<Value> {
     Ok(r)
 }
 
+/// ulp-after-disconnect, client: once connected (and inserted, if bypassed), disconnect
+/// with connect(AF_UNSPEC), then ask for the TLS upper-layer protocol.
+pub fn ulp_after_disconnect_client(s: TcpStream) -> Result<Value> {
+    std::thread::sleep(Duration::from_millis(50));
+    // SAFETY: an all-zero sockaddr with family AF_UNSPEC, of the length passed.
+    let r = unsafe {
+        let mut sa: libc::sockaddr = std::mem::zeroed();
+        sa.sa_family = libc::AF_UNSPEC as libc::sa_family_t;
+        libc::connect(
+            s.as_raw_fd(),
+            &raw const sa,
+            std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error()).context("connect(AF_UNSPEC)");
+    }
+    Ok(json!({"ulp": set_ulp_tls(&s), "ok": true}))
+}
+
+/// ulp-after-disconnect, server: reads until the peer is gone (EOF or reset).
+pub fn until_closed_server(mut s: TcpStream) -> Result<Value> {
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = s.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+    }
+    Ok(json!({"ok": true}))
+}
+
 /// ulp, server: the same on the accepted socket, then reads `bytes` and sends `bytes`.
 pub fn ulp_server(mut s: TcpStream, st: &Steps<'_>) -> Result<Value> {
     let ulp = set_ulp_tls(&s);

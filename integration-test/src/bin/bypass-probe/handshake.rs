@@ -1,0 +1,212 @@
+//! Cases that act while a connection is being established: a `write` that blocks
+//! inside plain `tcp_sendmsg` until the handshake ends (so past sk_msg), and a socket
+//! forged with `TCP_REPAIR` from another connection's sequence numbers, established
+//! without a packet. The test holds the handshake open with an iptables rule in the
+//! server's namespace and steps the sides through files.
+
+use std::{
+    io::{ErrorKind, Read, Write},
+    net::{Shutdown, SocketAddr, TcpStream},
+    os::fd::AsRawFd,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use serde_json::{Value, json};
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use testbed::peer::pattern::{Direction, Pattern, Verifier};
+
+use crate::trust::{Steps, wait_file};
+
+/// include/uapi/linux/tcp.h.
+const TCP_REPAIR: libc::c_int = 19;
+const TCP_REPAIR_QUEUE: libc::c_int = 20;
+const TCP_QUEUE_SEQ: libc::c_int = 21;
+const TCP_RECV_QUEUE: libc::c_int = 1;
+const TCP_SEND_QUEUE: libc::c_int = 2;
+/// Leave repair mode without sending a window probe.
+const TCP_REPAIR_OFF_NO_WP: libc::c_int = -1;
+
+fn set_int(fd: i32, opt: libc::c_int, v: libc::c_int) -> Result<()> {
+    // SAFETY: a valid int of the length passed.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            opt,
+            std::ptr::from_ref(&v).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error()).with_context(|| format!("setsockopt {opt}"));
+    }
+    Ok(())
+}
+
+fn get_u32(fd: i32, opt: libc::c_int) -> Result<u32> {
+    let mut v: u32 = 0;
+    let mut len = std::mem::size_of::<u32>() as libc::socklen_t;
+    // SAFETY: a valid u32 and its length.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            opt,
+            std::ptr::from_mut(&mut v).cast(),
+            &raw mut len,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error()).with_context(|| format!("getsockopt {opt}"));
+    }
+    Ok(v)
+}
+
+/// Writes `n` bytes of the client's pattern from `p`.
+fn send(s: &mut impl Write, p: &mut Pattern, n: u64) -> Result<()> {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut left = n;
+    while left > 0 {
+        let k = left.min(buf.len() as u64) as usize;
+        p.fill(&mut buf[..k]);
+        s.write_all(&buf[..k]).context("write")?;
+        left -= k as u64;
+    }
+    Ok(())
+}
+
+/// connect-write, client: a non-blocking connect, the socket made blocking again, and
+/// a thread whose `write` of `bytes` blocks until the handshake ends (the test holds
+/// it open); mark once that thread is waiting. When its write returns, `bytes` more
+/// from this thread, mark `go` (written: the server may read), half-close.
+pub fn connect_write_client(connect: SocketAddr, st: &Steps<'_>) -> Result<Value> {
+    let s = Socket::new(
+        Domain::for_address(connect),
+        Type::STREAM,
+        Some(Protocol::TCP),
+    )?;
+    s.set_nonblocking(true)?;
+    match s.connect(&SockAddr::from(connect)) {
+        Ok(()) => bail!("connected at once: the handshake was not held"),
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+        Err(e) => return Err(e).with_context(|| format!("connect {connect}")),
+    }
+    s.set_nonblocking(false)?;
+    let mut stream: TcpStream = s.into();
+    let mut first = stream.try_clone()?;
+    let bytes = st.bytes;
+    let writer = std::thread::spawn(move || -> Result<(Duration, Pattern)> {
+        let t = Instant::now();
+        let mut p = Pattern::new(0, Direction::ClientToServer);
+        send(&mut first, &mut p, bytes)?;
+        Ok((t.elapsed(), p))
+    });
+    // The thread is inside write(), waiting for the connection (sk_stream_wait_connect).
+    std::thread::sleep(Duration::from_millis(200));
+    if let Some(m) = st.mark {
+        std::fs::write(m, b"").with_context(|| format!("write {}", m.display()))?;
+    }
+    let (blocked, mut p) = writer
+        .join()
+        .map_err(|_| anyhow::anyhow!("the writer thread panicked"))??;
+    send(&mut stream, &mut p, bytes)?;
+    if let Some(go) = st.go {
+        std::fs::write(go, b"").with_context(|| format!("write {}", go.display()))?;
+    }
+    stream.shutdown(Shutdown::Write)?;
+    let mut rest = Vec::new();
+    let _ = stream.read_to_end(&mut rest);
+    Ok(json!({"sent": 2 * bytes, "first_write_blocked_ms": blocked.as_millis()}))
+}
+
+/// forge, server: accept, send `bytes` to the client, half-close, read to EOF.
+pub fn push_server(mut s: TcpStream, st: &Steps<'_>) -> Result<Value> {
+    let mut p = Pattern::new(0, Direction::ServerToClient);
+    send(&mut s, &mut p, st.bytes)?;
+    s.shutdown(Shutdown::Write)?;
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    Ok(json!({"sent": st.bytes}))
+}
+
+/// forge, client (the victim): once connected, read its own `snd_nxt` and `rcv_nxt`
+/// through TCP_REPAIR (what another namespace could guess: the initial sequence numbers
+/// are a keyed hash of the addresses plus a clock), write them as `"snd rcv"` to the
+/// mark file, then read and verify what the server sends, to EOF.
+pub fn forge_victim(mut s: TcpStream, st: &Steps<'_>) -> Result<Value> {
+    let fd = s.as_raw_fd();
+    set_int(fd, TCP_REPAIR, 1)?;
+    set_int(fd, TCP_REPAIR_QUEUE, TCP_SEND_QUEUE)?;
+    let snd = get_u32(fd, TCP_QUEUE_SEQ)?;
+    set_int(fd, TCP_REPAIR_QUEUE, TCP_RECV_QUEUE)?;
+    let rcv = get_u32(fd, TCP_QUEUE_SEQ)?;
+    set_int(fd, TCP_REPAIR, TCP_REPAIR_OFF_NO_WP)?;
+    if let Some(m) = st.mark {
+        let tmp = m.with_extension("tmp");
+        std::fs::write(&tmp, format!("{snd} {rcv}")).context("write the sequence numbers")?;
+        std::fs::rename(&tmp, m).context("publish the sequence numbers")?;
+    }
+    let mut v = Verifier::new(0, Direction::ServerToClient);
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => v.feed(&buf[..n]),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {}
+            Err(e) => return Err(e).context("read"),
+        }
+    }
+    Ok(
+        json!({"received": v.offset(), "ok": v.first_mismatch().is_none() && v.offset() == st.bytes}),
+    )
+}
+
+/// forge, attacker: a TCP_REPAIR socket bound to `bind` (the victim client's end) with
+/// the victim's sequence numbers (read from the go file), "connected" to `connect`
+/// without a packet; mark, then read for 3 s whatever arrives.
+pub fn forge_attacker(connect: SocketAddr, bind: SocketAddr, st: &Steps<'_>) -> Result<Value> {
+    let go = st.go.context("forge attacker needs --go-file")?;
+    wait_file(go)?;
+    let text = std::fs::read_to_string(go).context("read the sequence numbers")?;
+    let mut it = text.split_whitespace().map(str::parse::<u32>);
+    let (Some(Ok(snd)), Some(Ok(rcv))) = (it.next(), it.next()) else {
+        bail!("bad sequence numbers {text:?}");
+    };
+    let s = Socket::new(
+        Domain::for_address(connect),
+        Type::STREAM,
+        Some(Protocol::TCP),
+    )?;
+    let fd = s.as_raw_fd();
+    set_int(fd, TCP_REPAIR, 1)?;
+    s.set_reuse_address(true)?;
+    s.bind(&SockAddr::from(bind))
+        .with_context(|| format!("bind {bind}"))?;
+    set_int(fd, TCP_REPAIR_QUEUE, TCP_SEND_QUEUE)?;
+    set_int(fd, TCP_QUEUE_SEQ, snd as libc::c_int)?;
+    set_int(fd, TCP_REPAIR_QUEUE, TCP_RECV_QUEUE)?;
+    set_int(fd, TCP_QUEUE_SEQ, rcv as libc::c_int)?;
+    s.connect(&SockAddr::from(connect))
+        .with_context(|| format!("repair connect {connect}"))?;
+    set_int(fd, TCP_REPAIR, TCP_REPAIR_OFF_NO_WP)?;
+    if let Some(m) = st.mark {
+        std::fs::write(m, b"").with_context(|| format!("write {}", m.display()))?;
+    }
+    let mut s: TcpStream = s.into();
+    s.set_read_timeout(Some(Duration::from_millis(200)))?;
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut received = 0u64;
+    while Instant::now() < deadline {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => received += n as u64,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {}
+            Err(e) => {
+                return Ok(json!({"received": received, "error": e.to_string()}));
+            }
+        }
+    }
+    Ok(json!({"received": received}))
+}
