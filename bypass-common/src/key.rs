@@ -118,6 +118,12 @@ impl Endpoint {
             netns: if is_loopback(&ip) { netns } else { 0 },
         }
     }
+
+    /// Whether `other` is the same end (usable in `const` code).
+    #[inline(always)]
+    pub const fn same(&self, other: &Endpoint) -> bool {
+        ip_eq(&self.ip, &other.ip) && self.port == other.port && self.netns == other.netns
+    }
 }
 
 /// Host-order port from the kernel's `remote_port` field of `bpf_sock_ops` and

@@ -124,7 +124,8 @@ pub struct Connector {
     pub sk: u64,
     /// Its socket cookie (unique on the node, never reused).
     pub cookie: u64,
-    /// Its [`SockState::rx_tcp`] when it was inserted.
+    /// Its [`SockState::rx_tcp`] when it was inserted, set later if it asks for a receive
+    /// option before it is paired.
     pub rx_tcp: u32,
     /// Zero.
     pub reserved: u32,
@@ -164,10 +165,13 @@ impl Link {
     /// also names it as the server.
     #[inline(always)]
     pub const fn is_of(&self, state: &SockState) -> bool {
+        // A client's link names a server whose remote end is the client's own local end
+        // (NAT rewrites where a connection lands, not where it comes from): a torn read
+        // of an element being reused for another client's link fails it.
         let named = if state.side == side::SERVER {
             key_eq(&self.server, &state.key)
         } else {
-            state.side == side::CLIENT
+            state.side == side::CLIENT && self.server.remote_end().same(&state.key.local_end())
         };
         named && state.cookie != 0 && self.cookie[side::index(state.side)] == state.cookie
     }
@@ -264,6 +268,9 @@ pub enum PassReason {
     NoPeer,
     /// Bytes of this socket went to TCP past sk_msg (see [`SockState::write_seq`]).
     WroteByTcp,
+    /// An upper-layer protocol is attached to this socket (kTLS set through a path the
+    /// setsockopt hook does not see: a 32-bit process's compat setsockopt).
+    Ulp,
 }
 
 /// The first checks of sk_msg, before anything is read of the peer: `None` lets the
@@ -374,6 +381,14 @@ mod tests {
             ..Link::default()
         };
         assert!(link.is_of(&client) && link.is_of(&server));
+        let elsewhere = Link {
+            server: key(2, 3, 20),
+            ..link
+        };
+        assert!(
+            !elsewhere.is_of(&client),
+            "a server whose remote end is not this client's local end"
+        );
         let stale = Link {
             cookie: [6, 8],
             ..link

@@ -113,23 +113,37 @@ pub(crate) fn own(ops: *const bpf_sock_ops) -> Option<Own> {
     }
 }
 
-/// `write_seq` of the sk_msg context's socket (`msg->sk`), read typed; `None` if it
-/// is not a full TCP socket.
+/// What sk_msg reads of its own socket (`msg->sk`) on every send.
+pub(crate) struct Sending {
+    /// `write_seq`.
+    pub(crate) write_seq: u32,
+    /// An upper-layer protocol is attached (`icsk_ulp_ops` set).
+    pub(crate) ulp: bool,
+}
+
+/// The sk_msg context's socket's own fields, read typed; `None` if it is not a full TCP
+/// socket.
 #[inline(always)]
-pub(crate) fn write_seq(sk: *mut bpf_sock) -> Option<u32> {
+pub(crate) fn sending(sk: *mut bpf_sock) -> Option<Sending> {
     // SAFETY: `sk` is the context's non-null socket; the helper returns a BTF pointer
     // to its `struct tcp_sock`, or null.
     let tp = unsafe { bpf_skc_to_tcp_sock(sk.cast()) }.cast::<u8>();
     if tp.is_null() {
         return None;
     }
-    // SAFETY: a typed load at an offset the verifier checks against the kernel's BTF.
-    Some(unsafe {
-        read_volatile(
-            tp.add(BYPASS_OFF_TCP_WRITE_SEQ.load() as usize)
-                .cast::<u32>(),
-        )
-    })
+    // SAFETY: typed loads at offsets the verifier checks against the kernel's BTF.
+    unsafe {
+        Some(Sending {
+            write_seq: read_volatile(
+                tp.add(BYPASS_OFF_TCP_WRITE_SEQ.load() as usize)
+                    .cast::<u32>(),
+            ),
+            ulp: read_volatile(
+                tp.add(BYPASS_OFF_ICSK_ULP_OPS.load() as usize)
+                    .cast::<u64>(),
+            ) != 0,
+        })
+    }
 }
 
 #[inline(always)]

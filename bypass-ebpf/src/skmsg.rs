@@ -120,8 +120,12 @@ fn decide(
     if unsafe { (*ptr).cookie[side::index(state.side)] } != state.cookie {
         return Err(PassReason::Unpaired);
     }
-    if kernel::write_seq(sk) != Some(state.write_seq) {
+    let own = kernel::sending(sk).ok_or(PassReason::Unpaired)?;
+    if own.write_seq != state.write_seq {
         return Err(PassReason::WroteByTcp);
+    }
+    if own.ulp {
+        return Err(PassReason::Ulp);
     }
     if kernel::bound_enabled() {
         let limit = u64::from(

@@ -308,6 +308,12 @@ fn find_client(key: &SockKey, snd_nxt: u32, rcv_nxt: u32) -> Option<Client> {
         cookie: connector.cookie,
         rx_tcp: connector.rx_tcp,
     };
+    // A connector is published under its own local end: one that names another was
+    // read while its element was being reused.
+    if !client.key.local_end().same(&key.remote_end()) {
+        stats::add(Stat::PairRejected, 1);
+        return None;
+    }
     // Connectors live in an LRU map, whose elements are reused at once: the fields
     // copied above are the proven client's only if the sequence numbers still are.
     // SAFETY: as above.
@@ -318,7 +324,8 @@ fn find_client(key: &SockKey, snd_nxt: u32, rcv_nxt: u32) -> Option<Client> {
     Some(client)
 }
 
-/// Whether the connector of the client with `key` records a receive option.
+/// Whether the connector of the client with `key` records a receive option (see
+/// `sockopt::record_rx_tcp` for the order of the two sides' writes and reads).
 #[inline(always)]
 fn connector_rx_tcp(key: &SockKey) -> bool {
     match BYPASS_CONNECTORS.get_ptr(&key.local_end()) {

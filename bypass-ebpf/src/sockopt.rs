@@ -123,20 +123,19 @@ fn int_value(ctx: &SockoptContext) -> Option<i32> {
 }
 
 /// Records that the socket with `state` needs its peer's bytes by TCP, where its peer
-/// reads it: the link once paired, the connector until then.
+/// reads it: the connector until paired, the link once paired.
+///
+/// The accepting side writes the link, then reads the connector; this writes the
+/// connector, then reads the link, so one of them sees the other's write. (Without a
+/// barrier between each side's write and read, which BPF offers only as 64-bit atomics
+/// Rust's BPF target does not expose, a CPU may still reorder them: a window of a few
+/// instructions while the two sides pair, in which the option can be missed.)
 // Keys are passed by reference on purpose: by value they would be copied onto the
 // 512-byte BPF stack.
 #[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
 fn record_rx_tcp(state: &mut SockState) {
     state.rx_tcp = 1;
-    if let Some(link) = BYPASS_LINKS.get_ptr_mut(&state.link) {
-        // SAFETY: a live map value.
-        let link = unsafe { &mut *link };
-        if link.is_of(state) {
-            link.rx_tcp[side::index(state.side)] = 1;
-        }
-    }
     if state.side == side::CLIENT {
         let end = state.key.local_end();
         if let Some(c) = BYPASS_CONNECTORS.get_ptr_mut(&end) {
@@ -145,6 +144,13 @@ fn record_rx_tcp(state: &mut SockState) {
             if c.key == state.key {
                 c.rx_tcp = 1;
             }
+        }
+    }
+    if let Some(link) = BYPASS_LINKS.get_ptr_mut(&state.link) {
+        // SAFETY: a live map value.
+        let link = unsafe { &mut *link };
+        if link.is_of(state) {
+            link.rx_tcp[side::index(state.side)] = 1;
         }
     }
 }

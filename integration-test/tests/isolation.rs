@@ -284,24 +284,23 @@ fn forged_repair_socket_cannot_pose_as_a_pods_client() -> Result<()> {
     }
     // The handshake's last ACK (flags ACK alone) to the server port is dropped: the
     // client is established, the server waits in SYN_RECV and sends its SYN-ACK again.
-    let hold: Vec<String> = strings(&[
-        "INPUT",
-        "-p",
-        "tcp",
-        "--dport",
-        &port.to_string(),
-        "--tcp-flags",
-        "SYN,ACK,FIN,RST",
-        "ACK",
-        "-j",
-        "DROP",
-    ]);
-    let rule = |op: &str| {
-        let mut r = vec![op.to_owned()];
-        r.extend(hold.iter().cloned());
-        iptables::run(pods.b.netns(), iptables::Family::V4, &r)
-    };
-    rule("-I")?;
+    let port_arg = port.to_string();
+    let held = iptables::insert(
+        pods.b.netns(),
+        iptables::Family::V4,
+        &[
+            "INPUT",
+            "-p",
+            "tcp",
+            "--dport",
+            &port_arg,
+            "--tcp-flags",
+            "SYN,ACK,FIN,RST",
+            "ACK",
+            "-j",
+            "DROP",
+        ],
+    )?;
     let before = agent.stats()?;
     let server = ProbeServer::start(
         &pods.b,
@@ -337,7 +336,7 @@ fn forged_repair_socket_cannot_pose_as_a_pods_client() -> Result<()> {
         ]),
     )?;
     let forged = steps.wait("forged");
-    rule("-D")?;
+    held.remove()?;
     forged?;
     let v = probe_report(victim)?;
     let f = probe_report(forger)?;

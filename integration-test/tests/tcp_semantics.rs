@@ -662,25 +662,14 @@ fn write_blocked_while_connecting_stays_in_order() -> Result<()> {
     let agent = agent_with(&pods, &[])?;
     let port = 5430u16;
     let steps = support::Steps::new(&pods, "connect-write")?;
-    let drop_syn: Vec<String> = [
-        "INPUT",
-        "-p",
-        "tcp",
-        "--syn",
-        "--dport",
-        &port.to_string(),
-        "-j",
-        "DROP",
-    ]
-    .iter()
-    .map(|s| (*s).to_owned())
-    .collect();
-    let rule = |op: &str| {
-        let mut r = vec![op.to_owned()];
-        r.extend(drop_syn.iter().cloned());
-        iptables::run(pods.b.netns(), iptables::Family::V4, &r)
-    };
-    rule("-I")?;
+    let port_arg = port.to_string();
+    let held = iptables::insert(
+        pods.b.netns(),
+        iptables::Family::V4,
+        &[
+            "INPUT", "-p", "tcp", "--syn", "--dport", &port_arg, "-j", "DROP",
+        ],
+    )?;
     let before = agent.status()?;
     let args = |extra: &[String]| {
         let mut a: Vec<String> = ["--case", "connect-write", "--bytes", "256K"]
@@ -706,7 +695,7 @@ fn write_blocked_while_connecting_stays_in_order() -> Result<()> {
         ]),
     )?;
     let waited = steps.wait("waiting");
-    rule("-D")?;
+    held.remove()?;
     waited?;
     let c = support::probe_report(client)?;
     let s = server.wait()?;

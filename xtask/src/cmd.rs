@@ -39,18 +39,8 @@ pub fn echo(cmd: &Command) {
 
 /// Runs `cmd` quietly and returns its stdout; fails with its stderr unless it exits with 0.
 pub fn output(cmd: &mut Command) -> Result<String> {
-    let out = cmd
-        .output()
-        .with_context(|| format!("could not start `{}`", display(cmd)))?;
-    if !out.status.success() {
-        bail!(
-            "`{}` failed: {}\n{}",
-            display(cmd),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim_end()
-        );
-    }
-    String::from_utf8(out.stdout).with_context(|| format!("`{}` printed non-UTF-8", display(cmd)))
+    let out = output_bytes(cmd)?;
+    String::from_utf8(out).with_context(|| format!("`{}` printed non-UTF-8", display(cmd)))
 }
 
 /// Runs `cmd` quietly and returns its raw stdout; fails with its stderr unless it exits

@@ -22,7 +22,7 @@ pub struct Args {
     #[command(flatten)]
     pub build: build::Options,
     /// Run the privileged tests on this kernel instead, booted in qemu from a Debian
-    /// package (see `cargo xtask kernel-table`): 6.1, 6.1-lockdown, 6.12, 5.10, 6.1-arm64.
+    /// package (see `cargo xtask kernel-table`): 6.1, 6.12, 6.12-lockdown, 5.10, 6.1-arm64.
     #[arg(long)]
     pub kernel: Option<String>,
     /// Skip the kernels `cargo xtask test` boots after the host's tests.

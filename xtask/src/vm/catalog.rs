@@ -48,13 +48,13 @@ pub const KERNELS: &[Kernel] = &[
         note: "Debian 12, Bottlerocket, EKS AL2023",
     },
     Kernel {
-        name: "6.1-lockdown",
+        name: "6.12-lockdown",
         arch: "amd64",
         suites: BOOKWORM,
-        package: "linux-image-6.1.0-*-amd64",
+        package: "linux-image-6.12.*+deb12-amd64",
         cmdline: "lockdown=confidentiality",
         expect: Expect::Loads,
-        note: "6.1 booted with lockdown=confidentiality",
+        note: "6.12 booted with lockdown=confidentiality (its sockmap has the queue length)",
     },
     Kernel {
         name: "6.12",

@@ -137,6 +137,8 @@ pub fn script(r: &Run<'_>) -> String {
     );
     s += "mount -t tmpfs tmpfs /tmp\nmount -t tmpfs tmpfs /run\nmkdir -p /run/netns\n";
     s += "mount -t cgroup2 none /sys/fs/cgroup\nip link set lo up\nexport HOME=/root\n";
+    // Where the agent reads the lockdown mode, mounted as a host's init mounts it.
+    s += "mount -t securityfs none /sys/kernel/security 2>/dev/null\n";
     s += "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n";
     // As many open files as the host gives root (the tests open thousands of sockets).
     s += "ulimit -n 1048576\n";

@@ -16,7 +16,8 @@ use crate::cmd;
 /// Builds (or reuses) the initramfs for `k` from `busybox`, the `modules` `/init` loads
 /// before it can mount the host's root, and `init`; returns its path.
 pub fn build(k: &Unpacked, busybox: &Path, modules: &[&str], init: &str) -> Result<PathBuf> {
-    let tag = crate::vm::fnv(format!("{init}\n{modules:?}\n{}", busybox.display()).as_bytes());
+    let tag =
+        crate::vm::cache_tag(format!("{init}\n{modules:?}\n{}", busybox.display()).as_bytes());
     let out = k.root.join(format!("initramfs-{tag:016x}.cpio.gz"));
     if out.exists() {
         return Ok(out);

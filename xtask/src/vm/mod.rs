@@ -67,16 +67,13 @@ pub const EVERY_RUN: [&str; 2] = ["6.1", "5.10"];
 /// How long one VM may run.
 const TIMEOUT: Duration = Duration::from_secs(60 * 60);
 
-/// 64-bit FNV-1a, for cache tags.
-pub const fn fnv(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut i = 0;
-    while i < bytes.len() {
-        h ^= bytes[i] as u64;
-        h = h.wrapping_mul(0x100_0000_01b3);
-        i += 1;
-    }
-    h
+/// A cache tag for `bytes` (`DefaultHasher` may change between Rust versions: that
+/// only rebuilds what the tag names).
+pub fn cache_tag(bytes: &[u8]) -> u64 {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut h = std::hash::DefaultHasher::new();
+    bytes.hash(&mut h);
+    h.finish()
 }
 
 /// What a VM run saw.
