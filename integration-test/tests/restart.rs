@@ -84,11 +84,12 @@ fn sigkill_mid_100_streams_then_restart_adopts() -> Result<()> {
     let pods = two_pods()?;
     let opts = opts(&pods, &[]);
     let first = Agent::start(&opts)?;
-    // 100 streams, 4 MiB each way at 1 MiB/s: about 4 s, so the kill lands mid-way.
+    // 100 streams, 4 MiB each way at 512 KiB/s: about 8 s, so the kill lands mid-way
+    // (also under emulation, where setting up 100 streams takes seconds).
     let args = ClientArgs {
         streams: 100,
         msg_size: 16 * 1024,
-        rate: 1 << 20,
+        rate: 1 << 19,
         ..ClientArgs::bulk(4 << 20)
     };
     let payload = args.total_connections() * (args.send + args.recv);

@@ -76,15 +76,7 @@ pub struct Smoke<'a> {
 /// The smoke run's script (busybox sh): the guest's program interpreter linked to the
 /// host's cross libc, then `bypass-smoke`, whose JSON line goes out after [`SMOKE`].
 pub fn smoke_script(r: &Smoke<'_>) -> String {
-    let mut s = String::from(
-        "#!/bin/sh\n# Written by `cargo xtask test --kernel`: runs inside the VM (busybox sh).\n",
-    );
-    s += &format!(
-        "mkdir -p /lib/modules/$(uname -r)\nmount --bind {} /lib/modules/$(uname -r)\n",
-        quote(r.modules)
-    );
-    s += "mount -t tmpfs tmpfs /tmp\nmount -t tmpfs tmpfs /run\n";
-    s += "mount -t cgroup2 none /sys/fs/cgroup\nip link set lo up\nexport HOME=/root\n";
+    let mut s = preamble(r.modules);
     // The kernel's module requests (request_module) would start the host's modprobe,
     // which does not run here; busybox's reads the same modules.dep.
     s += "echo /.vm/bin/modprobe > /proc/sys/kernel/modprobe\nexport NO_COLOR=1\n";
@@ -127,18 +119,26 @@ fn quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
-/// The run script.
-pub fn script(r: &Run<'_>) -> String {
+/// The start of both scripts: the kernel's modules where modprobe looks, fresh /tmp and
+/// /run, cgroup2, securityfs (where the agent reads the lockdown mode, mounted as a
+/// host's init mounts it), loopback up.
+fn preamble(modules: &str) -> String {
     let mut s =
         String::from("#!/bin/sh\n# Written by `cargo xtask test --kernel`: runs inside the VM.\n");
     s += &format!(
         "mkdir -p /lib/modules/$(uname -r)\nmount --bind {} /lib/modules/$(uname -r)\n",
-        quote(r.modules)
+        quote(modules)
     );
     s += "mount -t tmpfs tmpfs /tmp\nmount -t tmpfs tmpfs /run\nmkdir -p /run/netns\n";
-    s += "mount -t cgroup2 none /sys/fs/cgroup\nip link set lo up\nexport HOME=/root\n";
-    // Where the agent reads the lockdown mode, mounted as a host's init mounts it.
+    s += "mount -t cgroup2 none /sys/fs/cgroup\n";
     s += "mount -t securityfs none /sys/kernel/security 2>/dev/null\n";
+    s += "ip link set lo up\nexport HOME=/root\n";
+    s
+}
+
+/// The run script.
+pub fn script(r: &Run<'_>) -> String {
+    let mut s = preamble(r.modules);
     s += "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n";
     // As many open files as the host gives root (the tests open thousands of sockets).
     s += "ulimit -n 1048576\n";
