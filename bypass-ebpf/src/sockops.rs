@@ -276,11 +276,11 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
                 // The client may have asked for a receive option between our read of
                 // its connector and the link's insert: it wrote the connector then, and
                 // finds the link from now on.
-                if connector_rx_tcp(&client.key) {
-                    if let Some(l) = BYPASS_LINKS.get_ptr_mut(&client.key) {
-                        // SAFETY: a live map value; only its client's flag is written.
-                        unsafe { (*l).rx_tcp[0] = 1 };
-                    }
+                if connector_rx_tcp(&client.key)
+                    && let Some(l) = BYPASS_LINKS.get_ptr_mut(&client.key)
+                {
+                    // SAFETY: a live map value; only its client's flag is written.
+                    unsafe { (*l).rx_tcp[0] = 1 };
                 }
                 if let Some(stat) = Stat::paired(kind) {
                     stats::add(stat, 1);
@@ -326,6 +326,8 @@ fn find_client(key: &SockKey, snd_nxt: u32, rcv_nxt: u32) -> Option<Client> {
 
 /// Whether the connector of the client with `key` records a receive option (see
 /// `sockopt::record_rx_tcp` for the order of the two sides' writes and reads).
+// The key by reference on purpose: by value it would be copied onto the BPF stack.
+#[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
 fn connector_rx_tcp(key: &SockKey) -> bool {
     match BYPASS_CONNECTORS.get_ptr(&key.local_end()) {

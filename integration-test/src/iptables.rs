@@ -371,6 +371,49 @@ pub fn kube_proxy_rules(svc: &ClusterIp) -> Vec<Rule> {
     r
 }
 
+/// A rule inserted at the head of its chain in a namespace, deleted again by
+/// [`Inserted::remove`] or, failing that, on drop.
+pub struct Inserted<'a> {
+    ns: &'a Netns,
+    family: Family,
+    rule: Rule,
+    live: bool,
+}
+
+/// Inserts `rule` (`CHAIN match... -j TARGET`) at the head of its chain in `ns`.
+pub fn insert<'a>(ns: &'a Netns, family: Family, rule: &[&str]) -> Result<Inserted<'a>> {
+    let rule = self::rule(rule);
+    let mut args = vec!["-I".to_owned()];
+    args.extend(rule.iter().cloned());
+    run(ns, family, &args).with_context(|| format!("in netns {}", ns.name()))?;
+    Ok(Inserted {
+        ns,
+        family,
+        rule,
+        live: true,
+    })
+}
+
+impl Inserted<'_> {
+    /// Deletes the rule.
+    pub fn remove(mut self) -> Result<()> {
+        self.live = false;
+        let mut args = vec!["-D".to_owned()];
+        args.extend(self.rule.iter().cloned());
+        run(self.ns, self.family, &args).map(drop)
+    }
+}
+
+impl Drop for Inserted<'_> {
+    fn drop(&mut self) {
+        if self.live {
+            let mut args = vec!["-D".to_owned()];
+            args.extend(self.rule.iter().cloned());
+            let _ = run(self.ns, self.family, &args);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -464,48 +507,5 @@ mod tests {
                 .iter()
                 .any(|r| r.contains("--to-destination [fd88::2]:5701"))
         );
-    }
-}
-
-/// A rule inserted at the head of its chain in a namespace, deleted again by
-/// [`Inserted::remove`] or, failing that, on drop.
-pub struct Inserted<'a> {
-    ns: &'a Netns,
-    family: Family,
-    rule: Rule,
-    live: bool,
-}
-
-/// Inserts `rule` (`CHAIN match... -j TARGET`) at the head of its chain in `ns`.
-pub fn insert<'a>(ns: &'a Netns, family: Family, rule: &[&str]) -> Result<Inserted<'a>> {
-    let rule = self::rule(rule);
-    let mut args = vec!["-I".to_owned()];
-    args.extend(rule.iter().cloned());
-    run(ns, family, &args).with_context(|| format!("in netns {}", ns.name()))?;
-    Ok(Inserted {
-        ns,
-        family,
-        rule,
-        live: true,
-    })
-}
-
-impl Inserted<'_> {
-    /// Deletes the rule.
-    pub fn remove(mut self) -> Result<()> {
-        self.live = false;
-        let mut args = vec!["-D".to_owned()];
-        args.extend(self.rule.iter().cloned());
-        run(self.ns, self.family, &args).map(drop)
-    }
-}
-
-impl Drop for Inserted<'_> {
-    fn drop(&mut self) {
-        if self.live {
-            let mut args = vec!["-D".to_owned()];
-            args.extend(self.rule.iter().cloned());
-            let _ = run(self.ns, self.family, &args);
-        }
     }
 }
