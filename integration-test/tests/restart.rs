@@ -110,8 +110,10 @@ fn sigkill_mid_100_streams_then_restart_adopts() -> Result<()> {
         num(&in_gap, "redirected_bytes") > num(&at_kill, "redirected_bytes"),
         "nothing redirected while no agent ran: {at_kill} -> {in_gap}"
     );
+    // At least a tenth of the payload must move after the kill (under emulation, setting
+    // up the 100 streams alone takes seconds of their run).
     ensure!(
-        num(&at_kill, "redirected_bytes") < payload * 3 / 4,
+        num(&at_kill, "redirected_bytes") < payload * 9 / 10,
         "killed too late to matter: {at_kill}"
     );
 
