@@ -131,10 +131,16 @@ pub fn render(runs: &[Value]) -> String {
         for (_, prefixes) in TESTED {
             out += &format!(" {} |", tested(run, prefixes));
         }
+        let failed = names(run, "failed_tests");
         out += &format!(
-            " {} passed, {} failed |\n",
+            " {} passed, {} failed{} |\n",
             run["passed"].as_u64().unwrap_or(0),
-            run["failed"].as_u64().unwrap_or(0)
+            run["failed"].as_u64().unwrap_or(0),
+            if failed.is_empty() {
+                String::new()
+            } else {
+                format!(" (`{}`)", failed.join("`, `"))
+            }
         );
     }
     out
@@ -205,7 +211,7 @@ mod tests {
             t.contains("refuses: `error: kernel 5.10 is older than 5.15`"),
             "{t}"
         );
-        assert!(t.contains("40 passed, 1 failed"));
+        assert!(t.contains("40 passed, 1 failed (`ulp_refused_on_bypassed_socket`)"));
     }
 
     #[test]
