@@ -21,11 +21,12 @@ use testbed::{Agent, AgentOpts, PodChild, TwoPods, spawn_in_on_cpus};
 use crate::{
     env,
     floor::FloorResult,
+    minimal::Minimal,
     model::{
-        AgentProbe, Config, HopSample, Path, PctSample, Placement, ProbePhase, Results, SCHEMA,
-        Sample, Scenario, Test,
+        AgentProbe, Config, HopSample, Path, PctSample, Placement, ProbePhase, Prog, ProgSample,
+        Results, SCHEMA, Sample, Scenario, Test,
     },
-    procfs, qperf,
+    procfs, progstats, qperf,
     scenario::{self, Setup},
     sockperf,
 };
@@ -66,12 +67,36 @@ struct Run<'a> {
     agent_opts: AgentOpts,
     /// Counters when the current bypassed block began (scenario runs).
     block_start: Option<std::collections::BTreeMap<String, u64>>,
+    /// The programs' `bpf_stats` when the current block began.
+    progs_start: Option<Vec<(Prog, ProgRef, progstats::Counts)>>,
     agent: AgentState,
+    /// The minimal reference datapath, while attached.
+    minimal: Option<Minimal>,
+    /// Keeps `bpf_stats` on for the run.
+    _stats: progstats::Enabled,
     results: Results,
     raw: Option<std::fs::File>,
     step: usize,
     total_steps: usize,
     started: Instant,
+}
+
+/// Where a program's `bpf_stats` are read.
+#[derive(Clone, Debug)]
+enum ProgRef {
+    /// Pinned by the agent.
+    Pinned(PathBuf),
+    /// Loaded by the bench (the minimal datapath), by kernel id.
+    Id(u32),
+}
+
+impl ProgRef {
+    fn counts(&self) -> Result<progstats::Counts> {
+        match self {
+            ProgRef::Pinned(path) => progstats::pinned(path),
+            ProgRef::Id(id) => progstats::by_id(*id),
+        }
+    }
 }
 
 /// Runs the bench and returns everything it measured.
@@ -140,10 +165,14 @@ pub fn run(opts: &Options) -> Result<Results> {
     agent_opts
         .extra_args
         .extend(setup.agent_args.iter().cloned());
+    agent_opts
+        .extra_args
+        .extend(config.agent_args.iter().cloned());
     let per_block = config.sizes.len() + config.sockperf_sizes.len();
     let floor_steps = if opts.no_floor { 0 } else { config.sizes.len() };
+    let blocks = paths_of(&config, true).len();
     let total_steps =
-        config.reps as usize * config.placements.len() * (2 * per_block + floor_steps);
+        config.reps as usize * config.placements.len() * (blocks * per_block + floor_steps);
     let mut env = env;
     env.addresses = format!("{} -> {}", pods.a.ipv4(), pods.b.ipv4());
     if config.scenario != Scenario::Default {
@@ -161,10 +190,13 @@ pub fn run(opts: &Options) -> Result<Results> {
         server_ip,
         agent_opts,
         block_start: None,
+        progs_start: None,
         agent: AgentState {
             agent: None,
             last: None,
         },
+        minimal: None,
+        _stats: progstats::enable()?,
         results: Results {
             schema: SCHEMA,
             config,
@@ -173,6 +205,7 @@ pub fn run(opts: &Options) -> Result<Results> {
             percentiles: Vec::new(),
             agent: Vec::new(),
             hops: Vec::new(),
+            programs: Vec::new(),
             warnings,
         },
         pods,
@@ -191,6 +224,20 @@ pub fn run(opts: &Options) -> Result<Results> {
     run.results.env.loadavg_end = env::loadavg();
     run.results.env.duration_secs = run.started.elapsed().as_secs_f64();
     Ok(run.results)
+}
+
+/// The measured paths of one block group, rotated by one each time so that every path
+/// comes first, second, ... equally often: bypass, default[, minimal] | default[,
+/// minimal], bypass | ...
+fn paths_of(config: &Config, first: bool) -> Vec<Path> {
+    let mut paths = vec![Path::Bypass, Path::Default];
+    if config.minimal {
+        paths.push(Path::Minimal);
+    }
+    if !first {
+        paths.rotate_left(1);
+    }
+    paths
 }
 
 fn progress(msg: &str) {
@@ -241,19 +288,14 @@ impl Run<'_> {
         progress(&format!("agent idle for {:.0} s", cfg.idle_secs));
         std::thread::sleep(Duration::from_secs_f64(cfg.idle_secs));
         self.probe(ProbePhase::Idle)?;
-        let mut bypass_first = true;
+        let mut order = paths_of(&cfg, true);
         for rep in 0..cfg.reps {
             for placement in &cfg.placements {
-                let order = if bypass_first {
-                    [Path::Bypass, Path::Default]
-                } else {
-                    [Path::Default, Path::Bypass]
-                };
-                bypass_first = !bypass_first;
-                for path in order {
+                for &path in &order {
                     self.set_path(path)?;
                     self.setup.check()?;
                     self.hops_begin(path)?;
+                    self.progs_begin()?;
                     for &size in &cfg.sizes {
                         self.qperf(rep, placement, path, size)?;
                     }
@@ -267,8 +309,10 @@ impl Run<'_> {
                     if path == Path::Bypass {
                         self.probe(ProbePhase::Sweep)?;
                     }
+                    self.progs_end(rep, placement, path)?;
                     self.hops_end(rep, placement, path, &cfg)?;
                 }
+                order.rotate_left(1);
                 if !self.opts.no_floor {
                     for &size in &cfg.sizes {
                         self.floor(rep, placement, size, rep < cfg.sockperf_reps)?;
@@ -279,8 +323,11 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// Attaches (starts the agent) or detaches (stops it).
+    /// Attaches (starts the agent, or attaches the minimal datapath) or detaches.
     fn set_path(&mut self, path: Path) -> Result<()> {
+        if path != Path::Minimal {
+            self.minimal = None;
+        }
         match (path, self.agent.agent.is_some()) {
             (Path::Bypass, false) => {
                 let t = Instant::now();
@@ -297,7 +344,7 @@ impl Run<'_> {
                 self.agent.last = Some((Instant::now(), snap.cpu_ms));
                 self.agent.agent = Some(agent);
             }
-            (Path::Default | Path::Floor, true) => {
+            (Path::Default | Path::Floor | Path::Minimal, true) => {
                 if let Some(mut agent) = self.agent.agent.take() {
                     let exit = agent.stop().context("stop the agent")?;
                     if !exit.status.success() {
@@ -312,7 +359,76 @@ impl Run<'_> {
             }
             _ => {}
         }
+        if path == Path::Minimal && self.minimal.is_none() {
+            self.minimal = Some(Minimal::attach(self.pods.cgroup())?);
+        }
         Ok(())
+    }
+
+    /// The programs whose cost a block of `path` measures.
+    fn programs(&self, path: Path) -> Result<Vec<(Prog, ProgRef)>> {
+        use bypass_common::names::{PIN_PROGS_SUBDIR, PROG_SKMSG, PROG_SOCKOPS};
+        Ok(match path {
+            Path::Bypass => {
+                let dir = self.agent_opts.pin_dir.join(PIN_PROGS_SUBDIR);
+                vec![
+                    (Prog::SkMsg, ProgRef::Pinned(dir.join(PROG_SKMSG))),
+                    (Prog::SockOps, ProgRef::Pinned(dir.join(PROG_SOCKOPS))),
+                ]
+            }
+            Path::Minimal => {
+                let minimal = self
+                    .minimal
+                    .as_ref()
+                    .context("minimal datapath not attached")?;
+                let (sockops, skmsg) = minimal.program_ids()?;
+                vec![
+                    (Prog::SkMsg, ProgRef::Id(skmsg)),
+                    (Prog::SockOps, ProgRef::Id(sockops)),
+                ]
+            }
+            Path::Default | Path::Floor => Vec::new(),
+        })
+    }
+
+    /// At the start of a block: the programs' `bpf_stats`.
+    fn progs_begin(&mut self) -> Result<()> {
+        self.progs_start = None;
+        let path = self.current_path();
+        let mut start = Vec::new();
+        for (prog, at) in self.programs(path)? {
+            let counts = at.counts()?;
+            start.push((prog, at, counts));
+        }
+        self.progs_start = Some(start);
+        Ok(())
+    }
+
+    /// At the end of a block: how much the programs ran, and for how long.
+    fn progs_end(&mut self, rep: u32, p: &Placement, path: Path) -> Result<()> {
+        for (prog, at, before) in self.progs_start.take().unwrap_or_default() {
+            let d = at.counts()?.since(before);
+            self.results.programs.push(ProgSample {
+                rep,
+                placement: p.name.clone(),
+                path,
+                prog,
+                runs: d.runs,
+                ns: d.ns,
+            });
+        }
+        Ok(())
+    }
+
+    /// The path attached now.
+    fn current_path(&self) -> Path {
+        if self.agent.agent.is_some() {
+            Path::Bypass
+        } else if self.minimal.is_some() {
+            Path::Minimal
+        } else {
+            Path::Default
+        }
     }
 
     fn probe(&mut self, phase: ProbePhase) -> Result<()> {
@@ -516,7 +632,11 @@ impl Run<'_> {
         let payload = r.bw_bytes_per_sec.unwrap_or(0.0) * f64::from(secs);
         if let Some(w) = wire {
             let w = w as f64;
-            if path == Path::Bypass && w > 0.05 * payload && w > 1e6 {
+            // Bytes the datapath chose to send by TCP (a small-message stream) are on
+            // the wire on purpose.
+            let passed = delta.map_or(0.0, |d| d.1 as f64);
+            let redirected = (payload - passed).max(0.0);
+            if path == Path::Bypass && w > 0.05 * redirected + 2.0 * passed && w > 1e6 {
                 self.results.warnings.push(format!(
                     "{what}: {w:.0} bytes on the wire although bypassed"
                 ));

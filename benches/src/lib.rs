@@ -15,9 +15,11 @@
 pub mod driver;
 pub mod env;
 pub mod floor;
+pub mod minimal;
 pub mod model;
 pub mod plot;
 pub mod procfs;
+pub mod progstats;
 pub mod qperf;
 pub mod report;
 pub mod scenario;

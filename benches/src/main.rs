@@ -79,6 +79,14 @@ enum Cmd {
         /// scenarios: it has no chain to compare with, and the default run measures it).
         #[arg(long)]
         no_floor: bool,
+        /// Skip the minimal reference redirect (`benches/minimal-ebpf`), measured by
+        /// default in every scenario as a third path beside bypass and default.
+        #[arg(long)]
+        no_minimal: bool,
+        /// One more argument for `bypass-agent run` (repeat it; e.g.
+        /// `--agent-arg=--small-stream-bytes=0`), recorded in the JSON.
+        #[arg(long = "agent-arg", allow_hyphen_values = true)]
+        agent_args: Vec<String>,
         /// The path between client and server: default (pod to pod), mesh (through a
         /// sidecar proxy in each pod behind iptables REDIRECT), clusterip (a Service VIP
         /// DNATed by kube-proxy-shaped iptables chains).
@@ -194,6 +202,8 @@ fn real_main() -> Result<()> {
             sockperf_sizes,
             tests,
             no_floor,
+            no_minimal,
+            agent_args,
             scenario,
             out,
             raw,
@@ -226,6 +236,8 @@ fn real_main() -> Result<()> {
                     |t| t.into_iter().map(Test::from).collect(),
                 ),
                 idle_secs: if quick { 1.0 } else { 3.0 },
+                minimal: !no_minimal,
+                agent_args,
                 scenario,
             };
             let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");

@@ -19,6 +19,9 @@ pub enum Path {
     Bypass,
     /// TCP between the pods over veth and bridge, the agent stopped.
     Default,
+    /// TCP between the pods with the minimal reference redirect attached instead of the
+    /// agent (`benches/minimal-ebpf`: the tuple from the message, one redirect).
+    Minimal,
     /// A Unix-domain stream socket pair between two processes: the floor.
     Floor,
 }
@@ -29,6 +32,7 @@ impl Path {
         match self {
             Path::Bypass => "bypass",
             Path::Default => "default",
+            Path::Minimal => "minimal",
             Path::Floor => "floor",
         }
     }
@@ -190,6 +194,43 @@ pub struct HopSample {
     pub counters: BTreeMap<String, u64>,
 }
 
+/// Which program of a datapath a [`ProgSample`] measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Prog {
+    /// The sk_msg program: runs on every send of an inserted socket.
+    SkMsg,
+    /// The sock_ops program: runs on socket events of the cgroup.
+    SockOps,
+}
+
+impl Prog {
+    /// Its name in tables and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Prog::SkMsg => "sk_msg",
+            Prog::SockOps => "sock_ops",
+        }
+    }
+}
+
+/// A program's own cost over one block, from the kernel's `bpf_stats`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProgSample {
+    /// Repetition, from 0.
+    pub rep: u32,
+    /// Placement name.
+    pub placement: String,
+    /// [`Path::Bypass`] or [`Path::Minimal`].
+    pub path: Path,
+    /// Which program.
+    pub prog: Prog,
+    /// Runs in the block.
+    pub runs: u64,
+    /// Nanoseconds spent in it in the block.
+    pub ns: u64,
+}
+
 /// What the run was asked to do.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Config {
@@ -216,6 +257,12 @@ pub struct Config {
     pub tests: Vec<Test>,
     /// Seconds the agent sat idle for the idle probe.
     pub idle_secs: f64,
+    /// Whether the minimal reference redirect was measured (`--no-minimal` turns it off).
+    #[serde(default)]
+    pub minimal: bool,
+    /// Arguments added to the agent's command line (`--agent-arg`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub agent_args: Vec<String>,
     /// The path between client and server (absent in a default run's JSON).
     #[serde(default, skip_serializing_if = "Scenario::is_default")]
     pub scenario: Scenario,
@@ -274,6 +321,9 @@ pub struct Results {
     /// The agent's counters over each bypassed block (scenario runs only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hops: Vec<HopSample>,
+    /// The programs' own cost per block (`bpf_stats`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub programs: Vec<ProgSample>,
     /// Things that looked wrong during the run (a bypassed run that put bytes on the
     /// wire, a tool that failed once, ...).
     pub warnings: Vec<String>,

@@ -22,6 +22,7 @@ fn color(path: Path) -> &'static str {
     match path {
         Path::Bypass => "#1f77b4",
         Path::Default => "#d62728",
+        Path::Minimal => "#2ca02c",
         Path::Floor => "#555555",
     }
 }
@@ -98,7 +99,7 @@ fn bw_label(bps: f64) -> String {
 }
 
 fn panel(o: &mut String, r: &Results, test: Test, x0: f64, title: &str, label: fn(f64) -> String) {
-    let paths = [Path::Bypass, Path::Default, Path::Floor];
+    let paths = [Path::Bypass, Path::Default, Path::Minimal, Path::Floor];
     let all = r.samples.iter().filter(|s| s.test == test).map(|s| s.value);
     let Some((lo, hi)) = decades(all) else {
         let _ = writeln!(
@@ -257,11 +258,15 @@ pub fn svg(r: &Results) -> String {
     let mut x = MARGIN_L;
     let mut y = MARGIN_T + PANEL_H + 10.0;
     for (pi, p) in r.config.placements.iter().enumerate() {
-        for path in [Path::Bypass, Path::Default, Path::Floor] {
+        for path in [Path::Bypass, Path::Default, Path::Minimal, Path::Floor] {
+            if path == Path::Minimal && !r.config.minimal {
+                continue;
+            }
             let name = match path {
                 Path::Floor => "Unix-socket floor",
                 Path::Bypass => "bypass",
                 Path::Default => "default (veth+bridge)",
+                Path::Minimal => "minimal redirect",
             };
             let _ = writeln!(
                 o,

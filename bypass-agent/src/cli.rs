@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 
 use bypass_common::names::{
     DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_SOCKETS, DEFAULT_PIN_DIR, DEFAULT_SKIP_PORTS,
-    MAX_SKIP_PORTS,
+    DEFAULT_SMALL_STREAM_BYTES, MAX_SKIP_PORTS,
 };
 use clap::{Args, Parser, Subcommand};
 
@@ -69,6 +69,18 @@ pub struct RunOpts {
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_QUEUED_BYTES,
         value_parser = parse_bytes)]
     pub max_queued_bytes: u32,
+    /// Sends smaller than this (K suffix allowed), made while the peer has not yet read
+    /// what was redirected to it 8 times in a row, are a small-message stream: that
+    /// direction takes the normal TCP path, which coalesces small messages (a redirect
+    /// costs one queue entry and one wake-up of the reader per message). Request and
+    /// response traffic, where the peer has read everything before it answers, keeps
+    /// the redirect at every size. 0 (the default) turns it off: a socket in the
+    /// SockHash sends by TCP one segment per message, so this wins only where the
+    /// reader's wake-ups cost more (see the README's Performance section). Needs the
+    /// queue measured, as the bound does (off on kernels without it).
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_SMALL_STREAM_BYTES,
+        value_parser = parse_bytes)]
+    pub small_stream_bytes: u32,
     /// Load the embedded programs even if this build is already pinned (by default a
     /// restarted agent adopts them, keeping maps, counters and the attachment).
     #[arg(long)]

@@ -62,6 +62,7 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
         cgroup,
         max_sockets: opts.max_sockets,
         max_queued_bytes: opts.max_queued_bytes,
+        small_stream_bytes: opts.small_stream_bytes,
         reset: opts.reset,
         detach_on_exit: opts.detach_on_exit,
         skip_ports: opts.skip_ports.0.clone(),

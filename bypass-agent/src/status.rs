@@ -27,6 +27,8 @@ pub struct Report {
     pub links: usize,
     /// Bound, in bytes, on a peer's ingress queue (0: none).
     pub max_queued_bytes: u32,
+    /// Size under which a stream of sends takes the TCP path (0: never).
+    pub small_stream_bytes: u32,
     /// The running kernel's release.
     pub kernel: String,
     /// What the loaded programs do on this kernel.
@@ -115,6 +117,7 @@ pub fn read(layout: &PinLayout) -> Result<Report, AgentError> {
         connectors,
         links,
         max_queued_bytes: view.control.max_queued()?,
+        small_stream_bytes: view.control.small_stream()?,
         kernel: crate::datapath::kernel_release(),
         features: Features::from_bits(bits, view.sockopt_pinned),
         queue_bound_off: crate::datapath::queue_bound_off_reason(bits),
@@ -150,6 +153,7 @@ pub fn render_text(r: &Report) -> String {
         ("connectors", r.connectors.to_string()),
         ("links", r.links.to_string()),
         ("max_queued_bytes", r.max_queued_bytes.to_string()),
+        ("small_stream_bytes", r.small_stream_bytes.to_string()),
         ("kernel", r.kernel.clone()),
     ];
     rows.extend(r.features.list().map(|(k, on)| {
@@ -232,6 +236,7 @@ mod tests {
             connectors: 0,
             links: 2,
             max_queued_bytes: 4 << 20,
+            small_stream_bytes: 256,
             kernel: "6.18.0".into(),
             features: Features::from_bits(bypass_common::layout::features::QUEUE_BOUND, true),
             queue_bound_off: None,

@@ -45,6 +45,13 @@ pub mod control {
     /// The [`crate::layout::features`] bits the programs were loaded with, for `status`
     /// (the programs read their own copy, a read-only global).
     pub const SLOT_FEATURES: u32 = 7;
+    /// Sends smaller than this many bytes, made while the peer's ingress queue already
+    /// holds unread bytes [`crate::state::SMALL_STREAM_RUN`] times in a row, are a
+    /// small-message stream: that direction takes the TCP path for good, where TCP
+    /// coalesces the messages into segments and the reader's wake-ups (a redirect
+    /// queues and wakes per message). 0: never. Needs the peer's queue measured, so it
+    /// is off with [`crate::layout::features::QUEUE_BOUND`].
+    pub const SLOT_SMALL_STREAM: u32 = 8;
     /// Number of slots.
     pub const SLOTS: u32 = 16;
 

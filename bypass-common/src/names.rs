@@ -94,3 +94,10 @@ pub const DEFAULT_SKIP_PORTS: [u16; 10] = [
 ];
 /// Default bound on a peer's ingress queue ([`crate::control::SLOT_MAX_QUEUED`]).
 pub const DEFAULT_MAX_QUEUED_BYTES: u32 = 64 << 20;
+/// Default size under which a stream of sends takes the TCP path
+/// ([`crate::control::SLOT_SMALL_STREAM`]): 0, off. The TCP path of a socket in the
+/// SockHash pushes each message as it comes (net/ipv4/tcp_bpf.c, tcp_bpf_push), so it
+/// does not coalesce a stream of small writes the way plain TCP does: measured, the
+/// rule wins cross-CPU (qperf 1-16 B) and loses where the reader lags on its own CPU
+/// (README, Performance).
+pub const DEFAULT_SMALL_STREAM_BYTES: u32 = 0;

@@ -55,8 +55,9 @@ pub struct SockState {
     pub write_seq: u32,
     /// [`flags`] bits.
     pub flags: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// Small sends in a row that found the peer's queue not yet read
+    /// ([`small_stream_step`]).
+    pub small_run: u32,
     /// An upper bound on the bytes waiting in the peer's ingress queue: this socket is
     /// the only one that redirects to its peer, so the queue grows only by what it adds
     /// here; a read shrinks it. Measured again only when a send could cross the bound.
@@ -271,6 +272,28 @@ pub enum PassReason {
     /// An upper-layer protocol is attached to this socket (kTLS set through a path the
     /// setsockopt hook does not see: a 32-bit process's compat setsockopt).
     Ulp,
+    /// A stream of small messages (see [`small_stream_step`]).
+    SmallStream,
+}
+
+/// Small sends in a row that must find the peer's queue still holding unread bytes
+/// before a direction counts as a small-message stream.
+pub const SMALL_STREAM_RUN: u32 = 8;
+
+/// One small send's step of the small-stream rule: from the run so far and the bytes
+/// waiting unread in the peer's ingress queue, the new run and whether this direction
+/// now takes the TCP path. A send that finds the queue empty (request/response: the
+/// peer read everything before answering) resets the run; a writer that keeps ahead of
+/// its reader with small messages reaches [`SMALL_STREAM_RUN`], and from then on TCP
+/// coalesces its messages (one segment and one wake-up for many sends) where the
+/// ingress queue would take one entry and one wake-up each.
+#[inline(always)]
+pub const fn small_stream_step(run: u32, peer_queued: u64) -> (u32, bool) {
+    if peer_queued == 0 {
+        return (0, false);
+    }
+    let run = run.saturating_add(1);
+    (run, run >= SMALL_STREAM_RUN)
 }
 
 /// The first checks of sk_msg, before anything is read of the peer: `None` lets the
@@ -326,6 +349,26 @@ mod tests {
             rp,
             netns,
         )
+    }
+
+    #[test]
+    fn small_stream_rule() {
+        // Request/response: every send finds the queue read.
+        let mut run = 0;
+        for _ in 0..100 {
+            let (r, tcp) = small_stream_step(run, 0);
+            assert!(!tcp);
+            run = r;
+        }
+        // A stream: the reader falls behind; TCP at the SMALL_STREAM_RUN-th send.
+        for i in 1..=SMALL_STREAM_RUN {
+            let (r, tcp) = small_stream_step(run, 5);
+            assert_eq!((r, tcp), (i, i == SMALL_STREAM_RUN));
+            run = r;
+        }
+        // A burst shorter than the run, then the reader catches up: the run restarts.
+        let (r, _) = small_stream_step(3, 7);
+        assert_eq!(small_stream_step(r, 0), (0, false));
     }
 
     #[test]

@@ -50,10 +50,13 @@ pub enum Stat {
     /// Established sockets left alone because an upper-layer protocol is attached
     /// (an MPTCP subflow).
     UlpSkipped = 18,
+    /// Times a socket's sends moved to the TCP path as a small-message stream
+    /// ([`crate::state::small_stream_step`]).
+    SmallStreams = 19,
 }
 
 /// Number of slots; the array is created with this many entries.
-pub const STAT_SLOTS: u32 = 19;
+pub const STAT_SLOTS: u32 = 20;
 
 impl Stat {
     /// Every slot, in index order.
@@ -77,6 +80,7 @@ impl Stat {
         Stat::SkippedPorts,
         Stat::UlpRefused,
         Stat::UlpSkipped,
+        Stat::SmallStreams,
     ];
 
     /// One line of help for metrics.
@@ -105,6 +109,7 @@ impl Stat {
             Stat::SkippedPorts => "Sockets left alone for a port in the skip list",
             Stat::UlpRefused => "TCP_ULP (kTLS) refused on bypassed sockets",
             Stat::UlpSkipped => "Sockets left alone for an upper-layer protocol (MPTCP subflow)",
+            Stat::SmallStreams => "Times sends moved to TCP as a stream of small messages",
         }
     }
 
@@ -157,6 +162,7 @@ impl Stat {
             Stat::SkippedPorts => "skipped_ports",
             Stat::UlpRefused => "ulp_refused",
             Stat::UlpSkipped => "ulp_skipped",
+            Stat::SmallStreams => "small_streams",
         }
     }
 }

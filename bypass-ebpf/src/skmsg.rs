@@ -1,7 +1,9 @@
 //! sk_msg: runs on every send of a socket in the SockHash. Redirects the message to the
 //! peer socket's ingress queue when the connection is paired, the bypass is on, the
-//! peer honours what it would receive that way and its queue stays under its bound;
-//! otherwise the message takes the normal TCP path, and so does every later one of this
+//! peer honours what it would receive that way, its queue stays under its bound and
+//! the socket is not streaming small messages faster than the peer reads them
+//! (`bypass_common::state::small_stream_step`); otherwise the message takes the normal
+//! TCP path, and so does every later one of this
 //! socket (`bypass_common::tx_mode`: a direction never goes back from TCP to
 //! redirects, which is what keeps a blocked reader's bytes in order). It never drops:
 //! every path returns SK_PASS, and `bpf_msg_redirect_hash` changes nothing when the
@@ -17,7 +19,7 @@ use aya_ebpf::{
 };
 use bypass_common::{
     SockState, Stat, control,
-    state::{PassReason, precheck, side, within_limit},
+    state::{PassReason, precheck, side, small_stream_step, within_limit},
     tx_mode,
 };
 
@@ -41,12 +43,20 @@ pub fn bypass_skmsg(ctx: SkMsgContext) -> u32 {
         Err(reason) => {
             stats::add(Stat::PassedMessages, 1);
             stats::add(Stat::PassedBytes, size);
-            if reason == PassReason::QueueFull {
-                stats::add(Stat::QueueLimited, 1);
+            match reason {
+                PassReason::QueueFull => stats::add(Stat::QueueLimited, 1),
+                PassReason::SmallStream => stats::add(Stat::SmallStreams, 1),
+                _ => {}
             }
         }
     }
     SK_PASS
+}
+
+/// A control word (0 when the slot cannot be read).
+#[inline(always)]
+fn control_word(slot: u32) -> u64 {
+    u64::from(BYPASS_CONTROL.get(slot).copied().unwrap_or(0))
 }
 
 /// Sets up the redirect and returns the connection's hop kind, or says why the message
@@ -128,21 +138,26 @@ fn decide(
         return Err(PassReason::Ulp);
     }
     if kernel::bound_enabled() {
-        let limit = u64::from(
-            BYPASS_CONTROL
-                .get(control::SLOT_MAX_QUEUED)
-                .copied()
-                .unwrap_or(0),
-        );
+        let limit = control_word(control::SLOT_MAX_QUEUED);
+        let small = size < control_word(control::SLOT_SMALL_STREAM);
         // Only this socket adds to its peer's queue, so `state.queued` bounds it from
-        // above: measure only when this message could cross the bound.
-        if !within_limit(state.queued, size, limit) {
+        // above: measure only when this message could cross the bound, or when it is
+        // small (the small-stream rule asks whether the peer is behind).
+        let over = !within_limit(state.queued, size, limit);
+        if over || small {
             let peer = side::peer_index(state.side);
             let queued = kernel::peer_queued(link.sk[peer], link.cookie[peer])
                 .ok_or(PassReason::Unmeasurable)?;
             state.queued = queued;
-            if !within_limit(queued, size, limit) {
+            if over && !within_limit(queued, size, limit) {
                 return Err(PassReason::QueueFull);
+            }
+            if small {
+                let (run, to_tcp) = small_stream_step(state.small_run, queued);
+                state.small_run = run;
+                if to_tcp {
+                    return Err(PassReason::SmallStream);
+                }
             }
         }
     }

@@ -174,6 +174,9 @@ pub struct AgentStatus {
     /// `TCP_ULP` refused on bypassed sockets.
     #[serde(default)]
     pub ulp_refused: u64,
+    /// Times a socket moved to the TCP path as a small-message stream.
+    #[serde(default)]
+    pub small_streams: u64,
     /// Sockets left alone for an upper-layer protocol.
     #[serde(default)]
     pub ulp_skipped: u64,

@@ -216,6 +216,8 @@ pub struct Counters {
     pub ulp_refused: u64,
     /// Sockets left alone for an upper-layer protocol.
     pub ulp_skipped: u64,
+    /// Times a socket moved to the TCP path as a small-message stream.
+    pub small_streams: u64,
 }
 
 impl Counters {
@@ -240,6 +242,7 @@ impl Counters {
             Stat::SkippedPorts => self.skipped_ports = v,
             Stat::UlpRefused => self.ulp_refused = v,
             Stat::UlpSkipped => self.ulp_skipped = v,
+            Stat::SmallStreams => self.small_streams = v,
         }
     }
 
@@ -265,6 +268,7 @@ impl Counters {
             Stat::SkippedPorts => self.skipped_ports,
             Stat::UlpRefused => self.ulp_refused,
             Stat::UlpSkipped => self.ulp_skipped,
+            Stat::SmallStreams => self.small_streams,
         }
     }
 }
@@ -413,6 +417,16 @@ impl Control {
     /// The bound on a peer's ingress queue (0: none).
     pub fn max_queued(&self) -> Result<u32, AgentError> {
         self.get(control::SLOT_MAX_QUEUED)
+    }
+
+    /// Sets the size under which a stream of sends takes the TCP path (0: never).
+    pub fn set_small_stream(&mut self, bytes: u32) -> Result<(), AgentError> {
+        self.set(control::SLOT_SMALL_STREAM, bytes)
+    }
+
+    /// The size under which a stream of sends takes the TCP path (0: never).
+    pub fn small_stream(&self) -> Result<u32, AgentError> {
+        self.get(control::SLOT_SMALL_STREAM)
     }
 
     /// Records the [`bypass_common::layout::features`] bits the programs were loaded

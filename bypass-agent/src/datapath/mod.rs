@@ -58,6 +58,8 @@ pub struct Config {
     /// Bound on a peer's ingress queue (bytes redirected to it and not read yet) past
     /// which sends take the TCP path until the peer has read everything; 0: no bound.
     pub max_queued_bytes: u32,
+    /// Size under which a stream of sends takes the TCP path; 0: never.
+    pub small_stream_bytes: u32,
     /// Reload even when the pinned datapath is this build (drops nothing: sockets in
     /// the old map keep it until they close).
     pub reset: bool,
@@ -278,8 +280,15 @@ impl Datapath {
                 0
             }
         };
-        // Every start (adopting too) writes the bound asked for.
+        // Every start (adopting too) writes the bound asked for, and the small-stream
+        // size (which needs the same measurement).
         control.set_max_queued(max_queued)?;
+        let small_stream = if queue_bound_off_reason(loaded).is_none() {
+            config.small_stream_bytes
+        } else {
+            0
+        };
+        control.set_small_stream(small_stream)?;
         let sockops = SockOps::from_pin(pins.prog(PROG_SOCKOPS))
             .map_err(|e| AgentError::bpf(format!("open pinned program {PROG_SOCKOPS}"), &e))?;
         let sockopt = CgroupSockopt::from_pin(
@@ -298,6 +307,7 @@ impl Datapath {
         guard.disarm();
         info!(pin_dir = %config.pin_dir.display(), ?origin, attached = sockops_link.is_some(),
             max_sockets = config.max_sockets, max_queued_bytes = max_queued,
+            small_stream_bytes = small_stream,
             kernel = %host::kernel_release(),
             queue_bound = queue_bound_off_reason(loaded).unwrap_or("on"), "datapath ready");
         Ok(Self {

@@ -30,10 +30,11 @@ pub use catalog::KERNELS;
 
 /// The test binaries run in a VM unless a filter says otherwise: all but the
 /// Kubernetes ones (a real API server under emulation takes too long).
-pub const DEFAULT_TESTS: [&str; 10] = [
+pub const DEFAULT_TESTS: [&str; 11] = [
     "datapath",
     "isolation",
     "queue_bound",
+    "small_messages",
     "tcp_semantics",
     "detach",
     "restart",
