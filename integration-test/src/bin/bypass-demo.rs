@@ -1,7 +1,9 @@
 //! `bypass-demo`: the bypass at work on this machine. Two pods on a bridge, the agent
 //! attached to their cgroup; a bulk stream and a ping-pong between them with the bypass
-//! and again with the agent stopped (the normal TCP path); a table of what moved where
-//! and how fast, and the agent's status. Everything it creates is removed on exit.
+//! and again with the agent stopped (the normal TCP path), both ends on one CPU and
+//! then on two (a cross-CPU wake-up costs tens of µs on a small VM and can hide the
+//! gain); a table of what moved where and how fast, and the agent's status. Everything
+//! it creates is removed on exit.
 //!
 //! `bypass-demo peer ...` is `bypass-peer ...`: the demo starts itself as its peers.
 
@@ -32,12 +34,21 @@ struct Cli {
     /// Message size in the ping-pong.
     #[arg(long, default_value = "64", value_parser = parse_size)]
     msg_size: u64,
-    /// CPU for the client in pod a [default: the first CPU this process may use].
-    #[arg(long)]
+    /// CPU for the client in pod a; with --server-cpu, runs only that placement
+    /// [default: same-CPU on the first CPU this process may use, then cross-CPU with
+    /// the server on the second].
+    #[arg(long, requires = "server_cpu")]
     client_cpu: Option<usize>,
-    /// CPU for the server in pod b [default: the second CPU this process may use].
-    #[arg(long)]
+    /// CPU for the server in pod b (see --client-cpu).
+    #[arg(long, requires = "client_cpu")]
     server_cpu: Option<usize>,
+}
+
+/// Where the two ends run.
+struct Placement {
+    name: &'static str,
+    client_cpu: usize,
+    server_cpu: usize,
 }
 
 /// One path's results.
@@ -83,21 +94,39 @@ fn demo(cli: &Cli) -> Result<bool> {
         std::env::current_exe().context("find my own executable")?,
         vec!["peer".to_owned()],
     );
-    let (first, second) = two_cpus()?;
-    let client_cpu = cli.client_cpu.unwrap_or(first);
-    let server_cpu = cli.server_cpu.unwrap_or(second);
+    let placements = match (cli.client_cpu, cli.server_cpu) {
+        (Some(c), Some(s)) => vec![Placement {
+            name: "as asked",
+            client_cpu: c,
+            server_cpu: s,
+        }],
+        _ => {
+            let (first, second) = two_cpus()?;
+            let mut p = vec![Placement {
+                name: "same CPU",
+                client_cpu: first,
+                server_cpu: first,
+            }];
+            if second != first {
+                p.push(Placement {
+                    name: "cross CPU",
+                    client_cpu: first,
+                    server_cpu: second,
+                });
+            }
+            p
+        }
+    };
     println!("Building two pods on a bridge, each in its own netns and cgroup...");
     let pods = TwoPods::new()?;
-    println!(
-        "  pod a {} / {}  (client, pinned to CPU {client_cpu})",
-        pods.a.ipv4(),
-        pods.a.ipv6()
-    );
-    println!(
-        "  pod b {} / {}  (server, pinned to CPU {server_cpu})",
-        pods.b.ipv4(),
-        pods.b.ipv6()
-    );
+    println!("  pod a {} / {}  (client)", pods.a.ipv4(), pods.a.ipv6());
+    println!("  pod b {} / {}  (server)", pods.b.ipv4(), pods.b.ipv6());
+    for p in &placements {
+        println!(
+            "  {}: client pinned to CPU {}, server to CPU {}",
+            p.name, p.client_cpu, p.server_cpu
+        );
+    }
     println!("  cgroup {}", pods.cgroup().display());
     let mut agent = Agent::start(&pods.agent_opts())?;
     println!(
@@ -107,12 +136,18 @@ fn demo(cli: &Cli) -> Result<bool> {
         pods.pod_cidr_v6()
     );
 
-    println!(
-        "With the bypass: {} stream, {} round trips...",
-        bytes(cli.size),
-        cli.rounds
-    );
-    let bypass = run_path(cli, &pods, Some(&agent), 7001, client_cpu, server_cpu)?;
+    let mut port = 7001;
+    let mut bypass = Vec::new();
+    for p in &placements {
+        println!(
+            "With the bypass, {}: {} stream, {} round trips...",
+            p.name,
+            bytes(cli.size),
+            cli.rounds
+        );
+        bypass.push(run_path(cli, &pods, Some(&agent), port, p)?);
+        port += 1;
+    }
     let status = agent.status_text()?;
     let exit = agent.stop()?;
     if !exit.status.success() {
@@ -123,14 +158,26 @@ fn demo(cli: &Cli) -> Result<bool> {
         );
     }
     println!("Agent stopped (detached, pins removed). Same again on the normal TCP path...\n");
-    let tcp = run_path(cli, &pods, None, 7002, client_cpu, server_cpu)?;
-
-    print_table(cli, &bypass, &tcp);
+    let mut tcp = Vec::new();
+    for p in &placements {
+        println!("Normal TCP path, {}...", p.name);
+        tcp.push(run_path(cli, &pods, None, port, p)?);
+        port += 1;
+    }
+    let mut ok = true;
+    for ((p, b), t) in placements.iter().zip(&bypass).zip(&tcp) {
+        println!(
+            "\n== {} (client CPU {}, server CPU {}) ==",
+            p.name, p.client_cpu, p.server_cpu
+        );
+        print_table(cli, b, t);
+        ok &= b.ok() && t.ok();
+    }
     println!("\nAgent status just before it was stopped (bypass-agent status):");
     for line in status.lines() {
         println!("  {line}");
     }
-    Ok(bypass.ok() && tcp.ok())
+    Ok(ok)
 }
 
 /// The bulk stream then the ping-pong, pod a to pod b.
@@ -139,9 +186,9 @@ fn run_path(
     pods: &TwoPods,
     agent: Option<&Agent>,
     port: u16,
-    client_cpu: usize,
-    server_cpu: usize,
+    placement: &Placement,
 ) -> Result<PathRun> {
+    let (client_cpu, server_cpu) = (placement.client_cpu, placement.server_cpu);
     let addr = pods.b.v4_addr(port);
     let server_args = ServerArgs {
         cpus: vec![server_cpu],
