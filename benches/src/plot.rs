@@ -310,8 +310,9 @@ mod tests {
         assert!(s.trim_end().ends_with("</svg>"));
         assert!(s.contains("tcp_lat"));
         assert!(s.contains("tcp_bw"));
-        assert_eq!(s.matches("<polyline").count(), 6, "3 paths x 2 tests");
+        assert_eq!(s.matches("<polyline").count(), 8, "4 paths x 2 tests");
         assert!(s.contains("Unix-socket floor, cross-cpu"));
+        assert!(s.contains("minimal redirect, cross-cpu"));
     }
 
     #[test]

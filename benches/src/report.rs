@@ -776,15 +776,16 @@ pub fn render_snippet(r: &Results) -> String {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::model::{AgentProbe, Config, Environment, SCHEMA, Sample};
+    use crate::model::{AgentProbe, Config, Environment, ProgSample, SCHEMA, Sample};
 
     pub(crate) fn sample_results() -> Results {
         let mut samples = Vec::new();
         for rep in 0..3 {
-            for &size in &[64u32, 4096] {
+            for &size in &[64u32, 16384] {
                 for (path, lat, bw) in [
                     (Path::Bypass, 5000.0, 4e9),
                     (Path::Default, 12000.0, 1.5e9),
+                    (Path::Minimal, 5500.0, 4.2e9),
                     (Path::Floor, 4500.0, 5e9),
                 ] {
                     let jitter = f64::from(rep) * 100.0;
@@ -822,7 +823,7 @@ pub(crate) mod tests {
                 qperf_secs: 1,
                 sockperf_secs: 2,
                 floor_secs: 0.5,
-                sizes: vec![64, 4096],
+                sizes: vec![64, 16384],
                 sockperf_sizes: vec![64],
                 placements: vec![Placement::cross_cpu()],
                 tests: vec![Test::TcpLat, Test::TcpBw],
@@ -863,6 +864,24 @@ pub(crate) mod tests {
                 },
             ],
             hops: vec![],
+            programs: vec![
+                ProgSample {
+                    rep: 0,
+                    placement: "cross-cpu".into(),
+                    path: Path::Bypass,
+                    prog: Prog::SkMsg,
+                    runs: 1000,
+                    ns: 250_000,
+                },
+                ProgSample {
+                    rep: 0,
+                    placement: "cross-cpu".into(),
+                    path: Path::Minimal,
+                    prog: Prog::SkMsg,
+                    runs: 2000,
+                    ns: 260_000,
+                },
+            ],
             warnings: vec![],
         }
     }
@@ -876,31 +895,67 @@ pub(crate) mod tests {
         assert_eq!((b.median, b.min, b.max, b.n), (5100.0, 5000.0, 5200.0, 3));
         assert!((rows[0].ratio().unwrap() - 5100.0 / 12100.0).abs() < 1e-9);
         assert!((rows[0].vs_floor().unwrap() - 5100.0 / 4600.0).abs() < 1e-9);
+        assert!((rows[0].vs_minimal().unwrap() - 5100.0 / 5600.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn program_cost_per_run() {
+        let r = sample_results();
+        assert_eq!(
+            prog_cost(&r, "cross-cpu", Path::Bypass, Prog::SkMsg),
+            Some((250.0, 1000.0))
+        );
+        assert_eq!(
+            prog_cost(&r, "cross-cpu", Path::Minimal, Prog::SkMsg),
+            Some((130.0, 2000.0))
+        );
+        assert_eq!(
+            prog_cost(&r, "cross-cpu", Path::Bypass, Prog::SockOps),
+            None
+        );
+        let text = render(&r);
+        assert!(
+            text.contains("sk_msg    bypass 250 ns x 1000")
+                && text.contains("minimal 130 ns x 2000"),
+            "{text}"
+        );
     }
 
     #[test]
     fn target_verdicts() {
         let r = sample_results();
         let t = targets(&r);
-        assert_eq!(t[0].verdict(), "PASS", "{t:?}"); // 0.42x <= 0.5x
-        assert_eq!(t[1].verdict(), "PASS", "{t:?}"); // 1.11x <= 1.3x
-        assert_eq!(t[2].verdict(), "PASS", "{t:?}"); // 2.67x >= 2x
-        assert_eq!(t[3].verdict(), "PASS", "{t:?}"); // 9.2 MB
-        assert!(t[2].detail.contains("4K"), "{}", t[2].detail);
+        assert_eq!(t[0].verdict(), "PASS", "{t:?}"); // 0.91x minimal <= 0.95x
+        assert_eq!(t[1].verdict(), "PASS", "{t:?}"); // 0.42x <= 0.5x
+        assert_eq!(t[2].verdict(), "PASS", "{t:?}"); // 1.11x <= 1.3x floor
+        assert_eq!(t[3].verdict(), "PASS", "{t:?}"); // 2.67x >= 1x at every size
+        assert_eq!(t[4].verdict(), "PASS", "{t:?}"); // 2.67x >= 2.5x at 16K
+        assert_eq!(t[5].verdict(), "PASS", "{t:?}"); // 9.2 MB
+        assert!(t[4].detail.contains("16K"), "{}", t[4].detail);
         let mut r2 = r.clone();
         for s in &mut r2.samples {
             if s.path == Path::Default && s.test == Test::TcpLat {
                 s.value = 6000.0;
             }
+            if s.path == Path::Minimal && s.test == Test::TcpLat {
+                s.value = 5000.0;
+            }
+            if s.path == Path::Default && s.test == Test::TcpBw && s.size == 64 {
+                s.value = 5e9;
+            }
         }
-        assert_eq!(targets(&r2)[0].verdict(), "MISS");
+        let t2 = targets(&r2);
+        assert_eq!(t2[0].verdict(), "MISS", "{t2:?}");
+        assert_eq!(t2[1].verdict(), "MISS", "{t2:?}");
+        assert_eq!(t2[3].verdict(), "MISS", "{t2:?}");
+        assert_eq!(t2[4].verdict(), "PASS", "{t2:?}");
     }
 
     #[test]
     fn unmeasured_target_is_na() {
         let mut r = sample_results();
         r.samples.retain(|s| s.path != Path::Floor);
-        assert_eq!(targets(&r)[1].verdict(), "n/a");
+        assert_eq!(targets(&r)[2].verdict(), "n/a");
     }
 
     #[test]
@@ -921,7 +976,7 @@ pub(crate) mod tests {
         );
         assert!(text.contains("0.42x"), "{text}");
         assert!(text.contains("PASS"), "{text}");
-        assert!(text.contains("4K"), "{text}");
+        assert!(text.contains("16K") && text.contains("vs min"), "{text}");
         let md = render_markdown(&sample_results());
         assert!(
             md.contains("| 64 | 5.10 [5.00-5.20] | 12.1 [12.0-12.2] | 0.42x |"),

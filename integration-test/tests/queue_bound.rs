@@ -259,7 +259,7 @@ fn lockdown_loads_without_the_bound_and_says_so() -> Result<()> {
     let why = st["queue_bound_off"].as_str().unwrap_or("");
     ensure!(
         st["features"]["queue_bound"] == (has_field && !locked)
-            && why.contains("msg_tot_len") == !has_field
+            && why.contains("msg_tot_len") != has_field
             && why.contains("lockdown") == locked,
         "lockdown {locked}, queue field {has_field}: {st}"
     );
