@@ -71,11 +71,13 @@ fn lint(tools: &Tools) -> Result<()> {
     fmt.args(["fmt", "--all", "--check"]);
     let mut host = tools.cargo()?;
     host.args(["clippy", "--workspace", "--exclude", workspace::EBPF])
+        .args(["--exclude", workspace::MINIMAL_EBPF])
         .args(["--all-targets", "--", "-D", "warnings"]);
     let mut bpf = tools.cargo()?;
     // Unstable `-Z build-std` on the stable toolchain, as the agent's build script does.
     bpf.env("RUSTC_BOOTSTRAP", "1")
-        .args(["clippy", "--package", workspace::EBPF, "--release"])
+        .args(["clippy", "--package", workspace::EBPF])
+        .args(["--package", workspace::MINIMAL_EBPF, "--release"])
         .args(["--target", bpf_target(), "-Z", "build-std=core"])
         .args(["--", "-D", "warnings"]);
     let mut failed = Vec::new();

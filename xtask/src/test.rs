@@ -55,6 +55,7 @@ pub fn run(args: &Args) -> Result<()> {
     unit.args(["test", "--workspace", "--no-fail-fast"])
         .args(["--exclude", workspace::INTEGRATION_TEST])
         .args(["--exclude", workspace::EBPF])
+        .args(["--exclude", workspace::MINIMAL_EBPF])
         .arg("--")
         .args(&args.harness);
     let status = run_counting(&mut unit, &mut counts)?;

@@ -16,6 +16,9 @@ pub const AGENT: &str = "bypass-agent";
 /// The kernel programs: built for the BPF target only (through the agent's build script),
 /// so host-target tasks leave it out.
 pub const EBPF: &str = "bypass-ebpf";
+/// The bench's minimal reference programs: BPF target only too (through the bench's
+/// build script).
+pub const MINIMAL_EBPF: &str = "bypass-minimal-ebpf";
 /// The privileged tests, and the `bypass-demo` binary.
 pub const INTEGRATION_TEST: &str = "integration-test";
 
