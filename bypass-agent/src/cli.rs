@@ -70,11 +70,11 @@ pub struct RunOpts {
         value_parser = parse_bytes)]
     pub max_queued_bytes: u32,
     /// Sends smaller than this (K suffix allowed), made while the peer has not yet read
-    /// what was redirected to it 8 times in a row, are a small-message stream: that
-    /// direction takes the normal TCP path, which coalesces small messages (a redirect
-    /// costs one queue entry and one wake-up of the reader per message). Request and
-    /// response traffic, where the peer has read everything before it answers, keeps
-    /// the redirect at every size. 0 (the default) turns it off: a socket in the
+    /// what was redirected to it 8 times in a row (a larger send restarts the count),
+    /// are a small-message stream: that direction takes the normal TCP path for good.
+    /// Request and response traffic, where the peer has read everything before it
+    /// answers, keeps the redirect; a response of 8 or more small writes, or a
+    /// pipelining client, does not. 0 (the default) turns it off: a socket in the
     /// SockHash sends by TCP one segment per message, so this wins only where the
     /// reader's wake-ups cost more (see the README's Performance section). Needs the
     /// queue measured, as the bound does (off on kernels without it).

@@ -46,11 +46,12 @@ pub mod control {
     /// (the programs read their own copy, a read-only global).
     pub const SLOT_FEATURES: u32 = 7;
     /// Sends smaller than this many bytes, made while the peer's ingress queue already
-    /// holds unread bytes [`crate::state::SMALL_STREAM_RUN`] times in a row, are a
-    /// small-message stream: that direction takes the TCP path for good, where TCP
-    /// coalesces the messages into segments and the reader's wake-ups (a redirect
-    /// queues and wakes per message). 0: never. Needs the peer's queue measured, so it
-    /// is off with [`crate::layout::features::QUEUE_BOUND`].
+    /// holds unread bytes [`crate::state::SMALL_STREAM_RUN`] times in a row (a larger
+    /// send in between restarts the count), are a small-message stream: that direction
+    /// takes the TCP path for good, where the reader is woken per segment rather than
+    /// per message. 0: never (the default; see
+    /// [`crate::names::DEFAULT_SMALL_STREAM_BYTES`] for why). Needs the peer's queue
+    /// measured, so it is off without [`crate::layout::features::QUEUE_BOUND`].
     pub const SLOT_SMALL_STREAM: u32 = 8;
     /// Number of slots.
     pub const SLOTS: u32 = 16;

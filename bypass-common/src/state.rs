@@ -283,10 +283,10 @@ pub const SMALL_STREAM_RUN: u32 = 8;
 /// One small send's step of the small-stream rule: from the run so far and the bytes
 /// waiting unread in the peer's ingress queue, the new run and whether this direction
 /// now takes the TCP path. A send that finds the queue empty (request/response: the
-/// peer read everything before answering) resets the run; a writer that keeps ahead of
-/// its reader with small messages reaches [`SMALL_STREAM_RUN`], and from then on TCP
-/// coalesces its messages (one segment and one wake-up for many sends) where the
-/// ingress queue would take one entry and one wake-up each.
+/// peer read everything before answering) resets the run, and so does any send at or
+/// above the size (sk_msg does that); a writer that keeps ahead of its reader with
+/// small messages reaches [`SMALL_STREAM_RUN`]. So does a response written as that many
+/// small writes before its reader reads, and a pipelining client: the rule is opt-in.
 #[inline(always)]
 pub const fn small_stream_step(run: u32, peer_queued: u64) -> (u32, bool) {
     if peer_queued == 0 {

@@ -160,6 +160,11 @@ fn decide(
                 }
             }
         }
+        if !small {
+            // Only small sends in a row count: a length prefix before each large body
+            // is not a stream of small messages.
+            state.small_run = 0;
+        }
     }
     let mut target = link.target(state);
     if BYPASS_SOCKETS.redirect_msg(ctx, &mut target, BPF_F_INGRESS.into()) != i64::from(SK_PASS) {

@@ -209,6 +209,7 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
     state.side = side::NONE;
     state.tx_mode = tx_mode::UNDECIDED;
     state.queued = 0;
+    state.small_run = 0;
     state.rx_tcp = u32::from(options_need_tcp(own.rcvlowat, own.peek_off));
     state.write_seq = own.write_seq;
     state.cookie = cookie;

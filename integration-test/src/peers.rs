@@ -77,6 +77,8 @@ pub struct ClientArgs {
     pub msg_size: usize,
     /// Bytes per second per connection and direction (0: unlimited).
     pub rate: u64,
+    /// Bytes written before each `msg_size` write of a bulk stream (0: none).
+    pub prefix: usize,
     /// Ping-pong rounds instead of bulk.
     pub pingpong: Option<u64>,
     /// First stream id.
@@ -97,6 +99,7 @@ impl Default for ClientArgs {
             connections: 0,
             msg_size: 64 * 1024,
             rate: 0,
+            prefix: 0,
             pingpong: None,
             stream_base: 0,
             cpus: Vec::new(),
@@ -148,6 +151,8 @@ impl ClientArgs {
             self.msg_size.to_string(),
             "--rate".to_owned(),
             self.rate.to_string(),
+            "--prefix".to_owned(),
+            self.prefix.to_string(),
             "--stream-base".to_owned(),
             self.stream_base.to_string(),
             "--idle-timeout".to_owned(),

@@ -94,6 +94,44 @@ fn small_message_stream_takes_tcp_in_order() -> Result<()> {
 }
 
 #[test]
+fn length_prefixed_records_keep_redirect() -> Result<()> {
+    if !preflight("length_prefixed_records_keep_redirect")? {
+        return Ok(());
+    }
+    let pods = two_pods()?;
+    let agent = agent_with(&pods, &["--small-stream-bytes", "256"])?;
+    // A 4-byte length before each 16 KiB record, to a reader that lags: each length
+    // finds the queue unread, but the records between them are not small.
+    let args = ClientArgs {
+        send: 8 << 20,
+        recv: 0,
+        msg_size: 16 << 10,
+        prefix: 4,
+        ..ClientArgs::default()
+    };
+    let server = ServerArgs {
+        reply_delay_ms: 200,
+        ..ServerArgs::new(1)
+    };
+    let x = exchange_with(
+        &pods,
+        Some(&agent),
+        pods.b.v4_addr(5404),
+        pods.b.v4_addr(5404),
+        &args,
+        &server,
+    )?;
+    assert_byte_exact(&x, &args)?;
+    assert_bypassed(&x, &args)?;
+    ensure!(
+        grew(&x.before, &x.after, |s| s.small_streams) == 0,
+        "length-prefixed records were taken for a small-message stream: {:?}",
+        x.after
+    );
+    Ok(())
+}
+
+#[test]
 fn small_message_ping_pong_keeps_redirect() -> Result<()> {
     if !preflight("small_message_ping_pong_keeps_redirect")? {
         return Ok(());

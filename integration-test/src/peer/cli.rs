@@ -60,6 +60,10 @@ enum Cmd {
         /// Bytes per second per connection and direction; 0 is unlimited.
         #[arg(long, default_value = "0", value_parser = parse_size)]
         rate: u64,
+        /// In a bulk stream, write this many bytes before each --msg-size write (a
+        /// length prefix before each record); 0 writes none.
+        #[arg(long, default_value = "0", value_parser = parse_size)]
+        prefix: u64,
         /// Do this many round trips of --msg-size bytes instead of bulk transfer.
         #[arg(long, value_name = "ROUNDS")]
         pingpong: Option<u64>,
@@ -123,6 +127,7 @@ where
             connections,
             msg_size,
             rate,
+            prefix,
             pingpong,
             stream_base,
             idle_timeout,
@@ -134,6 +139,7 @@ where
             connections: connections.unwrap_or(streams as u64),
             msg_size: usize::try_from(msg_size).unwrap_or(usize::MAX),
             rate,
+            prefix: usize::try_from(prefix).unwrap_or(usize::MAX),
             pingpong,
             stream_base,
             idle_timeout: Duration::from_secs(idle_timeout),

@@ -12,7 +12,7 @@ use std::{
 };
 
 use super::{
-    io::{PatientReader, expect_eof, recv_pattern, send_pattern},
+    io::{PatientReader, expect_eof, recv_pattern, send_pattern, send_pattern_sizes},
     pattern::{Direction, Pattern, Verifier},
     report::{ConnOutcome, Failure, Report},
     wire::{Header, Mode, Trailer, Verdict},
@@ -35,6 +35,8 @@ pub struct ClientOpts {
     pub msg_size: usize,
     /// Send rate per connection and direction, bytes per second (0: unlimited).
     pub rate: u64,
+    /// Bytes written before each `msg_size` write in a bulk stream (0: none).
+    pub prefix: usize,
     /// Ping-pong rounds per connection instead of bulk streams.
     pub pingpong: Option<u64>,
     /// First stream id (ids are `stream_base..stream_base + connections`).
@@ -123,7 +125,7 @@ fn one(opts: &ClientOpts, stream: u64) -> ConnOutcome {
     }
     let mut reader = PatientReader::new(&sock, timeout);
     match header.mode {
-        Mode::Stream => stream_mode(&sock, &mut reader, &header, opts.rate, &mut out),
+        Mode::Stream => stream_mode(&sock, &mut reader, &header, opts, &mut out),
         Mode::PingPong => pingpong_mode(&sock, &mut reader, &header, &mut out),
     }
     if out.failures.is_empty() {
@@ -138,18 +140,25 @@ fn stream_mode(
     sock: &TcpStream,
     reader: &mut PatientReader<'_>,
     h: &Header,
-    rate: u64,
+    opts: &ClientOpts,
     out: &mut ConnOutcome,
 ) {
+    let msg_size = h.msg_size as usize;
+    let sizes = if opts.prefix > 0 {
+        vec![opts.prefix, msg_size]
+    } else {
+        vec![msg_size]
+    };
+    let rate = opts.rate;
     let (sent, (received, failure)) = std::thread::scope(|s| {
         let w = s.spawn(move || {
             let mut writer = sock;
-            let r = send_pattern(
+            let r = send_pattern_sizes(
                 &mut writer,
                 h.stream,
                 Direction::ClientToServer,
                 h.c2s,
-                h.msg_size as usize,
+                &sizes,
                 rate,
             );
             // Half-close: the server's check for extra bytes ends at our FIN.

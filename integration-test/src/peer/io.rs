@@ -101,12 +101,28 @@ pub fn send_pattern(
     msg_size: usize,
     rate: u64,
 ) -> io::Result<u64> {
+    send_pattern_sizes(w, stream, dir, len, &[msg_size], rate)
+}
+
+/// [`send_pattern`] with writes whose sizes cycle through `sizes` (a length prefix
+/// and a record, say).
+pub fn send_pattern_sizes(
+    w: &mut impl Write,
+    stream: u64,
+    dir: Direction,
+    len: u64,
+    sizes: &[usize],
+    rate: u64,
+) -> io::Result<u64> {
     let mut pattern = Pattern::new(stream, dir);
-    let mut buf = vec![0u8; msg_size.max(1)];
+    let mut buf = vec![0u8; sizes.iter().copied().max().unwrap_or(1).max(1)];
     let pacer = Pacer::new(rate);
     let mut sent = 0u64;
-    while sent < len {
-        let n = (len - sent).min(buf.len() as u64) as usize;
+    for &size in sizes.iter().cycle() {
+        if sent >= len {
+            break;
+        }
+        let n = (len - sent).min(size.max(1) as u64) as usize;
         pattern.fill(&mut buf[..n]);
         w.write_all(&buf[..n])?;
         sent += n as u64;

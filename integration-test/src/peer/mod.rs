@@ -91,6 +91,7 @@ mod tests {
             connections: 8,
             msg_size: 65536,
             rate: 0,
+            prefix: 0,
             pingpong: None,
             stream_base: 100,
             idle_timeout: Duration::from_secs(10),
@@ -150,6 +151,7 @@ mod tests {
             s2c: 0,
             msg_size: 10,
             rate: 0,
+            prefix: 0,
         };
         let mut data = vec![0u8; 20];
         pattern::Pattern::new(1, pattern::Direction::ClientToServer).fill(&mut data);
