@@ -55,7 +55,10 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
     }
     let cgroup = match opts.cgroup {
         Some(path) => path,
-        None => datapath::find_cgroup2_mount()?,
+        None => match &opts.host_cgroupfs {
+            Some(dir) => datapath::find_host_cgroup2(dir)?,
+            None => datapath::find_cgroup2_mount()?,
+        },
     };
     let config = datapath::Config {
         pin_dir: opts.pins.pin_dir,

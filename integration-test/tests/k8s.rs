@@ -723,7 +723,7 @@ fn k8s_traffic_from_pod_objects_and_label_toggle_lose_no_byte() -> Result<()> {
 
     ensure!(metric(port, "bypass_attached")? == 1.0, "attached metric");
     ensure!(
-        metric(port, "bypass_redirected_bytes_total")? >= f64::from(4 * (16 << 20)),
+        metric(port, "bypass_redirected_bytes_total{kind=\"pod\"}")? >= f64::from(4 * (16 << 20)),
         "redirected bytes metric"
     );
 
