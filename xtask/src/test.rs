@@ -150,6 +150,8 @@ fn cluster_tests(tools: &setup::Tools, agent: &Path, harness: &[String]) -> Resu
                 "test",
                 "--package",
                 workspace::INTEGRATION_TEST,
+                "--features",
+                "cluster",
                 "--test",
                 "cluster",
             ])
