@@ -351,6 +351,19 @@ mod tests {
     }
 
     #[test]
+    fn containerfile_builds_the_same_tree_and_entrypoint() {
+        let file = include_str!("../../deploy/Containerfile");
+        assert!(
+            file.contains("cargo xtask image --rootfs agent /out/rootfs"),
+            "{file}"
+        );
+        assert!(file.contains("FROM scratch"));
+        assert!(file.contains("COPY --from=build /out/rootfs/ /"));
+        assert!(file.contains("ENTRYPOINT [\"/usr/local/bin/bypass-agent\"]"));
+        assert!(file.contains("CMD [\"run\"]"));
+    }
+
+    #[test]
     fn config_and_manifest() {
         let spec = ImageSpec {
             name: "bypass-agent:0.1.0".into(),

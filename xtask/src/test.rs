@@ -144,6 +144,7 @@ fn cluster_tests(tools: &setup::Tools, agent: &Path, harness: &[String]) -> Resu
             cluster::import_image(&layout, &t)?;
         }
         let bins = cluster::bins::ensure()?;
+        let helm = cluster::bins::ensure_helm()?;
         let mut cargo = tools.cargo()?;
         cargo
             .args([
@@ -157,6 +158,7 @@ fn cluster_tests(tools: &setup::Tools, agent: &Path, harness: &[String]) -> Resu
             ])
             .env("BYPASS_CLUSTER_KUBECONFIG", layout.admin_kubeconfig())
             .env("BYPASS_KUBECTL", bins.get("kubectl"))
+            .env("BYPASS_HELM", helm)
             .env("BYPASS_AGENT_BIN", agent)
             .args(["--", "--test-threads=1"])
             .args(harness);

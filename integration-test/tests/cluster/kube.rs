@@ -116,56 +116,71 @@ impl Deployed {
         Ok(me)
     }
 
-    /// Waits until the DaemonSet's rollout is complete and its pod Ready.
+    /// [`wait_rollout`].
     pub fn wait_rollout(&self) -> Result<()> {
-        k(&[
-            "-n",
-            "bypass-system",
-            "rollout",
-            "status",
-            "ds/bypass-agent",
-            "--timeout=120s",
-        ])
-        .map(drop)
+        wait_rollout()
     }
 
-    /// The agent pod's name.
+    /// [`agent_pod`].
     pub fn pod(&self) -> Result<String> {
-        let name = k(&[
-            "-n",
-            "bypass-system",
-            "get",
-            "pods",
-            "-l",
-            "app.kubernetes.io/name=bypass-agent",
-            "--field-selector=status.phase=Running",
-            "-o",
-            "jsonpath={.items[0].metadata.name}",
-        ])?;
-        ensure!(!name.trim().is_empty(), "no running agent pod");
-        Ok(name.trim().to_owned())
+        agent_pod()
     }
 
-    /// `bypass-agent status --json` through `kubectl exec`.
+    /// [`agent_status`].
     pub fn status(&self) -> Result<serde_json::Value> {
-        let text = k(&[
-            "-n",
-            "bypass-system",
-            "exec",
-            "ds/bypass-agent",
-            "--",
-            "bypass-agent",
-            "status",
-            "--json",
-        ])?;
-        serde_json::from_str(&text).with_context(|| format!("status --json: {text}"))
+        agent_status()
     }
 
     /// A counter of `status --json`.
     pub fn counter(&self, name: &str) -> Result<u64> {
-        let s = self.status()?;
+        let s = agent_status()?;
         find_u64(&s, name).with_context(|| format!("no {name} in status: {s}"))
     }
+}
+
+/// Waits until the agent DaemonSet's rollout is complete and its pod Ready.
+pub fn wait_rollout() -> Result<()> {
+    k(&[
+        "-n",
+        "bypass-system",
+        "rollout",
+        "status",
+        "ds/bypass-agent",
+        "--timeout=120s",
+    ])
+    .map(drop)
+}
+
+/// The running agent pod's name.
+pub fn agent_pod() -> Result<String> {
+    let name = k(&[
+        "-n",
+        "bypass-system",
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/name=bypass-agent",
+        "--field-selector=status.phase=Running",
+        "-o",
+        "jsonpath={.items[0].metadata.name}",
+    ])?;
+    ensure!(!name.trim().is_empty(), "no running agent pod");
+    Ok(name.trim().to_owned())
+}
+
+/// `bypass-agent status --json` through `kubectl exec`.
+pub fn agent_status() -> Result<serde_json::Value> {
+    let text = k(&[
+        "-n",
+        "bypass-system",
+        "exec",
+        "ds/bypass-agent",
+        "--",
+        "bypass-agent",
+        "status",
+        "--json",
+    ])?;
+    serde_json::from_str(&text).with_context(|| format!("status --json: {text}"))
 }
 
 fn find_u64(v: &serde_json::Value, key: &str) -> Option<u64> {
@@ -197,6 +212,12 @@ pub fn uninstall() -> Result<()> {
         "--wait=true",
         "--timeout=120s",
     ])?;
+    clean_nodes()
+}
+
+/// `deploy/uninstall.yaml` until every node is clean, then deleted; the label removed.
+pub fn clean_nodes() -> Result<()> {
+    let deploy = repo().join("deploy");
     let manifest = deploy.join("uninstall.yaml").display().to_string();
     k(&["apply", "-f", &manifest])?;
     let result = k(&[
@@ -210,6 +231,104 @@ pub fn uninstall() -> Result<()> {
     k(&["delete", "-f", &manifest, "--wait=true", "--timeout=120s"])?;
     label_node(None)?;
     result.map(drop)
+}
+
+/// `helm` of the tests.
+pub fn helm(args: &[&str]) -> Result<String> {
+    let fix = "run the cluster tests with `cargo xtask test --cluster`";
+    let bin = env_path("BYPASS_HELM", fix)?;
+    let kc = env_path("BYPASS_CLUSTER_KUBECONFIG", fix)?;
+    let out = Command::new(bin)
+        .arg("--kubeconfig")
+        .arg(kc)
+        .args(args)
+        .output()
+        .context("run helm")?;
+    if !out.status.success() {
+        bail!(
+            "helm {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A release of `deploy/chart/bypass-agent` in `bypass-system`; on drop `helm
+/// uninstall`, the README's node cleanup, the namespace deleted.
+pub struct HelmRelease;
+
+/// The release's name.
+pub const RELEASE: &str = "bypass";
+
+impl HelmRelease {
+    /// `helm install` with `sets` (`key=value`), waiting for the DaemonSet.
+    pub fn install(sets: &[&str]) -> Result<Self> {
+        let chart = repo()
+            .join("deploy/chart/bypass-agent")
+            .display()
+            .to_string();
+        let mut args = vec![
+            "install",
+            RELEASE,
+            &chart,
+            "-n",
+            "bypass-system",
+            "--create-namespace",
+            "--wait",
+            "--timeout=120s",
+        ];
+        for s in sets {
+            args.extend(["--set", s]);
+        }
+        let me = Self;
+        helm(&args)?;
+        wait_rollout()?;
+        Ok(me)
+    }
+
+    /// `helm upgrade --reuse-values` with `sets`, waiting for the rollout.
+    pub fn upgrade(&self, sets: &[&str]) -> Result<()> {
+        let chart = repo()
+            .join("deploy/chart/bypass-agent")
+            .display()
+            .to_string();
+        let mut args = vec![
+            "upgrade",
+            RELEASE,
+            &chart,
+            "-n",
+            "bypass-system",
+            "--reuse-values",
+            "--wait",
+            "--timeout=120s",
+        ];
+        for s in sets {
+            args.extend(["--set", s]);
+        }
+        helm(&args)?;
+        wait_rollout()
+    }
+}
+
+impl Drop for HelmRelease {
+    fn drop(&mut self) {
+        let result = helm(&["uninstall", RELEASE, "-n", "bypass-system", "--wait"])
+            .and_then(|_| clean_nodes())
+            .and_then(|()| {
+                k(&[
+                    "delete",
+                    "namespace",
+                    "bypass-system",
+                    "--ignore-not-found",
+                    "--wait=true",
+                ])
+                .map(drop)
+            });
+        if let Err(e) = result {
+            eprintln!("cluster test: helm uninstall failed: {e:#}");
+        }
+    }
 }
 
 /// What is left under the agent's pin directory (empty when it is gone).

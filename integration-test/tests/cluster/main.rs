@@ -8,7 +8,9 @@ mod kube;
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
-use kube::{Deployed, Namespace, PORT, Running, exchange, label_node, metric, pins_left};
+use kube::{
+    Deployed, HelmRelease, Namespace, PORT, Running, exchange, label_node, metric, pins_left,
+};
 
 /// Bytes each way per exchange.
 const PAYLOAD: &str = "16M";
@@ -240,4 +242,58 @@ fn delete_then_readme_uninstall_leaves_nothing_pinned_or_attached() -> Result<()
     let cost = veth_cost(&client, &server, &format!("{}:{PORT}", server.ip))?;
     label_node(None)?;
     assert_normal_path(cost, "after uninstall")
+}
+
+#[test]
+fn helm_chart_installs_bypasses_and_upgrades_with_a_connection_kept() -> Result<()> {
+    let release = HelmRelease::install(&["image.tag=0.1.0"])?;
+    let ns = Namespace::create("bt-helm", &[])?;
+    let server = ns.server_pod("server", &[])?;
+    let client = ns.client_pod("client")?;
+    let target = format!("{}:{PORT}", server.ip);
+    // The chart's default is opt-in too.
+    assert_normal_path(veth_cost(&client, &server, &target)?, "unlabelled node")?;
+    label_node(Some("true"))?;
+    wait_path(&client, &server, &target, true)?;
+
+    let before = server.veth_bytes()?;
+    let running = Running::start(&client, &target, "32M", "3M")?;
+    std::thread::sleep(Duration::from_secs(2));
+    release.upgrade(&[
+        "image.tag=0.1.0-rollout",
+        "skipPorts=15021",
+        "serviceCIDRs={10.97.0.0/16}",
+    ])?;
+    let pod = kube::agent_pod()?;
+    let args = kube::k(&[
+        "-n",
+        "bypass-system",
+        "get",
+        "pod",
+        &pod,
+        "-o",
+        "jsonpath={.spec.containers[0].image} {.spec.containers[0].args}",
+    ])?;
+    ensure!(
+        args.contains("0.1.0-rollout")
+            && args.contains("--skip-ports=15021")
+            && args.contains("--service-cidr=10.97.0.0/16"),
+        "upgraded pod: {args}"
+    );
+    let status = kube::agent_status()?;
+    ensure!(
+        status.to_string().contains("15021"),
+        "skip ports not applied: {status}"
+    );
+    running.finish()?;
+    let cost = server.veth_bytes()? - before;
+    eprintln!("helm upgrade: 64 MiB byte-exact, the server's veth carried {cost} bytes");
+    ensure!(
+        cost < BYPASSED_MAX,
+        "the veth carried {cost} bytes during the upgrade"
+    );
+    drop(ns);
+    drop(release);
+    ensure!(pins_left().is_empty(), "left pinned: {:?}", pins_left());
+    Ok(())
 }

@@ -97,6 +97,34 @@ pub fn ensure() -> Result<Bins> {
     Ok(bins)
 }
 
+/// The Helm release the chart tests install with (no Debian package carries Helm).
+pub const HELM_VERSION: &str = "v3.22.0";
+
+/// `helm`, built from the Go module proxy into the cache unless there.
+pub fn ensure_helm() -> Result<PathBuf> {
+    let dir = kube_env::cache_dir().join(format!("helm-{HELM_VERSION}"));
+    let helm = dir.join("helm");
+    if helm.is_file() {
+        return Ok(helm);
+    }
+    let go = kube_env::go_tool()?;
+    eprintln!("cluster: building helm {HELM_VERSION} (a few minutes the first time)");
+    let started = Instant::now();
+    std::fs::create_dir_all(&dir)?;
+    cmd::run_to_stderr(
+        Command::new(go)
+            .args([
+                "install",
+                &format!("helm.sh/helm/v3/cmd/helm@{HELM_VERSION}"),
+            ])
+            .env("GOBIN", &dir)
+            .env("GOTOOLCHAIN", "local")
+            .current_dir(&dir),
+    )?;
+    eprintln!("cluster: helm built in {:.0?}", started.elapsed());
+    Ok(helm)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
