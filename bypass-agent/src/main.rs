@@ -7,6 +7,7 @@ mod datapath;
 mod error;
 mod k8s;
 mod metrics;
+mod others;
 #[cfg(test)]
 mod props;
 mod run;
