@@ -60,6 +60,13 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
             None => datapath::find_cgroup2_mount()?,
         },
     };
+    for other in crate::others::list() {
+        tracing::warn!(
+            program = %other,
+            "another program's {} program is loaded: sockets its sockmap holds cannot join ours (insert_failures, see status)",
+            other.kind
+        );
+    }
     let config = datapath::Config {
         pin_dir: opts.pins.pin_dir,
         cgroup,
