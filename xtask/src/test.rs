@@ -168,6 +168,20 @@ fn cluster_tests(tools: &setup::Tools, agent: &Path, harness: &[String]) -> Resu
         if !status.success() {
             bail!("cluster tests: {status}");
         }
+        // Every test ends with the README's uninstall: nothing of the agent is left.
+        let left: Vec<String> = std::fs::read_dir(cluster::AGENT_PIN_DIR)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        if !left.is_empty() {
+            bail!(
+                "the cluster tests left pins in {}: {} (the uninstall did not remove them)",
+                cluster::AGENT_PIN_DIR,
+                left.join(", ")
+            );
+        }
         Ok(())
     })();
     if brought_up {
