@@ -31,7 +31,7 @@ pub enum Command {
     /// Print what the running datapath holds and has counted.
     Status(StatusOpts),
     /// Remove every pin a crashed agent left behind, and say what was removed.
-    Uninstall(PinOpts),
+    Uninstall(UninstallOpts),
 }
 
 /// Options of `run`.
@@ -54,9 +54,17 @@ pub struct RunOpts {
     #[arg(long, value_name = "PORTS", default_value = DEFAULT_SKIP_PORTS_ARG,
         value_parser = parse_ports)]
     pub skip_ports: PortList,
-    /// cgroup v2 directory to attach sock_ops to [default: the cgroup2 mount root].
+    /// cgroup v2 directory to attach sock_ops to [default: the cgroup2 mount root; with
+    /// --host-cgroupfs, the host's].
     #[arg(long, value_name = "PATH")]
     pub cgroup: Option<PathBuf>,
+    /// The host's /sys/fs/cgroup, mounted into the agent's container (e.g.
+    /// /host/sys/fs/cgroup): without --cgroup, sock_ops attaches to the cgroup2
+    /// hierarchy there: PATH itself on unified hosts, PATH/unified (or the child that is
+    /// cgroup2) on hybrid ones. The container's own /sys/fs/cgroup is only its cgroup
+    /// namespace's view.
+    #[arg(long, value_name = "PATH")]
+    pub host_cgroupfs: Option<PathBuf>,
     #[command(flatten)]
     pub pins: PinOpts,
     /// SockHash capacity in sockets (two per bypassed connection).
@@ -125,6 +133,17 @@ pub struct KubeOpts {
     /// Seconds between full reconcile passes that repair drift.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     pub resync_seconds: u64,
+}
+
+/// Options of `uninstall`.
+#[derive(Debug, Args)]
+pub struct UninstallOpts {
+    #[command(flatten)]
+    pub pins: PinOpts,
+    /// After removing, stay until SIGTERM or SIGINT: the uninstall DaemonSet
+    /// (`deploy/uninstall.yaml`) then has one Ready pod per node once that node is clean.
+    #[arg(long)]
+    pub wait: bool,
 }
 
 /// Where the pins live.

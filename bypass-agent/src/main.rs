@@ -7,6 +7,7 @@ mod datapath;
 mod error;
 mod k8s;
 mod metrics;
+mod others;
 #[cfg(test)]
 mod props;
 mod run;
@@ -18,6 +19,18 @@ use std::process::ExitCode;
 
 use clap::Parser as _;
 use tracing_subscriber::EnvFilter;
+
+/// Blocks until SIGTERM or SIGINT (`uninstall --wait`).
+fn wait_for_termination() {
+    use nix::sys::signal::{SigSet, Signal};
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGTERM);
+    set.add(Signal::SIGINT);
+    if set.thread_block().is_ok() {
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+        let _ = set.wait();
+    }
+}
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
@@ -33,12 +46,15 @@ fn main() -> ExitCode {
     let result = match cli.command {
         cli::Command::Run(opts) => run::run(*opts),
         cli::Command::Status(opts) => status::status(opts),
-        cli::Command::Uninstall(opts) => datapath::uninstall(&opts.pin_dir).map(|removed| {
+        cli::Command::Uninstall(opts) => datapath::uninstall(&opts.pins.pin_dir).map(|removed| {
             for path in &removed {
                 println!("removed {}", path.display());
             }
             if removed.is_empty() {
-                println!("nothing pinned under {}", opts.pin_dir.display());
+                println!("nothing pinned under {}", opts.pins.pin_dir.display());
+            }
+            if opts.wait {
+                wait_for_termination();
             }
         }),
     };

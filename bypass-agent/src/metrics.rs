@@ -254,6 +254,13 @@ fn count(n: usize) -> i64 {
 
 impl Collector for DatapathCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        labeled_gauges(
+            &mut enc,
+            "bypass_build_info",
+            "The agent's version (always 1)",
+            "version",
+            &[(env!("CARGO_PKG_VERSION"), 1)],
+        )?;
         let view = match PinnedView::open(&self.layout) {
             Ok(v) => v,
             Err(e) => {
@@ -328,15 +335,98 @@ impl Collector for DatapathCollector {
         }
         match view.stats.read() {
             Ok(c) => {
-                for stat in bypass_common::Stat::ALL {
-                    let name = format!("bypass_{}", stat.name());
-                    counter(&mut enc, &name, stat.help(), c.get(stat))?;
+                let values: Vec<(&str, &str, u64)> = bypass_common::Stat::ALL
+                    .iter()
+                    .map(|&stat| (stat.name(), stat.help(), c.get(stat)))
+                    .collect();
+                for family in families(&values) {
+                    match family {
+                        Series::Plain { name, help, value } => {
+                            counter(&mut enc, &format!("bypass_{name}"), help, value)?;
+                        }
+                        Series::ByKind { base, kinds } => {
+                            let help = format!("{} by connection kind", base.replace('_', " "));
+                            let name = format!("bypass_{base}");
+                            let mut f =
+                                enc.encode_descriptor(&name, &help, None, MetricType::Counter)?;
+                            for (kind, v) in kinds {
+                                let labels = [("kind", kind)];
+                                ConstCounter::new(v).encode(f.encode_family(&labels)?)?;
+                            }
+                        }
+                    }
                 }
             }
             Err(e) => warn!(error = %e, "reading datapath counters for metrics"),
         }
         Ok(())
     }
+}
+
+/// The connection kinds a counter can be split by (the stats' `_pod`, `_loopback`,
+/// `_translated` suffixes).
+pub const KINDS: [&str; 3] = ["pod", "loopback", "translated"];
+
+/// How the datapath counters are exported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Series<'a> {
+    /// `bypass_<name>_total`.
+    Plain {
+        /// The stat's name.
+        name: &'a str,
+        /// Its help text.
+        help: &'a str,
+        /// Its value.
+        value: u64,
+    },
+    /// `bypass_<base>_total{kind="..."}`, one series per kind.
+    ByKind {
+        /// The name without the kind suffix.
+        base: &'a str,
+        /// `(kind, value)`.
+        kinds: Vec<(&'a str, u64)>,
+    },
+}
+
+/// Groups `(name, help, value)` counters (pure): every `<base>_<kind>` becomes a series
+/// of the `<base>` family labelled `kind`; a plain counter named `<base>` of such a
+/// family is the sum of its kinds (every redirect belongs to a link of one kind) and is
+/// left out, so summing the family gives it without counting twice.
+pub fn families<'a>(values: &[(&'a str, &'a str, u64)]) -> Vec<Series<'a>> {
+    let split = |name: &'a str| {
+        KINDS.iter().find_map(|kind| {
+            name.strip_suffix(kind)
+                .and_then(|b| b.strip_suffix('_'))
+                .map(|base| (base, *kind))
+        })
+    };
+    let mut out: Vec<Series<'a>> = Vec::new();
+    for &(name, help, value) in values {
+        if let Some((base, kind)) = split(name) {
+            let existing = out.iter_mut().find_map(|f| match f {
+                Series::ByKind { base: b, kinds } if *b == base => Some(kinds),
+                _ => None,
+            });
+            match existing {
+                Some(kinds) => kinds.push((kind, value)),
+                None => out.push(Series::ByKind {
+                    base,
+                    kinds: vec![(kind, value)],
+                }),
+            }
+        } else {
+            out.push(Series::Plain { name, help, value });
+        }
+    }
+    let bases: Vec<&str> = out
+        .iter()
+        .filter_map(|f| match f {
+            Series::ByKind { base, .. } => Some(*base),
+            Series::Plain { .. } => None,
+        })
+        .collect();
+    out.retain(|f| !matches!(f, Series::Plain { name, .. } if bases.contains(name)));
+    out
 }
 
 /// Binds `addr` and serves `/metrics`, `/healthz` and `/readyz` until the runtime
@@ -446,6 +536,49 @@ mod tests {
             .unwrap()
             .to_bytes();
         (status, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    #[test]
+    fn counters_by_kind_are_one_labelled_family() {
+        let values = [
+            ("redirected_bytes", "h", 10),
+            ("passed_bytes", "h", 1),
+            ("paired_pod", "h", 2),
+            ("paired_loopback", "h", 3),
+            ("redirected_bytes_pod", "h", 7),
+            ("redirected_bytes_translated", "h", 3),
+        ];
+        let f = families(&values);
+        assert_eq!(
+            f,
+            [
+                Series::Plain {
+                    name: "passed_bytes",
+                    help: "h",
+                    value: 1
+                },
+                Series::ByKind {
+                    base: "paired",
+                    kinds: vec![("pod", 2), ("loopback", 3)]
+                },
+                Series::ByKind {
+                    base: "redirected_bytes",
+                    kinds: vec![("pod", 7), ("translated", 3)]
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn build_info_names_the_version() {
+        let (_, body) = get(&telemetry(), "/metrics");
+        assert!(
+            body.contains(&format!(
+                "bypass_build_info{{version=\"{}\"}} 1",
+                env!("CARGO_PKG_VERSION")
+            )),
+            "{body}"
+        );
     }
 
     #[test]

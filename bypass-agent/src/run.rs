@@ -55,8 +55,18 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
     }
     let cgroup = match opts.cgroup {
         Some(path) => path,
-        None => datapath::find_cgroup2_mount()?,
+        None => match &opts.host_cgroupfs {
+            Some(dir) => datapath::find_host_cgroup2(dir)?,
+            None => datapath::find_cgroup2_mount()?,
+        },
     };
+    for other in crate::others::list() {
+        tracing::warn!(
+            program = %other,
+            "another program's {} program is loaded: sockets its sockmap holds cannot join ours (insert_failures, see status)",
+            other.kind
+        );
+    }
     let config = datapath::Config {
         pin_dir: opts.pins.pin_dir,
         cgroup,

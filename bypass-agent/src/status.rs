@@ -56,6 +56,11 @@ pub struct Report {
     pub label_value: Option<LabelValue>,
     /// The pin directory read.
     pub pin_dir: String,
+    /// Other sock_ops/sk_msg programs loaded on this node (Merbridge, Kmesh, ...).
+    pub other_programs: Vec<String>,
+    /// Why `insert_failures` is not zero: a full SockHash, or another program holding
+    /// the sockets in its own sockmap.
+    pub insert_failures_cause: Option<String>,
 }
 
 /// What the loaded programs guarantee on this kernel. The order rule (a direction never
@@ -111,9 +116,21 @@ pub fn read(layout: &PinLayout) -> Result<Report, AgentError> {
     let recorded = Recorded::decode(view.control.agent_state()?);
     let bits = view.control.features()?;
     let (connectors, links) = view.pairings.len();
+    let counters = view.stats.read()?;
+    let sockets = crate::datapath::count_sockets(&view.sockets);
+    let max_sockets = aya::maps::MapInfo::from_pin(layout.map(bypass_common::names::MAP_SOCKETS))
+        .ok()
+        .map(|i| i.max_entries());
+    let others = crate::others::list();
+    let insert_failures_cause = crate::others::insert_failure_cause(
+        counters.get(Stat::InsertFailures),
+        sockets,
+        max_sockets,
+        &others,
+    );
     Ok(Report {
         attached: view.link_pinned && view.control.enabled()?,
-        sockets: crate::datapath::count_sockets(&view.sockets),
+        sockets,
         connectors,
         links,
         max_queued_bytes: view.control.max_queued()?,
@@ -121,7 +138,7 @@ pub fn read(layout: &PinLayout) -> Result<Report, AgentError> {
         kernel: crate::datapath::kernel_release(),
         features: Features::from_bits(bits, view.sockopt_pinned),
         queue_bound_off: crate::datapath::queue_bound_off_reason(bits),
-        counters: view.stats.read()?,
+        counters,
         pod_cidrs: view
             .pod_maps
             .cidrs()
@@ -140,6 +157,8 @@ pub fn read(layout: &PinLayout) -> Result<Report, AgentError> {
         enabled_by: recorded.and_then(|r| r.enabled_by),
         label_value: recorded.map(|r| r.label),
         pin_dir: layout.root().display().to_string(),
+        other_programs: others.iter().map(ToString::to_string).collect(),
+        insert_failures_cause,
     })
 }
 
@@ -206,6 +225,11 @@ pub fn render_text(r: &Report) -> String {
                 .join(","),
         ),
         ("pin_dir", r.pin_dir.clone()),
+        ("other_programs", r.other_programs.join("; ")),
+        (
+            "insert_failures_cause",
+            opt(r.insert_failures_cause.clone()),
+        ),
     ]);
     rows.iter().map(|(k, v)| format!("{k:<28} {v}\n")).collect()
 }
@@ -252,6 +276,8 @@ mod tests {
             enabled_by: Some(EnabledBy::Label),
             label_value: Some(LabelValue::True),
             pin_dir: "/sys/fs/bpf/bypass".into(),
+            other_programs: vec!["sk_msg mb_msg_redir (id 3, Merbridge)".into()],
+            insert_failures_cause: None,
         }
     }
 

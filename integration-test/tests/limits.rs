@@ -2,7 +2,9 @@
 //! normal path, byte-exact; `insert_failures` counts their connecting sockets (the
 //! accepting sides, with no client in the map, are skipped); the agent warns, once per
 //! interval however many fail; and once the connections close, new ones are bypassed
-//! again (their address entries went with them).
+//! again (their address entries went with them); `status` says the failures come from a
+//! full SockHash. Another program's sk_msg program loaded on the node (Merbridge's
+//! `mb_msg_redir` here) is named by `status` with its owner.
 
 mod support;
 
@@ -76,6 +78,12 @@ fn full_sockhash_falls_back_counts_and_warns() -> Result<()> {
     let pods = two_pods()?;
     let agent = agent_with(&pods, &["--max-sockets", "4"])?;
     ten_at_once(&pods, &agent, 5501)?;
+    let st = agent.status()?;
+    let cause = st["insert_failures_cause"].as_str().unwrap_or("");
+    ensure!(
+        cause.contains("SockHash full"),
+        "insert failures not told as a full map: {st}"
+    );
     const WARNING: &str = "sockets could not be inserted";
     ensure!(
         wait_for_log(&agent, WARNING),
@@ -111,5 +119,65 @@ fn full_sockhash_falls_back_counts_and_warns() -> Result<()> {
             && num(&after, "redirected_bytes") - num(&before, "redirected_bytes") >= 16 << 20,
         "not bypassed once there was room again: {after}"
     );
+    Ok(())
+}
+
+/// Loads an sk_msg program that returns SK_PASS, named `name` (raw `bpf(2)`: the tests
+/// build no BPF objects); it stays loaded while the descriptor is open.
+fn load_sk_msg(name: &str) -> Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd as _;
+    // mov r0, 1 (SK_PASS); exit
+    let insns: [u8; 16] = [0xb7, 0, 0, 0, 1, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0];
+    let license = b"GPL\0";
+    // union bpf_attr for BPF_PROG_LOAD (include/uapi/linux/bpf.h).
+    let mut attr = [0u8; 128];
+    attr[0..4].copy_from_slice(&16u32.to_ne_bytes()); // BPF_PROG_TYPE_SK_MSG
+    attr[4..8].copy_from_slice(&2u32.to_ne_bytes());
+    attr[8..16].copy_from_slice(&(insns.as_ptr() as u64).to_ne_bytes());
+    attr[16..24].copy_from_slice(&(license.as_ptr() as u64).to_ne_bytes());
+    let n = name.len().min(15);
+    attr[48..48 + n].copy_from_slice(&name.as_bytes()[..n]);
+    // SAFETY: attr is a valid BPF_PROG_LOAD attribute whose pointers outlive the call.
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, 5, attr.as_ptr(), attr.len()) };
+    ensure!(
+        fd >= 0,
+        "BPF_PROG_LOAD {name}: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: the kernel returned a new descriptor that nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(i32::try_from(fd)?) })
+}
+
+#[test]
+fn another_programs_sk_msg_is_named_with_its_owner() -> Result<()> {
+    if !preflight("another_programs_sk_msg_is_named_with_its_owner")? {
+        return Ok(());
+    }
+    let pods = two_pods()?;
+    let agent = agent_with(&pods, &[])?;
+    let before = agent.status()?;
+    ensure!(
+        !before.to_string().contains("mb_msg_redir"),
+        "named before it was loaded: {before}"
+    );
+    let merbridge = load_sk_msg("mb_msg_redir")?;
+    let st = agent.status()?;
+    let others: Vec<&str> = st["other_programs"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
+        .unwrap_or_default();
+    ensure!(
+        others
+            .iter()
+            .any(|o| o.starts_with("sk_msg mb_msg_redir") && o.ends_with("Merbridge)")),
+        "Merbridge's program not named: {st}"
+    );
+    ensure!(
+        !others.iter().any(|o| o.contains("bypass_")),
+        "the agent's own programs listed as others: {st}"
+    );
+    let text = agent.status_text()?;
+    ensure!(text.contains("Merbridge"), "{text}");
+    drop(merbridge);
     Ok(())
 }

@@ -3,8 +3,10 @@
 
 mod bench;
 mod build;
+mod cluster;
 mod cmd;
 mod demo;
+mod image;
 #[allow(
     dead_code,
     reason = "the test-guard half is used by integration-test/tests/k8s.rs"
@@ -42,6 +44,14 @@ enum Task {
     Bench(bench::Args),
     /// The README's kernel table, from the `cargo xtask test --kernel NAME` results.
     KernelTable,
+    /// A one-node Kubernetes on this machine (root): etcd, kube-apiserver, controllers,
+    /// scheduler, kubelet, kube-proxy, containerd; `down` leaves nothing behind.
+    Cluster {
+        #[command(subcommand)]
+        action: cluster::Action,
+    },
+    /// The agent and test images, assembled with no registry and loaded into the cluster.
+    Image(image::Args),
     /// A real kube-apiserver and etcd on loopback (built once from the Go module proxy).
     KubeEnv {
         #[command(subcommand)]
@@ -65,6 +75,8 @@ fn main() -> ExitCode {
         Task::Demo(args) => demo::run(&args),
         Task::Bench(args) => bench::run(&args),
         Task::KernelTable => vm::table::run(),
+        Task::Cluster { action } => cluster::run(&action),
+        Task::Image(args) => image::run(&args),
         Task::KubeEnv { action } => {
             let dir = kube_env::default_dir(workspace::root());
             match action {

@@ -40,6 +40,18 @@ pub fn run() -> Result<()> {
     ensure(Scope::All).map(drop)
 }
 
+/// Installs what `cargo xtask cluster up` needs and is missing: everything of
+/// [`Scope::All`] and the container runtime's packages.
+pub fn ensure_cluster() -> Result<Tools> {
+    let tools = ensure(Scope::All)?;
+    let mut done = Vec::new();
+    packages::ensure_list(packages::CLUSTER, &mut done)?;
+    for what in &done {
+        eprintln!("setup: {what}");
+    }
+    Ok(tools)
+}
+
 /// Installs what a build for `target` (another architecture) and booting it need and is
 /// missing: the target's standard library, Debian's cross toolchain, the emulator.
 pub fn ensure_cross(target: &str) -> Result<()> {

@@ -28,6 +28,11 @@ pub struct Args {
     /// Skip the kernels `cargo xtask test` boots after the host's tests.
     #[arg(long)]
     pub no_kernels: bool,
+    /// Only the end-to-end tests against the one-node cluster (`cargo xtask cluster`):
+    /// brings it up if it is not (and down afterwards), loads the images, runs
+    /// `integration-test/tests/cluster.rs`.
+    #[arg(long)]
+    pub cluster: bool,
     /// Given to both test harnesses: a name filter, `--nocapture`, `--exact`, ...
     #[arg(last = true)]
     pub harness: Vec<String>,
@@ -46,6 +51,9 @@ pub fn run(args: &Args) -> Result<()> {
     let agent = build::build_agent(&tools, &args.build)?;
     if let Some(kernel) = &args.kernel {
         return crate::vm::run(&tools, &agent, kernel, &args.harness).1;
+    }
+    if args.cluster {
+        return cluster_tests(&tools, &agent, &args.harness);
     }
 
     let mut counts = Counts::default();
@@ -110,6 +118,77 @@ pub fn run(args: &Args) -> Result<()> {
         return Ok(());
     }
     bail!("{}", failures.join("; "))
+}
+
+/// `cargo xtask test --cluster`: the cluster's end-to-end tests, one at a time.
+fn cluster_tests(tools: &setup::Tools, agent: &Path, harness: &[String]) -> Result<()> {
+    use crate::cluster;
+    if !nix::unistd::geteuid().is_root() {
+        bail!(
+            "the cluster tests run kubelet and containerd: run `cargo xtask test --cluster` as root"
+        );
+    }
+    setup::ensure_cluster()?;
+    let layout = cluster::config::Layout::default();
+    let started = std::time::Instant::now();
+    let brought_up = if cluster::is_up(&layout) {
+        false
+    } else {
+        cluster::up(&layout)?;
+        true
+    };
+    eprintln!("test: cluster up in {:.0?}", started.elapsed());
+    let result = (|| -> Result<()> {
+        let test_tools = crate::image::build_test_tools(tools)?;
+        let out = workspace::target_dir()?.join(crate::image::IMAGES_DIR);
+        for t in crate::image::build_all(agent, &test_tools, &out)? {
+            cluster::import_image(&layout, &t)?;
+        }
+        let bins = cluster::bins::ensure()?;
+        let helm = cluster::bins::ensure_helm()?;
+        let mut cargo = tools.cargo()?;
+        cargo
+            .args([
+                "test",
+                "--package",
+                workspace::INTEGRATION_TEST,
+                "--features",
+                "cluster",
+                "--test",
+                "cluster",
+            ])
+            .env("BYPASS_CLUSTER_KUBECONFIG", layout.admin_kubeconfig())
+            .env("BYPASS_KUBECTL", bins.get("kubectl"))
+            .env("BYPASS_HELM", helm)
+            .env("BYPASS_AGENT_BIN", agent)
+            .args(["--", "--test-threads=1"])
+            .args(harness);
+        let mut counts = Counts::default();
+        let status = run_counting(&mut cargo, &mut counts)?;
+        println!("test: cluster {counts}");
+        if !status.success() {
+            bail!("cluster tests: {status}");
+        }
+        // Every test ends with the README's uninstall: nothing of the agent is left.
+        let left: Vec<String> = std::fs::read_dir(cluster::AGENT_PIN_DIR)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        if !left.is_empty() {
+            bail!(
+                "the cluster tests left pins in {}: {} (the uninstall did not remove them)",
+                cluster::AGENT_PIN_DIR,
+                left.join(", ")
+            );
+        }
+        Ok(())
+    })();
+    if brought_up {
+        cluster::down(&layout)?;
+    }
+    result
 }
 
 /// Where the tests' agents pin (each under its own directory).

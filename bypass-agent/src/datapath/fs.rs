@@ -61,6 +61,50 @@ pub fn find_cgroup2_mount() -> Result<PathBuf, AgentError> {
     find_mount(&text, "cgroup2").ok_or(AgentError::NoCgroup2Mount)
 }
 
+/// Where the cgroup2 hierarchy is in a host's `/sys/fs/cgroup` (pure): the directory
+/// itself on unified hosts; on hybrid ones (cgroup v1 controllers) the child that is
+/// cgroup2, `unified` first (systemd's name). `is_cgroup2` says whether a path is the
+/// root of a cgroup2 mount.
+pub fn cgroup2_in(
+    dir: &Path,
+    children: &[PathBuf],
+    is_cgroup2: impl Fn(&Path) -> bool,
+) -> Option<PathBuf> {
+    if is_cgroup2(dir) {
+        return Some(dir.to_path_buf());
+    }
+    let unified = dir.join("unified");
+    std::iter::once(&unified)
+        .chain(children.iter())
+        .find(|c| is_cgroup2(c))
+        .cloned()
+}
+
+/// [`cgroup2_in`] on the host's `/sys/fs/cgroup` mounted at `dir` (`--host-cgroupfs`):
+/// an agent in a container finds the host's cgroup2 root whatever the host's layout,
+/// where its own `/sys/fs/cgroup` is only its cgroup namespace's view.
+pub fn find_host_cgroup2(dir: &Path) -> Result<PathBuf, AgentError> {
+    if !dir.is_dir() {
+        return Err(AgentError::CgroupMissing {
+            path: dir.to_path_buf(),
+        });
+    }
+    let mut children: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|source| AgentError::Io {
+            action: "list",
+            path: dir.to_path_buf(),
+            source,
+        })?
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    children.sort();
+    cgroup2_in(dir, &children, |p| {
+        fs_magic(p).is_ok_and(|m| m == CGROUP2_SUPER_MAGIC)
+    })
+    .ok_or(AgentError::NoCgroup2Mount)
+}
+
 fn fs_magic(path: &Path) -> std::io::Result<i64> {
     let c = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
@@ -191,6 +235,25 @@ mod tests {
         let v1_only = "35 33 0:30 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n";
         assert_eq!(find_mount(v1_only, "cgroup2"), None);
         assert_eq!(find_mount("garbage line\n\n", "cgroup2"), None);
+    }
+
+    #[test]
+    fn host_cgroup2_unified_hybrid_or_none() {
+        let dir = Path::new("/host/sys/fs/cgroup");
+        let unified = |p: &Path| p == dir;
+        assert_eq!(cgroup2_in(dir, &[], unified), Some(dir.to_path_buf()));
+        let children = [dir.join("cpu"), dir.join("memory"), dir.join("unified")];
+        let hybrid = |p: &Path| p == dir.join("unified");
+        assert_eq!(
+            cgroup2_in(dir, &children, hybrid),
+            Some(dir.join("unified"))
+        );
+        let elsewhere = |p: &Path| p == dir.join("memory");
+        assert_eq!(
+            cgroup2_in(dir, &children, elsewhere),
+            Some(dir.join("memory"))
+        );
+        assert_eq!(cgroup2_in(dir, &children, |_| false), None);
     }
 
     #[test]

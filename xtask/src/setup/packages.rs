@@ -31,6 +31,23 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("xz-utils", "Debian's package indexes and modules"),
 ];
 
+/// What `cargo xtask cluster` runs besides the Kubernetes binaries it builds: the
+/// container runtime, the CNI plugins, and what makes the sandbox image.
+pub const CLUSTER: &[(&str, &str)] = &[
+    ("containerd", "the cluster's container runtime (1.6)"),
+    ("runc", "containerd's OCI runtime"),
+    (
+        "containernetworking-plugins",
+        "CNI bridge, host-local, loopback, portmap",
+    ),
+    ("gcc", "builds the static pause binary of the sandbox image"),
+    ("libc6-dev", "the static libc that pause links"),
+    (
+        "conntrack",
+        "kube-proxy clears stale Service conntrack entries",
+    ),
+];
+
 /// What building for, and booting, another architecture takes, by Rust target: only
 /// the kernel matrix's runs on that architecture install them.
 pub const CROSS: &[(&str, &[(&str, &str)])] = &[(

@@ -1,0 +1,140 @@
+//! The cluster's Kubernetes binaries: the API server and etcd of `kube-env`, plus
+//! kube-controller-manager, kube-scheduler, kubelet, kube-proxy and kubectl, built from
+//! the same `k8s.io/kubernetes` module (same version, same build module) and cached
+//! beside them.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::Instant,
+};
+
+use anyhow::{Context as _, Result};
+
+use crate::{cmd, kube_env};
+
+/// The components built here besides `kube-env`'s two, by command package.
+pub const COMPONENTS: [&str; 5] = [
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubelet",
+    "kube-proxy",
+    "kubectl",
+];
+
+/// Every binary of the cluster.
+#[derive(Debug, Clone)]
+pub struct Bins {
+    /// The cache's `bin/` directory.
+    pub dir: PathBuf,
+}
+
+impl Bins {
+    /// The path of binary `name`.
+    pub fn get(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+}
+
+/// The build module's `tools.go`: one import per command, so `go mod tidy` keeps what
+/// all of them need.
+pub fn tools_go() -> String {
+    let mut s = String::from(
+        "//go:build tools\n\npackage kubebuild\n\nimport (\n\t_ \"go.etcd.io/etcd/server/v3\"\n\t_ \"k8s.io/kubernetes/cmd/kube-apiserver\"\n",
+    );
+    for c in COMPONENTS {
+        s.push_str(&format!("\t_ \"k8s.io/kubernetes/cmd/{c}\"\n"));
+    }
+    s.push_str(")\n");
+    s
+}
+
+/// Builds what is missing (minutes the first time), then returns the binaries.
+pub fn ensure() -> Result<Bins> {
+    let base = kube_env::ensure_binaries()?;
+    let dir = base
+        .kube_apiserver
+        .parent()
+        .map(Path::to_path_buf)
+        .context("kube-apiserver has no directory")?;
+    let bins = Bins { dir };
+    let missing: Vec<&str> = COMPONENTS
+        .iter()
+        .copied()
+        .filter(|c| !bins.get(c).is_file())
+        .collect();
+    if missing.is_empty() {
+        return Ok(bins);
+    }
+    let go = kube_env::go_tool()?;
+    let src = kube_env::cache_dir().join("src");
+    let go_cmd = |args: &[&str]| {
+        let mut c = Command::new(&go);
+        c.args(args)
+            .current_dir(&src)
+            .env("GOFLAGS", "-mod=mod")
+            .env("GOTOOLCHAIN", "local");
+        c
+    };
+    eprintln!(
+        "cluster: building {} {} (minutes the first time)",
+        missing.join(", "),
+        kube_env::KUBE_VERSION
+    );
+    let started = Instant::now();
+    std::fs::write(src.join("tools.go"), tools_go())
+        .with_context(|| format!("write {}/tools.go", src.display()))?;
+    cmd::run_to_stderr(&mut go_cmd(&["mod", "tidy"]))?;
+    for c in missing {
+        let dest = bins.get(c);
+        // Build beside, then rename: a concurrent user never sees half a binary.
+        let tmp = dest.with_extension(format!("tmp{}", std::process::id()));
+        let pkg = format!("k8s.io/kubernetes/cmd/{c}");
+        cmd::run_to_stderr(&mut go_cmd(&["build", "-o", &tmp.to_string_lossy(), &pkg]))?;
+        std::fs::rename(&tmp, &dest).with_context(|| format!("install {}", dest.display()))?;
+    }
+    eprintln!("cluster: built in {:.0?}", started.elapsed());
+    Ok(bins)
+}
+
+/// The Helm release the chart tests install with (no Debian package carries Helm).
+pub const HELM_VERSION: &str = "v3.22.0";
+
+/// `helm`, built from the Go module proxy into the cache unless there.
+pub fn ensure_helm() -> Result<PathBuf> {
+    let dir = kube_env::cache_dir().join(format!("helm-{HELM_VERSION}"));
+    let helm = dir.join("helm");
+    if helm.is_file() {
+        return Ok(helm);
+    }
+    let go = kube_env::go_tool()?;
+    eprintln!("cluster: building helm {HELM_VERSION} (a few minutes the first time)");
+    let started = Instant::now();
+    std::fs::create_dir_all(&dir)?;
+    cmd::run_to_stderr(
+        Command::new(go)
+            .args([
+                "install",
+                &format!("helm.sh/helm/v3/cmd/helm@{HELM_VERSION}"),
+            ])
+            .env("GOBIN", &dir)
+            .env("GOTOOLCHAIN", "local")
+            .current_dir(&dir),
+    )?;
+    eprintln!("cluster: helm built in {:.0?}", started.elapsed());
+    Ok(helm)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tools_go_imports_every_component() {
+        let t = tools_go();
+        for c in COMPONENTS {
+            assert!(t.contains(&format!("\"k8s.io/kubernetes/cmd/{c}\"")), "{t}");
+        }
+        assert!(t.contains("k8s.io/kubernetes/cmd/kube-apiserver"));
+    }
+}

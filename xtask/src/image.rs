@@ -1,0 +1,384 @@
+//! `cargo xtask image`: the agent's image and the tests' peer-tool image, assembled with
+//! no registry: a root filesystem of the release binaries and exactly the shared
+//! libraries they link (from `ldd`), packed as a docker-archive tarball (one layer,
+//! fixed timestamps and owners) that `ctr images import` loads into the cluster's
+//! containerd. `--rootfs` writes only the tree: `deploy/Containerfile` copies it into a
+//! `scratch` image, so a registry build has the same files.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::{build, cluster, cmd, setup, workspace};
+
+/// The version the images are tagged with (the workspace's).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The agent image, as `deploy/kustomization.yaml` names it.
+pub const AGENT_IMAGE: &str = "bypass-agent";
+/// The tag of a second agent image (same binary, another image id): what the rolling
+/// update test moves the DaemonSet to.
+pub const ROLLOUT_TAG_SUFFIX: &str = "-rollout";
+/// The peer-tool image of the cluster tests.
+pub const TEST_IMAGE: &str = "bypass-test";
+/// Where the tarballs are written (under the target directory).
+pub const IMAGES_DIR: &str = "images";
+/// The peer tools in the test image (integration-test binaries).
+pub const TEST_TOOLS: [&str; 3] = ["bypass-peer", "bypass-probe", "bypass-proxy"];
+/// busybox applets linked in the test image (a shell and what the tests run in pods).
+pub const BUSYBOX_APPLETS: [&str; 10] = [
+    "sh", "cat", "sleep", "ls", "ps", "wget", "echo", "true", "ip", "nc",
+];
+
+/// Arguments of `cargo xtask image`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Only write the root filesystem of `agent` or `test` into DIR (what
+    /// `deploy/Containerfile` copies into its image), e.g. `--rootfs agent DIR`.
+    #[arg(long, num_args = 2, value_names = ["IMAGE", "DIR"])]
+    pub rootfs: Option<Vec<String>>,
+}
+
+/// `cargo xtask image`.
+pub fn run(args: &Args) -> Result<()> {
+    let tools = setup::ensure(setup::Scope::Build)?;
+    let agent = build::build_agent(&tools, &build::Options { debug: false })?;
+    if let Some(v) = &args.rootfs {
+        let (which, dir) = match v.as_slice() {
+            [w, d] => (w.as_str(), PathBuf::from(d)),
+            _ => bail!("--rootfs takes two values: agent|test and a directory"),
+        };
+        return match which {
+            "agent" => agent_rootfs(&agent, &dir),
+            "test" => test_rootfs(&build_test_tools(&tools)?, &dir),
+            other => bail!("--rootfs {other}: the images are `agent` and `test`"),
+        };
+    }
+    let tools_bins = build_test_tools(&tools)?;
+    let out = workspace::target_dir()?.join(IMAGES_DIR);
+    let tarballs = build_all(&agent, &tools_bins, &out)?;
+    let layout = cluster::config::Layout::default();
+    if layout.containerd_socket().exists() {
+        for t in &tarballs {
+            cluster::import_image(&layout, t)?;
+        }
+        println!("image: loaded into the cluster's containerd");
+    } else {
+        println!(
+            "image: the cluster is not up; `cargo xtask cluster up` then `cargo xtask image` loads them"
+        );
+    }
+    Ok(())
+}
+
+/// Builds the integration-test binaries the test image carries (release).
+pub fn build_test_tools(tools: &setup::Tools) -> Result<Vec<PathBuf>> {
+    let mut cargo = tools.cargo()?;
+    cargo.args(["build", "--release", "-p", workspace::INTEGRATION_TEST]);
+    for t in TEST_TOOLS {
+        cargo.args(["--bin", t]);
+    }
+    cmd::run(&mut cargo)?;
+    let dir = workspace::target_dir()?.join("release");
+    Ok(TEST_TOOLS.iter().map(|t| dir.join(t)).collect())
+}
+
+/// Writes the agent tarballs (and the rollout twin) and the test tarball into `out`;
+/// returns their paths.
+pub fn build_all(agent: &Path, test_tools: &[PathBuf], out: &Path) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(out).with_context(|| format!("create {}", out.display()))?;
+    let mut tarballs = Vec::new();
+    let staging = out.join("rootfs-agent");
+    agent_rootfs(agent, &staging)?;
+    for (tag, flavour) in [
+        (VERSION.to_owned(), "release"),
+        (format!("{VERSION}{ROLLOUT_TAG_SUFFIX}"), "rollout"),
+    ] {
+        let spec = ImageSpec {
+            name: format!("{AGENT_IMAGE}:{tag}"),
+            entrypoint: vec!["/usr/local/bin/bypass-agent".into()],
+            cmd: vec!["run".into()],
+            labels: vec![("dev.bypass.flavour".into(), flavour.into())],
+        };
+        let tar = out.join(format!("{AGENT_IMAGE}-{tag}.tar"));
+        docker_archive(&staging, &spec, &tar)?;
+        println!("image: {} -> {}", spec.name, tar.display());
+        tarballs.push(tar);
+    }
+    let staging = out.join("rootfs-test");
+    test_rootfs(test_tools, &staging)?;
+    let spec = ImageSpec {
+        name: format!("{TEST_IMAGE}:{VERSION}"),
+        entrypoint: vec![],
+        cmd: vec!["/bin/sleep".into(), "infinity".into()],
+        labels: vec![],
+    };
+    let tar = out.join(format!("{TEST_IMAGE}-{VERSION}.tar"));
+    docker_archive(&staging, &spec, &tar)?;
+    println!("image: {} -> {}", spec.name, tar.display());
+    tarballs.push(tar);
+    Ok(tarballs)
+}
+
+/// The agent's root filesystem: the binary, the libraries it links, CA certificates.
+pub fn agent_rootfs(agent: &Path, dir: &Path) -> Result<()> {
+    fresh_dir(dir)?;
+    install_with_libs(agent, &dir.join("usr/local/bin/bypass-agent"), dir)?;
+    let ca = Path::new("/etc/ssl/certs/ca-certificates.crt");
+    if ca.is_file() {
+        copy(ca, &dir.join("etc/ssl/certs/ca-certificates.crt"))?;
+    }
+    std::fs::create_dir_all(dir.join("tmp"))?;
+    Ok(())
+}
+
+/// The test image's root filesystem: busybox (a shell and a few applets) and the peer
+/// tools with their libraries.
+pub fn test_rootfs(tools: &[PathBuf], dir: &Path) -> Result<()> {
+    fresh_dir(dir)?;
+    let busybox = Path::new("/bin/busybox");
+    if !busybox.is_file() {
+        bail!("/bin/busybox is missing: `cargo xtask setup` installs busybox-static");
+    }
+    copy(busybox, &dir.join("bin/busybox"))?;
+    for applet in BUSYBOX_APPLETS {
+        std::os::unix::fs::symlink("busybox", dir.join("bin").join(applet))
+            .with_context(|| format!("link {applet}"))?;
+    }
+    for t in tools {
+        let name = t.file_name().context("tool without a name")?;
+        install_with_libs(t, &dir.join("usr/local/bin").join(name), dir)?;
+    }
+    std::fs::create_dir_all(dir.join("tmp"))?;
+    Ok(())
+}
+
+fn fresh_dir(dir: &Path) -> Result<()> {
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).with_context(|| format!("clean {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))
+}
+
+fn copy(from: &Path, to: &Path) -> Result<()> {
+    if let Some(parent) = to.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::copy(from, to)
+        .with_context(|| format!("copy {} to {}", from.display(), to.display()))?;
+    Ok(())
+}
+
+/// Copies `binary` to `dest` and every library `ldd` says it loads to the same path
+/// under `root`.
+fn install_with_libs(binary: &Path, dest: &Path, root: &Path) -> Result<()> {
+    copy(binary, dest)?;
+    let out = Command::new("ldd")
+        .arg(binary)
+        .output()
+        .context("run ldd")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    // A static binary: ldd says "not a dynamic executable" and fails.
+    if out.status.success() {
+        for lib in ldd_paths(&text)? {
+            let rel = lib.strip_prefix("/").unwrap_or(&lib);
+            copy(&lib, &root.join(rel))?;
+        }
+    }
+    Ok(())
+}
+
+/// The files of `ldd` output (pure): `name => /path (addr)` and `/path (addr)` lines;
+/// the vDSO has no file. A library `ldd` cannot find is an error naming it.
+pub fn ldd_paths(text: &str) -> Result<Vec<PathBuf>> {
+    let mut paths = Vec::new();
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let target = match line.split_once("=>") {
+            Some((name, rest)) => {
+                let rest = rest.trim();
+                if rest.starts_with("not found") {
+                    bail!("ldd: {} not found: install the library", name.trim());
+                }
+                rest
+            }
+            None => line,
+        };
+        let file = target.split_whitespace().next().unwrap_or("");
+        if file.starts_with('/') {
+            paths.push(PathBuf::from(file));
+        }
+    }
+    Ok(paths)
+}
+
+/// What an image's config says.
+#[derive(Debug, Clone, Default)]
+pub struct ImageSpec {
+    /// `name:tag`.
+    pub name: String,
+    /// The entrypoint.
+    pub entrypoint: Vec<String>,
+    /// The command.
+    pub cmd: Vec<String>,
+    /// Labels (they make two images of the same files distinct).
+    pub labels: Vec<(String, String)>,
+}
+
+/// The OCI architecture name of this build's target.
+pub fn oci_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+/// The image config JSON (pure): `layer_digest` is the uncompressed layer's sha256.
+pub fn config_json(spec: &ImageSpec, layer_digest: &str) -> String {
+    let labels: serde_json::Map<String, serde_json::Value> = spec
+        .labels
+        .iter()
+        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+        .collect();
+    serde_json::json!({
+        "architecture": oci_arch(),
+        "os": "linux",
+        "created": "1970-01-01T00:00:00Z",
+        "config": {
+            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+            "Entrypoint": if spec.entrypoint.is_empty() { serde_json::Value::Null } else { spec.entrypoint.clone().into() },
+            "Cmd": spec.cmd,
+            "Labels": labels,
+            "WorkingDir": "/",
+        },
+        "rootfs": { "type": "layers", "diff_ids": [format!("sha256:{layer_digest}")] },
+    })
+    .to_string()
+}
+
+/// The docker-archive `manifest.json` (pure).
+pub fn manifest_json(name: &str, config_digest: &str, layer_digest: &str) -> String {
+    serde_json::json!([{
+        "Config": format!("{config_digest}.json"),
+        "RepoTags": [name],
+        "Layers": [format!("{layer_digest}/layer.tar")],
+    }])
+    .to_string()
+}
+
+fn sha256(path: &Path) -> Result<String> {
+    let out = cmd::output(Command::new("sha256sum").arg(path))?;
+    out.split_whitespace()
+        .next()
+        .map(str::to_owned)
+        .context("sha256sum printed nothing")
+}
+
+/// Packs `rootfs` as one layer into a docker-archive tarball at `out`.
+pub fn docker_archive(rootfs: &Path, spec: &ImageSpec, out: &Path) -> Result<()> {
+    let work = out.with_extension("work");
+    fresh_dir(&work)?;
+    let layer = work.join("layer.tar");
+    // Fixed order, owners and times: the same files make the same layer.
+    cmd::output(
+        Command::new("tar")
+            .args([
+                "--sort=name",
+                "--owner=0",
+                "--group=0",
+                "--numeric-owner",
+                "--mtime=@0",
+                "-cf",
+            ])
+            .arg(&layer)
+            .arg("-C")
+            .arg(rootfs)
+            .arg("."),
+    )?;
+    let layer_digest = sha256(&layer)?;
+    std::fs::create_dir_all(work.join(&layer_digest))?;
+    std::fs::rename(&layer, work.join(&layer_digest).join("layer.tar"))?;
+    let config = config_json(spec, &layer_digest);
+    let config_path = work.join("config.json");
+    std::fs::write(&config_path, &config)?;
+    let config_digest = sha256(&config_path)?;
+    std::fs::rename(&config_path, work.join(format!("{config_digest}.json")))?;
+    std::fs::write(
+        work.join("manifest.json"),
+        manifest_json(&spec.name, &config_digest, &layer_digest),
+    )?;
+    cmd::output(
+        Command::new("tar")
+            .args([
+                "--owner=0",
+                "--group=0",
+                "--numeric-owner",
+                "--mtime=@0",
+                "-cf",
+            ])
+            .arg(out)
+            .arg("-C")
+            .arg(&work)
+            .args([
+                "manifest.json".to_owned(),
+                format!("{config_digest}.json"),
+                format!("{layer_digest}/layer.tar"),
+            ]),
+    )?;
+    std::fs::remove_dir_all(&work)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ldd_lines() {
+        let text = "\tlinux-vdso.so.1 (0x00007ffd)\n\tlibgcc_s.so.1 => /lib/x86_64-linux-gnu/libgcc_s.so.1 (0x1)\n\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x2)\n\t/lib64/ld-linux-x86-64.so.2 (0x3)\n";
+        assert_eq!(
+            ldd_paths(text).unwrap(),
+            [
+                PathBuf::from("/lib/x86_64-linux-gnu/libgcc_s.so.1"),
+                PathBuf::from("/lib/x86_64-linux-gnu/libc.so.6"),
+                PathBuf::from("/lib64/ld-linux-x86-64.so.2"),
+            ]
+        );
+        let err = ldd_paths("\tlibfoo.so.1 => not found\n").unwrap_err();
+        assert!(err.to_string().contains("libfoo.so.1"), "{err}");
+    }
+
+    #[test]
+    fn containerfile_builds_the_same_tree_and_entrypoint() {
+        let file = include_str!("../../deploy/Containerfile");
+        assert!(
+            file.contains("cargo xtask image --rootfs agent /out/rootfs"),
+            "{file}"
+        );
+        assert!(file.contains("FROM scratch"));
+        assert!(file.contains("COPY --from=build /out/rootfs/ /"));
+        assert!(file.contains("ENTRYPOINT [\"/usr/local/bin/bypass-agent\"]"));
+        assert!(file.contains("CMD [\"run\"]"));
+    }
+
+    #[test]
+    fn config_and_manifest() {
+        let spec = ImageSpec {
+            name: "bypass-agent:0.1.0".into(),
+            entrypoint: vec!["/usr/local/bin/bypass-agent".into()],
+            cmd: vec!["run".into()],
+            labels: vec![("a".into(), "b".into())],
+        };
+        let c: serde_json::Value = serde_json::from_str(&config_json(&spec, "ab")).unwrap();
+        assert_eq!(c["rootfs"]["diff_ids"][0], "sha256:ab");
+        assert_eq!(c["config"]["Entrypoint"][0], "/usr/local/bin/bypass-agent");
+        assert_eq!(c["config"]["Labels"]["a"], "b");
+        assert_eq!(c["os"], "linux");
+        let m: serde_json::Value = serde_json::from_str(&manifest_json("x:1", "cd", "ab")).unwrap();
+        assert_eq!(m[0]["Config"], "cd.json");
+        assert_eq!(m[0]["Layers"][0], "ab/layer.tar");
+        assert_eq!(m[0]["RepoTags"][0], "x:1");
+    }
+}
