@@ -12,7 +12,7 @@ use std::{
 };
 
 use super::{
-    io::{PatientReader, expect_eof, recv_pattern, send_pattern, send_pattern_sizes},
+    io::{PatientReader, expect_eof, recv_pattern, send_pattern_sizes},
     pattern::{Direction, Pattern, Verifier},
     report::{ConnOutcome, Failure, Report},
     wire::{Header, Mode, Trailer, Verdict},

@@ -151,7 +151,6 @@ mod tests {
             s2c: 0,
             msg_size: 10,
             rate: 0,
-            prefix: 0,
         };
         let mut data = vec![0u8; 20];
         pattern::Pattern::new(1, pattern::Direction::ClientToServer).fill(&mut data);
