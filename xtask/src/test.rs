@@ -28,6 +28,10 @@ pub struct Args {
     /// Skip the kernels `cargo xtask test` boots after the host's tests.
     #[arg(long)]
     pub no_kernels: bool,
+    /// Skip the one-node cluster's end-to-end tests that `cargo xtask test` runs after
+    /// the host's tests.
+    #[arg(long)]
+    pub no_cluster: bool,
     /// Only the end-to-end tests against the one-node cluster (`cargo xtask cluster`):
     /// brings it up if it is not (and down afterwards), loads the images, runs
     /// `integration-test/tests/cluster.rs`.
@@ -53,7 +57,8 @@ pub fn run(args: &Args) -> Result<()> {
         return crate::vm::run(&tools, &agent, kernel, &args.harness).1;
     }
     if args.cluster {
-        return cluster_tests(&tools, &agent, &args.harness);
+        let mut counts = Counts::default();
+        return cluster_tests(&tools, &agent, &args.harness, &mut counts);
     }
 
     let mut counts = Counts::default();
@@ -99,10 +104,17 @@ pub fn run(args: &Args) -> Result<()> {
         );
     }
 
+    // The one-node cluster's end-to-end tests, in every full run.
+    if root && !args.no_cluster && args.harness.is_empty() {
+        println!("test: host {counts}");
+        if let Err(e) = cluster_tests(&tools, &agent, &args.harness, &mut counts) {
+            failures.push(format!("cluster: {e:#}"));
+        }
+    }
     // The kernel matrix's share of every full run (the others on demand, `--kernel
     // NAME`); a filtered run is about the host's tests.
     if root && !args.no_kernels && args.harness.is_empty() {
-        println!("test: host {counts}");
+        println!("test: host and cluster {counts}");
         for kernel in crate::vm::EVERY_RUN {
             let (c, verdict) = crate::vm::run(&tools, &agent, kernel, &args.harness);
             counts.passed += c.passed;
@@ -121,7 +133,12 @@ pub fn run(args: &Args) -> Result<()> {
 }
 
 /// `cargo xtask test --cluster`: the cluster's end-to-end tests, one at a time.
-fn cluster_tests(tools: &setup::Tools, agent: &Path, harness: &[String]) -> Result<()> {
+fn cluster_tests(
+    tools: &setup::Tools,
+    agent: &Path,
+    harness: &[String],
+    total: &mut Counts,
+) -> Result<()> {
     use crate::cluster;
     if !nix::unistd::geteuid().is_root() {
         bail!(
@@ -166,6 +183,8 @@ fn cluster_tests(tools: &setup::Tools, agent: &Path, harness: &[String]) -> Resu
         let mut counts = Counts::default();
         let status = run_counting(&mut cargo, &mut counts)?;
         println!("test: cluster {counts}");
+        total.passed += counts.passed;
+        total.failed += counts.failed;
         if !status.success() {
             bail!("cluster tests: {status}");
         }
