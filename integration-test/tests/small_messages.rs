@@ -9,9 +9,9 @@ mod common;
 mod support;
 
 use anyhow::{Result, ensure};
-use common::{assert_bypassed, assert_byte_exact, exchange_with};
+use common::{Exchange, assert_bypassed, assert_byte_exact, exchange_with};
 use support::{agent_with, num, queue_bound_off, two_pods};
-use testbed::{Agent, AgentStatus, ClientArgs, ServerArgs, preflight};
+use testbed::{Agent, AgentStatus, ClientArgs, ServerArgs, TwoPods, preflight};
 
 /// One-byte writes, 256 KiB of them, to a server that starts reading only after 200 ms:
 /// the writer is ahead of its reader from its first sends.
@@ -27,6 +27,18 @@ fn stream_of_small_writes() -> (ClientArgs, ServerArgs) {
         ..ServerArgs::new(1)
     };
     (client, server)
+}
+
+/// Server in pod b on `port`, client in pod a, with `agent`'s counters around it.
+fn to_pod_b(
+    pods: &TwoPods,
+    agent: &Agent,
+    port: u16,
+    args: &ClientArgs,
+    server: &ServerArgs,
+) -> Result<Exchange> {
+    let addr = pods.b.v4_addr(port);
+    exchange_with(pods, Some(agent), addr, addr, args, server)
 }
 
 fn grew(before: &AgentStatus, after: &AgentStatus, f: fn(&AgentStatus) -> u64) -> u64 {
@@ -46,14 +58,7 @@ fn small_message_stream_takes_tcp_in_order() -> Result<()> {
         eprintln!("queue not measurable ({why}): the small-stream rule is off");
         ensure!(num(&st, "small_stream_bytes") == 0, "{st}");
         let (args, server) = stream_of_small_writes();
-        let x = exchange_with(
-            &pods,
-            Some(&agent),
-            pods.b.v4_addr(5401),
-            pods.b.v4_addr(5401),
-            &args,
-            &server,
-        )?;
+        let x = to_pod_b(&pods, &agent, 5401, &args, &server)?;
         assert_byte_exact(&x, &args)?;
         return assert_bypassed(&x, &args);
     }
@@ -62,14 +67,7 @@ fn small_message_stream_takes_tcp_in_order() -> Result<()> {
         "status does not show the small-stream size asked for: {st}"
     );
     let (args, server) = stream_of_small_writes();
-    let x = exchange_with(
-        &pods,
-        Some(&agent),
-        pods.b.v4_addr(5401),
-        pods.b.v4_addr(5401),
-        &args,
-        &server,
-    )?;
+    let x = to_pod_b(&pods, &agent, 5401, &args, &server)?;
     assert_byte_exact(&x, &args)?;
     let passed = grew(&x.before, &x.after, |s| s.passed_bytes);
     ensure!(
@@ -113,14 +111,7 @@ fn length_prefixed_records_keep_redirect() -> Result<()> {
         reply_delay_ms: 200,
         ..ServerArgs::new(1)
     };
-    let x = exchange_with(
-        &pods,
-        Some(&agent),
-        pods.b.v4_addr(5404),
-        pods.b.v4_addr(5404),
-        &args,
-        &server,
-    )?;
+    let x = to_pod_b(&pods, &agent, 5404, &args, &server)?;
     assert_byte_exact(&x, &args)?;
     assert_bypassed(&x, &args)?;
     ensure!(
@@ -141,14 +132,7 @@ fn small_message_ping_pong_keeps_redirect() -> Result<()> {
     // Each side answers only after reading the whole message: every send finds the
     // peer's queue read.
     let args = ClientArgs::pingpong(5000, 1);
-    let x = exchange_with(
-        &pods,
-        Some(&agent),
-        pods.b.v4_addr(5402),
-        pods.b.v4_addr(5402),
-        &args,
-        &ServerArgs::new(1),
-    )?;
+    let x = to_pod_b(&pods, &agent, 5402, &args, &ServerArgs::new(1))?;
     ensure!(x.client.ok && x.server.ok, "{x:#?}");
     ensure!(
         x.client.rtt.as_ref().is_some_and(|r| r.count == 5000),
@@ -185,14 +169,7 @@ fn small_stream_rule_off_by_default() -> Result<()> {
     let st = agent.status()?;
     ensure!(num(&st, "small_stream_bytes") == 0, "{st}");
     let (args, server) = stream_of_small_writes();
-    let x = exchange_with(
-        &pods,
-        Some(&agent),
-        pods.b.v4_addr(5403),
-        pods.b.v4_addr(5403),
-        &args,
-        &server,
-    )?;
+    let x = to_pod_b(&pods, &agent, 5403, &args, &server)?;
     assert_byte_exact(&x, &args)?;
     assert_bypassed(&x, &args)?;
     ensure!(

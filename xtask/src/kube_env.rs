@@ -109,14 +109,7 @@ pub fn ensure_binaries() -> Result<Binaries> {
     let src = root.join("src");
     std::fs::create_dir_all(&src).with_context(|| format!("create {}", src.display()))?;
     std::fs::create_dir_all(root.join("bin"))?;
-    let go_cmd = |args: &[&str]| {
-        let mut c = Command::new(&go);
-        c.args(args)
-            .current_dir(&src)
-            .env("GOFLAGS", "-mod=mod")
-            .env("GOTOOLCHAIN", "local");
-        c
-    };
+    let go_cmd = |args: &[&str]| go_command(&go, &src, args);
     eprintln!(
         "kube-env: building kube-apiserver {KUBE_VERSION} and etcd (several minutes the first time)"
     );
@@ -181,6 +174,73 @@ fn openssl(dir: &Path, args: &[&str]) -> Result<()> {
     .context("openssl is needed for the test API server's certificates (apt-get install openssl)")
 }
 
+/// `go <args>` in the module directory `src`, modules resolved from the proxy and the
+/// installed toolchain only (no toolchain download).
+pub fn go_command(go: &Path, src: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(go);
+    c.args(args)
+        .current_dir(src)
+        .env("GOFLAGS", "-mod=mod")
+        .env("GOTOOLCHAIN", "local");
+    c
+}
+
+/// A self-signed CA, `ca.key` and `ca.crt`, in `dir`, named `cn`.
+pub fn ca(dir: &Path, cn: &str) -> Result<()> {
+    let subj = format!("/CN={cn}");
+    openssl(
+        dir,
+        &[
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
+            "-days", "3650", "-subj", &subj,
+        ],
+    )
+}
+
+/// The service-account signing key pair, `sa.key` and `sa.pub`, in `dir`.
+pub fn service_account_key(dir: &Path) -> Result<()> {
+    openssl(dir, &["genrsa", "-out", "sa.key", "2048"])?;
+    openssl(dir, &["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"])
+}
+
+/// `<name>.key` and `<name>.crt` in `dir`, for subject `subj` with extensions `ext`
+/// (subjectAltName, usages), signed by the `ca.crt`/`ca.key` there: X.509 v3 (with
+/// extensions rustls accepts it), ten years.
+pub fn signed(dir: &Path, name: &str, subj: &str, ext: &[&str]) -> Result<()> {
+    let (key, csr, crt) = (
+        format!("{name}.key"),
+        format!("{name}.csr"),
+        format!("{name}.crt"),
+    );
+    let mut args = vec![
+        "req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj", subj,
+    ];
+    for e in ext {
+        args.extend(["-addext", e]);
+    }
+    openssl(dir, &args)?;
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &crt,
+            "-days",
+            "3650",
+            "-copy_extensions",
+            "copy",
+        ],
+    )
+}
+
 /// An API server and its etcd, running until dropped (or [`KubeEnv::leave_running`]).
 #[derive(Debug)]
 pub struct KubeEnv {
@@ -242,63 +302,14 @@ impl KubeEnv {
 
     fn make_pki(&self) -> Result<()> {
         let pki = self.pki();
-        openssl(
+        ca(&pki, "bypass-test-ca")?;
+        signed(
             &pki,
-            &[
-                "req",
-                "-x509",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-keyout",
-                "ca.key",
-                "-out",
-                "ca.crt",
-                "-days",
-                "3650",
-                "-subj",
-                "/CN=bypass-test-ca",
-            ],
+            "server",
+            "/CN=kube-apiserver",
+            &["subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc"],
         )?;
-        openssl(
-            &pki,
-            &[
-                "req",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-keyout",
-                "server.key",
-                "-out",
-                "server.csr",
-                "-subj",
-                "/CN=kube-apiserver",
-                "-addext",
-                "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc",
-            ],
-        )?;
-        openssl(
-            &pki,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                "server.csr",
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-out",
-                "server.crt",
-                "-days",
-                "3650",
-                "-copy_extensions",
-                "copy",
-            ],
-        )?;
-        openssl(&pki, &["genrsa", "-out", "sa.key", "2048"])?;
-        openssl(&pki, &["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"])?;
+        service_account_key(&pki)?;
         self.client_cert("admin", &["system:masters"])
     }
 
@@ -308,50 +319,14 @@ impl KubeEnv {
         for g in groups {
             let _ = write!(subj, "/O={g}");
         }
-        let (key, csr, crt) = (
-            format!("{user}.key"),
-            format!("{user}.csr"),
-            format!("{user}.crt"),
-        );
-        let pki = self.pki();
         // With extensions, so the certificate is X.509 v3 (rustls refuses v1).
-        openssl(
-            &pki,
+        signed(
+            &self.pki(),
+            user,
+            &subj,
             &[
-                "req",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-keyout",
-                &key,
-                "-out",
-                &csr,
-                "-subj",
-                &subj,
-                "-addext",
                 "extendedKeyUsage=clientAuth",
-                "-addext",
                 "keyUsage=critical,digitalSignature,keyEncipherment",
-            ],
-        )?;
-        openssl(
-            &pki,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &csr,
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-out",
-                &crt,
-                "-days",
-                "3650",
-                "-copy_extensions",
-                "copy",
             ],
         )
     }

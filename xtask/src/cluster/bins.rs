@@ -68,14 +68,7 @@ pub fn ensure() -> Result<Bins> {
     }
     let go = kube_env::go_tool()?;
     let src = kube_env::cache_dir().join("src");
-    let go_cmd = |args: &[&str]| {
-        let mut c = Command::new(&go);
-        c.args(args)
-            .current_dir(&src)
-            .env("GOFLAGS", "-mod=mod")
-            .env("GOTOOLCHAIN", "local");
-        c
-    };
+    let go_cmd = |args: &[&str]| kube_env::go_command(&go, &src, args);
     eprintln!(
         "cluster: building {} {} (minutes the first time)",
         missing.join(", "),

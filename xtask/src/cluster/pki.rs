@@ -2,75 +2,16 @@
 //! certificate (node address, the `kubernetes` Service's ClusterIP and names), kubelet's
 //! serving certificate, client certificates, and the service-account key pair.
 
-use std::{path::Path, process::Command};
+use std::path::Path;
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 
 use super::config::{KUBERNETES_SERVICE_IP, NODE_IP, NODE_NAME};
-use crate::cmd;
-
-fn openssl(dir: &Path, args: &[&str]) -> Result<()> {
-    cmd::output(Command::new("openssl").args(args).current_dir(dir))
-        .map(drop)
-        .context("openssl makes the cluster's certificates (apt-get install openssl)")
-}
-
-/// A key and a certificate signed by `ca.crt`, with `ext` (subjectAltName, usages).
-fn signed(dir: &Path, name: &str, subj: &str, ext: &[&str]) -> Result<()> {
-    let (key, csr, crt) = (
-        format!("{name}.key"),
-        format!("{name}.csr"),
-        format!("{name}.crt"),
-    );
-    let mut args = vec![
-        "req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj", subj,
-    ];
-    for e in ext {
-        args.extend(["-addext", e]);
-    }
-    openssl(dir, &args)?;
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            &crt,
-            "-days",
-            "3650",
-            "-copy_extensions",
-            "copy",
-        ],
-    )
-}
+use crate::kube_env::{ca, service_account_key, signed};
 
 /// Makes every certificate under `dir` (which must exist).
 pub fn make(dir: &Path) -> Result<()> {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-            "-days",
-            "3650",
-            "-subj",
-            "/CN=bypass-cluster-ca",
-        ],
-    )?;
+    ca(dir, "bypass-cluster-ca")?;
     let api_san = format!(
         "subjectAltName=IP:{NODE_IP},IP:{KUBERNETES_SERVICE_IP},IP:127.0.0.1,DNS:localhost,\
          DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,\
@@ -101,6 +42,5 @@ pub fn make(dir: &Path) -> Result<()> {
         "/CN=kube-apiserver-kubelet-client/O=system:masters",
         &client,
     )?;
-    openssl(dir, &["genrsa", "-out", "sa.key", "2048"])?;
-    openssl(dir, &["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"])
+    service_account_key(dir)
 }
