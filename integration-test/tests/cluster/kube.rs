@@ -77,6 +77,19 @@ pub fn apply(yaml: &str) -> Result<()> {
     Ok(())
 }
 
+/// A `metadata` map (`labels`, `annotations`) as YAML under `metadata:`, or nothing
+/// when empty.
+fn metadata_map(key: &str, pairs: &[(&str, &str)]) -> String {
+    if pairs.is_empty() {
+        return String::new();
+    }
+    let items: String = pairs
+        .iter()
+        .map(|(k, v)| format!("    {k}: \"{v}\"\n"))
+        .collect();
+    format!("  {key}:\n{items}")
+}
+
 /// Waits until `check` succeeds.
 pub fn wait_for(
     what: &str,
@@ -357,15 +370,7 @@ impl Namespace {
             "--ignore-not-found",
             "--wait=true",
         ]);
-        let labels: String = labels
-            .iter()
-            .map(|(k, v)| format!("    {k}: \"{v}\"\n"))
-            .collect();
-        let labels = if labels.is_empty() {
-            String::new()
-        } else {
-            format!("  labels:\n{labels}")
-        };
+        let labels = metadata_map("labels", labels);
         apply(&format!(
             "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n{labels}"
         ))?;
@@ -398,15 +403,7 @@ impl Namespace {
     }
 
     fn pod(&self, name: &str, annotations: &[(&str, &str)], command: &str) -> Result<Pod> {
-        let ann: String = annotations
-            .iter()
-            .map(|(k, v)| format!("    {k}: \"{v}\"\n"))
-            .collect();
-        let ann = if ann.is_empty() {
-            String::new()
-        } else {
-            format!("  annotations:\n{ann}")
-        };
+        let ann = metadata_map("annotations", annotations);
         apply(&format!(
             "apiVersion: v1
 kind: Pod
