@@ -329,12 +329,17 @@ fn heading(p: &Placement) -> String {
 
 /// Where a scenario's extra processes run, for a placement.
 fn pinning(scenario: Scenario, p: &Placement) -> Option<String> {
-    (scenario == Scenario::Mesh).then(|| {
-        format!(
+    match scenario {
+        Scenario::Mesh => Some(format!(
             "pinning: client + sidecar A on CPU {}, sidecar B + server on CPU {} (same for bypass and default)",
             p.client_cpu, p.server_cpu
-        )
-    })
+        )),
+        Scenario::Cluster => Some(format!(
+            "pinning: `taskset -c {}` qperf client in pod client (kubectl exec), `taskset -c {}` qperf server in pod server",
+            p.client_cpu, p.server_cpu
+        )),
+        Scenario::Default | Scenario::Clusterip => None,
+    }
 }
 
 /// The agent's counters summed over the bypassed blocks of one placement.
@@ -389,6 +394,9 @@ fn hop_expectation(scenario: Scenario) -> &'static str {
         }
         Scenario::Clusterip => {
             "expected per measured connection: at least 1 translated pair (qperf's control connections go through the VIP too)"
+        }
+        Scenario::Cluster => {
+            "expected per measured connection: at least 1 pod-to-pod pair (qperf's control connections are pairs too)"
         }
     }
 }
@@ -670,6 +678,9 @@ fn scenario_title(s: Scenario) -> &'static str {
             "Service mesh: app → sidecar → sidecar → app (iptables REDIRECT in both pods)"
         }
         Scenario::Clusterip => "ClusterIP: app → Service VIP, kube-proxy DNAT → app",
+        Scenario::Cluster => {
+            "Real pods on the one-node cluster: the DaemonSet of deploy/, switched by the node label"
+        }
     }
 }
 
@@ -698,7 +709,7 @@ pub fn render_snippet(r: &Results) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "**{}** — `cargo xtask bench --scenario {}`, {} interleaved reps, {} s per qperf test, git {}, load {} → {}; ratios are bypass ÷ normal path (agent stopped), medians of one run, absolute values in parentheses.\n",
+        "**{}** — `cargo xtask bench --scenario {}`, {} interleaved reps, {} s per qperf test, git {}, load {} → {}; ratios are bypass ÷ normal path ({}), medians of one run, absolute values in parentheses.\n",
         scenario_title(c.scenario),
         c.scenario.name(),
         c.reps,
@@ -706,6 +717,11 @@ pub fn render_snippet(r: &Results) -> String {
         short_commit(&r.env.git_commit),
         r.env.loadavg_start,
         r.env.loadavg_end,
+        if c.scenario == Scenario::Cluster {
+            "node labelled bypass.dev/enabled=false, agent running"
+        } else {
+            "agent stopped"
+        },
     );
     let mut head = vec!["size".to_owned()];
     let mut cols: Vec<(Test, &Placement)> = Vec::new();
