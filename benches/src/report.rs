@@ -559,16 +559,21 @@ pub fn render(r: &Results) -> String {
     }
     let a = agent_cost(r);
     let rate = |x: Option<f64>| x.map_or_else(|| "-".into(), |x| format!("{x:.2} ms/s"));
-    let _ = writeln!(
-        o,
-        "\nagent: RSS {:.1} MB, peak (VmHWM) {:.1} MB; CPU to load+attach {:.0} ms; idle {}; during the sweep {} ({} starts)",
-        a.rss_kib as f64 * 1024.0 / 1e6,
-        a.hwm_kib as f64 * 1024.0 / 1e6,
-        a.start_cpu_ms,
-        rate(a.idle_cpu_ms_per_s),
-        rate(a.sweep_cpu_ms_per_s),
-        a.starts
-    );
+    if r.agent.is_empty() {
+        // The cluster scenario's agent is the DaemonSet's pod, not a process of ours.
+        let _ = writeln!(o, "\nagent: not probed in this run");
+    } else {
+        let _ = writeln!(
+            o,
+            "\nagent: RSS {:.1} MB, peak (VmHWM) {:.1} MB; CPU to load+attach {:.0} ms; idle {}; during the sweep {} ({} starts)",
+            a.rss_kib as f64 * 1024.0 / 1e6,
+            a.hwm_kib as f64 * 1024.0 / 1e6,
+            a.start_cpu_ms,
+            rate(a.idle_cpu_ms_per_s),
+            rate(a.sweep_cpu_ms_per_s),
+            a.starts
+        );
+    }
     render_hops(&mut o, r);
     render_programs(&mut o, r);
     let _ = writeln!(
@@ -1047,6 +1052,22 @@ pub(crate) mod tests {
             !plain.contains("scenario") && !plain.contains("hops:"),
             "{plain}"
         );
+    }
+
+    #[test]
+    fn cluster_report_says_how_it_switched_and_pinned() {
+        let mut r = sample_results();
+        r.config.scenario = Scenario::Cluster;
+        r.agent.clear();
+        let text = render(&r);
+        assert!(text.contains("agent: not probed in this run"), "{text}");
+        assert!(text.contains("`taskset -c 1` qperf server"), "{text}");
+        let md = render_snippet(&r);
+        assert!(
+            md.contains("node labelled bypass.dev/enabled=false, agent running"),
+            "{md}"
+        );
+        assert!(md.contains("--scenario cluster"), "{md}");
     }
 
     #[test]
