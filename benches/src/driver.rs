@@ -50,7 +50,7 @@ pub struct Options {
 }
 
 /// Seconds a single tool run may take beyond its own duration.
-const SLACK: Duration = Duration::from_secs(20);
+pub(crate) const SLACK: Duration = Duration::from_secs(20);
 
 struct AgentState {
     agent: Option<Agent>,
@@ -101,6 +101,9 @@ impl ProgRef {
 
 /// Runs the bench and returns everything it measured.
 pub fn run(opts: &Options) -> Result<Results> {
+    if opts.config.scenario == Scenario::Cluster {
+        return crate::cluster::run(opts);
+    }
     for (tool, arg) in [("qperf", "--version"), ("sockperf", "--version")] {
         let ok = Command::new(tool)
             .arg(arg)
@@ -229,7 +232,7 @@ pub fn run(opts: &Options) -> Result<Results> {
 /// The measured paths of one block group, rotated by one each time so that every path
 /// comes first, second, ... equally often: bypass, default[, minimal] | default[,
 /// minimal], bypass | ...
-fn paths_of(config: &Config, first: bool) -> Vec<Path> {
+pub(crate) fn paths_of(config: &Config, first: bool) -> Vec<Path> {
     let mut paths = vec![Path::Bypass, Path::Default];
     if config.minimal {
         paths.push(Path::Minimal);
@@ -240,11 +243,11 @@ fn paths_of(config: &Config, first: bool) -> Vec<Path> {
     paths
 }
 
-fn progress(msg: &str) {
+pub(crate) fn progress(msg: &str) {
     eprintln!("bench: {msg}");
 }
 
-fn fmt_secs(s: f64) -> String {
+pub(crate) fn fmt_secs(s: f64) -> String {
     let s = s.max(0.0) as u64;
     format!("{}m{:02}s", s / 60, s % 60)
 }
@@ -627,25 +630,11 @@ impl Run<'_> {
         let delta = stats0
             .zip(stats1)
             .map(|(a, b)| (b.0.saturating_sub(a.0), b.1.saturating_sub(a.1)));
-        // A bypassed run puts only handshakes and ACK-less FINs on the wire; a default
-        // run puts every payload byte there.
         let payload = r.bw_bytes_per_sec.unwrap_or(0.0) * f64::from(secs);
-        if let Some(w) = wire {
-            let w = w as f64;
-            // Bytes the datapath chose to send by TCP (a small-message stream) are on
-            // the wire on purpose.
-            let passed = delta.map_or(0.0, |d| d.1 as f64);
-            let redirected = (payload - passed).max(0.0);
-            if path == Path::Bypass && w > 0.05 * redirected + 2.0 * passed && w > 1e6 {
-                self.results.warnings.push(format!(
-                    "{what}: {w:.0} bytes on the wire although bypassed"
-                ));
-            }
-            if path == Path::Default && w < 0.5 * payload {
-                self.results.warnings.push(format!(
-                    "{what}: only {w:.0} bytes on the wire although not bypassed"
-                ));
-            }
+        if let Some(w) = wire
+            && let Some(problem) = wire_problem(path, w, payload, delta.map(|d| d.1))
+        {
+            self.results.warnings.push(format!("{what}: {problem}"));
         }
         for (test, value) in [
             (Test::TcpLat, r.latency_ns),
@@ -775,7 +764,26 @@ impl Run<'_> {
     }
 }
 
-fn qperf_port(cpu: usize) -> u16 {
+/// What is wrong when a run's bytes on the wire contradict its path (pure): a bypassed
+/// run puts only handshakes and ACK-less FINs on the wire, a default run puts every
+/// payload byte there. `payload`: the bytes `tcp_bw` moved; `passed`: the bytes the
+/// datapath chose to send by TCP (a small-message stream), on the wire on purpose.
+pub fn wire_problem(path: Path, wire: u64, payload: f64, passed: Option<u64>) -> Option<String> {
+    let w = wire as f64;
+    let passed = passed.map_or(0.0, |p| p as f64);
+    let redirected = (payload - passed).max(0.0);
+    match path {
+        Path::Bypass if w > 0.05 * redirected + 2.0 * passed && w > 1e6 => {
+            Some(format!("{w:.0} bytes on the wire although bypassed"))
+        }
+        Path::Default if w < 0.5 * payload => Some(format!(
+            "only {w:.0} bytes on the wire although not bypassed"
+        )),
+        _ => None,
+    }
+}
+
+pub(crate) fn qperf_port(cpu: usize) -> u16 {
     QPERF_PORT + cpu as u16
 }
 
@@ -838,4 +846,25 @@ pub fn write_outputs(r: &Results, dir: &FsPath) -> Result<Vec<PathBuf>> {
         written.push(path);
     }
     Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_problem_by_path() {
+        // Bypassed: handshakes only, or bytes the datapath passed on purpose, are fine.
+        assert_eq!(wire_problem(Path::Bypass, 4_000, 1e9, Some(0)), None);
+        assert_eq!(
+            wire_problem(Path::Bypass, 3_000_000, 1e9, Some(2_000_000)),
+            None
+        );
+        let p = wire_problem(Path::Bypass, 900_000_000, 1e9, Some(0)).unwrap();
+        assert!(p.contains("although bypassed"), "{p}");
+        // The normal path carries every payload byte.
+        assert_eq!(wire_problem(Path::Default, 2_000_000_000, 1e9, None), None);
+        let p = wire_problem(Path::Default, 1_000, 1e9, None).unwrap();
+        assert!(p.contains("although not bypassed"), "{p}");
+    }
 }

@@ -89,7 +89,9 @@ enum Cmd {
         agent_args: Vec<String>,
         /// The path between client and server: default (pod to pod), mesh (through a
         /// sidecar proxy in each pod behind iptables REDIRECT), clusterip (a Service VIP
-        /// DNATed by kube-proxy-shaped iptables chains).
+        /// DNATed by kube-proxy-shaped iptables chains), cluster (two real pods of the
+        /// one-node cluster, the DaemonSet switched by the node label; qperf only: no
+        /// sockperf, floor or minimal datapath; run it through `cargo xtask bench`).
         #[arg(long, value_enum, default_value = "default")]
         scenario: Scenario,
         /// Where the table, JSON and plot go [default: results/latest, or

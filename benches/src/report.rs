@@ -329,12 +329,17 @@ fn heading(p: &Placement) -> String {
 
 /// Where a scenario's extra processes run, for a placement.
 fn pinning(scenario: Scenario, p: &Placement) -> Option<String> {
-    (scenario == Scenario::Mesh).then(|| {
-        format!(
+    match scenario {
+        Scenario::Mesh => Some(format!(
             "pinning: client + sidecar A on CPU {}, sidecar B + server on CPU {} (same for bypass and default)",
             p.client_cpu, p.server_cpu
-        )
-    })
+        )),
+        Scenario::Cluster => Some(format!(
+            "pinning: `taskset -c {}` qperf client in pod client (kubectl exec), `taskset -c {}` qperf server in pod server",
+            p.client_cpu, p.server_cpu
+        )),
+        Scenario::Default | Scenario::Clusterip => None,
+    }
 }
 
 /// The agent's counters summed over the bypassed blocks of one placement.
@@ -389,6 +394,9 @@ fn hop_expectation(scenario: Scenario) -> &'static str {
         }
         Scenario::Clusterip => {
             "expected per measured connection: at least 1 translated pair (qperf's control connections go through the VIP too)"
+        }
+        Scenario::Cluster => {
+            "expected per measured connection: at least 1 pod-to-pod pair (qperf's control connections are pairs too)"
         }
     }
 }
@@ -551,16 +559,21 @@ pub fn render(r: &Results) -> String {
     }
     let a = agent_cost(r);
     let rate = |x: Option<f64>| x.map_or_else(|| "-".into(), |x| format!("{x:.2} ms/s"));
-    let _ = writeln!(
-        o,
-        "\nagent: RSS {:.1} MB, peak (VmHWM) {:.1} MB; CPU to load+attach {:.0} ms; idle {}; during the sweep {} ({} starts)",
-        a.rss_kib as f64 * 1024.0 / 1e6,
-        a.hwm_kib as f64 * 1024.0 / 1e6,
-        a.start_cpu_ms,
-        rate(a.idle_cpu_ms_per_s),
-        rate(a.sweep_cpu_ms_per_s),
-        a.starts
-    );
+    if r.agent.is_empty() {
+        // The cluster scenario's agent is the DaemonSet's pod, not a process of ours.
+        let _ = writeln!(o, "\nagent: not probed in this run");
+    } else {
+        let _ = writeln!(
+            o,
+            "\nagent: RSS {:.1} MB, peak (VmHWM) {:.1} MB; CPU to load+attach {:.0} ms; idle {}; during the sweep {} ({} starts)",
+            a.rss_kib as f64 * 1024.0 / 1e6,
+            a.hwm_kib as f64 * 1024.0 / 1e6,
+            a.start_cpu_ms,
+            rate(a.idle_cpu_ms_per_s),
+            rate(a.sweep_cpu_ms_per_s),
+            a.starts
+        );
+    }
     render_hops(&mut o, r);
     render_programs(&mut o, r);
     let _ = writeln!(
@@ -670,6 +683,9 @@ fn scenario_title(s: Scenario) -> &'static str {
             "Service mesh: app → sidecar → sidecar → app (iptables REDIRECT in both pods)"
         }
         Scenario::Clusterip => "ClusterIP: app → Service VIP, kube-proxy DNAT → app",
+        Scenario::Cluster => {
+            "Real pods on the one-node cluster: the DaemonSet of deploy/, switched by the node label"
+        }
     }
 }
 
@@ -698,7 +714,7 @@ pub fn render_snippet(r: &Results) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "**{}** — `cargo xtask bench --scenario {}`, {} interleaved reps, {} s per qperf test, git {}, load {} → {}; ratios are bypass ÷ normal path (agent stopped), medians of one run, absolute values in parentheses.\n",
+        "**{}** — `cargo xtask bench --scenario {}`, {} interleaved reps, {} s per qperf test, git {}, load {} → {}; ratios are bypass ÷ normal path ({}), medians of one run, absolute values in parentheses.\n",
         scenario_title(c.scenario),
         c.scenario.name(),
         c.reps,
@@ -706,6 +722,11 @@ pub fn render_snippet(r: &Results) -> String {
         short_commit(&r.env.git_commit),
         r.env.loadavg_start,
         r.env.loadavg_end,
+        if c.scenario == Scenario::Cluster {
+            "node labelled bypass.dev/enabled=false, agent running"
+        } else {
+            "agent stopped"
+        },
     );
     let mut head = vec!["size".to_owned()];
     let mut cols: Vec<(Test, &Placement)> = Vec::new();
@@ -1031,6 +1052,22 @@ pub(crate) mod tests {
             !plain.contains("scenario") && !plain.contains("hops:"),
             "{plain}"
         );
+    }
+
+    #[test]
+    fn cluster_report_says_how_it_switched_and_pinned() {
+        let mut r = sample_results();
+        r.config.scenario = Scenario::Cluster;
+        r.agent.clear();
+        let text = render(&r);
+        assert!(text.contains("agent: not probed in this run"), "{text}");
+        assert!(text.contains("`taskset -c 1` qperf server"), "{text}");
+        let md = render_snippet(&r);
+        assert!(
+            md.contains("node labelled bypass.dev/enabled=false, agent running"),
+            "{md}"
+        );
+        assert!(md.contains("--scenario cluster"), "{md}");
     }
 
     #[test]

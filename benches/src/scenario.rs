@@ -37,6 +37,10 @@ pub enum Scenario {
     Mesh,
     /// App → Service VIP, DNAT by kube-proxy-shaped chains to the server pod.
     Clusterip,
+    /// Pod address to pod address between two real pods of the one-node cluster of
+    /// `cargo xtask cluster`, the agent deployed as `deploy/`'s DaemonSet and switched
+    /// by the node label (see [`crate::cluster`]).
+    Cluster,
 }
 
 impl Scenario {
@@ -46,6 +50,7 @@ impl Scenario {
             Scenario::Default => "default",
             Scenario::Mesh => "mesh",
             Scenario::Clusterip => "clusterip",
+            Scenario::Cluster => "cluster",
         }
     }
 
@@ -74,6 +79,10 @@ impl Scenario {
             }
             Scenario::Clusterip => {
                 "client -> Service VIP:P -> kube-proxy-shaped DNAT (KUBE-SERVICES/KUBE-SVC/KUBE-SEP, client netns) -> pod B:P"
+            }
+            Scenario::Cluster => {
+                "pod client -> pod server (real pods of the one-node cluster: kubelet, containerd, CNI bridge); \
+                 the agent is deploy/'s DaemonSet, bypass = node labelled bypass.dev/enabled=true, default = labelled false"
             }
         }
     }
@@ -228,6 +237,7 @@ pub fn hop_problems(
             want("paired_loopback", connections);
         }
         Scenario::Clusterip => want("paired_translated", connections),
+        Scenario::Cluster => want("paired_pod", connections),
     }
     if let Some(v) = get("pair_rejected")
         && v > 0
@@ -382,6 +392,9 @@ impl Setup {
                         .collect::<Vec<_>>()
                         .join(",")
                 );
+            }
+            Scenario::Cluster => {
+                bail!("the cluster scenario runs real pods (crate::cluster), not the testbed's")
             }
         }
         Ok(s)

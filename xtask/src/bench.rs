@@ -3,11 +3,16 @@
 //! `bench.json` with every raw sample, and `plot.svg`. `--scenario mesh` (also builds
 //! the sidecar proxy `bypass-proxy`) and `--scenario clusterip` run the same sweep
 //! through a sidecar chain or a ClusterIP DNAT into `results/latest-<scenario>/`.
-//! Needs root.
+//! `--scenario cluster` runs it between two real pods of the one-node cluster: it brings
+//! the cluster up if it is not (and down afterwards), loads the images of `cargo xtask
+//! image` (the test image carries qperf), and hands `kubectl` to the bench, which
+//! deploys `deploy/` and switches the bypass by the node label. Needs root.
 
-use anyhow::{Context as _, Result};
+use std::{path::Path, process::Command};
 
-use crate::{build, cmd, setup, workspace};
+use anyhow::{Context as _, Result, bail};
+
+use crate::{build, cluster, cmd, image, setup, workspace};
 
 /// The bench package; its binary is `bypass-bench`.
 const BENCH: &str = "bypass-bench";
@@ -25,6 +30,9 @@ pub enum Scenario {
     /// To a Service VIP DNATed by kube-proxy-shaped iptables chains; writes
     /// results/latest-clusterip.
     Clusterip,
+    /// Between two real pods of the one-node cluster (`cargo xtask cluster`), the
+    /// DaemonSet of deploy/ switched by the node label; writes results/latest-cluster.
+    Cluster,
 }
 
 impl Scenario {
@@ -33,6 +41,7 @@ impl Scenario {
             Scenario::Default => "default",
             Scenario::Mesh => "mesh",
             Scenario::Clusterip => "clusterip",
+            Scenario::Cluster => "cluster",
         }
     }
 }
@@ -45,7 +54,7 @@ pub struct Args {
     /// Under two minutes: one repetition, cross-CPU only (`bypass-bench run --quick`).
     #[arg(long)]
     pub quick: bool,
-    /// The path measured: default, mesh or clusterip.
+    /// The path measured: default, mesh, clusterip or cluster.
     #[arg(long, value_enum, default_value = "default")]
     pub scenario: Scenario,
     /// More arguments for `bypass-bench run` (see `bypass-bench run --help`).
@@ -78,7 +87,49 @@ pub fn run(args: &Args) -> Result<()> {
     if args.scenario != Scenario::Default {
         cargo.args(["--scenario", args.scenario.name()]);
     }
-    cmd::run(cargo.args(&args.bench))
+    cargo.args(&args.bench);
+    if args.scenario == Scenario::Cluster {
+        return on_cluster(&tools, &agent, &mut cargo);
+    }
+    cmd::run(&mut cargo)
+}
+
+/// Runs `bench` (the bench's cargo command) against the one-node cluster: up if it is
+/// not (and down afterwards, whatever the bench's outcome), the agent and test images
+/// loaded, `kubectl` and the admin kubeconfig in the bench's environment.
+fn on_cluster(tools: &setup::Tools, agent: &Path, bench: &mut Command) -> Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        bail!(
+            "the cluster scenario runs kubelet and containerd: run `cargo xtask bench --scenario cluster` as root"
+        );
+    }
+    setup::ensure_cluster()?;
+    let layout = cluster::config::Layout::default();
+    let brought_up = if cluster::is_up(&layout) {
+        eprintln!("bench: the cluster is up already; it stays up");
+        false
+    } else {
+        cluster::up(&layout)?;
+        true
+    };
+    let result = (|| -> Result<()> {
+        let test_tools = image::build_test_tools(tools)?;
+        let out = workspace::target_dir()?.join(image::IMAGES_DIR);
+        for t in image::build_all(agent, &test_tools, &out)? {
+            cluster::import_image(&layout, &t)?;
+        }
+        let bins = cluster::bins::ensure()?;
+        bench
+            .env("BYPASS_CLUSTER_KUBECONFIG", layout.admin_kubeconfig())
+            .env("BYPASS_KUBECTL", bins.get("kubectl"));
+        cmd::run(bench)
+    })();
+    if brought_up {
+        let down = cluster::down(&layout).context("take the cluster down");
+        result?;
+        return down;
+    }
+    result
 }
 
 /// Builds `bypass-proxy` (release: the proxies' cost is part of what the mesh scenario

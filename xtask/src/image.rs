@@ -1,4 +1,5 @@
-//! `cargo xtask image`: the agent's image and the tests' peer-tool image, assembled with
+//! `cargo xtask image`: the agent's image and the tests' peer-tool image (also the
+//! cluster bench's: it carries the host's qperf), assembled with
 //! no registry: a root filesystem of the release binaries and exactly the shared
 //! libraries they link (from `ldd`), packed as a docker-archive tarball (one layer,
 //! fixed timestamps and owners) that `ctr images import` loads into the cluster's
@@ -27,10 +28,14 @@ pub const TEST_IMAGE: &str = "bypass-test";
 pub const IMAGES_DIR: &str = "images";
 /// The peer tools in the test image (integration-test binaries).
 pub const TEST_TOOLS: [&str; 3] = ["bypass-peer", "bypass-probe", "bypass-proxy"];
-/// busybox applets linked in the test image (a shell and what the tests run in pods).
-pub const BUSYBOX_APPLETS: [&str; 10] = [
-    "sh", "cat", "sleep", "ls", "ps", "wget", "echo", "true", "ip", "nc",
+/// busybox applets linked in the test image (a shell and what the tests run in pods;
+/// `taskset` pins the cluster bench's qperf to a CPU).
+pub const BUSYBOX_APPLETS: [&str; 11] = [
+    "sh", "cat", "sleep", "ls", "ps", "wget", "echo", "true", "ip", "nc", "taskset",
 ];
+/// Host binaries copied into the test image at the same path, with the libraries they
+/// link, and the package that installs each: the cluster bench runs qperf in pods.
+pub const HOST_TOOLS: [(&str, &str); 1] = [("/usr/bin/qperf", "qperf")];
 
 /// Arguments of `cargo xtask image`.
 #[derive(Debug, Clone, clap::Args)]
@@ -134,8 +139,8 @@ pub fn agent_rootfs(agent: &Path, dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The test image's root filesystem: busybox (a shell and a few applets) and the peer
-/// tools with their libraries.
+/// The test image's root filesystem: busybox (a shell and a few applets), the peer
+/// tools and the host's qperf ([`HOST_TOOLS`]), with their libraries.
 pub fn test_rootfs(tools: &[PathBuf], dir: &Path) -> Result<()> {
     fresh_dir(dir)?;
     let busybox = Path::new("/bin/busybox");
@@ -150,6 +155,16 @@ pub fn test_rootfs(tools: &[PathBuf], dir: &Path) -> Result<()> {
     for t in tools {
         let name = t.file_name().context("tool without a name")?;
         install_with_libs(t, &dir.join("usr/local/bin").join(name), dir)?;
+    }
+    for (tool, package) in HOST_TOOLS {
+        let path = Path::new(tool);
+        if !path.is_file() {
+            bail!(
+                "{tool} is missing: `apt-get install -y {package}` (the test image carries it for `cargo xtask bench --scenario cluster`)"
+            );
+        }
+        let rel = path.strip_prefix("/").unwrap_or(path);
+        install_with_libs(path, &dir.join(rel), dir)?;
     }
     std::fs::create_dir_all(dir.join("tmp"))?;
     Ok(())
