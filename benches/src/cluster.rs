@@ -25,9 +25,9 @@ use std::{
 use anyhow::{Context as _, Result, bail, ensure};
 
 use crate::{
-    driver::{self, Options, SLACK, fmt_secs, progress, wire_problem},
+    driver::{self, Observed, Options, SLACK, fmt_secs, progress, record_qperf},
     env,
-    model::{Config, HopSample, Path, Placement, Results, SCHEMA, Sample, Scenario, Test},
+    model::{Config, HopSample, Path, Placement, Results, SCHEMA, Scenario},
     qperf, scenario,
 };
 
@@ -673,54 +673,22 @@ impl Run<'_> {
             self.tick(&format!("{what}: FAILED"));
             return Ok(());
         };
-        let mut r = match qperf::parse(&out, &tests) {
-            Ok(r) => r,
-            Err(e) => {
-                self.results.warnings.push(format!("{what}: {e:#}"));
-                self.tick(&format!("{what}: unparsable"));
-                return Ok(());
-            }
-        };
-        if r.latency_ns.is_some_and(|l| l <= 0.0) {
-            self.results.warnings.push(format!(
-                "{what}: tcp_lat completed no round trip in {secs} s; sample dropped"
-            ));
-            r.latency_ns = None;
-        }
-        let wire = wire0.zip(wire1).map(|(a, b)| b.saturating_sub(a));
         let delta = stats0
             .zip(stats1)
             .map(|(a, b)| (b.0.saturating_sub(a.0), b.1.saturating_sub(a.1)));
-        let payload = r.bw_bytes_per_sec.unwrap_or(0.0) * f64::from(secs);
-        if let Some(w) = wire
-            && let Some(problem) = wire_problem(path, w, payload, delta.map(|d| d.1))
-        {
-            self.results.warnings.push(format!("{what}: {problem}"));
-        }
-        for (test, value) in [
-            (Test::TcpLat, r.latency_ns),
-            (Test::TcpBw, r.bw_bytes_per_sec),
-        ] {
-            let Some(value) = value else { continue };
-            self.results.samples.push(Sample {
-                rep,
-                placement: p.name.clone(),
-                path,
-                test,
-                size,
-                value,
-                wire_bytes: wire,
-                redirected_bytes: delta.map(|d| d.0),
-                passed_bytes: delta.map(|d| d.1),
-            });
-        }
+        let wire = wire0.zip(wire1).map(|(a, b)| b.saturating_sub(a));
+        let line = record_qperf(
+            &mut self.results,
+            (rep, p, path, size),
+            &what,
+            secs,
+            &out,
+            &tests,
+            Observed { wire, delta },
+        );
         self.tick(&format!(
-            "{what}: lat {}, bw {}, veth {}",
-            r.latency_ns
-                .map_or_else(|| "-".into(), |v| format!("{:.2} us", v / 1e3)),
-            r.bw_bytes_per_sec
-                .map_or_else(|| "-".into(), |v| format!("{:.1} MB/s", v / 1e6)),
-            wire.map_or_else(|| "-".into(), |w| format!("{w} B")),
+            "{line}, veth {}",
+            wire.map_or_else(|| "-".into(), |w| format!("{w} B"))
         ));
         Ok(())
     }
@@ -729,6 +697,7 @@ impl Run<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Test;
 
     #[test]
     fn label_arguments() {

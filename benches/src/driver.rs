@@ -99,6 +99,75 @@ impl ProgRef {
     }
 }
 
+/// What the veths and the agent's counters showed over one qperf run.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Observed {
+    /// Bytes on the pods' veths.
+    pub(crate) wire: Option<u64>,
+    /// (redirected, passed) bytes the agent counted.
+    pub(crate) delta: Option<(u64, u64)>,
+}
+
+/// One qperf client run's output, `out`, into samples of `results` (rep, placement,
+/// path and size in `at`), with a warning for what looks wrong; returns the progress
+/// line.
+pub(crate) fn record_qperf(
+    results: &mut Results,
+    at: (u32, &Placement, Path, u32),
+    what: &str,
+    secs: u32,
+    out: &str,
+    tests: &[Test],
+    observed: Observed,
+) -> String {
+    let (rep, p, path, size) = at;
+    let mut r = match qperf::parse(out, tests) {
+        Ok(r) => r,
+        Err(e) => {
+            results.warnings.push(format!("{what}: {e:#}"));
+            return format!("{what}: unparsable");
+        }
+    };
+    // qperf prints 0 ns when not one round trip completed (a stranded message).
+    if r.latency_ns.is_some_and(|l| l <= 0.0) {
+        results.warnings.push(format!(
+            "{what}: tcp_lat completed no round trip in {secs} s; sample dropped"
+        ));
+        r.latency_ns = None;
+    }
+    let Observed { wire, delta } = observed;
+    let payload = r.bw_bytes_per_sec.unwrap_or(0.0) * f64::from(secs);
+    if let Some(w) = wire
+        && let Some(problem) = wire_problem(path, w, payload, delta.map(|d| d.1))
+    {
+        results.warnings.push(format!("{what}: {problem}"));
+    }
+    for (test, value) in [
+        (Test::TcpLat, r.latency_ns),
+        (Test::TcpBw, r.bw_bytes_per_sec),
+    ] {
+        let Some(value) = value else { continue };
+        results.samples.push(Sample {
+            rep,
+            placement: p.name.clone(),
+            path,
+            test,
+            size,
+            value,
+            wire_bytes: wire,
+            redirected_bytes: delta.map(|d| d.0),
+            passed_bytes: delta.map(|d| d.1),
+        });
+    }
+    format!(
+        "{what}: lat {}, bw {}",
+        r.latency_ns
+            .map_or_else(|| "-".into(), |v| format!("{:.2} us", v / 1e3)),
+        r.bw_bytes_per_sec
+            .map_or_else(|| "-".into(), |v| format!("{:.1} MB/s", v / 1e6)),
+    )
+}
+
 /// Runs the bench and returns everything it measured.
 pub fn run(opts: &Options) -> Result<Results> {
     if opts.config.scenario == Scenario::Cluster {
@@ -610,56 +679,23 @@ impl Run<'_> {
             self.tick(&format!("{what}: FAILED"));
             return Ok(());
         };
-        let r = match qperf::parse(&out, &tests) {
-            Ok(r) => r,
-            Err(e) => {
-                self.results.warnings.push(format!("{what}: {e:#}"));
-                self.tick(&format!("{what}: unparsable"));
-                return Ok(());
-            }
-        };
-        // qperf prints 0 ns when not one round trip completed (a stranded message).
-        let mut r = r;
-        if r.latency_ns.is_some_and(|l| l <= 0.0) {
-            self.results.warnings.push(format!(
-                "{what}: tcp_lat completed no round trip in {secs} s; sample dropped"
-            ));
-            r.latency_ns = None;
-        }
-        let wire = wire0.zip(wire1).map(|(a, b)| b.saturating_sub(a));
         let delta = stats0
             .zip(stats1)
             .map(|(a, b)| (b.0.saturating_sub(a.0), b.1.saturating_sub(a.1)));
-        let payload = r.bw_bytes_per_sec.unwrap_or(0.0) * f64::from(secs);
-        if let Some(w) = wire
-            && let Some(problem) = wire_problem(path, w, payload, delta.map(|d| d.1))
-        {
-            self.results.warnings.push(format!("{what}: {problem}"));
-        }
-        for (test, value) in [
-            (Test::TcpLat, r.latency_ns),
-            (Test::TcpBw, r.bw_bytes_per_sec),
-        ] {
-            let Some(value) = value else { continue };
-            self.results.samples.push(Sample {
-                rep,
-                placement: p.name.clone(),
-                path,
-                test,
-                size,
-                value,
-                wire_bytes: wire,
-                redirected_bytes: delta.map(|d| d.0),
-                passed_bytes: delta.map(|d| d.1),
-            });
-        }
-        self.tick(&format!(
-            "{what}: lat {}, bw {}",
-            r.latency_ns
-                .map_or_else(|| "-".into(), |v| format!("{:.2} us", v / 1e3)),
-            r.bw_bytes_per_sec
-                .map_or_else(|| "-".into(), |v| format!("{:.1} MB/s", v / 1e6)),
-        ));
+        let observed = Observed {
+            wire: wire0.zip(wire1).map(|(a, b)| b.saturating_sub(a)),
+            delta,
+        };
+        let line = record_qperf(
+            &mut self.results,
+            (rep, p, path, size),
+            &what,
+            secs,
+            &out,
+            &tests,
+            observed,
+        );
+        self.tick(&line);
         Ok(())
     }
 
