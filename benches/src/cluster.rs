@@ -15,7 +15,6 @@
 
 use std::{
     collections::BTreeMap,
-    fs::OpenOptions,
     io::Write as _,
     path::PathBuf,
     process::{Command, Stdio},
@@ -25,7 +24,10 @@ use std::{
 use anyhow::{Context as _, Result, bail, ensure};
 
 use crate::{
-    driver::{self, Observed, Options, SLACK, fmt_secs, progress, record_qperf},
+    driver::{
+        self, Observed, Options, SLACK, fit_placements, fmt_secs, open_raw_log, progress,
+        record_qperf,
+    },
     env,
     model::{Config, HopSample, Path, Placement, Results, SCHEMA, Scenario},
     qperf, scenario,
@@ -427,26 +429,8 @@ pub fn run(opts: &Options) -> Result<Results> {
     let agent_bin = testbed::agent::agent_bin();
     let mut env = env::collect(&opts.workspace, &agent_bin);
     let cpus = env.cpus;
-    config.placements.retain(|p| {
-        let ok = p.client_cpu < cpus && p.server_cpu < cpus;
-        if !ok {
-            warnings.push(format!(
-                "placement {} skipped: only {cpus} CPUs",
-                p.describe()
-            ));
-        }
-        ok
-    });
-    if config.placements.is_empty() {
-        bail!("no placement fits on {cpus} CPUs");
-    }
-    std::fs::create_dir_all(&opts.raw_dir)
-        .with_context(|| format!("create {}", opts.raw_dir.display()))?;
-    let raw = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(opts.raw_dir.join("tools.log"))
-        .ok();
+    fit_placements(&mut config, cpus, &mut warnings)?;
+    let raw = open_raw_log(&opts.raw_dir)?;
     progress(&format!(
         "cluster: deploying deploy/ (node {NODE} labelled {}), {cpus} CPUs, load {}",
         label_arg(Some(false)),

@@ -168,6 +168,39 @@ pub(crate) fn record_qperf(
     )
 }
 
+/// Keeps the placements whose CPUs exist, with a warning for each one left out; fails
+/// when none is left.
+pub(crate) fn fit_placements(
+    config: &mut Config,
+    cpus: usize,
+    warnings: &mut Vec<String>,
+) -> Result<()> {
+    config.placements.retain(|p| {
+        let ok = p.client_cpu < cpus && p.server_cpu < cpus;
+        if !ok {
+            warnings.push(format!(
+                "placement {} skipped: only {cpus} CPUs",
+                p.describe()
+            ));
+        }
+        ok
+    });
+    if config.placements.is_empty() {
+        bail!("no placement fits on {cpus} CPUs");
+    }
+    Ok(())
+}
+
+/// The raw tool log in `dir` (created), appended to; `None` if it cannot be opened.
+pub(crate) fn open_raw_log(dir: &FsPath) -> Result<Option<std::fs::File>> {
+    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    Ok(OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("tools.log"))
+        .ok())
+}
+
 /// Runs the bench and returns everything it measured.
 pub fn run(opts: &Options) -> Result<Results> {
     if opts.config.scenario == Scenario::Cluster {
@@ -194,26 +227,8 @@ pub fn run(opts: &Options) -> Result<Results> {
     let mut config = opts.config.clone();
     let mut warnings = Vec::new();
     let cpus = env.cpus;
-    config.placements.retain(|p| {
-        let ok = p.client_cpu < cpus && p.server_cpu < cpus;
-        if !ok {
-            warnings.push(format!(
-                "placement {} skipped: only {cpus} CPUs",
-                p.describe()
-            ));
-        }
-        ok
-    });
-    if config.placements.is_empty() {
-        bail!("no placement fits on {cpus} CPUs");
-    }
-    std::fs::create_dir_all(&opts.raw_dir)
-        .with_context(|| format!("create {}", opts.raw_dir.display()))?;
-    let raw = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(opts.raw_dir.join("tools.log"))
-        .ok();
+    fit_placements(&mut config, cpus, &mut warnings)?;
+    let raw = open_raw_log(&opts.raw_dir)?;
     progress(&format!(
         "building two pods; agent {}; {} CPUs, load {}",
         agent_bin.display(),
