@@ -16,6 +16,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
+use bypass_common::Stat;
 use serde::{Deserialize, Serialize};
 use testbed::{
     Proxy, ProxyOpts, TwoPods,
@@ -175,14 +176,14 @@ pub fn chains(
 
 /// The agent's per-hop counters in `status --json`, in the order the report shows them.
 pub const HOP_COUNTERS: [&str; 8] = [
-    "paired_pod",
-    "paired_loopback",
-    "paired_translated",
-    "redirected_bytes_pod",
-    "redirected_bytes_loopback",
-    "redirected_bytes_translated",
-    "pair_rejected",
-    "skipped_ports",
+    Stat::PairedPod.name(),
+    Stat::PairedLoopback.name(),
+    Stat::PairedTranslated.name(),
+    Stat::RedirectedBytesPod.name(),
+    Stat::RedirectedBytesLoopback.name(),
+    Stat::RedirectedBytesTranslated.name(),
+    Stat::PairRejected.name(),
+    Stat::SkippedPorts.name(),
 ];
 
 /// Every non-negative integer field of a `status --json` object.

@@ -16,6 +16,8 @@ pub use addr::{IpKey, ip_key, mapped_v4};
 pub use key::{Endpoint, SockKey};
 pub use layout::KernelLayout;
 pub use state::{Connector, Link, SockState};
+#[cfg(feature = "user")]
+pub use stats::Counters;
 pub use stats::Stat;
 
 /// Slots of the control array [`names::MAP_CONTROL`] (`Array<u32>`).

@@ -1,118 +1,125 @@
-//! Slots of the per-CPU counter array [`crate::names::MAP_STATS`].
+//! The datapath's counters, listed once: the slots of the per-CPU counter array
+//! [`crate::names::MAP_STATS`] ([`Stat`], which the kernel programs add to) and, with the
+//! `user` feature, their sums as the agent reports them ([`Counters`], whose fields are
+//! the counters' names in `status --json` and `/metrics`). A counter added to the one
+//! list below exists everywhere.
 
-/// One counter slot. The discriminant is the array index.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stat {
+/// Declares [`Stat`], [`STAT_SLOTS`] and [`Counters`] from one list of
+/// `doc Variant = index, snake_name, "metrics help";`.
+macro_rules! counters {
+    ($( $(#[doc = $doc:expr])* $variant:ident = $index:literal, $field:ident, $help:literal; )*) => {
+        /// One counter slot. The discriminant is the array index.
+        #[repr(u32)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum Stat {
+            $( $(#[doc = $doc])* $variant = $index, )*
+        }
+
+        /// Number of slots; the array is created with this many entries.
+        pub const STAT_SLOTS: u32 = [$($index),*].len() as u32;
+
+        impl Stat {
+            /// Every slot, in index order.
+            pub const ALL: [Stat; STAT_SLOTS as usize] = [$(Stat::$variant),*];
+
+            /// One line of help for metrics.
+            pub const fn help(self) -> &'static str {
+                match self {
+                    $( Stat::$variant => $help, )*
+                }
+            }
+
+            /// A stable snake_case name, used in status output and metrics.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $( Stat::$variant => stringify!($field), )*
+                }
+            }
+        }
+
+        /// Counter values summed over CPUs, one field per [`Stat`] under its name.
+        #[cfg(feature = "user")]
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+        pub struct Counters {
+            $(
+                $(#[doc = $doc])*
+                #[serde(default)]
+                pub $field: u64,
+            )*
+        }
+
+        #[cfg(feature = "user")]
+        impl Counters {
+            /// Sets one counter.
+            pub fn set(&mut self, stat: Stat, v: u64) {
+                match stat {
+                    $( Stat::$variant => self.$field = v, )*
+                }
+            }
+
+            /// The value of one counter.
+            pub fn get(&self, stat: Stat) -> u64 {
+                match stat {
+                    $( Stat::$variant => self.$field, )*
+                }
+            }
+        }
+    };
+}
+
+counters! {
     /// Sockets inserted into the SockHash.
-    SocketsInserted = 0,
+    SocketsInserted = 0, sockets_inserted, "Sockets inserted into the SockHash";
     /// Inserts that failed (map full, or the kernel refused the socket).
-    InsertFailures = 1,
+    InsertFailures = 1, insert_failures, "SockHash inserts that failed (map full, or refused)";
     /// Messages redirected to the peer socket.
-    RedirectedMessages = 2,
+    RedirectedMessages = 2, redirected_messages, "Messages redirected socket to socket";
     /// Bytes in redirected messages.
-    RedirectedBytes = 3,
+    RedirectedBytes = 3, redirected_bytes, "Bytes redirected socket to socket";
     /// Messages that took the normal TCP path.
-    PassedMessages = 4,
+    PassedMessages = 4, passed_messages, "Messages that took the TCP path";
     /// Bytes in messages that took the normal TCP path.
-    PassedBytes = 5,
+    PassedBytes = 5, passed_bytes, "Bytes that took the TCP path";
     /// Established sockets skipped because an end is not a pod address.
-    SocketsSkipped = 6,
+    SocketsSkipped = 6, sockets_skipped, "Established sockets that were not pod-to-pod";
     /// Times a socket's sends moved to the TCP path because its peer's ingress queue
     /// would have passed [`crate::control::SLOT_MAX_QUEUED`].
-    QueueLimited = 7,
+    QueueLimited = 7, queue_limited, "Times sends moved to TCP because the peer's queue was full";
     /// Connections whose connecting socket sent before it was paired (the send raced
     /// the end of the handshake, or its peer is not on this node): that direction keeps
     /// the TCP path.
-    UnpairedSends = 8,
+    UnpairedSends = 8, unpaired_sends, "Connections whose client sent before being paired (that direction stays on TCP)";
     /// Connections paired pod address to pod address (counted once, on the accepting
     /// side).
-    PairedPod = 9,
+    PairedPod = 9, paired_pod, "Connections paired pod address to pod address";
     /// Connections paired over loopback inside a pod.
-    PairedLoopback = 10,
+    PairedLoopback = 10, paired_loopback, "Connections paired over loopback inside a pod";
     /// Connections paired across an address translation (REDIRECT, DNAT).
-    PairedTranslated = 11,
+    PairedTranslated = 11, paired_translated, "Connections paired across a REDIRECT or DNAT";
     /// Bytes redirected on pod-to-pod connections ([`crate::state::hop::POD`]).
-    RedirectedBytesPod = 12,
+    RedirectedBytesPod = 12, redirected_bytes_pod, "Bytes redirected on pod-to-pod connections";
     /// Bytes redirected on loopback connections ([`crate::state::hop::LOOPBACK`]).
-    RedirectedBytesLoopback = 13,
+    RedirectedBytesLoopback = 13, redirected_bytes_loopback, "Bytes redirected on loopback connections";
     /// Bytes redirected on translated connections ([`crate::state::hop::TRANSLATED`]).
-    RedirectedBytesTranslated = 14,
+    RedirectedBytesTranslated = 14, redirected_bytes_translated, "Bytes redirected on translated connections";
     /// Accepting sockets that found a connecting socket on their client's address and
     /// port whose sequence numbers did not match (another connection from the same
     /// source, or a source NAT): left on the normal path.
-    PairRejected = 15,
+    PairRejected = 15, pair_rejected, "Accepted sockets whose client's sequence numbers did not match (left on TCP)";
     /// Established sockets left alone because a port is in the skip list.
-    SkippedPorts = 16,
+    SkippedPorts = 16, skipped_ports, "Sockets left alone for a port in the skip list";
     /// `setsockopt(TCP_ULP)` calls refused (EPERM) on an inserted socket: an upper-layer
     /// protocol (kTLS) would see its bytes redirected around it.
-    UlpRefused = 17,
+    UlpRefused = 17, ulp_refused, "TCP_ULP (kTLS) refused on bypassed sockets";
     /// Established sockets left alone because an upper-layer protocol is attached
     /// (an MPTCP subflow).
-    UlpSkipped = 18,
+    UlpSkipped = 18, ulp_skipped, "Sockets left alone for an upper-layer protocol (MPTCP subflow)";
     /// Times a socket's sends moved to the TCP path as a small-message stream
     /// ([`crate::state::small_stream_step`]).
-    SmallStreams = 19,
+    SmallStreams = 19, small_streams, "Times sends moved to TCP as a stream of small messages";
 }
 
-/// Number of slots; the array is created with this many entries.
-pub const STAT_SLOTS: u32 = 20;
-
 impl Stat {
-    /// Every slot, in index order.
-    pub const ALL: [Stat; STAT_SLOTS as usize] = [
-        Stat::SocketsInserted,
-        Stat::InsertFailures,
-        Stat::RedirectedMessages,
-        Stat::RedirectedBytes,
-        Stat::PassedMessages,
-        Stat::PassedBytes,
-        Stat::SocketsSkipped,
-        Stat::QueueLimited,
-        Stat::UnpairedSends,
-        Stat::PairedPod,
-        Stat::PairedLoopback,
-        Stat::PairedTranslated,
-        Stat::RedirectedBytesPod,
-        Stat::RedirectedBytesLoopback,
-        Stat::RedirectedBytesTranslated,
-        Stat::PairRejected,
-        Stat::SkippedPorts,
-        Stat::UlpRefused,
-        Stat::UlpSkipped,
-        Stat::SmallStreams,
-    ];
-
-    /// One line of help for metrics.
-    pub const fn help(self) -> &'static str {
-        match self {
-            Stat::SocketsInserted => "Sockets inserted into the SockHash",
-            Stat::InsertFailures => "SockHash inserts that failed (map full, or refused)",
-            Stat::RedirectedMessages => "Messages redirected socket to socket",
-            Stat::RedirectedBytes => "Bytes redirected socket to socket",
-            Stat::PassedMessages => "Messages that took the TCP path",
-            Stat::PassedBytes => "Bytes that took the TCP path",
-            Stat::SocketsSkipped => "Established sockets that were not pod-to-pod",
-            Stat::QueueLimited => "Times sends moved to TCP because the peer's queue was full",
-            Stat::UnpairedSends => {
-                "Connections whose client sent before being paired (that direction stays on TCP)"
-            }
-            Stat::PairedPod => "Connections paired pod address to pod address",
-            Stat::PairedLoopback => "Connections paired over loopback inside a pod",
-            Stat::PairedTranslated => "Connections paired across a REDIRECT or DNAT",
-            Stat::RedirectedBytesPod => "Bytes redirected on pod-to-pod connections",
-            Stat::RedirectedBytesLoopback => "Bytes redirected on loopback connections",
-            Stat::RedirectedBytesTranslated => "Bytes redirected on translated connections",
-            Stat::PairRejected => {
-                "Accepted sockets whose client's sequence numbers did not match (left on TCP)"
-            }
-            Stat::SkippedPorts => "Sockets left alone for a port in the skip list",
-            Stat::UlpRefused => "TCP_ULP (kTLS) refused on bypassed sockets",
-            Stat::UlpSkipped => "Sockets left alone for an upper-layer protocol (MPTCP subflow)",
-            Stat::SmallStreams => "Times sends moved to TCP as a stream of small messages",
-        }
-    }
-
     /// The paired-connections counter of a [`crate::state::hop`] kind.
     #[inline(always)]
     pub const fn paired(hop: u32) -> Option<Stat> {
@@ -139,32 +146,6 @@ impl Stat {
     pub const fn index(self) -> u32 {
         self as u32
     }
-
-    /// A stable snake_case name, used in status output and metrics.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Stat::SocketsInserted => "sockets_inserted",
-            Stat::InsertFailures => "insert_failures",
-            Stat::RedirectedMessages => "redirected_messages",
-            Stat::RedirectedBytes => "redirected_bytes",
-            Stat::PassedMessages => "passed_messages",
-            Stat::PassedBytes => "passed_bytes",
-            Stat::SocketsSkipped => "sockets_skipped",
-            Stat::QueueLimited => "queue_limited",
-            Stat::UnpairedSends => "unpaired_sends",
-            Stat::PairedPod => "paired_pod",
-            Stat::PairedLoopback => "paired_loopback",
-            Stat::PairedTranslated => "paired_translated",
-            Stat::RedirectedBytesPod => "redirected_bytes_pod",
-            Stat::RedirectedBytesLoopback => "redirected_bytes_loopback",
-            Stat::RedirectedBytesTranslated => "redirected_bytes_translated",
-            Stat::PairRejected => "pair_rejected",
-            Stat::SkippedPorts => "skipped_ports",
-            Stat::UlpRefused => "ulp_refused",
-            Stat::UlpSkipped => "ulp_skipped",
-            Stat::SmallStreams => "small_streams",
-        }
-    }
 }
 
 #[cfg(test)]
@@ -175,6 +156,33 @@ mod tests {
     fn indices_are_dense_and_ordered() {
         for (i, s) in Stat::ALL.iter().enumerate() {
             assert_eq!(s.index() as usize, i);
+        }
+    }
+
+    #[test]
+    fn names_are_unique_snake_case() {
+        for (i, a) in Stat::ALL.iter().enumerate() {
+            assert!(
+                a.name()
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b == b'_')
+            );
+            assert!(!a.help().is_empty());
+            for b in &Stat::ALL[i + 1..] {
+                assert_ne!(a.name(), b.name());
+            }
+        }
+    }
+
+    #[cfg(feature = "user")]
+    #[test]
+    fn counters_fields_follow_the_catalogue() {
+        let mut c = Counters::default();
+        for s in Stat::ALL {
+            c.set(s, u64::from(s.index()) + 1);
+        }
+        for s in Stat::ALL {
+            assert_eq!(c.get(s), u64::from(s.index()) + 1);
         }
     }
 }

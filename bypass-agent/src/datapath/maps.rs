@@ -8,9 +8,9 @@ use aya::maps::{
     lpm_trie::{Key, LpmTrie},
 };
 use bypass_common::{
-    Connector, Endpoint, IpKey, Link, SockKey, Stat, addr::ip_from_key, control, ip_key, names,
+    Connector, Counters, Endpoint, IpKey, Link, SockKey, Stat, addr::ip_from_key, control, ip_key,
+    names,
 };
-use serde::Serialize;
 
 use super::pins::PinLayout;
 use crate::{cidr::PodCidr, error::AgentError};
@@ -172,104 +172,6 @@ fn cidr_from_trie(len: u32, bytes: [u8; 16]) -> Option<PodCidr> {
     match v6.to_ipv4_mapped() {
         Some(v4) if len >= 96 => PodCidr::new(IpAddr::V4(v4), u8::try_from(len - 96).ok()?).ok(),
         _ => PodCidr::new(IpAddr::V6(v6), u8::try_from(len).ok()?).ok(),
-    }
-}
-
-/// Counter values summed over CPUs, in [`Stat`] order.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct Counters {
-    /// Sockets inserted into the SockHash.
-    pub sockets_inserted: u64,
-    /// Inserts that failed (map full).
-    pub insert_failures: u64,
-    /// Messages redirected.
-    pub redirected_messages: u64,
-    /// Bytes redirected.
-    pub redirected_bytes: u64,
-    /// Messages that took the TCP path.
-    pub passed_messages: u64,
-    /// Bytes that took the TCP path.
-    pub passed_bytes: u64,
-    /// Established sockets that were not pod-to-pod.
-    pub sockets_skipped: u64,
-    /// Times a socket moved to the TCP path because its peer's queue was full.
-    pub queue_limited: u64,
-    /// Connections whose client sent before being paired (that direction stays on TCP).
-    pub unpaired_sends: u64,
-    /// Connections paired pod address to pod address.
-    pub paired_pod: u64,
-    /// Connections paired over loopback inside a pod.
-    pub paired_loopback: u64,
-    /// Connections paired across an address translation (REDIRECT, DNAT).
-    pub paired_translated: u64,
-    /// Bytes redirected on pod-to-pod connections.
-    pub redirected_bytes_pod: u64,
-    /// Bytes redirected on loopback connections.
-    pub redirected_bytes_loopback: u64,
-    /// Bytes redirected on translated connections.
-    pub redirected_bytes_translated: u64,
-    /// Accepting sockets whose would-be client's sequence numbers did not match.
-    pub pair_rejected: u64,
-    /// Sockets left alone for a port in the skip list.
-    pub skipped_ports: u64,
-    /// `TCP_ULP` refused on inserted sockets.
-    pub ulp_refused: u64,
-    /// Sockets left alone for an upper-layer protocol.
-    pub ulp_skipped: u64,
-    /// Times a socket moved to the TCP path as a small-message stream.
-    pub small_streams: u64,
-}
-
-impl Counters {
-    fn set(&mut self, stat: Stat, v: u64) {
-        match stat {
-            Stat::SocketsInserted => self.sockets_inserted = v,
-            Stat::InsertFailures => self.insert_failures = v,
-            Stat::RedirectedMessages => self.redirected_messages = v,
-            Stat::RedirectedBytes => self.redirected_bytes = v,
-            Stat::PassedMessages => self.passed_messages = v,
-            Stat::PassedBytes => self.passed_bytes = v,
-            Stat::SocketsSkipped => self.sockets_skipped = v,
-            Stat::QueueLimited => self.queue_limited = v,
-            Stat::UnpairedSends => self.unpaired_sends = v,
-            Stat::PairedPod => self.paired_pod = v,
-            Stat::PairedLoopback => self.paired_loopback = v,
-            Stat::PairedTranslated => self.paired_translated = v,
-            Stat::RedirectedBytesPod => self.redirected_bytes_pod = v,
-            Stat::RedirectedBytesLoopback => self.redirected_bytes_loopback = v,
-            Stat::RedirectedBytesTranslated => self.redirected_bytes_translated = v,
-            Stat::PairRejected => self.pair_rejected = v,
-            Stat::SkippedPorts => self.skipped_ports = v,
-            Stat::UlpRefused => self.ulp_refused = v,
-            Stat::UlpSkipped => self.ulp_skipped = v,
-            Stat::SmallStreams => self.small_streams = v,
-        }
-    }
-
-    /// The value of one counter.
-    pub fn get(&self, stat: Stat) -> u64 {
-        match stat {
-            Stat::SocketsInserted => self.sockets_inserted,
-            Stat::InsertFailures => self.insert_failures,
-            Stat::RedirectedMessages => self.redirected_messages,
-            Stat::RedirectedBytes => self.redirected_bytes,
-            Stat::PassedMessages => self.passed_messages,
-            Stat::PassedBytes => self.passed_bytes,
-            Stat::SocketsSkipped => self.sockets_skipped,
-            Stat::QueueLimited => self.queue_limited,
-            Stat::UnpairedSends => self.unpaired_sends,
-            Stat::PairedPod => self.paired_pod,
-            Stat::PairedLoopback => self.paired_loopback,
-            Stat::PairedTranslated => self.paired_translated,
-            Stat::RedirectedBytesPod => self.redirected_bytes_pod,
-            Stat::RedirectedBytesLoopback => self.redirected_bytes_loopback,
-            Stat::RedirectedBytesTranslated => self.redirected_bytes_translated,
-            Stat::PairRejected => self.pair_rejected,
-            Stat::SkippedPorts => self.skipped_ports,
-            Stat::UlpRefused => self.ulp_refused,
-            Stat::UlpSkipped => self.ulp_skipped,
-            Stat::SmallStreams => self.small_streams,
-        }
     }
 }
 

@@ -29,6 +29,7 @@ use aya::{
         links::{FdLink, PinnedLink},
     },
 };
+pub use bypass_common::Counters;
 use bypass_common::{
     KernelLayout, SockKey,
     layout::{self, features, globals},
@@ -40,7 +41,7 @@ use bypass_common::{
 };
 pub use fs::{find_cgroup2_mount, find_host_cgroup2};
 pub use host::kernel_release;
-pub use maps::{Counters, Identity, Pairings, PinnedView, PodMaps, count_keys as count_sockets};
+pub use maps::{Identity, Pairings, PinnedView, PodMaps, count_keys as count_sockets};
 pub use pins::PinLayout;
 use tracing::{info, warn};
 
