@@ -30,9 +30,11 @@ pub fn snapshot(pid: u32) -> Result<ProcSnapshot> {
 }
 
 fn clock_ticks_per_sec() -> f64 {
-    // SAFETY: sysconf only reads a configuration value.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 { t as f64 } else { 100.0 }
+    use nix::unistd::{SysconfVar, sysconf};
+    match sysconf(SysconfVar::CLK_TCK) {
+        Ok(Some(t)) if t > 0 => t as f64,
+        _ => 100.0,
+    }
 }
 
 /// (VmRSS, VmHWM) in KiB from a `status` text.

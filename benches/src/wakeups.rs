@@ -36,15 +36,18 @@ pub struct SideReport {
 }
 
 fn rusage() -> (u64, u64, u64) {
-    // SAFETY: an all-zero rusage is valid, and getrusage only writes into it.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: plain syscall on our own process with a valid pointer.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
+    use nix::sys::{
+        resource::{UsageWho, getrusage},
+        time::{TimeVal, TimeValLike as _},
+    };
+    let Ok(ru) = getrusage(UsageWho::RUSAGE_SELF) else {
+        return (0, 0, 0);
+    };
+    let ns = |t: TimeVal| u64::try_from(t.num_nanoseconds()).unwrap_or(0);
     (
-        ru.ru_nvcsw as u64,
-        ru.ru_nivcsw as u64,
-        tv(ru.ru_utime) + tv(ru.ru_stime),
+        u64::try_from(ru.voluntary_context_switches()).unwrap_or(0),
+        u64::try_from(ru.involuntary_context_switches()).unwrap_or(0),
+        ns(ru.user_time()) + ns(ru.system_time()),
     )
 }
 

@@ -3,11 +3,13 @@
 
 use std::{
     fs::File,
-    os::{
-        fd::AsRawFd as _,
-        unix::fs::{MetadataExt as _, PermissionsExt as _},
-    },
+    os::unix::fs::{MetadataExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
+};
+
+use nix::{
+    errno::Errno,
+    fcntl::{Flock, FlockArg},
 };
 
 use crate::error::AgentError;
@@ -15,7 +17,7 @@ use crate::error::AgentError;
 /// Held for the agent's lifetime.
 #[derive(Debug)]
 pub struct PinDirLock {
-    _dir: File,
+    _dir: Flock<File>,
 }
 
 impl PinDirLock {
@@ -26,11 +28,9 @@ impl PinDirLock {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
             .map_err(|source| io("restrict pin directory", path, source))?;
         let dir = File::open(path).map_err(|source| io("open pin directory", path, source))?;
-        // SAFETY: valid fd owned by `dir`.
-        let ret = unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if ret != 0 {
-            let err = std::io::Error::last_os_error();
-            if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        let dir = match Flock::lock(dir, FlockArg::LockExclusiveNonblock) {
+            Ok(locked) => locked,
+            Err((dir, Errno::EWOULDBLOCK)) => {
                 let inode = dir.metadata().map(|m| m.ino()).unwrap_or(0);
                 let pid = std::fs::read_to_string("/proc/locks")
                     .ok()
@@ -41,8 +41,8 @@ impl PinDirLock {
                     pid,
                 });
             }
-            return Err(io("lock pin directory", path, err));
-        }
+            Err((_, errno)) => return Err(io("lock pin directory", path, errno.into())),
+        };
         Ok(Self { _dir: dir })
     }
 }

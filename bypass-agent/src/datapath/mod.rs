@@ -675,14 +675,9 @@ where
 /// Kernels >= 5.11 charge BPF memory to the cgroup; older ones need RLIMIT_MEMLOCK.
 /// Raising it may be refused (no CAP_SYS_RESOURCE); that is only a warning.
 fn raise_memlock() {
-    let rlim = libc::rlimit {
-        rlim_cur: libc::RLIM_INFINITY,
-        rlim_max: libc::RLIM_INFINITY,
-    };
-    // SAFETY: plain syscall with a valid pointer.
-    let ret = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &rlim) };
-    if ret != 0 {
-        warn!(error = %std::io::Error::last_os_error(),
+    use nix::sys::resource::{RLIM_INFINITY, Resource, setrlimit};
+    if let Err(errno) = setrlimit(Resource::RLIMIT_MEMLOCK, RLIM_INFINITY, RLIM_INFINITY) {
+        warn!(error = %errno,
             "could not raise RLIMIT_MEMLOCK; fine on kernels >= 5.11, which charge BPF memory to the cgroup");
     }
 }
