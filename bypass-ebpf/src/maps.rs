@@ -77,6 +77,29 @@ pub(crate) static BYPASS_CONNECTORS: LruHashMap<
 pub(crate) static BYPASS_LINKS: LruHashMap<SockKey, Link, { DEFAULT_MAX_SOCKETS as usize }> =
     LruHashMap::new();
 
+/// The [`BYPASS_SOCK_STATE`] storage of the context socket `sk` (non-null), created
+/// zeroed when `create` is set; `None` when it has none (or it could not be created).
+#[inline(always)]
+pub(crate) fn sock_state<S>(sk: *mut S, create: bool) -> Option<*mut SockState> {
+    let flags = if create {
+        u64::from(aya_ebpf::bindings::BPF_SK_STORAGE_GET_F_CREATE)
+    } else {
+        0
+    };
+    // SAFETY: `sk` is a program context's non-null socket (every caller checks); the
+    // helper returns this socket's storage or null.
+    let state = unsafe {
+        aya_ebpf::helpers::generated::bpf_sk_storage_get(
+            map_ptr(&BYPASS_SOCK_STATE),
+            sk.cast(),
+            core::ptr::null_mut(),
+            flags,
+        )
+    }
+    .cast::<SockState>();
+    (!state.is_null()).then_some(state)
+}
+
 /// Address of a BTF map definition, as the helpers take it.
 #[inline(always)]
 pub(crate) fn map_ptr<T>(map: &'static T) -> *mut core::ffi::c_void {

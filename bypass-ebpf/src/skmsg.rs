@@ -13,7 +13,6 @@ use core::ptr::{addr_of, read_volatile};
 
 use aya_ebpf::{
     bindings::{BPF_F_INGRESS, bpf_sock, sk_action::SK_PASS},
-    helpers::generated::bpf_sk_storage_get,
     macros::sk_msg,
     programs::SkMsgContext,
 };
@@ -25,7 +24,7 @@ use bypass_common::{
 
 use crate::{
     kernel,
-    maps::{BYPASS_CONTROL, BYPASS_LINKS, BYPASS_SOCK_STATE, BYPASS_SOCKETS, map_ptr},
+    maps::{BYPASS_CONTROL, BYPASS_LINKS, BYPASS_SOCKETS, sock_state},
     stats,
 };
 
@@ -68,19 +67,9 @@ fn try_redirect(ctx: &SkMsgContext, size: u64) -> Result<u32, PassReason> {
     if sk.is_null() {
         return Err(PassReason::Unpaired);
     }
-    // SAFETY: `sk` is the context's non-null socket; the helper may return null.
-    let state = unsafe {
-        bpf_sk_storage_get(
-            map_ptr(&BYPASS_SOCK_STATE),
-            sk.cast(),
-            core::ptr::null_mut(),
-            0,
-        )
-    }
-    .cast::<SockState>();
-    if state.is_null() {
+    let Some(state) = sock_state(sk, false) else {
         return Err(PassReason::Unpaired);
-    }
+    };
     // SAFETY: non-null storage of this socket, sized for a `SockState`. sk_msg runs under
     // the socket's lock (net/ipv4/tcp_bpf.c, tcp_bpf_sendmsg), so this is its only writer.
     let state = unsafe { &mut *state };

@@ -19,17 +19,17 @@ use core::ptr::{addr_of, read_volatile};
 
 use aya_ebpf::{
     bindings::{
-        BPF_ANY, BPF_NOEXIST, BPF_SK_STORAGE_GET_F_CREATE, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB,
+        BPF_ANY, BPF_NOEXIST, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB,
         BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG,
         BPF_SOCK_OPS_TCP_CONNECT_CB, BPF_TCP_CLOSE,
     },
     btf_maps::lpm_trie::Key,
-    helpers::generated::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_sk_storage_get},
+    helpers::generated::{bpf_get_netns_cookie, bpf_get_socket_cookie},
     macros::sock_ops,
     programs::SockOpsContext,
 };
 use bypass_common::{
-    Connector, IpKey, Link, SockKey, SockState, Stat,
+    Connector, IpKey, Link, SockKey, Stat,
     addr::{is_loopback, key_bytes},
     state::{flags, hop, is_other_end, options_need_tcp, side},
     tx_mode,
@@ -39,8 +39,7 @@ use crate::{
     kernel, key,
     maps::{
         BYPASS_CONNECTORS, BYPASS_EXCLUDED_ADDRS, BYPASS_LINKS, BYPASS_POD_ADDRS, BYPASS_POD_CIDRS,
-        BYPASS_POD_NETNS, BYPASS_SERVICE_CIDRS, BYPASS_SKIP_PORTS, BYPASS_SOCK_STATE,
-        BYPASS_SOCKETS, map_ptr,
+        BYPASS_POD_NETNS, BYPASS_SERVICE_CIDRS, BYPASS_SKIP_PORTS, BYPASS_SOCKETS, sock_state,
     },
     stats,
 };
@@ -187,19 +186,9 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
     }
     // SAFETY: the helper takes the program's context.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.ops.cast()) };
-    // SAFETY: `sk` is the context's non-null socket; the helper may return null.
-    let state = unsafe {
-        bpf_sk_storage_get(
-            map_ptr(&BYPASS_SOCK_STATE),
-            sk.cast(),
-            core::ptr::null_mut(),
-            BPF_SK_STORAGE_GET_F_CREATE.into(),
-        )
-    }
-    .cast::<SockState>();
-    if state.is_null() {
+    let Some(state) = sock_state(sk, true) else {
         return Err(Skip::Failed);
-    }
+    };
     // SAFETY: non-null storage of this socket, sized for a `SockState`; written field by
     // field (a whole `SockState` on the stack would not fit beside the rest). A
     // connection established again on the same socket (after a disconnect) starts
@@ -366,19 +355,9 @@ fn on_state_change(ctx: &SockOpsContext) {
     if sk.is_null() {
         return;
     }
-    // SAFETY: `sk` is the context's non-null socket; the helper may return null.
-    let state = unsafe {
-        bpf_sk_storage_get(
-            map_ptr(&BYPASS_SOCK_STATE),
-            sk.cast(),
-            core::ptr::null_mut(),
-            0,
-        )
-    }
-    .cast::<SockState>();
-    if state.is_null() {
+    let Some(state) = sock_state(sk, false) else {
         return;
-    }
+    };
     // SAFETY: non-null storage of this socket, sized for a `SockState`.
     let state = unsafe { &mut *state };
     if state.side == side::CLIENT {

@@ -14,7 +14,6 @@ use core::ptr::{addr_of, addr_of_mut, read_volatile, write_volatile};
 
 use aya_ebpf::{
     bindings::{SO_PEEK_OFF, SO_RCVLOWAT, SOL_SOCKET},
-    helpers::generated::bpf_sk_storage_get,
     macros::cgroup_sockopt,
     programs::SockoptContext,
 };
@@ -24,7 +23,7 @@ use bypass_common::{
 };
 
 use crate::{
-    maps::{BYPASS_CONNECTORS, BYPASS_LINKS, BYPASS_SOCK_STATE, map_ptr},
+    maps::{BYPASS_CONNECTORS, BYPASS_LINKS, sock_state},
     stats,
 };
 
@@ -66,19 +65,9 @@ fn check(ctx: &SockoptContext) -> i32 {
     if sk.is_null() {
         return 1;
     }
-    // SAFETY: `sk` is the context's non-null socket; the helper may return null.
-    let state = unsafe {
-        bpf_sk_storage_get(
-            map_ptr(&BYPASS_SOCK_STATE),
-            sk.cast(),
-            core::ptr::null_mut(),
-            0,
-        )
-    }
-    .cast::<SockState>();
-    if state.is_null() {
+    let Some(state) = sock_state(sk, false) else {
         return 1;
-    }
+    };
     // SAFETY: non-null storage of this socket, sized for a `SockState`; the hook runs
     // under the socket's lock.
     let state = unsafe { &mut *state };
