@@ -47,17 +47,7 @@ pub const fn ip_key(ip: core::net::IpAddr) -> IpKey {
 
 /// The address a key stands for; IPv4-mapped keys come back as IPv4.
 pub fn ip_from_key(key: IpKey) -> core::net::IpAddr {
-    let mut o = [0u8; 16];
-    let mut i = 0;
-    while i < 4 {
-        let b = key[i].to_ne_bytes();
-        o[i * 4] = b[0];
-        o[i * 4 + 1] = b[1];
-        o[i * 4 + 2] = b[2];
-        o[i * 4 + 3] = b[3];
-        i += 1;
-    }
-    let v6 = core::net::Ipv6Addr::from(o);
+    let v6 = core::net::Ipv6Addr::from(key_bytes(key));
     match v6.to_ipv4_mapped() {
         Some(v4) => core::net::IpAddr::V4(v4),
         None => core::net::IpAddr::V6(v6),

@@ -11,6 +11,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
+pub use crate::peer::client::ClientArgs;
 use crate::{
     names,
     peer::Report,
@@ -60,109 +61,6 @@ pub fn peer_command() -> Result<Command> {
         return Ok(cmd);
     }
     Ok(Command::new(peer_bin()?))
-}
-
-/// Options of `bypass-peer client`.
-#[derive(Clone, Debug)]
-pub struct ClientArgs {
-    /// Bytes sent on each connection.
-    pub send: u64,
-    /// Bytes the server sends back on each connection.
-    pub recv: u64,
-    /// Connections open at once.
-    pub streams: usize,
-    /// Connections in all (0: same as `streams`).
-    pub connections: u64,
-    /// Bytes per write.
-    pub msg_size: usize,
-    /// Bytes per second per connection and direction (0: unlimited).
-    pub rate: u64,
-    /// Bytes written before each `msg_size` write of a bulk stream (0: none).
-    pub prefix: usize,
-    /// Ping-pong rounds instead of bulk.
-    pub pingpong: Option<u64>,
-    /// First stream id.
-    pub stream_base: u64,
-    /// CPUs the client may run on (empty: any).
-    pub cpus: Vec<usize>,
-    /// A read or write without progress for this many seconds fails a connection;
-    /// 0 sets no socket timeout at all.
-    pub idle_timeout_secs: u64,
-}
-
-impl Default for ClientArgs {
-    fn default() -> Self {
-        Self {
-            send: 0,
-            recv: 0,
-            streams: 1,
-            connections: 0,
-            msg_size: 64 * 1024,
-            rate: 0,
-            prefix: 0,
-            pingpong: None,
-            stream_base: 0,
-            cpus: Vec::new(),
-            idle_timeout_secs: 60,
-        }
-    }
-}
-
-impl ClientArgs {
-    /// One connection, `bytes` each way.
-    pub fn bulk(bytes: u64) -> Self {
-        Self {
-            send: bytes,
-            recv: bytes,
-            ..Self::default()
-        }
-    }
-
-    /// One connection, `rounds` round trips of `size`-byte messages.
-    pub fn pingpong(rounds: u64, size: usize) -> Self {
-        Self {
-            pingpong: Some(rounds),
-            msg_size: size,
-            ..Self::default()
-        }
-    }
-
-    /// Connections in all, as the server must expect them.
-    pub fn total_connections(&self) -> u64 {
-        if self.connections == 0 {
-            self.streams.max(1) as u64
-        } else {
-            self.connections
-        }
-    }
-
-    /// The command line after `client --connect ADDR`.
-    pub fn args(&self) -> Vec<String> {
-        let mut a = vec![
-            "--send".to_owned(),
-            self.send.to_string(),
-            "--recv".to_owned(),
-            self.recv.to_string(),
-            "--streams".to_owned(),
-            self.streams.to_string(),
-            "--connections".to_owned(),
-            self.total_connections().to_string(),
-            "--msg-size".to_owned(),
-            self.msg_size.to_string(),
-            "--rate".to_owned(),
-            self.rate.to_string(),
-            "--prefix".to_owned(),
-            self.prefix.to_string(),
-            "--stream-base".to_owned(),
-            self.stream_base.to_string(),
-            "--idle-timeout".to_owned(),
-            self.idle_timeout_secs.to_string(),
-        ];
-        if let Some(r) = self.pingpong {
-            a.extend(["--pingpong".to_owned(), r.to_string()]);
-        }
-        a
-    }
 }
 
 /// Options of `bypass-peer server`.

@@ -5,7 +5,7 @@ use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 
 use clap::{Parser, Subcommand};
 
-use super::{client, parse_size, server};
+use super::{client, server};
 
 #[derive(Debug, Parser)]
 #[command(name = "bypass-peer", about)]
@@ -42,38 +42,8 @@ enum Cmd {
         /// Server address.
         #[arg(long, value_name = "ADDR:PORT")]
         connect: SocketAddr,
-        /// Bytes to send on each connection (K, M, G suffixes).
-        #[arg(long, default_value = "0", value_parser = parse_size)]
-        send: u64,
-        /// Bytes the server sends back on each connection.
-        #[arg(long, default_value = "0", value_parser = parse_size)]
-        recv: u64,
-        /// Connections open at once.
-        #[arg(long, default_value_t = 1)]
-        streams: usize,
-        /// Connections in all [default: --streams].
-        #[arg(long)]
-        connections: Option<u64>,
-        /// Bytes per write (one sendmsg, one sk_msg run), and the ping-pong message size.
-        #[arg(long, default_value = "64K", value_parser = parse_size)]
-        msg_size: u64,
-        /// Bytes per second per connection and direction; 0 is unlimited.
-        #[arg(long, default_value = "0", value_parser = parse_size)]
-        rate: u64,
-        /// In a bulk stream, write this many bytes before each --msg-size write (a
-        /// length prefix before each record); 0 writes none.
-        #[arg(long, default_value = "0", value_parser = parse_size)]
-        prefix: u64,
-        /// Do this many round trips of --msg-size bytes instead of bulk transfer.
-        #[arg(long, value_name = "ROUNDS")]
-        pingpong: Option<u64>,
-        /// Stream id of the first connection (seeds its pattern).
-        #[arg(long, default_value_t = 0)]
-        stream_base: u64,
-        /// Fail a connection that makes no progress for this many seconds; 0 waits
-        /// forever.
-        #[arg(long, default_value_t = 60)]
-        idle_timeout: u64,
+        #[command(flatten)]
+        args: client::ClientArgs,
     },
 }
 
@@ -119,31 +89,7 @@ where
                 }
             }
         }
-        Cmd::Client {
-            connect,
-            send,
-            recv,
-            streams,
-            connections,
-            msg_size,
-            rate,
-            prefix,
-            pingpong,
-            stream_base,
-            idle_timeout,
-        } => client::run(&client::ClientOpts {
-            connect,
-            send,
-            recv,
-            streams,
-            connections: connections.unwrap_or(streams as u64),
-            msg_size: usize::try_from(msg_size).unwrap_or(usize::MAX),
-            rate,
-            prefix: usize::try_from(prefix).unwrap_or(usize::MAX),
-            pingpong,
-            stream_base,
-            idle_timeout: Duration::from_secs(idle_timeout),
-        }),
+        Cmd::Client { connect, args } => client::run(connect, &args),
     };
     server::print_report(&report);
     if report.ok {

@@ -13,41 +13,131 @@ use std::{
 
 use super::{
     io::{PatientReader, expect_eof, recv_pattern, send_pattern_sizes},
+    parse_size, parse_usize,
     pattern::{Direction, Pattern, Verifier},
     report::{ConnOutcome, Failure, Report},
     wire::{Header, Mode, Trailer, Verdict},
 };
 
-/// What the client does.
-#[derive(Clone, Debug)]
-pub struct ClientOpts {
-    /// Server address.
-    pub connect: SocketAddr,
-    /// Pattern bytes to send on each connection.
+/// Options of `bypass-peer client`: parsed from its command line by the peer, and
+/// rendered back into one ([`ClientArgs::args`]) by the tests that spawn it.
+#[derive(Clone, Debug, PartialEq, Eq, clap::Args)]
+pub struct ClientArgs {
+    /// Bytes sent on each connection (K, M, G suffixes).
+    #[arg(long, default_value = "0", value_parser = parse_size)]
     pub send: u64,
-    /// Pattern bytes the server sends back on each connection.
+    /// Bytes the server sends back on each connection.
+    #[arg(long, default_value = "0", value_parser = parse_size)]
     pub recv: u64,
     /// Connections open at once.
+    #[arg(long, default_value_t = 1)]
     pub streams: usize,
-    /// Connections in all.
+    /// Connections in all; 0 is the same as --streams.
+    #[arg(long, default_value_t = 0)]
     pub connections: u64,
-    /// Bytes per write.
+    /// Bytes per write (one sendmsg, one sk_msg run), and the ping-pong message size.
+    #[arg(long, default_value = "64K", value_parser = parse_usize)]
     pub msg_size: usize,
-    /// Send rate per connection and direction, bytes per second (0: unlimited).
+    /// Bytes per second per connection and direction; 0 is unlimited.
+    #[arg(long, default_value = "0", value_parser = parse_size)]
     pub rate: u64,
-    /// Bytes written before each `msg_size` write in a bulk stream (0: none).
+    /// In a bulk stream, write this many bytes before each --msg-size write (a
+    /// length prefix before each record); 0 writes none.
+    #[arg(long, default_value = "0", value_parser = parse_usize)]
     pub prefix: usize,
-    /// Ping-pong rounds per connection instead of bulk streams.
+    /// Do this many round trips of --msg-size bytes instead of bulk transfer.
+    #[arg(long, value_name = "ROUNDS")]
     pub pingpong: Option<u64>,
-    /// First stream id (ids are `stream_base..stream_base + connections`).
+    /// Stream id of the first connection (seeds its pattern).
+    #[arg(long, default_value_t = 0)]
     pub stream_base: u64,
-    /// A read or write that makes no progress for this long fails the connection
-    /// (zero: wait forever).
-    pub idle_timeout: Duration,
+    /// CPUs the client may run on (empty: any); where the test spawns it, not an
+    /// option of the peer.
+    #[arg(skip)]
+    pub cpus: Vec<usize>,
+    /// Fail a connection that makes no progress for this many seconds; 0 sets no
+    /// socket timeout at all.
+    #[arg(long = "idle-timeout", default_value_t = 60)]
+    pub idle_timeout_secs: u64,
 }
 
-/// Runs every connection and reports.
-pub fn run(opts: &ClientOpts) -> Report {
+impl Default for ClientArgs {
+    fn default() -> Self {
+        Self {
+            send: 0,
+            recv: 0,
+            streams: 1,
+            connections: 0,
+            msg_size: 64 * 1024,
+            rate: 0,
+            prefix: 0,
+            pingpong: None,
+            stream_base: 0,
+            cpus: Vec::new(),
+            idle_timeout_secs: 60,
+        }
+    }
+}
+
+impl ClientArgs {
+    /// One connection, `bytes` each way.
+    pub fn bulk(bytes: u64) -> Self {
+        Self {
+            send: bytes,
+            recv: bytes,
+            ..Self::default()
+        }
+    }
+
+    /// One connection, `rounds` round trips of `size`-byte messages.
+    pub fn pingpong(rounds: u64, size: usize) -> Self {
+        Self {
+            pingpong: Some(rounds),
+            msg_size: size,
+            ..Self::default()
+        }
+    }
+
+    /// Connections in all, as the server must expect them.
+    pub fn total_connections(&self) -> u64 {
+        if self.connections == 0 {
+            self.streams.max(1) as u64
+        } else {
+            self.connections
+        }
+    }
+
+    /// The command line after `client --connect ADDR`.
+    pub fn args(&self) -> Vec<String> {
+        let mut a = vec![
+            "--send".to_owned(),
+            self.send.to_string(),
+            "--recv".to_owned(),
+            self.recv.to_string(),
+            "--streams".to_owned(),
+            self.streams.to_string(),
+            "--connections".to_owned(),
+            self.total_connections().to_string(),
+            "--msg-size".to_owned(),
+            self.msg_size.to_string(),
+            "--rate".to_owned(),
+            self.rate.to_string(),
+            "--prefix".to_owned(),
+            self.prefix.to_string(),
+            "--stream-base".to_owned(),
+            self.stream_base.to_string(),
+            "--idle-timeout".to_owned(),
+            self.idle_timeout_secs.to_string(),
+        ];
+        if let Some(r) = self.pingpong {
+            a.extend(["--pingpong".to_owned(), r.to_string()]);
+        }
+        a
+    }
+}
+
+/// Runs every connection to `connect` and reports.
+pub fn run(connect: SocketAddr, opts: &ClientArgs) -> Report {
     let next = AtomicU64::new(0);
     let outcomes = Mutex::new(Vec::new());
     let start = Instant::now();
@@ -56,10 +146,10 @@ pub fn run(opts: &ClientOpts) -> Report {
             s.spawn(|| {
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= opts.connections {
+                    if i >= opts.total_connections() {
                         break;
                     }
-                    let outcome = one(opts, opts.stream_base + i);
+                    let outcome = one(connect, opts, opts.stream_base + i);
                     if let Ok(mut v) = outcomes.lock() {
                         v.push(outcome);
                     }
@@ -78,20 +168,19 @@ pub(super) fn timeout_of(idle: Duration) -> Option<Duration> {
 }
 
 /// One connection.
-fn one(opts: &ClientOpts, stream: u64) -> ConnOutcome {
+fn one(connect: SocketAddr, opts: &ClientArgs, stream: u64) -> ConnOutcome {
     let mut out = ConnOutcome::default();
     let io_fail = |what: &str, e: std::io::Error| {
         Failure::new(stream, None, "io", None, format!("{what}: {e}"))
     };
-    let sock = match TcpStream::connect(opts.connect) {
+    let sock = match TcpStream::connect(connect) {
         Ok(s) => s,
         Err(e) => {
-            out.failures
-                .push(io_fail(&format!("connect {}", opts.connect), e));
+            out.failures.push(io_fail(&format!("connect {connect}"), e));
             return out;
         }
     };
-    let timeout = timeout_of(opts.idle_timeout);
+    let timeout = timeout_of(Duration::from_secs(opts.idle_timeout_secs));
     let setup = sock
         .set_nodelay(true)
         .and_then(|()| sock.set_read_timeout(timeout))
@@ -140,7 +229,7 @@ fn stream_mode(
     sock: &TcpStream,
     reader: &mut PatientReader<'_>,
     h: &Header,
-    opts: &ClientOpts,
+    opts: &ClientArgs,
     out: &mut ConnOutcome,
 ) {
     let msg_size = h.msg_size as usize;

@@ -33,6 +33,11 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("'{s}' is too large"))
 }
 
+/// [`parse_size`] for a size held in memory (a write's length).
+pub fn parse_usize(s: &str) -> Result<usize, String> {
+    usize::try_from(parse_size(s)?).map_err(|_| format!("'{s}' is too large"))
+}
+
 #[cfg(test)]
 mod tests {
     use std::{
@@ -61,8 +66,11 @@ mod tests {
     }
 
     /// Client and server over loopback, no datapath involved: the tool itself is right.
-    fn loopback(client: client::ClientOpts, connections: u64) -> (Report, Report) {
-        let listen = client.connect;
+    fn loopback(
+        listen: SocketAddr,
+        client: client::ClientArgs,
+        connections: u64,
+    ) -> (Report, Report) {
         let ready = std::env::temp_dir().join(format!("bt-peer-ready-{}", listen.port()));
         let _ = std::fs::remove_file(&ready);
         let sopts = server::ServerOpts {
@@ -76,31 +84,32 @@ mod tests {
         while !ready.exists() {
             std::thread::sleep(Duration::from_millis(5));
         }
-        let c = client::run(&client);
+        let c = client::run(listen, &client);
         let s = srv.join().unwrap();
         std::fs::remove_file(&ready).unwrap();
         (c, s)
     }
 
-    fn opts(port: u16) -> client::ClientOpts {
-        client::ClientOpts {
-            connect: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+    fn opts() -> client::ClientArgs {
+        client::ClientArgs {
             send: 3 << 20,
             recv: (2 << 20) + 17,
             streams: 4,
             connections: 8,
             msg_size: 65536,
-            rate: 0,
-            prefix: 0,
-            pingpong: None,
             stream_base: 100,
-            idle_timeout: Duration::from_secs(10),
+            idle_timeout_secs: 10,
+            ..client::ClientArgs::default()
         }
+    }
+
+    fn here(port: u16) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, port))
     }
 
     #[test]
     fn streams_verify_over_loopback() {
-        let (c, s) = loopback(opts(free_port()), 8);
+        let (c, s) = loopback(here(free_port()), opts(), 8);
         assert!(c.ok && s.ok, "{c:?} {s:?}");
         assert_eq!(c.connections, 8);
         assert_eq!(c.bytes_sent, 8 * (3 << 20));
@@ -111,15 +120,45 @@ mod tests {
 
     #[test]
     fn pingpong_over_loopback() {
-        let mut o = opts(free_port());
+        let mut o = opts();
         o.pingpong = Some(200);
         o.msg_size = 64;
         o.streams = 1;
         o.connections = 1;
-        let (c, s) = loopback(o, 1);
+        let (c, s) = loopback(here(free_port()), o, 1);
         assert!(c.ok && s.ok, "{c:?} {s:?}");
         assert_eq!(c.rtt.as_ref().map(|r| r.count), Some(200));
         assert_eq!(s.bytes_received, 200 * 64);
+    }
+
+    #[test]
+    fn client_args_round_trip_through_the_command_line() {
+        use clap::Parser as _;
+        #[derive(clap::Parser)]
+        struct Line {
+            #[command(flatten)]
+            args: client::ClientArgs,
+        }
+        let want = client::ClientArgs {
+            send: 5 << 20,
+            recv: 7,
+            streams: 3,
+            connections: 9,
+            msg_size: 1000,
+            rate: 1 << 18,
+            prefix: 4,
+            pingpong: Some(5),
+            stream_base: 42,
+            cpus: Vec::new(),
+            idle_timeout_secs: 0,
+        };
+        let argv = std::iter::once("bypass-peer".to_owned()).chain(want.args());
+        assert_eq!(Line::try_parse_from(argv).unwrap().args, want);
+        // Defaults agree too: an empty command line is `ClientArgs::default()`.
+        assert_eq!(
+            Line::try_parse_from(["bypass-peer"]).unwrap().args,
+            client::ClientArgs::default()
+        );
     }
 
     #[test]
