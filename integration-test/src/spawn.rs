@@ -5,13 +5,20 @@
 
 use std::{
     fs::File,
-    os::{fd::AsRawFd as _, unix::process::CommandExt as _},
+    os::{
+        fd::{AsRawFd as _, BorrowedFd},
+        unix::process::CommandExt as _,
+    },
     process::{Child, Command, ExitStatus, Output},
     thread::JoinHandle,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result, bail};
+use nix::{
+    sched::{CloneFlags, CpuSet, sched_setaffinity, setns},
+    unistd::Pid,
+};
 
 use crate::cgroup::CgroupGuard;
 
@@ -60,19 +67,20 @@ pub fn spawn_in_on_cpus(pod: &impl Place, mut cmd: Command, cpus: &[usize]) -> R
     // until `spawn` returns, and touches no lock or allocator.
     unsafe {
         cmd.pre_exec(move || {
+            // Both fds stay open until `spawn` returns (dropped after it).
+            let (cg, ns) = (
+                BorrowedFd::borrow_raw(cg_fd),
+                ns_fd.map(|fd| BorrowedFd::borrow_raw(fd)),
+            );
             // "0" moves the writer itself (kernel/cgroup/cgroup.c, cgroup_procs_write_start).
-            if libc::write(cg_fd, b"0".as_ptr().cast(), 1) != 1 {
-                return Err(std::io::Error::last_os_error());
+            if nix::unistd::write(cg, b"0")? != 1 {
+                return Err(std::io::Error::other("short write to cgroup.procs"));
             }
-            if let Some(ns_fd) = ns_fd
-                && libc::setns(ns_fd, libc::CLONE_NEWNET) != 0
-            {
-                return Err(std::io::Error::last_os_error());
+            if let Some(ns) = ns {
+                setns(ns, CloneFlags::CLONE_NEWNET)?;
             }
-            if let Some(set) = &cpu_set
-                && libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) != 0
-            {
-                return Err(std::io::Error::last_os_error());
+            if let Some(set) = &cpu_set {
+                sched_setaffinity(Pid::from_raw(0), set)?;
             }
             Ok(())
         });
@@ -86,18 +94,14 @@ pub fn spawn_in_on_cpus(pod: &impl Place, mut cmd: Command, cpus: &[usize]) -> R
     })
 }
 
-fn cpu_set(cpus: &[usize]) -> Result<Option<libc::cpu_set_t>> {
+fn cpu_set(cpus: &[usize]) -> Result<Option<CpuSet>> {
     if cpus.is_empty() {
         return Ok(None);
     }
-    // SAFETY: an all-zero cpu_set_t is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let mut set = CpuSet::new();
     for &cpu in cpus {
-        if cpu >= libc::CPU_SETSIZE as usize {
-            bail!("cpu {cpu} is out of range");
-        }
-        // SAFETY: `cpu` is below CPU_SETSIZE, checked above.
-        unsafe { libc::CPU_SET(cpu, &mut set) };
+        set.set(cpu)
+            .map_err(|_| anyhow::anyhow!("cpu {cpu} is out of range"))?;
     }
     Ok(Some(set))
 }
