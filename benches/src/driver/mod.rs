@@ -1,0 +1,225 @@
+//! The run: builds the two pods, starts the qperf and sockperf servers in pod `b` (one
+//! per server CPU, pinned), then for each repetition and placement measures a block
+//! with the bypass attached and a block detached (the agent stopped, so new connections
+//! are not inserted), alternating which comes first so the agent toggles once per block:
+//! bypass, default | default, bypass | bypass, default ... The floor is measured after
+//! each pair of blocks, in the same run. Probes the agent's memory and CPU as it goes.
+//!
+//! `plan` (pure) fits the placements, orders the paths and numbers the ports; the
+//! sweep's blocks are in `sweep`, the tool runs in `tools`; `record` (pure) turns a
+//! tool's output into samples and warnings; `output` writes the files.
+
+mod output;
+mod plan;
+mod record;
+mod sweep;
+mod tools;
+
+use std::{
+    net::IpAddr,
+    path::PathBuf,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use testbed::{Agent, AgentOpts, TwoPods};
+
+pub(crate) use output::open_raw_log;
+pub use output::write_outputs;
+pub(crate) use plan::{fit_placements, paths_of, qperf_port};
+use plan::{qperf_data_port, sockperf_port};
+pub use record::wire_problem;
+pub(crate) use record::{Observed, record_qperf};
+
+use crate::{
+    env,
+    minimal::Minimal,
+    model::{Config, Path, Prog, Results, SCHEMA, Scenario},
+    progstats,
+    scenario::{self, Setup},
+};
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The configuration (sizes, durations, repetitions, placements).
+    pub config: Config,
+    /// Where raw tool output is appended (ignored by git).
+    pub raw_dir: PathBuf,
+    /// The workspace (for the git commit).
+    pub workspace: PathBuf,
+    /// Skip the floor.
+    pub no_floor: bool,
+}
+
+/// Seconds a single tool run may take beyond its own duration.
+pub(crate) const SLACK: Duration = Duration::from_secs(20);
+
+struct AgentState {
+    agent: Option<Agent>,
+    /// (when, cpu ms) of the last probe of the running agent.
+    last: Option<(Instant, f64)>,
+}
+
+struct Run<'a> {
+    opts: &'a Options,
+    // Drop order: the proxies before the pods they run in.
+    setup: Setup,
+    pods: TwoPods,
+    server_ip: IpAddr,
+    agent_opts: AgentOpts,
+    /// Counters when the current bypassed block began (scenario runs).
+    block_start: Option<std::collections::BTreeMap<String, u64>>,
+    /// The programs' `bpf_stats` when the current block began.
+    progs_start: Option<Vec<(Prog, ProgRef, progstats::Counts)>>,
+    agent: AgentState,
+    /// The minimal reference datapath, while attached.
+    minimal: Option<Minimal>,
+    /// Keeps `bpf_stats` on for the run.
+    _stats: progstats::Enabled,
+    results: Results,
+    raw: Option<std::fs::File>,
+    step: usize,
+    total_steps: usize,
+    started: Instant,
+}
+
+/// Where a program's `bpf_stats` are read.
+#[derive(Clone, Debug)]
+enum ProgRef {
+    /// Pinned by the agent.
+    Pinned(PathBuf),
+    /// Loaded by the bench (the minimal datapath), by kernel id.
+    Id(u32),
+}
+
+impl ProgRef {
+    fn counts(&self) -> Result<progstats::Counts> {
+        match self {
+            ProgRef::Pinned(path) => progstats::pinned(path),
+            ProgRef::Id(id) => progstats::by_id(*id),
+        }
+    }
+}
+
+/// Runs the bench and returns everything it measured.
+pub fn run(opts: &Options) -> Result<Results> {
+    if opts.config.scenario == Scenario::Cluster {
+        return crate::cluster::run(opts);
+    }
+    for (tool, arg) in [("qperf", "--version"), ("sockperf", "--version")] {
+        let ok = Command::new(tool)
+            .arg(arg)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok();
+        if !ok {
+            bail!("{tool} is not installed: apt-get install -y qperf sockperf");
+        }
+    }
+    let mut missing = testbed::require::missing();
+    missing.extend(scenario::missing(opts.config.scenario));
+    if !missing.is_empty() {
+        bail!("cannot run the bench: {}", missing.join("; "));
+    }
+    let agent_bin = testbed::agent::agent_bin();
+    let env = env::collect(&opts.workspace, &agent_bin);
+    let mut config = opts.config.clone();
+    let mut warnings = Vec::new();
+    let cpus = env.cpus;
+    fit_placements(&mut config, cpus, &mut warnings)?;
+    let raw = open_raw_log(&opts.raw_dir)?;
+    progress(&format!(
+        "building two pods; agent {}; {} CPUs, load {}",
+        agent_bin.display(),
+        cpus,
+        env.loadavg_start
+    ));
+    let pods = TwoPods::new().context("build the two-pod topology")?;
+    let setup = Setup::apply(
+        config.scenario,
+        &pods,
+        &config.placements,
+        scenario::Ports {
+            qperf: qperf_port,
+            qperf_data: qperf_data_port,
+            sockperf: sockperf_port,
+        },
+    )
+    .with_context(|| format!("set up the {} scenario", config.scenario.name()))?;
+    let server_ip = setup.target;
+    let mut agent_opts = pods.agent_opts();
+    agent_opts
+        .extra_args
+        .extend(setup.agent_args.iter().cloned());
+    agent_opts
+        .extra_args
+        .extend(config.agent_args.iter().cloned());
+    let per_block = config.sizes.len() + config.sockperf_sizes.len();
+    let floor_steps = if opts.no_floor { 0 } else { config.sizes.len() };
+    let blocks = paths_of(&config, true).len();
+    let total_steps =
+        config.reps as usize * config.placements.len() * (blocks * per_block + floor_steps);
+    let mut env = env;
+    env.addresses = format!("{} -> {}", pods.a.ipv4(), pods.b.ipv4());
+    if config.scenario != Scenario::Default {
+        progress(&format!(
+            "scenario {}: {}; {}",
+            config.scenario.name(),
+            config.scenario.describe(),
+            setup.summary
+        ));
+        env.addresses = format!("{}; {}", env.addresses, setup.summary);
+    }
+    let mut run = Run {
+        opts,
+        setup,
+        server_ip,
+        agent_opts,
+        block_start: None,
+        progs_start: None,
+        agent: AgentState {
+            agent: None,
+            last: None,
+        },
+        minimal: None,
+        _stats: progstats::enable()?,
+        results: Results {
+            schema: SCHEMA,
+            config,
+            env,
+            samples: Vec::new(),
+            percentiles: Vec::new(),
+            agent: Vec::new(),
+            hops: Vec::new(),
+            programs: Vec::new(),
+            warnings,
+        },
+        pods,
+        raw,
+        step: 0,
+        total_steps,
+        started: Instant::now(),
+    };
+    let servers = run.start_servers()?;
+    let outcome = run.sweep();
+    // Stop the agent before the servers and the pods go.
+    let stopped = run.set_path(Path::Default);
+    drop(servers);
+    outcome?;
+    stopped?;
+    run.results.env.loadavg_end = env::loadavg();
+    run.results.env.duration_secs = run.started.elapsed().as_secs_f64();
+    Ok(run.results)
+}
+
+pub(crate) fn progress(msg: &str) {
+    eprintln!("bench: {msg}");
+}
+
+pub(crate) fn fmt_secs(s: f64) -> String {
+    let s = s.max(0.0) as u64;
+    format!("{}m{:02}s", s / 60, s % 60)
+}

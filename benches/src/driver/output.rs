@@ -1,0 +1,43 @@
+//! The files of a run: the raw tool log, and the JSON, tables, plot and README snippet
+//! of the results.
+
+use std::{
+    fs::OpenOptions,
+    path::{Path as FsPath, PathBuf},
+};
+
+use anyhow::{Context as _, Result};
+
+use crate::model::{Results, Scenario};
+
+/// The raw tool log in `dir` (created), appended to; `None` if it cannot be opened.
+pub(crate) fn open_raw_log(dir: &FsPath) -> Result<Option<std::fs::File>> {
+    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    Ok(OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("tools.log"))
+        .ok())
+}
+
+/// Writes `bench.json`, `table.txt`, `table.md` and `plot.svg` into `dir`; a scenario
+/// run also `readme-snippet.md` (its ratios, ready for the README).
+pub fn write_outputs(r: &Results, dir: &FsPath) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    let mut files = vec![
+        ("bench.json", serde_json::to_string_pretty(r)? + "\n"),
+        ("table.txt", crate::report::render(r)),
+        ("table.md", crate::report::render_markdown(r)),
+        ("plot.svg", crate::plot::svg(r)),
+    ];
+    if r.config.scenario != Scenario::Default {
+        files.push(("readme-snippet.md", crate::report::render_snippet(r)));
+    }
+    let mut written = Vec::new();
+    for (name, text) in files {
+        let path = dir.join(name);
+        std::fs::write(&path, text).with_context(|| format!("write {}", path.display()))?;
+        written.push(path);
+    }
+    Ok(written)
+}

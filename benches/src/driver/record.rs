@@ -1,0 +1,116 @@
+//! Pure: one tool run's output into samples of the results, with a warning for what
+//! looks wrong (no round trip, bytes on the wire that contradict the path).
+
+use crate::{
+    model::{Path, Placement, Results, Sample, Test},
+    qperf,
+};
+
+/// What the veths and the agent's counters showed over one qperf run.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Observed {
+    /// Bytes on the pods' veths.
+    pub(crate) wire: Option<u64>,
+    /// (redirected, passed) bytes the agent counted.
+    pub(crate) delta: Option<(u64, u64)>,
+}
+
+/// One qperf client run's output, `out`, into samples of `results` (rep, placement,
+/// path and size in `at`), with a warning for what looks wrong; returns the progress
+/// line.
+pub(crate) fn record_qperf(
+    results: &mut Results,
+    at: (u32, &Placement, Path, u32),
+    what: &str,
+    secs: u32,
+    out: &str,
+    tests: &[Test],
+    observed: Observed,
+) -> String {
+    let (rep, p, path, size) = at;
+    let mut r = match qperf::parse(out, tests) {
+        Ok(r) => r,
+        Err(e) => {
+            results.warnings.push(format!("{what}: {e:#}"));
+            return format!("{what}: unparsable");
+        }
+    };
+    // qperf prints 0 ns when not one round trip completed (a stranded message).
+    if r.latency_ns.is_some_and(|l| l <= 0.0) {
+        results.warnings.push(format!(
+            "{what}: tcp_lat completed no round trip in {secs} s; sample dropped"
+        ));
+        r.latency_ns = None;
+    }
+    let Observed { wire, delta } = observed;
+    let payload = r.bw_bytes_per_sec.unwrap_or(0.0) * f64::from(secs);
+    if let Some(w) = wire
+        && let Some(problem) = wire_problem(path, w, payload, delta.map(|d| d.1))
+    {
+        results.warnings.push(format!("{what}: {problem}"));
+    }
+    for (test, value) in [
+        (Test::TcpLat, r.latency_ns),
+        (Test::TcpBw, r.bw_bytes_per_sec),
+    ] {
+        let Some(value) = value else { continue };
+        results.samples.push(Sample {
+            rep,
+            placement: p.name.clone(),
+            path,
+            test,
+            size,
+            value,
+            wire_bytes: wire,
+            redirected_bytes: delta.map(|d| d.0),
+            passed_bytes: delta.map(|d| d.1),
+        });
+    }
+    format!(
+        "{what}: lat {}, bw {}",
+        r.latency_ns
+            .map_or_else(|| "-".into(), |v| format!("{:.2} us", v / 1e3)),
+        r.bw_bytes_per_sec
+            .map_or_else(|| "-".into(), |v| format!("{:.1} MB/s", v / 1e6)),
+    )
+}
+
+/// What is wrong when a run's bytes on the wire contradict its path (pure): a bypassed
+/// run puts only handshakes and ACK-less FINs on the wire, a default run puts every
+/// payload byte there. `payload`: the bytes `tcp_bw` moved; `passed`: the bytes the
+/// datapath chose to send by TCP (a small-message stream), on the wire on purpose.
+pub fn wire_problem(path: Path, wire: u64, payload: f64, passed: Option<u64>) -> Option<String> {
+    let w = wire as f64;
+    let passed = passed.map_or(0.0, |p| p as f64);
+    let redirected = (payload - passed).max(0.0);
+    match path {
+        Path::Bypass if w > 0.05 * redirected + 2.0 * passed && w > 1e6 => {
+            Some(format!("{w:.0} bytes on the wire although bypassed"))
+        }
+        Path::Default if w < 0.5 * payload => Some(format!(
+            "only {w:.0} bytes on the wire although not bypassed"
+        )),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_problem_by_path() {
+        // Bypassed: handshakes only, or bytes the datapath passed on purpose, are fine.
+        assert_eq!(wire_problem(Path::Bypass, 4_000, 1e9, Some(0)), None);
+        assert_eq!(
+            wire_problem(Path::Bypass, 3_000_000, 1e9, Some(2_000_000)),
+            None
+        );
+        let p = wire_problem(Path::Bypass, 900_000_000, 1e9, Some(0)).unwrap();
+        assert!(p.contains("although bypassed"), "{p}");
+        // The normal path carries every payload byte.
+        assert_eq!(wire_problem(Path::Default, 2_000_000_000, 1e9, None), None);
+        let p = wire_problem(Path::Default, 1_000, 1e9, None).unwrap();
+        assert!(p.contains("although not bypassed"), "{p}");
+    }
+}

@@ -1,0 +1,281 @@
+//! One tool run at a time, in pod `a` pinned to the placement's client CPU: qperf,
+//! sockperf and the Unix-socket floor, each into samples, with the progress line.
+
+use std::{
+    collections::BTreeMap,
+    io::Write as _,
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result, bail};
+use testbed::spawn_in_on_cpus;
+
+use super::{
+    Observed, Run, SLACK, fmt_secs, progress, qperf_data_port, qperf_port, record_qperf,
+    sockperf_port,
+};
+use crate::{
+    floor::FloorResult,
+    model::{Path, PctSample, Placement, Sample, Test},
+    qperf, sockperf,
+};
+
+impl Run<'_> {
+    fn log_raw(&mut self, what: &str, out: &str) {
+        if let Some(f) = &mut self.raw {
+            let _ = writeln!(f, "=== {what}\n{out}");
+        }
+    }
+
+    fn tick(&mut self, msg: &str) {
+        self.step += 1;
+        let el = self.started.elapsed().as_secs_f64();
+        let eta = if self.step > 0 {
+            el / self.step as f64 * (self.total_steps.saturating_sub(self.step)) as f64
+        } else {
+            0.0
+        };
+        progress(&format!(
+            "[{:>3}/{}] {} (elapsed {}, eta {})",
+            self.step,
+            self.total_steps,
+            msg,
+            fmt_secs(el),
+            fmt_secs(eta)
+        ));
+    }
+
+    /// Runs `cmd` in pod `a` pinned to `cpu`, returning stdout; one retry on failure.
+    fn client(
+        &mut self,
+        what: &str,
+        make: &dyn Fn() -> Command,
+        cpu: usize,
+        secs: u32,
+    ) -> Result<Option<String>> {
+        for attempt in 0..2 {
+            let mut cmd = make();
+            cmd.stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            let child = spawn_in_on_cpus(&self.pods.a, cmd, &[cpu])?;
+            let timeout = Duration::from_secs(u64::from(secs) * 2 + 5) + SLACK;
+            match child.wait_output(timeout) {
+                Ok(out) if out.status.success() => {
+                    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+                    self.log_raw(what, &text);
+                    return Ok(Some(text));
+                }
+                Ok(out) => {
+                    let msg = format!(
+                        "{what} (attempt {}): {}: {}",
+                        attempt + 1,
+                        out.status,
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    );
+                    self.results.warnings.push(msg);
+                }
+                Err(e) => self
+                    .results
+                    .warnings
+                    .push(format!("{what} (attempt {}): {e:#}", attempt + 1)),
+            }
+        }
+        Ok(None)
+    }
+
+    fn wire_and_stats(&self) -> (Option<u64>, Option<(u64, u64)>) {
+        let wire = self.pods.wire_bytes().ok();
+        let stats = self
+            .agent
+            .agent
+            .as_ref()
+            .and_then(|a| a.stats().ok())
+            .map(|s| (s.redirected_bytes, s.passed_bytes));
+        (wire, stats)
+    }
+
+    pub(super) fn qperf(&mut self, rep: u32, p: &Placement, path: Path, size: u32) -> Result<()> {
+        let secs = self.results.config.qperf_secs;
+        let (ip, port) = (self.server_ip, qperf_port(p.server_cpu));
+        let data_port = self
+            .setup
+            .fixed_data_port
+            .then(|| qperf_data_port(p.server_cpu));
+        let tests = self.results.config.tests.clone();
+        let what = format!("qperf rep {rep} {} {} size {size}", p.name, path.name());
+        let (wire0, stats0) = self.wire_and_stats();
+        let out = self.client(
+            &what,
+            &|| qperf::client_command(ip, port, data_port, size, secs, &tests),
+            p.client_cpu,
+            secs,
+        )?;
+        let (wire1, stats1) = self.wire_and_stats();
+        let Some(out) = out else {
+            self.tick(&format!("{what}: FAILED"));
+            return Ok(());
+        };
+        let delta = stats0
+            .zip(stats1)
+            .map(|(a, b)| (b.0.saturating_sub(a.0), b.1.saturating_sub(a.1)));
+        let observed = Observed {
+            wire: wire0.zip(wire1).map(|(a, b)| b.saturating_sub(a)),
+            delta,
+        };
+        let line = record_qperf(
+            &mut self.results,
+            (rep, p, path, size),
+            &what,
+            secs,
+            &out,
+            &tests,
+            observed,
+        );
+        self.tick(&line);
+        Ok(())
+    }
+
+    pub(super) fn sockperf(
+        &mut self,
+        rep: u32,
+        p: &Placement,
+        path: Path,
+        size: u32,
+    ) -> Result<()> {
+        let secs = self.results.config.sockperf_secs;
+        let (ip, port) = (self.server_ip, sockperf_port(p.server_cpu));
+        let what = format!("sockperf rep {rep} {} {} size {size}", p.name, path.name());
+        let out = self.client(
+            &what,
+            &|| sockperf::client_command(ip, port, size, secs),
+            p.client_cpu,
+            secs,
+        )?;
+        let parsed = out.map(|o| sockperf::parse(&o));
+        match parsed {
+            Some(Ok(r)) => {
+                self.results.percentiles.push(PctSample {
+                    rep,
+                    placement: p.name.clone(),
+                    path,
+                    size,
+                    avg_ns: r.avg_ns,
+                    p50_ns: r.p50_ns,
+                    p99_ns: r.p99_ns,
+                    p999_ns: r.p999_ns,
+                    observations: r.observations,
+                });
+                self.tick(&format!(
+                    "{what}: p50 {:.2} us, p99 {:.2} us, p99.9 {:.2} us",
+                    r.p50_ns / 1e3,
+                    r.p99_ns / 1e3,
+                    r.p999_ns / 1e3
+                ));
+            }
+            Some(Err(e)) => {
+                self.results.warnings.push(format!("{what}: {e:#}"));
+                self.tick(&format!("{what}: unparsable"));
+            }
+            None => self.tick(&format!("{what}: FAILED")),
+        }
+        Ok(())
+    }
+
+    pub(super) fn floor(
+        &mut self,
+        rep: u32,
+        p: &Placement,
+        size: u32,
+        with_pct: bool,
+    ) -> Result<()> {
+        let secs = self.results.config.floor_secs;
+        let mut got = BTreeMap::new();
+        for test in [Test::TcpLat, Test::TcpBw] {
+            let what = format!("floor rep {rep} {} {} size {size}", p.name, test.name());
+            match floor_once(test, size, secs, p) {
+                Ok(r) => {
+                    got.insert(test.name(), r);
+                }
+                Err(e) => self.results.warnings.push(format!("{what}: {e:#}")),
+            }
+        }
+        let lat = got.get("tcp_lat").cloned();
+        let bw = got.get("tcp_bw").and_then(|r| r.bw_bytes_per_sec);
+        for (test, value) in [
+            (Test::TcpLat, lat.as_ref().and_then(|r| r.latency_ns)),
+            (Test::TcpBw, bw),
+        ] {
+            if let Some(value) = value {
+                self.results.samples.push(Sample {
+                    rep,
+                    placement: p.name.clone(),
+                    path: Path::Floor,
+                    test,
+                    size,
+                    value,
+                    wire_bytes: None,
+                    redirected_bytes: None,
+                    passed_bytes: None,
+                });
+            }
+        }
+        if with_pct
+            && self.results.config.sockperf_sizes.contains(&size)
+            && let Some(l) = &lat
+            && let (Some(avg), Some(p50), Some(p99), Some(p999)) =
+                (l.latency_ns, l.p50_ns, l.p99_ns, l.p999_ns)
+        {
+            self.results.percentiles.push(PctSample {
+                rep,
+                placement: p.name.clone(),
+                path: Path::Floor,
+                size,
+                avg_ns: avg,
+                p50_ns: p50,
+                p99_ns: p99,
+                p999_ns: p999,
+                observations: l.observations,
+            });
+        }
+        self.tick(&format!(
+            "floor rep {rep} {} size {size}: lat {}, bw {}",
+            p.name,
+            lat.and_then(|l| l.latency_ns)
+                .map_or_else(|| "-".into(), |v| format!("{:.2} us", v / 1e3)),
+            bw.map_or_else(|| "-".into(), |v| format!("{:.1} MB/s", v / 1e6)),
+        ));
+        Ok(())
+    }
+}
+
+/// Runs `bypass-bench floor ...` (this executable) and parses its JSON line.
+fn floor_once(test: Test, size: u32, secs: f64, p: &Placement) -> Result<FloorResult> {
+    let exe = std::env::current_exe().context("find our own executable")?;
+    let out = Command::new(exe)
+        .args([
+            "floor",
+            "--test",
+            test.name(),
+            "--size",
+            &size.to_string(),
+            "--secs",
+            &secs.to_string(),
+            "--client-cpu",
+            &p.client_cpu.to_string(),
+            "--server-cpu",
+            &p.server_cpu.to_string(),
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .context("run the floor")?;
+    if !out.status.success() {
+        bail!(
+            "floor failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    serde_json::from_slice(&out.stdout).context("parse the floor's output")
+}

@@ -1,0 +1,72 @@
+//! `flood`. Client: non-blocking writes for --secs, counting what the kernel accepts
+//! and how far free memory drops. Server: reads nothing for --hold-ms, reports
+//! FIONREAD, then drains.
+
+use std::{
+    io::{ErrorKind, Write},
+    net::TcpStream,
+    time::Instant,
+};
+
+use anyhow::{Context as _, Result, bail};
+use serde_json::{Value, json};
+use testbed::peer::pattern::{Direction, Pattern};
+
+use crate::{
+    Common,
+    sock::{drain, fionread, sleep_ms},
+};
+
+pub fn server(mut s: TcpStream, c: &Common) -> Result<Value> {
+    sleep_ms(c.hold_ms);
+    let queued = fionread(&s)?;
+    let r = drain(&mut s, c.chunk, 0, Direction::ClientToServer, 0)?;
+    Ok(json!({"fionread_after_hold": queued, "received": r.bytes, "ok": r.ok}))
+}
+
+pub fn client(mut s: TcpStream, c: &Common) -> Result<Value> {
+    let mut p = Pattern::new(0, Direction::ClientToServer);
+    let mut buf = c.chunk_buf();
+    s.set_nonblocking(true)?;
+    let free0 = mem_free_kib()?;
+    let t = Instant::now();
+    let (mut accepted, mut eagain) = (0u64, 0u64);
+    // The pattern advances only by what the kernel took: a short write keeps
+    // its tail for the next call.
+    let mut pending: Vec<u8> = Vec::new();
+    while t.elapsed().as_secs_f64() < c.secs {
+        if pending.is_empty() {
+            p.fill(&mut buf);
+            pending.extend_from_slice(&buf);
+        }
+        match s.write(&pending) {
+            Ok(n) => {
+                accepted += n as u64;
+                pending.drain(..n);
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                eagain += 1;
+                sleep_ms(5);
+            }
+            Err(e) => return Err(e).context("write"),
+        }
+    }
+    let free1 = mem_free_kib()?;
+    Ok(json!({"accepted": accepted, "eagain": eagain,
+        "mem_free_drop_kib": free0 as i64 - free1 as i64}))
+}
+
+fn mem_free_kib() -> Result<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").context("read /proc/meminfo")?;
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("MemFree:") {
+            return rest
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse()
+                .context("parse MemFree");
+        }
+    }
+    bail!("no MemFree in /proc/meminfo")
+}

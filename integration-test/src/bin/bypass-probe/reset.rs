@@ -1,0 +1,81 @@
+//! `reset`: the client closes with SO_LINGER 0 (RST) after sending; the server reads
+//! late.
+
+use std::{
+    io::{Read, Write},
+    net::TcpStream,
+    os::fd::AsRawFd,
+};
+
+use anyhow::{Context as _, Result};
+use serde_json::{Value, json};
+use testbed::peer::pattern::{Direction, Verifier};
+
+use crate::sock::{errno_name, send_pattern, sleep_ms};
+
+/// Reads late, after the RST: what data, then which errors.
+pub fn server(mut s: TcpStream) -> Result<Value> {
+    sleep_ms(500);
+    let mut v = Verifier::new(0, Direction::ClientToServer);
+    let mut events: Vec<String> = Vec::new();
+    let mut buf = vec![0u8; 65536];
+    for _ in 0..10_000 {
+        match s.read(&mut buf) {
+            Ok(0) => {
+                events.push("eof".into());
+                break;
+            }
+            Ok(n) => {
+                v.feed(&buf[..n]);
+                if events.last().map(String::as_str) != Some("data") {
+                    events.push("data".into());
+                }
+            }
+            Err(e) => {
+                events.push(errno_name(&e));
+                if events.len() > 8 {
+                    break;
+                }
+            }
+        }
+    }
+    let write = match s.write(b"late") {
+        Ok(n) => format!("wrote {n}"),
+        Err(e) => errno_name(&e),
+    };
+    Ok(
+        json!({"events": events, "received": v.offset(), "prefix_ok": v.first_mismatch().is_none(),
+        "write_after_reset": write}),
+    )
+}
+
+pub fn client(mut s: TcpStream) -> Result<Value> {
+    let sent = send_pattern(
+        &mut s,
+        256 * 1024,
+        64 * 1024,
+        0,
+        Direction::ClientToServer,
+        0,
+    )?;
+    sleep_ms(100);
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: valid option struct of the size passed.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&raw const linger).cast(),
+            size_of::<libc::linger>() as u32,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error()).context("SO_LINGER");
+    }
+    drop(s);
+    Ok(json!({"sent": sent}))
+}

@@ -1,0 +1,45 @@
+//! `sendfile`: the client sends a file with sendfile(2); the server reads and verifies.
+
+use std::{
+    net::{Shutdown, TcpStream},
+    os::fd::AsRawFd,
+};
+
+use anyhow::{Context as _, Result};
+use serde_json::{Value, json};
+use testbed::peer::pattern::{Direction, Pattern};
+
+use crate::{Common, sock::drain};
+
+pub fn server(mut s: TcpStream, c: &Common) -> Result<Value> {
+    let r = drain(&mut s, c.chunk, 0, Direction::ClientToServer, 0)?;
+    Ok(json!({"received": r.bytes, "ok": r.ok}))
+}
+
+pub fn client(s: &TcpStream, c: &Common) -> Result<Value> {
+    let path = std::env::temp_dir().join(format!("bypass-probe-{}", std::process::id()));
+    let mut data = vec![0u8; usize::try_from(c.bytes)?];
+    Pattern::new(0, Direction::ClientToServer).fill(&mut data);
+    std::fs::write(&path, &data)?;
+    let f = std::fs::File::open(&path)?;
+    let _ = std::fs::remove_file(&path);
+    let mut off: libc::off_t = 0;
+    let mut sent = 0u64;
+    while sent < c.bytes {
+        // SAFETY: valid fds and offset pointer.
+        let n = unsafe {
+            libc::sendfile(
+                s.as_raw_fd(),
+                f.as_raw_fd(),
+                &mut off,
+                (c.bytes - sent) as usize,
+            )
+        };
+        if n <= 0 {
+            return Err(std::io::Error::last_os_error()).context("sendfile");
+        }
+        sent += n as u64;
+    }
+    s.shutdown(Shutdown::Write)?;
+    Ok(json!({"sent": sent}))
+}

@@ -1,0 +1,202 @@
+//! What the cases share: pattern writes and verified reads, waits, errno names, and
+//! the raw calls std does not offer (FIONREAD, setsockopt, poll, pipes).
+
+use std::{
+    io::{ErrorKind, Read, Write},
+    net::TcpStream,
+    os::fd::{AsRawFd, RawFd},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use serde_json::{Value, json};
+use testbed::peer::pattern::{Direction, Pattern, Verifier};
+
+/// Waits for the server to close, so this side's socket outlives what the server does.
+pub fn wait_closed(s: &mut TcpStream) -> Result<Value> {
+    let mut rest = [0u8; 4096];
+    loop {
+        match s.read(&mut rest) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {}
+            Err(_) => break,
+        }
+    }
+    Ok(json!({}))
+}
+
+/// What a reader saw: the bytes verified, whether they were in order, the spurious
+/// EAGAINs of blocking reads, and how long it took.
+pub struct Drained {
+    pub bytes: u64,
+    pub ok: bool,
+    pub spurious: u64,
+    pub secs: f64,
+}
+
+/// Reads to EOF, verifying the pattern of `stream` in direction `dir`. A blocking read
+/// that returns EAGAIN is retried and counted (it must not happen; other tests count).
+pub fn drain(
+    s: &mut TcpStream,
+    chunk: u64,
+    delay_us: u64,
+    dir: Direction,
+    stream: u64,
+) -> Result<Drained> {
+    let t = Instant::now();
+    let mut v = Verifier::new(stream, dir);
+    let mut buf = vec![0u8; usize::try_from(chunk).unwrap_or(65536).max(1)];
+    let mut spurious = 0;
+    loop {
+        let n = match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                spurious += 1;
+                continue;
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e).context("read"),
+        };
+        v.feed(&buf[..n]);
+        if delay_us > 0 {
+            std::thread::sleep(Duration::from_micros(delay_us));
+        }
+    }
+    Ok(Drained {
+        bytes: v.offset(),
+        ok: v.first_mismatch().is_none(),
+        spurious,
+        secs: t.elapsed().as_secs_f64(),
+    })
+}
+
+/// Reads exactly `n` bytes, verifying; like [`drain`] otherwise.
+pub fn drain_exact(s: &mut TcpStream, n: u64, dir: Direction) -> Result<Drained> {
+    let t = Instant::now();
+    let mut v = Verifier::new(0, dir);
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut spurious = 0;
+    while v.offset() < n {
+        let want = (n - v.offset()).min(buf.len() as u64) as usize;
+        match s.read(&mut buf[..want]) {
+            Ok(0) => break,
+            Ok(k) => v.feed(&buf[..k]),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => spurious += 1,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e).context("read"),
+        }
+    }
+    Ok(Drained {
+        bytes: v.offset(),
+        ok: v.first_mismatch().is_none(),
+        spurious,
+        secs: t.elapsed().as_secs_f64(),
+    })
+}
+
+/// Writes `n` bytes of the pattern in `chunk`-byte writes, `pause_ms` apart.
+pub fn send_pattern(
+    s: &mut TcpStream,
+    n: u64,
+    chunk: usize,
+    pause_ms: u64,
+    dir: Direction,
+    stream: u64,
+) -> Result<u64> {
+    let mut p = Pattern::new(stream, dir);
+    let mut buf = vec![0u8; chunk];
+    let mut sent = 0;
+    while sent < n {
+        let k = (n - sent).min(chunk as u64) as usize;
+        p.fill(&mut buf[..k]);
+        s.write_all(&buf[..k]).context("write")?;
+        sent += k as u64;
+        if pause_ms > 0 {
+            sleep_ms(pause_ms);
+        }
+    }
+    Ok(sent)
+}
+
+pub fn sleep_ms(ms: u64) {
+    std::thread::sleep(Duration::from_millis(ms));
+}
+
+/// The errno's name, for reports that compare errors across runs.
+pub fn errno_name(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::EPIPE) => "EPIPE".into(),
+        Some(libc::ECONNRESET) => "ECONNRESET".into(),
+        Some(libc::EAGAIN) => "EAGAIN".into(),
+        Some(libc::ENOTCONN) => "ENOTCONN".into(),
+        Some(libc::EINVAL) => "EINVAL".into(),
+        Some(libc::ETIMEDOUT) => "ETIMEDOUT".into(),
+        Some(n) => format!("errno {n}"),
+        None => e.to_string(),
+    }
+}
+
+/// FIONREAD: bytes the next reads would return without blocking.
+pub fn fionread(s: &TcpStream) -> Result<u64> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int through the pointer.
+    if unsafe { libc::ioctl(s.as_raw_fd(), libc::FIONREAD, &mut n) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("ioctl FIONREAD");
+    }
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
+pub fn setsockopt_int(fd: RawFd, level: i32, opt: i32, v: i32) -> Result<()> {
+    // SAFETY: valid int option of the size passed.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            opt,
+            (&raw const v).cast(),
+            size_of::<i32>() as u32,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error()).context("setsockopt");
+    }
+    Ok(())
+}
+
+/// poll(POLLIN) with a timeout; whether the socket became readable.
+pub fn poll_in(fd: RawFd, timeout_ms: i32) -> Result<bool> {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let r = unsafe { libc::poll(&mut p, 1, timeout_ms) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error()).context("poll");
+    }
+    Ok(p.revents & libc::POLLIN != 0)
+}
+
+pub fn wait_readable(s: &TcpStream, timeout_ms: i32) -> Result<()> {
+    if !poll_in(s.as_raw_fd(), timeout_ms)? {
+        bail!("nothing to read within {timeout_ms} ms");
+    }
+    Ok(())
+}
+
+pub fn pipe() -> Result<(RawFd, RawFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: two-int array.
+    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("pipe");
+    }
+    Ok((fds[0], fds[1]))
+}
+
+pub fn close(fd: RawFd) {
+    // SAFETY: an fd this process opened and no longer uses.
+    unsafe { libc::close(fd) };
+}

@@ -1,0 +1,37 @@
+//! `waitall`: recv(MSG_WAITALL) of 2000 bytes sent as 1000 + 1000, 100 ms apart.
+
+use std::{io::Write, net::TcpStream, os::fd::AsRawFd};
+
+use anyhow::Result;
+use serde_json::{Value, json};
+use testbed::peer::pattern::{Direction, Pattern};
+
+use crate::{
+    Common,
+    sock::{sleep_ms, wait_closed},
+};
+
+pub fn server(s: TcpStream) -> Result<Value> {
+    let mut buf = vec![0u8; 2000];
+    // SAFETY: valid buffer of the length passed.
+    let n = unsafe {
+        libc::recv(
+            s.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_WAITALL,
+        )
+    };
+    Ok(json!({"first_read_len": n}))
+}
+
+pub fn client(mut s: TcpStream, c: &Common) -> Result<Value> {
+    let mut p = Pattern::new(0, Direction::ClientToServer);
+    let mut buf = c.chunk_buf();
+    p.fill(&mut buf[..1000]);
+    s.write_all(&buf[..1000])?;
+    sleep_ms(100);
+    p.fill(&mut buf[..1000]);
+    s.write_all(&buf[..1000])?;
+    wait_closed(&mut s)
+}

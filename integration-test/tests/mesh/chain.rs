@@ -1,0 +1,273 @@
+//! The sidecar chain app → proxy → proxy → app behind Istio-style REDIRECTs: every hop
+//! paired and redirected, many short connections, and egress to an outside address.
+
+use std::{
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, ensure};
+use bypass_common::{
+    Endpoint, SockKey,
+    names::{MAP_CONNECTORS, MAP_LINKS},
+};
+use testbed::{
+    Agent, ClientArgs, Proxy, ProxyOpts, TwoPods,
+    iptables::{self, Family},
+    mapkeys,
+};
+
+use super::support::{
+    APP_PORT, INBOUND_PORT, OUTBOUND_PORT, PROXY_MARK, any, grew, growth, ip_of, loopback,
+    nat_tables, vip_in,
+};
+use crate::common::{Exchange, assert_byte_exact, exchange};
+
+/// Bytes each way of a ping-pong run: every message and its echo arrived, verified.
+pub fn assert_pingpong_exact(x: &Exchange, rounds: u64, size: usize) -> Result<()> {
+    let bytes = rounds * size as u64;
+    ensure!(x.client.ok, "client saw failures: {:#?}", x.client.failures);
+    ensure!(x.server.ok, "server saw failures: {:#?}", x.server.failures);
+    ensure!(
+        x.client.bytes_sent == bytes && x.client.bytes_received == bytes,
+        "client sent {} and got back {} of {bytes}",
+        x.client.bytes_sent,
+        x.client.bytes_received
+    );
+    ensure!(
+        x.server.bytes_received == bytes,
+        "server verified {} of {bytes}",
+        x.server.bytes_received
+    );
+    Ok(())
+}
+
+/// Every hop of one connection through the sidecar chain was paired and redirected:
+/// app → outbound proxy and outbound proxy → inbound proxy are translated (REDIRECT),
+/// inbound proxy → app is loopback; each hop carries the whole `payload`, and the
+/// veth almost nothing.
+pub fn assert_chain_bypassed(x: &Exchange, payload: u64) -> Result<()> {
+    let (b, a) = (&x.before, &x.after);
+    let why = growth(b, a);
+    ensure!(
+        grew(b, a, |s| s.paired_translated) == 2,
+        "paired_translated should grow by 2 (app -> outbound proxy, proxy -> proxy): {why}"
+    );
+    ensure!(
+        grew(b, a, |s| s.paired_loopback) == 1,
+        "paired_loopback should grow by 1 (inbound proxy -> app): {why}"
+    );
+    ensure!(
+        grew(b, a, |s| s.paired_pod) == 0,
+        "no hop is plain pod to pod: {why}"
+    );
+    ensure!(
+        grew(b, a, |s| s.redirected_bytes_translated) >= 2 * payload * 99 / 100,
+        "two translated hops should redirect ~{} B: {why}",
+        2 * payload
+    );
+    ensure!(
+        grew(b, a, |s| s.redirected_bytes_loopback) >= payload * 99 / 100,
+        "the loopback hop should redirect ~{payload} B: {why}"
+    );
+    ensure!(
+        x.wire * 100 < payload,
+        "the veth carried {} B of a {payload} B payload (>= 1%): the proxy-to-proxy hop was \
+         not bypassed ({why})",
+        x.wire
+    );
+    ensure!(
+        grew(b, a, |s| s.insert_failures) == 0,
+        "insert failures: {why}"
+    );
+    Ok(())
+}
+
+/// Pod a's app dials pod b's app port; pod a's sidecar captures it (OUTPUT REDIRECT to
+/// :15001, its own upstream sockets exempt by mark), dials pod b, whose sidecar
+/// captures that (PREROUTING REDIRECT to :15006) and dials the app over loopback.
+pub fn sidecar_chain(family: Family) -> Result<()> {
+    let pods = TwoPods::new()?;
+    iptables::apply(
+        pods.a.netns(),
+        family,
+        &iptables::sidecar_outbound(APP_PORT, PROXY_MARK, OUTBOUND_PORT),
+    )?;
+    iptables::apply(
+        pods.b.netns(),
+        family,
+        &iptables::sidecar_inbound(APP_PORT, INBOUND_PORT),
+    )?;
+    let agent = Agent::start(&pods.agent_opts())?;
+    let b_app = SocketAddr::new(ip_of(&pods.b, family), APP_PORT);
+    let outbound = Proxy::start(
+        &pods.a,
+        &ProxyOpts {
+            mark: PROXY_MARK,
+            ..ProxyOpts::new(SocketAddr::new(any(family), OUTBOUND_PORT), b_app)
+        },
+    )?;
+    let inbound = Proxy::start(
+        &pods.b,
+        &ProxyOpts::new(
+            SocketAddr::new(any(family), INBOUND_PORT),
+            SocketAddr::new(loopback(family), APP_PORT),
+        ),
+    )?;
+    let listen = SocketAddr::new(any(family), APP_PORT);
+    let context = |what: &str| {
+        format!(
+            "{what}\n{}\noutbound proxy: {}\ninbound proxy: {}",
+            nat_tables(&pods, family),
+            outbound.stderr().trim(),
+            inbound.stderr().trim()
+        )
+    };
+
+    let bulk = ClientArgs::bulk(16 << 20);
+    let x = exchange(&pods, &agent, listen, b_app, &bulk)?;
+    eprintln!("sidecar chain, bulk: {}", growth(&x.before, &x.after));
+    assert_byte_exact(&x, &bulk).with_context(|| context("bulk"))?;
+    assert_chain_bypassed(&x, bulk.send + bulk.recv).with_context(|| context("bulk"))?;
+
+    let (rounds, size) = (2000, 1000);
+    let pp = ClientArgs::pingpong(rounds, size);
+    let y = exchange(&pods, &agent, listen, b_app, &pp)?;
+    eprintln!(
+        "sidecar chain, ping-pong: {} (rtt {:?})",
+        growth(&y.before, &y.after),
+        y.client.rtt
+    );
+    assert_pingpong_exact(&y, rounds, size).with_context(|| context("ping-pong"))?;
+    assert_chain_bypassed(&y, 2 * rounds * size as u64).with_context(|| context("ping-pong"))
+}
+
+/// Many short connections through the chain, each writing at once, 8 at a time: the
+/// pairing at establishment races the first sends on every hop; all byte-exact, every
+/// hop of every connection paired, and the maps empty afterwards.
+pub fn sidecar_chain_short_connections_exact() -> Result<()> {
+    const CONNECTIONS: u64 = 300;
+    let pods = TwoPods::new()?;
+    iptables::apply(
+        pods.a.netns(),
+        Family::V4,
+        &iptables::sidecar_outbound(APP_PORT, PROXY_MARK, OUTBOUND_PORT),
+    )?;
+    iptables::apply(
+        pods.b.netns(),
+        Family::V4,
+        &iptables::sidecar_inbound(APP_PORT, INBOUND_PORT),
+    )?;
+    let agent = Agent::start(&pods.agent_opts())?;
+    let b_app = pods.b.v4_addr(APP_PORT);
+    let _outbound = Proxy::start(
+        &pods.a,
+        &ProxyOpts {
+            mark: PROXY_MARK,
+            ..ProxyOpts::new(SocketAddr::new(any(Family::V4), OUTBOUND_PORT), b_app)
+        },
+    )?;
+    let _inbound = Proxy::start(
+        &pods.b,
+        &ProxyOpts::new(
+            SocketAddr::new(any(Family::V4), INBOUND_PORT),
+            SocketAddr::new(loopback(Family::V4), APP_PORT),
+        ),
+    )?;
+    let args = ClientArgs {
+        send: 4096,
+        recv: 4096,
+        streams: 8,
+        connections: CONNECTIONS,
+        msg_size: 1024,
+        ..ClientArgs::default()
+    };
+    let x = exchange(
+        &pods,
+        &agent,
+        SocketAddr::new(any(Family::V4), APP_PORT),
+        b_app,
+        &args,
+    )?;
+    let why = growth(&x.before, &x.after);
+    eprintln!("sidecar chain, {CONNECTIONS} short connections: {why}");
+    assert_byte_exact(&x, &args)?;
+    ensure!(
+        x.grew(|s| s.paired_translated) == 2 * CONNECTIONS
+            && x.grew(|s| s.paired_loopback) == CONNECTIONS,
+        "every hop of every connection should be paired: {why}"
+    );
+    ensure!(x.grew(|s| s.insert_failures) == 0, "insert failures: {why}");
+    // Closed connections leave the map (the proxies close both ends of a hop).
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while agent.stats()?.sockets != 0 {
+        ensure!(
+            Instant::now() < deadline,
+            "{} sockets still in the map after every connection closed",
+            agent.stats()?.sockets
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // So does the per-connection pairing state (the LRU maps would only hide a leak).
+    for (map, key_size) in [
+        (MAP_CONNECTORS, size_of::<Endpoint>()),
+        (MAP_LINKS, size_of::<SockKey>()),
+    ] {
+        let left = mapkeys::pinned_map_keys(&agent.pin_dir().join("maps").join(map), key_size)?;
+        ensure!(
+            left.is_empty(),
+            "{map} still holds {} entries after every connection closed",
+            left.len()
+        );
+    }
+    Ok(())
+}
+
+/// The sidecar captures the app's connection to an address outside the pod and Service
+/// ranges (an external IP): that hop is not watched, so it stays on the normal path;
+/// the proxy's own connection to a pod of this node is an ordinary pod-to-pod hop and
+/// is bypassed. Byte-exact end to end.
+pub fn egress_to_outside_address_first_hop_normal_path() -> Result<()> {
+    let pods = TwoPods::new()?;
+    let external = vip_in(&pods.outside_cidr_v4(), APP_PORT)?;
+    // The app needs a route to dial it; the REDIRECT then keeps it on the node.
+    pods.a.add_route(&pods.outside_cidr_v4())?;
+    iptables::apply(
+        pods.a.netns(),
+        Family::V4,
+        &iptables::sidecar_outbound(APP_PORT, PROXY_MARK, OUTBOUND_PORT),
+    )?;
+    let agent = Agent::start(&pods.agent_opts())?;
+    let b_app = pods.b.v4_addr(APP_PORT);
+    let _outbound = Proxy::start(
+        &pods.a,
+        &ProxyOpts {
+            mark: PROXY_MARK,
+            ..ProxyOpts::new(SocketAddr::new(any(Family::V4), OUTBOUND_PORT), b_app)
+        },
+    )?;
+    let args = ClientArgs::bulk(8 << 20);
+    let payload = args.send + args.recv;
+    let x = exchange(&pods, &agent, b_app, external, &args)?;
+    let why = growth(&x.before, &x.after);
+    eprintln!("egress to {external}: {why}");
+    assert_byte_exact(&x, &args).with_context(|| nat_tables(&pods, Family::V4))?;
+    let (b, a) = (&x.before, &x.after);
+    ensure!(
+        grew(b, a, |s| s.paired_translated) == 0
+            && grew(b, a, |s| s.redirected_bytes_translated) == 0
+            && grew(b, a, |s| s.paired_loopback) == 0,
+        "the app-to-proxy hop (to {external}) must not be paired: {why}"
+    );
+    ensure!(
+        grew(b, a, |s| s.paired_pod) == 1
+            && grew(b, a, |s| s.redirected_bytes_pod) >= payload * 99 / 100,
+        "the proxy-to-pod hop should be bypassed: {why}"
+    );
+    ensure!(
+        x.wire * 100 < payload,
+        "the veth carried {} B of {payload} B: {why}",
+        x.wire
+    );
+    Ok(())
+}

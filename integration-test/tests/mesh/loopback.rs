@@ -1,0 +1,194 @@
+//! Loopback in pods: identical tuples in two pods do not collide, and loopback is
+//! bypassed only once the namespace is known as a pod's.
+
+use std::{
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Result, ensure};
+use testbed::{
+    Agent, AgentStatus, ClientArgs, PeerClient, PeerServer, Proxy, ProxyOpts, Report, TwoPods,
+};
+
+use super::support::{grew, growth, keys_with_port};
+use crate::common::{assert_byte_exact, exchange};
+
+/// Identical loopback tuples in two pods, at once: in each pod a client reaches a
+/// proxy on the pod's own address (a pod-address connection, which is also what tells
+/// the datapath this namespace is a pod's), and the proxy dials 127.0.0.1:5901 from
+/// 127.0.0.1:40123, the same tuple in both pods. Each pod's server must get its own
+/// pod's stream (they differ in content and length), both loopback hops redirected,
+/// and the SockHash must hold four distinct loopback keys, two per namespace.
+pub fn loopback_tuples_in_two_pods_do_not_collide() -> Result<()> {
+    const SERVER_PORT: u16 = 5901;
+    const FRONT_PORT: u16 = 5902;
+    const CLIENT_PORT: u16 = 40123;
+    let pods = TwoPods::new()?;
+    let agent = Agent::start(&pods.agent_opts())?;
+    let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    // Different lengths and stream ids, so a server that got the other pod's stream
+    // shows it; rate-limited so the connections stay open while the map is read.
+    let args = [
+        ClientArgs {
+            send: 6 << 20,
+            recv: 3 << 20,
+            rate: 4 << 20,
+            stream_base: 100,
+            ..ClientArgs::default()
+        },
+        ClientArgs {
+            send: 4 << 20,
+            recv: 5 << 20,
+            rate: 4 << 20,
+            stream_base: 200,
+            ..ClientArgs::default()
+        },
+    ];
+    let before = agent.stats()?;
+    let mut servers = Vec::new();
+    let mut proxies = Vec::new();
+    for pod in [&pods.a, &pods.b] {
+        servers.push(PeerServer::start(pod, SocketAddr::new(lo, SERVER_PORT), 1)?);
+        proxies.push(Proxy::start(
+            pod,
+            &ProxyOpts {
+                upstream_bind: Some(SocketAddr::new(lo, CLIENT_PORT)),
+                ..ProxyOpts::new(pod.v4_addr(FRONT_PORT), SocketAddr::new(lo, SERVER_PORT))
+            },
+        )?);
+    }
+    let clients = [
+        PeerClient::spawn(&pods.a, pods.a.v4_addr(FRONT_PORT), &args[0])?,
+        PeerClient::spawn(&pods.b, pods.b.v4_addr(FRONT_PORT), &args[1])?,
+    ];
+
+    // While both streams run: the loopback keys, by namespace.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let keys = loop {
+        let keys = keys_with_port(&agent, CLIENT_PORT)?;
+        if keys.len() >= 4 || Instant::now() > deadline {
+            break keys;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+
+    let [ca, cb] = clients;
+    let client_reports = [ca.wait()?, cb.wait()?];
+    let mut server_reports = Vec::new();
+    for s in servers {
+        server_reports.push(s.wait()?);
+    }
+    let after = agent.stats()?;
+    let why = growth(&before, &after);
+    eprintln!("loopback collision: {why}; keys {keys:#?}");
+
+    for (i, pod) in ["a", "b"].iter().enumerate() {
+        let (c, s, a): (&Report, &Report, &ClientArgs) =
+            (&client_reports[i], &server_reports[i], &args[i]);
+        ensure!(c.ok, "pod {pod} client saw failures: {:#?}", c.failures);
+        ensure!(s.ok, "pod {pod} server saw failures: {:#?}", s.failures);
+        ensure!(
+            s.bytes_received == a.send && c.bytes_received == a.recv,
+            "pod {pod}'s server verified {} B (its client sent {}), its client {} B (asked {}): \
+             a stream crossed pods",
+            s.bytes_received,
+            a.send,
+            c.bytes_received,
+            a.recv
+        );
+    }
+    ensure!(
+        keys.len() == 4,
+        "want 4 loopback keys with port {CLIENT_PORT} (2 per pod), found {}: {keys:#?}",
+        keys.len()
+    );
+    let mut netns: Vec<u64> = keys.iter().map(|k| k.netns).collect();
+    netns.sort_unstable();
+    netns.dedup();
+    ensure!(
+        netns.len() == 2 && !netns.contains(&0),
+        "the keys should carry two distinct, non-zero namespace cookies: {keys:#?}"
+    );
+    for k in &keys {
+        ensure!(k.is_loopback(), "not a loopback key: {k:?}");
+        ensure!(
+            keys.iter().any(|o| o.mirrors(k) && o.netns == k.netns),
+            "key {k:?} has no peer key in its namespace: {keys:#?}"
+        );
+    }
+    ensure!(
+        grew(&before, &after, |s| s.paired_loopback) == 2,
+        "paired_loopback should grow by 2: {why}"
+    );
+    ensure!(
+        grew(&before, &after, |s| s.paired_pod) == 2,
+        "the client-to-proxy hops are pod to pod (2): {why}"
+    );
+    let payload: u64 = args.iter().map(|a| a.send + a.recv).sum();
+    ensure!(
+        grew(&before, &after, |s| s.redirected_bytes_loopback) >= payload * 99 / 100,
+        "the loopback hops should redirect ~{payload} B: {why}"
+    );
+    ensure!(
+        grew(&before, &after, |s| s.insert_failures) == 0,
+        "insert failures: {why}"
+    );
+    drop(proxies);
+    Ok(())
+}
+
+/// Loopback is bypassed only in a namespace the datapath knows as a pod's, which it
+/// learns from a socket there with a pod address: a loopback connection in a pod that
+/// has made none stays on the normal path; after one pod-address connection, the same
+/// loopback connection is bypassed.
+pub fn loopback_bypassed_once_namespace_known_as_pod() -> Result<()> {
+    const LO_PORT: u16 = 5921;
+    let pods = TwoPods::new()?;
+    let agent = Agent::start(&pods.agent_opts())?;
+    let lo = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), LO_PORT);
+    let args = ClientArgs::bulk(4 << 20);
+    let payload = args.send + args.recv;
+    let loopback_run = || -> Result<(AgentStatus, AgentStatus)> {
+        let before = agent.stats()?;
+        let server = PeerServer::start(&pods.a, lo, 1)?;
+        let client = testbed::run_client(&pods.a, lo, &args)?;
+        let server = server.wait()?;
+        ensure!(
+            client.ok
+                && server.ok
+                && server.bytes_received == args.send
+                && client.bytes_received == args.recv,
+            "loopback run: {client:#?} {server:#?}"
+        );
+        Ok((before, agent.stats()?))
+    };
+
+    let (b, a) = loopback_run()?;
+    let why = growth(&b, &a);
+    eprintln!("loopback in an unknown namespace: {why}");
+    ensure!(
+        grew(&b, &a, |s| s.paired_loopback) == 0 && grew(&b, &a, |s| s.redirected_bytes) == 0,
+        "loopback in a namespace with no pod-address socket yet must not be bypassed: {why}"
+    );
+
+    // One pod-address connection from pod a (to pod b) makes its namespace a pod's.
+    let x = exchange(
+        &pods,
+        &agent,
+        pods.b.v4_addr(5922),
+        pods.b.v4_addr(5922),
+        &ClientArgs::bulk(64 << 10),
+    )?;
+    assert_byte_exact(&x, &ClientArgs::bulk(64 << 10))?;
+
+    let (b, a) = loopback_run()?;
+    let why = growth(&b, &a);
+    eprintln!("loopback in pod a: {why}");
+    ensure!(
+        grew(&b, &a, |s| s.paired_loopback) == 1
+            && grew(&b, &a, |s| s.redirected_bytes_loopback) >= payload * 99 / 100,
+        "loopback in a known pod namespace should be bypassed: {why}"
+    );
+    Ok(())
+}

@@ -1,0 +1,120 @@
+//! A source NAT onto the address and port of another live connection: the accepting
+//! side's candidate fails the sequence-number check, normal path, byte-exact.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, ensure};
+use testbed::{
+    Agent, ClientArgs, PeerClient, PeerServer, Proxy, ProxyOpts, TwoPods,
+    iptables::{self, Family},
+};
+
+use super::support::{grew, growth, keys_with_port, nat_tables};
+
+/// A source NAT onto the address and port of another live connection: pod a's
+/// connection 1 leaves from 10.88.k.1:40500 (a proxy bound there) and stays open; its
+/// connection 2, to another port of pod b, is SNATed to the same 10.88.k.1:40500. Pod
+/// b's accepting socket of connection 2 finds connection 1's socket under its client's
+/// address and port, but their sequence numbers do not cross: rejected, the normal
+/// path, byte-exact; connection 1 is unaffected.
+pub fn snat_onto_a_live_source_port_is_rejected() -> Result<()> {
+    const PORT_1: u16 = 5751;
+    const PORT_2: u16 = 5752;
+    const FRONT_PORT: u16 = 5753;
+    const SOURCE_PORT: u16 = 40500;
+    let pods = TwoPods::new()?;
+    let source = pods.a.v4_addr(SOURCE_PORT);
+    iptables::apply(
+        pods.a.netns(),
+        Family::V4,
+        &[[
+            "-t",
+            "nat",
+            "-A",
+            "POSTROUTING",
+            "-p",
+            "tcp",
+            "-d",
+            &pods.b.ipv4().to_string(),
+            "--dport",
+            &PORT_2.to_string(),
+            "-j",
+            "SNAT",
+            "--to-source",
+            &source.to_string(),
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect::<Vec<_>>()],
+    )?;
+    let agent = Agent::start(&pods.agent_opts())?;
+
+    // Connection 1: client -> proxy (pod a's own address) -> pod b, from SOURCE_PORT,
+    // slow enough to stay open through connection 2.
+    let long = ClientArgs {
+        send: 3 << 20,
+        recv: 3 << 20,
+        rate: 1 << 20,
+        stream_base: 1,
+        ..ClientArgs::default()
+    };
+    let server1 = PeerServer::start(&pods.b, pods.b.v4_addr(PORT_1), 1)?;
+    let _proxy = Proxy::start(
+        &pods.a,
+        &ProxyOpts {
+            upstream_bind: Some(source),
+            ..ProxyOpts::new(pods.a.v4_addr(FRONT_PORT), pods.b.v4_addr(PORT_1))
+        },
+    )?;
+    let client1 = PeerClient::spawn(&pods.a, pods.a.v4_addr(FRONT_PORT), &long)?;
+    // Wait until connection 1's proxy-to-b hop is in the map.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while keys_with_port(&agent, SOURCE_PORT)?.len() < 2 {
+        ensure!(
+            Instant::now() < deadline,
+            "connection 1 from {source} never reached the SockHash: {:?}",
+            agent.stats()?
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    // Connection 2, SNATed onto connection 1's source.
+    let short = ClientArgs {
+        stream_base: 2,
+        ..ClientArgs::bulk(2 << 20)
+    };
+    let before = agent.stats()?;
+    let server2 = PeerServer::start(&pods.b, pods.b.v4_addr(PORT_2), 1)?;
+    let c2 = testbed::run_client(&pods.a, pods.b.v4_addr(PORT_2), &short)?;
+    let s2 = server2.wait()?;
+    let after = agent.stats()?;
+    let why = growth(&before, &after);
+    eprintln!("snat onto a live source: {why}");
+
+    let c1 = client1.wait()?;
+    let s1 = server1.wait()?;
+    ensure!(c2.ok && s2.ok, "connection 2: {c2:#?} {s2:#?}");
+    ensure!(
+        s2.bytes_received == short.send && c2.bytes_received == short.recv,
+        "connection 2 lost bytes: {c2:#?} {s2:#?}"
+    );
+    ensure!(c1.ok && s1.ok, "connection 1: {c1:#?} {s1:#?}");
+    ensure!(
+        s1.bytes_received == long.send && c1.bytes_received == long.recv,
+        "connection 1 lost bytes: {c1:#?} {s1:#?}"
+    );
+    ensure!(
+        grew(&before, &after, |s| s.pair_rejected) >= 1,
+        "pair_rejected should grow: {why}\n{}",
+        nat_tables(&pods, Family::V4)
+    );
+    ensure!(
+        grew(&before, &after, |s| s.paired_translated) == 0,
+        "connection 2 must not be paired: {why}"
+    );
+    ensure!(
+        grew(&before, &after, |s| s.passed_bytes) >= short.send,
+        "connection 2's bytes should take the normal path: {why}"
+    );
+    Ok(())
+}

@@ -1,0 +1,134 @@
+//! What the mesh tests share: the sidecar's ports and mark, the agent with extra flags,
+//! counter growth for messages, addresses by family, and the SockHash keys by port.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use anyhow::{Context as _, Result};
+use bypass_common::{SockKey, names::MAP_SOCKETS};
+use testbed::{
+    Agent, AgentOpts, AgentStatus, TwoPods,
+    iptables::{self, Family},
+    mapkeys,
+    topology::Pod,
+};
+
+/// The application's port (the client dials it, the server listens on it).
+pub const APP_PORT: u16 = 5801;
+/// The sidecar's outbound listener (Istio: 15001).
+pub const OUTBOUND_PORT: u16 = 15001;
+/// The sidecar's inbound listener (Istio: 15006).
+pub const INBOUND_PORT: u16 = 15006;
+/// SO_MARK of the outbound proxy's upstream sockets, exempt from its REDIRECT (Istio
+/// exempts its proxy by uid; a mark is the same idea without a second user).
+pub const PROXY_MARK: u32 = 0x539;
+/// A port of the default `--skip-ports` (Istio's health port).
+pub const ISTIO_HEALTH_PORT: u16 = 15021;
+
+/// The agent on `pods` with extra `run` flags.
+pub fn agent_with(pods: &TwoPods, extra: &[&str]) -> Result<Agent> {
+    Agent::start(&AgentOpts {
+        extra_args: extra.iter().map(|s| (*s).to_owned()).collect(),
+        ..pods.agent_opts()
+    })
+}
+
+pub fn grew(before: &AgentStatus, after: &AgentStatus, f: impl Fn(&AgentStatus) -> u64) -> u64 {
+    f(after).saturating_sub(f(before))
+}
+
+/// The counters this file cares about, grown between two readings, for messages.
+pub fn growth(before: &AgentStatus, after: &AgentStatus) -> String {
+    let g = |f: fn(&AgentStatus) -> u64| grew(before, after, f);
+    format!(
+        "paired pod/loopback/translated +{}/+{}/+{}, redirected bytes pod/loopback/translated \
+         +{}/+{}/+{} (all +{}), passed bytes +{}, inserted +{}, skipped +{}, pair_rejected +{}, \
+         skipped_ports +{}, insert_failures +{}",
+        g(|s| s.paired_pod),
+        g(|s| s.paired_loopback),
+        g(|s| s.paired_translated),
+        g(|s| s.redirected_bytes_pod),
+        g(|s| s.redirected_bytes_loopback),
+        g(|s| s.redirected_bytes_translated),
+        g(|s| s.redirected_bytes),
+        g(|s| s.passed_bytes),
+        g(|s| s.sockets_inserted),
+        g(|s| s.sockets_skipped),
+        g(|s| s.pair_rejected),
+        g(|s| s.skipped_ports),
+        g(|s| s.insert_failures),
+    )
+}
+
+/// The nat tables of both pods, for a failure message.
+pub fn nat_tables(pods: &TwoPods, family: Family) -> String {
+    format!(
+        "pod a nat:\n{}\npod b nat:\n{}",
+        iptables::dump(pods.a.netns(), family),
+        iptables::dump(pods.b.netns(), family)
+    )
+}
+
+pub fn ip_of(pod: &Pod, family: Family) -> IpAddr {
+    match family {
+        Family::V4 => IpAddr::V4(pod.ipv4()),
+        Family::V6 => IpAddr::V6(pod.ipv6()),
+    }
+}
+
+pub fn loopback(family: Family) -> IpAddr {
+    match family {
+        Family::V4 => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        Family::V6 => IpAddr::V6(Ipv6Addr::LOCALHOST),
+    }
+}
+
+pub fn any(family: Family) -> IpAddr {
+    match family {
+        Family::V4 => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        Family::V6 => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    }
+}
+
+/// A SockHash key as the kernel holds it (the layout of [`SockKey`], native endian).
+fn decode_key(b: &[u8]) -> Option<SockKey> {
+    if b.len() != size_of::<SockKey>() {
+        return None;
+    }
+    let word = |i: usize| u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    let ip = |at: usize| [word(at), word(at + 4), word(at + 8), word(at + 12)];
+    let mut netns = [0u8; 8];
+    netns.copy_from_slice(&b[40..48]);
+    Some(SockKey {
+        local_ip: ip(0),
+        remote_ip: ip(16),
+        local_port: word(32),
+        remote_port: word(36),
+        netns: u64::from_ne_bytes(netns),
+    })
+}
+
+/// The SockHash keys with `port` at either end.
+pub fn keys_with_port(agent: &Agent, port: u16) -> Result<Vec<SockKey>> {
+    let pin = agent.pin_dir().join("maps").join(MAP_SOCKETS);
+    let keys = mapkeys::pinned_map_keys(&pin, size_of::<SockKey>())?;
+    Ok(keys
+        .iter()
+        .filter_map(|k| decode_key(k))
+        .filter(|k| k.local_port == u32::from(port) || k.remote_port == u32::from(port))
+        .collect())
+}
+
+/// The 10th address of a service CIDR such as `10.96.7.0/24` or `fd96:0:0:7::/112`.
+pub fn vip_in(cidr: &str, port: u16) -> Result<SocketAddr> {
+    let base: IpAddr = cidr
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .parse()
+        .with_context(|| format!("service CIDR {cidr}"))?;
+    let ip = match base {
+        IpAddr::V4(v4) => IpAddr::V4(Ipv4Addr::from(u32::from(v4) + 10)),
+        IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(u128::from(v6) + 0x10)),
+    };
+    Ok(SocketAddr::new(ip, port))
+}
