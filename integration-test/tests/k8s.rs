@@ -1,5 +1,5 @@
 //! The Kubernetes agent against a real kube-apiserver and etcd (built and started by
-//! `xtask/src/kube_env.rs`, one pair per test): pod addresses follow Pod objects into
+//! the `kube-testenv` crate, one pair per test): pod addresses follow Pod objects into
 //! and out of the maps within a second (IPv4 and IPv6), ineligible pods never enter,
 //! traffic between two netns "pods" whose addresses come only from Pod objects is
 //! redirected, the node label switches it off and on without losing a byte, the
@@ -11,10 +11,6 @@
 //!
 //! Objects are made as a kubelet and controllers would: status through the status
 //! subresource, pods force-deleted, the `default` ServiceAccount created by hand.
-
-#[path = "../../xtask/src/kube_env.rs"]
-#[allow(dead_code, reason = "up/down and the binary build are for xtask")]
-mod kube_env;
 
 mod common;
 
@@ -40,7 +36,7 @@ use kube::{
     config::{KubeConfigOptions, Kubeconfig},
     discovery::Scope,
 };
-use kube_env::KubeEnv;
+use kube_testenv::KubeEnv;
 use serde_json::{Value, json};
 use testbed::{
     Agent, AgentOpts, AgentStatus, ClientArgs, PeerClient, PeerServer, Proxy, ProxyOpts, TwoPods,

@@ -1,0 +1,362 @@
+//! [`KubeEnv`]: an API server and its etcd, running until dropped.
+
+use std::{
+    fmt::Write as _,
+    io::Write as _,
+    net::TcpListener,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::{Binaries, ca, ensure_binaries, service_account_key, signed};
+
+/// How long to wait for the API server to answer `/readyz`.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A free TCP port on 127.0.0.1 (free when asked; the caller binds it soon after).
+fn free_port() -> Result<u16> {
+    let l = TcpListener::bind("127.0.0.1:0").context("find a free port on 127.0.0.1")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// An API server and its etcd, running until dropped (or [`KubeEnv::leave_running`]).
+#[derive(Debug)]
+pub struct KubeEnv {
+    dir: PathBuf,
+    bins: Binaries,
+    etcd: Option<Child>,
+    apiserver: Option<Child>,
+    second: Option<Child>,
+    etcd_port: u16,
+    api_port: u16,
+    keep_dir: bool,
+}
+
+impl KubeEnv {
+    /// Builds (or finds) the binaries, makes certificates under `dir`, starts etcd and
+    /// the API server and waits until it is ready.
+    pub fn start(dir: &Path) -> Result<Self> {
+        let bins = ensure_binaries()?;
+        if dir.exists() {
+            std::fs::remove_dir_all(dir).with_context(|| format!("clean {}", dir.display()))?;
+        }
+        std::fs::create_dir_all(dir.join("pki"))
+            .with_context(|| format!("create {}", dir.display()))?;
+        let mut env = Self {
+            dir: dir.to_path_buf(),
+            bins,
+            etcd: None,
+            apiserver: None,
+            second: None,
+            etcd_port: free_port()?,
+            api_port: free_port()?,
+            keep_dir: false,
+        };
+        env.make_pki()?;
+        env.start_etcd()?;
+        env.start_apiserver()?;
+        env.write_kubeconfig("admin", &env.kubeconfig())?;
+        Ok(env)
+    }
+
+    /// The admin kubeconfig (user `admin` in `system:masters`).
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir.join("admin.kubeconfig")
+    }
+
+    /// `https://127.0.0.1:<port>`.
+    pub fn server(&self) -> String {
+        format!("https://127.0.0.1:{}", self.api_port)
+    }
+
+    /// The state directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn pki(&self) -> PathBuf {
+        self.dir.join("pki")
+    }
+
+    fn make_pki(&self) -> Result<()> {
+        let pki = self.pki();
+        ca(&pki, "bypass-test-ca")?;
+        signed(
+            &pki,
+            "server",
+            "/CN=kube-apiserver",
+            &["subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc"],
+        )?;
+        service_account_key(&pki)?;
+        self.client_cert("admin", &["system:masters"])
+    }
+
+    /// A client certificate `<user>.crt`/`<user>.key` for `user` in `groups`.
+    fn client_cert(&self, user: &str, groups: &[&str]) -> Result<()> {
+        let mut subj = format!("/CN={user}");
+        for g in groups {
+            let _ = write!(subj, "/O={g}");
+        }
+        // With extensions, so the certificate is X.509 v3 (rustls refuses v1).
+        signed(
+            &self.pki(),
+            user,
+            &subj,
+            &[
+                "extendedKeyUsage=clientAuth",
+                "keyUsage=critical,digitalSignature,keyEncipherment",
+            ],
+        )
+    }
+
+    fn write_kubeconfig(&self, user: &str, path: &Path) -> Result<()> {
+        self.write_kubeconfig_for(&self.server(), user, path)
+    }
+
+    fn write_kubeconfig_for(&self, server: &str, user: &str, path: &Path) -> Result<()> {
+        let pki = self.pki();
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: bypass-test\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\nusers:\n- name: {user}\n  user:\n    client-certificate: {crt}\n    client-key: {key}\ncontexts:\n- name: {user}@bypass-test\n  context:\n    cluster: bypass-test\n    user: {user}\ncurrent-context: {user}@bypass-test\n",
+            ca = pki.join("ca.crt").display(),
+            crt = pki.join(format!("{user}.crt")).display(),
+            key = pki.join(format!("{user}.key")).display(),
+        );
+        std::fs::write(path, text).with_context(|| format!("write {}", path.display()))
+    }
+
+    /// A kubeconfig for a certificate user `user` in `groups` (RBAC decides what it may
+    /// do), e.g. to run the agent with exactly the permissions of `deploy/`.
+    pub fn user_kubeconfig(&self, user: &str, groups: &[&str]) -> Result<PathBuf> {
+        self.client_cert(user, groups)?;
+        let path = self.dir.join(format!("{user}.kubeconfig"));
+        self.write_kubeconfig(user, &path)?;
+        Ok(path)
+    }
+
+    fn spawn_logged(&self, program: &Path, args: &[String], log: &str) -> Result<Child> {
+        let log_path = self.dir.join(log);
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .with_context(|| format!("open {}", log_path.display()))?;
+        let err = out.try_clone()?;
+        Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .with_context(|| format!("start {}", program.display()))
+    }
+
+    fn start_etcd(&mut self) -> Result<()> {
+        let peer = free_port()?;
+        let client = format!("http://127.0.0.1:{}", self.etcd_port);
+        let peer = format!("http://127.0.0.1:{peer}");
+        let args = [
+            "--name=bypass-test".to_owned(),
+            format!("--data-dir={}", self.dir.join("etcd").display()),
+            format!("--listen-client-urls={client}"),
+            format!("--advertise-client-urls={client}"),
+            format!("--listen-peer-urls={peer}"),
+            format!("--initial-advertise-peer-urls={peer}"),
+            format!("--initial-cluster=bypass-test={peer}"),
+            "--unsafe-no-fsync=true".to_owned(),
+            "--log-level=warn".to_owned(),
+        ];
+        let etcd = self.bins.etcd.clone();
+        self.etcd = Some(self.spawn_logged(&etcd, &args, "etcd.log")?);
+        Ok(())
+    }
+
+    /// Starts (or restarts) the API server on its port and waits until it is ready.
+    pub fn start_apiserver(&mut self) -> Result<()> {
+        if self.apiserver.is_some() {
+            return Ok(());
+        }
+        let args = self.apiserver_args(self.api_port);
+        let bin = self.bins.kube_apiserver.clone();
+        self.apiserver = Some(self.spawn_logged(&bin, &args, "kube-apiserver.log")?);
+        let port = self.api_port;
+        let result = self.wait_ready(port);
+        if result.is_err() {
+            self.stop_apiserver()?;
+        }
+        result
+    }
+
+    /// A second API server on the same etcd, on its own port, until dropped: lets a
+    /// test change objects while the first one is stopped. Returns an admin kubeconfig.
+    pub fn start_second_apiserver(&mut self) -> Result<PathBuf> {
+        let port = free_port()?;
+        let args = self.apiserver_args(port);
+        let bin = self.bins.kube_apiserver.clone();
+        self.second = Some(self.spawn_logged(&bin, &args, "kube-apiserver-2.log")?);
+        self.wait_ready(port)?;
+        let path = self.dir.join("admin-2.kubeconfig");
+        self.write_kubeconfig_for(&format!("https://127.0.0.1:{port}"), "admin", &path)?;
+        Ok(path)
+    }
+
+    fn apiserver_args(&self, port: u16) -> Vec<String> {
+        let pki = self.pki();
+        let p = |f: &str| pki.join(f).display().to_string();
+        let args = [
+            format!("--etcd-servers=http://127.0.0.1:{}", self.etcd_port),
+            "--bind-address=127.0.0.1".to_owned(),
+            "--advertise-address=127.0.0.1".to_owned(),
+            format!("--secure-port={port}"),
+            format!("--cert-dir={}", p("")),
+            format!("--tls-cert-file={}", p("server.crt")),
+            format!("--tls-private-key-file={}", p("server.key")),
+            format!("--client-ca-file={}", p("ca.crt")),
+            format!("--service-account-key-file={}", p("sa.pub")),
+            format!("--service-account-signing-key-file={}", p("sa.key")),
+            "--service-account-issuer=https://kubernetes.default.svc".to_owned(),
+            "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
+            "--authorization-mode=RBAC".to_owned(),
+            "--allow-privileged=true".to_owned(),
+            "--endpoint-reconciler-type=none".to_owned(),
+            "--enable-priority-and-fairness=false".to_owned(),
+            "--profiling=false".to_owned(),
+        ];
+        args.to_vec()
+    }
+
+    /// Stops the API server (etcd keeps the data): the "API server went away" case.
+    pub fn stop_apiserver(&mut self) -> Result<()> {
+        if let Some(mut child) = self.apiserver.take() {
+            terminate(&mut child)?;
+        }
+        Ok(())
+    }
+
+    fn wait_ready(&mut self, port: u16) -> Result<()> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let child = if port == self.api_port {
+                self.apiserver.as_mut()
+            } else {
+                self.second.as_mut()
+            };
+            if let Some(child) = child
+                && let Some(status) = child.try_wait()?
+            {
+                bail!(
+                    "kube-apiserver exited ({status}) before it was ready; log: {}",
+                    tail(&self.dir.join("kube-apiserver.log"))
+                );
+            }
+            if let Ok((200, _)) = self.get_on(port, "/readyz") {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "kube-apiserver not ready within {READY_TIMEOUT:?}; log: {}",
+                    tail(&self.dir.join("kube-apiserver.log"))
+                );
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// `GET path` as admin (through `openssl s_client`): status code and body.
+    pub fn get(&self, path: &str) -> Result<(u16, String)> {
+        self.get_on(self.api_port, path)
+    }
+
+    fn get_on(&self, port: u16, path: &str) -> Result<(u16, String)> {
+        let pki = self.pki();
+        let mut child = Command::new("openssl")
+            .args(["s_client", "-quiet", "-connect"])
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("-CAfile")
+            .arg(pki.join("ca.crt"))
+            .arg("-cert")
+            .arg(pki.join("admin.crt"))
+            .arg("-key")
+            .arg(pki.join("admin.key"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("start openssl s_client")?;
+        if let Some(mut stdin) = child.stdin.take() {
+            write!(
+                stdin,
+                "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+            )?;
+        }
+        let out = child.wait_with_output()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let code = text
+            .lines()
+            .next()
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|c| c.parse().ok())
+            .with_context(|| format!("no HTTP answer from the API server: {text:?}"))?;
+        let body = text
+            .split_once("\r\n\r\n")
+            .map_or("", |(_, b)| b)
+            .to_owned();
+        Ok((code, body))
+    }
+
+    /// Leaves both processes running and the directory in place (for `kube-env up`);
+    /// returns their pids.
+    pub fn leave_running(mut self) -> Vec<u32> {
+        self.keep_dir = true;
+        [self.apiserver.take(), self.second.take(), self.etcd.take()]
+            .into_iter()
+            .flatten()
+            .map(|c| c.id())
+            .collect()
+    }
+}
+
+impl Drop for KubeEnv {
+    fn drop(&mut self) {
+        let children = [self.apiserver.take(), self.second.take(), self.etcd.take()];
+        for child in children.into_iter().flatten() {
+            let mut child = child;
+            if let Err(e) = terminate(&mut child) {
+                eprintln!("kube-env: stop {}: {e:#}", child.id());
+            }
+        }
+        if !self.keep_dir {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// SIGTERM, up to 10 s, then SIGKILL.
+fn terminate(child: &mut Child) -> Result<()> {
+    if child.try_wait()?.is_some() {
+        return Ok(());
+    }
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if child.try_wait()?.is_some() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.kill()?;
+    child.wait()?;
+    Ok(())
+}
+
+/// The last lines of a log, for error messages.
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(15)..].join("\n")
+}
