@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use bypass_common::MIN_KERNEL;
+
 /// Everything that can stop the agent.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -81,7 +83,7 @@ pub enum AgentError {
     },
     /// The kernel is older than the datapath supports.
     #[error(
-        "kernel {release} is older than 5.15: sock_ops cannot read a socket's network namespace (bpf_get_netns_cookie, Linux 5.15), which every bypass key carries; run the agent on Linux >= 5.15"
+        "kernel {release} is older than {MIN_KERNEL}: sock_ops cannot read a socket's network namespace (bpf_get_netns_cookie, Linux {MIN_KERNEL}), which every bypass key carries; run the agent on Linux >= {MIN_KERNEL}"
     )]
     KernelTooOld {
         /// `uname -r`.
@@ -99,7 +101,7 @@ pub enum AgentError {
     },
     /// The kernel lacks a feature.
     #[error(
-        "the kernel cannot {what} ({detail}): use a kernel >= 5.15 built with CONFIG_BPF_SYSCALL, CONFIG_CGROUP_BPF, CONFIG_BPF_STREAM_PARSER and CONFIG_DEBUG_INFO_BTF"
+        "the kernel cannot {what} ({detail}): use a kernel >= {MIN_KERNEL} built with CONFIG_BPF_SYSCALL, CONFIG_CGROUP_BPF, CONFIG_BPF_STREAM_PARSER and CONFIG_DEBUG_INFO_BTF"
     )]
     KernelSupport {
         /// The missing capability.
@@ -117,7 +119,7 @@ pub enum AgentError {
     },
     /// The verifier rejected a program.
     #[error(
-        "{action}: the kernel verifier rejected it ({detail}); this kernel lacks something the program needs (kernel >= 5.15 with BTF), log:\n{log}"
+        "{action}: the kernel verifier rejected it ({detail}); this kernel lacks something the program needs (kernel >= {MIN_KERNEL} with BTF), log:\n{log}"
     )]
     Verifier {
         /// What was attempted.
