@@ -78,19 +78,19 @@ fn growth(before: &AgentStatus, after: &AgentStatus) -> String {
         "paired pod/loopback/translated +{}/+{}/+{}, redirected bytes pod/loopback/translated \
          +{}/+{}/+{} (all +{}), passed bytes +{}, inserted +{}, skipped +{}, pair_rejected +{}, \
          skipped_ports +{}, insert_failures +{}",
-        g(|s| s.paired_pod),
-        g(|s| s.paired_loopback),
-        g(|s| s.paired_translated),
-        g(|s| s.redirected_bytes_pod),
-        g(|s| s.redirected_bytes_loopback),
-        g(|s| s.redirected_bytes_translated),
-        g(|s| s.redirected_bytes),
-        g(|s| s.passed_bytes),
-        g(|s| s.sockets_inserted),
-        g(|s| s.sockets_skipped),
-        g(|s| s.pair_rejected),
-        g(|s| s.skipped_ports),
-        g(|s| s.insert_failures),
+        g(|s| s.counters.paired_pod),
+        g(|s| s.counters.paired_loopback),
+        g(|s| s.counters.paired_translated),
+        g(|s| s.counters.redirected_bytes_pod),
+        g(|s| s.counters.redirected_bytes_loopback),
+        g(|s| s.counters.redirected_bytes_translated),
+        g(|s| s.counters.redirected_bytes),
+        g(|s| s.counters.passed_bytes),
+        g(|s| s.counters.sockets_inserted),
+        g(|s| s.counters.sockets_skipped),
+        g(|s| s.counters.pair_rejected),
+        g(|s| s.counters.skipped_ports),
+        g(|s| s.counters.insert_failures),
     )
 }
 
@@ -151,24 +151,24 @@ fn assert_chain_bypassed(x: &Exchange, payload: u64) -> Result<()> {
     let (b, a) = (&x.before, &x.after);
     let why = growth(b, a);
     ensure!(
-        grew(b, a, |s| s.paired_translated) == 2,
+        grew(b, a, |s| s.counters.paired_translated) == 2,
         "paired_translated should grow by 2 (app -> outbound proxy, proxy -> proxy): {why}"
     );
     ensure!(
-        grew(b, a, |s| s.paired_loopback) == 1,
+        grew(b, a, |s| s.counters.paired_loopback) == 1,
         "paired_loopback should grow by 1 (inbound proxy -> app): {why}"
     );
     ensure!(
-        grew(b, a, |s| s.paired_pod) == 0,
+        grew(b, a, |s| s.counters.paired_pod) == 0,
         "no hop is plain pod to pod: {why}"
     );
     ensure!(
-        grew(b, a, |s| s.redirected_bytes_translated) >= 2 * payload * 99 / 100,
+        grew(b, a, |s| s.counters.redirected_bytes_translated) >= 2 * payload * 99 / 100,
         "two translated hops should redirect ~{} B: {why}",
         2 * payload
     );
     ensure!(
-        grew(b, a, |s| s.redirected_bytes_loopback) >= payload * 99 / 100,
+        grew(b, a, |s| s.counters.redirected_bytes_loopback) >= payload * 99 / 100,
         "the loopback hop should redirect ~{payload} B: {why}"
     );
     ensure!(
@@ -178,7 +178,7 @@ fn assert_chain_bypassed(x: &Exchange, payload: u64) -> Result<()> {
         x.wire
     );
     ensure!(
-        grew(b, a, |s| s.insert_failures) == 0,
+        grew(b, a, |s| s.counters.insert_failures) == 0,
         "insert failures: {why}"
     );
     Ok(())
@@ -298,11 +298,14 @@ fn sidecar_chain_short_connections_exact() -> Result<()> {
     eprintln!("sidecar chain, {CONNECTIONS} short connections: {why}");
     assert_byte_exact(&x, &args)?;
     ensure!(
-        x.grew(|s| s.paired_translated) == 2 * CONNECTIONS
-            && x.grew(|s| s.paired_loopback) == CONNECTIONS,
+        x.grew(|s| s.counters.paired_translated) == 2 * CONNECTIONS
+            && x.grew(|s| s.counters.paired_loopback) == CONNECTIONS,
         "every hop of every connection should be paired: {why}"
     );
-    ensure!(x.grew(|s| s.insert_failures) == 0, "insert failures: {why}");
+    ensure!(
+        x.grew(|s| s.counters.insert_failures) == 0,
+        "insert failures: {why}"
+    );
     // Closed connections leave the map (the proxies close both ends of a hop).
     let deadline = Instant::now() + Duration::from_secs(2);
     while agent.stats()?.sockets != 0 {
@@ -481,20 +484,20 @@ fn loopback_tuples_in_two_pods_do_not_collide() -> Result<()> {
         );
     }
     ensure!(
-        grew(&before, &after, |s| s.paired_loopback) == 2,
+        grew(&before, &after, |s| s.counters.paired_loopback) == 2,
         "paired_loopback should grow by 2: {why}"
     );
     ensure!(
-        grew(&before, &after, |s| s.paired_pod) == 2,
+        grew(&before, &after, |s| s.counters.paired_pod) == 2,
         "the client-to-proxy hops are pod to pod (2): {why}"
     );
     let payload: u64 = args.iter().map(|a| a.send + a.recv).sum();
     ensure!(
-        grew(&before, &after, |s| s.redirected_bytes_loopback) >= payload * 99 / 100,
+        grew(&before, &after, |s| s.counters.redirected_bytes_loopback) >= payload * 99 / 100,
         "the loopback hops should redirect ~{payload} B: {why}"
     );
     ensure!(
-        grew(&before, &after, |s| s.insert_failures) == 0,
+        grew(&before, &after, |s| s.counters.insert_failures) == 0,
         "insert failures: {why}"
     );
     drop(proxies);
@@ -566,16 +569,16 @@ fn clusterip_to_local_pod(family: Family) -> Result<()> {
     let payload = args.send + args.recv;
     let (b, a) = (&x.before, &x.after);
     ensure!(
-        grew(b, a, |s| s.paired_translated) == 1,
+        grew(b, a, |s| s.counters.paired_translated) == 1,
         "paired_translated should grow by 1: {why}\n{}",
         context()
     );
     ensure!(
-        grew(b, a, |s| s.redirected_bytes_translated) >= payload * 99 / 100,
+        grew(b, a, |s| s.counters.redirected_bytes_translated) >= payload * 99 / 100,
         "both directions (~{payload} B) should be redirected as translated: {why}"
     );
     ensure!(
-        grew(b, a, |s| s.passed_bytes) * 100 < payload,
+        grew(b, a, |s| s.counters.passed_bytes) * 100 < payload,
         "passed bytes should stay ~unchanged: {why}"
     );
     ensure!(
@@ -583,7 +586,10 @@ fn clusterip_to_local_pod(family: Family) -> Result<()> {
         "the veth carried {} B of {payload} B: {why}",
         x.wire
     );
-    ensure!(grew(b, a, |s| s.pair_rejected) == 0, "pair_rejected: {why}");
+    ensure!(
+        grew(b, a, |s| s.counters.pair_rejected) == 0,
+        "pair_rejected: {why}"
+    );
     Ok(())
 }
 
@@ -643,18 +649,18 @@ fn clusterip_masqueraded_client_exact() -> Result<()> {
     eprintln!("masqueraded client of {vip}: {why}");
     assert_byte_exact(&x, &args).with_context(|| nat_tables(&pods, Family::V4))?;
     let (b, a) = (&x.before, &x.after);
-    let normal = grew(b, a, |s| s.paired_translated) == 0
-        && grew(b, a, |s| s.redirected_bytes) == 0
+    let normal = grew(b, a, |s| s.counters.paired_translated) == 0
+        && grew(b, a, |s| s.counters.redirected_bytes) == 0
         && x.wire >= payload;
-    let same_connection = grew(b, a, |s| s.paired_translated) == 1
-        && grew(b, a, |s| s.redirected_bytes_translated) >= payload * 99 / 100;
+    let same_connection = grew(b, a, |s| s.counters.paired_translated) == 1
+        && grew(b, a, |s| s.counters.redirected_bytes_translated) >= payload * 99 / 100;
     ensure!(
         normal || same_connection,
         "neither the normal path nor a clean pairing: wire {} B, {why}",
         x.wire
     );
     ensure!(
-        grew(b, a, |s| s.pair_rejected) == 0,
+        grew(b, a, |s| s.counters.pair_rejected) == 0,
         "nothing to reject: {why}"
     );
     Ok(())
@@ -703,11 +709,12 @@ fn clusterip_dnat_to_other_node_stays_on_normal_path() -> Result<()> {
     let payload = args.send + args.recv;
     let (b, a) = (&x.before, &x.after);
     ensure!(
-        grew(b, a, |s| s.redirected_bytes) == 0,
+        grew(b, a, |s| s.counters.redirected_bytes) == 0,
         "nothing may be redirected: {why}"
     );
     ensure!(
-        grew(b, a, |s| s.paired_translated) == 0 && grew(b, a, |s| s.paired_pod) == 0,
+        grew(b, a, |s| s.counters.paired_translated) == 0
+            && grew(b, a, |s| s.counters.paired_pod) == 0,
         "nothing may be paired: {why}"
     );
     ensure!(
@@ -736,11 +743,11 @@ fn skip_ports_default_and_none() -> Result<()> {
     let why = growth(&x.before, &x.after);
     assert_byte_exact(&x, &args)?;
     ensure!(
-        x.grew(|s| s.skipped_ports) >= 1,
+        x.grew(|s| s.counters.skipped_ports) >= 1,
         "skipped_ports should grow: {why}"
     );
     ensure!(
-        x.grew(|s| s.redirected_bytes) == 0 && x.grew(|s| s.paired_pod) == 0,
+        x.grew(|s| s.counters.redirected_bytes) == 0 && x.grew(|s| s.counters.paired_pod) == 0,
         "port {ISTIO_HEALTH_PORT} must not be bypassed by default: {why}"
     );
     ensure!(
@@ -760,11 +767,12 @@ fn skip_ports_default_and_none() -> Result<()> {
     let why = growth(&y.before, &y.after);
     assert_byte_exact(&y, &args)?;
     ensure!(
-        y.grew(|s| s.skipped_ports) == 0,
+        y.grew(|s| s.counters.skipped_ports) == 0,
         "skipped_ports grew with --skip-ports none: {why}"
     );
     ensure!(
-        y.grew(|s| s.paired_pod) == 1 && y.grew(|s| s.redirected_bytes_pod) >= payload,
+        y.grew(|s| s.counters.paired_pod) == 1
+            && y.grew(|s| s.counters.redirected_bytes_pod) >= payload,
         "with --skip-ports none the connection should be bypassed: {why}"
     );
     ensure!(
@@ -872,16 +880,16 @@ fn snat_onto_a_live_source_port_is_rejected() -> Result<()> {
         "connection 1 lost bytes: {c1:#?} {s1:#?}"
     );
     ensure!(
-        grew(&before, &after, |s| s.pair_rejected) >= 1,
+        grew(&before, &after, |s| s.counters.pair_rejected) >= 1,
         "pair_rejected should grow: {why}\n{}",
         nat_tables(&pods, Family::V4)
     );
     ensure!(
-        grew(&before, &after, |s| s.paired_translated) == 0,
+        grew(&before, &after, |s| s.counters.paired_translated) == 0,
         "connection 2 must not be paired: {why}"
     );
     ensure!(
-        grew(&before, &after, |s| s.passed_bytes) >= short.send,
+        grew(&before, &after, |s| s.counters.passed_bytes) >= short.send,
         "connection 2's bytes should take the normal path: {why}"
     );
     Ok(())
@@ -922,14 +930,14 @@ fn egress_to_outside_address_first_hop_normal_path() -> Result<()> {
     assert_byte_exact(&x, &args).with_context(|| nat_tables(&pods, Family::V4))?;
     let (b, a) = (&x.before, &x.after);
     ensure!(
-        grew(b, a, |s| s.paired_translated) == 0
-            && grew(b, a, |s| s.redirected_bytes_translated) == 0
-            && grew(b, a, |s| s.paired_loopback) == 0,
+        grew(b, a, |s| s.counters.paired_translated) == 0
+            && grew(b, a, |s| s.counters.redirected_bytes_translated) == 0
+            && grew(b, a, |s| s.counters.paired_loopback) == 0,
         "the app-to-proxy hop (to {external}) must not be paired: {why}"
     );
     ensure!(
-        grew(b, a, |s| s.paired_pod) == 1
-            && grew(b, a, |s| s.redirected_bytes_pod) >= payload * 99 / 100,
+        grew(b, a, |s| s.counters.paired_pod) == 1
+            && grew(b, a, |s| s.counters.redirected_bytes_pod) >= payload * 99 / 100,
         "the proxy-to-pod hop should be bypassed: {why}"
     );
     ensure!(
@@ -974,7 +982,8 @@ fn loopback_bypassed_once_namespace_known_as_pod() -> Result<()> {
     let why = growth(&b, &a);
     eprintln!("loopback in an unknown namespace: {why}");
     ensure!(
-        grew(&b, &a, |s| s.paired_loopback) == 0 && grew(&b, &a, |s| s.redirected_bytes) == 0,
+        grew(&b, &a, |s| s.counters.paired_loopback) == 0
+            && grew(&b, &a, |s| s.counters.redirected_bytes) == 0,
         "loopback in a namespace with no pod-address socket yet must not be bypassed: {why}"
     );
 
@@ -992,8 +1001,8 @@ fn loopback_bypassed_once_namespace_known_as_pod() -> Result<()> {
     let why = growth(&b, &a);
     eprintln!("loopback in pod a: {why}");
     ensure!(
-        grew(&b, &a, |s| s.paired_loopback) == 1
-            && grew(&b, &a, |s| s.redirected_bytes_loopback) >= payload * 99 / 100,
+        grew(&b, &a, |s| s.counters.paired_loopback) == 1
+            && grew(&b, &a, |s| s.counters.redirected_bytes_loopback) >= payload * 99 / 100,
         "loopback in a known pod namespace should be bypassed: {why}"
     );
     Ok(())
@@ -1058,12 +1067,12 @@ fn output_dnat(family: Family, to_self: bool) -> Result<()> {
         "not byte-exact: {client:#?} {server:#?}"
     );
     ensure!(
-        grew(&before, &after, |s| s.paired_translated) == 1,
+        grew(&before, &after, |s| s.counters.paired_translated) == 1,
         "not paired across the DNAT: {why}\n{}",
         nat_tables(&pods, family)
     );
     ensure!(
-        grew(&before, &after, |s| s.redirected_bytes_translated) >= args.send + args.recv,
+        grew(&before, &after, |s| s.counters.redirected_bytes_translated) >= args.send + args.recv,
         "not redirected both ways: {why}"
     );
     Ok(())
