@@ -39,7 +39,7 @@ use bypass_common::{
         PIN_LINK_SOCKOPT, PINNED_MAPS, PROG_SKMSG, PROG_SOCKOPS, PROG_SOCKOPT,
     },
 };
-pub use fs::{find_cgroup2_mount, find_host_cgroup2};
+pub use fs::{find_cgroup2_mount, find_host_cgroup2, find_mount};
 pub use host::kernel_release;
 pub use maps::{Identity, Pairings, PinnedView, PodMaps, count_keys as count_sockets};
 pub use pins::PinLayout;
