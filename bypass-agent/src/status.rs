@@ -242,7 +242,7 @@ pub fn status(opts: StatusOpts) -> Result<(), AgentError> {
     if opts.json {
         let text = serde_json::to_string_pretty(&report).map_err(|e| AgentError::Bpf {
             action: "encode status".into(),
-            detail: e.to_string(),
+            source: Box::new(e),
         })?;
         println!("{text}");
     } else {
