@@ -2,6 +2,11 @@
 
 use std::path::PathBuf;
 
+use bypass_common::MIN_KERNEL;
+
+/// A cause of any type, kept as the error's source.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Everything that can stop the agent.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -81,7 +86,7 @@ pub enum AgentError {
     },
     /// The kernel is older than the datapath supports.
     #[error(
-        "kernel {release} is older than 5.15: sock_ops cannot read a socket's network namespace (bpf_get_netns_cookie, Linux 5.15), which every bypass key carries; run the agent on Linux >= 5.15"
+        "kernel {release} is older than {MIN_KERNEL}: sock_ops cannot read a socket's network namespace (bpf_get_netns_cookie, Linux {MIN_KERNEL}), which every bypass key carries; run the agent on Linux >= {MIN_KERNEL}"
     )]
     KernelTooOld {
         /// `uname -r`.
@@ -99,7 +104,7 @@ pub enum AgentError {
     },
     /// The kernel lacks a feature.
     #[error(
-        "the kernel cannot {what} ({detail}): use a kernel >= 5.15 built with CONFIG_BPF_SYSCALL, CONFIG_CGROUP_BPF, CONFIG_BPF_STREAM_PARSER and CONFIG_DEBUG_INFO_BTF"
+        "the kernel cannot {what} ({detail}): use a kernel >= {MIN_KERNEL} built with CONFIG_BPF_SYSCALL, CONFIG_CGROUP_BPF, CONFIG_BPF_STREAM_PARSER and CONFIG_DEBUG_INFO_BTF"
     )]
     KernelSupport {
         /// The missing capability.
@@ -108,22 +113,34 @@ pub enum AgentError {
         detail: String,
     },
     /// A BPF operation failed.
-    #[error("{action}: {detail}")]
+    #[error("{action}: {}", chain(&**source))]
     Bpf {
         /// What was attempted.
         action: String,
-        /// The underlying error chain.
-        detail: String,
+        /// Why (aya's map, program or pin error, or the syscall's).
+        #[source]
+        source: BoxError,
+    },
+    /// A map or program the agent looks up by name is not in the embedded object.
+    #[error(
+        "find {kind} {name}: not in the embedded object (build mismatch: rebuild with `cargo xtask build`)"
+    )]
+    NotInObject {
+        /// `map` or `program`.
+        kind: &'static str,
+        /// Its name.
+        name: String,
     },
     /// The verifier rejected a program.
     #[error(
-        "{action}: the kernel verifier rejected it ({detail}); this kernel lacks something the program needs (kernel >= 5.15 with BTF), log:\n{log}"
+        "{action}: the kernel verifier rejected it ({source}); this kernel lacks something the program needs (kernel >= {MIN_KERNEL} with BTF), log:\n{log}"
     )]
     Verifier {
         /// What was attempted.
         action: String,
         /// The syscall error.
-        detail: String,
+        #[source]
+        source: std::io::Error,
         /// The verifier's log.
         log: String,
     },
@@ -194,6 +211,15 @@ pub enum AgentError {
         /// The error.
         source: std::io::Error,
     },
+    /// A system call with no file to name failed (the async runtime, a signal handler).
+    #[error("{action}: {source}")]
+    System {
+        /// What was attempted.
+        action: &'static str,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
     /// A file operation failed.
     #[error("{action} {path}: {source}")]
     Io {
@@ -207,31 +233,36 @@ pub enum AgentError {
 }
 
 impl AgentError {
-    /// A BPF failure, classified: EPERM becomes [`AgentError::Permission`].
-    pub fn bpf(action: impl Into<String>, err: &(dyn std::error::Error + 'static)) -> Self {
+    /// A BPF failure, classified: EPERM becomes [`AgentError::Permission`], a program
+    /// the verifier refused [`AgentError::Verifier`].
+    pub fn bpf<E>(action: impl Into<String>, err: E) -> Self
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
         let action = action.into();
-        if let Some(io) = find_io(err)
-            && io.raw_os_error() == Some(libc::EPERM)
-        {
+        if find_io(&err).is_some_and(|io| io.raw_os_error() == Some(libc::EPERM)) {
             return Self::Permission {
                 action,
                 source: std::io::Error::from_raw_os_error(libc::EPERM),
             };
         }
-        if let Some(aya::programs::ProgramError::LoadError {
-            io_error,
-            verifier_log,
-        }) = err.downcast_ref::<aya::programs::ProgramError>()
-        {
-            return Self::Verifier {
-                action,
-                detail: io_error.to_string(),
-                log: verifier_log.to_string(),
-            };
-        }
-        Self::Bpf {
-            action,
-            detail: chain(err),
+        let source: BoxError = Box::new(err);
+        match source.downcast::<aya::programs::ProgramError>() {
+            Ok(program_error) => match *program_error {
+                aya::programs::ProgramError::LoadError {
+                    io_error,
+                    verifier_log,
+                } => Self::Verifier {
+                    action,
+                    source: io_error,
+                    log: verifier_log.to_string(),
+                },
+                other => Self::Bpf {
+                    action,
+                    source: Box::new(other),
+                },
+            },
+            Err(source) => Self::Bpf { action, source },
         }
     }
 }
@@ -261,4 +292,38 @@ pub fn chain(err: &(dyn std::error::Error + 'static)) -> String {
         cur = e.source();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[test]
+    fn bpf_keeps_its_cause() {
+        let e = AgentError::bpf(
+            "open map x",
+            std::io::Error::from_raw_os_error(libc::ENOENT),
+        );
+        assert!(matches!(e, AgentError::Bpf { .. }), "{e:?}");
+        assert!(e.source().is_some());
+        assert!(e.to_string().starts_with("open map x: "), "{e}");
+    }
+
+    #[test]
+    fn bpf_eperm_is_a_permission_error() {
+        let e = AgentError::bpf("load", std::io::Error::from_raw_os_error(libc::EPERM));
+        assert!(matches!(e, AgentError::Permission { .. }), "{e:?}");
+    }
+
+    #[test]
+    fn system_errors_name_no_path() {
+        let e = AgentError::System {
+            action: "start the runtime",
+            source: std::io::Error::from_raw_os_error(libc::EMFILE),
+        };
+        assert!(e.to_string().starts_with("start the runtime: "), "{e}");
+        assert!(e.source().is_some());
+    }
 }

@@ -1,6 +1,6 @@
 //! Properties of the pure cores, checked on arbitrary input: by the fuzz targets in
-//! `fuzz/` (which include this file), and on their kept corpus by the unit test below,
-//! so every `cargo test` replays what the fuzzer found.
+//! `fuzz/` (through the `fuzz` feature), and on their kept corpus by the unit test
+//! below, so every `cargo test` replays what the fuzzer found.
 
 use std::{
     collections::BTreeSet,

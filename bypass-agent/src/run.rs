@@ -88,9 +88,8 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|source| AgentError::Io {
+        .map_err(|source| AgentError::System {
             action: "start the runtime",
-            path: "/".into(),
             source,
         })?;
     // Signal handlers first, so a signal during loading still unwinds cleanly.
@@ -98,9 +97,8 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
         .block_on(async {
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         })
-        .map_err(|source| AgentError::Io {
+        .map_err(|source| AgentError::System {
             action: "install SIGTERM handler",
-            path: "/".into(),
             source,
         })?;
     let telemetry = match opts.kube.metrics_addr {

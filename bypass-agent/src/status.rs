@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 
 use bypass_common::Stat;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{
     cli::StatusOpts,
@@ -13,8 +13,10 @@ use crate::{
     toggle::{EnabledBy, LabelValue, Recorded},
 };
 
-/// The report, as printed.
-#[derive(Debug, Serialize)]
+/// The report, as printed (`status --json`), and as read back by the testbed. Fields
+/// missing from the input read as their defaults.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Report {
     /// sock_ops attached and redirects allowed.
     pub attached: bool,
@@ -34,7 +36,7 @@ pub struct Report {
     /// What the loaded programs do on this kernel.
     pub features: Features,
     /// Why the queue bound is off, when it is.
-    pub queue_bound_off: Option<&'static str>,
+    pub queue_bound_off: Option<String>,
     /// Counters.
     #[serde(flatten)]
     pub counters: Counters,
@@ -67,7 +69,7 @@ pub struct Report {
 /// goes back from TCP to redirects) and the upper-layer protocol refusal hold on every
 /// kernel the agent loads on; the queue bound needs the kernel's sockmap to expose its
 /// queue length and `bpf_probe_read_kernel`.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Features {
     /// Sends that would pass `--max-queued-bytes` in the peer's ingress queue take TCP.
     pub queue_bound: bool,
@@ -137,7 +139,7 @@ pub fn read(layout: &PinLayout) -> Result<Report, AgentError> {
         small_stream_bytes: view.control.small_stream()?,
         kernel: crate::datapath::kernel_release(),
         features: Features::from_bits(bits, view.sockopt_pinned),
-        queue_bound_off: crate::datapath::queue_bound_off_reason(bits),
+        queue_bound_off: crate::datapath::queue_bound_off_reason(bits).map(str::to_owned),
         counters,
         pod_cidrs: view
             .pod_maps
@@ -185,8 +187,8 @@ pub fn render_text(r: &Report) -> String {
             },
         )
     }));
-    if let Some(why) = r.queue_bound_off {
-        rows.push(("queue_bound_off", why.to_owned()));
+    if let Some(why) = &r.queue_bound_off {
+        rows.push(("queue_bound_off", why.clone()));
     }
     rows.extend(Stat::ALL.map(|s| (s.name(), c.get(s).to_string())));
     rows.extend([
@@ -240,7 +242,7 @@ pub fn status(opts: StatusOpts) -> Result<(), AgentError> {
     if opts.json {
         let text = serde_json::to_string_pretty(&report).map_err(|e| AgentError::Bpf {
             action: "encode status".into(),
-            detail: e.to_string(),
+            source: Box::new(e),
         })?;
         println!("{text}");
     } else {
@@ -313,6 +315,13 @@ mod tests {
         assert_eq!(v["enabled_by"], "label");
         assert_eq!(v["label_value"], "true");
         assert_eq!(v["features"]["queue_bound"], true);
+    }
+
+    #[test]
+    fn json_reads_back() {
+        let r = sample();
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(serde_json::from_value::<Report>(v).unwrap(), r);
     }
 
     #[test]

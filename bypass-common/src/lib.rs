@@ -6,6 +6,7 @@
 #![no_std]
 
 pub mod addr;
+pub mod kernel;
 pub mod key;
 pub mod layout;
 pub mod names;
@@ -13,6 +14,7 @@ pub mod state;
 pub mod stats;
 
 pub use addr::{IpKey, ip_key, mapped_v4};
+pub use kernel::{KernelVersion, MIN_KERNEL};
 pub use key::{Endpoint, SockKey};
 pub use layout::KernelLayout;
 pub use state::{Connector, Link, SockState};

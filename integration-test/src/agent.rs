@@ -13,7 +13,6 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail, ensure};
-use serde::Deserialize;
 
 /// How long `start` waits for the datapath to be attached.
 pub const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -123,77 +122,9 @@ impl AgentOpts {
     }
 }
 
-/// `status --json`, typed.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
-pub struct AgentStatus {
-    /// sock_ops attached and redirects allowed.
-    pub attached: bool,
-    /// Sockets in the SockHash now.
-    pub sockets: u64,
-    /// Sockets inserted.
-    pub sockets_inserted: u64,
-    /// Established sockets that were not pod-to-pod.
-    pub sockets_skipped: u64,
-    /// Inserts that failed.
-    pub insert_failures: u64,
-    /// Messages redirected.
-    pub redirected_messages: u64,
-    /// Bytes redirected.
-    pub redirected_bytes: u64,
-    /// Messages that took the TCP path.
-    pub passed_messages: u64,
-    /// Bytes that took the TCP path.
-    pub passed_bytes: u64,
-    /// Connections paired pod address to pod address (once, on the accepting side).
-    #[serde(default)]
-    pub paired_pod: u64,
-    /// Connections paired over loopback inside a pod.
-    #[serde(default)]
-    pub paired_loopback: u64,
-    /// Connections paired across an address translation (REDIRECT, DNAT).
-    #[serde(default)]
-    pub paired_translated: u64,
-    /// Bytes redirected on pod-to-pod connections.
-    #[serde(default)]
-    pub redirected_bytes_pod: u64,
-    /// Bytes redirected on loopback connections.
-    #[serde(default)]
-    pub redirected_bytes_loopback: u64,
-    /// Bytes redirected on translated connections.
-    #[serde(default)]
-    pub redirected_bytes_translated: u64,
-    /// Accepting sockets whose candidate client's sequence numbers did not match.
-    #[serde(default)]
-    pub pair_rejected: u64,
-    /// Established sockets left alone for a port in `--skip-ports`.
-    #[serde(default)]
-    pub skipped_ports: u64,
-    /// Connections whose client sent before being paired.
-    #[serde(default)]
-    pub unpaired_sends: u64,
-    /// `TCP_ULP` refused on bypassed sockets.
-    #[serde(default)]
-    pub ulp_refused: u64,
-    /// Times a socket moved to the TCP path as a small-message stream.
-    #[serde(default)]
-    pub small_streams: u64,
-    /// Sockets left alone for an upper-layer protocol.
-    #[serde(default)]
-    pub ulp_skipped: u64,
-    /// Connecting sockets in the pairing map now.
-    #[serde(default)]
-    pub connectors: u64,
-    /// Paired connections (links) now.
-    #[serde(default)]
-    pub links: u64,
-    /// Pod CIDRs in the trie.
-    pub pod_cidrs: Vec<String>,
-    /// Exact pod addresses.
-    pub pod_addresses: Vec<String>,
-    /// Addresses never treated as a pod's.
-    #[serde(default)]
-    pub excluded_addresses: Vec<String>,
-}
+/// `status --json`, typed: the agent's own report, so the testbed reads what the agent
+/// writes.
+pub type AgentStatus = bypass_agent::status::Report;
 
 /// How a stopped agent exited.
 #[derive(Debug)]
@@ -481,6 +412,6 @@ mod tests {
         });
         let s: AgentStatus = serde_json::from_value(v).unwrap();
         assert!(s.attached);
-        assert_eq!(s.redirected_bytes, 100);
+        assert_eq!(s.counters.redirected_bytes, 100);
     }
 }

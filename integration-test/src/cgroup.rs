@@ -8,36 +8,9 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-/// The mount point of the first `fstype` mount in a mountinfo text (octal escapes
-/// such as `\040` undone).
-pub fn find_mount(mountinfo: &str, fstype: &str) -> Option<PathBuf> {
-    mountinfo.lines().find_map(|line| {
-        let (left, right) = line.split_once(" - ")?;
-        if right.split_whitespace().next()? != fstype {
-            return None;
-        }
-        Some(PathBuf::from(unescape(left.split_whitespace().nth(4)?)))
-    })
-}
-
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8)
-        {
-            out.push(v);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
+/// The mount point of the first `fstype` mount in a mountinfo text: the agent's own
+/// parser.
+pub use bypass_agent::datapath::find_mount;
 
 /// Where cgroup2 is mounted here (`/sys/fs/cgroup` or, on hybrid hosts,
 /// `/sys/fs/cgroup/unified`).

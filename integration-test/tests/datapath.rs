@@ -82,18 +82,18 @@ fn outside_pod_cidr_not_inserted_and_exact() -> Result<()> {
     let x = exchange(&pods, &agent, connect, connect, &args)?;
     assert_byte_exact(&x, &args)?;
     ensure!(
-        x.grew(|s| s.sockets_skipped) == 2,
+        x.grew(|s| s.counters.sockets_skipped) == 2,
         "sockets_skipped: {:?} -> {:?}",
         x.before,
         x.after
     );
     ensure!(
-        x.grew(|s| s.sockets_inserted) == 0,
+        x.grew(|s| s.counters.sockets_inserted) == 0,
         "inserted: {:?}",
         x.after
     );
     ensure!(
-        x.grew(|s| s.redirected_bytes) == 0,
+        x.grew(|s| s.counters.redirected_bytes) == 0,
         "redirected: {:?}",
         x.after
     );
@@ -144,7 +144,7 @@ fn pod_ip_alone_redirects() -> Result<()> {
     )?;
     assert_byte_exact(&y, &ClientArgs::bulk(1 << 20))?;
     ensure!(
-        y.grew(|s| s.sockets_inserted) == 0 && y.grew(|s| s.sockets_skipped) == 2,
+        y.grew(|s| s.counters.sockets_inserted) == 0 && y.grew(|s| s.counters.sockets_skipped) == 2,
         "{y:?}"
     );
     Ok(())
@@ -174,12 +174,12 @@ fn thousand_short_connections_send_at_once() -> Result<()> {
     )?;
     assert_byte_exact(&x, &args)?;
     ensure!(
-        x.grew(|s| s.sockets_inserted) == 2000,
+        x.grew(|s| s.counters.sockets_inserted) == 2000,
         "inserted: {:?}",
         x.after
     );
     ensure!(
-        x.grew(|s| s.insert_failures) == 0,
+        x.grew(|s| s.counters.insert_failures) == 0,
         "insert failures: {:?}",
         x.after
     );

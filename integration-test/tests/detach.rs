@@ -41,7 +41,7 @@ fn sigterm_mid_stream_loses_nothing() -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let s = agent.stats()?;
-        if s.sockets == 40 && s.redirected_bytes > 0 {
+        if s.sockets == 40 && s.counters.redirected_bytes > 0 {
             break;
         }
         if Instant::now() > deadline {
@@ -54,11 +54,11 @@ fn sigterm_mid_stream_loses_nothing() -> Result<()> {
     // Only a connection whose client wrote before it was paired (a race with the end of
     // the handshake, frequent under emulation) sends by TCP before the stop, for good.
     ensure!(
-        at_stop.passed_bytes == 0 || at_stop.unpaired_sends > 0,
+        at_stop.counters.passed_bytes == 0 || at_stop.counters.unpaired_sends > 0,
         "bytes took TCP before the stop: {at_stop:?}"
     );
     ensure!(
-        at_stop.redirected_bytes < payload / 2,
+        at_stop.counters.redirected_bytes < payload / 2,
         "stopped too late: {at_stop:?}"
     );
     let wire_at_stop = pods.wire_bytes()?;
@@ -86,7 +86,7 @@ fn sigterm_mid_stream_loses_nothing() -> Result<()> {
     let wire_after = pods.wire_bytes()?.saturating_sub(wire_at_stop);
     eprintln!(
         "redirected before stop {} B of {payload} B; wire after stop {wire_after} B; EAGAIN {}+{}",
-        at_stop.redirected_bytes, client.spurious_eagain, server.spurious_eagain
+        at_stop.counters.redirected_bytes, client.spurious_eagain, server.spurious_eagain
     );
     ensure!(client.ok, "client failures: {:#?}", client.failures);
     ensure!(server.ok, "server failures: {:#?}", server.failures);
@@ -104,7 +104,7 @@ fn sigterm_mid_stream_loses_nothing() -> Result<()> {
         "s2c totals"
     );
     // What was not redirected before the stop went by TCP after it.
-    let rest = payload - at_stop.redirected_bytes.min(payload);
+    let rest = payload - at_stop.counters.redirected_bytes.min(payload);
     ensure!(
         wire_after >= rest / 2,
         "only {wire_after} B on the wire after the stop, {rest} B were left to send"
@@ -137,8 +137,8 @@ fn sigterm_with_unread_redirected_bytes_keeps_order() -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(20);
     let queued = loop {
         let s = agent.stats()?;
-        if s.sockets == 8 && s.redirected_bytes >= 16 << 20 {
-            break s.redirected_bytes;
+        if s.sockets == 8 && s.counters.redirected_bytes >= 16 << 20 {
+            break s.counters.redirected_bytes;
         }
         if Instant::now() > deadline {
             bail!("no redirected bytes piled up: {s:?}");

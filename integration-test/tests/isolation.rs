@@ -184,7 +184,7 @@ fn attacker_takes_the_tuple(v6: bool, port: u16) -> Result<()> {
     steps.wait("half-sent")?;
     let mid = agent.stats()?;
     ensure!(
-        grew(&before, &mid, |s| s.redirected_bytes) >= 4 << 20,
+        grew(&before, &mid, |s| s.counters.redirected_bytes) >= 4 << 20,
         "the victim's first 4 MiB were not redirected: {mid:?}"
     );
 
@@ -224,10 +224,10 @@ fn attacker_takes_the_tuple(v6: bool, port: u16) -> Result<()> {
         "attacker namespace on {server_end} <- {client_end}: victim client {vc}, server {vs}; \
          attacker client {ac}, server {attacker}; wire {wire} B; inserted +{} (attacker's \
          +{}), redirected +{} B, passed +{} B",
-        grew(&before, &after, |s| s.sockets_inserted),
-        grew(&mid, &attacked, |s| s.sockets_inserted),
-        grew(&before, &after, |s| s.redirected_bytes),
-        grew(&before, &after, |s| s.passed_bytes),
+        grew(&before, &after, |s| s.counters.sockets_inserted),
+        grew(&mid, &attacked, |s| s.counters.sockets_inserted),
+        grew(&before, &after, |s| s.counters.redirected_bytes),
+        grew(&before, &after, |s| s.counters.passed_bytes),
     );
     ensure!(
         vs["ok"] == true && num(&vs, "received") == 8 << 20,
@@ -344,9 +344,9 @@ fn forged_repair_socket_cannot_pose_as_a_pods_client() -> Result<()> {
     let after = agent.stats()?;
     eprintln!(
         "victim {v}, forger {f}, server {s}; inserted +{}, paired +{}, redirected +{} B",
-        grew(&before, &after, |s| s.sockets_inserted),
-        grew(&before, &after, |s| s.paired_pod),
-        grew(&before, &after, |s| s.redirected_bytes)
+        grew(&before, &after, |s| s.counters.sockets_inserted),
+        grew(&before, &after, |s| s.counters.paired_pod),
+        grew(&before, &after, |s| s.counters.redirected_bytes)
     );
     ensure!(
         num(&f, "received") == 0,
@@ -357,8 +357,8 @@ fn forged_repair_socket_cannot_pose_as_a_pods_client() -> Result<()> {
         "the victim client lost bytes: {v}"
     );
     ensure!(
-        grew(&before, &after, |s| s.paired_pod) == 1
-            && grew(&before, &after, |s| s.redirected_bytes) >= 1 << 20,
+        grew(&before, &after, |s| s.counters.paired_pod) == 1
+            && grew(&before, &after, |s| s.counters.redirected_bytes) >= 1 << 20,
         "the victim's connection was not paired and redirected: {after:?}"
     );
     Ok(())
@@ -405,21 +405,21 @@ fn host_loopback_never_bypassed_via_gateway() -> Result<()> {
     eprintln!(
         "host via gateway {gateway}: inserted +{}, paired_loopback +{}, redirected +{} B, \
          redirected loopback +{} B",
-        g(|s| s.sockets_inserted),
-        g(|s| s.paired_loopback),
-        g(|s| s.redirected_bytes),
-        g(|s| s.redirected_bytes_loopback)
+        g(|s| s.counters.sockets_inserted),
+        g(|s| s.counters.paired_loopback),
+        g(|s| s.counters.redirected_bytes),
+        g(|s| s.counters.redirected_bytes_loopback)
     );
     ensure!(
         c1["ok"] == true && s1["ok"] == true && c2["ok"] == true && s2["ok"] == true,
         "bytes lost: {c1} {s1} {c2} {s2}"
     );
     ensure!(
-        g(|s| s.paired_loopback) == 0 && g(|s| s.redirected_bytes_loopback) == 0,
+        g(|s| s.counters.paired_loopback) == 0 && g(|s| s.counters.redirected_bytes_loopback) == 0,
         "the host's loopback was paired"
     );
     ensure!(
-        g(|s| s.sockets_inserted) == 0 && g(|s| s.redirected_bytes) == 0,
+        g(|s| s.counters.sockets_inserted) == 0 && g(|s| s.counters.redirected_bytes) == 0,
         "a socket of the host's namespace was inserted or redirected"
     );
     Ok(())

@@ -1,5 +1,5 @@
 //! The Kubernetes agent against a real kube-apiserver and etcd (built and started by
-//! `xtask/src/kube_env.rs`, one pair per test): pod addresses follow Pod objects into
+//! the `kube-testenv` crate, one pair per test): pod addresses follow Pod objects into
 //! and out of the maps within a second (IPv4 and IPv6), ineligible pods never enter,
 //! traffic between two netns "pods" whose addresses come only from Pod objects is
 //! redirected, the node label switches it off and on without losing a byte, the
@@ -11,10 +11,6 @@
 //!
 //! Objects are made as a kubelet and controllers would: status through the status
 //! subresource, pods force-deleted, the `default` ServiceAccount created by hand.
-
-#[path = "../../xtask/src/kube_env.rs"]
-#[allow(dead_code, reason = "up/down and the binary build are for xtask")]
-mod kube_env;
 
 mod common;
 
@@ -40,7 +36,7 @@ use kube::{
     config::{KubeConfigOptions, Kubeconfig},
     discovery::Scope,
 };
-use kube_env::KubeEnv;
+use kube_testenv::KubeEnv;
 use serde_json::{Value, json};
 use testbed::{
     Agent, AgentOpts, AgentStatus, ClientArgs, PeerClient, PeerServer, Proxy, ProxyOpts, TwoPods,
@@ -749,7 +745,7 @@ fn k8s_traffic_from_pod_objects_and_label_toggle_lose_no_byte() -> Result<()> {
     )?;
     assert_byte_exact(&x, &bulk)?;
     ensure!(
-        x.grew(|s| s.redirected_bytes) == 0,
+        x.grew(|s| s.counters.redirected_bytes) == 0,
         "redirected while off: {x:#?}"
     );
     ensure!(
@@ -829,11 +825,11 @@ fn k8s_traffic_from_pod_objects_and_label_toggle_lose_no_byte() -> Result<()> {
     // switch off) on the TCP path.
     let after = agent.stats()?;
     ensure!(
-        after.redirected_bytes > before.redirected_bytes,
+        after.counters.redirected_bytes > before.counters.redirected_bytes,
         "nothing redirected: {after:?}"
     );
     ensure!(
-        after.passed_bytes > before.passed_bytes,
+        after.counters.passed_bytes > before.counters.passed_bytes,
         "nothing took the TCP path: {after:?}"
     );
 
@@ -1470,10 +1466,10 @@ fn measured<T>(
 fn ensure_untouched(what: &str, before: &AgentStatus, after: &AgentStatus) -> Result<()> {
     let g = |f: fn(&AgentStatus) -> u64| f(after).saturating_sub(f(before));
     ensure!(
-        g(|s| s.redirected_bytes) == 0
-            && g(|s| s.sockets_inserted) == 0
-            && g(|s| s.paired_loopback) == 0
-            && g(|s| s.paired_translated) == 0,
+        g(|s| s.counters.redirected_bytes) == 0
+            && g(|s| s.counters.sockets_inserted) == 0
+            && g(|s| s.counters.paired_loopback) == 0
+            && g(|s| s.counters.paired_translated) == 0,
         "{what}: an opted-out pod's bytes were redirected: {before:?} -> {after:?}"
     );
     Ok(())
@@ -1600,8 +1596,8 @@ fn k8s_opt_outs_hold_by_traffic() -> Result<()> {
         "{client:#?} {server:#?}"
     );
     ensure!(
-        after.redirected_bytes > before.redirected_bytes
-            && after.passed_bytes > before.passed_bytes
+        after.counters.redirected_bytes > before.counters.redirected_bytes
+            && after.counters.passed_bytes > before.counters.passed_bytes
             && pods.wire_bytes()? > wire_cut + (1 << 20),
         "the established connection did not leave the bypass when its pod opted out: \
          {before:?} -> {after:?}"

@@ -69,11 +69,11 @@ fn small_message_stream_takes_tcp_in_order() -> Result<()> {
     let (args, server) = stream_of_small_writes();
     let x = to_pod_b(&pods, &agent, 5401, &args, &server)?;
     assert_byte_exact(&x, &args)?;
-    let passed = grew(&x.before, &x.after, |s| s.passed_bytes);
+    let passed = grew(&x.before, &x.after, |s| s.counters.passed_bytes);
     ensure!(
-        grew(&x.before, &x.after, |s| s.small_streams) == 1,
+        grew(&x.before, &x.after, |s| s.counters.small_streams) == 1,
         "small_streams grew by {}, want 1 (the client's direction): {:?}",
-        grew(&x.before, &x.after, |s| s.small_streams),
+        grew(&x.before, &x.after, |s| s.counters.small_streams),
         x.after
     );
     // The first few writes were redirected before the rule saw a stream; the rest went
@@ -115,7 +115,7 @@ fn length_prefixed_records_keep_redirect() -> Result<()> {
     assert_byte_exact(&x, &args)?;
     assert_bypassed(&x, &args)?;
     ensure!(
-        grew(&x.before, &x.after, |s| s.small_streams) == 0,
+        grew(&x.before, &x.after, |s| s.counters.small_streams) == 0,
         "length-prefixed records were taken for a small-message stream: {:?}",
         x.after
     );
@@ -140,15 +140,15 @@ fn small_message_ping_pong_keeps_redirect() -> Result<()> {
         x.client.rtt
     );
     ensure!(
-        grew(&x.before, &x.after, |s| s.small_streams) == 0,
+        grew(&x.before, &x.after, |s| s.counters.small_streams) == 0,
         "a ping-pong was taken for a stream: {:?}",
         x.after
     );
     // The client's first send can race its pairing (the server pairs when its own end
     // is established): then that direction keeps TCP from its first byte, as the ordering
     // rule says, and `unpaired_sends` tells. The server's answers are still redirected.
-    let passed = grew(&x.before, &x.after, |s| s.passed_bytes);
-    let client_unpaired = grew(&x.before, &x.after, |s| s.unpaired_sends) == 1;
+    let passed = grew(&x.before, &x.after, |s| s.counters.passed_bytes);
+    let client_unpaired = grew(&x.before, &x.after, |s| s.counters.unpaired_sends) == 1;
     let client_bytes = x.client.bytes_sent + 64;
     if client_unpaired {
         eprintln!("the client's first send raced its pairing: its direction took TCP");
@@ -159,7 +159,7 @@ fn small_message_ping_pong_keeps_redirect() -> Result<()> {
         x.after
     );
     ensure!(
-        grew(&x.before, &x.after, |s| s.redirected_bytes) >= x.server.bytes_sent,
+        grew(&x.before, &x.after, |s| s.counters.redirected_bytes) >= x.server.bytes_sent,
         "the server's answers were not all redirected: {:?}",
         x.after
     );
@@ -187,7 +187,7 @@ fn small_stream_rule_off_by_default() -> Result<()> {
     assert_byte_exact(&x, &args)?;
     assert_bypassed(&x, &args)?;
     ensure!(
-        grew(&x.before, &x.after, |s| s.small_streams) == 0,
+        grew(&x.before, &x.after, |s| s.counters.small_streams) == 0,
         "{:?}",
         x.after
     );

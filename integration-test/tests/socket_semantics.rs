@@ -61,7 +61,7 @@ fn blocking_read_after_own_half_close_sees_eagain_only_when_bypassed() -> Result
     )?;
     assert_byte_exact(&x, &args)?;
     ensure!(
-        x.grew(|s| s.sockets_inserted) == 100,
+        x.grew(|s| s.counters.sockets_inserted) == 100,
         "not bypassed: {:?}",
         x.after
     );

@@ -11,7 +11,6 @@ mod image;
     dead_code,
     reason = "the test-guard half is used by integration-test/tests/k8s.rs"
 )]
-mod kube_env;
 mod setup;
 mod test;
 mod vm;
@@ -78,13 +77,13 @@ fn main() -> ExitCode {
         Task::Cluster { action } => cluster::run(&action),
         Task::Image(args) => image::run(&args),
         Task::KubeEnv { action } => {
-            let dir = kube_env::default_dir(workspace::root());
+            let dir = kube_testenv::default_dir(workspace::root());
             match action {
                 // Setup first: it finds or fetches the Go that builds the API server.
                 KubeEnvAction::Up => setup::ensure(setup::Scope::All)
-                    .and_then(|_| kube_env::up(&dir))
+                    .and_then(|_| kube_testenv::up(&dir))
                     .map(|kc| println!("{}", kc.display())),
-                KubeEnvAction::Down => kube_env::down(&dir),
+                KubeEnvAction::Down => kube_testenv::down(&dir),
             }
         }
     };

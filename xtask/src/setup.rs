@@ -100,7 +100,7 @@ pub fn ensure(scope: Scope) -> Result<Tools> {
             eprintln!("  - {what}");
         }
     }
-    // Our own in-process lookups (`kube_env` finds `go` on PATH) see the same tools as
+    // Our own in-process lookups (`kube-testenv` finds `go` on PATH) see the same tools as
     // the cargo commands we start.
     let path = workspace::prepend_path(&path_dirs)?;
     // SAFETY: the xtask has one thread; nothing reads the environment concurrently.

@@ -79,7 +79,7 @@ pub fn run(args: &Args) -> Result<()> {
     if root {
         // The Kubernetes tests start a real API server; build it here, once and cached,
         // rather than inside the first test.
-        crate::kube_env::ensure_binaries()
+        kube_testenv::ensure_binaries()
             .context("build kube-apiserver and etcd for the Kubernetes tests")?;
         let mut privileged = privileged_tests(tools.cargo()?, &agent, &args.harness);
         let before = counts;

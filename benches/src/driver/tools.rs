@@ -92,7 +92,7 @@ impl Run<'_> {
             .agent
             .as_ref()
             .and_then(|a| a.stats().ok())
-            .map(|s| (s.redirected_bytes, s.passed_bytes));
+            .map(|s| (s.counters.redirected_bytes, s.counters.passed_bytes));
         (wire, stats)
     }
 

@@ -15,7 +15,7 @@ use bypass_common::{
 use super::pins::PinLayout;
 use crate::{cidr::PodCidr, error::AgentError};
 
-fn open_err(name: &str, e: &(dyn std::error::Error + 'static)) -> AgentError {
+fn open_err(name: &str, e: impl std::error::Error + Send + Sync + 'static) -> AgentError {
     AgentError::bpf(format!("open map {name}"), e)
 }
 
@@ -32,11 +32,11 @@ impl PodMaps {
     /// Wraps the four maps.
     pub fn new(cidrs: Map, addrs: Map, excluded: Map, services: Map) -> Result<Self, AgentError> {
         Ok(Self {
-            cidrs: LpmTrie::try_from(cidrs).map_err(|e| open_err(names::MAP_POD_CIDRS, &e))?,
+            cidrs: LpmTrie::try_from(cidrs).map_err(|e| open_err(names::MAP_POD_CIDRS, e))?,
             addrs: AddrSet::new(addrs, names::MAP_POD_ADDRS, "pod")?,
             excluded: AddrSet::new(excluded, names::MAP_EXCLUDED_ADDRS, "excluded")?,
             services: LpmTrie::try_from(services)
-                .map_err(|e| open_err(names::MAP_SERVICE_CIDRS, &e))?,
+                .map_err(|e| open_err(names::MAP_SERVICE_CIDRS, e))?,
         })
     }
 
@@ -116,7 +116,7 @@ struct AddrSet {
 impl AddrSet {
     fn new(map: Map, name: &'static str, what: &'static str) -> Result<Self, AgentError> {
         Ok(Self {
-            map: HashMap::try_from(map).map_err(|e| open_err(name, &e))?,
+            map: HashMap::try_from(map).map_err(|e| open_err(name, e))?,
             name,
             what,
         })
@@ -126,7 +126,7 @@ impl AddrSet {
         self.map.insert(ip_key(ip), 1, 0).map_err(|e| {
             AgentError::bpf(
                 format!("add {} address {ip} to {}", self.what, self.name),
-                &e,
+                e,
             )
         })
     }
@@ -134,7 +134,7 @@ impl AddrSet {
     fn remove(&mut self, ip: IpAddr) -> Result<(), AgentError> {
         self.map
             .remove(&ip_key(ip))
-            .map_err(|e| AgentError::bpf(format!("remove {} address {ip}", self.what), &e))
+            .map_err(|e| AgentError::bpf(format!("remove {} address {ip}", self.what), e))
     }
 
     fn list(&self) -> BTreeSet<IpAddr> {
@@ -151,13 +151,13 @@ type Trie = LpmTrie<MapData, [u8; 16], u8>;
 fn trie_insert(trie: &mut Trie, cidr: &PodCidr, what: &str, map: &str) -> Result<(), AgentError> {
     let (len, bytes) = cidr.trie_key();
     trie.insert(&Key::new(len, bytes), 1, 0)
-        .map_err(|e| AgentError::bpf(format!("add {what} CIDR {cidr} to {map}"), &e))
+        .map_err(|e| AgentError::bpf(format!("add {what} CIDR {cidr} to {map}"), e))
 }
 
 fn trie_remove(trie: &mut Trie, cidr: &PodCidr, what: &str) -> Result<(), AgentError> {
     let (len, bytes) = cidr.trie_key();
     trie.remove(&Key::new(len, bytes))
-        .map_err(|e| AgentError::bpf(format!("remove {what} CIDR {cidr}"), &e))
+        .map_err(|e| AgentError::bpf(format!("remove {what} CIDR {cidr}"), e))
 }
 
 fn trie_cidrs(trie: &Trie) -> BTreeSet<PodCidr> {
@@ -182,7 +182,7 @@ impl Stats {
     /// Wraps the map.
     pub fn new(map: Map) -> Result<Self, AgentError> {
         Ok(Self(
-            PerCpuArray::try_from(map).map_err(|e| open_err(names::MAP_STATS, &e))?,
+            PerCpuArray::try_from(map).map_err(|e| open_err(names::MAP_STATS, e))?,
         ))
     }
 
@@ -193,7 +193,7 @@ impl Stats {
             let per_cpu = self
                 .0
                 .get(&stat.index(), 0)
-                .map_err(|e| AgentError::bpf(format!("read counter {}", stat.name()), &e))?;
+                .map_err(|e| AgentError::bpf(format!("read counter {}", stat.name()), e))?;
             c.set(stat, per_cpu.iter().copied().fold(0u64, u64::wrapping_add));
         }
         Ok(c)
@@ -207,7 +207,7 @@ impl SkipPorts {
     /// Wraps the map.
     pub fn new(map: Map) -> Result<Self, AgentError> {
         Ok(Self(
-            HashMap::try_from(map).map_err(|e| open_err(names::MAP_SKIP_PORTS, &e))?,
+            HashMap::try_from(map).map_err(|e| open_err(names::MAP_SKIP_PORTS, e))?,
         ))
     }
 
@@ -226,7 +226,7 @@ impl SkipPorts {
         for p in have.difference(want) {
             self.0
                 .remove(&u32::from(*p))
-                .map_err(|e| AgentError::bpf(format!("remove skip port {p}"), &e))?;
+                .map_err(|e| AgentError::bpf(format!("remove skip port {p}"), e))?;
         }
         for p in want.difference(&have) {
             self.0.insert(u32::from(*p), 1, 0).map_err(|e| {
@@ -236,7 +236,7 @@ impl SkipPorts {
                         names::MAP_SKIP_PORTS,
                         names::MAX_SKIP_PORTS
                     ),
-                    &e,
+                    e,
                 )
             })?;
         }
@@ -251,20 +251,20 @@ impl Control {
     /// Wraps the map.
     pub fn new(map: Map) -> Result<Self, AgentError> {
         Ok(Self(
-            Array::try_from(map).map_err(|e| open_err(names::MAP_CONTROL, &e))?,
+            Array::try_from(map).map_err(|e| open_err(names::MAP_CONTROL, e))?,
         ))
     }
 
     fn get(&self, slot: u32) -> Result<u32, AgentError> {
         self.0
             .get(&slot, 0)
-            .map_err(|e| AgentError::bpf(format!("read control slot {slot}"), &e))
+            .map_err(|e| AgentError::bpf(format!("read control slot {slot}"), e))
     }
 
     fn set(&mut self, slot: u32, v: u32) -> Result<(), AgentError> {
         self.0
             .set(slot, v, 0)
-            .map_err(|e| AgentError::bpf(format!("write control slot {slot}"), &e))
+            .map_err(|e| AgentError::bpf(format!("write control slot {slot}"), e))
     }
 
     fn get64(&self, lo: u32, hi: u32) -> Result<u64, AgentError> {
@@ -380,8 +380,8 @@ impl Pairings {
     pub fn new(connectors: Map, links: Map) -> Result<Self, AgentError> {
         Ok(Self {
             connectors: HashMap::try_from(connectors)
-                .map_err(|e| open_err(names::MAP_CONNECTORS, &e))?,
-            links: HashMap::try_from(links).map_err(|e| open_err(names::MAP_LINKS, &e))?,
+                .map_err(|e| open_err(names::MAP_CONNECTORS, e))?,
+            links: HashMap::try_from(links).map_err(|e| open_err(names::MAP_LINKS, e))?,
         })
     }
 
@@ -452,7 +452,7 @@ fn gone(r: Result<(), aya::maps::MapError>, map: &str) -> Result<usize, AgentErr
     match r {
         Ok(()) => Ok(1),
         Err(aya::maps::MapError::KeyNotFound) => Ok(0),
-        Err(e) => Err(AgentError::bpf(format!("sweep {map}"), &e)),
+        Err(e) => Err(AgentError::bpf(format!("sweep {map}"), e)),
     }
 }
 
@@ -482,8 +482,8 @@ pub fn stale_keys(keys: &[SockKey], alive: impl Fn(&SockKey) -> bool) -> Vec<Soc
 
 /// Opens the map `name` from its pin.
 pub fn open_pinned(layout: &PinLayout, name: &str) -> Result<Map, AgentError> {
-    let data = MapData::from_pin(layout.map(name)).map_err(|e| open_err(name, &e))?;
-    Map::from_map_data(data).map_err(|e| open_err(name, &e))
+    let data = MapData::from_pin(layout.map(name)).map_err(|e| open_err(name, e))?;
+    Map::from_map_data(data).map_err(|e| open_err(name, e))
 }
 
 /// Everything `status` reads, opened from the pins of a running agent.
@@ -526,7 +526,7 @@ impl PinnedView {
             stats: Stats::new(open(names::MAP_STATS)?)?,
             control: Control::new(open(names::MAP_CONTROL)?)?,
             sockets: SockHash::try_from(open(names::MAP_SOCKETS)?)
-                .map_err(|e| open_err(names::MAP_SOCKETS, &e))?,
+                .map_err(|e| open_err(names::MAP_SOCKETS, e))?,
             pairings: Pairings::new(open(names::MAP_CONNECTORS)?, open(names::MAP_LINKS)?)?,
             link_pinned: aya::programs::links::PinnedLink::from_pin(
                 layout.link(names::PIN_LINK_SOCKOPS),

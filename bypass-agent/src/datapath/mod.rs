@@ -39,7 +39,7 @@ use bypass_common::{
         PIN_LINK_SOCKOPT, PINNED_MAPS, PROG_SKMSG, PROG_SOCKOPS, PROG_SOCKOPT,
     },
 };
-pub use fs::{find_cgroup2_mount, find_host_cgroup2};
+pub use fs::{find_cgroup2_mount, find_host_cgroup2, find_mount};
 pub use host::kernel_release;
 pub use maps::{Identity, Pairings, PinnedView, PodMaps, count_keys as count_sockets};
 pub use pins::PinLayout;
@@ -238,7 +238,7 @@ impl Datapath {
         let guard = pins::PinGuard::new(pins.clone(), !adopt);
         let sockets: SockHash<MapData, SockKey> =
             SockHash::try_from(maps::open_pinned(&pins, MAP_SOCKETS)?)
-                .map_err(|e| AgentError::bpf(format!("open map {MAP_SOCKETS}"), &e))?;
+                .map_err(|e| AgentError::bpf(format!("open map {MAP_SOCKETS}"), e))?;
         let pod_maps = PodMaps::new(
             maps::open_pinned(&pins, MAP_POD_CIDRS)?,
             maps::open_pinned(&pins, MAP_POD_ADDRS)?,
@@ -291,12 +291,12 @@ impl Datapath {
         };
         control.set_small_stream(small_stream)?;
         let sockops = SockOps::from_pin(pins.prog(PROG_SOCKOPS))
-            .map_err(|e| AgentError::bpf(format!("open pinned program {PROG_SOCKOPS}"), &e))?;
+            .map_err(|e| AgentError::bpf(format!("open pinned program {PROG_SOCKOPS}"), e))?;
         let sockopt = CgroupSockopt::from_pin(
             pins.prog(PROG_SOCKOPT),
             aya::programs::CgroupSockoptAttachType::Set,
         )
-        .map_err(|e| AgentError::bpf(format!("open pinned program {PROG_SOCKOPT}"), &e))?;
+        .map_err(|e| AgentError::bpf(format!("open pinned program {PROG_SOCKOPT}"), e))?;
         let (sockops_link, sockopt_link) = if adopt {
             (
                 PinnedLink::from_pin(pins.link(PIN_LINK_SOCKOPS)).ok(),
@@ -352,7 +352,7 @@ impl Datapath {
             let prog = self
                 .sockopt
                 .fd()
-                .map_err(|e| AgentError::bpf(format!("open {PROG_SOCKOPT}"), &e))?;
+                .map_err(|e| AgentError::bpf(format!("open {PROG_SOCKOPT}"), e))?;
             self.sockopt_link = Some(rawlink::create_pinned(
                 prog.as_fd(),
                 self.cgroup.as_fd(),
@@ -366,20 +366,24 @@ impl Datapath {
         let id = self
             .sockops
             .attach(&self.cgroup, CgroupAttachMode::Single)
-            .map_err(|e| self.attach_err(PROG_SOCKOPS, &e))?;
+            .map_err(|e| self.attach_err(PROG_SOCKOPS, e))?;
         let link = self
             .sockops
             .take_link(id)
-            .map_err(|e| AgentError::bpf("take the sock_ops link", &e))?;
+            .map_err(|e| AgentError::bpf("take the sock_ops link", e))?;
         let link: FdLink = link
             .try_into()
-            .map_err(|e: aya::programs::links::LinkError| AgentError::bpf("sock_ops link", &e))?;
+            .map_err(|e: aya::programs::links::LinkError| AgentError::bpf("sock_ops link", e))?;
         self.sockops_link = Some(pin_link(link, &self.pins.link(PIN_LINK_SOCKOPS))?);
         info!(cgroup = %self.cgroup_path.display(), "bypass attached");
         Ok(())
     }
 
-    fn attach_err(&self, prog: &str, e: &(dyn std::error::Error + 'static)) -> AgentError {
+    fn attach_err(
+        &self,
+        prog: &str,
+        e: impl std::error::Error + Send + Sync + 'static,
+    ) -> AgentError {
         AgentError::bpf(
             format!("attach {prog} to cgroup {}", self.cgroup_path.display()),
             e,
@@ -423,7 +427,7 @@ impl Datapath {
     /// [`Pairings::cut`]): newly opted-out pods' established connections go to TCP.
     pub fn cut_links(&mut self, excluded: &BTreeSet<IpAddr>) -> Result<usize, AgentError> {
         let pod_netns = aya::maps::HashMap::try_from(maps::open_pinned(&self.pins, MAP_POD_NETNS)?)
-            .map_err(|e| AgentError::bpf(format!("open map {MAP_POD_NETNS}"), &e))?;
+            .map_err(|e| AgentError::bpf(format!("open map {MAP_POD_NETNS}"), e))?;
         self.pairings.cut(excluded, &pod_netns)
     }
 
@@ -456,7 +460,7 @@ impl Datapath {
 /// Pins `link` at `path`.
 fn pin_link(link: FdLink, path: &std::path::Path) -> Result<PinnedLink, AgentError> {
     link.pin(path)
-        .map_err(|e| AgentError::bpf(format!("pin the link at {}", path.display()), &e))
+        .map_err(|e| AgentError::bpf(format!("pin the link at {}", path.display()), e))
 }
 
 impl Drop for Datapath {
@@ -552,7 +556,7 @@ fn load_with(
         .override_global(globals::FEATURES, &program_features, true)
         .override_global(globals::HOST_NETNS, &plan.host_netns, true)
         .load(object::BYTES)
-        .map_err(|e| classify_load_error(&e))?;
+        .map_err(classify_load_error)?;
     let guard = pins::PinGuard::new(pins.clone(), true);
     pins.create_dirs()?;
     for name in PINNED_MAPS.iter().filter(|&&n| n != MAP_CONTROL) {
@@ -567,21 +571,21 @@ fn load_with(
         ebpf.map(MAP_SOCKETS)
             .ok_or_else(|| missing("map", MAP_SOCKETS))?,
     )
-    .map_err(|e| AgentError::bpf(format!("open map {MAP_SOCKETS}"), &e))?;
+    .map_err(|e| AgentError::bpf(format!("open map {MAP_SOCKETS}"), e))?;
     let sockets_fd = sockets
         .fd()
         .try_clone()
-        .map_err(|e| AgentError::bpf("dup the SockHash fd", &e))?;
+        .map_err(|e| AgentError::bpf("dup the SockHash fd", e))?;
     let skmsg: &mut SkMsg = program(&mut ebpf, PROG_SKMSG)?;
     skmsg
         .load()
-        .map_err(|e| AgentError::bpf(format!("load {PROG_SKMSG}"), &e))?;
+        .map_err(|e| AgentError::bpf(format!("load {PROG_SKMSG}"), e))?;
     skmsg
         .attach(&sockets_fd)
-        .map_err(|e| AgentError::bpf(format!("attach {PROG_SKMSG} to {MAP_SOCKETS}"), &e))?;
+        .map_err(|e| AgentError::bpf(format!("attach {PROG_SKMSG} to {MAP_SOCKETS}"), e))?;
     skmsg
         .pin(pins.prog(PROG_SKMSG))
-        .map_err(|e| AgentError::bpf(format!("pin {PROG_SKMSG}"), &e))?;
+        .map_err(|e| AgentError::bpf(format!("pin {PROG_SKMSG}"), e))?;
     for name in [PROG_SOCKOPS, PROG_SOCKOPT] {
         load_and_pin(&mut ebpf, pins, name)?;
     }
@@ -589,7 +593,7 @@ fn load_with(
     let path = pins.map(MAP_CONTROL);
     control
         .pin(path.as_path())
-        .map_err(|e| AgentError::bpf(format!("pin map {MAP_CONTROL} at {}", path.display()), &e))?;
+        .map_err(|e| AgentError::bpf(format!("pin map {MAP_CONTROL} at {}", path.display()), e))?;
     guard.disarm();
     Ok(ebpf)
 }
@@ -599,8 +603,8 @@ fn load_and_pin(ebpf: &mut Ebpf, pins: &PinLayout, name: &str) -> Result<(), Age
     let prog = ebpf
         .program_mut(name)
         .ok_or_else(|| missing("program", name))?;
-    let load_err = |e: aya::programs::ProgramError| AgentError::bpf(format!("load {name}"), &e);
-    let pin_err = |e: aya::pin::PinError| AgentError::bpf(format!("pin {name}"), &e);
+    let load_err = |e: aya::programs::ProgramError| AgentError::bpf(format!("load {name}"), e);
+    let pin_err = |e: aya::pin::PinError| AgentError::bpf(format!("pin {name}"), e);
     match prog {
         aya::programs::Program::SockOps(p) => {
             p.load().map_err(load_err)?;
@@ -640,11 +644,10 @@ fn kernel_layout() -> Result<KernelLayout, AgentError> {
     Ok(layout)
 }
 
-fn missing(kind: &str, name: &str) -> AgentError {
-    AgentError::Bpf {
-        action: format!("find {kind} {name}"),
-        detail: "not in the embedded object (build mismatch: rebuild with `cargo xtask build`)"
-            .into(),
+fn missing(kind: &'static str, name: &str) -> AgentError {
+    AgentError::NotInObject {
+        kind,
+        name: name.to_owned(),
     }
 }
 
@@ -657,7 +660,7 @@ fn pin_map(ebpf: &Ebpf, pins: &PinLayout, name: &str) -> Result<(), AgentError> 
     ebpf.map(name)
         .ok_or_else(|| missing("map", name))?
         .pin(&path)
-        .map_err(|e| AgentError::bpf(format!("pin map {name} at {}", path.display()), &e))
+        .map_err(|e| AgentError::bpf(format!("pin map {name} at {}", path.display()), e))
 }
 
 /// A program of the object, by name and type.
@@ -669,7 +672,7 @@ where
         .program_mut(name)
         .ok_or_else(|| missing("program", name))?;
     prog.try_into()
-        .map_err(|e: aya::programs::ProgramError| AgentError::bpf(format!("program {name}"), &e))
+        .map_err(|e: aya::programs::ProgramError| AgentError::bpf(format!("program {name}"), e))
 }
 
 /// Kernels >= 5.11 charge BPF memory to the cgroup; older ones need RLIMIT_MEMLOCK.
@@ -682,8 +685,8 @@ fn raise_memlock() {
     }
 }
 
-fn classify_load_error(err: &aya::EbpfError) -> AgentError {
-    let text = chain(err);
+fn classify_load_error(err: aya::EbpfError) -> AgentError {
+    let text = chain(&err);
     if text.contains("EPERM") || text.contains("Operation not permitted") {
         return AgentError::Permission {
             action: "loading the eBPF object".into(),
@@ -698,6 +701,6 @@ fn classify_load_error(err: &aya::EbpfError) -> AgentError {
     }
     AgentError::Bpf {
         action: "load the eBPF object".into(),
-        detail: text,
+        source: Box::new(err),
     }
 }

@@ -1,19 +1,18 @@
 //! Before anything is loaded: is this kernel one the datapath runs on? One line names
 //! the kernel and what it lacks, instead of a verifier log.
 //!
-//! Minimum kernel version: 5.15 — sock_ops programs may call `bpf_get_netns_cookie`
-//! from 5.15 on, and every SockHash key carries the socket's network namespace. Every
-//! other kernel facility the datapath needs is older: sockmap and sk_msg (4.17),
-//! socket-local storage (5.2), cgroup setsockopt hooks (5.3), cgroup bpf_link (5.7),
-//! `bpf_skc_to_tcp_sock` (5.9), a sock_ops context socket (5.10). What a build may
-//! leave out is probed: BTF, and sockmap (`CONFIG_BPF_STREAM_PARSER`).
+//! Minimum kernel version: [`MIN_KERNEL`] (why: see there). Every other kernel facility
+//! the datapath needs is older: sockmap and sk_msg (4.17), socket-local storage (5.2),
+//! cgroup setsockopt hooks (5.3), cgroup bpf_link (5.7), `bpf_skc_to_tcp_sock` (5.9), a
+//! sock_ops context socket (5.10). What a build may leave out is probed: BTF, and
+//! sockmap (`CONFIG_BPF_STREAM_PARSER`).
 
 use std::os::fd::{FromRawFd as _, OwnedFd};
 
-use crate::error::AgentError;
+use bypass_common::KernelVersion;
+pub use bypass_common::MIN_KERNEL;
 
-/// The oldest kernel the datapath loads on.
-pub const MIN_KERNEL: (u32, u32) = (5, 15);
+use crate::error::AgentError;
 
 /// `major.minor` of a release string such as `6.1.0-50-amd64` or `5.15.0-91-generic`.
 pub fn parse_release(release: &str) -> Option<(u32, u32)> {
@@ -26,7 +25,7 @@ pub fn parse_release(release: &str) -> Option<(u32, u32)> {
 /// Whether `release` is at least [`MIN_KERNEL`] (unparseable: assumed new enough, and
 /// the load itself will tell).
 pub fn new_enough(release: &str) -> bool {
-    parse_release(release).is_none_or(|v| v >= MIN_KERNEL)
+    parse_release(release).is_none_or(|(major, minor)| KernelVersion { major, minor } >= MIN_KERNEL)
 }
 
 /// Checks the running kernel: version, BTF, sockmap.

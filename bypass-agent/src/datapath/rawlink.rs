@@ -51,19 +51,19 @@ pub fn create_pinned(
     put_u32(&mut attr, 0, prog.as_raw_fd() as u32);
     put_u32(&mut attr, 4, cgroup.as_raw_fd() as u32);
     put_u32(&mut attr, 8, attach_type);
-    let fd = bpf(BPF_LINK_CREATE, &mut attr).map_err(|e| AgentError::bpf(what(), &e))?;
+    let fd = bpf(BPF_LINK_CREATE, &mut attr).map_err(|e| AgentError::bpf(what(), e))?;
     // SAFETY: BPF_LINK_CREATE returned a new file descriptor we now own.
     let link = unsafe { OwnedFd::from_raw_fd(fd as i32) };
     let c_path =
         CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| AgentError::Bpf {
             action: what(),
-            detail: e.to_string(),
+            source: Box::new(e),
         })?;
     let mut attr = [0u8; ATTR_SIZE];
     // obj_pin: pathname (u64 pointer), bpf_fd.
     attr[0..8].copy_from_slice(&(c_path.as_ptr() as u64).to_ne_bytes());
     put_u32(&mut attr, 8, link.as_fd().as_raw_fd() as u32);
-    bpf(BPF_OBJ_PIN, &mut attr).map_err(|e| AgentError::bpf(what(), &e))?;
+    bpf(BPF_OBJ_PIN, &mut attr).map_err(|e| AgentError::bpf(what(), e))?;
     drop(link);
-    PinnedLink::from_pin(path).map_err(|e| AgentError::bpf(what(), &e))
+    PinnedLink::from_pin(path).map_err(|e| AgentError::bpf(what(), e))
 }

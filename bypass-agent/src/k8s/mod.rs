@@ -46,9 +46,8 @@ pub fn run(
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|source| AgentError::Io {
+        .map_err(|source| AgentError::System {
             action: "start the runtime",
-            path: "/".into(),
             source,
         })?;
     runtime.block_on(run_async(settings, config, statics))
@@ -57,9 +56,8 @@ pub fn run(
 /// Resolves on SIGINT or SIGTERM with the signal's name.
 async fn signals() -> Result<impl std::future::Future<Output = &'static str>, AgentError> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|source| AgentError::Io {
+        .map_err(|source| AgentError::System {
             action: "install SIGTERM handler",
-            path: "/".into(),
             source,
         })?;
     Ok(async move {

@@ -197,7 +197,7 @@ fn run_path(
     let server = PeerServer::start_with(&pods.b, addr, &server_args)?;
     let redirected = || -> Result<Option<u64>> {
         agent
-            .map(|a| a.stats().map(|s| s.redirected_bytes))
+            .map(|a| a.stats().map(|s| s.counters.redirected_bytes))
             .transpose()
     };
 

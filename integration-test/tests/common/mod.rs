@@ -83,10 +83,10 @@ pub fn exchange_with(
         x.client.bytes_sent,
         x.client.bytes_received,
         x.wire,
-        x.grew(|s| s.redirected_bytes),
-        x.grew(|s| s.passed_bytes),
-        x.grew(|s| s.sockets_inserted),
-        x.grew(|s| s.sockets_skipped),
+        x.grew(|s| s.counters.redirected_bytes),
+        x.grew(|s| s.counters.passed_bytes),
+        x.grew(|s| s.counters.sockets_inserted),
+        x.grew(|s| s.counters.sockets_skipped),
         x.client.spurious_eagain,
         x.server.spurious_eagain,
         x.secs,
@@ -138,18 +138,18 @@ pub fn assert_bypassed(x: &Exchange, args: &ClientArgs) -> Result<()> {
         x.wire
     );
     ensure!(
-        x.grew(|s| s.redirected_bytes) >= payload,
+        x.grew(|s| s.counters.redirected_bytes) >= payload,
         "redirected_bytes grew by {} < payload {payload}",
-        x.grew(|s| s.redirected_bytes)
+        x.grew(|s| s.counters.redirected_bytes)
     );
     ensure!(
-        x.grew(|s| s.sockets_inserted) == 2 * n,
+        x.grew(|s| s.counters.sockets_inserted) == 2 * n,
         "sockets_inserted grew by {}, want {}",
-        x.grew(|s| s.sockets_inserted),
+        x.grew(|s| s.counters.sockets_inserted),
         2 * n
     );
     ensure!(
-        x.grew(|s| s.insert_failures) == 0,
+        x.grew(|s| s.counters.insert_failures) == 0,
         "insert failures: {:?}",
         x.after
     );

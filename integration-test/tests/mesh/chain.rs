@@ -50,24 +50,24 @@ pub fn assert_chain_bypassed(x: &Exchange, payload: u64) -> Result<()> {
     let (b, a) = (&x.before, &x.after);
     let why = growth(b, a);
     ensure!(
-        grew(b, a, |s| s.paired_translated) == 2,
+        grew(b, a, |s| s.counters.paired_translated) == 2,
         "paired_translated should grow by 2 (app -> outbound proxy, proxy -> proxy): {why}"
     );
     ensure!(
-        grew(b, a, |s| s.paired_loopback) == 1,
+        grew(b, a, |s| s.counters.paired_loopback) == 1,
         "paired_loopback should grow by 1 (inbound proxy -> app): {why}"
     );
     ensure!(
-        grew(b, a, |s| s.paired_pod) == 0,
+        grew(b, a, |s| s.counters.paired_pod) == 0,
         "no hop is plain pod to pod: {why}"
     );
     ensure!(
-        grew(b, a, |s| s.redirected_bytes_translated) >= 2 * payload * 99 / 100,
+        grew(b, a, |s| s.counters.redirected_bytes_translated) >= 2 * payload * 99 / 100,
         "two translated hops should redirect ~{} B: {why}",
         2 * payload
     );
     ensure!(
-        grew(b, a, |s| s.redirected_bytes_loopback) >= payload * 99 / 100,
+        grew(b, a, |s| s.counters.redirected_bytes_loopback) >= payload * 99 / 100,
         "the loopback hop should redirect ~{payload} B: {why}"
     );
     ensure!(
@@ -77,7 +77,7 @@ pub fn assert_chain_bypassed(x: &Exchange, payload: u64) -> Result<()> {
         x.wire
     );
     ensure!(
-        grew(b, a, |s| s.insert_failures) == 0,
+        grew(b, a, |s| s.counters.insert_failures) == 0,
         "insert failures: {why}"
     );
     Ok(())
@@ -193,11 +193,11 @@ pub fn sidecar_chain_short_connections_exact() -> Result<()> {
     eprintln!("sidecar chain, {CONNECTIONS} short connections: {why}");
     assert_byte_exact(&x, &args)?;
     ensure!(
-        x.grew(|s| s.paired_translated) == 2 * CONNECTIONS
-            && x.grew(|s| s.paired_loopback) == CONNECTIONS,
+        x.grew(|s| s.counters.paired_translated) == 2 * CONNECTIONS
+            && x.grew(|s| s.counters.paired_loopback) == CONNECTIONS,
         "every hop of every connection should be paired: {why}"
     );
-    ensure!(x.grew(|s| s.insert_failures) == 0, "insert failures: {why}");
+    ensure!(x.grew(|s| s.counters.insert_failures) == 0, "insert failures: {why}");
     // Closed connections leave the map (the proxies close both ends of a hop).
     let deadline = Instant::now() + Duration::from_secs(2);
     while agent.stats()?.sockets != 0 {
@@ -254,14 +254,14 @@ pub fn egress_to_outside_address_first_hop_normal_path() -> Result<()> {
     assert_byte_exact(&x, &args).with_context(|| nat_tables(&pods, Family::V4))?;
     let (b, a) = (&x.before, &x.after);
     ensure!(
-        grew(b, a, |s| s.paired_translated) == 0
-            && grew(b, a, |s| s.redirected_bytes_translated) == 0
-            && grew(b, a, |s| s.paired_loopback) == 0,
+        grew(b, a, |s| s.counters.paired_translated) == 0
+            && grew(b, a, |s| s.counters.redirected_bytes_translated) == 0
+            && grew(b, a, |s| s.counters.paired_loopback) == 0,
         "the app-to-proxy hop (to {external}) must not be paired: {why}"
     );
     ensure!(
-        grew(b, a, |s| s.paired_pod) == 1
-            && grew(b, a, |s| s.redirected_bytes_pod) >= payload * 99 / 100,
+        grew(b, a, |s| s.counters.paired_pod) == 1
+            && grew(b, a, |s| s.counters.redirected_bytes_pod) >= payload * 99 / 100,
         "the proxy-to-pod hop should be bypassed: {why}"
     );
     ensure!(

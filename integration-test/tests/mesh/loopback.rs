@@ -118,20 +118,20 @@ pub fn loopback_tuples_in_two_pods_do_not_collide() -> Result<()> {
         );
     }
     ensure!(
-        grew(&before, &after, |s| s.paired_loopback) == 2,
+        grew(&before, &after, |s| s.counters.paired_loopback) == 2,
         "paired_loopback should grow by 2: {why}"
     );
     ensure!(
-        grew(&before, &after, |s| s.paired_pod) == 2,
+        grew(&before, &after, |s| s.counters.paired_pod) == 2,
         "the client-to-proxy hops are pod to pod (2): {why}"
     );
     let payload: u64 = args.iter().map(|a| a.send + a.recv).sum();
     ensure!(
-        grew(&before, &after, |s| s.redirected_bytes_loopback) >= payload * 99 / 100,
+        grew(&before, &after, |s| s.counters.redirected_bytes_loopback) >= payload * 99 / 100,
         "the loopback hops should redirect ~{payload} B: {why}"
     );
     ensure!(
-        grew(&before, &after, |s| s.insert_failures) == 0,
+        grew(&before, &after, |s| s.counters.insert_failures) == 0,
         "insert failures: {why}"
     );
     drop(proxies);
@@ -168,7 +168,7 @@ pub fn loopback_bypassed_once_namespace_known_as_pod() -> Result<()> {
     let why = growth(&b, &a);
     eprintln!("loopback in an unknown namespace: {why}");
     ensure!(
-        grew(&b, &a, |s| s.paired_loopback) == 0 && grew(&b, &a, |s| s.redirected_bytes) == 0,
+        grew(&b, &a, |s| s.counters.paired_loopback) == 0 && grew(&b, &a, |s| s.counters.redirected_bytes) == 0,
         "loopback in a namespace with no pod-address socket yet must not be bypassed: {why}"
     );
 
@@ -186,8 +186,8 @@ pub fn loopback_bypassed_once_namespace_known_as_pod() -> Result<()> {
     let why = growth(&b, &a);
     eprintln!("loopback in pod a: {why}");
     ensure!(
-        grew(&b, &a, |s| s.paired_loopback) == 1
-            && grew(&b, &a, |s| s.redirected_bytes_loopback) >= payload * 99 / 100,
+        grew(&b, &a, |s| s.counters.paired_loopback) == 1
+            && grew(&b, &a, |s| s.counters.redirected_bytes_loopback) >= payload * 99 / 100,
         "loopback in a known pod namespace should be bypassed: {why}"
     );
     Ok(())

@@ -63,16 +63,16 @@ pub fn clusterip_to_local_pod(family: Family) -> Result<()> {
     let payload = args.send + args.recv;
     let (b, a) = (&x.before, &x.after);
     ensure!(
-        grew(b, a, |s| s.paired_translated) == 1,
+        grew(b, a, |s| s.counters.paired_translated) == 1,
         "paired_translated should grow by 1: {why}\n{}",
         context()
     );
     ensure!(
-        grew(b, a, |s| s.redirected_bytes_translated) >= payload * 99 / 100,
+        grew(b, a, |s| s.counters.redirected_bytes_translated) >= payload * 99 / 100,
         "both directions (~{payload} B) should be redirected as translated: {why}"
     );
     ensure!(
-        grew(b, a, |s| s.passed_bytes) * 100 < payload,
+        grew(b, a, |s| s.counters.passed_bytes) * 100 < payload,
         "passed bytes should stay ~unchanged: {why}"
     );
     ensure!(
@@ -80,7 +80,7 @@ pub fn clusterip_to_local_pod(family: Family) -> Result<()> {
         "the veth carried {} B of {payload} B: {why}",
         x.wire
     );
-    ensure!(grew(b, a, |s| s.pair_rejected) == 0, "pair_rejected: {why}");
+    ensure!(grew(b, a, |s| s.counters.pair_rejected) == 0, "pair_rejected: {why}");
     Ok(())
 }
 
@@ -120,18 +120,18 @@ pub fn clusterip_masqueraded_client_exact() -> Result<()> {
     eprintln!("masqueraded client of {vip}: {why}");
     assert_byte_exact(&x, &args).with_context(|| nat_tables(&pods, Family::V4))?;
     let (b, a) = (&x.before, &x.after);
-    let normal = grew(b, a, |s| s.paired_translated) == 0
-        && grew(b, a, |s| s.redirected_bytes) == 0
+    let normal = grew(b, a, |s| s.counters.paired_translated) == 0
+        && grew(b, a, |s| s.counters.redirected_bytes) == 0
         && x.wire >= payload;
-    let same_connection = grew(b, a, |s| s.paired_translated) == 1
-        && grew(b, a, |s| s.redirected_bytes_translated) >= payload * 99 / 100;
+    let same_connection = grew(b, a, |s| s.counters.paired_translated) == 1
+        && grew(b, a, |s| s.counters.redirected_bytes_translated) >= payload * 99 / 100;
     ensure!(
         normal || same_connection,
         "neither the normal path nor a clean pairing: wire {} B, {why}",
         x.wire
     );
     ensure!(
-        grew(b, a, |s| s.pair_rejected) == 0,
+        grew(b, a, |s| s.counters.pair_rejected) == 0,
         "nothing to reject: {why}"
     );
     Ok(())
@@ -176,11 +176,11 @@ pub fn clusterip_dnat_to_other_node_stays_on_normal_path() -> Result<()> {
     let payload = args.send + args.recv;
     let (b, a) = (&x.before, &x.after);
     ensure!(
-        grew(b, a, |s| s.redirected_bytes) == 0,
+        grew(b, a, |s| s.counters.redirected_bytes) == 0,
         "nothing may be redirected: {why}"
     );
     ensure!(
-        grew(b, a, |s| s.paired_translated) == 0 && grew(b, a, |s| s.paired_pod) == 0,
+        grew(b, a, |s| s.counters.paired_translated) == 0 && grew(b, a, |s| s.counters.paired_pod) == 0,
         "nothing may be paired: {why}"
     );
     ensure!(
@@ -250,12 +250,12 @@ pub fn output_dnat(family: Family, to_self: bool) -> Result<()> {
         "not byte-exact: {client:#?} {server:#?}"
     );
     ensure!(
-        grew(&before, &after, |s| s.paired_translated) == 1,
+        grew(&before, &after, |s| s.counters.paired_translated) == 1,
         "not paired across the DNAT: {why}\n{}",
         nat_tables(&pods, family)
     );
     ensure!(
-        grew(&before, &after, |s| s.redirected_bytes_translated) >= args.send + args.recv,
+        grew(&before, &after, |s| s.counters.redirected_bytes_translated) >= args.send + args.recv,
         "not redirected both ways: {why}"
     );
     Ok(())

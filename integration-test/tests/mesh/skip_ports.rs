@@ -21,11 +21,11 @@ pub fn skip_ports_default_and_none() -> Result<()> {
     let why = growth(&x.before, &x.after);
     assert_byte_exact(&x, &args)?;
     ensure!(
-        x.grew(|s| s.skipped_ports) >= 1,
+        x.grew(|s| s.counters.skipped_ports) >= 1,
         "skipped_ports should grow: {why}"
     );
     ensure!(
-        x.grew(|s| s.redirected_bytes) == 0 && x.grew(|s| s.paired_pod) == 0,
+        x.grew(|s| s.counters.redirected_bytes) == 0 && x.grew(|s| s.counters.paired_pod) == 0,
         "port {ISTIO_HEALTH_PORT} must not be bypassed by default: {why}"
     );
     ensure!(
@@ -45,11 +45,11 @@ pub fn skip_ports_default_and_none() -> Result<()> {
     let why = growth(&y.before, &y.after);
     assert_byte_exact(&y, &args)?;
     ensure!(
-        y.grew(|s| s.skipped_ports) == 0,
+        y.grew(|s| s.counters.skipped_ports) == 0,
         "skipped_ports grew with --skip-ports none: {why}"
     );
     ensure!(
-        y.grew(|s| s.paired_pod) == 1 && y.grew(|s| s.redirected_bytes_pod) >= payload,
+        y.grew(|s| s.counters.paired_pod) == 1 && y.grew(|s| s.counters.redirected_bytes_pod) >= payload,
         "with --skip-ports none the connection should be bypassed: {why}"
     );
     ensure!(

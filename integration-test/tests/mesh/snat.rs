@@ -104,16 +104,16 @@ pub fn snat_onto_a_live_source_port_is_rejected() -> Result<()> {
         "connection 1 lost bytes: {c1:#?} {s1:#?}"
     );
     ensure!(
-        grew(&before, &after, |s| s.pair_rejected) >= 1,
+        grew(&before, &after, |s| s.counters.pair_rejected) >= 1,
         "pair_rejected should grow: {why}\n{}",
         nat_tables(&pods, Family::V4)
     );
     ensure!(
-        grew(&before, &after, |s| s.paired_translated) == 0,
+        grew(&before, &after, |s| s.counters.paired_translated) == 0,
         "connection 2 must not be paired: {why}"
     );
     ensure!(
-        grew(&before, &after, |s| s.passed_bytes) >= short.send,
+        grew(&before, &after, |s| s.counters.passed_bytes) >= short.send,
         "connection 2's bytes should take the normal path: {why}"
     );
     Ok(())

@@ -43,19 +43,19 @@ pub fn growth(before: &AgentStatus, after: &AgentStatus) -> String {
         "paired pod/loopback/translated +{}/+{}/+{}, redirected bytes pod/loopback/translated \
          +{}/+{}/+{} (all +{}), passed bytes +{}, inserted +{}, skipped +{}, pair_rejected +{}, \
          skipped_ports +{}, insert_failures +{}",
-        g(|s| s.paired_pod),
-        g(|s| s.paired_loopback),
-        g(|s| s.paired_translated),
-        g(|s| s.redirected_bytes_pod),
-        g(|s| s.redirected_bytes_loopback),
-        g(|s| s.redirected_bytes_translated),
-        g(|s| s.redirected_bytes),
-        g(|s| s.passed_bytes),
-        g(|s| s.sockets_inserted),
-        g(|s| s.sockets_skipped),
-        g(|s| s.pair_rejected),
-        g(|s| s.skipped_ports),
-        g(|s| s.insert_failures),
+        g(|s| s.counters.paired_pod),
+        g(|s| s.counters.paired_loopback),
+        g(|s| s.counters.paired_translated),
+        g(|s| s.counters.redirected_bytes_pod),
+        g(|s| s.counters.redirected_bytes_loopback),
+        g(|s| s.counters.redirected_bytes_translated),
+        g(|s| s.counters.redirected_bytes),
+        g(|s| s.counters.passed_bytes),
+        g(|s| s.counters.sockets_inserted),
+        g(|s| s.counters.sockets_skipped),
+        g(|s| s.counters.pair_rejected),
+        g(|s| s.counters.skipped_ports),
+        g(|s| s.counters.insert_failures),
     )
 }
 

@@ -11,7 +11,7 @@ use std::{
 
 use anyhow::{Context as _, Result};
 
-use crate::{cmd, kube_env};
+use crate::cmd;
 
 /// The components built here besides `kube-env`'s two, by command package.
 pub const COMPONENTS: [&str; 5] = [
@@ -51,7 +51,7 @@ pub fn tools_go() -> String {
 
 /// Builds what is missing (minutes the first time), then returns the binaries.
 pub fn ensure() -> Result<Bins> {
-    let base = kube_env::ensure_binaries()?;
+    let base = kube_testenv::ensure_binaries()?;
     let dir = base
         .kube_apiserver
         .parent()
@@ -66,13 +66,13 @@ pub fn ensure() -> Result<Bins> {
     if missing.is_empty() {
         return Ok(bins);
     }
-    let go = kube_env::go_tool()?;
-    let src = kube_env::cache_dir().join("src");
-    let go_cmd = |args: &[&str]| kube_env::go_command(&go, &src, args);
+    let go = kube_testenv::go_tool()?;
+    let src = kube_testenv::cache_dir().join("src");
+    let go_cmd = |args: &[&str]| kube_testenv::go_command(&go, &src, args);
     eprintln!(
         "cluster: building {} {} (minutes the first time)",
         missing.join(", "),
-        kube_env::KUBE_VERSION
+        kube_testenv::KUBE_VERSION
     );
     let started = Instant::now();
     std::fs::write(src.join("tools.go"), tools_go())
@@ -95,12 +95,12 @@ pub const HELM_VERSION: &str = "v3.22.0";
 
 /// `helm`, built from the Go module proxy into the cache unless there.
 pub fn ensure_helm() -> Result<PathBuf> {
-    let dir = kube_env::cache_dir().join(format!("helm-{HELM_VERSION}"));
+    let dir = kube_testenv::cache_dir().join(format!("helm-{HELM_VERSION}"));
     let helm = dir.join("helm");
     if helm.is_file() {
         return Ok(helm);
     }
-    let go = kube_env::go_tool()?;
+    let go = kube_testenv::go_tool()?;
     eprintln!("cluster: building helm {HELM_VERSION} (a few minutes the first time)");
     let started = Instant::now();
     std::fs::create_dir_all(&dir)?;

@@ -110,6 +110,8 @@ pub fn mounts_below(mountinfo: &str, roots: &[&Path]) -> Vec<PathBuf> {
     found
 }
 
+/// mountinfo's `\ooo` escapes undone. A copy of the agent's (`datapath::fs`): xtask
+/// cannot depend on the agent, whose build needs the toolchain xtask installs.
 fn unescape(s: &str) -> String {
     let mut out = String::new();
     let b = s.as_bytes();

@@ -1,4 +1,4 @@
-//! Go, which the Kubernetes tests need to build kube-apiserver and etcd (`kube_env`). A Go
+//! Go, which the Kubernetes tests need to build kube-apiserver and etcd (`kube-testenv`). A Go
 //! of at least [`MIN`] that is already here is used; otherwise a pinned release is fetched
 //! from the Go module proxy (module `golang.org/toolchain`, the zip `go` itself downloads
 //! when it switches toolchains) into the cache, and checked against a pinned SHA-256.

@@ -260,7 +260,12 @@ fn judge(k: &catalog::Kernel, o: &Outcome) -> Result<()> {
     }
     match k.expect {
         catalog::Expect::Refuses => match &o.refusal {
-            Some((code, 1, line)) if *code != 0 && line.contains("older than 5.15") => Ok(()),
+            Some((code, 1, line))
+                if *code != 0
+                    && line.contains(&format!("older than {}", bypass_common::MIN_KERNEL)) =>
+            {
+                Ok(())
+            }
             other => bail!(
                 "the agent should refuse kernel {} in one line: {other:?}",
                 k.name

@@ -98,10 +98,10 @@ fn run(cli: &Cli) -> Result<Value> {
         pin_dir: PathBuf::from(format!("/sys/fs/bpf/bypass-smoke-{tag}")),
         ..AgentOpts::default()
     })?;
-    let before = agent.stats()?.redirected_bytes;
+    let before = agent.stats()?.counters.redirected_bytes;
     let (client, server) = transfer(&a, &b, cli.bytes)?;
     let status = agent.status()?;
-    let after = agent.stats()?.redirected_bytes;
+    let after = agent.stats()?.counters.redirected_bytes;
     let exit = agent.stop()?;
     let exact = client.ok
         && server.ok

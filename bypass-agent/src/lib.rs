@@ -1,0 +1,32 @@
+//! The agent as a library: the pure cores (which addresses belong in the maps, what the
+//! node label means, what to change), the datapath (load, pin, attach, typed map views),
+//! the Kubernetes watchers that feed them, metrics and the subcommands. `main.rs` only
+//! parses options, starts logging and calls [`execute`]; the fuzz targets and the
+//! testbed use the modules directly.
+
+mod apply;
+pub mod cidr;
+pub mod cli;
+pub mod datapath;
+pub mod error;
+mod k8s;
+mod metrics;
+mod others;
+#[cfg(any(test, feature = "fuzz"))]
+pub mod props;
+pub mod run;
+pub mod status;
+pub mod sync;
+pub mod toggle;
+pub mod uninstall;
+
+pub use error::AgentError;
+
+/// Runs one subcommand to its end.
+pub fn execute(command: cli::Command) -> Result<(), AgentError> {
+    match command {
+        cli::Command::Run(opts) => run::run(*opts),
+        cli::Command::Status(opts) => status::status(opts),
+        cli::Command::Uninstall(opts) => uninstall::uninstall(&opts),
+    }
+}

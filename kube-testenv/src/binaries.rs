@@ -1,0 +1,175 @@
+//! The etcd and kube-apiserver binaries: built from the Go module proxy once, cached.
+
+use std::{
+    fmt::Write as _,
+    path::{Path, PathBuf},
+    process::Command,
+    time::Instant,
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::run;
+
+/// The Kubernetes release the API server is built from.
+pub const KUBE_VERSION: &str = "v1.35.4";
+/// The staging modules (`k8s.io/api`, `k8s.io/client-go`, ...) of that release.
+pub const STAGING_VERSION: &str = "v0.35.4";
+
+/// The two binaries.
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    /// etcd.
+    pub etcd: PathBuf,
+    /// kube-apiserver.
+    pub kube_apiserver: PathBuf,
+}
+
+/// Where builds are cached: `$BYPASS_KUBE_CACHE`, else `~/.cache/bypass/kube/<version>`.
+pub fn cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("BYPASS_KUBE_CACHE") {
+        return PathBuf::from(dir);
+    }
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
+    home.join(".cache/bypass/kube").join(KUBE_VERSION)
+}
+
+/// The `go` tool: on `PATH`, else `/usr/local/go/bin/go`.
+pub fn go_tool() -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            let go = dir.join("go");
+            if go.is_file() {
+                return Ok(go);
+            }
+        }
+    }
+    let fallback = PathBuf::from("/usr/local/go/bin/go");
+    if fallback.is_file() {
+        return Ok(fallback);
+    }
+    bail!(
+        "no `go` tool found (PATH or /usr/local/go/bin/go): install Go >= 1.25 to build kube-apiserver and etcd"
+    )
+}
+
+/// The `go.mod` of the throwaway build module: k8s.io/kubernetes with every staging
+/// module it replaces locally (`=> ./staging/src/...`) replaced by its published
+/// version instead (pure, so it is tested).
+pub fn build_go_mod(kubernetes_go_mod: &str) -> String {
+    let mut out = format!(
+        "module bypass.local/kubebuild\n\ngo 1.25.0\n\nrequire k8s.io/kubernetes {KUBE_VERSION}\n\nreplace (\n"
+    );
+    for line in kubernetes_go_mod.lines() {
+        let line = line.trim();
+        if let Some((module, target)) = line.split_once("=>")
+            && target.trim().starts_with("./staging/")
+        {
+            let module = module.trim();
+            let _ = writeln!(out, "\t{module} => {module} {STAGING_VERSION}");
+        }
+    }
+    out.push_str(")\n");
+    out
+}
+
+/// Builds etcd and kube-apiserver unless cached. Takes minutes the first time.
+pub fn ensure_binaries() -> Result<Binaries> {
+    let root = cache_dir();
+    let bins = Binaries {
+        etcd: root.join("bin/etcd"),
+        kube_apiserver: root.join("bin/kube-apiserver"),
+    };
+    if bins.etcd.is_file() && bins.kube_apiserver.is_file() {
+        return Ok(bins);
+    }
+    let go = go_tool()?;
+    let src = root.join("src");
+    std::fs::create_dir_all(&src).with_context(|| format!("create {}", src.display()))?;
+    std::fs::create_dir_all(root.join("bin"))?;
+    let go_cmd = |args: &[&str]| go_command(&go, &src, args);
+    eprintln!(
+        "kube-env: building kube-apiserver {KUBE_VERSION} and etcd (several minutes the first time)"
+    );
+    let started = Instant::now();
+    std::fs::write(
+        src.join("go.mod"),
+        "module bypass.local/kubebuild\n\ngo 1.25.0\n",
+    )?;
+    let info = run(
+        &mut go_cmd(&[
+            "mod",
+            "download",
+            "-json",
+            &format!("k8s.io/kubernetes@{KUBE_VERSION}"),
+        ]),
+        "go mod download k8s.io/kubernetes",
+    )?;
+    let mod_path = info
+        .lines()
+        .find_map(|l| {
+            let l = l.trim();
+            l.strip_prefix("\"GoMod\": \"")
+                .and_then(|r| r.strip_suffix("\","))
+        })
+        .context("`go mod download -json` printed no GoMod path")?;
+    let upstream = std::fs::read_to_string(mod_path).with_context(|| format!("read {mod_path}"))?;
+    std::fs::write(src.join("go.mod"), build_go_mod(&upstream))?;
+    std::fs::write(
+        src.join("tools.go"),
+        "//go:build tools\n\npackage kubebuild\n\nimport (\n\t_ \"go.etcd.io/etcd/server/v3\"\n\t_ \"k8s.io/kubernetes/cmd/kube-apiserver\"\n)\n",
+    )?;
+    run(&mut go_cmd(&["mod", "tidy"]), "go mod tidy")?;
+    for (pkg, dest) in [
+        ("go.etcd.io/etcd/server/v3", &bins.etcd),
+        ("k8s.io/kubernetes/cmd/kube-apiserver", &bins.kube_apiserver),
+    ] {
+        // Build beside, then rename: a concurrent user never sees half a binary.
+        let tmp = dest.with_extension(format!("tmp{}", std::process::id()));
+        let tmp_s = tmp.to_string_lossy().into_owned();
+        run(
+            &mut go_cmd(&["build", "-o", &tmp_s, pkg]),
+            &format!("go build {pkg}"),
+        )?;
+        std::fs::rename(&tmp, dest).with_context(|| format!("install {}", dest.display()))?;
+    }
+    eprintln!("kube-env: built in {:.0?}", started.elapsed());
+    Ok(bins)
+}
+
+/// `go <args>` in the module directory `src`, modules resolved from the proxy and the
+/// installed toolchain only (no toolchain download).
+pub fn go_command(go: &Path, src: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(go);
+    c.args(args)
+        .current_dir(src)
+        .env("GOFLAGS", "-mod=mod")
+        .env("GOTOOLCHAIN", "local");
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_mod_replaces_every_staging_module_by_its_release() {
+        let upstream = "module k8s.io/kubernetes\n\nreplace (\n\tk8s.io/api => ./staging/src/k8s.io/api\n\tk8s.io/client-go => ./staging/src/k8s.io/client-go\n\tgithub.com/x/y => github.com/x/y v1.0.0\n)\n";
+        let m = build_go_mod(upstream);
+        assert!(
+            m.contains(&format!("require k8s.io/kubernetes {KUBE_VERSION}")),
+            "{m}"
+        );
+        assert!(
+            m.contains(&format!("\tk8s.io/api => k8s.io/api {STAGING_VERSION}\n")),
+            "{m}"
+        );
+        assert!(
+            m.contains(&format!(
+                "\tk8s.io/client-go => k8s.io/client-go {STAGING_VERSION}\n"
+            )),
+            "{m}"
+        );
+        assert!(!m.contains("github.com/x/y"), "{m}");
+    }
+}

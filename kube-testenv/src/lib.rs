@@ -1,0 +1,38 @@
+//! A real kube-apiserver with its etcd on loopback, for `cargo xtask kube-env up|down`
+//! and for the agent's Kubernetes tests. Both binaries are built once from the Go module
+//! proxy and cached; certificates (a CA, the serving certificate, client certificates)
+//! and the service-account key are made with `openssl`; an admin kubeconfig is written.
+//! No controller-manager, scheduler or kubelet runs: tests set status themselves.
+//!
+//! Only `std` and `anyhow`, so both xtask and the tests can use it cheaply.
+
+mod binaries;
+mod env;
+mod pki;
+mod state;
+
+use std::process::Command;
+
+use anyhow::{Context as _, Result, bail};
+
+pub use binaries::{
+    Binaries, KUBE_VERSION, STAGING_VERSION, build_go_mod, cache_dir, ensure_binaries, go_command,
+    go_tool,
+};
+pub use env::{KubeEnv, READY_TIMEOUT};
+pub use pki::{ca, service_account_key, signed};
+pub use state::{default_dir, down, up};
+
+pub(crate) fn run(cmd: &mut Command, what: &str) -> Result<String> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("{what}: could not start {:?}", cmd.get_program()))?;
+    if !out.status.success() {
+        bail!(
+            "{what} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
