@@ -197,7 +197,10 @@ pub fn sidecar_chain_short_connections_exact() -> Result<()> {
             && x.grew(|s| s.counters.paired_loopback) == CONNECTIONS,
         "every hop of every connection should be paired: {why}"
     );
-    ensure!(x.grew(|s| s.counters.insert_failures) == 0, "insert failures: {why}");
+    ensure!(
+        x.grew(|s| s.counters.insert_failures) == 0,
+        "insert failures: {why}"
+    );
     // Closed connections leave the map (the proxies close both ends of a hop).
     let deadline = Instant::now() + Duration::from_secs(2);
     while agent.stats()?.sockets != 0 {

@@ -168,7 +168,8 @@ pub fn loopback_bypassed_once_namespace_known_as_pod() -> Result<()> {
     let why = growth(&b, &a);
     eprintln!("loopback in an unknown namespace: {why}");
     ensure!(
-        grew(&b, &a, |s| s.counters.paired_loopback) == 0 && grew(&b, &a, |s| s.counters.redirected_bytes) == 0,
+        grew(&b, &a, |s| s.counters.paired_loopback) == 0
+            && grew(&b, &a, |s| s.counters.redirected_bytes) == 0,
         "loopback in a namespace with no pod-address socket yet must not be bypassed: {why}"
     );
 

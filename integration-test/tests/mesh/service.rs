@@ -80,7 +80,10 @@ pub fn clusterip_to_local_pod(family: Family) -> Result<()> {
         "the veth carried {} B of {payload} B: {why}",
         x.wire
     );
-    ensure!(grew(b, a, |s| s.counters.pair_rejected) == 0, "pair_rejected: {why}");
+    ensure!(
+        grew(b, a, |s| s.counters.pair_rejected) == 0,
+        "pair_rejected: {why}"
+    );
     Ok(())
 }
 
@@ -180,7 +183,8 @@ pub fn clusterip_dnat_to_other_node_stays_on_normal_path() -> Result<()> {
         "nothing may be redirected: {why}"
     );
     ensure!(
-        grew(b, a, |s| s.counters.paired_translated) == 0 && grew(b, a, |s| s.counters.paired_pod) == 0,
+        grew(b, a, |s| s.counters.paired_translated) == 0
+            && grew(b, a, |s| s.counters.paired_pod) == 0,
         "nothing may be paired: {why}"
     );
     ensure!(

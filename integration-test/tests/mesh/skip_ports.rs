@@ -49,7 +49,8 @@ pub fn skip_ports_default_and_none() -> Result<()> {
         "skipped_ports grew with --skip-ports none: {why}"
     );
     ensure!(
-        y.grew(|s| s.counters.paired_pod) == 1 && y.grew(|s| s.counters.redirected_bytes_pod) >= payload,
+        y.grew(|s| s.counters.paired_pod) == 1
+            && y.grew(|s| s.counters.redirected_bytes_pod) >= payload,
         "with --skip-ports none the connection should be bypassed: {why}"
     );
     ensure!(
