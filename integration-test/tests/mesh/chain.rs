@@ -8,7 +8,7 @@ use std::{
 
 use anyhow::{Context as _, Result, ensure};
 use bypass_common::{
-    Endpoint, SockKey,
+    Connector, Endpoint, Link, SockKey,
     names::{MAP_CONNECTORS, MAP_LINKS},
 };
 use testbed::{
@@ -212,15 +212,21 @@ pub fn sidecar_chain_short_connections_exact() -> Result<()> {
         std::thread::sleep(Duration::from_millis(20));
     }
     // So does the per-connection pairing state (the LRU maps would only hide a leak).
-    for (map, key_size) in [
-        (MAP_CONNECTORS, size_of::<Endpoint>()),
-        (MAP_LINKS, size_of::<SockKey>()),
-    ] {
-        let left = mapkeys::pinned_map_keys(&agent.pin_dir().join("maps").join(map), key_size)?;
+    let maps = agent.pin_dir().join("maps");
+    let left = [
+        (
+            MAP_CONNECTORS,
+            mapkeys::pinned_hash_keys::<Endpoint, Connector>(&maps.join(MAP_CONNECTORS))?.len(),
+        ),
+        (
+            MAP_LINKS,
+            mapkeys::pinned_hash_keys::<SockKey, Link>(&maps.join(MAP_LINKS))?.len(),
+        ),
+    ];
+    for (map, left) in left {
         ensure!(
-            left.is_empty(),
-            "{map} still holds {} entries after every connection closed",
-            left.len()
+            left == 0,
+            "{map} still holds {left} entries after every connection closed"
         );
     }
     Ok(())

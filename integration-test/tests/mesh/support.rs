@@ -89,31 +89,11 @@ pub fn any(family: Family) -> IpAddr {
     }
 }
 
-/// A SockHash key as the kernel holds it (the layout of [`SockKey`], native endian).
-fn decode_key(b: &[u8]) -> Option<SockKey> {
-    if b.len() != size_of::<SockKey>() {
-        return None;
-    }
-    let word = |i: usize| u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-    let ip = |at: usize| [word(at), word(at + 4), word(at + 8), word(at + 12)];
-    let mut netns = [0u8; 8];
-    netns.copy_from_slice(&b[40..48]);
-    Some(SockKey {
-        local_ip: ip(0),
-        remote_ip: ip(16),
-        local_port: word(32),
-        remote_port: word(36),
-        netns: u64::from_ne_bytes(netns),
-    })
-}
-
 /// The SockHash keys with `port` at either end.
 pub fn keys_with_port(agent: &Agent, port: u16) -> Result<Vec<SockKey>> {
     let pin = agent.pin_dir().join("maps").join(MAP_SOCKETS);
-    let keys = mapkeys::pinned_map_keys(&pin, size_of::<SockKey>())?;
-    Ok(keys
-        .iter()
-        .filter_map(|k| decode_key(k))
+    Ok(mapkeys::pinned_sockhash_keys(&pin)?
+        .into_iter()
         .filter(|k| k.local_port == u32::from(port) || k.remote_port == u32::from(port))
         .collect())
 }
