@@ -77,17 +77,21 @@ pub(crate) static BYPASS_CONNECTORS: LruHashMap<
 pub(crate) static BYPASS_LINKS: LruHashMap<SockKey, Link, { DEFAULT_MAX_SOCKETS as usize }> =
     LruHashMap::new();
 
-/// The [`BYPASS_SOCK_STATE`] storage of the context socket `sk` (non-null), created
-/// zeroed when `create` is set; `None` when it has none (or it could not be created).
+/// The [`BYPASS_SOCK_STATE`] storage of the socket `sk`, created zeroed when `create`
+/// is set; `None` when it has none (or it could not be created).
+///
+/// # Safety
+/// `sk` must be the running program's own context socket, non-null: another socket
+/// (one found in a map) would have its state read or created here.
 #[inline(always)]
-pub(crate) fn sock_state<S>(sk: *mut S, create: bool) -> Option<*mut SockState> {
+pub(crate) unsafe fn sock_state<S>(sk: *mut S, create: bool) -> Option<*mut SockState> {
     let flags = if create {
         u64::from(aya_ebpf::bindings::BPF_SK_STORAGE_GET_F_CREATE)
     } else {
         0
     };
-    // SAFETY: `sk` is a program context's non-null socket (every caller checks); the
-    // helper returns this socket's storage or null.
+    // SAFETY: the caller passes its context's non-null socket; the helper returns that
+    // socket's storage or null.
     let state = unsafe {
         aya_ebpf::helpers::generated::bpf_sk_storage_get(
             map_ptr(&BYPASS_SOCK_STATE),

@@ -67,7 +67,8 @@ fn try_redirect(ctx: &SkMsgContext, size: u64) -> Result<u32, PassReason> {
     if sk.is_null() {
         return Err(PassReason::Unpaired);
     }
-    let Some(state) = sock_state(sk, false) else {
+    // SAFETY: `sk` is this program's context socket, checked non-null above.
+    let Some(state) = (unsafe { sock_state(sk, false) }) else {
         return Err(PassReason::Unpaired);
     };
     // SAFETY: non-null storage of this socket, sized for a `SockState`. sk_msg runs under

@@ -186,7 +186,8 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
     }
     // SAFETY: the helper takes the program's context.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.ops.cast()) };
-    let Some(state) = sock_state(sk, true) else {
+    // SAFETY: `sk` is this program's context socket, checked non-null above.
+    let Some(state) = (unsafe { sock_state(sk, true) }) else {
         return Err(Skip::Failed);
     };
     // SAFETY: non-null storage of this socket, sized for a `SockState`; written field by
@@ -355,7 +356,8 @@ fn on_state_change(ctx: &SockOpsContext) {
     if sk.is_null() {
         return;
     }
-    let Some(state) = sock_state(sk, false) else {
+    // SAFETY: `sk` is this program's context socket, checked non-null above.
+    let Some(state) = (unsafe { sock_state(sk, false) }) else {
         return;
     };
     // SAFETY: non-null storage of this socket, sized for a `SockState`.

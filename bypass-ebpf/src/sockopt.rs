@@ -65,7 +65,8 @@ fn check(ctx: &SockoptContext) -> i32 {
     if sk.is_null() {
         return 1;
     }
-    let Some(state) = sock_state(sk, false) else {
+    // SAFETY: `sk` is this program's context socket, checked non-null above.
+    let Some(state) = (unsafe { sock_state(sk, false) }) else {
         return 1;
     };
     // SAFETY: non-null storage of this socket, sized for a `SockState`; the hook runs
