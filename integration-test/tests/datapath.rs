@@ -3,12 +3,12 @@
 //! the pod addresses are left alone; `--pod-ip` alone works; short connections that
 //! send at once survive the insertion race.
 
-mod common;
+mod support;
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use anyhow::{Result, ensure};
-use common::{MIB64, assert_bypassed, assert_byte_exact, exchange};
+use support::exchange::{MIB64, assert_bypassed, assert_byte_exact, exchange};
 use testbed::{Agent, AgentOpts, ClientArgs, TwoPods, preflight};
 
 #[test]

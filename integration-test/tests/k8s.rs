@@ -12,7 +12,7 @@
 //! Objects are made as a kubelet and controllers would: status through the status
 //! subresource, pods force-deleted, the `default` ServiceAccount created by hand.
 
-mod common;
+mod support;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -24,7 +24,6 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail, ensure};
-use common::{assert_bypassed, assert_byte_exact, exchange};
 use k8s_openapi::api::{
     core::v1::{Namespace, Node, Pod, ServiceAccount},
     networking::v1::ServiceCIDR,
@@ -38,6 +37,7 @@ use kube::{
 };
 use kube_testenv::KubeEnv;
 use serde_json::{Value, json};
+use support::exchange::{assert_bypassed, assert_byte_exact, exchange};
 use testbed::{
     Agent, AgentOpts, AgentStatus, ClientArgs, PeerClient, PeerServer, Proxy, ProxyOpts, TwoPods,
     agent::{http_get, metric},

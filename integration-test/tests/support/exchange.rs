@@ -1,7 +1,5 @@
-//! Helpers shared by the privileged tests: one measured exchange between the two pods
-//! of a [`TwoPods`], and the assertions every test makes on it.
-
-#![allow(dead_code, reason = "each test binary uses a different subset")]
+//! One measured exchange between the two pods of a [`TwoPods`], and the assertions every
+//! test makes on it.
 
 use std::{net::SocketAddr, time::Instant};
 
