@@ -8,14 +8,14 @@ use bypass_agent::toggle::{EnabledBy, LabelValue};
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use testbed::{
-    Agent, TwoPods,
+    TwoPods,
     agent::{http_get, metric},
 };
 
 use super::{
     cluster::{Cluster, PodOpts},
     support::{
-        EXCLUDE, PROPAGATION, addrs, free_port, kube_agent_opts, node_name, seen, set, wait_addrs,
+        EXCLUDE, PROPAGATION, addrs, free_port, node_name, seen, set, start_agent, wait_addrs,
         wait_for,
     },
 };
@@ -30,13 +30,7 @@ pub fn k8s_pod_addresses_follow_the_api() -> Result<()> {
     c.namespace("bk-apps", &[])?;
     c.namespace("bk-quiet", &[(EXCLUDE, "true")])?;
     let port = free_port()?;
-    let agent = Agent::start(&kube_agent_opts(
-        &pods,
-        &node,
-        &c.env.kubeconfig(),
-        port,
-        &[],
-    ))?;
+    let agent = start_agent(&c, &pods, &node, port, &[])?;
     let pin = agent.pin_dir().to_path_buf();
     wait_for(&pin, PROPAGATION, "attached by default", |s| {
         s.attached && s.enabled_by == Some(EnabledBy::Default)

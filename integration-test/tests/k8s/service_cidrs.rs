@@ -14,8 +14,8 @@ use testbed::{
 use super::{
     cluster::{Cluster, PodOpts},
     support::{
-        addrs, free_port, kube_agent_opts, log_lines, node_name, seen, set, strings, wait_addrs,
-        wait_for, wait_service_cidrs,
+        addrs, free_port, kube_agent_opts, log_lines, node_name, seen, set, start_agent, strings,
+        wait_addrs, wait_for, wait_service_cidrs,
     },
 };
 
@@ -32,13 +32,7 @@ pub fn k8s_service_cidrs_follow_the_api() -> Result<()> {
         "--service-cidr",
         "fd00:96::/112",
     ];
-    let agent = Agent::start(&kube_agent_opts(
-        &pods,
-        &node,
-        &c.env.kubeconfig(),
-        port,
-        &flags,
-    ))?;
+    let agent = start_agent(&c, &pods, &node, port, &flags)?;
     let pin = agent.pin_dir().to_path_buf();
     // The default ServiceCIDR `kubernetes` (the API server's --service-cluster-ip-range)
     // and the flags.

@@ -12,12 +12,32 @@ use std::{
 use anyhow::{Result, bail};
 use testbed::{Agent, AgentOpts, AgentStatus, TwoPods};
 
+use super::cluster::Cluster;
+
 /// "Within a second": how long a change in the API may take to reach the maps.
 pub const PROPAGATION: Duration = Duration::from_secs(1);
 /// The node label that switches the bypass on and off.
 pub const LABEL: &str = "bypass.dev/enabled";
 /// The pod annotation and namespace label that opt out.
 pub const EXCLUDE: &str = "bypass.dev/exclude";
+
+/// The agent in Kubernetes mode on `node`, with the cluster's admin credentials and
+/// its metrics on `metrics_port`.
+pub fn start_agent(
+    c: &Cluster,
+    pods: &TwoPods,
+    node: &str,
+    metrics_port: u16,
+    extra: &[&str],
+) -> Result<Agent> {
+    Agent::start(&kube_agent_opts(
+        pods,
+        node,
+        &c.env.kubeconfig(),
+        metrics_port,
+        extra,
+    ))
+}
 
 /// A free TCP port on 127.0.0.1 (for the agent's metrics).
 pub fn free_port() -> Result<u16> {

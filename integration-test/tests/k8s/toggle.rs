@@ -10,18 +10,17 @@ use std::{
 use anyhow::{Result, ensure};
 use bypass_agent::toggle::{EnabledBy, LabelValue};
 use testbed::{
-    Agent, ClientArgs, PeerClient, PeerServer, TwoPods,
+    ClientArgs, PeerClient, PeerServer, TwoPods,
     agent::{http_get, metric},
 };
 
 use super::{
     cluster::{Cluster, PodOpts},
     support::{
-        LABEL, PROPAGATION, addrs, free_port, kube_agent_opts, node_name, seen, wait_addrs,
-        wait_for,
+        LABEL, PROPAGATION, addrs, free_port, node_name, seen, start_agent, wait_addrs, wait_for,
     },
 };
-use crate::support::exchange::{assert_bypassed, assert_byte_exact, exchange};
+use crate::support::exchange::{assert_byte_exact, exchange, exchange_bypassed};
 
 pub fn k8s_traffic_from_pod_objects_and_label_toggle_lose_no_byte() -> Result<()> {
     let pods = TwoPods::new()?;
@@ -39,13 +38,7 @@ pub fn k8s_traffic_from_pod_objects_and_label_toggle_lose_no_byte() -> Result<()
     c.pod("bk-apps", "a", &node, &[&a4, &a6], PodOpts::default())?;
     c.pod("bk-apps", "b", &node, &[&b4, &b6], PodOpts::default())?;
     let port = free_port()?;
-    let agent = Agent::start(&kube_agent_opts(
-        &pods,
-        &node,
-        &c.env.kubeconfig(),
-        port,
-        &[],
-    ))?;
+    let agent = start_agent(&c, &pods, &node, port, &[])?;
     let pin = agent.pin_dir().to_path_buf();
     wait_addrs(
         &pin,
@@ -65,24 +58,8 @@ pub fn k8s_traffic_from_pod_objects_and_label_toggle_lose_no_byte() -> Result<()
     ensure!(metric(port, "bypass_synced")? == 1.0, "synced metric");
 
     let bulk = ClientArgs::bulk(16 << 20);
-    let x = exchange(
-        &pods,
-        &agent,
-        pods.b.v4_addr(5101),
-        pods.b.v4_addr(5101),
-        &bulk,
-    )?;
-    assert_byte_exact(&x, &bulk)?;
-    assert_bypassed(&x, &bulk)?;
-    let x = exchange(
-        &pods,
-        &agent,
-        pods.b.v6_addr(5102),
-        pods.b.v6_addr(5102),
-        &bulk,
-    )?;
-    assert_byte_exact(&x, &bulk)?;
-    assert_bypassed(&x, &bulk)?;
+    exchange_bypassed(&pods, &agent, pods.b.v4_addr(5101), &bulk)?;
+    exchange_bypassed(&pods, &agent, pods.b.v6_addr(5102), &bulk)?;
 
     ensure!(metric(port, "bypass_attached")? == 1.0, "attached metric");
     ensure!(
@@ -128,15 +105,7 @@ pub fn k8s_traffic_from_pod_objects_and_label_toggle_lose_no_byte() -> Result<()
     wait_for(&pin, PROPAGATION, "label=true attaches", |s| {
         s.attached && s.enabled_by == Some(EnabledBy::Label)
     })?;
-    let x = exchange(
-        &pods,
-        &agent,
-        pods.b.v4_addr(5104),
-        pods.b.v4_addr(5104),
-        &bulk,
-    )?;
-    assert_byte_exact(&x, &bulk)?;
-    assert_bypassed(&x, &bulk)?;
+    exchange_bypassed(&pods, &agent, pods.b.v4_addr(5104), &bulk)?;
 
     // A bad value is logged and counted, and the state is kept.
     c.label_node(&node, LABEL, Some("maybe"))?;
@@ -203,15 +172,7 @@ pub fn k8s_traffic_from_pod_objects_and_label_toggle_lose_no_byte() -> Result<()
     );
 
     // And new connections are bypassed after the last switch on.
-    let x = exchange(
-        &pods,
-        &agent,
-        pods.b.v6_addr(5106),
-        pods.b.v6_addr(5106),
-        &bulk,
-    )?;
-    assert_byte_exact(&x, &bulk)?;
-    assert_bypassed(&x, &bulk)
+    exchange_bypassed(&pods, &agent, pods.b.v6_addr(5106), &bulk)
 }
 
 /// What a connection published for its peer (a connector, a link) is removed by the
@@ -230,13 +191,7 @@ pub fn k8s_entries_of_connections_closed_while_off_are_swept() -> Result<()> {
     c.pod("bk-apps", "a", &node, &[&a4], PodOpts::default())?;
     c.pod("bk-apps", "b", &node, &[&b4], PodOpts::default())?;
     let port = free_port()?;
-    let agent = Agent::start(&kube_agent_opts(
-        &pods,
-        &node,
-        &c.env.kubeconfig(),
-        port,
-        &[],
-    ))?;
+    let agent = start_agent(&c, &pods, &node, port, &[])?;
     let pin = agent.pin_dir().to_path_buf();
     wait_addrs(&pin, "both pods in", &addrs(&[&a4, &b4]))?;
     let pairing = |pin: &Path| -> Result<(usize, usize)> {

@@ -92,6 +92,19 @@ pub fn exchange_with(
     Ok(x)
 }
 
+/// An exchange towards `to`, where the server listens, byte-exact and bypassed (see
+/// [`assert_byte_exact`], [`assert_bypassed`]).
+pub fn exchange_bypassed(
+    pods: &TwoPods,
+    agent: &Agent,
+    to: SocketAddr,
+    args: &ClientArgs,
+) -> Result<()> {
+    let x = exchange(pods, agent, to, to, args)?;
+    assert_byte_exact(&x, args)?;
+    assert_bypassed(&x, args)
+}
+
 /// Every byte arrived in order on both sides, and the totals are what was asked.
 pub fn assert_byte_exact(x: &Exchange, args: &ClientArgs) -> Result<()> {
     let n = args.total_connections();

@@ -59,21 +59,19 @@ pub fn both(pods: &TwoPods, port: u16, args: &[&str]) -> Result<(Run, Run)> {
 
 /// The two runs agree on `fields` of the client's and the server's report.
 pub fn same(tcp: &Run, bypass: &Run, client: &[&str], server: &[&str]) -> Result<()> {
-    for f in client {
-        ensure!(
-            tcp.client.get(f) == bypass.client.get(f),
-            "client {f}: normal path {:?}, bypassed {:?}",
-            tcp.client.get(f),
-            bypass.client.get(f)
-        );
-    }
-    for f in server {
-        ensure!(
-            tcp.server.get(f) == bypass.server.get(f),
-            "server {f}: normal path {:?}, bypassed {:?}",
-            tcp.server.get(f),
-            bypass.server.get(f)
-        );
+    let sides = [
+        ("client", client, &tcp.client, &bypass.client),
+        ("server", server, &tcp.server, &bypass.server),
+    ];
+    for (side, fields, tcp, bypass) in sides {
+        for f in fields {
+            ensure!(
+                tcp.get(f) == bypass.get(f),
+                "{side} {f}: normal path {:?}, bypassed {:?}",
+                tcp.get(f),
+                bypass.get(f)
+            );
+        }
     }
     Ok(())
 }
