@@ -68,10 +68,12 @@ pub fn kube_agent_opts(
     opts
 }
 
+/// The strings of `list`, as a set.
 pub fn strings(list: &[&str]) -> BTreeSet<String> {
     list.iter().map(|s| (*s).to_owned()).collect()
 }
 
+/// The addresses of `list`, as a set (unparsable entries left out).
 pub fn addrs(list: &[&str]) -> BTreeSet<IpAddr> {
     list.iter().filter_map(|s| s.parse().ok()).collect()
 }
@@ -110,12 +112,14 @@ pub fn wait_for(
     }
 }
 
+/// Waits [`PROPAGATION`] at most until the pod addresses are `want`.
 pub fn wait_addrs(pin_dir: &Path, what: &str, want: &BTreeSet<IpAddr>) -> Result<Duration> {
     wait_for(pin_dir, PROPAGATION, what, |s| {
         set(&s.pod_addresses) == *want
     })
 }
 
+/// Waits [`PROPAGATION`] at most until the Service CIDRs are `want`.
 pub fn wait_service_cidrs(pin_dir: &Path, what: &str, want: &BTreeSet<String>) -> Result<Duration> {
     wait_for(pin_dir, PROPAGATION, what, |s| {
         set(&s.service_cidrs) == *want
