@@ -3,7 +3,7 @@
 //! attached. Also when the receivers have not read anything yet, so the redirected
 //! bytes still sit in their queues when the later ones start arriving by TCP.
 
-mod common;
+mod support;
 
 use std::time::{Duration, Instant};
 

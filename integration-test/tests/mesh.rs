@@ -21,7 +21,7 @@
 //! The proxies are `bypass-proxy` (src/bin/bypass-proxy.rs); the rules come from
 //! `testbed::iptables` and vanish with the namespaces.
 
-mod common;
+mod support;
 
 /// The scenarios by topic, one file each under tests/mesh/; the tests below name them,
 /// so every test keeps its name in the harness (filters, `--skip`, the kernel table).

@@ -5,11 +5,10 @@
 //! keeps the redirect at every size. Off by default (the bench shows where it wins and
 //! where it loses). Either way every byte arrives once and in order.
 
-mod common;
 mod support;
 
 use anyhow::{Result, ensure};
-use common::{Exchange, assert_bypassed, assert_byte_exact, exchange_with};
+use support::exchange::{Exchange, assert_bypassed, assert_byte_exact, exchange_with};
 use support::{agent_with, num, queue_bound_off, two_pods};
 use testbed::{Agent, AgentStatus, ClientArgs, ServerArgs, TwoPods, preflight};
 

@@ -14,10 +14,10 @@
 //! `tcp_bpf_recvmsg` returns -EAGAIN (net/ipv4/tcp_bpf.c: one `tcp_msg_wait_data`, then
 //! `copied = -EAGAIN`).
 
-mod common;
+mod support;
 
 use anyhow::{Result, ensure};
-use common::{assert_byte_exact, exchange_with};
+use support::exchange::{assert_byte_exact, exchange_with};
 use testbed::{Agent, ClientArgs, ServerArgs, TwoPods, preflight};
 
 #[test]

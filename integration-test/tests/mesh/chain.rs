@@ -21,7 +21,7 @@ use super::support::{
     APP_PORT, INBOUND_PORT, OUTBOUND_PORT, PROXY_MARK, any, grew, growth, ip_of, loopback,
     nat_tables, vip_in,
 };
-use crate::common::{Exchange, assert_byte_exact, exchange};
+use crate::support::exchange::{Exchange, assert_byte_exact, exchange};
 
 /// Bytes each way of a ping-pong run: every message and its echo arrived, verified.
 pub fn assert_pingpong_exact(x: &Exchange, rounds: u64, size: usize) -> Result<()> {

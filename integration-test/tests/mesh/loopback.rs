@@ -12,7 +12,7 @@ use testbed::{
 };
 
 use super::support::{grew, growth, keys_with_port};
-use crate::common::{assert_byte_exact, exchange};
+use crate::support::exchange::{assert_byte_exact, exchange};
 
 /// Identical loopback tuples in two pods, at once: in each pod a client reaches a
 /// proxy on the pod's own address (a pod-address connection, which is also what tells

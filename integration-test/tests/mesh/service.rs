@@ -11,7 +11,7 @@ use testbed::{
 };
 
 use super::support::{agent_with, any, grew, growth, ip_of, nat_tables, vip_in};
-use crate::common::{Exchange, assert_byte_exact, exchange};
+use crate::support::exchange::{Exchange, assert_byte_exact, exchange};
 
 /// A ClusterIP Service, kube-proxy style, in pod a's nat table.
 pub fn cluster_ip(pods: &TwoPods, vip: SocketAddr, backend: SocketAddr) -> ClusterIp {

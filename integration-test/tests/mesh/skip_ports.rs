@@ -5,7 +5,7 @@ use anyhow::{Result, ensure};
 use testbed::{Agent, AgentOpts, ClientArgs, TwoPods};
 
 use super::support::{ISTIO_HEALTH_PORT, growth};
-use crate::common::{assert_byte_exact, exchange};
+use crate::support::exchange::{assert_byte_exact, exchange};
 
 /// Istio's health port 15021 is in the default `--skip-ports`: a pod-to-pod connection
 /// on it stays on the normal path and is counted; with `--skip-ports none` the same

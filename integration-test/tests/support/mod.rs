@@ -1,8 +1,10 @@
-//! Helpers for the reliability and semantics tests: `bypass-probe` (one TCP behaviour,
-//! observed by the application) run inside the pods, an agent with extra flags, and
-//! counter deltas.
+//! Helpers shared by the privileged tests: one measured exchange between the two pods
+//! (`exchange`), `bypass-probe` (one TCP behaviour, observed by the application) run
+//! inside the pods, an agent with extra flags, and counter deltas.
 
 #![allow(dead_code, reason = "each test binary uses a different subset")]
+
+pub mod exchange;
 
 use std::{
     net::SocketAddr,

@@ -1,7 +1,5 @@
-//! Helpers shared by the privileged tests: one measured exchange between the two pods
-//! of a [`TwoPods`], and the assertions every test makes on it.
-
-#![allow(dead_code, reason = "each test binary uses a different subset")]
+//! One measured exchange between the two pods of a [`TwoPods`], and the assertions every
+//! test makes on it.
 
 use std::{net::SocketAddr, time::Instant};
 
@@ -92,6 +90,19 @@ pub fn exchange_with(
         x.secs,
     );
     Ok(x)
+}
+
+/// An exchange towards `to`, where the server listens, byte-exact and bypassed (see
+/// [`assert_byte_exact`], [`assert_bypassed`]).
+pub fn exchange_bypassed(
+    pods: &TwoPods,
+    agent: &Agent,
+    to: SocketAddr,
+    args: &ClientArgs,
+) -> Result<()> {
+    let x = exchange(pods, agent, to, to, args)?;
+    assert_byte_exact(&x, args)?;
+    assert_bypassed(&x, args)
 }
 
 /// Every byte arrived in order on both sides, and the totals are what was asked.

@@ -1,0 +1,138 @@
+//! What a reader observes: MSG_PEEK, FIONREAD, SO_RCVLOWAT, SO_RCVTIMEO, epoll
+//! readiness, and the documented differences (MSG_WAITALL, splice reads, MSG_OOB).
+
+use anyhow::{Result, ensure};
+use serde_json::Value;
+
+use super::support::{both, same};
+use crate::support::{agent_with, num, two_pods};
+
+pub fn msg_peek_then_read() -> Result<()> {
+    let pods = two_pods()?;
+    let (tcp, bypass) = both(&pods, 5405, &["--case", "peek"])?;
+    same(
+        &tcp,
+        &bypass,
+        &[],
+        &["peek_len", "peek_matches", "read_len", "read_matches"],
+    )
+}
+
+pub fn fionread_counts_queued_bytes() -> Result<()> {
+    let pods = two_pods()?;
+    let (tcp, bypass) = both(&pods, 5407, &["--case", "fionread"])?;
+    // Kernels without the sockmap FIONREAD fix (the one that added sk_psock.msg_tot_len,
+    // absent from 6.1) report 0 for redirected bytes: a known difference there, which
+    // `status` shows.
+    let no_fix = agent_with(&pods, &[])?.status()?["features"]["fionread"] == false;
+    if no_fix {
+        ensure!(
+            num(&tcp.server, "fionread") == 3000 && num(&bypass.server, "fionread") == 0,
+            "FIONREAD on a kernel without the sockmap fix: {:?} {:?}",
+            tcp.server,
+            bypass.server
+        );
+        return Ok(());
+    }
+    same(&tcp, &bypass, &[], &["fionread"])?;
+    ensure!(
+        num(&bypass.server, "fionread") == 3000,
+        "{:?}",
+        bypass.server
+    );
+    Ok(())
+}
+
+pub fn so_rcvlowat_is_honoured() -> Result<()> {
+    let pods = two_pods()?;
+    let (tcp, bypass) = both(&pods, 5409, &["--case", "rcvlowat"])?;
+    same(
+        &tcp,
+        &bypass,
+        &[],
+        &[
+            "readable_with_500_of_1000",
+            "readable_later",
+            "first_read_len",
+        ],
+    )?;
+    // The ingress queue ignores SO_RCVLOWAT, so the sender took TCP for this peer.
+    ensure!(
+        num(&Value::Object(bypass.grew.clone()), "passed_bytes") >= 1100,
+        "the data to a peer with SO_RCVLOWAT should have gone by TCP: {:?}",
+        bypass.grew
+    );
+    Ok(())
+}
+
+pub fn so_rcvtimeo_times_out() -> Result<()> {
+    let pods = two_pods()?;
+    let (tcp, bypass) = both(&pods, 5411, &["--case", "rcvtimeo"])?;
+    same(&tcp, &bypass, &[], &["result", "waited_at_least_180ms"])
+}
+
+pub fn epoll_readiness() -> Result<()> {
+    let pods = two_pods()?;
+    let (tcp, bypass) = both(&pods, 5413, &["--case", "epoll"])?;
+    same(
+        &tcp,
+        &bypass,
+        &["out_ready"],
+        &["in_before_data", "in_with_data", "read", "rdhup_after_fin"],
+    )
+}
+
+pub fn msg_waitall_returns_what_is_queued_known_difference() -> Result<()> {
+    let pods = two_pods()?;
+    let (tcp, bypass) = both(&pods, 5421, &["--case", "waitall"])?;
+    // tcp_bpf_recvmsg returns what the ingress queue holds and ignores MSG_WAITALL
+    // (net/ipv4/tcp_bpf.c); the sender cannot see the reader's flags.
+    ensure!(
+        num(&tcp.server, "first_read_len") == 2000,
+        "{:?}",
+        tcp.server
+    );
+    ensure!(
+        num(&bypass.server, "first_read_len") == 1000,
+        "MSG_WAITALL behaves differently than documented: {:?}",
+        bypass.server
+    );
+    Ok(())
+}
+
+pub fn splice_read_misses_redirected_bytes_known_difference() -> Result<()> {
+    let pods = two_pods()?;
+    let (tcp, bypass) = both(&pods, 5423, &["--case", "splice-recv", "--bytes", "1M"])?;
+    // splice(2) from a socket reads its TCP receive queue only (net/ipv4/tcp.c,
+    // tcp_splice_read): redirected bytes sit in the ingress queue it never looks at, and
+    // the FIN behind them, which came by TCP, reads as EOF.
+    ensure!(
+        tcp.server["ok"] == true && num(&tcp.server, "received") == 1 << 20,
+        "{:?}",
+        tcp.server
+    );
+    ensure!(
+        num(&bypass.server, "received") < 1 << 20,
+        "splice read every redirected byte: the kernel changed, update the README: {:?}",
+        bypass.server
+    );
+    Ok(())
+}
+
+pub fn msg_oob_is_not_urgent_known_difference() -> Result<()> {
+    let pods = two_pods()?;
+    let (tcp, bypass) = both(&pods, 5425, &["--case", "oob"])?;
+    // An urgent byte redirected is an ordinary byte (the sk_msg program never sees the
+    // send flags), and recv(MSG_OOB) on the ingress queue reads ordinary data.
+    ensure!(
+        tcp.server["oob"] == "c" && tcp.server["inline"] == "abde",
+        "{:?}",
+        tcp.server
+    );
+    ensure!(
+        bypass.server != tcp.server,
+        "MSG_OOB now works bypassed: the kernel changed, update the README: {:?}",
+        bypass.server
+    );
+    Ok(())
+}

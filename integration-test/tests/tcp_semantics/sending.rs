@@ -1,0 +1,160 @@
+//! How a writer sends: reader and writer threads on one socket, sendfile and splice,
+//! one long stream, and a write that blocked while connecting.
+
+use anyhow::{Result, ensure};
+use testbed::{Agent, ClientArgs, PeerServer, iptables, run_client};
+
+use super::support::{both, redirected, same};
+use crate::support::{
+    ProbeServer, Steps, agent_with, num, probe_report, spawn_probe_client, two_pods,
+};
+
+pub fn blocking_reader_and_writer_threads_on_one_socket() -> Result<()> {
+    let pods = two_pods()?;
+    let (tcp, bypass) = both(&pods, 5415, &["--case", "duplex", "--bytes", "32M"])?;
+    same(
+        &tcp,
+        &bypass,
+        &["sent", "received", "ok", "spurious_eagain"],
+        &["sent", "received", "ok", "spurious_eagain"],
+    )?;
+    ensure!(
+        num(&bypass.client, "spurious_eagain") == 0,
+        "{:?}",
+        bypass.client
+    );
+    Ok(())
+}
+
+pub fn sendfile_on_the_sender() -> Result<()> {
+    let pods = two_pods()?;
+    let (tcp, bypass) = both(&pods, 5417, &["--case", "sendfile", "--bytes", "16M"])?;
+    same(&tcp, &bypass, &["sent"], &["received", "ok"])?;
+    ensure!(bypass.server["ok"] == true && num(&bypass.server, "received") == 16 << 20);
+    ensure!(redirected(&bypass) >= 16 << 20, "{:?}", bypass.grew);
+    Ok(())
+}
+
+pub fn splice_on_the_sender() -> Result<()> {
+    let pods = two_pods()?;
+    let (tcp, bypass) = both(&pods, 5419, &["--case", "splice-send", "--bytes", "16M"])?;
+    same(&tcp, &bypass, &["sent"], &["received", "ok"])?;
+    ensure!(bypass.server["ok"] == true && num(&bypass.server, "received") == 16 << 20);
+    ensure!(redirected(&bypass) >= 16 << 20, "{:?}", bypass.grew);
+    Ok(())
+}
+
+pub fn one_gib_in_one_stream() -> Result<()> {
+    let pods = two_pods()?;
+    let args = ClientArgs {
+        send: 1 << 30,
+        recv: 0,
+        ..ClientArgs::default()
+    };
+    let mut agent = None;
+    for (i, name) in ["normal path", "bypassed"].into_iter().enumerate() {
+        if i == 1 {
+            // A verifying reader can fall the default 64 MiB behind a writer on a busy
+            // machine, which moves the stream to TCP for good (`queue_bound` tests that):
+            // this test is about one long stream, so its bound is far away.
+            agent = Some(agent_with(&pods, &["--max-queued-bytes", "512M"])?);
+        }
+        let before = agent.as_ref().map(Agent::status).transpose()?;
+        let addr = pods.b.v4_addr(5427 + i as u16);
+        let server = PeerServer::start(&pods.b, addr, 1)?;
+        let client = run_client(&pods.a, addr, &args)?;
+        let server = server.wait()?;
+        ensure!(client.ok && server.ok, "{name}: {client:?} {server:?}");
+        ensure!(
+            client.bytes_sent == 1 << 30 && server.bytes_received == 1 << 30,
+            "{name}: sent {} verified {}",
+            client.bytes_sent,
+            server.bytes_received
+        );
+        if let (Some(a), Some(before)) = (&agent, before) {
+            let after = a.status()?;
+            eprintln!(
+                "1 GiB bypassed: redirected +{} B, passed +{} B, queue_limited +{}, unpaired_sends +{}",
+                num(&after, "redirected_bytes") - num(&before, "redirected_bytes"),
+                num(&after, "passed_bytes") - num(&before, "passed_bytes"),
+                num(&after, "queue_limited") - num(&before, "queue_limited"),
+                num(&after, "unpaired_sends") - num(&before, "unpaired_sends")
+            );
+            ensure!(
+                num(&after, "redirected_bytes") - num(&before, "redirected_bytes") > 1 << 28,
+                "hardly redirected: {after}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A `write` that starts while the socket is still connecting blocks inside plain
+/// `tcp_sendmsg` (chosen before the socket was inserted) and completes after the
+/// handshake: its bytes go by TCP, past sk_msg. A later send must not be redirected
+/// ahead of them. The handshake is held by dropping the first SYN in the server's
+/// namespace (the client sends it again after 1 s).
+pub fn write_blocked_while_connecting_stays_in_order() -> Result<()> {
+    let pods = two_pods()?;
+    let agent = agent_with(&pods, &[])?;
+    let port = 5430u16;
+    let steps = Steps::new(&pods, "connect-write")?;
+    let port_arg = port.to_string();
+    let held = iptables::insert(
+        pods.b.netns(),
+        iptables::Family::V4,
+        &[
+            "INPUT", "-p", "tcp", "--syn", "--dport", &port_arg, "-j", "DROP",
+        ],
+    )?;
+    let before = agent.status()?;
+    let args = |extra: &[String]| {
+        let mut a: Vec<String> = ["--case", "connect-write", "--bytes", "256K"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        a.extend(extra.iter().cloned());
+        a
+    };
+    let server = ProbeServer::start(
+        &pods.b,
+        pods.b.v4_addr(port),
+        &args(&["--go-file".into(), steps.arg("written")]),
+    )?;
+    let client = spawn_probe_client(
+        &pods.a,
+        pods.b.v4_addr(port),
+        &args(&[
+            "--mark-file".into(),
+            steps.arg("waiting"),
+            "--go-file".into(),
+            steps.arg("written"),
+        ]),
+    )?;
+    let waited = steps.wait("waiting");
+    held.remove()?;
+    waited?;
+    let c = probe_report(client)?;
+    let s = server.wait()?;
+    let after = agent.status()?;
+    let grew = |k: &str| num(&after, k).saturating_sub(num(&before, k));
+    eprintln!(
+        "client {c}, server {s}; inserted +{}, redirected +{} B, passed +{} B",
+        grew("sockets_inserted"),
+        grew("redirected_bytes"),
+        grew("passed_bytes")
+    );
+    ensure!(
+        num(&c, "first_write_blocked_ms") >= 500,
+        "the first write did not wait for the handshake: {c}"
+    );
+    ensure!(
+        grew("sockets_inserted") == 2,
+        "the connection was not inserted, so this tested nothing: {after}"
+    );
+    ensure!(
+        s["ok"] == true && num(&s, "received") == 512 * 1024,
+        "bytes reordered or lost: {s}"
+    );
+    Ok(())
+}
