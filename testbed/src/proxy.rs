@@ -31,7 +31,7 @@ pub fn proxy_bin() -> Result<PathBuf> {
     let p = dir.join("bypass-proxy");
     if !p.is_file() {
         bail!(
-            "no bypass-proxy at {} (cargo build -p integration-test --bins, or set BYPASS_PROXY_BIN)",
+            "no bypass-proxy at {} (cargo build -p testbed --bins, or set BYPASS_PROXY_BIN)",
             p.display()
         );
     }

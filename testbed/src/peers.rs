@@ -36,7 +36,7 @@ pub fn peer_bin() -> Result<PathBuf> {
     let p = dir.join("bypass-peer");
     if !p.is_file() {
         bail!(
-            "no bypass-peer at {} (cargo build -p integration-test --bins, or set BYPASS_PEER_BIN)",
+            "no bypass-peer at {} (cargo build -p testbed --bins, or set BYPASS_PEER_BIN)",
             p.display()
         );
     }
