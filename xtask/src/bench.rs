@@ -16,7 +16,7 @@ use crate::{build, cluster, cmd, image, setup, workspace};
 
 /// The bench package; its binary is `bypass-bench`.
 const BENCH: &str = "bypass-bench";
-/// The sidecar proxy of the mesh scenario, a binary of `integration-test`.
+/// The sidecar proxy of the mesh scenario, a binary of `testbed`.
 const PROXY: &str = "bypass-proxy";
 
 /// The path between the bench's client and server (`bypass-bench run --scenario`).
@@ -140,7 +140,7 @@ fn build_proxy(tools: &setup::Tools) -> Result<std::path::PathBuf> {
         "build",
         "--release",
         "--package",
-        workspace::INTEGRATION_TEST,
+        workspace::TESTBED,
         "--bin",
         PROXY,
     ]);

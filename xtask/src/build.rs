@@ -63,6 +63,31 @@ pub fn build_agent(tools: &Tools, opts: &Options) -> Result<PathBuf> {
     Ok(agent)
 }
 
+/// Builds the tools of `testbed` the privileged tests and the test image run
+/// ([`workspace::TEST_TOOLS`]), in release or in the dev profile, and returns their paths.
+/// The tests look for them next to their own executable, and cargo builds only the
+/// tested package's binaries for its tests: whoever runs `integration-test` builds these
+/// first, in the tests' profile (`cargo test` uses the dev profile).
+pub fn build_test_tools(tools: &Tools, release: bool) -> Result<Vec<PathBuf>> {
+    let mut cargo = tools.cargo()?;
+    cargo.args(["build", "--package", workspace::TESTBED]);
+    for t in workspace::TEST_TOOLS {
+        cargo.args(["--bin", t]);
+    }
+    if release {
+        cargo.arg("--release");
+    }
+    cmd::run(&mut cargo)?;
+    let dir = workspace::target_dir()?.join(if release { "release" } else { "debug" });
+    let bins: Vec<PathBuf> = workspace::TEST_TOOLS.iter().map(|t| dir.join(t)).collect();
+    for b in &bins {
+        if !b.is_file() {
+            bail!("the build succeeded but {} is missing", b.display());
+        }
+    }
+    Ok(bins)
+}
+
 /// `cargo fmt --check`, and clippy with warnings denied on the whole workspace: the host
 /// crates for the host, the kernel crate for the BPF target (on the host its `no_std`
 /// binary clashes with std's panic handler). Runs all three, then reports every failure.

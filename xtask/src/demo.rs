@@ -1,5 +1,5 @@
-//! `cargo xtask demo`: setup and build, then the `bypass-demo` binary of
-//! `integration-test`, which shows the bypass at work against the built agent.
+//! `cargo xtask demo`: setup and build, then the `bypass-demo` binary (package
+//! `bypass-demo`, in `demo/`), which shows the bypass at work against the built agent.
 
 use anyhow::Result;
 
@@ -27,9 +27,9 @@ pub fn run(args: &Args) -> Result<()> {
                 "run",
                 "--release",
                 "--package",
-                workspace::INTEGRATION_TEST,
+                workspace::DEMO,
                 "--bin",
-                "bypass-demo",
+                workspace::DEMO,
                 "--",
             ])
             .args(&args.demo),

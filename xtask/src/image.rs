@@ -26,8 +26,6 @@ pub const ROLLOUT_TAG_SUFFIX: &str = "-rollout";
 pub const TEST_IMAGE: &str = "bypass-test";
 /// Where the tarballs are written (under the target directory).
 pub const IMAGES_DIR: &str = "images";
-/// The peer tools in the test image (integration-test binaries).
-pub const TEST_TOOLS: [&str; 3] = ["bypass-peer", "bypass-probe", "bypass-proxy"];
 /// busybox applets linked in the test image (a shell and what the tests run in pods;
 /// `taskset` pins the cluster bench's qperf to a CPU).
 pub const BUSYBOX_APPLETS: [&str; 11] = [
@@ -78,16 +76,9 @@ pub fn run(args: &Args) -> Result<()> {
     Ok(())
 }
 
-/// Builds the integration-test binaries the test image carries (release).
+/// Builds the peer tools the test image carries (`testbed`'s binaries, release).
 pub fn build_test_tools(tools: &setup::Tools) -> Result<Vec<PathBuf>> {
-    let mut cargo = tools.cargo()?;
-    cargo.args(["build", "--release", "-p", workspace::INTEGRATION_TEST]);
-    for t in TEST_TOOLS {
-        cargo.args(["--bin", t]);
-    }
-    cmd::run(&mut cargo)?;
-    let dir = workspace::target_dir()?.join("release");
-    Ok(TEST_TOOLS.iter().map(|t| dir.join(t)).collect())
+    build::build_test_tools(tools, true)
 }
 
 /// Writes the agent tarballs (and the rollout twin) and the test tarball into `out`;

@@ -1,7 +1,8 @@
 //! `cargo xtask test`: setup and build, the unit tests of the host crates, then the
 //! privileged tests of `integration-test` one at a time (they share kernel state) against
-//! the built agent; ends with `N passed, M failed` and fails on any failure. Privileged
-//! tests never skip: without root the task fails.
+//! the built agent, with the tools of `testbed` built beside them; ends with `N passed,
+//! M failed` and fails on any failure. Privileged tests never skip: without root the
+//! task fails.
 
 pub mod summary;
 
@@ -34,7 +35,7 @@ pub struct Args {
     pub no_cluster: bool,
     /// Only the end-to-end tests against the one-node cluster (`cargo xtask cluster`):
     /// brings it up if it is not (and down afterwards), loads the images, runs
-    /// `integration-test/tests/cluster.rs`.
+    /// `integration-test/tests/cluster/`.
     #[arg(long)]
     pub cluster: bool,
     /// Given to both test harnesses: a name filter, `--nocapture`, `--exact`, ...
@@ -81,6 +82,8 @@ pub fn run(args: &Args) -> Result<()> {
         // rather than inside the first test.
         kube_testenv::ensure_binaries()
             .context("build kube-apiserver and etcd for the Kubernetes tests")?;
+        // The tools the tests run, where they look for them (next to the test binaries).
+        build::build_test_tools(&tools, false)?;
         let mut privileged = privileged_tests(tools.cargo()?, &agent, &args.harness);
         let before = counts;
         let pins_before = bpffs_entries();
@@ -240,7 +243,8 @@ fn leftover_pins(
         .collect()
 }
 
-/// `cargo test -p integration-test -- --test-threads=1` against `agent`.
+/// `cargo test -p integration-test -- --test-threads=1` against `agent` (the testbed's
+/// tools built first: [`build::build_test_tools`]).
 fn privileged_tests(mut cargo: Command, agent: &Path, harness: &[String]) -> Command {
     cargo
         .env("BYPASS_AGENT_BIN", agent)

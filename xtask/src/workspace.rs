@@ -19,8 +19,16 @@ pub const EBPF: &str = "bypass-ebpf";
 /// The bench's minimal reference programs: BPF target only too (through the bench's
 /// build script).
 pub const MINIMAL_EBPF: &str = "bypass-minimal-ebpf";
-/// The privileged tests, and the `bypass-demo` binary.
+/// The privileged tests (tests only: the tools they run are built from [`TESTBED`]).
 pub const INTEGRATION_TEST: &str = "integration-test";
+/// The testbed library and the tools the tests and the bench run.
+pub const TESTBED: &str = "testbed";
+/// The tools of [`TESTBED`] that the privileged tests look for next to their own
+/// executable: cargo builds only the tested package's binaries, so the runner builds
+/// these in the same profile first.
+pub const TEST_TOOLS: [&str; 3] = ["bypass-peer", "bypass-probe", "bypass-proxy"];
+/// `cargo xtask demo`'s package; its binary has the same name.
+pub const DEMO: &str = "bypass-demo";
 
 /// The workspace root: the parent of this crate's directory.
 pub fn root() -> &'static Path {

@@ -31,25 +31,10 @@ pub fn two_pods() -> Result<TwoPods> {
 /// How long one probe side may run.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// The probe binary: `$BYPASS_PROBE_BIN`, else `bypass-probe` next to the test binary's
-/// directory (cargo builds it with the crate's other binaries).
+/// The probe binary: `$BYPASS_PROBE_BIN`, else `bypass-probe` next to the test
+/// binary's directory (`cargo xtask test` builds testbed's tools first).
 pub fn probe_bin() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("BYPASS_PROBE_BIN") {
-        return Ok(PathBuf::from(p));
-    }
-    let exe = std::env::current_exe().context("find the running executable")?;
-    let mut dir = exe.parent().map(PathBuf::from).unwrap_or_default();
-    if dir.ends_with("deps") {
-        dir.pop();
-    }
-    let p = dir.join("bypass-probe");
-    if !p.is_file() {
-        bail!(
-            "no bypass-probe at {} (cargo build -p integration-test --bins, or set BYPASS_PROBE_BIN)",
-            p.display()
-        );
-    }
-    Ok(p)
+    testbed::tools::tool_bin("bypass-probe", "BYPASS_PROBE_BIN")
 }
 
 /// A probe server in a pod.

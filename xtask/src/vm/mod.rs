@@ -25,7 +25,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use serde_json::{Value, json};
 
-use crate::{cmd, setup::Tools, test::summary::Counts, workspace};
+use crate::{build, cmd, setup::Tools, test::summary::Counts, workspace};
 pub use catalog::KERNELS;
 
 /// The test binaries run in a VM unless a filter says otherwise: all but the
@@ -379,8 +379,10 @@ fn boot(
     Ok(outcome)
 }
 
-/// `(name, executable)` of the integration test binaries to run, built first.
+/// `(name, executable)` of the integration test binaries to run, built first, with the
+/// testbed's tools they run beside them (the guest sees the host's target directory).
 fn test_binaries(tools: &Tools) -> Result<Vec<(String, String)>> {
+    build::build_test_tools(tools, false)?;
     let mut cargo = tools.cargo()?;
     cargo.args([
         "test",

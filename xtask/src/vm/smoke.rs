@@ -14,7 +14,7 @@ use crate::{build, setup, setup::Tools, workspace};
 pub const BYTES: u64 = 4 << 20;
 
 /// The smoke program: its package and binary.
-const SMOKE: (&str, &str) = (workspace::INTEGRATION_TEST, "bypass-smoke");
+const SMOKE: (&str, &str) = (workspace::TESTBED, "bypass-smoke");
 
 /// Builds the agent and `bypass-smoke` for `cross` (in the profile the host's agent at
 /// `host_agent` was built in) and returns the run script and `(name, binary)` of what

@@ -1,4 +1,6 @@
-//! `testbed`: a same-node testbed for the bypass datapath, and the `bypass-peer` tool.
+//! `testbed`: a same-node testbed for the bypass datapath, and the tools the privileged
+//! tests (`integration-test`), the demo and the bench run: `bypass-peer`, `bypass-probe`,
+//! `bypass-proxy` and `bypass-smoke` (this crate's binaries, `src/bin/`).
 //!
 //! Two network namespaces ("pods") on a bridge, each in its own child cgroup under a
 //! parent test cgroup; the agent attached to the parent; processes started inside a
@@ -40,6 +42,7 @@ pub mod peers;
 pub mod proxy;
 pub mod require;
 pub mod spawn;
+pub mod tools;
 pub mod topology;
 
 pub use agent::{Agent, AgentExit, AgentOpts, AgentStatus};

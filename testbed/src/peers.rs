@@ -23,24 +23,9 @@ use crate::{
 pub const PEER_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The peer binary: `$BYPASS_PEER_BIN`, else `bypass-peer` next to the running
-/// executable (or next to its `deps/` directory, for cargo's test binaries).
+/// executable ([`crate::tools::tool_bin`]).
 pub fn peer_bin() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("BYPASS_PEER_BIN") {
-        return Ok(PathBuf::from(p));
-    }
-    let exe = std::env::current_exe().context("find the running executable")?;
-    let mut dir = exe.parent().map(PathBuf::from).unwrap_or_default();
-    if dir.ends_with("deps") {
-        dir.pop();
-    }
-    let p = dir.join("bypass-peer");
-    if !p.is_file() {
-        bail!(
-            "no bypass-peer at {} (cargo build -p integration-test --bins, or set BYPASS_PEER_BIN)",
-            p.display()
-        );
-    }
-    Ok(p)
+    crate::tools::tool_bin("bypass-peer", "BYPASS_PEER_BIN")
 }
 
 /// A program that acts as `bypass-peer` when given these leading arguments.

@@ -18,24 +18,9 @@ use crate::{spawn::PodChild, spawn::spawn_in_on_cpus, topology::Pod};
 pub const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The proxy binary: `$BYPASS_PROXY_BIN`, else `bypass-proxy` next to the running
-/// executable (or next to its `deps/` directory, for cargo's test binaries).
+/// executable ([`crate::tools::tool_bin`]).
 pub fn proxy_bin() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("BYPASS_PROXY_BIN") {
-        return Ok(PathBuf::from(p));
-    }
-    let exe = std::env::current_exe().context("find the running executable")?;
-    let mut dir = exe.parent().map(PathBuf::from).unwrap_or_default();
-    if dir.ends_with("deps") {
-        dir.pop();
-    }
-    let p = dir.join("bypass-proxy");
-    if !p.is_file() {
-        bail!(
-            "no bypass-proxy at {} (cargo build -p integration-test --bins, or set BYPASS_PROXY_BIN)",
-            p.display()
-        );
-    }
-    Ok(p)
+    crate::tools::tool_bin("bypass-proxy", "BYPASS_PROXY_BIN")
 }
 
 /// Options of `bypass-proxy`.
