@@ -1,0 +1,478 @@
+//! Pure: which pod CIDRs, pod addresses, excluded addresses and Service CIDRs belong in
+//! the maps, computed from the pods on the node, the namespaces and the ServiceCIDR
+//! objects, and the changes that take the maps from what they hold to that. The
+//! Kubernetes watchers only feed these functions and apply the plan.
+//!
+//! A pod is a pod here only once its Pod object says so: the node's `spec.podCIDRs` are
+//! not used, because every address in them (an opted-out pod's, one whose Pod object
+//! the agent has not seen yet, the bridge gateway's) would count as a pod's.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+    net::IpAddr,
+};
+
+use k8s_openapi::api::{
+    core::v1::{Namespace, Pod},
+    networking::v1::ServiceCIDR,
+};
+
+use crate::{cidr::PodCidr, toggle};
+
+/// Which pods count, and how workloads opt out.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// This node's name: pods scheduled elsewhere never count.
+    pub node: String,
+    /// A pod annotation that opts the pod out when `"true"`.
+    pub exclude_annotation: String,
+    /// A namespace label that opts every pod of the namespace out when `"true"`.
+    pub exclude_namespace_label: String,
+}
+
+/// Entries given on the command line, always kept.
+#[derive(Debug, Clone, Default)]
+pub struct Statics {
+    /// `--pod-cidr`.
+    pub cidrs: BTreeSet<PodCidr>,
+    /// `--pod-ip`.
+    pub addrs: BTreeSet<IpAddr>,
+    /// `--service-cidr`.
+    pub service_cidrs: BTreeSet<PodCidr>,
+}
+
+/// Why a pod contributes no address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Skip {
+    /// Scheduled on another node (or not yet scheduled).
+    OtherNode,
+    /// Shares the node's network namespace: its address is the node's.
+    HostNetwork,
+    /// Phase `Succeeded` or `Failed`: its address may already belong to another pod.
+    Finished,
+    /// Opted out by the pod annotation.
+    Excluded,
+    /// Opted out by its namespace's label.
+    NamespaceExcluded,
+    /// No address yet, or none that parses.
+    NoAddress,
+}
+
+/// An input value that was not used, and why: logged and counted by the caller.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Rejection {
+    /// What kind of problem, a short stable name for the metric label.
+    pub kind: RejectionKind,
+    /// The object: `pod NAMESPACE/NAME`, `node NAME`, `namespace NAME` or
+    /// `servicecidr NAME`.
+    pub object: String,
+    /// The field that held the value.
+    pub field: String,
+    /// The value.
+    pub value: String,
+    /// Why it was not used, and what to do.
+    pub reason: String,
+}
+
+/// Kinds of [`Rejection`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RejectionKind {
+    /// A pod address that is not an IP address, or not a unicast one.
+    PodAddress,
+    /// An opt-out annotation or label whose value is neither `true` nor `false`.
+    OptOutValue,
+    /// A ServiceCIDR's `spec.cidrs` entry that is malformed.
+    ServiceCidr,
+}
+
+impl RejectionKind {
+    /// The metric label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::PodAddress => "pod_address",
+            Self::OptOutValue => "opt_out_value",
+            Self::ServiceCidr => "service_cidr",
+        }
+    }
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {}: {:?} ignored: {}",
+            self.object, self.field, self.value, self.reason
+        )
+    }
+}
+
+/// What the maps should hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Desired {
+    /// Pod CIDRs: `--pod-cidr` (never the node's `spec.podCIDRs`).
+    pub cidrs: BTreeSet<PodCidr>,
+    /// Exact addresses: every address of every eligible pod, and `--pod-ip`.
+    pub addrs: BTreeSet<IpAddr>,
+    /// Addresses that are never a pod's whatever CIDR holds them: every address of a
+    /// pod of this node that is opted out (annotation or namespace label) or on the
+    /// host network. An address both here and in [`Desired::addrs`] is only here.
+    pub excluded: BTreeSet<IpAddr>,
+    /// Service CIDRs: `--service-cidr` and the `spec.cidrs` of every ServiceCIDR object;
+    /// `None` while the objects are not known yet, which leaves the trie as it is (an
+    /// adopted datapath keeps the previous agent's until the first listing).
+    pub service_cidrs: Option<BTreeSet<PodCidr>>,
+    /// Pods that contribute at least one address.
+    pub pods_tracked: usize,
+    /// Values that were not used.
+    pub rejections: BTreeSet<Rejection>,
+}
+
+/// Changes to the maps.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// CIDRs to insert.
+    pub add_cidrs: Vec<PodCidr>,
+    /// CIDRs to remove.
+    pub remove_cidrs: Vec<PodCidr>,
+    /// Addresses to insert.
+    pub add_addrs: Vec<IpAddr>,
+    /// Addresses to remove.
+    pub remove_addrs: Vec<IpAddr>,
+    /// Excluded addresses to insert.
+    pub add_excluded: Vec<IpAddr>,
+    /// Excluded addresses to remove.
+    pub remove_excluded: Vec<IpAddr>,
+    /// Service CIDRs to insert.
+    pub add_service_cidrs: Vec<PodCidr>,
+    /// Service CIDRs to remove.
+    pub remove_service_cidrs: Vec<PodCidr>,
+}
+
+impl Plan {
+    /// Whether the maps already match.
+    pub fn is_empty(&self) -> bool {
+        self.add_cidrs.is_empty()
+            && self.remove_cidrs.is_empty()
+            && self.add_addrs.is_empty()
+            && self.remove_addrs.is_empty()
+            && self.add_excluded.is_empty()
+            && self.remove_excluded.is_empty()
+            && self.add_service_cidrs.is_empty()
+            && self.remove_service_cidrs.is_empty()
+    }
+}
+
+/// What the maps hold now.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Current {
+    /// The pod CIDR trie.
+    pub cidrs: BTreeSet<PodCidr>,
+    /// The pod address map.
+    pub addrs: BTreeSet<IpAddr>,
+    /// The excluded address map.
+    pub excluded: BTreeSet<IpAddr>,
+    /// The Service CIDR trie.
+    pub service_cidrs: BTreeSet<PodCidr>,
+}
+
+/// The changes that take `current` to `desired`.
+pub fn plan(current: &Current, desired: &Desired) -> Plan {
+    // The map stores IPv4 as IPv4-mapped IPv6 and reads it back as IPv4; compare in
+    // that canonical form so a mapped address never churns.
+    let current_addrs: BTreeSet<IpAddr> = current.addrs.iter().map(IpAddr::to_canonical).collect();
+    let current_excluded: BTreeSet<IpAddr> =
+        current.excluded.iter().map(IpAddr::to_canonical).collect();
+    let (add_service_cidrs, remove_service_cidrs) = match &desired.service_cidrs {
+        Some(want) => (
+            want.difference(&current.service_cidrs).copied().collect(),
+            current.service_cidrs.difference(want).copied().collect(),
+        ),
+        None => (Vec::new(), Vec::new()),
+    };
+    Plan {
+        add_cidrs: desired.cidrs.difference(&current.cidrs).copied().collect(),
+        remove_cidrs: current.cidrs.difference(&desired.cidrs).copied().collect(),
+        add_addrs: desired.addrs.difference(&current_addrs).copied().collect(),
+        remove_addrs: current_addrs.difference(&desired.addrs).copied().collect(),
+        add_excluded: desired
+            .excluded
+            .difference(&current_excluded)
+            .copied()
+            .collect(),
+        remove_excluded: current_excluded
+            .difference(&desired.excluded)
+            .copied()
+            .collect(),
+        add_service_cidrs,
+        remove_service_cidrs,
+    }
+}
+
+/// The map contents the pods of this node, the namespaces and the ServiceCIDR objects
+/// call for. `service_cidrs` is `None` while the ServiceCIDRs are not known yet; when the
+/// API has none to give (no such API, or RBAC forbids it), pass an empty list: the
+/// `--service-cidr` flags alone.
+pub fn desired<'a>(
+    pods: impl IntoIterator<Item = &'a Pod>,
+    namespaces: impl IntoIterator<Item = &'a Namespace>,
+    service_cidrs: Option<impl IntoIterator<Item = &'a ServiceCIDR>>,
+    policy: &Policy,
+    statics: &Statics,
+) -> Desired {
+    let mut out = Desired::from_statics(statics);
+    out.service_cidrs = None;
+    if let Some(objects) = service_cidrs {
+        let mut set = statics.service_cidrs.clone();
+        for sc in objects {
+            set.extend(service_cidr_ranges(sc, &mut out.rejections));
+        }
+        out.service_cidrs = Some(set);
+    }
+    let mut excluded_ns = BTreeSet::new();
+    for ns in namespaces {
+        if namespace_excluded(ns, policy, &mut out.rejections) {
+            excluded_ns.insert(ns.metadata.name.clone().unwrap_or_default());
+        }
+    }
+    for pod in pods {
+        match pod_addrs(pod, policy, &excluded_ns, &mut out.rejections) {
+            Ok(addrs) => {
+                out.pods_tracked += 1;
+                out.addrs.extend(addrs);
+            }
+            Err(Skip::Excluded | Skip::NamespaceExcluded | Skip::HostNetwork) => {
+                out.excluded.extend(status_addrs(pod, &mut out.rejections));
+            }
+            Err(_) => {}
+        }
+    }
+    // An opt-out wins over a pod that (for a moment) shares the address.
+    out.addrs = out.addrs.difference(&out.excluded).copied().collect();
+    out
+}
+
+impl Desired {
+    /// What the command line alone calls for (standalone mode).
+    pub fn from_statics(statics: &Statics) -> Self {
+        Self {
+            cidrs: statics.cidrs.clone(),
+            addrs: statics.addrs.iter().map(IpAddr::to_canonical).collect(),
+            service_cidrs: Some(statics.service_cidrs.clone()),
+            ..Self::default()
+        }
+    }
+}
+
+/// A ServiceCIDR's ranges (`spec.cidrs`, one per family). Every object counts, whatever
+/// its status: one not yet Ready (nothing sets Ready on it but kube-controller-manager)
+/// or being deleted (it stays until its last ClusterIP is gone) may still hold live
+/// ClusterIPs, and a range too many costs only map slots for connections that are then
+/// never paired. Malformed entries are rejected one by one; the others still count.
+pub fn service_cidr_ranges(
+    sc: &ServiceCIDR,
+    rejections: &mut BTreeSet<Rejection>,
+) -> BTreeSet<PodCidr> {
+    let values = sc
+        .spec
+        .as_ref()
+        .and_then(|s| s.cidrs.as_ref())
+        .map_or(&[][..], Vec::as_slice);
+    let mut out = BTreeSet::new();
+    for value in values {
+        match value.parse::<PodCidr>() {
+            Ok(cidr) => {
+                out.insert(cidr);
+            }
+            Err(e) => {
+                rejections.insert(Rejection {
+                    kind: RejectionKind::ServiceCidr,
+                    object: format!("servicecidr {}", sc.metadata.name.as_deref().unwrap_or("")),
+                    field: "spec.cidrs".to_owned(),
+                    value: value.clone(),
+                    reason: e.to_string(),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Whether a namespace opts its pods out.
+fn namespace_excluded(
+    ns: &Namespace,
+    policy: &Policy,
+    rejections: &mut BTreeSet<Rejection>,
+) -> bool {
+    let name = ns.metadata.name.as_deref().unwrap_or("");
+    let value = ns
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(&policy.exclude_namespace_label));
+    opt_out(
+        value,
+        || format!("namespace {name}"),
+        || format!("metadata.labels[{}]", policy.exclude_namespace_label),
+        rejections,
+    )
+}
+
+/// An opt-out value: `"true"` opts out, `"false"` or absent does not. Anything else is
+/// rejected and opts out too: the owner asked for something, and the safe reading of an
+/// unclear opt-out is "out".
+fn opt_out(
+    value: Option<&String>,
+    object: impl FnOnce() -> String,
+    field: impl FnOnce() -> String,
+    rejections: &mut BTreeSet<Rejection>,
+) -> bool {
+    let Some(value) = value else { return false };
+    match toggle::parse_value(value) {
+        Some(out) => out,
+        None => {
+            rejections.insert(Rejection {
+                kind: RejectionKind::OptOutValue,
+                object: object(),
+                field: field(),
+                value: value.clone(),
+                reason: "neither \"true\" nor \"false\"; treated as \"true\" (opted out): set it to \"true\" or \"false\"".into(),
+            });
+            true
+        }
+    }
+}
+
+/// The addresses a pod contributes, or why it contributes none. Malformed addresses are
+/// rejected one by one; the pod's other addresses still count.
+pub fn pod_addrs(
+    pod: &Pod,
+    policy: &Policy,
+    excluded_namespaces: &BTreeSet<String>,
+    rejections: &mut BTreeSet<Rejection>,
+) -> Result<BTreeSet<IpAddr>, Skip> {
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("");
+    let name = pod.metadata.name.as_deref().unwrap_or("");
+    let object = || format!("pod {namespace}/{name}");
+    let spec = pod.spec.as_ref();
+    if spec.and_then(|s| s.node_name.as_deref()) != Some(policy.node.as_str()) {
+        return Err(Skip::OtherNode);
+    }
+    if spec.and_then(|s| s.host_network) == Some(true) {
+        return Err(Skip::HostNetwork);
+    }
+    let status = pod.status.as_ref();
+    if matches!(
+        status.and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    ) {
+        return Err(Skip::Finished);
+    }
+    let annotation = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(&policy.exclude_annotation));
+    if opt_out(
+        annotation,
+        object,
+        || format!("metadata.annotations[{}]", policy.exclude_annotation),
+        rejections,
+    ) {
+        return Err(Skip::Excluded);
+    }
+    if excluded_namespaces.contains(namespace) {
+        return Err(Skip::NamespaceExcluded);
+    }
+    let out = status_addrs(pod, rejections);
+    if out.is_empty() {
+        return Err(Skip::NoAddress);
+    }
+    Ok(out)
+}
+
+/// The addresses in a pod's status (`status.podIPs`, or the older `status.podIP`).
+/// Malformed addresses are rejected one by one.
+fn status_addrs(pod: &Pod, rejections: &mut BTreeSet<Rejection>) -> BTreeSet<IpAddr> {
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("");
+    let name = pod.metadata.name.as_deref().unwrap_or("");
+    let status = pod.status.as_ref();
+    let (field, values): (&str, Vec<&String>) = match status.and_then(|s| s.pod_ips.as_ref()) {
+        Some(list) if !list.is_empty() => ("status.podIPs", list.iter().map(|p| &p.ip).collect()),
+        _ => (
+            "status.podIP",
+            status.and_then(|s| s.pod_ip.as_ref()).into_iter().collect(),
+        ),
+    };
+    let mut out = BTreeSet::new();
+    for value in values {
+        match parse_pod_ip(value) {
+            Ok(ip) => {
+                out.insert(ip);
+            }
+            Err(reason) => {
+                rejections.insert(Rejection {
+                    kind: RejectionKind::PodAddress,
+                    object: format!("pod {namespace}/{name}"),
+                    field: field.to_owned(),
+                    value: value.clone(),
+                    reason: reason.to_owned(),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// A pod address in canonical form (IPv4-mapped IPv6 as IPv4), or why not.
+pub fn parse_pod_ip(value: &str) -> Result<IpAddr, &'static str> {
+    let ip: IpAddr = value
+        .parse()
+        .map_err(|_| "not an IP address in canonical form (e.g. 10.244.1.7 or fd00::7; no leading zeros, no zone)")?;
+    let ip = ip.to_canonical();
+    let special = match ip {
+        IpAddr::V4(v4) => {
+            v4.is_unspecified() || v4.is_loopback() || v4.is_multicast() || v4.is_broadcast()
+        }
+        IpAddr::V6(v6) => v6.is_unspecified() || v6.is_loopback() || v6.is_multicast(),
+    };
+    if special {
+        return Err("not a unicast pod address (unspecified, loopback, multicast or broadcast)");
+    }
+    Ok(ip)
+}
+
+/// Rejections in `now` that were not in `before`: the ones to log and count, so a
+/// standing problem is reported once, not on every reconcile.
+pub fn new_rejections<'a>(
+    before: &'a BTreeSet<Rejection>,
+    now: &'a BTreeSet<Rejection>,
+) -> Vec<&'a Rejection> {
+    now.difference(before).collect()
+}
+
+/// Pod counts by reason, for logs.
+pub fn skip_counts<'a>(
+    pods: impl IntoIterator<Item = &'a Pod>,
+    policy: &Policy,
+    excluded_namespaces: &BTreeSet<String>,
+) -> BTreeMap<&'static str, usize> {
+    let mut out = BTreeMap::new();
+    let mut sink = BTreeSet::new();
+    for pod in pods {
+        let key = match pod_addrs(pod, policy, excluded_namespaces, &mut sink) {
+            Ok(_) => "tracked",
+            Err(Skip::OtherNode) => "other_node",
+            Err(Skip::HostNetwork) => "host_network",
+            Err(Skip::Finished) => "finished",
+            Err(Skip::Excluded) => "excluded",
+            Err(Skip::NamespaceExcluded) => "namespace_excluded",
+            Err(Skip::NoAddress) => "no_address",
+        };
+        *out.entry(key).or_insert(0) += 1;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;
