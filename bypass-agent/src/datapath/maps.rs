@@ -222,14 +222,14 @@ impl SkipPorts {
 
     /// Makes the map hold exactly `want`.
     pub fn set(&mut self, want: &BTreeSet<u16>) -> Result<(), AgentError> {
-        let have = self.ports();
-        for p in have.difference(want) {
+        let (add, remove) = crate::sync::diff(&self.ports(), want);
+        for p in remove {
             self.0
-                .remove(&u32::from(*p))
+                .remove(&u32::from(p))
                 .map_err(|e| AgentError::bpf(format!("remove skip port {p}"), e))?;
         }
-        for p in want.difference(&have) {
-            self.0.insert(u32::from(*p), 1, 0).map_err(|e| {
+        for p in add {
+            self.0.insert(u32::from(p), 1, 0).map_err(|e| {
                 AgentError::bpf(
                     format!(
                         "add skip port {p} to {} (at most {} ports)",

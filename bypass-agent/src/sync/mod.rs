@@ -176,6 +176,14 @@ pub struct Current {
     pub service_cidrs: BTreeSet<PodCidr>,
 }
 
+/// What to add to `have` and what to remove from it to make it `want`, each in order.
+pub fn diff<T: Ord + Copy>(have: &BTreeSet<T>, want: &BTreeSet<T>) -> (Vec<T>, Vec<T>) {
+    (
+        want.difference(have).copied().collect(),
+        have.difference(want).copied().collect(),
+    )
+}
+
 /// The changes that take `current` to `desired`.
 pub fn plan(current: &Current, desired: &Desired) -> Plan {
     // The map stores IPv4 as IPv4-mapped IPv6 and reads it back as IPv4; compare in
@@ -184,26 +192,19 @@ pub fn plan(current: &Current, desired: &Desired) -> Plan {
     let current_excluded: BTreeSet<IpAddr> =
         current.excluded.iter().map(IpAddr::to_canonical).collect();
     let (add_service_cidrs, remove_service_cidrs) = match &desired.service_cidrs {
-        Some(want) => (
-            want.difference(&current.service_cidrs).copied().collect(),
-            current.service_cidrs.difference(want).copied().collect(),
-        ),
+        Some(want) => diff(&current.service_cidrs, want),
         None => (Vec::new(), Vec::new()),
     };
+    let (add_cidrs, remove_cidrs) = diff(&current.cidrs, &desired.cidrs);
+    let (add_addrs, remove_addrs) = diff(&current_addrs, &desired.addrs);
+    let (add_excluded, remove_excluded) = diff(&current_excluded, &desired.excluded);
     Plan {
-        add_cidrs: desired.cidrs.difference(&current.cidrs).copied().collect(),
-        remove_cidrs: current.cidrs.difference(&desired.cidrs).copied().collect(),
-        add_addrs: desired.addrs.difference(&current_addrs).copied().collect(),
-        remove_addrs: current_addrs.difference(&desired.addrs).copied().collect(),
-        add_excluded: desired
-            .excluded
-            .difference(&current_excluded)
-            .copied()
-            .collect(),
-        remove_excluded: current_excluded
-            .difference(&desired.excluded)
-            .copied()
-            .collect(),
+        add_cidrs,
+        remove_cidrs,
+        add_addrs,
+        remove_addrs,
+        add_excluded,
+        remove_excluded,
         add_service_cidrs,
         remove_service_cidrs,
     }
