@@ -14,6 +14,9 @@ pub const REFUSAL: &str = "BYPASS-VM-REFUSAL";
 pub const EXIT: &str = "BYPASS-VM-EXIT";
 /// Marker: the smoke test's one JSON line (a foreign architecture's run).
 pub const SMOKE: &str = "BYPASS-VM-SMOKE";
+/// Where the guest mounts its own fresh tmpfs over the host's shared root: a host path
+/// below one of these is invisible to the guest.
+pub const GUEST_TMPFS: [&str; 2] = ["/tmp", "/run"];
 
 /// The initramfs's `/init` (busybox sh): modules from `/mods` in name order, the host's
 /// root (9p tag `hostroot`) under a tmpfs overlay, then `bypass_cmd=` from the kernel
@@ -129,7 +132,10 @@ fn preamble(modules: &str) -> String {
         "mkdir -p /lib/modules/$(uname -r)\nmount --bind {} /lib/modules/$(uname -r)\n",
         quote(modules)
     );
-    s += "mount -t tmpfs tmpfs /tmp\nmount -t tmpfs tmpfs /run\nmkdir -p /run/netns\n";
+    for m in GUEST_TMPFS {
+        s += &format!("mount -t tmpfs tmpfs {m}\n");
+    }
+    s += "mkdir -p /run/netns\n";
     s += "mount -t cgroup2 none /sys/fs/cgroup\n";
     s += "mount -t securityfs none /sys/kernel/security 2>/dev/null\n";
     s += "ip link set lo up\nexport HOME=/root\n";

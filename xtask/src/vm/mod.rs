@@ -159,6 +159,15 @@ pub fn run(tools: &Tools, agent: &Path, name: &str, harness: &[String]) -> (Coun
     }
 }
 
+/// The guest's own tmpfs mounts (`guest::GUEST_TMPFS`) that hide the host's files at
+/// `path`, if any.
+fn hidden_in_guest(path: &Path) -> Option<&'static str> {
+    guest::GUEST_TMPFS
+        .iter()
+        .copied()
+        .find(|m| path.starts_with(m))
+}
+
 fn run_once(
     tools: &Tools,
     agent: &Path,
@@ -178,6 +187,14 @@ fn run_once(
             k.arch
         );
     };
+    let target = workspace::target_dir()?;
+    if let Some(hidden) = hidden_in_guest(&target) {
+        bail!(
+            "the build is under {hidden}, which the guest mounts a fresh tmpfs over, so it \
+             would not see {}: run from a checkout outside {hidden}",
+            target.display()
+        );
+    }
     let smoke = k.expect == catalog::Expect::Smoke;
     let harness = &vm_harness(harness);
     let cross = match (a.cross, smoke) {
@@ -194,7 +211,7 @@ fn run_once(
     let busybox = fetch::busybox(k.arch, k.suites)?;
     let init = guest::init(cross.is_some());
     let initrd = initramfs::build(&unpacked, &busybox, a.modules, &init)?;
-    let dir = workspace::target_dir()?.join("vm").join(name);
+    let dir = target.join("vm").join(name);
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     let script = dir.join("run.sh");
     let (text, tests) = if let Some(cross) = &cross {
@@ -461,6 +478,18 @@ fn save(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn builds_under_the_guests_tmpfs_are_refused() {
+        use std::path::Path;
+        assert_eq!(
+            super::hidden_in_guest(Path::new("/tmp/ci/target")),
+            Some("/tmp")
+        );
+        assert_eq!(super::hidden_in_guest(Path::new("/run/x")), Some("/run"));
+        assert_eq!(super::hidden_in_guest(Path::new("/work/main/target")), None);
+        assert_eq!(super::hidden_in_guest(Path::new("/tmpfoo/target")), None);
+    }
+
     use super::*;
 
     #[test]
