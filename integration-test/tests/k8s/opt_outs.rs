@@ -15,7 +15,7 @@ use super::{
     cluster::{Cluster, PodOpts},
     support::{EXCLUDE, addrs, free_port, node_name, seen, set, start_agent, wait_addrs},
 };
-use crate::support::exchange::{assert_byte_exact, exchange, exchange_bypassed};
+use crate::support::exchange::{assert_byte_exact, exchange, exchange_bypassed, exchange_exact};
 
 /// Growth of the counters over `f`, with the wire bytes the pods put on the veths.
 fn measured<T>(
@@ -73,14 +73,7 @@ pub fn k8s_opt_outs_hold_by_traffic() -> Result<()> {
     let payload = 2 * (8 << 20);
 
     // Pod to pod.
-    let x = exchange(
-        &pods,
-        &agent,
-        pods.b.v4_addr(5130),
-        pods.b.v4_addr(5130),
-        &bulk,
-    )?;
-    assert_byte_exact(&x, &bulk)?;
+    let x = exchange_exact(&pods, &agent, pods.b.v4_addr(5130), &bulk)?;
     ensure_untouched("pod a -> opted-out pod b", &x.before, &x.after)?;
     ensure!(x.wire >= payload, "the veths carried only {} B", x.wire);
     ensure!(
@@ -160,14 +153,7 @@ pub fn k8s_opt_outs_hold_by_traffic() -> Result<()> {
         "no log of the cut: {}",
         agent.stderr()
     );
-    let w = exchange(
-        &pods,
-        &agent,
-        pods.b.v4_addr(5134),
-        pods.b.v4_addr(5134),
-        &bulk,
-    )?;
-    assert_byte_exact(&w, &bulk)?;
+    let w = exchange_exact(&pods, &agent, pods.b.v4_addr(5134), &bulk)?;
     ensure_untouched("namespace opted out", &w.before, &w.after)?;
     ensure!(w.wire >= payload, "the veths carried only {} B", w.wire);
     Ok(())

@@ -18,8 +18,8 @@ use testbed::{
 use super::{
     cluster::{Cluster, PodOpts, client_for},
     support::{
-        PROPAGATION, addrs, free_port, kube_agent_opts, node_name, seen, set, start_agent,
-        wait_addrs, wait_for,
+        PROPAGATION, addrs, free_port, kube_agent_opts, node_name, node_with_pods_a_b, seen, set,
+        start_agent, wait_addrs, wait_for,
     },
 };
 use crate::support::exchange::exchange_bypassed;
@@ -28,11 +28,8 @@ pub fn k8s_api_server_outage_keeps_datapath_then_resyncs() -> Result<()> {
     let pods = TwoPods::new()?;
     let mut c = Cluster::start()?;
     let node = node_name(&pods, "n");
-    c.node(&node, &[], &[])?;
-    c.namespace("bk-apps", &[])?;
+    node_with_pods_a_b(&c, &pods, &node)?;
     let (a4, b4) = (pods.a.ipv4().to_string(), pods.b.ipv4().to_string());
-    c.pod("bk-apps", "a", &node, &[&a4], PodOpts::default())?;
-    c.pod("bk-apps", "b", &node, &[&b4], PodOpts::default())?;
     c.pod(
         "bk-apps",
         "gone-later",

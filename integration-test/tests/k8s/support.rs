@@ -12,7 +12,7 @@ use std::{
 use anyhow::{Result, bail};
 use testbed::{Agent, AgentOpts, AgentStatus, TwoPods};
 
-use super::cluster::Cluster;
+use super::cluster::{Cluster, PodOpts};
 
 /// "Within a second": how long a change in the API may take to reach the maps.
 pub const PROPAGATION: Duration = Duration::from_secs(1);
@@ -136,6 +136,18 @@ pub fn log_lines(agent: &Agent, words: &[&str]) -> usize {
 }
 
 /// A node name of this test run.
+/// Node `node` with no pod CIDRs, namespace `bk-apps`, and pods `a` and `b` there with
+/// the IPv4 addresses of the two pods: the cluster side of the plain two-pod tests.
+pub fn node_with_pods_a_b(c: &Cluster, pods: &TwoPods, node: &str) -> Result<()> {
+    c.node(node, &[], &[])?;
+    c.namespace("bk-apps", &[])?;
+    for (name, pod) in [("a", &pods.a), ("b", &pods.b)] {
+        let ip = pod.ipv4().to_string();
+        c.pod("bk-apps", name, node, &[&ip], PodOpts::default())?;
+    }
+    Ok(())
+}
+
 pub fn node_name(pods: &TwoPods, what: &str) -> String {
     format!("bk-{}-{what}", pods.tag())
 }

@@ -17,10 +17,11 @@ use testbed::{
 use super::{
     cluster::{Cluster, PodOpts},
     support::{
-        LABEL, PROPAGATION, addrs, free_port, node_name, seen, start_agent, wait_addrs, wait_for,
+        LABEL, PROPAGATION, addrs, free_port, node_name, node_with_pods_a_b, seen, start_agent,
+        wait_addrs, wait_for,
     },
 };
-use crate::support::exchange::{assert_byte_exact, exchange, exchange_bypassed};
+use crate::support::exchange::{exchange_bypassed, exchange_exact};
 
 pub fn k8s_traffic_from_pod_objects_and_label_toggle_lose_no_byte() -> Result<()> {
     let pods = TwoPods::new()?;
@@ -82,14 +83,7 @@ pub fn k8s_traffic_from_pod_objects_and_label_toggle_lose_no_byte() -> Result<()
         metric(port, "bypass_attached")? == 0.0,
         "attached metric while off"
     );
-    let x = exchange(
-        &pods,
-        &agent,
-        pods.b.v4_addr(5103),
-        pods.b.v4_addr(5103),
-        &bulk,
-    )?;
-    assert_byte_exact(&x, &bulk)?;
+    let x = exchange_exact(&pods, &agent, pods.b.v4_addr(5103), &bulk)?;
     ensure!(
         x.grew(|s| s.counters.redirected_bytes) == 0,
         "redirected while off: {x:#?}"
@@ -185,11 +179,8 @@ pub fn k8s_entries_of_connections_closed_while_off_are_swept() -> Result<()> {
     let pods = TwoPods::new()?;
     let c = Cluster::start()?;
     let node = node_name(&pods, "n");
-    c.node(&node, &[], &[])?;
-    c.namespace("bk-apps", &[])?;
+    node_with_pods_a_b(&c, &pods, &node)?;
     let (a4, b4) = (pods.a.ipv4().to_string(), pods.b.ipv4().to_string());
-    c.pod("bk-apps", "a", &node, &[&a4], PodOpts::default())?;
-    c.pod("bk-apps", "b", &node, &[&b4], PodOpts::default())?;
     let port = free_port()?;
     let agent = start_agent(&c, &pods, &node, port, &[])?;
     let pin = agent.pin_dir().to_path_buf();

@@ -23,6 +23,46 @@ use super::support::{
 };
 use crate::support::exchange::{Exchange, assert_byte_exact, exchange};
 
+/// Pod a's capture: its app's connections to the app port go to the outbound sidecar.
+fn capture_outbound(pods: &TwoPods, family: Family) -> Result<()> {
+    iptables::apply(
+        pods.a.netns(),
+        family,
+        &iptables::sidecar_outbound(APP_PORT, PROXY_MARK, OUTBOUND_PORT),
+    )
+}
+
+/// Pod b's capture: connections to its app port go to the inbound sidecar.
+fn capture_inbound(pods: &TwoPods, family: Family) -> Result<()> {
+    iptables::apply(
+        pods.b.netns(),
+        family,
+        &iptables::sidecar_inbound(APP_PORT, INBOUND_PORT),
+    )
+}
+
+/// Pod a's outbound sidecar: dials `upstream` from sockets marked exempt from the capture.
+fn outbound_sidecar(pods: &TwoPods, family: Family, upstream: SocketAddr) -> Result<Proxy> {
+    Proxy::start(
+        &pods.a,
+        &ProxyOpts {
+            mark: PROXY_MARK,
+            ..ProxyOpts::new(SocketAddr::new(any(family), OUTBOUND_PORT), upstream)
+        },
+    )
+}
+
+/// Pod b's inbound sidecar: dials its app over loopback.
+fn inbound_sidecar(pods: &TwoPods, family: Family) -> Result<Proxy> {
+    Proxy::start(
+        &pods.b,
+        &ProxyOpts::new(
+            SocketAddr::new(any(family), INBOUND_PORT),
+            SocketAddr::new(loopback(family), APP_PORT),
+        ),
+    )
+}
+
 /// Bytes each way of a ping-pong run: every message and its echo arrived, verified.
 pub fn assert_pingpong_exact(x: &Exchange, rounds: u64, size: usize) -> Result<()> {
     let bytes = rounds * size as u64;
@@ -88,32 +128,12 @@ pub fn assert_chain_bypassed(x: &Exchange, payload: u64) -> Result<()> {
 /// captures that (PREROUTING REDIRECT to :15006) and dials the app over loopback.
 pub fn sidecar_chain(family: Family) -> Result<()> {
     let pods = TwoPods::new()?;
-    iptables::apply(
-        pods.a.netns(),
-        family,
-        &iptables::sidecar_outbound(APP_PORT, PROXY_MARK, OUTBOUND_PORT),
-    )?;
-    iptables::apply(
-        pods.b.netns(),
-        family,
-        &iptables::sidecar_inbound(APP_PORT, INBOUND_PORT),
-    )?;
+    capture_outbound(&pods, family)?;
+    capture_inbound(&pods, family)?;
     let agent = Agent::start(&pods.agent_opts())?;
     let b_app = SocketAddr::new(ip_of(&pods.b, family), APP_PORT);
-    let outbound = Proxy::start(
-        &pods.a,
-        &ProxyOpts {
-            mark: PROXY_MARK,
-            ..ProxyOpts::new(SocketAddr::new(any(family), OUTBOUND_PORT), b_app)
-        },
-    )?;
-    let inbound = Proxy::start(
-        &pods.b,
-        &ProxyOpts::new(
-            SocketAddr::new(any(family), INBOUND_PORT),
-            SocketAddr::new(loopback(family), APP_PORT),
-        ),
-    )?;
+    let outbound = outbound_sidecar(&pods, family, b_app)?;
+    let inbound = inbound_sidecar(&pods, family)?;
     let listen = SocketAddr::new(any(family), APP_PORT);
     let context = |what: &str| {
         format!(
@@ -148,32 +168,12 @@ pub fn sidecar_chain(family: Family) -> Result<()> {
 pub fn sidecar_chain_short_connections_exact() -> Result<()> {
     const CONNECTIONS: u64 = 300;
     let pods = TwoPods::new()?;
-    iptables::apply(
-        pods.a.netns(),
-        Family::V4,
-        &iptables::sidecar_outbound(APP_PORT, PROXY_MARK, OUTBOUND_PORT),
-    )?;
-    iptables::apply(
-        pods.b.netns(),
-        Family::V4,
-        &iptables::sidecar_inbound(APP_PORT, INBOUND_PORT),
-    )?;
+    capture_outbound(&pods, Family::V4)?;
+    capture_inbound(&pods, Family::V4)?;
     let agent = Agent::start(&pods.agent_opts())?;
     let b_app = pods.b.v4_addr(APP_PORT);
-    let _outbound = Proxy::start(
-        &pods.a,
-        &ProxyOpts {
-            mark: PROXY_MARK,
-            ..ProxyOpts::new(SocketAddr::new(any(Family::V4), OUTBOUND_PORT), b_app)
-        },
-    )?;
-    let _inbound = Proxy::start(
-        &pods.b,
-        &ProxyOpts::new(
-            SocketAddr::new(any(Family::V4), INBOUND_PORT),
-            SocketAddr::new(loopback(Family::V4), APP_PORT),
-        ),
-    )?;
+    let _outbound = outbound_sidecar(&pods, Family::V4, b_app)?;
+    let _inbound = inbound_sidecar(&pods, Family::V4)?;
     let args = ClientArgs {
         send: 4096,
         recv: 4096,
@@ -241,20 +241,10 @@ pub fn egress_to_outside_address_first_hop_normal_path() -> Result<()> {
     let external = vip_in(&pods.outside_cidr_v4(), APP_PORT)?;
     // The app needs a route to dial it; the REDIRECT then keeps it on the node.
     pods.a.add_route(&pods.outside_cidr_v4())?;
-    iptables::apply(
-        pods.a.netns(),
-        Family::V4,
-        &iptables::sidecar_outbound(APP_PORT, PROXY_MARK, OUTBOUND_PORT),
-    )?;
+    capture_outbound(&pods, Family::V4)?;
     let agent = Agent::start(&pods.agent_opts())?;
     let b_app = pods.b.v4_addr(APP_PORT);
-    let _outbound = Proxy::start(
-        &pods.a,
-        &ProxyOpts {
-            mark: PROXY_MARK,
-            ..ProxyOpts::new(SocketAddr::new(any(Family::V4), OUTBOUND_PORT), b_app)
-        },
-    )?;
+    let _outbound = outbound_sidecar(&pods, Family::V4, b_app)?;
     let args = ClientArgs::bulk(8 << 20);
     let payload = args.send + args.recv;
     let x = exchange(&pods, &agent, b_app, external, &args)?;

@@ -4,7 +4,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use anyhow::{Context as _, Result};
-use bypass_common::{SockKey, names::MAP_SOCKETS};
+use bypass_common::{SockKey, Stat, names::MAP_SOCKETS};
 use testbed::{
     Agent, AgentOpts, AgentStatus, TwoPods,
     iptables::{self, Family},
@@ -36,27 +36,20 @@ pub fn grew(before: &AgentStatus, after: &AgentStatus, f: impl Fn(&AgentStatus) 
     f(after).saturating_sub(f(before))
 }
 
-/// The counters this file cares about, grown between two readings, for messages.
+/// Every counter that grew between two readings, `name +n`, for messages.
 pub fn growth(before: &AgentStatus, after: &AgentStatus) -> String {
-    let g = |f: fn(&AgentStatus) -> u64| grew(before, after, f);
-    format!(
-        "paired pod/loopback/translated +{}/+{}/+{}, redirected bytes pod/loopback/translated \
-         +{}/+{}/+{} (all +{}), passed bytes +{}, inserted +{}, skipped +{}, pair_rejected +{}, \
-         skipped_ports +{}, insert_failures +{}",
-        g(|s| s.counters.paired_pod),
-        g(|s| s.counters.paired_loopback),
-        g(|s| s.counters.paired_translated),
-        g(|s| s.counters.redirected_bytes_pod),
-        g(|s| s.counters.redirected_bytes_loopback),
-        g(|s| s.counters.redirected_bytes_translated),
-        g(|s| s.counters.redirected_bytes),
-        g(|s| s.counters.passed_bytes),
-        g(|s| s.counters.sockets_inserted),
-        g(|s| s.counters.sockets_skipped),
-        g(|s| s.counters.pair_rejected),
-        g(|s| s.counters.skipped_ports),
-        g(|s| s.counters.insert_failures),
-    )
+    let grown: Vec<String> = Stat::ALL
+        .iter()
+        .filter_map(|&stat| {
+            let n = grew(before, after, |s| s.counters.get(stat));
+            (n > 0).then(|| format!("{} +{n}", stat.name()))
+        })
+        .collect();
+    if grown.is_empty() {
+        "no counter grew".to_owned()
+    } else {
+        grown.join(", ")
+    }
 }
 
 /// The nat tables of both pods, for a failure message.

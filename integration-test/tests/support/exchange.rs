@@ -100,9 +100,21 @@ pub fn exchange_bypassed(
     to: SocketAddr,
     args: &ClientArgs,
 ) -> Result<()> {
+    let x = exchange_exact(pods, agent, to, args)?;
+    assert_bypassed(&x, args)
+}
+
+/// [`exchange`] with the server listening on the address the client dials, asserted
+/// byte-exact.
+pub fn exchange_exact(
+    pods: &TwoPods,
+    agent: &Agent,
+    to: SocketAddr,
+    args: &ClientArgs,
+) -> Result<Exchange> {
     let x = exchange(pods, agent, to, to, args)?;
     assert_byte_exact(&x, args)?;
-    assert_bypassed(&x, args)
+    Ok(x)
 }
 
 /// Every byte arrived in order on both sides, and the totals are what was asked.
@@ -114,26 +126,14 @@ pub fn assert_byte_exact(x: &Exchange, args: &ClientArgs) -> Result<()> {
         x.client.connections == n && x.server.connections == n,
         "connections: {x:#?}"
     );
-    ensure!(
-        x.client.bytes_sent == n * args.send,
-        "client sent {}",
-        x.client.bytes_sent
-    );
-    ensure!(
-        x.server.bytes_received == n * args.send,
-        "server verified {}",
-        x.server.bytes_received
-    );
-    ensure!(
-        x.server.bytes_sent == n * args.recv,
-        "server sent {}",
-        x.server.bytes_sent
-    );
-    ensure!(
-        x.client.bytes_received == n * args.recv,
-        "client verified {}",
-        x.client.bytes_received
-    );
+    for (what, got, want) in [
+        ("client sent", x.client.bytes_sent, n * args.send),
+        ("server verified", x.server.bytes_received, n * args.send),
+        ("server sent", x.server.bytes_sent, n * args.recv),
+        ("client verified", x.client.bytes_received, n * args.recv),
+    ] {
+        ensure!(got == want, "{what} {got}");
+    }
     Ok(())
 }
 
