@@ -11,6 +11,10 @@ use std::{process::ExitCode, time::Duration};
 
 use anyhow::{Context as _, Result, bail};
 use clap::Parser;
+use nix::{
+    sched::{CpuSet, sched_getaffinity},
+    unistd::Pid,
+};
 use testbed::{
     Agent, ClientArgs, PeerServer, Report, ServerArgs, TwoPods,
     peer::parse_size,
@@ -305,17 +309,9 @@ fn bytes(n: u64) -> String {
 
 /// Two CPUs this process may use (the same one twice if it has only one).
 fn two_cpus() -> Result<(usize, usize)> {
-    // SAFETY: zeroed cpu_set_t is valid; the kernel fills it.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointer and size.
-    let ret =
-        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
-    if ret != 0 {
-        return Err(std::io::Error::last_os_error()).context("sched_getaffinity");
-    }
-    let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
-        // SAFETY: index below CPU_SETSIZE.
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+    let set = sched_getaffinity(Pid::from_raw(0)).context("sched_getaffinity")?;
+    let cpus: Vec<usize> = (0..CpuSet::count())
+        .filter(|&c| set.is_set(c).unwrap_or(false))
         .collect();
     match cpus.as_slice() {
         [] => bail!("no CPU in my affinity mask"),

@@ -137,6 +137,7 @@ fn load_sk_msg(name: &str) -> Result<std::os::fd::OwnedFd> {
     attr[16..24].copy_from_slice(&(license.as_ptr() as u64).to_ne_bytes());
     let n = name.len().min(15);
     attr[48..48 + n].copy_from_slice(&name.as_bytes()[..n]);
+    // Raw bpf(2): aya loads programs only from an ELF object, and this one has no ELF.
     // SAFETY: attr is a valid BPF_PROG_LOAD attribute whose pointers outlive the call.
     let fd = unsafe { libc::syscall(libc::SYS_bpf, 5, attr.as_ptr(), attr.len()) };
     ensure!(

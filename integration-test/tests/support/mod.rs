@@ -14,6 +14,10 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
+use nix::{
+    sys::signal::{Signal, kill},
+    unistd::Pid,
+};
 use serde_json::Value;
 use testbed::{Agent, AgentOpts, AgentStatus, Place, PodChild, TwoPods, names, spawn_in};
 
@@ -185,10 +189,8 @@ pub fn wait_for_log(agent: &Agent, needle: &str) -> bool {
 /// SIGKILL to a process we started, then waits until it is gone (a zombie counts: its
 /// files, and so the agent's pin directory lock, are released at exit).
 pub fn sigkill(pid: u32) -> Result<()> {
-    // SAFETY: plain syscall on a child of this process.
-    if unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) } != 0 {
-        return Err(std::io::Error::last_os_error()).context("kill -9");
-    }
+    let child = Pid::from_raw(i32::try_from(pid).context("pid out of range")?);
+    kill(child, Signal::SIGKILL).context("kill -9")?;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
