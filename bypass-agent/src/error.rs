@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use bypass_common::MIN_KERNEL;
+use nix::errno::Errno;
 
 /// A cause of any type, kept as the error's source.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -104,13 +105,15 @@ pub enum AgentError {
     },
     /// The kernel lacks a feature.
     #[error(
-        "the kernel cannot {what} ({detail}): use a kernel >= {MIN_KERNEL} built with CONFIG_BPF_SYSCALL, CONFIG_CGROUP_BPF, CONFIG_BPF_STREAM_PARSER and CONFIG_DEBUG_INFO_BTF"
+        "the kernel cannot {what} ({}): use a kernel >= {MIN_KERNEL} built with CONFIG_BPF_SYSCALL, CONFIG_CGROUP_BPF, CONFIG_BPF_STREAM_PARSER and CONFIG_DEBUG_INFO_BTF",
+        chain(&**source)
     )]
     KernelSupport {
         /// The missing capability.
         what: &'static str,
         /// The underlying error.
-        detail: String,
+        #[source]
+        source: BoxError,
     },
     /// A BPF operation failed.
     #[error("{action}: {}", chain(&**source))]
@@ -151,21 +154,25 @@ pub enum AgentError {
     MissingNodeName,
     /// The kubeconfig could not be read or used.
     #[error(
-        "cannot use the kubeconfig {path}: {detail}: check that the file exists, is readable and is valid, or pass another --kubeconfig"
+        "cannot use the kubeconfig {path}: {}: check that the file exists, is readable and is valid, or pass another --kubeconfig",
+        one_line(&chain(source))
     )]
     Kubeconfig {
         /// The file.
         path: PathBuf,
         /// What went wrong.
-        detail: String,
+        #[source]
+        source: kube::config::KubeconfigError,
     },
     /// Neither a kubeconfig nor an in-cluster service account.
     #[error(
-        "no kubeconfig given and not running in a pod with a service account ({detail}): pass --kubeconfig PATH or set KUBECONFIG"
+        "no kubeconfig given and not running in a pod with a service account ({}): pass --kubeconfig PATH or set KUBECONFIG",
+        chain(source)
     )]
     NoKubeConfig {
         /// Why the in-cluster configuration failed.
-        detail: String,
+        #[source]
+        source: kube::config::InClusterError,
     },
     /// The node named does not exist.
     #[error(
@@ -186,6 +193,9 @@ pub enum AgentError {
         resource: &'static str,
         /// The API server's message.
         detail: String,
+        /// The client's error.
+        #[source]
+        source: BoxError,
     },
     /// The credentials were rejected.
     #[error(
@@ -194,15 +204,24 @@ pub enum AgentError {
     Unauthorized {
         /// The API server's message.
         detail: String,
+        /// The client's error.
+        #[source]
+        source: BoxError,
     },
     /// Another API failure.
     #[error("{action}: {detail}")]
     Api {
         /// What was attempted.
         action: String,
-        /// The error chain.
+        /// The API server's message, or the error chain.
         detail: String,
+        /// The client's error.
+        #[source]
+        source: BoxError,
     },
+    /// The watch streams ended, which they do not while the client lives.
+    #[error("watch the node, pods, namespaces and ServiceCIDRs: the watch streams ended")]
+    WatchEnded,
     /// The metrics address could not be bound.
     #[error("cannot serve metrics on {addr} ({source}): pass another --metrics-addr")]
     MetricsBind {
@@ -240,10 +259,10 @@ impl AgentError {
         E: std::error::Error + Send + Sync + 'static,
     {
         let action = action.into();
-        if find_io(&err).is_some_and(|io| io.raw_os_error() == Some(libc::EPERM)) {
+        if find_io(&err).is_some_and(|io| io.raw_os_error() == Some(Errno::EPERM as i32)) {
             return Self::Permission {
                 action,
-                source: std::io::Error::from_raw_os_error(libc::EPERM),
+                source: Errno::EPERM.into(),
             };
         }
         let source: BoxError = Box::new(err);
@@ -279,6 +298,11 @@ fn find_io<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a std::io
     None
 }
 
+/// `text` with every run of white space (a parser's quoted lines) made one space.
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 /// An error and its sources on one line.
 pub fn chain(err: &(dyn std::error::Error + 'static)) -> String {
     let mut out = err.to_string();
@@ -302,10 +326,7 @@ mod tests {
 
     #[test]
     fn bpf_keeps_its_cause() {
-        let e = AgentError::bpf(
-            "open map x",
-            std::io::Error::from_raw_os_error(libc::ENOENT),
-        );
+        let e = AgentError::bpf("open map x", std::io::Error::from(Errno::ENOENT));
         assert!(matches!(e, AgentError::Bpf { .. }), "{e:?}");
         assert!(e.source().is_some());
         assert!(e.to_string().starts_with("open map x: "), "{e}");
@@ -313,7 +334,7 @@ mod tests {
 
     #[test]
     fn bpf_eperm_is_a_permission_error() {
-        let e = AgentError::bpf("load", std::io::Error::from_raw_os_error(libc::EPERM));
+        let e = AgentError::bpf("load", std::io::Error::from(Errno::EPERM));
         assert!(matches!(e, AgentError::Permission { .. }), "{e:?}");
     }
 
@@ -321,7 +342,7 @@ mod tests {
     fn system_errors_name_no_path() {
         let e = AgentError::System {
             action: "start the runtime",
-            source: std::io::Error::from_raw_os_error(libc::EMFILE),
+            source: std::io::Error::from(Errno::EMFILE),
         };
         assert!(e.to_string().starts_with("start the runtime: "), "{e}");
         assert!(e.source().is_some());

@@ -15,6 +15,7 @@ mod others;
 #[cfg(any(test, feature = "fuzz"))]
 pub mod props;
 pub mod run;
+mod runtime;
 pub mod status;
 pub mod sync;
 pub mod toggle;

@@ -10,6 +10,7 @@ use crate::{
     error::AgentError,
     k8s,
     metrics::{self, Telemetry},
+    runtime,
     sync::{self, Statics},
 };
 
@@ -22,15 +23,6 @@ fn kube_settings(opts: &RunOpts) -> Result<Option<k8s::Settings>, AgentError> {
         None if k.kubeconfig.is_some() => return Err(AgentError::MissingNodeName),
         None => return Ok(None),
     };
-    let metrics_addr = match k.metrics_addr {
-        Some(addr) => addr,
-        None => metrics::DEFAULT_METRICS_ADDR
-            .parse()
-            .map_err(|_| AgentError::Api {
-                action: "parse the default metrics address".into(),
-                detail: metrics::DEFAULT_METRICS_ADDR.into(),
-            })?,
-    };
     Ok(Some(k8s::Settings {
         node,
         kubeconfig: k.kubeconfig.clone().or_else(|| {
@@ -42,7 +34,7 @@ fn kube_settings(opts: &RunOpts) -> Result<Option<k8s::Settings>, AgentError> {
         default_enabled: k.default_enabled,
         exclude_annotation: k.exclude_annotation.clone(),
         exclude_namespace_label: k.exclude_namespace_label.clone(),
-        metrics_addr,
+        metrics_addr: k.metrics_addr.unwrap_or(metrics::DEFAULT_METRICS_ADDR),
         resync: Duration::from_secs(k.resync_seconds.max(1)),
     }))
 }
@@ -77,34 +69,21 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
         detach_on_exit: opts.detach_on_exit,
         skip_ports: opts.skip_ports.0.clone(),
     };
+    let statics = Statics {
+        cidrs: opts.pod_cidrs.iter().copied().collect(),
+        addrs: opts.pod_ips.iter().copied().collect(),
+        service_cidrs: opts.service_cidrs.iter().copied().collect(),
+    };
     if let Some(settings) = settings {
-        let statics = Statics {
-            cidrs: opts.pod_cidrs.iter().copied().collect(),
-            addrs: opts.pod_ips.iter().copied().collect(),
-            service_cidrs: opts.service_cidrs.iter().copied().collect(),
-        };
         return k8s::run(settings, config, statics);
     }
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|source| AgentError::System {
-            action: "start the runtime",
-            source,
-        })?;
+    let rt = runtime::current_thread()?;
     // Signal handlers first, so a signal during loading still unwinds cleanly.
-    let mut term = runtime
-        .block_on(async {
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        })
-        .map_err(|source| AgentError::System {
-            action: "install SIGTERM handler",
-            source,
-        })?;
+    let shutdown = rt.block_on(runtime::signals())?;
     let telemetry = match opts.kube.metrics_addr {
         Some(addr) => {
             let t = Arc::new(Telemetry::new(PinLayout::new(&config.pin_dir)));
-            runtime.block_on(metrics::serve(addr, t.clone()))?;
+            rt.block_on(metrics::serve(addr, t.clone()))?;
             Some(t)
         }
         None => None,
@@ -113,11 +92,6 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
     // Nothing from Kubernetes decides here: clear what a Kubernetes agent recorded.
     dp.set_agent_state(0)?;
     // An adopted datapath may hold another run's addresses: make the maps match the flags.
-    let statics = Statics {
-        cidrs: opts.pod_cidrs.iter().copied().collect(),
-        addrs: opts.pod_ips.iter().copied().collect(),
-        service_cidrs: opts.service_cidrs.iter().copied().collect(),
-    };
     let maps = dp.pod_maps();
     let plan = sync::plan(
         &apply::current(maps),
@@ -145,12 +119,7 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
         origin = ?dp.origin(),
         "running; SIGINT or SIGTERM detaches"
     );
-    let signal = runtime.block_on(async {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => "SIGINT",
-            _ = term.recv() => "SIGTERM",
-        }
-    });
+    let signal = rt.block_on(shutdown);
     let counters = dp.counters()?;
     tracing::info!(signal, sockets = dp.socket_count(), ?counters, "stopping");
     drop(dp);

@@ -168,6 +168,13 @@ pub fn read(layout: &PinLayout) -> Result<Report, AgentError> {
 pub fn render_text(r: &Report) -> String {
     let c = &r.counters;
     let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    let join = |items: &[IpAddr]| {
+        items
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     let mut rows: Vec<(&str, String)> = vec![
         ("attached", r.attached.to_string()),
         ("sockets", r.sockets.to_string()),
@@ -193,22 +200,8 @@ pub fn render_text(r: &Report) -> String {
     rows.extend(Stat::ALL.map(|s| (s.name(), c.get(s).to_string())));
     rows.extend([
         ("pod_cidrs", r.pod_cidrs.join(", ")),
-        (
-            "pod_addresses",
-            r.pod_addresses
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", "),
-        ),
-        (
-            "excluded_addresses",
-            r.excluded_addresses
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", "),
-        ),
+        ("pod_addresses", join(&r.pod_addresses)),
+        ("excluded_addresses", join(&r.excluded_addresses)),
         (
             "enabled_by",
             opt(r.enabled_by.map(|b| format!("{b:?}").to_lowercase())),

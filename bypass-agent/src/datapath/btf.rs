@@ -61,6 +61,22 @@ pub enum BtfError {
     },
 }
 
+/// Why the running kernel's BTF could not be used.
+#[derive(Debug, Error)]
+pub enum VmlinuxError {
+    /// [`VMLINUX_BTF`] could not be read.
+    #[error("{path}: {0}", path = VMLINUX_BTF)]
+    Read(#[source] std::io::Error),
+    /// It is not BTF this parser understands.
+    #[error("{path}: {0}", path = VMLINUX_BTF)]
+    Parse(#[source] BtfError),
+}
+
+/// The fields every load needs that this kernel's BTF lacks.
+#[derive(Debug, Error)]
+#[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+pub struct MissingFields(pub Vec<BtfError>);
+
 #[derive(Clone, Copy)]
 struct Member {
     name_off: u32,
@@ -89,6 +105,12 @@ fn u32_at(b: &[u8], at: usize) -> Option<u32> {
 }
 
 impl Btf {
+    /// The running kernel's BTF, from [`VMLINUX_BTF`].
+    pub fn vmlinux() -> Result<Self, VmlinuxError> {
+        let bytes = std::fs::read(VMLINUX_BTF).map_err(VmlinuxError::Read)?;
+        Self::parse(&bytes).map_err(VmlinuxError::Parse)
+    }
+
     /// Parses raw BTF (little-endian, as on x86_64 and arm64).
     pub fn parse(bytes: &[u8]) -> Result<Self, BtfError> {
         let header = |at| u32_at(bytes, at).ok_or(BtfError::BadHeader);

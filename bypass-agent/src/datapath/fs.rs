@@ -2,19 +2,15 @@
 //! bpffs (where pins live). Finding mounts is a pure parse of /proc/self/mountinfo.
 
 use std::{
-    ffi::CString,
     fs::File,
-    os::unix::ffi::OsStrExt as _,
     path::{Path, PathBuf},
 };
 
-use crate::error::AgentError;
+use nix::sys::statfs::{
+    BPF_FS_MAGIC, CGROUP_SUPER_MAGIC, CGROUP2_SUPER_MAGIC, FsType, SYSFS_MAGIC, TMPFS_MAGIC, statfs,
+};
 
-const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
-const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
-const CGROUP_SUPER_MAGIC: i64 = 0x0027_e0eb;
-const TMPFS_MAGIC: i64 = 0x0102_1994;
-const SYSFS_MAGIC: i64 = 0x6265_6572;
+use crate::error::AgentError;
 
 /// The mount point of the first mount of `fstype` in a mountinfo text.
 pub fn find_mount(mountinfo: &str, fstype: &str) -> Option<PathBuf> {
@@ -105,20 +101,11 @@ pub fn find_host_cgroup2(dir: &Path) -> Result<PathBuf, AgentError> {
     .ok_or(AgentError::NoCgroup2Mount)
 }
 
-fn fs_magic(path: &Path) -> std::io::Result<i64> {
-    let c = CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: zeroed statfs is a valid out-parameter; `c` is NUL-terminated.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    #[allow(clippy::unnecessary_cast, reason = "f_type is i64 or u32 by arch")]
-    Ok(st.f_type as i64)
+fn fs_magic(path: &Path) -> std::io::Result<FsType> {
+    Ok(statfs(path)?.filesystem_type())
 }
 
-fn fs_name(magic: i64) -> &'static str {
+fn fs_name(magic: FsType) -> &'static str {
     match magic {
         CGROUP_SUPER_MAGIC => "cgroup v1",
         TMPFS_MAGIC => "tmpfs",
@@ -166,8 +153,7 @@ pub fn ensure_bpffs(pin_dir: &Path) -> Result<(), AgentError> {
         .ancestors()
         .find(|p| p.exists())
         .unwrap_or(Path::new("/"));
-    let magic = fs_magic(existing).unwrap_or(0);
-    if magic == BPF_FS_MAGIC {
+    if fs_magic(existing).is_ok_and(|m| m == BPF_FS_MAGIC) {
         return Ok(());
     }
     let conventional = Path::new("/sys/fs/bpf");
@@ -197,7 +183,7 @@ fn mount_bpffs(at: &Path) -> Result<(), AgentError> {
     )
     .map_err(|errno| AgentError::BpffsMount {
         path: at.to_path_buf(),
-        source: std::io::Error::from_raw_os_error(errno as i32),
+        source: errno.into(),
     })
 }
 

@@ -2,20 +2,28 @@
 //! cookie of its own network namespace (the host's: the agent runs with the host
 //! network), and whether kernel lockdown forbids the programs' probe reads.
 
-use std::{
-    os::fd::{AsRawFd as _, OwnedFd},
-    path::Path,
-};
+use std::{os::fd::OwnedFd, path::Path};
 
-use nix::sys::socket::{AddressFamily, SockFlag, SockType, socket};
+use nix::{
+    getsockopt_impl, sockopt_impl,
+    sys::socket::{AddressFamily, SockFlag, SockType, getsockopt, socket},
+};
 
 use crate::error::AgentError;
 
 /// Where the lockdown LSM shows its mode; `BYPASS_LOCKDOWN_FILE` overrides it (tests).
 pub const LOCKDOWN_FILE: &str = "/sys/kernel/security/lockdown";
 
-/// `SO_NETNS_COOKIE` (include/uapi/asm-generic/socket.h; Linux ≥ 5.14).
-const SO_NETNS_COOKIE: libc::c_int = 71;
+// nix has no wrapper for this option; its macro makes one (no unsafe here).
+sockopt_impl!(
+    /// `SO_NETNS_COOKIE`: the cookie of the socket's network namespace
+    /// (include/uapi/asm-generic/socket.h; Linux ≥ 5.14).
+    NetnsCookie,
+    GetOnly,
+    libc::SOL_SOCKET,
+    libc::SO_NETNS_COOKIE,
+    u64
+);
 
 /// The running kernel's release, as `uname -r` prints it.
 pub fn kernel_release() -> String {
@@ -34,24 +42,16 @@ pub fn netns_cookie() -> Result<u64, AgentError> {
     )
     .map_err(|e| AgentError::KernelSupport {
         what: "create a socket to read the host network namespace's cookie",
-        detail: e.to_string(),
+        source: Box::new(e),
     })?;
-    let mut cookie: u64 = 0;
-    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-    // SAFETY: a valid socket, an 8-byte buffer and its length.
-    let ret = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            SO_NETNS_COOKIE,
-            (&raw mut cookie).cast(),
-            &raw mut len,
-        )
-    };
-    if ret != 0 || cookie == 0 {
+    let cookie = getsockopt(&fd, NetnsCookie).map_err(|e| AgentError::KernelSupport {
+        what: "tell the host network namespace apart (SO_NETNS_COOKIE)",
+        source: Box::new(std::io::Error::from(e)),
+    })?;
+    if cookie == 0 {
         return Err(AgentError::KernelSupport {
             what: "tell the host network namespace apart (SO_NETNS_COOKIE)",
-            detail: std::io::Error::last_os_error().to_string(),
+            source: "the kernel gave the cookie 0".into(),
         });
     }
     Ok(cookie)

@@ -2,13 +2,16 @@
 //! one, attach and detach, and typed views over the maps. Nothing here decides *what*
 //! goes into the address maps; callers do.
 
+mod adopt;
 mod btf;
 mod fs;
 mod host;
+mod load;
 mod lock;
 mod maps;
 mod object;
 mod pins;
+mod plan;
 mod preflight;
 mod pressure;
 mod rawlink;
@@ -22,30 +25,30 @@ use std::{
 };
 
 use aya::{
-    Ebpf, EbpfLoader,
-    maps::{Map, MapData, SockHash},
+    Ebpf,
+    maps::{MapData, SockHash},
     programs::{
-        CgroupAttachMode, CgroupSockopt, SkMsg, SockOps,
+        CgroupAttachMode, CgroupSockopt, SockOps,
         links::{FdLink, PinnedLink},
     },
 };
 pub use bypass_common::Counters;
 use bypass_common::{
-    KernelLayout, SockKey,
-    layout::{self, features, globals},
+    SockKey,
     names::{
         MAP_CONNECTORS, MAP_CONTROL, MAP_EXCLUDED_ADDRS, MAP_LINKS, MAP_POD_ADDRS, MAP_POD_CIDRS,
         MAP_POD_NETNS, MAP_SERVICE_CIDRS, MAP_SKIP_PORTS, MAP_SOCKETS, MAP_STATS, PIN_LINK_SOCKOPS,
-        PIN_LINK_SOCKOPT, PINNED_MAPS, PROG_SKMSG, PROG_SOCKOPS, PROG_SOCKOPT,
+        PIN_LINK_SOCKOPT, PROG_SOCKOPS, PROG_SOCKOPT,
     },
 };
 pub use fs::{find_cgroup2_mount, find_host_cgroup2, find_mount};
 pub use host::kernel_release;
 pub use maps::{Identity, Pairings, PinnedView, PodMaps, count_keys as count_sockets};
 pub use pins::PinLayout;
+pub use plan::{LoadPlan, queue_bound_off_reason};
 use tracing::{info, warn};
 
-use crate::error::{AgentError, chain};
+use crate::error::AgentError;
 
 /// What to load and where.
 #[derive(Debug, Clone)]
@@ -82,76 +85,6 @@ pub enum Origin {
     /// A pinned datapath of another build (or cgroup, or `--reset`) was released and
     /// this build loaded. Its sockets keep the old programs until they close.
     Replaced,
-}
-
-/// What a load fixes in the programs' read-only globals, found on this host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LoadPlan {
-    /// Kernel field offsets, from BTF.
-    pub layout: KernelLayout,
-    /// [`features`] bits: what the programs do, and why an optional part is off.
-    pub features: u32,
-    /// The host's network namespace cookie.
-    pub host_netns: u64,
-}
-
-impl LoadPlan {
-    /// Reads this host: BTF offsets (those every load needs must be there), the host
-    /// namespace, whether the queue bound can be measured.
-    pub fn detect() -> Result<Self, AgentError> {
-        let layout = kernel_layout()?;
-        let host_netns = host::netns_cookie()?;
-        let mut f = 0;
-        if !layout.can_bound() {
-            f |= features::NO_QUEUE_FIELD;
-        }
-        if host::probe_reads_forbidden() {
-            f |= features::NO_PROBE_READ;
-        }
-        if f == 0 {
-            f = features::QUEUE_BOUND;
-        }
-        Ok(Self {
-            layout,
-            features: f,
-            host_netns,
-        })
-    }
-
-    /// The same load without the probe reads (the verifier refused the helper).
-    fn without_probe_reads(self) -> Self {
-        Self {
-            features: (self.features & !features::QUEUE_BOUND) | features::NO_PROBE_READ,
-            ..self
-        }
-    }
-
-    /// Digest of what the programs were loaded with.
-    pub fn digest(&self) -> u64 {
-        layout::digest(&self.layout, self.features, self.host_netns)
-    }
-}
-
-/// Why the queue bound is off, for logs and status; `None` when it is on.
-pub fn queue_bound_off_reason(features_bits: u32) -> Option<&'static str> {
-    const FIELD: &str =
-        "this kernel's sockmap does not expose its queue length (sk_psock.msg_tot_len)";
-    const LOCKDOWN: &str =
-        "bpf_probe_read_kernel is unavailable (kernel lockdown, confidentiality mode)";
-    let (field, lockdown) = (
-        features_bits & features::NO_QUEUE_FIELD != 0,
-        features_bits & features::NO_PROBE_READ != 0,
-    );
-    match (features_bits & features::QUEUE_BOUND != 0, field, lockdown) {
-        (true, _, _) => None,
-        (false, true, true) => Some(
-            "this kernel's sockmap does not expose its queue length (sk_psock.msg_tot_len), \
-             and bpf_probe_read_kernel is unavailable (kernel lockdown, confidentiality mode)",
-        ),
-        (false, true, false) => Some(FIELD),
-        (false, false, true) => Some(LOCKDOWN),
-        (false, false, false) => Some("not loaded with it"),
-    }
 }
 
 /// A pinned datapath. Dropping it detaches and removes the pins when
@@ -201,39 +134,13 @@ impl Datapath {
                 .ino(),
         };
 
-        let pinned = pins::complete(&pins);
-        let adopt = pinned && !config.reset && pinned_identity(&pins) == Some(identity);
-        let origin = if adopt {
-            Origin::Adopted
-        } else {
-            if pinned {
-                // The released datapath's sockets keep its programs until they close;
-                // from now on they send by TCP (redirect to TCP is always safe), so no
-                // program without an agent keeps redirecting on maps no one tends.
-                if let Ok(map) = maps::open_pinned(&pins, MAP_CONTROL)
-                    && let Ok(mut old) = maps::Control::new(map)
-                    && let Err(e) = old.set_enabled(false)
-                {
-                    warn!(error = %e, "could not switch the released datapath's redirects off");
-                }
-            }
-            let stale = pins::remove_stale(&pins)?;
-            if !stale.is_empty() {
-                info!(pin_dir = %config.pin_dir.display(), removed = stale.len(), reset = config.reset,
-                    "released a pinned datapath of another build, cgroup or an interrupted start; \
-                     its connections finish on the TCP path");
-            }
-            if pinned {
-                Origin::Replaced
-            } else {
-                Origin::Fresh
-            }
-        };
+        let origin = adopt::adopt_or_release(&pins, config, identity)?;
+        let adopt = origin == Origin::Adopted;
 
         let ebpf = if adopt {
             None
         } else {
-            Some(load_fresh(&pins, config, identity, plan)?)
+            Some(load::load_fresh(&pins, config, identity, plan)?)
         };
         let guard = pins::PinGuard::new(pins.clone(), !adopt);
         let sockets: SockHash<MapData, SockKey> =
@@ -498,209 +405,4 @@ pub fn uninstall(root: &std::path::Path) -> Result<Vec<PathBuf>, AgentError> {
     let removed = pins::remove_all(&layout)?;
     drop(lock);
     Ok(removed)
-}
-
-/// The identity recorded in a pinned control map, if it can be read.
-fn pinned_identity(pins: &PinLayout) -> Option<Identity> {
-    let control = maps::Control::new(maps::open_pinned(pins, MAP_CONTROL).ok()?).ok()?;
-    control.identity().ok()
-}
-
-/// Loads the embedded object, attaches sk_msg to the SockHash, pins maps and programs
-/// and records the identity. Removes what it pinned if any step fails. If the verifier
-/// refuses the probe reads of the queue bound (kernel lockdown not seen in securityfs),
-/// loads again without them.
-fn load_fresh(
-    pins: &PinLayout,
-    config: &Config,
-    identity: Identity,
-    plan: LoadPlan,
-) -> Result<Ebpf, AgentError> {
-    raise_memlock();
-    match load_with(pins, config, identity, plan) {
-        Err(AgentError::Verifier { log, .. })
-            if plan.features & features::QUEUE_BOUND != 0 && log.contains("probe_read") =>
-        {
-            warn!("the verifier refused bpf_probe_read_kernel: loading without the queue bound");
-            let plan = plan.without_probe_reads();
-            let identity = Identity {
-                object: object::fingerprint() ^ plan.digest(),
-                ..identity
-            };
-            load_with(pins, config, identity, plan)
-        }
-        other => other,
-    }
-}
-
-fn load_with(
-    pins: &PinLayout,
-    config: &Config,
-    identity: Identity,
-    plan: LoadPlan,
-) -> Result<Ebpf, AgentError> {
-    let l = &plan.layout;
-    let program_features = plan.features & features::PROGRAM_BITS;
-    let mut ebpf = EbpfLoader::new()
-        .map_max_entries(MAP_SOCKETS, config.max_sockets)
-        .map_max_entries(MAP_CONNECTORS, config.max_sockets)
-        .map_max_entries(MAP_LINKS, config.max_sockets)
-        .override_global(globals::OFF_SK_RCVLOWAT, &l.sk_rcvlowat, true)
-        .override_global(globals::OFF_SK_PEEK_OFF, &l.sk_peek_off, true)
-        .override_global(globals::OFF_ICSK_ULP_OPS, &l.icsk_ulp_ops, true)
-        .override_global(globals::OFF_TCP_WRITE_SEQ, &l.tcp_write_seq, true)
-        .override_global(globals::OFF_TCP_FASTOPEN_REQ, &l.tcp_fastopen_req, true)
-        .override_global(globals::OFF_SK_USER_DATA, &l.sk_user_data, true)
-        .override_global(globals::OFF_SK_COOKIE, &l.sk_cookie, true)
-        .override_global(globals::OFF_PSOCK_MSG_TOT_LEN, &l.psock_msg_tot_len, true)
-        .override_global(globals::FEATURES, &program_features, true)
-        .override_global(globals::HOST_NETNS, &plan.host_netns, true)
-        .load(object::BYTES)
-        .map_err(classify_load_error)?;
-    let guard = pins::PinGuard::new(pins.clone(), true);
-    pins.create_dirs()?;
-    for name in PINNED_MAPS.iter().filter(|&&n| n != MAP_CONTROL) {
-        pin_map(&ebpf, pins, name)?;
-    }
-    let mut control = maps::Control::new(take_map(&mut ebpf, MAP_CONTROL)?)?;
-    control.set_enabled(false)?;
-    control.set_identity(identity)?;
-    control.set_features(plan.features)?;
-
-    let sockets: SockHash<&MapData, SockKey> = SockHash::try_from(
-        ebpf.map(MAP_SOCKETS)
-            .ok_or_else(|| missing("map", MAP_SOCKETS))?,
-    )
-    .map_err(|e| AgentError::bpf(format!("open map {MAP_SOCKETS}"), e))?;
-    let sockets_fd = sockets
-        .fd()
-        .try_clone()
-        .map_err(|e| AgentError::bpf("dup the SockHash fd", e))?;
-    let skmsg: &mut SkMsg = program(&mut ebpf, PROG_SKMSG)?;
-    skmsg
-        .load()
-        .map_err(|e| AgentError::bpf(format!("load {PROG_SKMSG}"), e))?;
-    skmsg
-        .attach(&sockets_fd)
-        .map_err(|e| AgentError::bpf(format!("attach {PROG_SKMSG} to {MAP_SOCKETS}"), e))?;
-    skmsg
-        .pin(pins.prog(PROG_SKMSG))
-        .map_err(|e| AgentError::bpf(format!("pin {PROG_SKMSG}"), e))?;
-    for name in [PROG_SOCKOPS, PROG_SOCKOPT] {
-        load_and_pin(&mut ebpf, pins, name)?;
-    }
-    // The control map is pinned last: its pin marks a complete datapath.
-    let path = pins.map(MAP_CONTROL);
-    control
-        .pin(path.as_path())
-        .map_err(|e| AgentError::bpf(format!("pin map {MAP_CONTROL} at {}", path.display()), e))?;
-    guard.disarm();
-    Ok(ebpf)
-}
-
-/// Loads program `name` (sock_ops or setsockopt) and pins it.
-fn load_and_pin(ebpf: &mut Ebpf, pins: &PinLayout, name: &str) -> Result<(), AgentError> {
-    let prog = ebpf
-        .program_mut(name)
-        .ok_or_else(|| missing("program", name))?;
-    let load_err = |e: aya::programs::ProgramError| AgentError::bpf(format!("load {name}"), e);
-    let pin_err = |e: aya::pin::PinError| AgentError::bpf(format!("pin {name}"), e);
-    match prog {
-        aya::programs::Program::SockOps(p) => {
-            p.load().map_err(load_err)?;
-            p.pin(pins.prog(name)).map_err(pin_err)
-        }
-        aya::programs::Program::CgroupSockopt(p) => {
-            p.load().map_err(load_err)?;
-            p.pin(pins.prog(name)).map_err(pin_err)
-        }
-        _ => Err(missing("program", name)),
-    }
-}
-
-/// The running kernel's layout of the fields the programs read. Those every load needs
-/// must be there; the others turn off what needs them.
-fn kernel_layout() -> Result<KernelLayout, AgentError> {
-    let bytes = std::fs::read(btf::VMLINUX_BTF).map_err(|e| AgentError::KernelSupport {
-        what: "describe its structures",
-        detail: format!("{}: {e}", btf::VMLINUX_BTF),
-    })?;
-    let b = btf::Btf::parse(&bytes).map_err(|e| AgentError::KernelSupport {
-        what: "describe its structures",
-        detail: format!("{}: {e}", btf::VMLINUX_BTF),
-    })?;
-    let (layout, missing) = b.kernel_layout();
-    if !layout.has_required() {
-        let what: Vec<String> = missing.iter().map(ToString::to_string).collect();
-        return Err(AgentError::KernelSupport {
-            what: "show the socket fields the datapath checks at insertion",
-            detail: what.join("; "),
-        });
-    }
-    // What is missing turns off an optional guarantee, reported once by the caller.
-    for e in &missing {
-        tracing::debug!(error = %e, "kernel field not found in BTF");
-    }
-    Ok(layout)
-}
-
-fn missing(kind: &'static str, name: &str) -> AgentError {
-    AgentError::NotInObject {
-        kind,
-        name: name.to_owned(),
-    }
-}
-
-fn take_map(ebpf: &mut Ebpf, name: &str) -> Result<Map, AgentError> {
-    ebpf.take_map(name).ok_or_else(|| missing("map", name))
-}
-
-fn pin_map(ebpf: &Ebpf, pins: &PinLayout, name: &str) -> Result<(), AgentError> {
-    let path = pins.map(name);
-    ebpf.map(name)
-        .ok_or_else(|| missing("map", name))?
-        .pin(&path)
-        .map_err(|e| AgentError::bpf(format!("pin map {name} at {}", path.display()), e))
-}
-
-/// A program of the object, by name and type.
-fn program<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, AgentError>
-where
-    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
-{
-    let prog = ebpf
-        .program_mut(name)
-        .ok_or_else(|| missing("program", name))?;
-    prog.try_into()
-        .map_err(|e: aya::programs::ProgramError| AgentError::bpf(format!("program {name}"), e))
-}
-
-/// Kernels >= 5.11 charge BPF memory to the cgroup; older ones need RLIMIT_MEMLOCK.
-/// Raising it may be refused (no CAP_SYS_RESOURCE); that is only a warning.
-fn raise_memlock() {
-    use nix::sys::resource::{RLIM_INFINITY, Resource, setrlimit};
-    if let Err(errno) = setrlimit(Resource::RLIMIT_MEMLOCK, RLIM_INFINITY, RLIM_INFINITY) {
-        warn!(error = %errno,
-            "could not raise RLIMIT_MEMLOCK; fine on kernels >= 5.11, which charge BPF memory to the cgroup");
-    }
-}
-
-fn classify_load_error(err: aya::EbpfError) -> AgentError {
-    let text = chain(&err);
-    if text.contains("EPERM") || text.contains("Operation not permitted") {
-        return AgentError::Permission {
-            action: "loading the eBPF object".into(),
-            source: std::io::Error::from_raw_os_error(libc::EPERM),
-        };
-    }
-    if text.contains(MAP_SOCKETS) {
-        return AgentError::KernelSupport {
-            what: "create the SockHash map",
-            detail: text,
-        };
-    }
-    AgentError::Bpf {
-        action: "load the eBPF object".into(),
-        source: Box::new(err),
-    }
 }

@@ -7,10 +7,10 @@
 //! sock_ops context socket (5.10). What a build may leave out is probed: BTF, and
 //! sockmap (`CONFIG_BPF_STREAM_PARSER`).
 
-use std::os::fd::{FromRawFd as _, OwnedFd};
-
+use aya::maps::MapType;
 use bypass_common::KernelVersion;
 pub use bypass_common::MIN_KERNEL;
+use nix::errno::Errno;
 
 use crate::error::AgentError;
 
@@ -52,24 +52,14 @@ pub fn check(release: &str) -> Result<(), AgentError> {
     Ok(())
 }
 
-/// Whether a SockHash can be created (`BPF_MAP_CREATE`, then closed at once).
+/// Whether a SockHash can be created (aya's `BPF_MAP_CREATE` probe; the map is closed
+/// at once).
 fn sockhash_supported() -> bool {
-    const BPF_MAP_CREATE: libc::c_long = 0;
-    const BPF_MAP_TYPE_SOCKHASH: u32 = 18;
-    // map_create: map_type, key_size, value_size, max_entries.
-    let mut attr = [0u8; 128];
-    for (i, v) in [BPF_MAP_TYPE_SOCKHASH, 4, 4, 1].into_iter().enumerate() {
-        attr[i * 4..i * 4 + 4].copy_from_slice(&v.to_ne_bytes());
-    }
-    // SAFETY: bpf(2) with a zero-filled attribute buffer of the stated size.
-    let fd = unsafe { libc::syscall(libc::SYS_bpf, BPF_MAP_CREATE, attr.as_mut_ptr(), attr.len()) };
-    if fd < 0 {
+    match aya::sys::is_map_supported(MapType::SockHash) {
+        Ok(supported) => supported,
         // EPERM is a privilege problem, reported by the load with its own message.
-        return std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+        Err(e) => e.io_error.raw_os_error() == Some(Errno::EPERM as i32),
     }
-    // SAFETY: BPF_MAP_CREATE returned a new descriptor we own; dropping closes it.
-    drop(unsafe { OwnedFd::from_raw_fd(fd as i32) });
-    true
 }
 
 #[cfg(test)]

@@ -24,6 +24,7 @@ pub const BPF_CGROUP_SETSOCKOPT: u32 = 22;
 const ATTR_SIZE: usize = 128;
 
 fn bpf(cmd: libc::c_long, attr: &mut [u8; ATTR_SIZE]) -> std::io::Result<libc::c_long> {
+    // Raw libc: nix has no bpf(2) wrapper, and aya 0.14 exposes neither command.
     // SAFETY: bpf(2) with a zero-filled attribute buffer of the stated size.
     let ret = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), ATTR_SIZE) };
     if ret < 0 {

@@ -57,49 +57,55 @@ pub fn classify(err: &kube::Error) -> Failure {
 pub async fn connect(kubeconfig: Option<&Path>) -> Result<Client, AgentError> {
     let mut config = match kubeconfig {
         Some(path) => {
-            // Parser errors quote the offending lines: keep the message on one line.
-            let bad = |detail: String| AgentError::Kubeconfig {
+            let bad = |source| AgentError::Kubeconfig {
                 path: path.to_path_buf(),
-                detail: detail.split_whitespace().collect::<Vec<_>>().join(" "),
+                source,
             };
-            let kc = Kubeconfig::read_from(path).map_err(|e| bad(chain(&e)))?;
+            let kc = Kubeconfig::read_from(path).map_err(bad)?;
             Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
                 .await
-                .map_err(|e| bad(chain(&e)))?
+                .map_err(bad)?
         }
-        None => Config::incluster().map_err(|e| AgentError::NoKubeConfig { detail: chain(&e) })?,
+        None => Config::incluster().map_err(|source| AgentError::NoKubeConfig { source })?,
     };
     // An absent API server should show within seconds, not after the default 30 s.
     config.connect_timeout = Some(Duration::from_secs(5));
     Client::try_from(config).map_err(|e| AgentError::Api {
         action: "build the API client".into(),
         detail: chain(&e),
+        source: Box::new(e),
     })
 }
 
-/// Turns a failed start-up call into the agent's error; `None` for a transient one.
+/// Turns a failed start-up call into the agent's error; a transient one is given back.
 fn fatal(
-    err: &kube::Error,
+    err: kube::Error,
     verb: &'static str,
     resource: &'static str,
     node: &str,
-) -> Option<AgentError> {
-    match classify(err) {
-        Failure::Transient(_) => None,
-        Failure::NotFound(_) if resource == "nodes" => Some(AgentError::NodeNotFound {
+) -> Result<AgentError, kube::Error> {
+    let source = |err| -> crate::error::BoxError { Box::new(err) };
+    Ok(match classify(&err) {
+        Failure::Transient(_) => return Err(err),
+        Failure::NotFound(_) if resource == "nodes" => AgentError::NodeNotFound {
             node: node.to_owned(),
-        }),
-        Failure::Forbidden(detail) => Some(AgentError::Forbidden {
+        },
+        Failure::Forbidden(detail) => AgentError::Forbidden {
             verb,
             resource,
             detail,
-        }),
-        Failure::Unauthorized(detail) => Some(AgentError::Unauthorized { detail }),
-        Failure::NotFound(detail) | Failure::Other(detail) => Some(AgentError::Api {
+            source: source(err),
+        },
+        Failure::Unauthorized(detail) => AgentError::Unauthorized {
+            detail,
+            source: source(err),
+        },
+        Failure::NotFound(detail) | Failure::Other(detail) => AgentError::Api {
             action: format!("{verb} {resource}"),
             detail,
-        }),
-    }
+            source: source(err),
+        },
+    })
 }
 
 /// Result of one start-up check round.
@@ -125,9 +131,9 @@ pub async fn preflight(client: &Client, node: &str) -> Result<Preflight, AgentEr
             match $call.await {
                 Ok(_) => {}
                 Err(e) => {
-                    return match fatal(&e, $verb, $resource, node) {
-                        Some(err) => Err(err),
-                        None => Ok(Preflight::Retry(format!(
+                    return match fatal(e, $verb, $resource, node) {
+                        Ok(err) => Err(err),
+                        Err(e) => Ok(Preflight::Retry(format!(
                             "{} {}: {}",
                             $verb,
                             $resource,
@@ -205,18 +211,18 @@ mod tests {
 
     #[test]
     fn start_up_errors_name_the_fix() {
-        let e = fatal(&api(404, "nodes \"x\" not found"), "get", "nodes", "x").unwrap();
+        let e = fatal(api(404, "nodes \"x\" not found"), "get", "nodes", "x").unwrap();
         assert!(matches!(e, AgentError::NodeNotFound { .. }));
         assert!(e.to_string().contains("--node-name"), "{e}");
-        let e = fatal(&api(403, "forbidden"), "watch", "pods", "x").unwrap();
+        let e = fatal(api(403, "forbidden"), "watch", "pods", "x").unwrap();
         let msg = e.to_string();
         assert!(
             msg.contains("watch") && msg.contains("pods") && msg.contains("rbac"),
             "{msg}"
         );
-        let e = fatal(&api(401, "Unauthorized"), "get", "nodes", "x").unwrap();
+        let e = fatal(api(401, "Unauthorized"), "get", "nodes", "x").unwrap();
         assert!(matches!(e, AgentError::Unauthorized { .. }));
         let io = kube::Error::ReadEvents(std::io::Error::other("reset"));
-        assert!(fatal(&io, "get", "nodes", "x").is_none());
+        assert!(fatal(io, "get", "nodes", "x").is_err());
     }
 }

@@ -211,10 +211,7 @@ pub async fn run(
             item = events.next() => match item {
                 Some(item) => ctl.note(item),
                 None => {
-                    return Err(AgentError::Api {
-                        action: "watch the node, pods, namespaces and ServiceCIDRs".into(),
-                        detail: "the watch streams ended".into(),
-                    });
+                    return Err(AgentError::WatchEnded);
                 }
             },
             _ = resync.tick() => {}

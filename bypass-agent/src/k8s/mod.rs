@@ -13,6 +13,7 @@ use crate::{
     datapath::{self, Datapath, PinLayout},
     error::AgentError,
     metrics::{self, Telemetry},
+    runtime,
     sync::Statics,
 };
 
@@ -43,29 +44,7 @@ pub fn run(
     config: datapath::Config,
     statics: Statics,
 ) -> Result<(), AgentError> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|source| AgentError::System {
-            action: "start the runtime",
-            source,
-        })?;
-    runtime.block_on(run_async(settings, config, statics))
-}
-
-/// Resolves on SIGINT or SIGTERM with the signal's name.
-async fn signals() -> Result<impl std::future::Future<Output = &'static str>, AgentError> {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|source| AgentError::System {
-            action: "install SIGTERM handler",
-            source,
-        })?;
-    Ok(async move {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => "SIGINT",
-            _ = term.recv() => "SIGTERM",
-        }
-    })
+    runtime::current_thread()?.block_on(run_async(settings, config, statics))
 }
 
 async fn run_async(
@@ -73,7 +52,7 @@ async fn run_async(
     config: datapath::Config,
     statics: Statics,
 ) -> Result<(), AgentError> {
-    let shutdown = signals().await?;
+    let shutdown = runtime::signals().await?;
     futures::pin_mut!(shutdown);
     // Configuration problems first: they need a person, not a retry.
     let client = client::connect(settings.kubeconfig.as_deref()).await?;

@@ -1,0 +1,193 @@
+//! A fresh load of the embedded object: the globals set from the [`LoadPlan`], maps
+//! and programs pinned, sk_msg attached to the SockHash, the identity recorded.
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Map, MapData, SockHash},
+    programs::SkMsg,
+};
+use bypass_common::{
+    SockKey,
+    layout::{features, globals},
+    names::{
+        MAP_CONNECTORS, MAP_CONTROL, MAP_LINKS, MAP_SOCKETS, PINNED_MAPS, PROG_SKMSG, PROG_SOCKOPS,
+        PROG_SOCKOPT,
+    },
+};
+use tracing::warn;
+
+use super::{Config, Identity, LoadPlan, PinLayout, maps, object, pins};
+use crate::error::{AgentError, chain};
+
+/// Loads the embedded object, attaches sk_msg to the SockHash, pins maps and programs
+/// and records the identity. Removes what it pinned if any step fails. If the verifier
+/// refuses the probe reads of the queue bound (kernel lockdown not seen in securityfs),
+/// loads again without them.
+pub(super) fn load_fresh(
+    pins: &PinLayout,
+    config: &Config,
+    identity: Identity,
+    plan: LoadPlan,
+) -> Result<Ebpf, AgentError> {
+    raise_memlock();
+    match load_with(pins, config, identity, plan) {
+        Err(AgentError::Verifier { log, .. })
+            if plan.features & features::QUEUE_BOUND != 0 && log.contains("probe_read") =>
+        {
+            warn!("the verifier refused bpf_probe_read_kernel: loading without the queue bound");
+            let plan = plan.without_probe_reads();
+            let identity = Identity {
+                object: object::fingerprint() ^ plan.digest(),
+                ..identity
+            };
+            load_with(pins, config, identity, plan)
+        }
+        other => other,
+    }
+}
+
+fn load_with(
+    pins: &PinLayout,
+    config: &Config,
+    identity: Identity,
+    plan: LoadPlan,
+) -> Result<Ebpf, AgentError> {
+    let l = &plan.layout;
+    let program_features = plan.features & features::PROGRAM_BITS;
+    let mut ebpf = EbpfLoader::new()
+        .map_max_entries(MAP_SOCKETS, config.max_sockets)
+        .map_max_entries(MAP_CONNECTORS, config.max_sockets)
+        .map_max_entries(MAP_LINKS, config.max_sockets)
+        .override_global(globals::OFF_SK_RCVLOWAT, &l.sk_rcvlowat, true)
+        .override_global(globals::OFF_SK_PEEK_OFF, &l.sk_peek_off, true)
+        .override_global(globals::OFF_ICSK_ULP_OPS, &l.icsk_ulp_ops, true)
+        .override_global(globals::OFF_TCP_WRITE_SEQ, &l.tcp_write_seq, true)
+        .override_global(globals::OFF_TCP_FASTOPEN_REQ, &l.tcp_fastopen_req, true)
+        .override_global(globals::OFF_SK_USER_DATA, &l.sk_user_data, true)
+        .override_global(globals::OFF_SK_COOKIE, &l.sk_cookie, true)
+        .override_global(globals::OFF_PSOCK_MSG_TOT_LEN, &l.psock_msg_tot_len, true)
+        .override_global(globals::FEATURES, &program_features, true)
+        .override_global(globals::HOST_NETNS, &plan.host_netns, true)
+        .load(object::BYTES)
+        .map_err(classify_load_error)?;
+    let guard = pins::PinGuard::new(pins.clone(), true);
+    pins.create_dirs()?;
+    for name in PINNED_MAPS.iter().filter(|&&n| n != MAP_CONTROL) {
+        pin_map(&ebpf, pins, name)?;
+    }
+    let mut control = maps::Control::new(take_map(&mut ebpf, MAP_CONTROL)?)?;
+    control.set_enabled(false)?;
+    control.set_identity(identity)?;
+    control.set_features(plan.features)?;
+
+    let sockets: SockHash<&MapData, SockKey> = SockHash::try_from(
+        ebpf.map(MAP_SOCKETS)
+            .ok_or_else(|| missing("map", MAP_SOCKETS))?,
+    )
+    .map_err(|e| AgentError::bpf(format!("open map {MAP_SOCKETS}"), e))?;
+    let sockets_fd = sockets
+        .fd()
+        .try_clone()
+        .map_err(|e| AgentError::bpf("dup the SockHash fd", e))?;
+    let skmsg: &mut SkMsg = program(&mut ebpf, PROG_SKMSG)?;
+    skmsg
+        .load()
+        .map_err(|e| AgentError::bpf(format!("load {PROG_SKMSG}"), e))?;
+    skmsg
+        .attach(&sockets_fd)
+        .map_err(|e| AgentError::bpf(format!("attach {PROG_SKMSG} to {MAP_SOCKETS}"), e))?;
+    skmsg
+        .pin(pins.prog(PROG_SKMSG))
+        .map_err(|e| AgentError::bpf(format!("pin {PROG_SKMSG}"), e))?;
+    for name in [PROG_SOCKOPS, PROG_SOCKOPT] {
+        load_and_pin(&mut ebpf, pins, name)?;
+    }
+    // The control map is pinned last: its pin marks a complete datapath.
+    let path = pins.map(MAP_CONTROL);
+    control
+        .pin(path.as_path())
+        .map_err(|e| AgentError::bpf(format!("pin map {MAP_CONTROL} at {}", path.display()), e))?;
+    guard.disarm();
+    Ok(ebpf)
+}
+
+/// Loads program `name` (sock_ops or setsockopt) and pins it.
+fn load_and_pin(ebpf: &mut Ebpf, pins: &PinLayout, name: &str) -> Result<(), AgentError> {
+    let prog = ebpf
+        .program_mut(name)
+        .ok_or_else(|| missing("program", name))?;
+    let load_err = |e: aya::programs::ProgramError| AgentError::bpf(format!("load {name}"), e);
+    let pin_err = |e: aya::pin::PinError| AgentError::bpf(format!("pin {name}"), e);
+    match prog {
+        aya::programs::Program::SockOps(p) => {
+            p.load().map_err(load_err)?;
+            p.pin(pins.prog(name)).map_err(pin_err)
+        }
+        aya::programs::Program::CgroupSockopt(p) => {
+            p.load().map_err(load_err)?;
+            p.pin(pins.prog(name)).map_err(pin_err)
+        }
+        _ => Err(missing("program", name)),
+    }
+}
+
+fn missing(kind: &'static str, name: &str) -> AgentError {
+    AgentError::NotInObject {
+        kind,
+        name: name.to_owned(),
+    }
+}
+
+fn take_map(ebpf: &mut Ebpf, name: &str) -> Result<Map, AgentError> {
+    ebpf.take_map(name).ok_or_else(|| missing("map", name))
+}
+
+fn pin_map(ebpf: &Ebpf, pins: &PinLayout, name: &str) -> Result<(), AgentError> {
+    let path = pins.map(name);
+    ebpf.map(name)
+        .ok_or_else(|| missing("map", name))?
+        .pin(&path)
+        .map_err(|e| AgentError::bpf(format!("pin map {name} at {}", path.display()), e))
+}
+
+/// A program of the object, by name and type.
+fn program<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, AgentError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    let prog = ebpf
+        .program_mut(name)
+        .ok_or_else(|| missing("program", name))?;
+    prog.try_into()
+        .map_err(|e: aya::programs::ProgramError| AgentError::bpf(format!("program {name}"), e))
+}
+
+/// Kernels >= 5.11 charge BPF memory to the cgroup; older ones need RLIMIT_MEMLOCK.
+/// Raising it may be refused (no CAP_SYS_RESOURCE); that is only a warning.
+fn raise_memlock() {
+    use nix::sys::resource::{RLIM_INFINITY, Resource, setrlimit};
+    if let Err(errno) = setrlimit(Resource::RLIMIT_MEMLOCK, RLIM_INFINITY, RLIM_INFINITY) {
+        warn!(error = %errno,
+            "could not raise RLIMIT_MEMLOCK; fine on kernels >= 5.11, which charge BPF memory to the cgroup");
+    }
+}
+
+fn classify_load_error(err: aya::EbpfError) -> AgentError {
+    let text = chain(&err);
+    if text.contains("EPERM") || text.contains("Operation not permitted") {
+        return AgentError::Permission {
+            action: "loading the eBPF object".into(),
+            source: nix::errno::Errno::EPERM.into(),
+        };
+    }
+    if text.contains(MAP_SOCKETS) {
+        return AgentError::KernelSupport {
+            what: "create the SockHash map",
+            source: Box::new(err),
+        };
+    }
+    AgentError::Bpf {
+        action: "load the eBPF object".into(),
+        source: Box::new(err),
+    }
+}

@@ -1,0 +1,282 @@
+//! The datapath's side of `/metrics`: read through the pins at every scrape, and the
+//! counters of the stats catalogue grouped into labelled families.
+
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric},
+    metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
+};
+use tracing::{debug, warn};
+
+use crate::datapath::{PinLayout, PinnedView, count_sockets};
+
+/// Reads the datapath through its pins on every scrape, so the numbers are the
+/// kernel's, whoever holds the datapath.
+#[derive(Debug)]
+pub(super) struct DatapathCollector {
+    layout: PinLayout,
+}
+
+impl DatapathCollector {
+    /// A collector over the pins in `layout`.
+    pub(super) fn new(layout: PinLayout) -> Self {
+        Self { layout }
+    }
+}
+
+/// One unlabelled series of a constant metric.
+fn constant(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    metric: impl EncodeMetric,
+) -> Result<(), std::fmt::Error> {
+    metric.encode(enc.encode_descriptor(name, help, None, metric.metric_type())?)
+}
+
+fn gauge(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    v: i64,
+) -> Result<(), std::fmt::Error> {
+    constant(enc, name, help, ConstGauge::new(v))
+}
+
+/// One gauge per value of `label`.
+fn labeled_gauges(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    label: &str,
+    values: &[(&str, i64)],
+) -> Result<(), std::fmt::Error> {
+    let mut family = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (value, v) in values {
+        let labels = [(label, *value)];
+        ConstGauge::new(*v).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+fn count(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl Collector for DatapathCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        labeled_gauges(
+            &mut enc,
+            "bypass_build_info",
+            "The agent's version (always 1)",
+            "version",
+            &[(env!("CARGO_PKG_VERSION"), 1)],
+        )?;
+        let view = match PinnedView::open(&self.layout) {
+            Ok(v) => v,
+            Err(e) => {
+                debug!(error = %e, "datapath not readable for metrics");
+                return gauge(
+                    &mut enc,
+                    "bypass_datapath_up",
+                    "1 when the pinned datapath could be read",
+                    0,
+                );
+            }
+        };
+        gauge(
+            &mut enc,
+            "bypass_datapath_up",
+            "1 when the pinned datapath could be read",
+            1,
+        )?;
+        let attached = view.link_pinned && view.control.enabled().unwrap_or(false);
+        gauge(
+            &mut enc,
+            "bypass_attached",
+            "1 when sock_ops is attached and redirects are allowed",
+            i64::from(attached),
+        )?;
+        gauge(
+            &mut enc,
+            "bypass_sockets",
+            "Sockets in the SockHash",
+            count(count_sockets(&view.sockets)),
+        )?;
+        gauge(
+            &mut enc,
+            "bypass_pod_cidrs",
+            "Entries in the pod CIDR trie",
+            count(view.pod_maps.cidrs().len()),
+        )?;
+        gauge(
+            &mut enc,
+            "bypass_pod_addresses",
+            "Entries in the exact pod address map",
+            count(view.pod_maps.addrs().len()),
+        )?;
+        gauge(
+            &mut enc,
+            "bypass_excluded_addresses",
+            "Addresses never treated as a pod's (opted out)",
+            count(view.pod_maps.excluded().len()),
+        )?;
+        let release = crate::datapath::kernel_release();
+        labeled_gauges(
+            &mut enc,
+            "bypass_kernel",
+            "The running kernel's release (always 1)",
+            "release",
+            &[(release.as_str(), 1)],
+        )?;
+        if let Ok(bits) = view.control.features() {
+            let features = crate::status::Features::from_bits(bits, view.sockopt_pinned);
+            let values: Vec<(&str, i64)> = features
+                .list()
+                .iter()
+                .map(|&(name, on)| (name, i64::from(on)))
+                .collect();
+            labeled_gauges(
+                &mut enc,
+                "bypass_feature",
+                "1 when the datapath guarantee is active on this kernel",
+                "feature",
+                &values,
+            )?;
+        }
+        match view.stats.read() {
+            Ok(c) => {
+                let values: Vec<(&str, &str, u64)> = bypass_common::Stat::ALL
+                    .iter()
+                    .map(|&stat| (stat.name(), stat.help(), c.get(stat)))
+                    .collect();
+                for family in families(&values) {
+                    match family {
+                        Series::Plain { name, help, value } => {
+                            constant(
+                                &mut enc,
+                                &format!("bypass_{name}"),
+                                help,
+                                ConstCounter::new(value),
+                            )?;
+                        }
+                        Series::ByKind { base, kinds } => {
+                            let help = format!("{} by connection kind", base.replace('_', " "));
+                            let name = format!("bypass_{base}");
+                            let mut f =
+                                enc.encode_descriptor(&name, &help, None, MetricType::Counter)?;
+                            for (kind, v) in kinds {
+                                let labels = [("kind", kind)];
+                                ConstCounter::new(v).encode(f.encode_family(&labels)?)?;
+                            }
+                        }
+                    }
+                }
+            }
+            Err(e) => warn!(error = %e, "reading datapath counters for metrics"),
+        }
+        Ok(())
+    }
+}
+
+/// The connection kinds a counter can be split by (the stats' `_pod`, `_loopback`,
+/// `_translated` suffixes).
+pub const KINDS: [&str; 3] = ["pod", "loopback", "translated"];
+
+/// How the datapath counters are exported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Series<'a> {
+    /// `bypass_<name>_total`.
+    Plain {
+        /// The stat's name.
+        name: &'a str,
+        /// Its help text.
+        help: &'a str,
+        /// Its value.
+        value: u64,
+    },
+    /// `bypass_<base>_total{kind="..."}`, one series per kind.
+    ByKind {
+        /// The name without the kind suffix.
+        base: &'a str,
+        /// `(kind, value)`.
+        kinds: Vec<(&'a str, u64)>,
+    },
+}
+
+/// Groups `(name, help, value)` counters (pure): every `<base>_<kind>` becomes a series
+/// of the `<base>` family labelled `kind`; a plain counter named `<base>` of such a
+/// family is the sum of its kinds (every redirect belongs to a link of one kind) and is
+/// left out, so summing the family gives it without counting twice.
+pub fn families<'a>(values: &[(&'a str, &'a str, u64)]) -> Vec<Series<'a>> {
+    let split = |name: &'a str| {
+        KINDS.iter().find_map(|kind| {
+            name.strip_suffix(kind)
+                .and_then(|b| b.strip_suffix('_'))
+                .map(|base| (base, *kind))
+        })
+    };
+    let mut out: Vec<Series<'a>> = Vec::new();
+    for &(name, help, value) in values {
+        if let Some((base, kind)) = split(name) {
+            let existing = out.iter_mut().find_map(|f| match f {
+                Series::ByKind { base: b, kinds } if *b == base => Some(kinds),
+                _ => None,
+            });
+            match existing {
+                Some(kinds) => kinds.push((kind, value)),
+                None => out.push(Series::ByKind {
+                    base,
+                    kinds: vec![(kind, value)],
+                }),
+            }
+        } else {
+            out.push(Series::Plain { name, help, value });
+        }
+    }
+    let bases: Vec<&str> = out
+        .iter()
+        .filter_map(|f| match f {
+            Series::ByKind { base, .. } => Some(*base),
+            Series::Plain { .. } => None,
+        })
+        .collect();
+    out.retain(|f| !matches!(f, Series::Plain { name, .. } if bases.contains(name)));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_by_kind_are_one_labelled_family() {
+        let values = [
+            ("redirected_bytes", "h", 10),
+            ("passed_bytes", "h", 1),
+            ("paired_pod", "h", 2),
+            ("paired_loopback", "h", 3),
+            ("redirected_bytes_pod", "h", 7),
+            ("redirected_bytes_translated", "h", 3),
+        ];
+        let f = families(&values);
+        assert_eq!(
+            f,
+            [
+                Series::Plain {
+                    name: "passed_bytes",
+                    help: "h",
+                    value: 1
+                },
+                Series::ByKind {
+                    base: "paired",
+                    kinds: vec![("pod", 2), ("loopback", 3)]
+                },
+                Series::ByKind {
+                    base: "redirected_bytes",
+                    kinds: vec![("pod", 7), ("translated", 3)]
+                },
+            ]
+        );
+    }
+}

@@ -1,0 +1,197 @@
+//! Telemetry: a typed Prometheus registry (datapath counters and map sizes read from
+//! the pins at scrape time, the agent's own reconcile counters), served with `/healthz`
+//! and `/readyz` by a small HTTP/1 server.
+
+mod collector;
+mod server;
+
+use std::{
+    fmt::Write as _,
+    net::{Ipv4Addr, SocketAddr, SocketAddrV4},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+};
+
+use prometheus_client::{
+    encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder},
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
+pub use server::serve;
+
+use crate::datapath::PinLayout;
+
+/// Default `--metrics-addr` of the Kubernetes agent.
+pub const DEFAULT_METRICS_ADDR: SocketAddr =
+    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 9464));
+
+/// Kinds of reconcile errors, the `kind` label of `bypass_reconcile_errors_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// A watch failed (API server unreachable, connection dropped, ...).
+    Watch,
+    /// The API server refused a list or watch (RBAC).
+    Forbidden,
+    /// A map insert or remove failed.
+    MapUpdate,
+    /// Attaching or detaching the datapath failed.
+    Toggle,
+    /// The node label had a value other than `true`/`false`.
+    LabelValue,
+    /// A pod address did not parse or was not unicast.
+    PodAddress,
+    /// A ServiceCIDR object's range did not parse.
+    ServiceCidr,
+    /// An opt-out annotation or namespace label had a value other than `true`/`false`.
+    OptOutValue,
+}
+
+impl ErrorKind {
+    /// Every kind, so each appears on `/metrics` from the start.
+    pub const ALL: [Self; 8] = [
+        Self::Watch,
+        Self::Forbidden,
+        Self::MapUpdate,
+        Self::Toggle,
+        Self::LabelValue,
+        Self::PodAddress,
+        Self::ServiceCidr,
+        Self::OptOutValue,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Watch => "watch",
+            Self::Forbidden => "forbidden",
+            Self::MapUpdate => "map_update",
+            Self::Toggle => "toggle",
+            Self::LabelValue => "label_value",
+            Self::PodAddress => "pod_address",
+            Self::ServiceCidr => "service_cidr",
+            Self::OptOutValue => "opt_out_value",
+        }
+    }
+}
+
+impl EncodeLabelValue for ErrorKind {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.as_str())
+    }
+}
+
+/// Labels of `bypass_reconcile_errors_total`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ErrorLabels {
+    /// What failed.
+    pub kind: ErrorKind,
+}
+
+/// Readiness inputs, set by whoever drives the datapath.
+#[derive(Debug, Default)]
+pub struct Health {
+    synced: AtomicBool,
+    settled: AtomicBool,
+}
+
+impl Health {
+    /// The watchers have listed everything once (standalone: always).
+    pub fn set_synced(&self, v: bool) {
+        self.synced.store(v, Ordering::Relaxed);
+    }
+
+    /// The datapath is as decided: attached, or deliberately off.
+    pub fn set_settled(&self, v: bool) {
+        self.settled.store(v, Ordering::Relaxed);
+    }
+
+    /// Ready: synced and settled.
+    pub fn ready(&self) -> bool {
+        self.synced.load(Ordering::Relaxed) && self.settled.load(Ordering::Relaxed)
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "synced={} datapath_settled={}",
+            self.synced.load(Ordering::Relaxed),
+            self.settled.load(Ordering::Relaxed)
+        )
+    }
+}
+
+/// The agent's own metrics, updated by the reconciler.
+#[derive(Debug, Default)]
+pub struct AgentMetrics {
+    /// Pods whose addresses are in the map.
+    pub pods_tracked: Gauge,
+    /// Reconciles run.
+    pub reconciles: Counter,
+    /// Errors and rejections, by kind.
+    pub errors: Family<ErrorLabels, Counter>,
+    /// Whether the watchers have synced (0/1).
+    pub synced: Gauge,
+}
+
+impl AgentMetrics {
+    /// Counts one error of `kind`.
+    pub fn error(&self, kind: ErrorKind) {
+        self.errors.get_or_create(&ErrorLabels { kind }).inc();
+    }
+}
+
+/// Registry, agent metrics and health, shared by the reconciler and the server.
+#[derive(Debug)]
+pub struct Telemetry {
+    registry: Registry,
+    /// The agent's own metrics.
+    pub agent: Arc<AgentMetrics>,
+    /// Readiness.
+    pub health: Health,
+}
+
+impl Telemetry {
+    /// A registry with the agent's metrics and a collector over the pins in `layout`.
+    pub fn new(layout: PinLayout) -> Self {
+        let agent = Arc::new(AgentMetrics::default());
+        for kind in ErrorKind::ALL {
+            // Created at zero so every kind is listed before its first error.
+            let _ = agent.errors.get_or_create(&ErrorLabels { kind });
+        }
+        let mut registry = Registry::default();
+        registry.register(
+            "bypass_pods_tracked",
+            "Pods on this node whose addresses are in the pod address map",
+            agent.pods_tracked.clone(),
+        );
+        registry.register(
+            "bypass_reconciles",
+            "Reconciles of the maps and the toggle against the API",
+            agent.reconciles.clone(),
+        );
+        registry.register(
+            "bypass_reconcile_errors",
+            "Reconcile errors and rejected input, by kind",
+            agent.errors.clone(),
+        );
+        registry.register(
+            "bypass_synced",
+            "1 once the node, pod and namespace watchers have listed everything",
+            agent.synced.clone(),
+        );
+        registry.register_collector(Box::new(collector::DatapathCollector::new(layout)));
+        Self {
+            registry,
+            agent,
+            health: Health::default(),
+        }
+    }
+
+    /// The OpenMetrics text of every metric.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}

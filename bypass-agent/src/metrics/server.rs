@@ -1,0 +1,171 @@
+//! The HTTP/1 server of `/metrics`, `/healthz` and `/readyz`.
+
+use std::{convert::Infallible, net::SocketAddr, sync::Arc};
+
+use http_body_util::Full;
+use hyper::{Method, Request, Response, StatusCode, body::Bytes, service::service_fn};
+use hyper_util::rt::TokioIo;
+use tracing::{debug, info, warn};
+
+use super::Telemetry;
+use crate::error::AgentError;
+
+/// Binds `addr` and serves `/metrics`, `/healthz` and `/readyz` until the runtime
+/// stops. Returns the bound address (useful with port 0).
+pub async fn serve(addr: SocketAddr, telemetry: Arc<Telemetry>) -> Result<SocketAddr, AgentError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| AgentError::MetricsBind { addr, source })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| AgentError::MetricsBind { addr, source })?;
+    info!(addr = %bound, "serving /metrics, /healthz, /readyz");
+    tokio::spawn(async move {
+        loop {
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    warn!(error = %e, "metrics accept");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let t = telemetry.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req| {
+                    let t = t.clone();
+                    async move { Ok::<_, Infallible>(respond(&req, &t)) }
+                });
+                if let Err(e) = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await
+                {
+                    debug!(error = %e, "metrics connection");
+                }
+            });
+        }
+    });
+    Ok(bound)
+}
+
+/// The response to one request (pure apart from reading the pins for `/metrics`).
+fn respond<B>(req: &Request<B>, t: &Telemetry) -> Response<Full<Bytes>> {
+    let reply = |status: StatusCode, content_type: &str, body: String| {
+        let mut resp = Response::new(Full::new(Bytes::from(body)));
+        *resp.status_mut() = status;
+        if let Ok(v) = content_type.parse() {
+            resp.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
+        }
+        resp
+    };
+    const TEXT: &str = "text/plain; charset=utf-8";
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return reply(StatusCode::METHOD_NOT_ALLOWED, TEXT, "GET only\n".into());
+    }
+    match req.uri().path() {
+        "/metrics" => match t.encode() {
+            Ok(body) => reply(
+                StatusCode::OK,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                body,
+            ),
+            Err(_) => reply(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                TEXT,
+                "encoding failed\n".into(),
+            ),
+        },
+        "/healthz" => reply(StatusCode::OK, TEXT, "ok\n".into()),
+        "/readyz" => {
+            if t.health.ready() {
+                reply(StatusCode::OK, TEXT, "ready\n".into())
+            } else {
+                reply(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    TEXT,
+                    format!("not ready: {}\n", t.health.describe()),
+                )
+            }
+        }
+        _ => reply(
+            StatusCode::NOT_FOUND,
+            TEXT,
+            "try /metrics, /healthz or /readyz\n".into(),
+        ),
+    }
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{datapath::PinLayout, metrics::ErrorKind};
+
+    fn telemetry() -> Telemetry {
+        Telemetry::new(PinLayout::new(std::path::Path::new(
+            "/nonexistent/bypass-test",
+        )))
+    }
+
+    fn get(t: &Telemetry, path: &str) -> (StatusCode, String) {
+        let req = Request::builder().uri(path).body(()).unwrap();
+        let resp = respond(&req, t);
+        let status = resp.status();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let body = rt
+            .block_on(http_body_util::BodyExt::collect(resp.into_body()))
+            .unwrap()
+            .to_bytes();
+        (status, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    #[test]
+    fn build_info_names_the_version() {
+        let (_, body) = get(&telemetry(), "/metrics");
+        assert!(
+            body.contains(&format!(
+                "bypass_build_info{{version=\"{}\"}} 1",
+                env!("CARGO_PKG_VERSION")
+            )),
+            "{body}"
+        );
+    }
+
+    #[test]
+    fn readiness_follows_sync_and_settle() {
+        let t = telemetry();
+        assert_eq!(get(&t, "/readyz").0, StatusCode::SERVICE_UNAVAILABLE);
+        t.health.set_synced(true);
+        let (status, body) = get(&t, "/readyz");
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.contains("datapath_settled=false"), "{body}");
+        t.health.set_settled(true);
+        assert_eq!(get(&t, "/readyz").0, StatusCode::OK);
+        assert_eq!(get(&t, "/healthz"), (StatusCode::OK, "ok\n".into()));
+        assert_eq!(get(&t, "/nope").0, StatusCode::NOT_FOUND);
+    }
+
+    #[test]
+    fn metrics_list_agent_series_and_every_error_kind() {
+        let t = telemetry();
+        t.agent.pods_tracked.set(3);
+        t.agent.error(ErrorKind::PodAddress);
+        t.agent.error(ErrorKind::PodAddress);
+        let (status, body) = get(&t, "/metrics");
+        assert_eq!(status, StatusCode::OK);
+        assert!(body.contains("bypass_pods_tracked 3"), "{body}");
+        assert!(
+            body.contains("bypass_reconcile_errors_total{kind=\"pod_address\"} 2"),
+            "{body}"
+        );
+        for kind in ErrorKind::ALL {
+            assert!(
+                body.contains(&format!("kind=\"{}\"", kind.as_str())),
+                "{body}"
+            );
+        }
+        // No datapath pinned at that path: reported, not an error.
+        assert!(body.contains("bypass_datapath_up 0"), "{body}");
+        assert!(body.trim_end().ends_with("# EOF"), "{body}");
+    }
+}
