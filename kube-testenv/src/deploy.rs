@@ -50,8 +50,15 @@ impl Kubectl {
 
     /// Waits until the agent DaemonSet's rollout is complete and its pod Ready.
     pub fn wait_rollout(&self) -> Result<()> {
-        self.run(&["-n", AGENT_NS, "rollout", "status", AGENT_DS, "--timeout=120s"])
-            .map(drop)
+        self.run(&[
+            "-n",
+            AGENT_NS,
+            "rollout",
+            "status",
+            AGENT_DS,
+            "--timeout=120s",
+        ])
+        .map(drop)
     }
 
     /// `kubectl apply -k <deploy>`, and the rollout waited for.

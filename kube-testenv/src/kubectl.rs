@@ -193,7 +193,17 @@ mod tests {
         assert_eq!(c.get_program(), "/bin/kubectl");
         assert_eq!(
             c.get_args().collect::<Vec<_>>(),
-            ["--kubeconfig", "/etc/admin.conf", "-n", "ns", "exec", "pod", "--", "cat", "x"]
+            [
+                "--kubeconfig",
+                "/etc/admin.conf",
+                "-n",
+                "ns",
+                "exec",
+                "pod",
+                "--",
+                "cat",
+                "x"
+            ]
         );
     }
 

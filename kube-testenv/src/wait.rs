@@ -6,7 +6,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, anyhow};
 
 /// Runs `check` every `poll` until it succeeds; past `timeout`, its last error.
-pub fn retry(timeout: Duration, poll: Duration, mut check: impl FnMut() -> Result<()>) -> Result<()> {
+pub fn retry(
+    timeout: Duration,
+    poll: Duration,
+    mut check: impl FnMut() -> Result<()>,
+) -> Result<()> {
     let deadline = Instant::now() + timeout;
     loop {
         match check() {
