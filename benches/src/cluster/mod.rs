@@ -10,408 +10,62 @@
 //! took. `cargo xtask bench --scenario cluster` brings the cluster up and loads the
 //! images; it hands us `kubectl` and the kubeconfig in the environment.
 //!
-//! Pure: the manifests, the label argument, what `status` says. I/O: [`Kube`] (kubectl),
-//! and guards that undo on drop: the DaemonSet (the README's uninstall), the namespace.
+//! `pods` (the manifests, pure, and the namespace), `agent` (`deploy/` installed and
+//! removed, the label followed; what `status` says, pure); the sweep is here. kubectl is
+//! [`kube_testenv::Kubectl`]; the DaemonSet and the namespace are guards that undo on
+//! drop (the README's uninstall, the namespace deleted).
+
+mod agent;
+mod pods;
 
 use std::{
     collections::BTreeMap,
-    io::Write as _,
-    path::PathBuf,
     process::{Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
-use anyhow::{Context as _, Result, bail, ensure};
+use anyhow::{Context as _, Result};
+pub use kube_testenv::{
+    KUBECONFIG_ENV, KUBECTL_ENV,
+    deploy::{NODE, NODE_LABEL, label_arg},
+};
+use kube_testenv::{Kubectl, veth_bytes};
+
+use agent::Deployed;
+pub use agent::attached_of;
+pub use pods::{Container, pinned, pod_manifest, server_containers};
+use pods::{Namespace, argv_of};
 
 use crate::{
     driver::{
-        self, Observed, Options, SLACK, fit_placements, fmt_secs, open_raw_log, progress,
+        self, Observed, Options, RawLog, SLACK, Steps, fit_placements, progress, record_hops,
         record_qperf,
     },
     env,
-    model::{Config, HopSample, Path, Placement, Results, SCHEMA, Scenario},
+    model::{Path, Placement, Results, Scenario},
     qperf, scenario,
 };
 
-/// The environment variable naming `kubectl` (set by `cargo xtask bench`).
-pub const KUBECTL_ENV: &str = "BYPASS_KUBECTL";
-/// The environment variable naming the admin kubeconfig (set by `cargo xtask bench`).
-pub const KUBECONFIG_ENV: &str = "BYPASS_CLUSTER_KUBECONFIG";
-/// The cluster's one node (`cargo xtask cluster`).
-pub const NODE: &str = "bypass-node";
-/// The node label the agent of `deploy/` obeys.
-pub const NODE_LABEL: &str = "bypass.dev/enabled";
 /// The image with qperf and busybox's `taskset` (`cargo xtask image`).
 pub const TEST_IMAGE: &str = "bypass-test:0.1.0";
 /// The bench's own namespace, deleted on drop.
 pub const NAMESPACE: &str = "bypass-bench";
-/// The agent's namespace and DaemonSet in `deploy/`.
-const AGENT_NS: &str = "bypass-system";
-const AGENT_DS: &str = "ds/bypass-agent";
-/// How long the agent may take to follow the node label.
-const LABEL_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// `kubectl --kubeconfig <admin>` of the cluster.
-#[derive(Clone, Debug)]
-pub struct Kube {
-    kubectl: PathBuf,
-    kubeconfig: PathBuf,
-}
-
-impl Kube {
-    /// From [`KUBECTL_ENV`] and [`KUBECONFIG_ENV`].
-    pub fn from_env() -> Result<Self> {
-        let get = |name: &str| {
-            std::env::var_os(name).map(PathBuf::from).with_context(|| {
-                format!(
-                    "{name} is not set: run the cluster scenario as `cargo xtask bench --scenario cluster`, which brings the cluster up and sets it"
-                )
-            })
-        };
-        Ok(Self {
-            kubectl: get(KUBECTL_ENV)?,
-            kubeconfig: get(KUBECONFIG_ENV)?,
-        })
-    }
-
-    /// A `kubectl` command.
-    pub fn cmd(&self) -> Command {
-        let mut c = Command::new(&self.kubectl);
-        c.arg("--kubeconfig").arg(&self.kubeconfig);
-        c
-    }
-
-    /// Runs `kubectl args`; its stdout, or an error with its stderr.
-    pub fn k(&self, args: &[&str]) -> Result<String> {
-        let out = self.cmd().args(args).output().context("run kubectl")?;
-        if !out.status.success() {
-            bail!(
-                "kubectl {} failed: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-
-    /// `kubectl apply -f -` of `manifest`.
-    pub fn apply(&self, manifest: &str) -> Result<()> {
-        let mut child = self
-            .cmd()
-            .args(["apply", "-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("run kubectl apply")?;
-        child
-            .stdin
-            .take()
-            .context("kubectl's stdin")?
-            .write_all(manifest.as_bytes())
-            .context("write the manifest to kubectl")?;
-        let out = child.wait_with_output()?;
-        ensure!(
-            out.status.success(),
-            "kubectl apply failed: {}\n{manifest}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-        Ok(())
-    }
-
-    /// `bypass-agent status --json` of the DaemonSet's pod.
-    pub fn agent_status(&self) -> Result<serde_json::Value> {
-        let text = self.k(&[
-            "-n",
-            AGENT_NS,
-            "exec",
-            AGENT_DS,
-            "--",
-            "bypass-agent",
-            "status",
-            "--json",
-        ])?;
-        serde_json::from_str(&text).with_context(|| format!("parse status --json: {text}"))
-    }
-
-    /// Sets the node label (`None` removes it).
-    pub fn label_node(&self, value: Option<bool>) -> Result<()> {
-        self.k(&["label", "node", NODE, &label_arg(value), "--overwrite"])
-            .map(drop)
-    }
-}
-
-/// `bypass.dev/enabled=true|false`, or `bypass.dev/enabled-` to remove it (pure).
-pub fn label_arg(value: Option<bool>) -> String {
-    match value {
-        Some(v) => format!("{NODE_LABEL}={v}"),
-        None => format!("{NODE_LABEL}-"),
-    }
-}
-
-/// Whether `status --json` says the datapath is attached (pure).
-pub fn attached_of(status: &serde_json::Value) -> Option<bool> {
-    status.get("attached").and_then(serde_json::Value::as_bool)
-}
-
-/// A container of the bench's pods: `name` running `command` (pure).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Container {
-    /// Its name in the pod.
-    pub name: String,
-    /// Its command line.
-    pub command: Vec<String>,
-}
-
-/// A pod of [`TEST_IMAGE`] with `containers`, in [`NAMESPACE`] (pure). JSON is YAML:
-/// the commands are quoted by serde.
-pub fn pod_manifest(name: &str, containers: &[Container]) -> String {
-    let containers: Vec<serde_json::Value> = containers
-        .iter()
-        .map(|c| {
-            serde_json::json!({
-                "name": c.name,
-                "image": TEST_IMAGE,
-                "imagePullPolicy": "Never",
-                "command": c.command,
-            })
-        })
-        .collect();
-    serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": { "name": name, "namespace": NAMESPACE, "labels": { "app": name } },
-        "spec": {
-            "nodeName": NODE,
-            "dnsPolicy": "Default",
-            "terminationGracePeriodSeconds": 1,
-            "automountServiceAccountToken": false,
-            "containers": containers,
-        },
-    })
-    .to_string()
-}
-
-/// `taskset -c CPU` before `argv` (pure).
-pub fn pinned(cpu: usize, argv: impl IntoIterator<Item = String>) -> Vec<String> {
-    ["taskset".to_owned(), "-c".to_owned(), cpu.to_string()]
-        .into_iter()
-        .chain(argv)
-        .collect()
-}
-
-/// A command's program and arguments, as `kubectl exec` takes them.
-fn argv_of(cmd: &Command) -> Vec<String> {
-    std::iter::once(cmd.get_program())
-        .chain(cmd.get_args())
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect()
-}
-
-/// The server pod's containers: one `qperf --listen_port` per server CPU, pinned there.
-pub fn server_containers(placements: &[Placement]) -> Vec<Container> {
-    let mut cpus: Vec<usize> = placements.iter().map(|p| p.server_cpu).collect();
-    cpus.sort_unstable();
-    cpus.dedup();
-    cpus.into_iter()
-        .map(|cpu| Container {
-            name: format!("qperf-cpu{cpu}"),
-            command: pinned(
-                cpu,
-                argv_of(&qperf::server_command(driver::qperf_port(cpu))),
-            ),
-        })
-        .collect()
-}
-
-/// `deploy/` applied and rolled out; on drop the README's uninstall (delete it, run
-/// `deploy/uninstall.yaml` until the node is clean, delete that) and the label removed.
-struct Deployed<'a> {
-    kube: &'a Kube,
-    deploy: PathBuf,
-}
-
-impl<'a> Deployed<'a> {
-    fn apply(kube: &'a Kube, workspace: &std::path::Path) -> Result<Self> {
-        let me = Self {
-            kube,
-            deploy: workspace.join("deploy"),
-        };
-        kube.label_node(Some(false))?;
-        kube.k(&["apply", "-k", &me.deploy.display().to_string()])?;
-        kube.k(&[
-            "-n",
-            AGENT_NS,
-            "rollout",
-            "status",
-            AGENT_DS,
-            "--timeout=120s",
-        ])?;
-        Ok(me)
-    }
-
-    fn uninstall(&self) -> Result<()> {
-        let k = self.kube;
-        k.k(&[
-            "delete",
-            "-k",
-            &self.deploy.display().to_string(),
-            "--ignore-not-found",
-            "--wait=true",
-            "--timeout=120s",
-        ])?;
-        let manifest = self.deploy.join("uninstall.yaml").display().to_string();
-        k.k(&["apply", "-f", &manifest])?;
-        let cleaned = k.k(&[
-            "-n",
-            "bypass-uninstall",
-            "rollout",
-            "status",
-            "ds/bypass-uninstall",
-            "--timeout=120s",
-        ]);
-        k.k(&["delete", "-f", &manifest, "--wait=true", "--timeout=120s"])?;
-        k.label_node(None)?;
-        cleaned.map(drop)
-    }
-}
-
-impl Drop for Deployed<'_> {
-    fn drop(&mut self) {
-        if let Err(e) = self.uninstall() {
-            progress(&format!("cluster: uninstall of deploy/ failed: {e:#}"));
-        }
-    }
-}
-
-/// [`NAMESPACE`], deleted (and waited for) on drop.
-struct Namespace<'a> {
-    kube: &'a Kube,
-}
-
-impl<'a> Namespace<'a> {
-    fn create(kube: &'a Kube) -> Result<Self> {
-        kube.k(&[
-            "delete",
-            "namespace",
-            NAMESPACE,
-            "--ignore-not-found",
-            "--wait=true",
-            "--timeout=120s",
-        ])?;
-        kube.apply(
-            &serde_json::json!({
-                "apiVersion": "v1",
-                "kind": "Namespace",
-                "metadata": { "name": NAMESPACE },
-            })
-            .to_string(),
-        )?;
-        Ok(Self { kube })
-    }
-
-    /// Creates pod `name`, waits until it is Ready; returns its IP.
-    fn pod(&self, name: &str, containers: &[Container]) -> Result<String> {
-        let k = self.kube;
-        k.apply(&pod_manifest(name, containers))?;
-        k.k(&[
-            "-n",
-            NAMESPACE,
-            "wait",
-            "--for=condition=Ready",
-            &format!("pod/{name}"),
-            "--timeout=120s",
-        ])
-        .with_context(|| {
-            format!("pod {name} not Ready: is {TEST_IMAGE} loaded (`cargo xtask image`)?")
-        })?;
-        let ip = k.k(&[
-            "-n",
-            NAMESPACE,
-            "get",
-            "pod",
-            name,
-            "-o",
-            "jsonpath={.status.podIP}",
-        ])?;
-        let ip = ip.trim().to_owned();
-        ensure!(!ip.is_empty(), "pod {name} has no IP");
-        Ok(ip)
-    }
-
-    /// `kubectl exec` of `argv` in the first container of pod `name`.
-    fn exec(&self, name: &str, argv: &[String]) -> Command {
-        let mut c = self.kube.cmd();
-        c.args(["-n", NAMESPACE, "exec", name, "--"]).args(argv);
-        c
-    }
-
-    /// The host end of pod `name`'s veth: the interface whose index is its eth0's
-    /// `iflink`.
-    fn host_veth(&self, name: &str) -> Result<String> {
-        let out = self
-            .exec(name, &["cat".into(), "/sys/class/net/eth0/iflink".into()])
-            .output()
-            .context("run kubectl exec")?;
-        ensure!(
-            out.status.success(),
-            "read eth0's iflink in pod {name}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-        let index = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-        for entry in std::fs::read_dir("/sys/class/net")?.flatten() {
-            let idx = std::fs::read_to_string(entry.path().join("ifindex")).unwrap_or_default();
-            if idx.trim() == index {
-                return Ok(entry.file_name().to_string_lossy().into_owned());
-            }
-        }
-        bail!("no host interface has index {index} (pod {name})")
-    }
-}
-
-impl Drop for Namespace<'_> {
-    fn drop(&mut self) {
-        if let Err(e) = self.kube.k(&[
-            "delete",
-            "namespace",
-            NAMESPACE,
-            "--wait=true",
-            "--timeout=120s",
-        ]) {
-            progress(&format!("cluster: delete namespace {NAMESPACE}: {e:#}"));
-        }
-    }
-}
-
-/// Bytes a host interface has carried, both directions.
-fn veth_bytes(veth: &str) -> Result<u64> {
-    let mut sum = 0;
-    for f in ["rx_bytes", "tx_bytes"] {
-        let p = format!("/sys/class/net/{veth}/statistics/{f}");
-        sum += std::fs::read_to_string(&p)
-            .with_context(|| format!("read {p}"))?
-            .trim()
-            .parse::<u64>()
-            .with_context(|| format!("parse {p}"))?;
-    }
-    Ok(sum)
-}
 
 struct Run<'a> {
-    kube: &'a Kube,
+    kube: &'a Kubectl,
     ns: &'a Namespace<'a>,
     server_ip: std::net::IpAddr,
     veth: String,
     results: Results,
-    raw: Option<std::fs::File>,
-    step: usize,
-    total_steps: usize,
-    started: Instant,
+    raw: RawLog,
+    steps: Steps,
 }
 
 /// Runs the cluster scenario (called by [`driver::run`]).
 pub fn run(opts: &Options) -> Result<Results> {
-    let kube = Kube::from_env()?;
+    let kube = Kubectl::from_env(
+        "run the cluster scenario as `cargo xtask bench --scenario cluster`, which brings the cluster up and sets it",
+    )?;
     let mut config = opts.config.clone();
     let mut warnings = Vec::new();
     // Not in the cluster: sockperf is not in the test image, the minimal datapath and
@@ -430,7 +84,7 @@ pub fn run(opts: &Options) -> Result<Results> {
     let mut env = env::collect(&opts.workspace, &agent_bin);
     let cpus = env.cpus;
     fit_placements(&mut config, cpus, &mut warnings)?;
-    let raw = open_raw_log(&opts.raw_dir)?;
+    let raw = RawLog::open(&opts.raw_dir)?;
     progress(&format!(
         "cluster: deploying deploy/ (node {NODE} labelled {}), {cpus} CPUs, load {}",
         label_arg(Some(false)),
@@ -458,21 +112,9 @@ pub fn run(opts: &Options) -> Result<Results> {
             .parse()
             .with_context(|| format!("the server pod's IP {server_ip}"))?,
         veth,
-        results: Results {
-            schema: SCHEMA,
-            config,
-            env,
-            samples: Vec::new(),
-            percentiles: Vec::new(),
-            agent: Vec::new(),
-            hops: Vec::new(),
-            programs: Vec::new(),
-            warnings,
-        },
+        results: Results::new(config, env, warnings),
         raw,
-        step: 0,
-        total_steps,
-        started: Instant::now(),
+        steps: Steps::new(total_steps),
     };
     let outcome = run.sweep();
     let mut results = run.results;
@@ -490,49 +132,21 @@ impl Run<'_> {
         for rep in 0..cfg.reps {
             for placement in &cfg.placements {
                 for &path in &order {
-                    self.set_path(path)?;
+                    agent::set_path(self.kube, path)?;
                     let before = self.counters()?;
                     for &size in &cfg.sizes {
                         self.qperf(rep, placement, path, size)?;
                     }
                     if path == Path::Bypass {
                         let after = self.counters()?;
-                        self.hops(rep, placement, &cfg, &before, &after);
+                        self.hops(rep, placement, &before, &after);
                     }
                 }
                 order.rotate_left(1);
             }
         }
-        self.results.env.duration_secs = self.started.elapsed().as_secs_f64();
+        self.results.env.duration_secs = self.steps.elapsed_secs();
         Ok(())
-    }
-
-    /// Labels the node for `path` and waits until the agent's `status` follows.
-    fn set_path(&mut self, path: Path) -> Result<()> {
-        let want = match path {
-            Path::Bypass => true,
-            Path::Default => false,
-            Path::Minimal | Path::Floor => {
-                bail!("the cluster scenario has no {} path", path.name())
-            }
-        };
-        self.kube.label_node(Some(want))?;
-        let deadline = Instant::now() + LABEL_TIMEOUT;
-        loop {
-            let status = self.kube.agent_status();
-            match status.as_ref().ok().and_then(attached_of) {
-                Some(a) if a == want => return Ok(()),
-                _ if Instant::now() > deadline => bail!(
-                    "the agent did not follow {} within {LABEL_TIMEOUT:?}: status {}",
-                    label_arg(Some(want)),
-                    match status {
-                        Ok(s) => s.to_string(),
-                        Err(e) => format!("{e:#}"),
-                    }
-                ),
-                _ => std::thread::sleep(Duration::from_millis(300)),
-            }
-        }
     }
 
     /// The agent's counters now (it runs in both blocks).
@@ -546,52 +160,21 @@ impl Run<'_> {
         &mut self,
         rep: u32,
         p: &Placement,
-        cfg: &Config,
         before: &BTreeMap<String, u64>,
         after: &BTreeMap<String, u64>,
     ) {
-        let counters = scenario::delta(before, after);
+        let cfg = &self.results.config;
         let connections = (cfg.sizes.len() * cfg.tests.len()) as u64;
-        for problem in scenario::hop_problems(Scenario::Cluster, connections, &counters) {
-            self.results
-                .warnings
-                .push(format!("rep {rep} {} bypass: {problem}", p.name));
-        }
-        let shown: Vec<String> = ["paired_pod", "redirected_bytes", "passed_bytes"]
-            .iter()
-            .map(|&k| {
-                format!(
-                    "{k} {}",
-                    counters
-                        .get(k)
-                        .map_or_else(|| "-".to_owned(), u64::to_string)
-                )
-            })
-            .collect();
-        progress(&format!(
-            "rep {rep} {} bypass block, {connections} measured connections: {}",
-            p.name,
-            shown.join(", ")
-        ));
-        self.results.hops.push(HopSample {
-            rep,
-            placement: p.name.clone(),
+        let line = record_hops(
+            &mut self.results,
+            (rep, p),
+            Scenario::Cluster,
             connections,
-            counters,
-        });
-    }
-
-    fn tick(&mut self, msg: &str) {
-        self.step += 1;
-        let el = self.started.elapsed().as_secs_f64();
-        let eta = el / self.step as f64 * self.total_steps.saturating_sub(self.step) as f64;
-        progress(&format!(
-            "[{:>3}/{}] {msg} (elapsed {}, eta {})",
-            self.step,
-            self.total_steps,
-            fmt_secs(el),
-            fmt_secs(eta)
-        ));
+            before,
+            after,
+            &["paired_pod", "redirected_bytes", "passed_bytes"],
+        );
+        progress(&line);
     }
 
     /// The qperf client in pod `client`, pinned to `cpu`, through `kubectl exec` under
@@ -609,9 +192,7 @@ impl Run<'_> {
                 .context("run timeout kubectl exec")?;
             if out.status.success() {
                 let text = String::from_utf8_lossy(&out.stdout).into_owned();
-                if let Some(f) = &mut self.raw {
-                    let _ = writeln!(f, "=== {what}\n{text}");
-                }
+                self.raw.write(what, &text);
                 return Ok(Some(text));
             }
             self.results.warnings.push(format!(
@@ -654,13 +235,10 @@ impl Run<'_> {
         let wire1 = veth_bytes(&self.veth).ok();
         let stats1 = self.stats(path);
         let Some(out) = out else {
-            self.tick(&format!("{what}: FAILED"));
+            self.steps.tick(&format!("{what}: FAILED"));
             return Ok(());
         };
-        let delta = stats0
-            .zip(stats1)
-            .map(|(a, b)| (b.0.saturating_sub(a.0), b.1.saturating_sub(a.1)));
-        let wire = wire0.zip(wire1).map(|(a, b)| b.saturating_sub(a));
+        let observed = Observed::between((wire0, stats0), (wire1, stats1));
         let line = record_qperf(
             &mut self.results,
             (rep, p, path, size),
@@ -668,79 +246,14 @@ impl Run<'_> {
             secs,
             &out,
             &tests,
-            Observed { wire, delta },
+            observed,
         );
-        self.tick(&format!(
+        self.steps.tick(&format!(
             "{line}, veth {}",
-            wire.map_or_else(|| "-".into(), |w| format!("{w} B"))
+            observed
+                .wire
+                .map_or_else(|| "-".into(), |w| format!("{w} B"))
         ));
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::Test;
-
-    #[test]
-    fn label_arguments() {
-        assert_eq!(label_arg(Some(true)), "bypass.dev/enabled=true");
-        assert_eq!(label_arg(Some(false)), "bypass.dev/enabled=false");
-        assert_eq!(label_arg(None), "bypass.dev/enabled-");
-    }
-
-    #[test]
-    fn attached_from_status() {
-        assert_eq!(
-            attached_of(&serde_json::json!({"attached": true, "sockets": 3})),
-            Some(true)
-        );
-        assert_eq!(
-            attached_of(&serde_json::json!({"attached": false})),
-            Some(false)
-        );
-        assert_eq!(attached_of(&serde_json::json!({"sockets": 3})), None);
-    }
-
-    #[test]
-    fn server_pod_pins_one_qperf_per_server_cpu() {
-        let cs = server_containers(&[
-            Placement::cross_cpu(),
-            Placement::same_cpu(),
-            Placement::cross_cpu(),
-        ]);
-        assert_eq!(
-            cs.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
-            ["qperf-cpu0", "qperf-cpu1"]
-        );
-        assert_eq!(
-            cs[1].command,
-            ["taskset", "-c", "1", "qperf", "--listen_port", "19766"]
-        );
-        let pod: serde_json::Value = serde_json::from_str(&pod_manifest("server", &cs)).unwrap();
-        assert_eq!(pod["metadata"]["namespace"], NAMESPACE);
-        assert_eq!(pod["spec"]["nodeName"], NODE);
-        let c = &pod["spec"]["containers"][1];
-        assert_eq!(c["image"], TEST_IMAGE);
-        assert_eq!(c["imagePullPolicy"], "Never");
-        assert_eq!(c["command"][4], "--listen_port");
-    }
-
-    #[test]
-    fn client_command_is_pinned_qperf() {
-        let argv = pinned(
-            0,
-            argv_of(&qperf::client_command(
-                "10.244.0.5".parse().unwrap(),
-                19765,
-                None,
-                64,
-                1,
-                &[Test::TcpLat],
-            )),
-        );
-        assert_eq!(argv[..4], ["taskset", "-c", "0", "qperf"]);
-        assert!(argv.ends_with(&["10.244.0.5".to_owned(), "tcp_lat".to_owned()]));
     }
 }
