@@ -65,15 +65,10 @@ impl Kubectl {
 
     /// Runs `kubectl args`; its stdout, or an error with its stderr.
     pub fn run(&self, args: &[&str]) -> Result<String> {
-        let out = self.cmd().args(args).output().context("run kubectl")?;
-        if !out.status.success() {
-            bail!(
-                "kubectl {} failed: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        crate::run(
+            self.cmd().args(args),
+            &format!("kubectl {}", args.join(" ")),
+        )
     }
 
     /// `kubectl apply -f -` of `manifest` (YAML or JSON).

@@ -33,7 +33,8 @@ pub use pki::{ca, service_account_key, signed};
 pub use state::{default_dir, down, up};
 pub use wait::{retry, wait_for};
 
-pub(crate) fn run(cmd: &mut Command, what: &str) -> Result<String> {
+/// Runs `cmd` quietly; its stdout, or an error naming `what` with its status and stderr.
+pub fn run(cmd: &mut Command, what: &str) -> Result<String> {
     let out = cmd
         .output()
         .with_context(|| format!("{what}: could not start {:?}", cmd.get_program()))?;

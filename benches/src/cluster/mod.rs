@@ -38,8 +38,8 @@ use pods::{Namespace, argv_of};
 
 use crate::{
     driver::{
-        self, Observed, Options, RawLog, SLACK, Steps, fit_placements, progress, record_hops,
-        record_qperf,
+        self, Observed, Options, RawLog, SLACK, Steps, fit_placements, progress, qperf_what,
+        record_hops, record_qperf,
     },
     env,
     model::{Path, Placement, Results, Scenario},
@@ -228,32 +228,24 @@ impl Run<'_> {
                 &tests,
             )),
         );
-        let what = format!("qperf rep {rep} {} {} size {size}", p.name, path.name());
+        let at = (rep, p, path, size);
+        let what = qperf_what(at);
         let stats0 = self.stats(path);
         let wire0 = veth_bytes(&self.veth).ok();
         let out = self.client(&what, &argv, secs)?;
         let wire1 = veth_bytes(&self.veth).ok();
-        let stats1 = self.stats(path);
-        let Some(out) = out else {
-            self.steps.tick(&format!("{what}: FAILED"));
-            return Ok(());
-        };
-        let observed = Observed::between((wire0, stats0), (wire1, stats1));
-        let line = record_qperf(
-            &mut self.results,
-            (rep, p, path, size),
-            &what,
-            secs,
-            &out,
-            &tests,
-            observed,
+        let observed = Observed::between((wire0, stats0), (wire1, self.stats(path)));
+        let line = record_qperf(&mut self.results, at, out.as_deref(), observed).map_or_else(
+            || format!("{what}: FAILED"),
+            |line| {
+                let wire = observed.wire;
+                format!(
+                    "{line}, veth {}",
+                    wire.map_or_else(|| "-".into(), |w| format!("{w} B"))
+                )
+            },
         );
-        self.steps.tick(&format!(
-            "{line}, veth {}",
-            observed
-                .wire
-                .map_or_else(|| "-".into(), |w| format!("{w} B"))
-        ));
+        self.steps.tick(&line);
         Ok(())
     }
 }

@@ -32,7 +32,7 @@ pub(crate) use plan::{fit_placements, paths_of, qperf_port};
 use plan::{qperf_data_port, sockperf_port};
 pub(crate) use progress::{RawLog, Steps, progress};
 pub use record::wire_problem;
-pub(crate) use record::{Observed, record_hops, record_qperf};
+pub(crate) use record::{Observed, qperf_what, record_hops, record_qperf};
 
 use crate::{
     env,

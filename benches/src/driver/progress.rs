@@ -95,8 +95,8 @@ mod tests {
 
     #[test]
     fn seconds_as_minutes() {
-        assert_eq!(fmt_secs(0.0), "0m00s");
-        assert_eq!(fmt_secs(125.7), "2m05s");
-        assert_eq!(fmt_secs(-3.0), "0m00s");
+        for (secs, shown) in [(0.0, "0m00s"), (125.7, "2m05s"), (-3.0, "0m00s")] {
+            assert_eq!(fmt_secs(secs), shown, "{secs} s");
+        }
     }
 }

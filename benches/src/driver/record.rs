@@ -35,10 +35,31 @@ impl Observed {
     }
 }
 
+/// What a qperf run is called in warnings, progress and the raw log (rep, placement,
+/// path and size in `at`).
+pub(crate) fn qperf_what(at: (u32, &Placement, Path, u32)) -> String {
+    let (rep, p, path, size) = at;
+    format!("qperf rep {rep} {} {} size {size}", p.name, path.name())
+}
+
 /// One qperf client run's output, `out`, into samples of `results` (rep, placement,
-/// path and size in `at`), with a warning for what looks wrong; returns the progress
-/// line.
+/// path and size in `at`; seconds and tests of its config), with a warning for what
+/// looks wrong; returns the progress line, `None` when the client gave no output.
 pub(crate) fn record_qperf(
+    results: &mut Results,
+    at: (u32, &Placement, Path, u32),
+    out: Option<&str>,
+    observed: Observed,
+) -> Option<String> {
+    let out = out?;
+    let what = qperf_what(at);
+    let (secs, tests) = (results.config.qperf_secs, results.config.tests.clone());
+    Some(record_qperf_output(
+        results, at, &what, secs, out, &tests, observed,
+    ))
+}
+
+fn record_qperf_output(
     results: &mut Results,
     at: (u32, &Placement, Path, u32),
     what: &str,

@@ -10,7 +10,9 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use testbed::spawn_in_on_cpus;
 
-use super::{Observed, Run, SLACK, qperf_data_port, qperf_port, record_qperf, sockperf_port};
+use super::{
+    Observed, Run, SLACK, qperf_data_port, qperf_port, qperf_what, record_qperf, sockperf_port,
+};
 use crate::{
     floor::FloorResult,
     model::{Path, PctSample, Placement, Sample, Test},
@@ -76,7 +78,8 @@ impl Run<'_> {
             .fixed_data_port
             .then(|| qperf_data_port(p.server_cpu));
         let tests = self.results.config.tests.clone();
-        let what = format!("qperf rep {rep} {} {} size {size}", p.name, path.name());
+        let at = (rep, p, path, size);
+        let what = qperf_what(at);
         let (wire0, stats0) = self.wire_and_stats();
         let out = self.client(
             &what,
@@ -84,21 +87,9 @@ impl Run<'_> {
             p.client_cpu,
             secs,
         )?;
-        let (wire1, stats1) = self.wire_and_stats();
-        let Some(out) = out else {
-            self.steps.tick(&format!("{what}: FAILED"));
-            return Ok(());
-        };
-        let observed = Observed::between((wire0, stats0), (wire1, stats1));
-        let line = record_qperf(
-            &mut self.results,
-            (rep, p, path, size),
-            &what,
-            secs,
-            &out,
-            &tests,
-            observed,
-        );
+        let observed = Observed::between((wire0, stats0), self.wire_and_stats());
+        let line = record_qperf(&mut self.results, at, out.as_deref(), observed)
+            .unwrap_or_else(|| format!("{what}: FAILED"));
         self.steps.tick(&line);
         Ok(())
     }
