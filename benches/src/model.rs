@@ -329,6 +329,24 @@ pub struct Results {
     pub warnings: Vec<String>,
 }
 
+impl Results {
+    /// A run of `config` on `env` before its first sample, with the `warnings` of its
+    /// setup.
+    pub fn new(config: Config, env: Environment, warnings: Vec<String>) -> Self {
+        Self {
+            schema: SCHEMA,
+            config,
+            env,
+            samples: Vec::new(),
+            percentiles: Vec::new(),
+            agent: Vec::new(),
+            hops: Vec::new(),
+            programs: Vec::new(),
+            warnings,
+        }
+    }
+}
+
 fn both_tests() -> Vec<Test> {
     vec![Test::TcpLat, Test::TcpBw]
 }

@@ -4,12 +4,20 @@
 //! and the service-account key are made with `openssl`; an admin kubeconfig is written.
 //! No controller-manager, scheduler or kubelet runs: tests set status themselves.
 //!
-//! Only `std` and `anyhow`, so both xtask and the tests can use it cheaply.
+//! For the one-node cluster of `cargo xtask cluster` (which has them all): [`Kubectl`]
+//! with the admin kubeconfig, the agent of `deploy/` on it ([`deploy`]), and polling
+//! until a check passes ([`wait_for`]), shared by xtask, the cluster tests and the bench.
+//!
+//! Only `std`, `anyhow` and `serde_json`, so xtask (which installs the eBPF toolchain
+//! the other crates need) and the tests can use it cheaply.
 
 mod binaries;
+pub mod deploy;
 mod env;
+mod kubectl;
 mod pki;
 mod state;
+mod wait;
 
 use std::process::Command;
 
@@ -20,10 +28,13 @@ pub use binaries::{
     go_tool,
 };
 pub use env::{KubeEnv, READY_TIMEOUT};
+pub use kubectl::{KUBECONFIG_ENV, KUBECTL_ENV, Kubectl, env_path, veth_bytes};
 pub use pki::{ca, service_account_key, signed};
 pub use state::{default_dir, down, up};
+pub use wait::{retry, wait_for};
 
-pub(crate) fn run(cmd: &mut Command, what: &str) -> Result<String> {
+/// Runs `cmd` quietly; its stdout, or an error naming `what` with its status and stderr.
+pub fn run(cmd: &mut Command, what: &str) -> Result<String> {
     let out = cmd
         .output()
         .with_context(|| format!("{what}: could not start {:?}", cmd.get_program()))?;

@@ -7,10 +7,12 @@
 //!
 //! `plan` (pure) fits the placements, orders the paths and numbers the ports; the
 //! sweep's blocks are in `sweep`, the tool runs in `tools`; `record` (pure) turns a
-//! tool's output into samples and warnings; `output` writes the files.
+//! tool's output into samples and warnings; `progress` tells how the run goes;
+//! `output` writes the files.
 
 mod output;
 mod plan;
+mod progress;
 mod record;
 mod sweep;
 mod tools;
@@ -25,17 +27,17 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use testbed::{Agent, AgentOpts, TwoPods};
 
-pub(crate) use output::open_raw_log;
 pub use output::write_outputs;
 pub(crate) use plan::{fit_placements, paths_of, qperf_port};
 use plan::{qperf_data_port, sockperf_port};
+pub(crate) use progress::{RawLog, Steps, progress};
 pub use record::wire_problem;
-pub(crate) use record::{Observed, record_qperf};
+pub(crate) use record::{Observed, qperf_what, record_hops, record_qperf};
 
 use crate::{
     env,
     minimal::Minimal,
-    model::{Config, Path, Prog, Results, SCHEMA, Scenario},
+    model::{Config, Path, Prog, Results, Scenario},
     progstats,
     scenario::{self, Setup},
 };
@@ -79,10 +81,8 @@ struct Run<'a> {
     /// Keeps `bpf_stats` on for the run.
     _stats: progstats::Enabled,
     results: Results,
-    raw: Option<std::fs::File>,
-    step: usize,
-    total_steps: usize,
-    started: Instant,
+    raw: RawLog,
+    steps: Steps,
 }
 
 /// Where a program's `bpf_stats` are read.
@@ -130,7 +130,7 @@ pub fn run(opts: &Options) -> Result<Results> {
     let mut warnings = Vec::new();
     let cpus = env.cpus;
     fit_placements(&mut config, cpus, &mut warnings)?;
-    let raw = open_raw_log(&opts.raw_dir)?;
+    let raw = RawLog::open(&opts.raw_dir)?;
     progress(&format!(
         "building two pods; agent {}; {} CPUs, load {}",
         agent_bin.display(),
@@ -186,22 +186,10 @@ pub fn run(opts: &Options) -> Result<Results> {
         },
         minimal: None,
         _stats: progstats::enable()?,
-        results: Results {
-            schema: SCHEMA,
-            config,
-            env,
-            samples: Vec::new(),
-            percentiles: Vec::new(),
-            agent: Vec::new(),
-            hops: Vec::new(),
-            programs: Vec::new(),
-            warnings,
-        },
+        results: Results::new(config, env, warnings),
         pods,
         raw,
-        step: 0,
-        total_steps,
-        started: Instant::now(),
+        steps: Steps::new(total_steps),
     };
     let servers = run.start_servers()?;
     let outcome = run.sweep();
@@ -211,15 +199,6 @@ pub fn run(opts: &Options) -> Result<Results> {
     outcome?;
     stopped?;
     run.results.env.loadavg_end = env::loadavg();
-    run.results.env.duration_secs = run.started.elapsed().as_secs_f64();
+    run.results.env.duration_secs = run.steps.elapsed_secs();
     Ok(run.results)
-}
-
-pub(crate) fn progress(msg: &str) {
-    eprintln!("bench: {msg}");
-}
-
-pub(crate) fn fmt_secs(s: f64) -> String {
-    let s = s.max(0.0) as u64;
-    format!("{}m{:02}s", s / 60, s % 60)
 }

@@ -1,24 +1,10 @@
-//! The files of a run: the raw tool log, and the JSON, tables, plot and README snippet
-//! of the results.
+//! The files of a run's results: the JSON, tables, plot and README snippet.
 
-use std::{
-    fs::OpenOptions,
-    path::{Path as FsPath, PathBuf},
-};
+use std::path::{Path as FsPath, PathBuf};
 
 use anyhow::{Context as _, Result};
 
 use crate::model::{Results, Scenario};
-
-/// The raw tool log in `dir` (created), appended to; `None` if it cannot be opened.
-pub(crate) fn open_raw_log(dir: &FsPath) -> Result<Option<std::fs::File>> {
-    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
-    Ok(OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("tools.log"))
-        .ok())
-}
 
 /// Writes `bench.json`, `table.txt`, `table.md` and `plot.svg` into `dir`; a scenario
 /// run also `readme-snippet.md` (its ratios, ready for the README).

@@ -1,9 +1,12 @@
 //! Pure: one tool run's output into samples of the results, with a warning for what
-//! looks wrong (no round trip, bytes on the wire that contradict the path).
+//! looks wrong (no round trip, bytes on the wire that contradict the path); a bypassed
+//! block's counters into a hop sample, with a warning for each hop not paired.
+
+use std::collections::BTreeMap;
 
 use crate::{
-    model::{Path, Placement, Results, Sample, Test},
-    qperf,
+    model::{HopSample, Path, Placement, Results, Sample, Scenario, Test},
+    qperf, scenario,
 };
 
 /// What the veths and the agent's counters showed over one qperf run.
@@ -15,10 +18,48 @@ pub(crate) struct Observed {
     pub(crate) delta: Option<(u64, u64)>,
 }
 
+impl Observed {
+    /// What grew between `before` and `after`, each (wire bytes, (redirected, passed)
+    /// bytes) where they could be read.
+    pub(crate) fn between(
+        before: (Option<u64>, Option<(u64, u64)>),
+        after: (Option<u64>, Option<(u64, u64)>),
+    ) -> Self {
+        Self {
+            wire: before.0.zip(after.0).map(|(a, b)| b.saturating_sub(a)),
+            delta: before
+                .1
+                .zip(after.1)
+                .map(|(a, b)| (b.0.saturating_sub(a.0), b.1.saturating_sub(a.1))),
+        }
+    }
+}
+
+/// What a qperf run is called in warnings, progress and the raw log (rep, placement,
+/// path and size in `at`).
+pub(crate) fn qperf_what(at: (u32, &Placement, Path, u32)) -> String {
+    let (rep, p, path, size) = at;
+    format!("qperf rep {rep} {} {} size {size}", p.name, path.name())
+}
+
 /// One qperf client run's output, `out`, into samples of `results` (rep, placement,
-/// path and size in `at`), with a warning for what looks wrong; returns the progress
-/// line.
+/// path and size in `at`; seconds and tests of its config), with a warning for what
+/// looks wrong; returns the progress line, `None` when the client gave no output.
 pub(crate) fn record_qperf(
+    results: &mut Results,
+    at: (u32, &Placement, Path, u32),
+    out: Option<&str>,
+    observed: Observed,
+) -> Option<String> {
+    let out = out?;
+    let what = qperf_what(at);
+    let (secs, tests) = (results.config.qperf_secs, results.config.tests.clone());
+    Some(record_qperf_output(
+        results, at, &what, secs, out, &tests, observed,
+    ))
+}
+
+fn record_qperf_output(
     results: &mut Results,
     at: (u32, &Placement, Path, u32),
     what: &str,
@@ -75,6 +116,50 @@ pub(crate) fn record_qperf(
     )
 }
 
+/// At the end of a bypassed block of `connections` measured connections (rep and
+/// placement in `at`): how the agent's counters grew from `before` to `after`, into a hop
+/// sample of `results`, with a warning for each hop of `scenario` not paired; returns the
+/// progress line, which shows the counters named in `shown`.
+pub(crate) fn record_hops(
+    results: &mut Results,
+    at: (u32, &Placement),
+    scenario: Scenario,
+    connections: u64,
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+    shown: &[&str],
+) -> String {
+    let (rep, p) = at;
+    let counters = scenario::delta(before, after);
+    for problem in scenario::hop_problems(scenario, connections, &counters) {
+        results
+            .warnings
+            .push(format!("rep {rep} {} bypass: {problem}", p.name));
+    }
+    let shown: Vec<String> = shown
+        .iter()
+        .map(|&k| {
+            format!(
+                "{k} {}",
+                counters
+                    .get(k)
+                    .map_or_else(|| "-".to_owned(), u64::to_string)
+            )
+        })
+        .collect();
+    results.hops.push(HopSample {
+        rep,
+        placement: p.name.clone(),
+        connections,
+        counters,
+    });
+    format!(
+        "rep {rep} {} bypass block, {connections} measured connections: {}",
+        p.name,
+        shown.join(", ")
+    )
+}
+
 /// What is wrong when a run's bytes on the wire contradict its path (pure): a bypassed
 /// run puts only handshakes and ACK-less FINs on the wire, a default run puts every
 /// payload byte there. `payload`: the bytes `tcp_bw` moved; `passed`: the bytes the
@@ -112,5 +197,42 @@ mod tests {
         assert_eq!(wire_problem(Path::Default, 2_000_000_000, 1e9, None), None);
         let p = wire_problem(Path::Default, 1_000, 1e9, None).unwrap();
         assert!(p.contains("although not bypassed"), "{p}");
+    }
+
+    #[test]
+    fn observed_is_what_grew() {
+        let o = Observed::between((Some(100), Some((10, 20))), (Some(150), Some((15, 20))));
+        assert_eq!(o.wire, Some(50));
+        assert_eq!(o.delta, Some((5, 0)));
+        let o = Observed::between((None, Some((10, 20))), (Some(150), None));
+        assert_eq!((o.wire, o.delta), (None, None));
+    }
+
+    #[test]
+    fn hops_record_the_growth_and_show_the_named_counters() {
+        let config = serde_json::from_value(serde_json::json!({
+            "quick": true, "reps": 1, "sockperf_reps": 0, "qperf_secs": 1, "sockperf_secs": 1,
+            "floor_secs": 1.0, "sizes": [64], "sockperf_sizes": [], "placements": [],
+            "idle_secs": 0.0,
+        }))
+        .unwrap();
+        let mut results = Results::new(config, Default::default(), Vec::new());
+        let before = BTreeMap::from([("paired_pod".to_owned(), 3)]);
+        let after = BTreeMap::from([("paired_pod".to_owned(), 5)]);
+        let line = record_hops(
+            &mut results,
+            (1, &Placement::cross_cpu()),
+            Scenario::Cluster,
+            2,
+            &before,
+            &after,
+            &["paired_pod", "passed_bytes"],
+        );
+        assert_eq!(
+            line,
+            "rep 1 cross-cpu bypass block, 2 measured connections: paired_pod 2, passed_bytes -"
+        );
+        assert_eq!(results.hops.len(), 1);
+        assert_eq!(results.hops[0].counters["paired_pod"], 2);
     }
 }

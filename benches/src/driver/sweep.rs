@@ -10,12 +10,10 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use testbed::{Agent, PodChild, spawn_in_on_cpus};
 
-use super::{ProgRef, Run, paths_of, progress, qperf_port, sockperf_port};
+use super::{ProgRef, Run, paths_of, progress, qperf_port, record_hops, sockperf_port};
 use crate::{
     minimal::Minimal,
-    model::{
-        AgentProbe, Config, HopSample, Path, Placement, ProbePhase, Prog, ProgSample, Scenario,
-    },
+    model::{AgentProbe, Config, Path, Placement, ProbePhase, Prog, ProgSample, Scenario},
     procfs, qperf, scenario, sockperf,
 };
 
@@ -74,13 +72,13 @@ impl Run<'_> {
                             self.sockperf(rep, placement, path, size)?;
                         }
                     } else {
-                        self.step += cfg.sockperf_sizes.len();
+                        self.steps.skip(cfg.sockperf_sizes.len());
                     }
                     if path == Path::Bypass {
                         self.probe(ProbePhase::Sweep)?;
                     }
                     self.progs_end(rep, placement, path)?;
-                    self.hops_end(rep, placement, path, &cfg)?;
+                    self.hops_end(rep, placement, &cfg)?;
                 }
                 order.rotate_left(1);
                 if !self.opts.no_floor {
@@ -239,12 +237,11 @@ impl Run<'_> {
 
     /// At the end of a bypassed block of a scenario run: record how the counters grew
     /// and warn when a hop was not paired.
-    fn hops_end(&mut self, rep: u32, p: &Placement, path: Path, cfg: &Config) -> Result<()> {
+    fn hops_end(&mut self, rep: u32, p: &Placement, cfg: &Config) -> Result<()> {
         let Some(before) = self.block_start.take() else {
             return Ok(());
         };
         let after = self.counters()?;
-        let counters = scenario::delta(&before, &after);
         let qperf_conns = cfg.sizes.len() * cfg.tests.len();
         let sockperf_conns = if rep < cfg.sockperf_reps {
             cfg.sockperf_sizes.len()
@@ -252,33 +249,16 @@ impl Run<'_> {
             0
         };
         let connections = (qperf_conns + sockperf_conns) as u64;
-        for problem in scenario::hop_problems(cfg.scenario, connections, &counters) {
-            self.results
-                .warnings
-                .push(format!("rep {rep} {} {}: {problem}", p.name, path.name()));
-        }
-        let shown: Vec<String> = scenario::HOP_COUNTERS
-            .iter()
-            .map(|&k| {
-                format!(
-                    "{k} {}",
-                    counters
-                        .get(k)
-                        .map_or_else(|| "-".to_owned(), u64::to_string)
-                )
-            })
-            .collect();
-        progress(&format!(
-            "rep {rep} {} bypass block, {connections} measured connections: {}",
-            p.name,
-            shown.join(", ")
-        ));
-        self.results.hops.push(HopSample {
-            rep,
-            placement: p.name.clone(),
+        let line = record_hops(
+            &mut self.results,
+            (rep, p),
+            cfg.scenario,
             connections,
-            counters,
-        });
+            &before,
+            &after,
+            &scenario::HOP_COUNTERS,
+        );
+        progress(&line);
         Ok(())
     }
 }

@@ -3,7 +3,6 @@
 
 use std::{
     collections::BTreeMap,
-    io::Write as _,
     process::{Command, Stdio},
     time::Duration,
 };
@@ -12,8 +11,7 @@ use anyhow::{Context as _, Result, bail};
 use testbed::spawn_in_on_cpus;
 
 use super::{
-    Observed, Run, SLACK, fmt_secs, progress, qperf_data_port, qperf_port, record_qperf,
-    sockperf_port,
+    Observed, Run, SLACK, qperf_data_port, qperf_port, qperf_what, record_qperf, sockperf_port,
 };
 use crate::{
     floor::FloorResult,
@@ -22,30 +20,6 @@ use crate::{
 };
 
 impl Run<'_> {
-    fn log_raw(&mut self, what: &str, out: &str) {
-        if let Some(f) = &mut self.raw {
-            let _ = writeln!(f, "=== {what}\n{out}");
-        }
-    }
-
-    fn tick(&mut self, msg: &str) {
-        self.step += 1;
-        let el = self.started.elapsed().as_secs_f64();
-        let eta = if self.step > 0 {
-            el / self.step as f64 * (self.total_steps.saturating_sub(self.step)) as f64
-        } else {
-            0.0
-        };
-        progress(&format!(
-            "[{:>3}/{}] {} (elapsed {}, eta {})",
-            self.step,
-            self.total_steps,
-            msg,
-            fmt_secs(el),
-            fmt_secs(eta)
-        ));
-    }
-
     /// Runs `cmd` in pod `a` pinned to `cpu`, returning stdout; one retry on failure.
     fn client(
         &mut self,
@@ -64,7 +38,7 @@ impl Run<'_> {
             match child.wait_output(timeout) {
                 Ok(out) if out.status.success() => {
                     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-                    self.log_raw(what, &text);
+                    self.raw.write(what, &text);
                     return Ok(Some(text));
                 }
                 Ok(out) => {
@@ -104,7 +78,8 @@ impl Run<'_> {
             .fixed_data_port
             .then(|| qperf_data_port(p.server_cpu));
         let tests = self.results.config.tests.clone();
-        let what = format!("qperf rep {rep} {} {} size {size}", p.name, path.name());
+        let at = (rep, p, path, size);
+        let what = qperf_what(at);
         let (wire0, stats0) = self.wire_and_stats();
         let out = self.client(
             &what,
@@ -112,28 +87,10 @@ impl Run<'_> {
             p.client_cpu,
             secs,
         )?;
-        let (wire1, stats1) = self.wire_and_stats();
-        let Some(out) = out else {
-            self.tick(&format!("{what}: FAILED"));
-            return Ok(());
-        };
-        let delta = stats0
-            .zip(stats1)
-            .map(|(a, b)| (b.0.saturating_sub(a.0), b.1.saturating_sub(a.1)));
-        let observed = Observed {
-            wire: wire0.zip(wire1).map(|(a, b)| b.saturating_sub(a)),
-            delta,
-        };
-        let line = record_qperf(
-            &mut self.results,
-            (rep, p, path, size),
-            &what,
-            secs,
-            &out,
-            &tests,
-            observed,
-        );
-        self.tick(&line);
+        let observed = Observed::between((wire0, stats0), self.wire_and_stats());
+        let line = record_qperf(&mut self.results, at, out.as_deref(), observed)
+            .unwrap_or_else(|| format!("{what}: FAILED"));
+        self.steps.tick(&line);
         Ok(())
     }
 
@@ -167,7 +124,7 @@ impl Run<'_> {
                     p999_ns: r.p999_ns,
                     observations: r.observations,
                 });
-                self.tick(&format!(
+                self.steps.tick(&format!(
                     "{what}: p50 {:.2} us, p99 {:.2} us, p99.9 {:.2} us",
                     r.p50_ns / 1e3,
                     r.p99_ns / 1e3,
@@ -176,9 +133,9 @@ impl Run<'_> {
             }
             Some(Err(e)) => {
                 self.results.warnings.push(format!("{what}: {e:#}"));
-                self.tick(&format!("{what}: unparsable"));
+                self.steps.tick(&format!("{what}: unparsable"));
             }
-            None => self.tick(&format!("{what}: FAILED")),
+            None => self.steps.tick(&format!("{what}: FAILED")),
         }
         Ok(())
     }
@@ -239,7 +196,7 @@ impl Run<'_> {
                 observations: l.observations,
             });
         }
-        self.tick(&format!(
+        self.steps.tick(&format!(
             "floor rep {rep} {} size {size}: lat {}, bw {}",
             p.name,
             lat.and_then(|l| l.latency_ns)

@@ -8,7 +8,7 @@ use crate::{
     report::{
         cells::{Row, hop_totals, pct_row, rows, size_label},
         targets::targets,
-        text::{fmt_bw, fmt_count, fmt_lat, fmt_per_conn, fmt_ratio, fmt_summary, pinning},
+        text::{fmt_bw, fmt_count, fmt_lat, fmt_per_conn, pinning, row_cells},
     },
 };
 
@@ -32,18 +32,7 @@ pub fn render_markdown(r: &Results) -> String {
             );
             let _ = writeln!(o, "|---:|---:|---:|---:|---:|---:|---:|---:|");
             for row in rows(r, &p.name, test) {
-                let _ = writeln!(
-                    o,
-                    "| {} | {} | {} | {} | {} | {} | {} | {} |",
-                    size_label(row.size),
-                    fmt_summary(row.bypass, f),
-                    fmt_summary(row.default, f),
-                    fmt_ratio(row.ratio()),
-                    fmt_summary(row.minimal, f),
-                    fmt_ratio(row.vs_minimal()),
-                    fmt_summary(row.floor, f),
-                    fmt_ratio(row.vs_floor()),
-                );
+                let _ = writeln!(o, "| {} |", row_cells(&row, f).join(" | "));
             }
             let _ = writeln!(o);
         }

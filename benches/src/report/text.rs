@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use crate::{
     model::{Path, Placement, Prog, Results, Scenario, Test},
     report::{
-        cells::{agent_cost, hop_totals, pct_row, prog_cost, rows, size_label},
+        cells::{Row, agent_cost, hop_totals, pct_row, prog_cost, rows, size_label},
         targets::targets,
     },
     scenario::HOP_COUNTERS,
@@ -48,6 +48,30 @@ pub(super) fn fmt_ratio(x: Option<f64>) -> String {
 }
 
 /// How the table says which placement it is about.
+/// A size table's cells of `row`, values shown by `f`: size, bypass, default, ratio,
+/// minimal, vs min, floor, vs floor.
+pub(super) fn row_cells(row: &Row, f: fn(f64) -> String) -> [String; 8] {
+    [
+        size_label(row.size),
+        fmt_summary(row.bypass, f),
+        fmt_summary(row.default, f),
+        fmt_ratio(row.ratio()),
+        fmt_summary(row.minimal, f),
+        fmt_ratio(row.vs_minimal()),
+        fmt_summary(row.floor, f),
+        fmt_ratio(row.vs_floor()),
+    ]
+}
+
+/// A line of the terminal's size table: [`row_cells`] (or the headings) aligned.
+fn table_line<S: AsRef<str>>(c: &[S; 8]) -> String {
+    let c = c.each_ref().map(AsRef::as_ref);
+    format!(
+        "  {:>5}  {:<22} {:<22} {:>7}  {:<22} {:>7}  {:<22} {:>8}",
+        c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]
+    )
+}
+
 fn heading(p: &Placement) -> String {
     format!("== {} ==", p.describe())
 }
@@ -186,29 +210,20 @@ pub fn render(r: &Results) -> String {
             let _ = writeln!(o, "{title}");
             let _ = writeln!(
                 o,
-                "  {:>5}  {:<22} {:<22} {:>7}  {:<22} {:>7}  {:<22} {:>8}",
-                "size",
-                "bypass",
-                "default",
-                "ratio",
-                "minimal",
-                "vs min",
-                "floor (unix)",
-                "vs floor"
+                "{}",
+                table_line(&[
+                    "size",
+                    "bypass",
+                    "default",
+                    "ratio",
+                    "minimal",
+                    "vs min",
+                    "floor (unix)",
+                    "vs floor"
+                ])
             );
             for row in rows(r, &p.name, test) {
-                let _ = writeln!(
-                    o,
-                    "  {:>5}  {:<22} {:<22} {:>7}  {:<22} {:>7}  {:<22} {:>8}",
-                    size_label(row.size),
-                    fmt_summary(row.bypass, f),
-                    fmt_summary(row.default, f),
-                    fmt_ratio(row.ratio()),
-                    fmt_summary(row.minimal, f),
-                    fmt_ratio(row.vs_minimal()),
-                    fmt_summary(row.floor, f),
-                    fmt_ratio(row.vs_floor()),
-                );
+                let _ = writeln!(o, "{}", table_line(&row_cells(&row, f)));
             }
         }
         if !c.sockperf_sizes.is_empty() {

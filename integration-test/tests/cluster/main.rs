@@ -3,14 +3,16 @@
 //! bytes measured on their veths. Run by `cargo xtask test --cluster`, one at a time.
 //! Each test deploys the agent and ends with the README's uninstall (guards on drop).
 
+mod agent;
 mod kube;
+mod pods;
 
 use std::time::Duration;
 
+use agent::{Deployed, HelmRelease, metric, pins_left};
 use anyhow::{Result, ensure};
-use kube::{
-    Deployed, HelmRelease, Namespace, PORT, Running, exchange, label_node, metric, pins_left,
-};
+use kube::{PORT, label_node};
+use pods::{Namespace, Pod, Running, exchange};
 
 /// Bytes each way per exchange.
 const PAYLOAD: &str = "16M";
@@ -19,7 +21,7 @@ const PAYLOAD_BYTES: u64 = 16 << 20;
 const BYPASSED_MAX: u64 = 256 << 10;
 
 /// Runs an exchange; returns the bytes the server pod's veth carried meanwhile.
-fn veth_cost(client: &kube::Pod, server: &kube::Pod, target: &str) -> Result<u64> {
+fn veth_cost(client: &Pod, server: &Pod, target: &str) -> Result<u64> {
     let before = server.veth_bytes()?;
     exchange(client, target, PAYLOAD)?;
     Ok(server.veth_bytes()? - before)
@@ -43,7 +45,7 @@ fn assert_normal_path(cost: u64, what: &str) -> Result<()> {
 
 /// Waits until an exchange has the expected path (the agent applies labels and
 /// annotations within a moment of the API's change).
-fn wait_path(client: &kube::Pod, server: &kube::Pod, target: &str, bypassed: bool) -> Result<u64> {
+fn wait_path(client: &Pod, server: &Pod, target: &str, bypassed: bool) -> Result<u64> {
     let mut last = 0;
     kube::wait_for(
         if bypassed { "bypassed" } else { "normal path" },
@@ -75,7 +77,7 @@ fn daemonset_ready_pods_bypassed_only_once_labelled_status_and_metrics() -> Resu
         "attached before the label"
     );
 
-    label_node(Some("true"))?;
+    label_node(Some(true))?;
     let redirected_before = deployed.counter("redirected_bytes")?;
     let cost = wait_path(&client, &server, &target, true)?;
     eprintln!("labelled: the server's veth carried {cost} bytes of 32 MiB");
@@ -92,20 +94,20 @@ fn daemonset_ready_pods_bypassed_only_once_labelled_status_and_metrics() -> Resu
         by_kind >= (2 * PAYLOAD_BYTES) as f64,
         "metrics: pod kind {by_kind}"
     );
-    let body = kube::http_get("/metrics")?;
+    let body = agent::http_get("/metrics")?;
     ensure!(
         body.contains("bypass_build_info{version=\"0.1.0\"} 1"),
         "no build info in /metrics"
     );
     ensure!(
-        kube::http_get("/readyz")?.starts_with("HTTP/1.1 200"),
+        agent::http_get("/readyz")?.starts_with("HTTP/1.1 200"),
         "/readyz"
     );
 
     // Off and on again, live.
-    label_node(Some("false"))?;
+    label_node(Some(false))?;
     wait_path(&client, &server, &target, false)?;
-    label_node(Some("true"))?;
+    label_node(Some(true))?;
     wait_path(&client, &server, &target, true)?;
     Ok(())
 }
@@ -113,7 +115,7 @@ fn daemonset_ready_pods_bypassed_only_once_labelled_status_and_metrics() -> Resu
 #[test]
 fn opt_outs_by_pod_annotation_and_namespace_label_hold_by_traffic() -> Result<()> {
     let _deployed = Deployed::apply()?;
-    label_node(Some("true"))?;
+    label_node(Some(true))?;
     let ns = Namespace::create("bt-optout", &[])?;
     let client = ns.client_pod("client")?;
     let plain = ns.server_pod("plain", &[])?;
@@ -140,7 +142,7 @@ fn opt_outs_by_pod_annotation_and_namespace_label_hold_by_traffic() -> Result<()
 #[test]
 fn pod_to_clusterip_through_kube_proxy_is_bypassed() -> Result<()> {
     let deployed = Deployed::apply()?;
-    label_node(Some("true"))?;
+    label_node(Some(true))?;
     let ns = Namespace::create("bt-svc", &[])?;
     let server = ns.server_pod("server", &[])?;
     let client = ns.client_pod("client")?;
@@ -176,7 +178,7 @@ fn pod_to_clusterip_through_kube_proxy_is_bypassed() -> Result<()> {
 #[test]
 fn rolling_update_keeps_an_established_connection_bypassed_and_byte_exact() -> Result<()> {
     let deployed = Deployed::apply()?;
-    label_node(Some("true"))?;
+    label_node(Some(true))?;
     let ns = Namespace::create("bt-rollout", &[])?;
     let server = ns.server_pod("server", &[])?;
     let client = ns.client_pod("client")?;
@@ -224,7 +226,7 @@ fn rolling_update_keeps_an_established_connection_bypassed_and_byte_exact() -> R
 fn delete_then_readme_uninstall_leaves_nothing_pinned_or_attached() -> Result<()> {
     {
         let _deployed = Deployed::apply()?;
-        label_node(Some("true"))?;
+        label_node(Some(true))?;
         let ns = Namespace::create("bt-uninstall", &[])?;
         let server = ns.server_pod("server", &[])?;
         let client = ns.client_pod("client")?;
@@ -238,7 +240,7 @@ fn delete_then_readme_uninstall_leaves_nothing_pinned_or_attached() -> Result<()
     let ns = Namespace::create("bt-after", &[])?;
     let server = ns.server_pod("server", &[])?;
     let client = ns.client_pod("client")?;
-    label_node(Some("true"))?;
+    label_node(Some(true))?;
     let cost = veth_cost(&client, &server, &format!("{}:{PORT}", server.ip))?;
     label_node(None)?;
     assert_normal_path(cost, "after uninstall")
@@ -253,7 +255,7 @@ fn helm_chart_installs_bypasses_and_upgrades_with_a_connection_kept() -> Result<
     let target = format!("{}:{PORT}", server.ip);
     // The chart's default is opt-in too.
     assert_normal_path(veth_cost(&client, &server, &target)?, "unlabelled node")?;
-    label_node(Some("true"))?;
+    label_node(Some(true))?;
     wait_path(&client, &server, &target, true)?;
 
     let before = server.veth_bytes()?;
@@ -264,7 +266,7 @@ fn helm_chart_installs_bypasses_and_upgrades_with_a_connection_kept() -> Result<
         "skipPorts=15021",
         "serviceCIDRs={10.97.0.0/16}",
     ])?;
-    let pod = kube::agent_pod()?;
+    let pod = agent::agent_pod()?;
     let args = kube::k(&[
         "-n",
         "bypass-system",
@@ -280,7 +282,7 @@ fn helm_chart_installs_bypasses_and_upgrades_with_a_connection_kept() -> Result<
             && args.contains("--service-cidr=10.97.0.0/16"),
         "upgraded pod: {args}"
     );
-    let status = kube::agent_status()?;
+    let status = agent::agent_status()?;
     ensure!(
         status.to_string().contains("15021"),
         "skip ports not applied: {status}"

@@ -25,6 +25,7 @@ use anyhow::{Context as _, Result, bail};
 use crate::{cmd, setup};
 use cgroups::CgroupLayout;
 use config::{Layout, NODE_IP, NODE_NAME};
+use kube_testenv::wait_for;
 
 /// The pin directory of `deploy/`'s DaemonSet: `down` removes what an agent left there.
 pub const AGENT_PIN_DIR: &str = "/sys/fs/bpf/bypass";
@@ -67,9 +68,7 @@ fn free_port() -> Result<u16> {
 /// `kubectl` of the cluster's version with the admin kubeconfig.
 pub fn kubectl(layout: &Layout) -> Result<Command> {
     let bins = bins::ensure()?;
-    let mut c = Command::new(bins.get("kubectl"));
-    c.arg("--kubeconfig").arg(layout.admin_kubeconfig());
-    Ok(c)
+    Ok(kube_testenv::Kubectl::new(bins.get("kubectl"), layout.admin_kubeconfig()).cmd())
 }
 
 /// `ctr` on the cluster's containerd, Kubernetes namespace.
@@ -201,9 +200,12 @@ pub fn up(layout: &Layout) -> Result<PathBuf> {
         &logs,
         &pids,
     )?;
-    procs::wait_for("kube-apiserver /readyz", Duration::from_secs(120), || {
-        cmd::output(kubectl(layout)?.args(["get", "--raw", "/readyz"])).map(drop)
-    })
+    wait_for(
+        "kube-apiserver /readyz",
+        Duration::from_secs(120),
+        procs::POLL,
+        || cmd::output(kubectl(layout)?.args(["get", "--raw", "/readyz"])).map(drop),
+    )
     .with_context(|| procs::tail(&logs.join("kube-apiserver.log"), 15))?;
 
     // containerd, then the sandbox image.
@@ -230,7 +232,7 @@ pub fn up(layout: &Layout) -> Result<PathBuf> {
         &logs,
         &pids,
     )?;
-    procs::wait_for("containerd", Duration::from_secs(60), || {
+    wait_for("containerd", Duration::from_secs(60), procs::POLL, || {
         cmd::output(ctr(layout).args(["version"])).map(drop)
     })
     .with_context(|| procs::tail(&logs.join("containerd.log"), 15))?;
@@ -296,9 +298,10 @@ pub fn up(layout: &Layout) -> Result<PathBuf> {
         &logs,
         &pids,
     )?;
-    procs::wait_for(
+    wait_for(
         &format!("node {NODE_NAME} Ready"),
         Duration::from_secs(180),
+        procs::POLL,
         || {
             let out = cmd::output(kubectl(layout)?.args([
                 "get",
@@ -316,9 +319,10 @@ pub fn up(layout: &Layout) -> Result<PathBuf> {
     )
     .with_context(|| procs::tail(&logs.join("kubelet.log"), 20))?;
     // Pods need their namespace's default ServiceAccount (the controller-manager's).
-    procs::wait_for(
+    wait_for(
         "the default ServiceAccount",
         Duration::from_secs(60),
+        procs::POLL,
         || cmd::output(kubectl(layout)?.args(["get", "serviceaccount", "default"])).map(drop),
     )?;
     Ok(admin)
@@ -355,14 +359,19 @@ pub fn down(layout: &Layout) -> Result<()> {
                 "--wait=false",
             ]));
         }
-        let waited = procs::wait_for("every pod sandbox stopped", Duration::from_secs(90), || {
-            let tasks = cmd::output(ctr(layout).args(["tasks", "ls", "-q"]))?;
-            if tasks.trim().is_empty() {
-                Ok(())
-            } else {
-                bail!("running: {}", tasks.split_whitespace().count())
-            }
-        });
+        let waited = wait_for(
+            "every pod sandbox stopped",
+            Duration::from_secs(90),
+            procs::POLL,
+            || {
+                let tasks = cmd::output(ctr(layout).args(["tasks", "ls", "-q"]))?;
+                if tasks.trim().is_empty() {
+                    Ok(())
+                } else {
+                    bail!("running: {}", tasks.split_whitespace().count())
+                }
+            },
+        );
         if let Err(e) = waited {
             eprintln!("cluster: {e:#}; killing what is left");
         }

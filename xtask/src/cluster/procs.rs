@@ -85,24 +85,8 @@ pub fn stop(pid: u32, name: &str, grace: Duration) -> Result<()> {
     Ok(())
 }
 
-/// Waits until `check` succeeds, up to `timeout`; the error names `what` and the last
-/// failure.
-pub fn wait_for(
-    what: &str,
-    timeout: Duration,
-    mut check: impl FnMut() -> Result<()>,
-) -> Result<()> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        match check() {
-            Ok(()) => return Ok(()),
-            Err(e) if Instant::now() > deadline => {
-                bail!("{what} not within {timeout:?}: {e:#}")
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(500)),
-        }
-    }
-}
+/// How often `up` and `down` poll for a daemon or pod to be ready or gone.
+pub const POLL: Duration = Duration::from_millis(500);
 
 /// The last lines of a log, for error messages.
 pub fn tail(path: &Path, lines: usize) -> String {

@@ -1,0 +1,195 @@
+//! The agent on the cluster as the tests install it: the DaemonSet of `deploy/` or a
+//! release of the Helm chart, each removed on drop (the README's uninstall); its pod,
+//! `status --json`, pins and `/metrics`.
+
+use std::{process::Command, time::Duration};
+
+use anyhow::{Context as _, Result};
+use kube_testenv::{deploy::AGENT_NS, env_path};
+
+use crate::kube::{FIX, NODE_IP, deploy_dir, k, kubectl, repo};
+
+/// The agent's pin directory in `deploy/`.
+pub const PIN_DIR: &str = "/sys/fs/bpf/bypass";
+
+/// The DaemonSet of `deploy/` (`kubectl apply -k deploy/`), Ready; on drop the README's
+/// uninstall: delete it, run `deploy/uninstall.yaml` until every node is clean, delete
+/// that, and remove the node label.
+pub struct Deployed;
+
+impl Deployed {
+    /// Applies `deploy/` and waits for the rollout.
+    pub fn apply() -> Result<Self> {
+        let me = Self;
+        kubectl()?.apply_deploy(&deploy_dir())?;
+        Ok(me)
+    }
+
+    /// [`wait_rollout`].
+    pub fn wait_rollout(&self) -> Result<()> {
+        wait_rollout()
+    }
+
+    /// [`agent_pod`].
+    pub fn pod(&self) -> Result<String> {
+        agent_pod()
+    }
+
+    /// [`agent_status`].
+    pub fn status(&self) -> Result<serde_json::Value> {
+        agent_status()
+    }
+
+    /// A counter of `status --json`.
+    pub fn counter(&self, name: &str) -> Result<u64> {
+        let s = agent_status()?;
+        find_u64(&s, name).with_context(|| format!("no {name} in status: {s}"))
+    }
+}
+
+impl Drop for Deployed {
+    fn drop(&mut self) {
+        if let Err(e) = kubectl().and_then(|k| k.uninstall_deploy(&deploy_dir())) {
+            eprintln!("cluster test: uninstall failed: {e:#}");
+        }
+    }
+}
+
+/// Waits until the agent DaemonSet's rollout is complete and its pod Ready.
+pub fn wait_rollout() -> Result<()> {
+    kubectl()?.wait_rollout()
+}
+
+/// The running agent pod's name.
+pub fn agent_pod() -> Result<String> {
+    let name = k(&[
+        "-n",
+        AGENT_NS,
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/name=bypass-agent",
+        "--field-selector=status.phase=Running",
+        "-o",
+        "jsonpath={.items[0].metadata.name}",
+    ])?;
+    anyhow::ensure!(!name.trim().is_empty(), "no running agent pod");
+    Ok(name.trim().to_owned())
+}
+
+/// `bypass-agent status --json` through `kubectl exec`.
+pub fn agent_status() -> Result<serde_json::Value> {
+    kubectl()?.agent_status()
+}
+
+fn find_u64(v: &serde_json::Value, key: &str) -> Option<u64> {
+    match v {
+        serde_json::Value::Object(m) => m
+            .get(key)
+            .and_then(serde_json::Value::as_u64)
+            .or_else(|| m.values().find_map(|x| find_u64(x, key))),
+        _ => None,
+    }
+}
+
+/// `helm` of the tests.
+pub fn helm(args: &[&str]) -> Result<String> {
+    kube_testenv::run(
+        Command::new(env_path("BYPASS_HELM", FIX)?)
+            .arg("--kubeconfig")
+            .arg(kubectl()?.kubeconfig())
+            .args(args),
+        &format!("helm {}", args.join(" ")),
+    )
+}
+
+/// A release of `deploy/chart/bypass-agent` in `bypass-system`; on drop `helm
+/// uninstall`, the README's node cleanup, the namespace deleted.
+pub struct HelmRelease;
+
+/// The release's name.
+pub const RELEASE: &str = "bypass";
+
+/// `helm <verb> RELEASE <chart> -n bypass-system <mode> --wait` with `sets` (`key=value`),
+/// then the rollout waited for.
+fn helm_chart(verb: &str, mode: &str, sets: &[&str]) -> Result<()> {
+    let chart = repo()
+        .join("deploy/chart/bypass-agent")
+        .display()
+        .to_string();
+    let mut args = vec![
+        verb,
+        RELEASE,
+        &chart,
+        "-n",
+        AGENT_NS,
+        mode,
+        "--wait",
+        "--timeout=120s",
+    ];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    helm(&args)?;
+    wait_rollout()
+}
+
+impl HelmRelease {
+    /// `helm install` with `sets` (`key=value`), waiting for the DaemonSet.
+    pub fn install(sets: &[&str]) -> Result<Self> {
+        let me = Self;
+        helm_chart("install", "--create-namespace", sets)?;
+        Ok(me)
+    }
+
+    /// `helm upgrade --reuse-values` with `sets`, waiting for the rollout.
+    pub fn upgrade(&self, sets: &[&str]) -> Result<()> {
+        helm_chart("upgrade", "--reuse-values", sets)
+    }
+}
+
+impl Drop for HelmRelease {
+    fn drop(&mut self) {
+        let result = helm(&["uninstall", RELEASE, "-n", AGENT_NS, "--wait"])
+            .and_then(|_| kubectl()?.clean_nodes(&deploy_dir()))
+            .and_then(|()| kubectl()?.delete_namespace(AGENT_NS));
+        if let Err(e) = result {
+            eprintln!("cluster test: helm uninstall failed: {e:#}");
+        }
+    }
+}
+
+/// What is left under the agent's pin directory (empty when it is gone).
+pub fn pins_left() -> Vec<String> {
+    std::fs::read_dir(PIN_DIR)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// `GET http://NODE_IP:9464/<path>` (the agent's metrics address in `deploy/`): the
+/// whole response, status line first, as the tests check it.
+pub fn http_get(path: &str) -> Result<String> {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect((NODE_IP, 9464))
+        .with_context(|| format!("connect {NODE_IP}:9464"))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {NODE_IP}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut body = String::new();
+    s.read_to_string(&mut body)?;
+    Ok(body)
+}
+
+/// The value of `series` (name with labels) in `/metrics`.
+pub fn metric(series: &str) -> Result<f64> {
+    let body = http_get("/metrics")?;
+    body.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+        .with_context(|| format!("no {series} in /metrics:\n{body}"))
+}

@@ -1,0 +1,213 @@
+//! The tests' pods: a namespace per test (deleted on drop), pods of the test image
+//! serving or running `bypass-peer`, the bytes on a pod's host veth, and `bypass-peer
+//! client` runs inside a pod with their reports.
+
+use std::{
+    process::{Child, Command, Output, Stdio},
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result, ensure};
+
+use crate::kube::{PORT, TEST_IMAGE, apply, k, kubectl, wait_for};
+
+/// A `metadata` map (`labels`, `annotations`) as YAML under `metadata:`, or nothing
+/// when empty.
+fn metadata_map(key: &str, pairs: &[(&str, &str)]) -> String {
+    if pairs.is_empty() {
+        return String::new();
+    }
+    let items: String = pairs
+        .iter()
+        .map(|(k, v)| format!("    {k}: \"{v}\"\n"))
+        .collect();
+    format!("  {key}:\n{items}")
+}
+
+/// A namespace of the test's own, deleted (and waited for) on drop.
+pub struct Namespace {
+    /// Its name.
+    pub name: String,
+}
+
+impl Namespace {
+    /// Creates `name` with `labels` (`key: value` lines).
+    pub fn create(name: &str, labels: &[(&str, &str)]) -> Result<Self> {
+        let _ = kubectl().and_then(|k| k.delete_namespace(name));
+        let labels = metadata_map("labels", labels);
+        apply(&format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n{labels}"
+        ))?;
+        let ns = Self {
+            name: name.to_owned(),
+        };
+        wait_for(
+            "the default ServiceAccount",
+            Duration::from_secs(30),
+            || k(&["-n", name, "get", "serviceaccount", "default"]).map(drop),
+        )?;
+        Ok(ns)
+    }
+
+    /// A pod of the test image running `bypass-peer server` on [`PORT`], Ready, with
+    /// `annotations`; returns it.
+    pub fn server_pod(&self, name: &str, annotations: &[(&str, &str)]) -> Result<Pod> {
+        self.pod(
+            name,
+            annotations,
+            &format!(
+                "[\"/usr/local/bin/bypass-peer\", \"server\", \"--listen\", \"0.0.0.0:{PORT}\", \"--idle-timeout\", \"120\"]"
+            ),
+        )
+    }
+
+    /// A pod of the test image that sleeps (clients are run in it with `exec`).
+    pub fn client_pod(&self, name: &str) -> Result<Pod> {
+        self.pod(name, &[], "[\"/bin/sleep\", \"3600\"]")
+    }
+
+    fn pod(&self, name: &str, annotations: &[(&str, &str)], command: &str) -> Result<Pod> {
+        let ann = metadata_map("annotations", annotations);
+        apply(&format!(
+            "apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  namespace: {ns}
+  labels:
+    app: {name}
+{ann}spec:
+  dnsPolicy: Default
+  terminationGracePeriodSeconds: 1
+  automountServiceAccountToken: false
+  containers:
+  - name: c
+    image: {TEST_IMAGE}
+    imagePullPolicy: Never
+    command: {command}
+",
+            ns = self.name
+        ))?;
+        let ip = kubectl()?.ready_pod_ip(&self.name, name, Duration::from_secs(60))?;
+        Ok(Pod {
+            ns: self.name.clone(),
+            name: name.to_owned(),
+            ip,
+        })
+    }
+}
+
+impl Drop for Namespace {
+    fn drop(&mut self) {
+        if let Err(e) = kubectl().and_then(|k| k.delete_namespace(&self.name)) {
+            eprintln!("cluster test: delete namespace {}: {e:#}", self.name);
+        }
+    }
+}
+
+/// A pod of a test.
+#[derive(Debug, Clone)]
+pub struct Pod {
+    /// Namespace.
+    pub ns: String,
+    /// Name.
+    pub name: String,
+    /// Its IPv4 address on the CNI bridge.
+    pub ip: String,
+}
+
+impl Pod {
+    /// `kubectl exec` of `args` in the pod.
+    pub fn exec(&self, args: &[&str]) -> Command {
+        kubectl().map_or_else(
+            |_| Command::new("false"),
+            |k| k.exec(&self.ns, &self.name, args),
+        )
+    }
+
+    /// Bytes its host veth has carried (both directions).
+    pub fn veth_bytes(&self) -> Result<u64> {
+        kube_testenv::veth_bytes(&kubectl()?.host_veth(&self.ns, &self.name)?)
+    }
+
+    /// `bypass-peer client` to `target`, `bytes` each way, then `extra` arguments.
+    fn peer_client(&self, target: &str, bytes: &str, extra: &[&str]) -> Command {
+        let mut args = vec![
+            "/usr/local/bin/bypass-peer",
+            "client",
+            "--connect",
+            target,
+            "--send",
+            bytes,
+            "--recv",
+            bytes,
+        ];
+        args.extend(extra);
+        self.exec(&args)
+    }
+}
+
+/// The JSON report of one `bypass-peer client` run.
+pub fn report(out: &Output) -> Result<serde_json::Value> {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .with_context(|| {
+            format!(
+                "bypass-peer printed no report (status {}): {text}\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })?;
+    serde_json::from_str(line).with_context(|| format!("report: {line}"))
+}
+
+/// The report of a run that ended well and byte-exact, or an error.
+fn byte_exact(out: &Output) -> Result<serde_json::Value> {
+    let r = report(out)?;
+    ensure!(
+        out.status.success() && r["ok"] == true,
+        "not byte-exact: {r}"
+    );
+    Ok(r)
+}
+
+/// `bypass-peer client` in `client` to `target`, `bytes` each way; the report of a
+/// byte-exact run, or an error.
+pub fn exchange(client: &Pod, target: &str, bytes: &str) -> Result<serde_json::Value> {
+    byte_exact(&client.peer_client(target, bytes, &[]).output()?)
+}
+
+/// A `bypass-peer client` left running (rate-limited) until [`Running::finish`].
+pub struct Running {
+    child: Option<Child>,
+}
+
+impl Running {
+    /// Starts it.
+    pub fn start(client: &Pod, target: &str, bytes: &str, rate: &str) -> Result<Self> {
+        let child = client
+            .peer_client(target, bytes, &["--rate", rate, "--msg-size", "16K"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        Ok(Self { child: Some(child) })
+    }
+
+    /// Waits for it: the report of a byte-exact run, or an error.
+    pub fn finish(mut self) -> Result<serde_json::Value> {
+        let child = self.child.take().context("already finished")?;
+        byte_exact(&child.wait_with_output()?)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
