@@ -24,7 +24,7 @@ pub fn client(s: &TcpStream, c: &Common) -> Result<Value> {
     let mut off: libc::off_t = 0;
     let mut sent = 0u64;
     while sent < c.bytes {
-        let n = sendfile(&s, &f, Some(&mut off), (c.bytes - sent) as usize).context("sendfile")?;
+        let n = sendfile(s, &f, Some(&mut off), (c.bytes - sent) as usize).context("sendfile")?;
         if n == 0 {
             bail!("sendfile: no progress after {sent} bytes");
         }
