@@ -3,16 +3,25 @@
 //! if it left one.
 
 use std::{
-    io::{Read, Write as _},
-    net::TcpStream,
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Output, Stdio},
-    sync::{Arc, Mutex},
     thread::JoinHandle,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result, bail, ensure};
+use http_body_util::{BodyExt as _, Empty};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use nix::{
+    sys::signal::{Signal, kill},
+    unistd::Pid,
+};
+
+use crate::spawn::{Gathered, drain};
+
+/// How long [`http_get`] waits for the metrics server (connect, request, whole body).
+pub const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long `start` waits for the datapath to be attached.
 pub const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -45,27 +54,8 @@ pub fn run_agent(args: &[&str], timeout: Duration) -> Result<Output> {
         .stderr(Stdio::piped())
         .spawn()
         .with_context(|| format!("start {}", agent_bin().display()))?;
-    let drain = |r: Option<Box<dyn Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            if let Some(mut r) = r {
-                let _ = r.read_to_end(&mut buf);
-            }
-            buf
-        })
-    };
-    let out = drain(
-        child
-            .stdout
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let err = drain(
-        child
-            .stderr
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
+    let out = drain(child.stdout.take());
+    let err = drain(child.stderr.take());
     let deadline = Instant::now() + timeout;
     let status = loop {
         if let Some(st) = child.try_wait().context("wait for bypass-agent")? {
@@ -83,8 +73,8 @@ pub fn run_agent(args: &[&str], timeout: Duration) -> Result<Output> {
     };
     Ok(Output {
         status,
-        stdout: out.join().unwrap_or_default(),
-        stderr: err.join().unwrap_or_default(),
+        stdout: out.map_or_else(Vec::new, |h| h.join().unwrap_or_default()),
+        stderr: err.map_or_else(Vec::new, |h| h.join().unwrap_or_default()),
     })
 }
 
@@ -140,7 +130,7 @@ pub struct Agent {
     child: Child,
     running: bool,
     pin_dir: PathBuf,
-    stderr: Arc<Mutex<Vec<u8>>>,
+    stderr: Gathered,
     stderr_reader: Option<JoinHandle<()>>,
 }
 
@@ -170,21 +160,7 @@ impl Agent {
                     bin.display()
                 )
             })?;
-        let stderr = Arc::new(Mutex::new(Vec::new()));
-        let stderr_reader = child.stderr.take().map(|mut pipe| {
-            let sink = Arc::clone(&stderr);
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 4096];
-                while let Ok(n) = pipe.read(&mut buf) {
-                    if n == 0 {
-                        break;
-                    }
-                    if let Ok(mut s) = sink.lock() {
-                        s.extend_from_slice(&buf[..n]);
-                    }
-                }
-            })
-        });
+        let (stderr, stderr_reader) = Gathered::start(child.stderr.take());
         let mut agent = Self {
             child,
             running: true,
@@ -233,10 +209,7 @@ impl Agent {
 
     /// What it wrote to stderr so far.
     pub fn stderr(&self) -> String {
-        self.stderr
-            .lock()
-            .map(|s| String::from_utf8_lossy(&s).into_owned())
-            .unwrap_or_default()
+        self.stderr.text()
     }
 
     /// `bypass-agent status --json --pin-dir <its pin dir>`.
@@ -251,25 +224,15 @@ impl Agent {
 
     /// `bypass-agent status --pin-dir <its pin dir>` (the text form).
     pub fn status_text(&self) -> Result<String> {
-        let out = agent_command()
-            .args(["status", "--pin-dir"])
-            .arg(&self.pin_dir)
-            .output()
-            .context("run bypass-agent status")?;
-        if !out.status.success() {
-            bail!(
-                "bypass-agent status failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        let out = status_output(&["status", "--pin-dir"], &self.pin_dir)?;
+        Ok(String::from_utf8_lossy(&out).into_owned())
     }
 
     /// SIGTERM, then waits for the exit.
     pub fn stop(&mut self) -> Result<AgentExit> {
         if self.running {
-            // SAFETY: plain syscall on our own child's pid.
-            unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+            // Our own child, not yet reaped: the pid is still its own.
+            let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
         }
         let deadline = Instant::now() + STOP_TIMEOUT;
         let status = loop {
@@ -312,8 +275,14 @@ impl Drop for Agent {
 
 /// `bypass-agent status --json --pin-dir DIR`, parsed.
 pub fn status_json(pin_dir: &Path) -> Result<serde_json::Value> {
+    let out = status_output(&["status", "--json", "--pin-dir"], pin_dir)?;
+    serde_json::from_slice(&out).context("parse bypass-agent status --json")
+}
+
+/// The stdout of `bypass-agent ARGS PIN_DIR`, a `status` command; fails with its stderr.
+fn status_output(args: &[&str], pin_dir: &Path) -> Result<Vec<u8>> {
     let out = agent_command()
-        .args(["status", "--json", "--pin-dir"])
+        .args(args)
         .arg(pin_dir)
         .output()
         .context("run bypass-agent status")?;
@@ -323,7 +292,7 @@ pub fn status_json(pin_dir: &Path) -> Result<serde_json::Value> {
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    serde_json::from_slice(&out.stdout).context("parse bypass-agent status --json")
+    Ok(out.stdout)
 }
 
 /// Removes a pin directory a killed agent left: links first (that detaches), then
@@ -346,26 +315,38 @@ pub fn remove_pins(pin_dir: &Path) -> Result<()> {
     std::fs::remove_dir(pin_dir).with_context(|| format!("remove {}", pin_dir.display()))
 }
 
-/// `GET path` on the agent's metrics server: status code and body.
+/// `GET path` on the agent's metrics server (`127.0.0.1:port`): status code and body.
+/// Fails past [`HTTP_TIMEOUT`].
 pub fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut text = String::new();
-    s.read_to_string(&mut text)?;
-    let code = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .with_context(|| format!("no HTTP status in {text:?}"))?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+        .context("start a tokio runtime")?;
+    rt.block_on(async {
+        tokio::time::timeout(HTTP_TIMEOUT, get(port, path))
+            .await
+            .with_context(|| {
+                format!("GET {path} on 127.0.0.1:{port}: no answer within {HTTP_TIMEOUT:?}")
+            })?
+    })
+}
+
+async fn get(port: u16, path: &str) -> Result<(u16, String)> {
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    // The connection is driven beside the request; it ends with the runtime.
+    tokio::spawn(conn);
+    let req = hyper::Request::get(path)
+        .header(hyper::header::HOST, "127.0.0.1")
+        .header(hyper::header::CONNECTION, "close")
+        .body(Empty::<Bytes>::new())?;
+    let resp = sender.send_request(req).await?;
+    let code = resp.status().as_u16();
+    let body = resp.into_body().collect().await?.to_bytes();
     Ok((
         code,
-        text.split_once("\r\n\r\n")
-            .map_or("", |(_, b)| b)
-            .to_owned(),
+        String::from_utf8(body.to_vec()).context("body is not UTF-8")?,
     ))
 }
 

@@ -44,6 +44,7 @@ fn attached(path: &Path, attach_type: u32, what: &str) -> Result<u32> {
         attach_type,
         ..Default::default()
     };
+    // Raw bpf(2) BPF_PROG_QUERY: nix has no bpf(2) wrapper.
     // SAFETY: `attr` is a valid, zero-padded bpf_attr prefix of the size passed; with
     // `prog_ids` 0 the kernel only writes `prog_cnt`, `attach_flags` and `revision`.
     let ret = unsafe {

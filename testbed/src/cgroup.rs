@@ -7,6 +7,10 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
+use nix::{
+    sys::signal::{Signal, kill},
+    unistd::Pid,
+};
 
 /// The mount point of the first `fstype` mount in a mountinfo text: the agent's own
 /// parser.
@@ -81,8 +85,7 @@ impl CgroupGuard {
                     .with_context(|| format!("write {}", kill_file.display()))?;
             } else {
                 for pid in self.pids()? {
-                    // SAFETY: plain syscall.
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
                 }
             }
             if Instant::now() > deadline {

@@ -54,6 +54,29 @@ fn rule(args: &[&str]) -> Rule {
     args.iter().map(|s| (*s).to_owned()).collect()
 }
 
+/// A rule of the `nat` table being written: `-t nat`, then words added in order.
+struct Nat(Rule);
+
+/// `-t nat` and `spec` split at spaces (no argument of a spec holds one; a comment,
+/// which may, goes through [`Nat::comment`]).
+fn nat(spec: &str) -> Nat {
+    Nat(rule(&["-t", "nat"])).then(spec)
+}
+
+impl Nat {
+    /// `spec`, split at spaces, appended.
+    fn then(mut self, spec: &str) -> Self {
+        self.0.extend(spec.split_whitespace().map(str::to_owned));
+        self
+    }
+
+    /// `-m comment --comment TEXT`, the text one argument.
+    fn comment(mut self, text: &str) -> Self {
+        self.0.extend(rule(&["-m", "comment", "--comment", text]));
+        self
+    }
+}
+
 /// What is missing to run iptables in a namespace, if anything: both programs must
 /// start and list the `nat` table.
 pub fn missing() -> Option<String> {
@@ -88,58 +111,29 @@ pub fn apply(ns: &Netns, family: Family, rules: &[Rule]) -> Result<()> {
 
 /// The `nat` table of `ns`, as `iptables -S` prints it (for failure messages).
 pub fn dump(ns: &Netns, family: Family) -> String {
-    run(ns, family, &rule(&["-t", "nat", "-S"])).unwrap_or_else(|e| format!("{e:#}"))
+    run(ns, family, &nat("-S").0).unwrap_or_else(|e| format!("{e:#}"))
 }
 
 /// The sidecar's outbound capture: the application's connections to `app_port` are
 /// redirected to the proxy on `proxy_port` (on loopback: REDIRECT in OUTPUT maps the
 /// destination to 127.0.0.1 or ::1), except the proxy's own, whose sockets carry `mark`.
 pub fn sidecar_outbound(app_port: u16, mark: u32, proxy_port: u16) -> Vec<Rule> {
-    let (app, mark, to) = (
-        app_port.to_string(),
-        format!("{mark:#x}"),
-        proxy_port.to_string(),
-    );
-    vec![rule(&[
-        "-t",
-        "nat",
-        "-A",
-        "OUTPUT",
-        "-p",
-        "tcp",
-        "--dport",
-        &app,
-        "-m",
-        "mark",
-        "!",
-        "--mark",
-        &mark,
-        "-j",
-        "REDIRECT",
-        "--to-ports",
-        &to,
-    ])]
+    vec![nat(&format!(
+        "-A OUTPUT -p tcp --dport {app_port} -m mark ! --mark {mark:#x} -j REDIRECT --to-ports {proxy_port}"
+    ))
+    .0]
 }
 
 /// The sidecar's inbound capture: connections arriving for `app_port` are redirected to
 /// the proxy on `proxy_port` (REDIRECT in PREROUTING keeps the pod address, changes the
 /// port).
 pub fn sidecar_inbound(app_port: u16, proxy_port: u16) -> Vec<Rule> {
-    let (app, to) = (app_port.to_string(), proxy_port.to_string());
-    vec![rule(&[
-        "-t",
-        "nat",
-        "-A",
-        "PREROUTING",
-        "-p",
-        "tcp",
-        "--dport",
-        &app,
-        "-j",
-        "REDIRECT",
-        "--to-ports",
-        &to,
-    ])]
+    vec![
+        nat(&format!(
+            "-A PREROUTING -p tcp --dport {app_port} -j REDIRECT --to-ports {proxy_port}"
+        ))
+        .0,
+    ]
 }
 
 /// A ClusterIP Service as kube-proxy (iptables mode) programs it.
@@ -184,189 +178,69 @@ pub fn chain_hash(parts: &[&str]) -> String {
 pub fn kube_proxy_rules(svc: &ClusterIp) -> Vec<Rule> {
     let family = Family::of(svc.vip.ip());
     let host = |ip: IpAddr| format!("{ip}/{}", family.host_len());
-    let vip = host(svc.vip.ip());
-    let port = svc.vip.port().to_string();
+    let (vip, port) = (host(svc.vip.ip()), svc.vip.port());
     let svc_chain = format!("KUBE-SVC-{}", chain_hash(&[&svc.name, "tcp"]));
     let comment_ip = format!("{} cluster IP", svc.name);
-    let mut r = vec![
-        rule(&["-t", "nat", "-N", "KUBE-SERVICES"]),
-        rule(&["-t", "nat", "-N", "KUBE-POSTROUTING"]),
-        rule(&["-t", "nat", "-N", "KUBE-MARK-MASQ"]),
-        rule(&["-t", "nat", "-N", &svc_chain]),
-        rule(&[
-            "-t",
-            "nat",
-            "-A",
-            "OUTPUT",
-            "-m",
-            "comment",
-            "--comment",
-            "kubernetes service portals",
-            "-j",
-            "KUBE-SERVICES",
-        ]),
-        rule(&[
-            "-t",
-            "nat",
-            "-A",
-            "PREROUTING",
-            "-m",
-            "comment",
-            "--comment",
-            "kubernetes service portals",
-            "-j",
-            "KUBE-SERVICES",
-        ]),
-        rule(&[
-            "-t",
-            "nat",
-            "-A",
-            "POSTROUTING",
-            "-m",
-            "comment",
-            "--comment",
-            "kubernetes postrouting rules",
-            "-j",
-            "KUBE-POSTROUTING",
-        ]),
-        rule(&[
-            "-t",
-            "nat",
-            "-A",
-            "KUBE-MARK-MASQ",
-            "-j",
-            "MARK",
-            "--set-xmark",
-            "0x4000/0x4000",
-        ]),
-        rule(&[
-            "-t",
-            "nat",
-            "-A",
-            "KUBE-POSTROUTING",
-            "-m",
-            "mark",
-            "!",
-            "--mark",
-            "0x4000/0x4000",
-            "-j",
-            "RETURN",
-        ]),
-        rule(&[
-            "-t",
-            "nat",
-            "-A",
-            "KUBE-POSTROUTING",
-            "-j",
-            "MARK",
-            "--set-xmark",
-            "0x4000/0x0",
-        ]),
-        rule(&[
-            "-t",
-            "nat",
-            "-A",
-            "KUBE-POSTROUTING",
-            "-m",
-            "comment",
-            "--comment",
-            "kubernetes service traffic requiring SNAT",
-            "-j",
-            "MASQUERADE",
-            "--random-fully",
-        ]),
-        rule(&[
-            "-t",
-            "nat",
-            "-A",
-            "KUBE-SERVICES",
-            "-d",
-            &vip,
-            "-p",
-            "tcp",
-            "-m",
-            "comment",
-            "--comment",
-            &comment_ip,
-            "-m",
-            "tcp",
-            "--dport",
-            &port,
-            "-j",
-            &svc_chain,
-        ]),
-        rule(&[
-            "-t",
-            "nat",
-            "-A",
-            &svc_chain,
-            "!",
-            "-s",
-            &svc.cluster_cidr,
-            "-d",
-            &vip,
-            "-p",
-            "tcp",
-            "-m",
-            "comment",
-            "--comment",
-            &comment_ip,
-            "-m",
-            "tcp",
-            "--dport",
-            &port,
-            "-j",
-            "KUBE-MARK-MASQ",
-        ]),
-    ];
+    // The Service's own match: its address and port, commented as kube-proxy does.
+    let to_vip = |n: Nat| {
+        n.then(&format!("-d {vip} -p tcp"))
+            .comment(&comment_ip)
+            .then(&format!("-m tcp --dport {port}"))
+    };
+    let mut r: Vec<Rule> = [
+        nat("-N KUBE-SERVICES"),
+        nat("-N KUBE-POSTROUTING"),
+        nat("-N KUBE-MARK-MASQ"),
+        nat(&format!("-N {svc_chain}")),
+        nat("-A OUTPUT")
+            .comment("kubernetes service portals")
+            .then("-j KUBE-SERVICES"),
+        nat("-A PREROUTING")
+            .comment("kubernetes service portals")
+            .then("-j KUBE-SERVICES"),
+        nat("-A POSTROUTING")
+            .comment("kubernetes postrouting rules")
+            .then("-j KUBE-POSTROUTING"),
+        nat("-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000"),
+        nat("-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN"),
+        nat("-A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0"),
+        nat("-A KUBE-POSTROUTING")
+            .comment("kubernetes service traffic requiring SNAT")
+            .then("-j MASQUERADE --random-fully"),
+        to_vip(nat("-A KUBE-SERVICES")).then(&format!("-j {svc_chain}")),
+        to_vip(nat(&format!("-A {svc_chain} ! -s {}", svc.cluster_cidr))).then("-j KUBE-MARK-MASQ"),
+    ]
+    .into_iter()
+    .map(|n| n.0)
+    .collect();
     let n = svc.backends.len();
     for (i, be) in svc.backends.iter().enumerate() {
-        let be_str = be.to_string();
-        let sep = format!("KUBE-SEP-{}", chain_hash(&[&svc.name, "tcp", &be_str]));
-        let comment_be = format!("{} -> {be_str}", svc.name);
-        r.push(rule(&["-t", "nat", "-N", &sep]));
-        r.push(rule(&[
-            "-t",
-            "nat",
-            "-A",
-            &sep,
-            "-s",
-            &host(be.ip()),
-            "-m",
-            "comment",
-            "--comment",
-            &svc.name,
-            "-j",
-            "KUBE-MARK-MASQ",
-        ]));
-        r.push(rule(&[
-            "-t",
-            "nat",
-            "-A",
-            &sep,
-            "-p",
-            "tcp",
-            "-m",
-            "comment",
-            "--comment",
-            &svc.name,
-            "-m",
-            "tcp",
-            "-j",
-            "DNAT",
-            "--to-destination",
-            &be_str,
-        ]));
+        let sep = format!(
+            "KUBE-SEP-{}",
+            chain_hash(&[&svc.name, "tcp", &be.to_string()])
+        );
+        r.push(nat(&format!("-N {sep}")).0);
+        r.push(
+            nat(&format!("-A {sep} -s {}", host(be.ip())))
+                .comment(&svc.name)
+                .then("-j KUBE-MARK-MASQ")
+                .0,
+        );
+        r.push(
+            nat(&format!("-A {sep} -p tcp"))
+                .comment(&svc.name)
+                .then(&format!("-m tcp -j DNAT --to-destination {be}"))
+                .0,
+        );
         // Endpoint i of n is taken with probability 1/(n-i), the last always.
-        let mut jump = vec!["-t", "nat", "-A", &svc_chain, "-m", "comment", "--comment"];
-        jump.push(&comment_be);
-        let prob = format!("{:.10}", 1.0 / (n - i) as f64);
+        let mut jump = nat(&format!("-A {svc_chain}")).comment(&format!("{} -> {be}", svc.name));
         if i + 1 < n {
-            jump.extend(["-m", "statistic", "--mode", "random", "--probability"]);
-            jump.push(&prob);
+            let prob = 1.0 / (n - i) as f64;
+            jump = jump.then(&format!(
+                "-m statistic --mode random --probability {prob:.10}"
+            ));
         }
-        jump.extend(["-j", &sep]);
-        r.push(rule(&jump));
+        r.push(jump.then(&format!("-j {sep}")).0);
     }
     r
 }

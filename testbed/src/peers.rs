@@ -6,7 +6,7 @@ use std::{
     path::PathBuf,
     process::{Command, Output, Stdio},
     sync::OnceLock,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use anyhow::{Context as _, Result, bail};
@@ -110,21 +110,11 @@ impl PeerServer {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = spawn_in_on_cpus(pod, cmd, &args.cpus)?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !ready.exists() {
-            if child.try_wait()?.is_some() {
-                let out = child.wait_output(Duration::from_secs(1))?;
-                bail!(
-                    "bypass-peer server on {listen} exited early: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                );
-            }
-            if Instant::now() > deadline {
-                bail!("bypass-peer server on {listen} did not listen within 10 s");
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let child = spawn_in_on_cpus(pod, cmd, &args.cpus)?.wait_ready(
+            &ready,
+            &format!("bypass-peer server on {listen}"),
+            Duration::from_secs(10),
+        )?;
         Ok(Self { child, ready })
     }
 

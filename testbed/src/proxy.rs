@@ -2,17 +2,20 @@
 //! guard: started, ready once it printed its listening line, killed on drop.
 
 use std::{
-    io::{BufRead as _, BufReader, Read as _},
+    io::{BufRead as _, BufReader},
     net::SocketAddr,
     path::PathBuf,
     process::{Command, Stdio},
-    sync::{Arc, Mutex, mpsc},
+    sync::mpsc,
     time::Duration,
 };
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{spawn::PodChild, spawn::spawn_in_on_cpus, topology::Pod};
+use crate::{
+    spawn::{Gathered, PodChild, spawn_in_on_cpus},
+    topology::Pod,
+};
 
 /// How long `start` waits for the listening line.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -72,7 +75,7 @@ impl ProxyOpts {
 #[derive(Debug)]
 pub struct Proxy {
     child: PodChild,
-    stderr: Arc<Mutex<Vec<u8>>>,
+    stderr: Gathered,
 }
 
 impl Proxy {
@@ -84,21 +87,7 @@ impl Proxy {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let mut child = spawn_in_on_cpus(pod, cmd, &opts.cpus)?;
-        let stderr = Arc::new(Mutex::new(Vec::new()));
-        if let Some(mut pipe) = child.inner().stderr.take() {
-            let sink = Arc::clone(&stderr);
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 4096];
-                while let Ok(n) = pipe.read(&mut buf) {
-                    if n == 0 {
-                        break;
-                    }
-                    if let Ok(mut s) = sink.lock() {
-                        s.extend_from_slice(&buf[..n]);
-                    }
-                }
-            });
-        }
+        let (stderr, _) = Gathered::start(child.inner().stderr.take());
         let stdout = child.inner().stdout.take().context("bypass-proxy stdout")?;
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -135,10 +124,7 @@ impl Proxy {
 
     /// What it wrote to stderr so far (one line per failed connection).
     pub fn stderr(&self) -> String {
-        self.stderr
-            .lock()
-            .map(|s| String::from_utf8_lossy(&s).into_owned())
-            .unwrap_or_default()
+        self.stderr.text()
     }
 }
 

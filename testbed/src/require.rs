@@ -14,8 +14,7 @@ pub fn in_ci() -> bool {
 /// What is missing for a privileged test, if anything.
 pub fn missing() -> Vec<String> {
     let mut m = Vec::new();
-    // SAFETY: plain syscall.
-    if unsafe { libc::geteuid() } != 0 {
+    if !nix::unistd::geteuid().is_root() {
         m.push("not running as root (the tests create namespaces and load eBPF)".to_owned());
     }
     let bin = agent_bin();

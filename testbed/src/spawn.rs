@@ -5,11 +5,14 @@
 
 use std::{
     fs::File,
+    io::Read,
     os::{
         fd::{AsRawFd as _, BorrowedFd},
         unix::process::CommandExt as _,
     },
+    path::Path,
     process::{Child, Command, ExitStatus, Output},
+    sync::{Arc, Mutex},
     thread::JoinHandle,
     time::{Duration, Instant},
 };
@@ -165,6 +168,27 @@ impl PodChild {
         }
     }
 
+    /// Waits until the file `ready` exists (the process writes it once it listens), at
+    /// most `timeout`; fails with its stderr if it exits first. `what` names it in
+    /// errors.
+    pub fn wait_ready(mut self, ready: &Path, what: &str, timeout: Duration) -> Result<Self> {
+        let deadline = Instant::now() + timeout;
+        while !ready.exists() {
+            if self.try_wait()?.is_some() {
+                let out = self.wait_output(Duration::from_secs(1))?;
+                bail!(
+                    "{what} exited early: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
+            if Instant::now() > deadline {
+                bail!("{what} did not listen within {} s", timeout.as_secs());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(self)
+    }
+
     /// SIGKILL and reap.
     pub fn kill(&mut self) {
         if !self.done {
@@ -175,7 +199,8 @@ impl PodChild {
     }
 }
 
-fn drain<R: std::io::Read + Send + 'static>(r: Option<R>) -> Option<JoinHandle<Vec<u8>>> {
+/// Reads `r` to its end on a thread; the thread's result is everything read.
+pub(crate) fn drain<R: Read + Send + 'static>(r: Option<R>) -> Option<JoinHandle<Vec<u8>>> {
     r.map(|mut r| {
         std::thread::spawn(move || {
             let mut buf = Vec::new();
@@ -183,6 +208,43 @@ fn drain<R: std::io::Read + Send + 'static>(r: Option<R>) -> Option<JoinHandle<V
             buf
         })
     })
+}
+
+/// What a process writes to a pipe, read by a thread as it comes, so that it can be
+/// shown while the process still runs.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Gathered(Arc<Mutex<Vec<u8>>>);
+
+impl Gathered {
+    /// Starts the reader thread on `pipe` (none: nothing is gathered, no thread).
+    pub(crate) fn start<R: Read + Send + 'static>(
+        pipe: Option<R>,
+    ) -> (Self, Option<JoinHandle<()>>) {
+        let gathered = Self::default();
+        let reader = pipe.map(|mut pipe| {
+            let sink = Arc::clone(&gathered.0);
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = pipe.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    if let Ok(mut s) = sink.lock() {
+                        s.extend_from_slice(&buf[..n]);
+                    }
+                }
+            })
+        });
+        (gathered, reader)
+    }
+
+    /// What was read so far, as text.
+    pub(crate) fn text(&self) -> String {
+        self.0
+            .lock()
+            .map(|s| String::from_utf8_lossy(&s).into_owned())
+            .unwrap_or_default()
+    }
 }
 
 impl Drop for PodChild {

@@ -72,21 +72,11 @@ impl ProbeServer {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = spawn_in(pod, cmd)?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !ready.exists() {
-            if child.try_wait()?.is_some() {
-                let out = child.wait_output(Duration::from_secs(1))?;
-                bail!(
-                    "bypass-probe server exited early: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                );
-            }
-            if Instant::now() > deadline {
-                bail!("bypass-probe server on {listen} did not listen within 10 s");
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let child = spawn_in(pod, cmd)?.wait_ready(
+            &ready,
+            &format!("bypass-probe server on {listen}"),
+            Duration::from_secs(10),
+        )?;
         Ok(Self { child, ready })
     }
 

@@ -170,9 +170,8 @@ pub(super) fn timeout_of(idle: Duration) -> Option<Duration> {
 /// One connection.
 fn one(connect: SocketAddr, opts: &ClientArgs, stream: u64) -> ConnOutcome {
     let mut out = ConnOutcome::default();
-    let io_fail = |what: &str, e: std::io::Error| {
-        Failure::new(stream, None, "io", None, format!("{what}: {e}"))
-    };
+    let io_fail =
+        |what: &str, e: std::io::Error| Failure::conn(stream, "io", format!("{what}: {e}"));
     let sock = match TcpStream::connect(connect) {
         Ok(s) => s,
         Err(e) => {
@@ -267,13 +266,9 @@ fn stream_mode(
             None,
             format!("send: {e}"),
         )),
-        Err(_) => out.failures.push(Failure::new(
-            h.stream,
-            None,
-            "io",
-            None,
-            "writer thread panicked",
-        )),
+        Err(_) => out
+            .failures
+            .push(Failure::conn(h.stream, "io", "writer thread panicked")),
     }
     out.failures.extend(failure);
 }
@@ -360,9 +355,7 @@ fn read_verdict(reader: &mut PatientReader<'_>, stream: u64, out: &mut ConnOutco
             Some(o),
             format!("server got bytes past the end, at {o}"),
         )),
-        Err(e) => out
-            .failures
-            .push(Failure::new(stream, None, "protocol", None, e)),
+        Err(e) => out.failures.push(Failure::conn(stream, "protocol", e)),
     }
     match expect_eof(reader) {
         Ok(0) => {}
@@ -373,12 +366,8 @@ fn read_verdict(reader: &mut PatientReader<'_>, stream: u64, out: &mut ConnOutco
             None,
             format!("{n} bytes after the verdict"),
         )),
-        Err(e) => out.failures.push(Failure::new(
-            stream,
-            None,
-            "io",
-            None,
-            format!("wait for close: {e}"),
-        )),
+        Err(e) => out
+            .failures
+            .push(Failure::conn(stream, "io", format!("wait for close: {e}"))),
     }
 }

@@ -142,37 +142,26 @@ pub fn recv_pattern(
 ) -> (u64, Option<Failure>) {
     let mut verifier = Verifier::new(stream, dir);
     let mut buf = vec![0u8; 256 * 1024];
+    let stop = |kind, off, detail| {
+        (
+            off,
+            Some(Failure::new(stream, Some(dir), kind, Some(off), detail)),
+        )
+    };
     while verifier.offset() < len {
         let want = (len - verifier.offset()).min(buf.len() as u64) as usize;
+        let off = verifier.offset();
         match r.read(&mut buf[..want]) {
             Ok(0) => {
-                let off = verifier.offset();
-                return (
+                return stop(
+                    "short",
                     off,
-                    Some(Failure::new(
-                        stream,
-                        Some(dir),
-                        "short",
-                        Some(off),
-                        format!("stream ended after {off} of {len} bytes"),
-                    )),
+                    format!("stream ended after {off} of {len} bytes"),
                 );
             }
             Ok(n) => verifier.feed(&buf[..n]),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                let off = verifier.offset();
-                return (
-                    off,
-                    Some(Failure::new(
-                        stream,
-                        Some(dir),
-                        "io",
-                        Some(off),
-                        format!("read after {off} of {len} bytes: {e}"),
-                    )),
-                );
-            }
+            Err(e) => return stop("io", off, format!("read after {off} of {len} bytes: {e}")),
         }
     }
     let failure = verifier.first_mismatch().map(|m| {

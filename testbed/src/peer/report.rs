@@ -40,6 +40,11 @@ impl Failure {
             detail: detail.into(),
         }
     }
+
+    /// A failure of the connection `stream` as a whole: no direction, no offset.
+    pub fn conn(stream: u64, kind: &str, detail: impl Into<String>) -> Self {
+        Self::new(stream, None, kind, None, detail)
+    }
 }
 
 /// Round-trip times of a ping-pong run, in microseconds.

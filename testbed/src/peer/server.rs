@@ -93,7 +93,7 @@ pub fn print_report(r: &Report) {
 
 fn accept_failure(e: std::io::Error) -> ConnOutcome {
     ConnOutcome {
-        failures: vec![Failure::new(0, None, "io", None, format!("accept: {e}"))],
+        failures: vec![Failure::conn(0, "io", format!("accept: {e}"))],
         ..Default::default()
     }
 }
@@ -107,26 +107,16 @@ fn serve(sock: TcpStream, opts: &ServerOpts) -> ConnOutcome {
         .and_then(|()| sock.set_read_timeout(timeout))
         .and_then(|()| sock.set_write_timeout(timeout));
     if let Err(e) = setup {
-        out.failures.push(Failure::new(
-            0,
-            None,
-            "io",
-            None,
-            format!("socket options: {e}"),
-        ));
+        out.failures
+            .push(Failure::conn(0, "io", format!("socket options: {e}")));
         return out;
     }
     let mut reader = PatientReader::new(&sock, timeout);
     let h = match Header::read_from(&mut reader) {
         Ok(h) => h,
         Err(e) => {
-            out.failures.push(Failure::new(
-                0,
-                None,
-                "protocol",
-                None,
-                format!("read header: {e}"),
-            ));
+            out.failures
+                .push(Failure::conn(0, "protocol", format!("read header: {e}")));
             return out;
         }
     };
@@ -143,13 +133,8 @@ fn serve(sock: TcpStream, opts: &ServerOpts) -> ConnOutcome {
             .write_all(&Trailer::encode(v))
             .and_then(|()| sock.shutdown(Shutdown::Write));
         if let Err(e) = sent {
-            out.failures.push(Failure::new(
-                h.stream,
-                None,
-                "io",
-                None,
-                format!("send verdict: {e}"),
-            ));
+            out.failures
+                .push(Failure::conn(h.stream, "io", format!("send verdict: {e}")));
         }
     }
     out
@@ -209,13 +194,8 @@ fn stream_mode(
         }
         Err(_) => {
             answerable = false;
-            out.failures.push(Failure::new(
-                h.stream,
-                None,
-                "io",
-                None,
-                "writer thread panicked",
-            ));
+            out.failures
+                .push(Failure::conn(h.stream, "io", "writer thread panicked"));
         }
     }
     let extra = match extra {
@@ -285,11 +265,9 @@ fn echo_mode(
     let extra = match expect_eof(reader) {
         Ok(n) => n,
         Err(e) => {
-            out.failures.push(Failure::new(
+            out.failures.push(Failure::conn(
                 h.stream,
-                None,
                 "io",
-                None,
                 format!("wait for the client's close: {e}"),
             ));
             return None;

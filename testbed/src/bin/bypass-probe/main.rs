@@ -6,13 +6,13 @@
 
 use std::{
     net::{SocketAddr, TcpListener},
-    os::fd::AsRawFd,
     path::PathBuf,
     process::ExitCode,
 };
 
 use anyhow::{Context as _, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
+use nix::sys::socket::{Backlog, listen as listen_backlog};
 use serde_json::Value;
 use testbed::peer::{parse_size, pattern::Direction};
 
@@ -236,10 +236,7 @@ fn server(listen: SocketAddr, ready: Option<PathBuf>, c: &Common) -> Result<Valu
     let l = TcpListener::bind(listen).with_context(|| format!("listen on {listen}"))?;
     // std listens with a backlog of 128; bursts of connects need more, or the kernel
     // resets the ones that overflow the accept queue. listen() again raises it.
-    // SAFETY: plain syscall on our own listening socket.
-    if unsafe { libc::listen(l.as_raw_fd(), 4096) } != 0 {
-        return Err(std::io::Error::last_os_error()).context("listen backlog");
-    }
+    listen_backlog(&l, Backlog::new(4096)?).context("listen backlog")?;
     if let Some(f) = ready {
         std::fs::write(&f, listen.to_string()).with_context(|| format!("write {f:?}"))?;
     }

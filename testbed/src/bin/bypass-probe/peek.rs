@@ -7,6 +7,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
+use nix::sys::socket::{MsgFlags, recv};
 use serde_json::{Value, json};
 use testbed::peer::pattern::{Direction, Pattern};
 
@@ -19,15 +20,8 @@ pub fn server(s: TcpStream) -> Result<Value> {
     wait_readable(&s, 2000)?;
     sleep_ms(100);
     let mut peek = [0u8; 50];
-    // SAFETY: valid buffer of the length passed.
-    let pn = unsafe {
-        libc::recv(
-            s.as_raw_fd(),
-            peek.as_mut_ptr().cast(),
-            peek.len(),
-            libc::MSG_PEEK,
-        )
-    };
+    // What recv returned: -1 on an error.
+    let pn = recv(s.as_raw_fd(), &mut peek, MsgFlags::MSG_PEEK).map_or(-1, |n| n as i64);
     let mut buf = [0u8; 100];
     let mut got = 0;
     while got < 100 {

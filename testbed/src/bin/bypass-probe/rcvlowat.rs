@@ -4,7 +4,6 @@
 use std::{
     io::{ErrorKind, Read, Write},
     net::TcpStream,
-    os::fd::AsRawFd,
 };
 
 use anyhow::{Context as _, Result};
@@ -17,13 +16,13 @@ use crate::{
 };
 
 pub fn server(mut s: TcpStream) -> Result<Value> {
-    setsockopt_int(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVLOWAT, 1000)?;
+    setsockopt_int(&s, libc::SOL_SOCKET, libc::SO_RCVLOWAT, 1000)?;
     // The client sends 500 bytes 100 ms after connecting, 600 more 300 ms later.
-    let ready_early = poll_in(s.as_raw_fd(), 250)?;
+    let ready_early = poll_in(&s, 250)?;
     // Read only once readable: a blocking read that already holds some bytes is woken
     // by lowat more bytes in the queue (net/ipv4/tcp.c, tcp_data_ready), a quirk of its
     // own.
-    let ready = poll_in(s.as_raw_fd(), 2000)?;
+    let ready = poll_in(&s, 2000)?;
     s.set_nonblocking(true)?;
     let mut buf = vec![0u8; 4096];
     let n = loop {

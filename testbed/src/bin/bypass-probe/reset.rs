@@ -4,10 +4,10 @@
 use std::{
     io::{Read, Write},
     net::TcpStream,
-    os::fd::AsRawFd,
 };
 
 use anyhow::{Context as _, Result};
+use nix::sys::socket::{setsockopt, sockopt};
 use serde_json::{Value, json};
 use testbed::peer::pattern::{Direction, Verifier};
 
@@ -63,19 +63,7 @@ pub fn client(mut s: TcpStream) -> Result<Value> {
         l_onoff: 1,
         l_linger: 0,
     };
-    // SAFETY: valid option struct of the size passed.
-    let r = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&raw const linger).cast(),
-            size_of::<libc::linger>() as u32,
-        )
-    };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error()).context("SO_LINGER");
-    }
+    setsockopt(&s, sockopt::Linger, &linger).context("SO_LINGER")?;
     drop(s);
     Ok(json!({"sent": sent}))
 }

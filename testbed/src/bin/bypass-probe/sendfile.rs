@@ -1,11 +1,9 @@
 //! `sendfile`: the client sends a file with sendfile(2); the server reads and verifies.
 
-use std::{
-    net::{Shutdown, TcpStream},
-    os::fd::AsRawFd,
-};
+use std::net::{Shutdown, TcpStream};
 
-use anyhow::{Context as _, Result};
+use anyhow::{Context as _, Result, bail};
+use nix::sys::sendfile::sendfile;
 use serde_json::{Value, json};
 use testbed::peer::pattern::{Direction, Pattern};
 
@@ -26,17 +24,9 @@ pub fn client(s: &TcpStream, c: &Common) -> Result<Value> {
     let mut off: libc::off_t = 0;
     let mut sent = 0u64;
     while sent < c.bytes {
-        // SAFETY: valid fds and offset pointer.
-        let n = unsafe {
-            libc::sendfile(
-                s.as_raw_fd(),
-                f.as_raw_fd(),
-                &mut off,
-                (c.bytes - sent) as usize,
-            )
-        };
-        if n <= 0 {
-            return Err(std::io::Error::last_os_error()).context("sendfile");
+        let n = sendfile(s, &f, Some(&mut off), (c.bytes - sent) as usize).context("sendfile")?;
+        if n == 0 {
+            bail!("sendfile: no progress after {sent} bytes");
         }
         sent += n as u64;
     }

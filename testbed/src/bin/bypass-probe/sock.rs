@@ -1,14 +1,18 @@
 //! What the cases share: pattern writes and verified reads, waits, errno names, and
-//! the raw calls std does not offer (FIONREAD, setsockopt, poll, pipes).
+//! the calls std does not offer (FIONREAD, poll, recv flags), through nix.
 
 use std::{
     io::{ErrorKind, Read, Write},
     net::TcpStream,
-    os::fd::{AsRawFd, RawFd},
+    os::fd::{AsFd, AsRawFd},
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result, bail};
+use nix::{
+    poll::{PollFd, PollFlags, PollTimeout, poll},
+    sys::socket::{MsgFlags, recv},
+};
 use serde_json::{Value, json};
 use testbed::peer::pattern::{Direction, Pattern, Verifier};
 
@@ -141,6 +145,7 @@ pub fn errno_name(e: &std::io::Error) -> String {
 /// FIONREAD: bytes the next reads would return without blocking.
 pub fn fionread(s: &TcpStream) -> Result<u64> {
     let mut n: libc::c_int = 0;
+    // nix has no FIONREAD call, only the unsafe ioctl macros: the raw ioctl is as short.
     // SAFETY: FIONREAD writes one int through the pointer.
     if unsafe { libc::ioctl(s.as_raw_fd(), libc::FIONREAD, &mut n) } != 0 {
         return Err(std::io::Error::last_os_error()).context("ioctl FIONREAD");
@@ -148,11 +153,12 @@ pub fn fionread(s: &TcpStream) -> Result<u64> {
     Ok(u64::try_from(n).unwrap_or(0))
 }
 
-pub fn setsockopt_int(fd: RawFd, level: i32, opt: i32, v: i32) -> Result<()> {
+/// An int socket option nix has no typed wrapper for (SO_RCVLOWAT), so raw setsockopt.
+pub fn setsockopt_int(s: &impl AsRawFd, level: i32, opt: i32, v: i32) -> Result<()> {
     // SAFETY: valid int option of the size passed.
     let r = unsafe {
         libc::setsockopt(
-            fd,
+            s.as_raw_fd(),
             level,
             opt,
             (&raw const v).cast(),
@@ -165,38 +171,23 @@ pub fn setsockopt_int(fd: RawFd, level: i32, opt: i32, v: i32) -> Result<()> {
     Ok(())
 }
 
+/// recv(2) with MSG_WAITALL into `buf`: what the one call returned.
+pub fn recv_waitall(s: &TcpStream, buf: &mut [u8]) -> nix::Result<usize> {
+    recv(s.as_raw_fd(), buf, MsgFlags::MSG_WAITALL)
+}
+
 /// poll(POLLIN) with a timeout; whether the socket became readable.
-pub fn poll_in(fd: RawFd, timeout_ms: i32) -> Result<bool> {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    let r = unsafe { libc::poll(&mut p, 1, timeout_ms) };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error()).context("poll");
-    }
-    Ok(p.revents & libc::POLLIN != 0)
+pub fn poll_in(fd: &impl AsFd, timeout_ms: i32) -> Result<bool> {
+    let mut p = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+    poll(&mut p, PollTimeout::try_from(timeout_ms)?).context("poll")?;
+    Ok(p[0]
+        .revents()
+        .is_some_and(|r| r.contains(PollFlags::POLLIN)))
 }
 
 pub fn wait_readable(s: &TcpStream, timeout_ms: i32) -> Result<()> {
-    if !poll_in(s.as_raw_fd(), timeout_ms)? {
+    if !poll_in(s, timeout_ms)? {
         bail!("nothing to read within {timeout_ms} ms");
     }
     Ok(())
-}
-
-pub fn pipe() -> Result<(RawFd, RawFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: two-int array.
-    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
-        return Err(std::io::Error::last_os_error()).context("pipe");
-    }
-    Ok((fds[0], fds[1]))
-}
-
-pub fn close(fd: RawFd) {
-    // SAFETY: an fd this process opened and no longer uses.
-    unsafe { libc::close(fd) };
 }

@@ -2,19 +2,22 @@
 //! server reads with splice(2) into a pipe.
 
 use std::{
-    io::ErrorKind,
     net::{Shutdown, TcpStream},
-    os::fd::AsRawFd,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result, bail};
+use nix::{
+    errno::Errno,
+    fcntl::{SpliceFFlags, splice},
+    unistd::{pipe, read, write},
+};
 use serde_json::{Value, json};
 use testbed::peer::pattern::{Direction, Pattern, Verifier};
 
 use crate::{
     Common,
-    sock::{close, drain, pipe, poll_in, send_pattern, sleep_ms, wait_closed},
+    sock::{drain, poll_in, send_pattern, sleep_ms, wait_closed},
 };
 
 /// splice-send's server: reads and verifies.
@@ -24,7 +27,7 @@ pub fn send_server(mut s: TcpStream, c: &Common) -> Result<Value> {
 }
 
 pub fn send_client(s: &TcpStream, c: &Common) -> Result<Value> {
-    let (rp, wp) = pipe()?;
+    let (rp, wp) = pipe().context("pipe")?;
     let mut p = Pattern::new(0, Direction::ClientToServer);
     let mut buf = vec![0u8; 65536];
     let mut sent = 0u64;
@@ -33,71 +36,47 @@ pub fn send_client(s: &TcpStream, c: &Common) -> Result<Value> {
         p.fill(&mut buf[..n]);
         let mut put = 0;
         while put < n {
-            // SAFETY: valid buffer of the length passed.
-            let w = unsafe { libc::write(wp, buf[put..n].as_ptr().cast(), n - put) };
-            if w <= 0 {
-                bail!("write the pipe: {}", std::io::Error::last_os_error());
-            }
-            put += w as usize;
-            let mut left = w as usize;
+            let w = match write(&wp, &buf[put..n]) {
+                Ok(0) => bail!("write the pipe: wrote nothing"),
+                Ok(w) => w,
+                Err(e) => bail!("write the pipe: {}", std::io::Error::from(e)),
+            };
+            put += w;
+            let mut left = w;
             while left > 0 {
-                // SAFETY: valid fds; null offsets for a pipe and a socket.
-                let m = unsafe {
-                    libc::splice(
-                        rp,
-                        std::ptr::null_mut(),
-                        s.as_raw_fd(),
-                        std::ptr::null_mut(),
-                        left,
-                        libc::SPLICE_F_MOVE,
-                    )
+                left -= match splice(&rp, None, s, None, left, SpliceFFlags::SPLICE_F_MOVE) {
+                    Ok(0) => bail!("splice to the socket: moved nothing"),
+                    Ok(m) => m,
+                    Err(e) => bail!("splice to the socket: {}", std::io::Error::from(e)),
                 };
-                if m <= 0 {
-                    bail!("splice to the socket: {}", std::io::Error::last_os_error());
-                }
-                left -= m as usize;
             }
         }
         sent += n as u64;
     }
-    close(rp);
-    close(wp);
+    drop((rp, wp));
     s.shutdown(Shutdown::Write)?;
     Ok(json!({"sent": sent}))
 }
 
 pub fn recv_server(s: TcpStream) -> Result<Value> {
-    let (rp, wp) = pipe()?;
+    let (rp, wp) = pipe().context("pipe")?;
     let mut v = Verifier::new(0, Direction::ClientToServer);
     let mut buf = vec![0u8; 65536];
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut stalled = false;
     loop {
         // Readiness first, so a splice that would never see the data cannot hang us.
-        if !poll_in(s.as_raw_fd(), 200)? {
+        if !poll_in(&s, 200)? {
             if Instant::now() > deadline {
                 stalled = true;
                 break;
             }
             continue;
         }
-        // SAFETY: valid fds; null offsets for a socket and a pipe.
-        let n = unsafe {
-            libc::splice(
-                s.as_raw_fd(),
-                std::ptr::null_mut(),
-                wp,
-                std::ptr::null_mut(),
-                65536,
-                libc::SPLICE_F_NONBLOCK,
-            )
-        };
-        if n == 0 {
-            break;
-        }
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == ErrorKind::WouldBlock {
+        let n = match splice(&s, None, &wp, None, 65536, SpliceFFlags::SPLICE_F_NONBLOCK) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(Errno::EAGAIN) => {
                 if Instant::now() > deadline {
                     stalled = true;
                     break;
@@ -105,21 +84,21 @@ pub fn recv_server(s: TcpStream) -> Result<Value> {
                 sleep_ms(10);
                 continue;
             }
-            return Err(e).context("splice from the socket");
-        }
-        let mut left = n as usize;
+            Err(e) => return Err(e).context("splice from the socket"),
+        };
+        let mut left = n;
         while left > 0 {
-            // SAFETY: valid buffer of the length passed.
-            let r = unsafe { libc::read(rp, buf.as_mut_ptr().cast(), left.min(buf.len())) };
-            if r <= 0 {
-                bail!("read the pipe: {}", std::io::Error::last_os_error());
-            }
-            v.feed(&buf[..r as usize]);
-            left -= r as usize;
+            let want = left.min(buf.len());
+            let r = match read(&rp, &mut buf[..want]) {
+                Ok(0) => bail!("read the pipe: end of file"),
+                Ok(r) => r,
+                Err(e) => bail!("read the pipe: {}", std::io::Error::from(e)),
+            };
+            v.feed(&buf[..r]);
+            left -= r;
         }
     }
-    close(rp);
-    close(wp);
+    drop((rp, wp));
     Ok(json!({"received": v.offset(), "ok": v.first_mismatch().is_none(), "stalled": stalled}))
 }
 

@@ -13,9 +13,12 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
+use nix::sys::socket::{setsockopt, sockopt::TcpUlp};
 use serde_json::{Value, json};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use testbed::peer::pattern::{Direction, Pattern, Verifier};
+
+use crate::sock::recv_waitall;
 
 /// What the trust cases take from the command line.
 pub struct Steps<'a> {
@@ -173,20 +176,9 @@ pub fn waitall_server(mut s: TcpStream, st: &Steps<'_>) -> Result<Value> {
     let want = st.bytes / 4 + st.bytes / 16;
     let mut buf = vec![0u8; usize::try_from(want).unwrap_or(0)];
     let t = Instant::now();
-    // SAFETY: valid buffer of the length passed.
-    let n = unsafe {
-        libc::recv(
-            s.as_raw_fd(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            libc::MSG_WAITALL,
-        )
-    };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error()).context("recv MSG_WAITALL");
-    }
+    let n = recv_waitall(&s, &mut buf).context("recv MSG_WAITALL")?;
     let waited_ms = t.elapsed().as_millis();
-    v.feed(&buf[..n as usize]);
+    v.feed(&buf[..n]);
     let ok_after_waitall = v.first_mismatch().is_none();
     read_into(&mut s, &mut v, None)?;
     let mut r = report(&v);
@@ -198,22 +190,9 @@ pub fn waitall_server(mut s: TcpStream, st: &Steps<'_>) -> Result<Value> {
 
 /// `setsockopt(IPPROTO_TCP, TCP_ULP, "tls")`: `"ok"` or the errno's name.
 fn set_ulp_tls(s: &TcpStream) -> String {
-    const TCP_ULP: libc::c_int = 31;
-    let name = b"tls";
-    // SAFETY: valid buffer of the length passed.
-    let r = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            TCP_ULP,
-            name.as_ptr().cast(),
-            name.len() as libc::socklen_t,
-        )
-    };
-    if r == 0 {
-        "ok".into()
-    } else {
-        errno_name(&std::io::Error::last_os_error())
+    match setsockopt(s, TcpUlp::default(), b"tls") {
+        Ok(()) => "ok".into(),
+        Err(e) => errno_name(&std::io::Error::from(e)),
     }
 }
 
@@ -277,7 +256,9 @@ pub fn ulp_server(mut s: TcpStream, st: &Steps<'_>) -> Result<Value> {
     Ok(r)
 }
 
-/// One setsockopt with a raw buffer: `"ok"` or the errno's name.
+/// One setsockopt with a raw buffer: `"ok"` or the errno's name. Raw libc on purpose:
+/// every option gets the bytes an application passes, so the errno is the kernel's own
+/// answer to that buffer (nix's typed options would reshape or refuse some of them).
 fn setsockopt_raw(fd: i32, level: i32, name: i32, val: &[u8]) -> String {
     // SAFETY: valid buffer of the length passed.
     let r = unsafe {

@@ -1,6 +1,6 @@
 //! `waitall`: recv(MSG_WAITALL) of 2000 bytes sent as 1000 + 1000, 100 ms apart.
 
-use std::{io::Write, net::TcpStream, os::fd::AsRawFd};
+use std::{io::Write, net::TcpStream};
 
 use anyhow::Result;
 use serde_json::{Value, json};
@@ -8,20 +8,13 @@ use testbed::peer::pattern::{Direction, Pattern};
 
 use crate::{
     Common,
-    sock::{sleep_ms, wait_closed},
+    sock::{recv_waitall, sleep_ms, wait_closed},
 };
 
 pub fn server(s: TcpStream) -> Result<Value> {
     let mut buf = vec![0u8; 2000];
-    // SAFETY: valid buffer of the length passed.
-    let n = unsafe {
-        libc::recv(
-            s.as_raw_fd(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            libc::MSG_WAITALL,
-        )
-    };
+    // What recv returned: -1 on an error.
+    let n = recv_waitall(&s, &mut buf).map_or(-1, |n| n as i64);
     Ok(json!({"first_read_len": n}))
 }
 
