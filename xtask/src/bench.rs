@@ -120,8 +120,8 @@ fn on_cluster(tools: &setup::Tools, agent: &Path, bench: &mut Command) -> Result
         }
         let bins = cluster::bins::ensure()?;
         bench
-            .env("BYPASS_CLUSTER_KUBECONFIG", layout.admin_kubeconfig())
-            .env("BYPASS_KUBECTL", bins.get("kubectl"));
+            .env(kube_testenv::KUBECONFIG_ENV, layout.admin_kubeconfig())
+            .env(kube_testenv::KUBECTL_ENV, bins.get("kubectl"));
         cmd::run(bench)
     })();
     if brought_up {

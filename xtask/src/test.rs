@@ -177,8 +177,8 @@ fn cluster_tests(
                 "--test",
                 "cluster",
             ])
-            .env("BYPASS_CLUSTER_KUBECONFIG", layout.admin_kubeconfig())
-            .env("BYPASS_KUBECTL", bins.get("kubectl"))
+            .env(kube_testenv::KUBECONFIG_ENV, layout.admin_kubeconfig())
+            .env(kube_testenv::KUBECTL_ENV, bins.get("kubectl"))
             .env("BYPASS_HELM", helm)
             .env("BYPASS_AGENT_BIN", agent)
             .args(["--", "--test-threads=1"])
