@@ -59,6 +59,12 @@ pub struct ClientArgs {
     /// socket timeout at all.
     #[arg(long = "idle-timeout", default_value_t = 60)]
     pub idle_timeout_secs: u64,
+    /// Wait this many milliseconds between connect and the first send. 0 sends at
+    /// once, racing the server's socket into the SockHash (a client that wins that race
+    /// keeps its direction on TCP, by design); a test about a long redirected stream
+    /// waits instead.
+    #[arg(long = "first-send-after-ms", default_value_t = 0)]
+    pub first_send_after_ms: u64,
 }
 
 impl Default for ClientArgs {
@@ -75,6 +81,7 @@ impl Default for ClientArgs {
             stream_base: 0,
             cpus: Vec::new(),
             idle_timeout_secs: 60,
+            first_send_after_ms: 0,
         }
     }
 }
@@ -128,6 +135,8 @@ impl ClientArgs {
             self.stream_base.to_string(),
             "--idle-timeout".to_owned(),
             self.idle_timeout_secs.to_string(),
+            "--first-send-after-ms".to_owned(),
+            self.first_send_after_ms.to_string(),
         ];
         if let Some(r) = self.pingpong {
             a.extend(["--pingpong".to_owned(), r.to_string()]);
@@ -205,8 +214,9 @@ fn one(connect: SocketAddr, opts: &ClientArgs, stream: u64) -> ConnOutcome {
         msg_size: msg_size as u32,
         rate: opts.rate,
     };
-    // The first send follows connect at once: it races the server's side of the
-    // connection into the SockHash, which is what the datapath must survive.
+    // By default the first send follows connect at once: it races the server's side of
+    // the connection into the SockHash, which is what the datapath must survive.
+    std::thread::sleep(Duration::from_millis(opts.first_send_after_ms));
     if let Err(e) = (&sock).write_all(&header.encode()) {
         out.failures.push(io_fail("send header", e));
         return out;

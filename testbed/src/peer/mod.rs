@@ -151,6 +151,7 @@ mod tests {
             stream_base: 42,
             cpus: Vec::new(),
             idle_timeout_secs: 0,
+            first_send_after_ms: 250,
         };
         let argv = std::iter::once("bypass-peer".to_owned()).chain(want.args());
         assert_eq!(Line::try_parse_from(argv).unwrap().args, want);
