@@ -252,12 +252,6 @@ fn second_agent_on_same_pin_dir() -> Result<()> {
         sockops_attached(p.cgroup.path())? == 1,
         "attachments changed"
     );
-    let exit = first.stop()?;
-    ensure!(
-        exit.status.success(),
-        "first agent: {} {}",
-        exit.status,
-        exit.stderr
-    );
+    first.stop_cleanly("first agent")?;
     p.assert_nothing_left()
 }

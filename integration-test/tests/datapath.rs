@@ -5,19 +5,19 @@
 
 mod support;
 
+use support::privileged;
+
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use anyhow::{Result, ensure};
 use support::exchange::{
     MIB64, assert_bypassed, assert_byte_exact, exchange, exchange_bypassed, exchange_exact,
 };
-use testbed::{Agent, AgentOpts, ClientArgs, TwoPods, preflight};
+use testbed::{Agent, AgentOpts, ClientArgs, TwoPods};
 
 #[test]
 fn ipv4_64mib_each_way_bypassed() -> Result<()> {
-    if !preflight("ipv4_64mib_each_way_bypassed")? {
-        return Ok(());
-    }
+    privileged!("ipv4_64mib_each_way_bypassed");
     let pods = TwoPods::new()?;
     let agent = Agent::start(&pods.agent_opts())?;
     let args = ClientArgs::bulk(MIB64);
@@ -26,9 +26,7 @@ fn ipv4_64mib_each_way_bypassed() -> Result<()> {
 
 #[test]
 fn ipv6_64mib_each_way_bypassed() -> Result<()> {
-    if !preflight("ipv6_64mib_each_way_bypassed")? {
-        return Ok(());
-    }
+    privileged!("ipv6_64mib_each_way_bypassed");
     let pods = TwoPods::new()?;
     let agent = Agent::start(&pods.agent_opts())?;
     let args = ClientArgs::bulk(MIB64);
@@ -37,9 +35,7 @@ fn ipv6_64mib_each_way_bypassed() -> Result<()> {
 
 #[test]
 fn dual_stack_listener_ipv4_client_bypassed() -> Result<()> {
-    if !preflight("dual_stack_listener_ipv4_client_bypassed")? {
-        return Ok(());
-    }
+    privileged!("dual_stack_listener_ipv4_client_bypassed");
     let pods = TwoPods::new()?;
     let agent = Agent::start(&pods.agent_opts())?;
     let args = ClientArgs::bulk(MIB64);
@@ -52,9 +48,7 @@ fn dual_stack_listener_ipv4_client_bypassed() -> Result<()> {
 
 #[test]
 fn outside_pod_cidr_not_inserted_and_exact() -> Result<()> {
-    if !preflight("outside_pod_cidr_not_inserted_and_exact")? {
-        return Ok(());
-    }
+    privileged!("outside_pod_cidr_not_inserted_and_exact");
     let pods = TwoPods::new()?;
     // Pod b also answers on an address in no --pod-cidr; pod a reaches it on-link from
     // its pod address, so one end of the connection is a pod and the other is not.
@@ -95,9 +89,7 @@ fn outside_pod_cidr_not_inserted_and_exact() -> Result<()> {
 
 #[test]
 fn pod_ip_alone_redirects() -> Result<()> {
-    if !preflight("pod_ip_alone_redirects")? {
-        return Ok(());
-    }
+    privileged!("pod_ip_alone_redirects");
     let pods = TwoPods::new()?;
     let opts = AgentOpts {
         pod_cidrs: Vec::new(),
@@ -128,9 +120,7 @@ fn pod_ip_alone_redirects() -> Result<()> {
 
 #[test]
 fn thousand_short_connections_send_at_once() -> Result<()> {
-    if !preflight("thousand_short_connections_send_at_once")? {
-        return Ok(());
-    }
+    privileged!("thousand_short_connections_send_at_once");
     let pods = TwoPods::new()?;
     let agent = Agent::start(&pods.agent_opts())?;
     let args = ClientArgs {

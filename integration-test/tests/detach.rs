@@ -5,20 +5,19 @@
 
 mod support;
 
+use support::privileged;
+
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail, ensure};
 use testbed::{
     Agent, ClientArgs, PeerClient, PeerServer, ServerArgs, TwoPods,
     bpf::{sockops_attached, sockopt_attached},
-    preflight,
 };
 
 #[test]
 fn sigterm_mid_stream_loses_nothing() -> Result<()> {
-    if !preflight("sigterm_mid_stream_loses_nothing")? {
-        return Ok(());
-    }
+    privileged!("sigterm_mid_stream_loses_nothing");
     let pods = TwoPods::new()?;
     let mut agent = Agent::start(&pods.agent_opts())?;
     ensure!(
@@ -63,13 +62,7 @@ fn sigterm_mid_stream_loses_nothing() -> Result<()> {
         "stopped too late: {at_stop:?}"
     );
     let wire_at_stop = pods.wire_bytes()?;
-    let exit = agent.stop()?;
-    ensure!(
-        exit.status.success(),
-        "agent exit {}: {}",
-        exit.status,
-        exit.stderr
-    );
+    agent.stop_cleanly("agent")?;
 
     // Nothing pinned, nothing attached, right after the exit.
     ensure!(
@@ -115,9 +108,7 @@ fn sigterm_mid_stream_loses_nothing() -> Result<()> {
 
 #[test]
 fn sigterm_with_unread_redirected_bytes_keeps_order() -> Result<()> {
-    if !preflight("sigterm_with_unread_redirected_bytes_keeps_order")? {
-        return Ok(());
-    }
+    privileged!("sigterm_with_unread_redirected_bytes_keeps_order");
     let pods = TwoPods::new()?;
     let mut agent = Agent::start(&pods.agent_opts())?;
     // The server reads nothing for 2 s: what the clients send meanwhile piles up in
@@ -146,13 +137,7 @@ fn sigterm_with_unread_redirected_bytes_keeps_order() -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(10));
     };
-    let exit = agent.stop()?;
-    ensure!(
-        exit.status.success(),
-        "agent exit {}: {}",
-        exit.status,
-        exit.stderr
-    );
+    agent.stop_cleanly("agent")?;
     let client = client.wait()?;
     let server = server.wait()?;
     eprintln!(

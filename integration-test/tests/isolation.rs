@@ -7,6 +7,8 @@
 
 mod support;
 
+use support::privileged;
+
 use std::{
     net::{IpAddr, SocketAddr},
     os::unix::fs::MetadataExt as _,
@@ -19,7 +21,7 @@ use support::{
     ProbeServer, Steps, agent_with, grew, num, probe_client, probe_report, spawn_probe_client,
     two_pods,
 };
-use testbed::{cmd, iptables, preflight};
+use testbed::{cmd, iptables};
 
 fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| (*s).to_owned()).collect()
@@ -35,9 +37,7 @@ fn mode(p: &std::path::Path) -> Result<u32> {
 
 #[test]
 fn pins_are_root_only() -> Result<()> {
-    if !preflight("pins_are_root_only")? {
-        return Ok(());
-    }
+    privileged!("pins_are_root_only");
     let pods = two_pods()?;
     let agent = agent_with(&pods, &[])?;
     let dir = agent.pin_dir().to_path_buf();
@@ -85,9 +85,7 @@ fn pins_are_root_only() -> Result<()> {
 
 #[test]
 fn only_pod_to_pod_connections_are_inserted() -> Result<()> {
-    if !preflight("only_pod_to_pod_connections_are_inserted")? {
-        return Ok(());
-    }
+    privileged!("only_pod_to_pod_connections_are_inserted");
     let pods = two_pods()?;
     // Both pods also hold an address outside the pod CIDRs, on-link to each other.
     let outside = pods.outside_cidr_v4();
@@ -246,17 +244,13 @@ fn attacker_takes_the_tuple(v6: bool, port: u16) -> Result<()> {
 
 #[test]
 fn attacker_namespace_cannot_take_or_receive_a_pod_connection() -> Result<()> {
-    if !preflight("attacker_namespace_cannot_take_or_receive_a_pod_connection")? {
-        return Ok(());
-    }
+    privileged!("attacker_namespace_cannot_take_or_receive_a_pod_connection");
     attacker_takes_the_tuple(false, 5610)
 }
 
 #[test]
 fn attacker_namespace_cannot_take_or_receive_a_pod_connection_ipv6() -> Result<()> {
-    if !preflight("attacker_namespace_cannot_take_or_receive_a_pod_connection_ipv6")? {
-        return Ok(());
-    }
+    privileged!("attacker_namespace_cannot_take_or_receive_a_pod_connection_ipv6");
     attacker_takes_the_tuple(true, 5611)
 }
 
@@ -371,9 +365,7 @@ fn forged_repair_socket_cannot_pose_as_a_pods_client() -> Result<()> {
 /// of the host's namespace inserted.
 #[test]
 fn host_loopback_never_bypassed_via_gateway() -> Result<()> {
-    if !preflight("host_loopback_never_bypassed_via_gateway")? {
-        return Ok(());
-    }
+    privileged!("host_loopback_never_bypassed_via_gateway");
     let pods = two_pods()?;
     let gateway = pods.pod_cidr_v4().replace(".0/24", ".254");
     // On the bridge in the host's namespace; gone with the bridge.

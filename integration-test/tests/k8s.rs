@@ -14,6 +14,8 @@
 
 mod support;
 
+use support::privileged;
+
 /// The scenarios by topic, one file each under tests/k8s/; the tests below name them,
 /// so every test keeps its name in the harness (filters, `--skip`, the kernel table).
 mod k8s {
@@ -30,16 +32,13 @@ mod k8s {
 
 use anyhow::Result;
 use k8s::{bad_input, deploy, opt_outs, outage, pods, service_cidrs, toggle};
-use testbed::preflight;
 
 // -------------------------------------------------------------------------------------
 // Pod addresses from Pod objects (tests/k8s/pods.rs).
 
 #[test]
 fn k8s_pod_addresses_follow_the_api() -> Result<()> {
-    if !preflight("k8s_pod_addresses_follow_the_api")? {
-        return Ok(());
-    }
+    privileged!("k8s_pod_addresses_follow_the_api");
     pods::k8s_pod_addresses_follow_the_api()
 }
 
@@ -48,17 +47,13 @@ fn k8s_pod_addresses_follow_the_api() -> Result<()> {
 
 #[test]
 fn k8s_traffic_from_pod_objects_and_label_toggle_lose_no_byte() -> Result<()> {
-    if !preflight("k8s_traffic_from_pod_objects_and_label_toggle_lose_no_byte")? {
-        return Ok(());
-    }
+    privileged!("k8s_traffic_from_pod_objects_and_label_toggle_lose_no_byte");
     toggle::k8s_traffic_from_pod_objects_and_label_toggle_lose_no_byte()
 }
 
 #[test]
 fn k8s_entries_of_connections_closed_while_off_are_swept() -> Result<()> {
-    if !preflight("k8s_entries_of_connections_closed_while_off_are_swept")? {
-        return Ok(());
-    }
+    privileged!("k8s_entries_of_connections_closed_while_off_are_swept");
     toggle::k8s_entries_of_connections_closed_while_off_are_swept()
 }
 
@@ -67,9 +62,7 @@ fn k8s_entries_of_connections_closed_while_off_are_swept() -> Result<()> {
 
 #[test]
 fn k8s_opt_outs_hold_by_traffic() -> Result<()> {
-    if !preflight("k8s_opt_outs_hold_by_traffic")? {
-        return Ok(());
-    }
+    privileged!("k8s_opt_outs_hold_by_traffic");
     opt_outs::k8s_opt_outs_hold_by_traffic()
 }
 
@@ -78,17 +71,13 @@ fn k8s_opt_outs_hold_by_traffic() -> Result<()> {
 
 #[test]
 fn k8s_api_server_outage_keeps_datapath_then_resyncs() -> Result<()> {
-    if !preflight("k8s_api_server_outage_keeps_datapath_then_resyncs")? {
-        return Ok(());
-    }
+    privileged!("k8s_api_server_outage_keeps_datapath_then_resyncs");
     outage::k8s_api_server_outage_keeps_datapath_then_resyncs()
 }
 
 #[test]
 fn k8s_agent_waits_for_an_absent_api_server() -> Result<()> {
-    if !preflight("k8s_agent_waits_for_an_absent_api_server")? {
-        return Ok(());
-    }
+    privileged!("k8s_agent_waits_for_an_absent_api_server");
     outage::k8s_agent_waits_for_an_absent_api_server()
 }
 
@@ -97,9 +86,7 @@ fn k8s_agent_waits_for_an_absent_api_server() -> Result<()> {
 
 #[test]
 fn k8s_bad_input_fails_with_the_fix_and_deploy_rbac_suffices() -> Result<()> {
-    if !preflight("k8s_bad_input_fails_with_the_fix_and_deploy_rbac_suffices")? {
-        return Ok(());
-    }
+    privileged!("k8s_bad_input_fails_with_the_fix_and_deploy_rbac_suffices");
     bad_input::k8s_bad_input_fails_with_the_fix_and_deploy_rbac_suffices()
 }
 
@@ -108,17 +95,13 @@ fn k8s_bad_input_fails_with_the_fix_and_deploy_rbac_suffices() -> Result<()> {
 
 #[test]
 fn k8s_service_cidrs_follow_the_api() -> Result<()> {
-    if !preflight("k8s_service_cidrs_follow_the_api")? {
-        return Ok(());
-    }
+    privileged!("k8s_service_cidrs_follow_the_api");
     service_cidrs::k8s_service_cidrs_follow_the_api()
 }
 
 #[test]
 fn k8s_service_cidrs_forbidden_fall_back_to_the_flags() -> Result<()> {
-    if !preflight("k8s_service_cidrs_forbidden_fall_back_to_the_flags")? {
-        return Ok(());
-    }
+    privileged!("k8s_service_cidrs_forbidden_fall_back_to_the_flags");
     service_cidrs::k8s_service_cidrs_forbidden_fall_back_to_the_flags()
 }
 
@@ -128,8 +111,6 @@ fn k8s_service_cidrs_forbidden_fall_back_to_the_flags() -> Result<()> {
 #[test]
 fn k8s_deploy_manifests_accepted_by_the_api_server() -> Result<()> {
     // No netns or BPF here, but the same tools and root policy as the others.
-    if !preflight("k8s_deploy_manifests_accepted_by_the_api_server")? {
-        return Ok(());
-    }
+    privileged!("k8s_deploy_manifests_accepted_by_the_api_server");
     deploy::k8s_deploy_manifests_accepted_by_the_api_server()
 }

@@ -8,11 +8,13 @@
 
 mod support;
 
+use support::privileged;
+
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
 use support::{agent_with, num, two_pods, wait_for_log};
-use testbed::{Agent, ClientArgs, PeerClient, PeerServer, Report, TwoPods, preflight};
+use testbed::{Agent, ClientArgs, PeerClient, PeerServer, Report, TwoPods};
 
 /// Ten connections open at once for about 2 s, 2 MiB each way.
 fn ten_at_once(pods: &TwoPods, agent: &Agent, port: u16) -> Result<(Report, Report)> {
@@ -72,9 +74,7 @@ fn ten_at_once(pods: &TwoPods, agent: &Agent, port: u16) -> Result<(Report, Repo
 
 #[test]
 fn full_sockhash_falls_back_counts_and_warns() -> Result<()> {
-    if !preflight("full_sockhash_falls_back_counts_and_warns")? {
-        return Ok(());
-    }
+    privileged!("full_sockhash_falls_back_counts_and_warns");
     let pods = two_pods()?;
     let agent = agent_with(&pods, &["--max-sockets", "4"])?;
     ten_at_once(&pods, &agent, 5501)?;
@@ -151,9 +151,7 @@ fn load_sk_msg(name: &str) -> Result<std::os::fd::OwnedFd> {
 
 #[test]
 fn another_programs_sk_msg_is_named_with_its_owner() -> Result<()> {
-    if !preflight("another_programs_sk_msg_is_named_with_its_owner")? {
-        return Ok(());
-    }
+    privileged!("another_programs_sk_msg_is_named_with_its_owner");
     let pods = two_pods()?;
     let agent = agent_with(&pods, &[])?;
     let before = agent.status()?;

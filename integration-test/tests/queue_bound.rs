@@ -8,6 +8,8 @@
 
 mod support;
 
+use support::privileged;
+
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
@@ -15,7 +17,6 @@ use support::{
     ProbeServer, agent_with, num, probe_pair, probe_report, queue_bound_off, spawn_probe_client,
     two_pods, wait_for_log,
 };
-use testbed::preflight;
 
 const MIB: u64 = 1 << 20;
 
@@ -25,9 +26,7 @@ const FLOOD: [&str; 6] = ["--case", "flood", "--secs", "1.5", "--hold-ms", "2500
 
 #[test]
 fn stalled_reader_queue_is_bounded() -> Result<()> {
-    if !preflight("stalled_reader_queue_is_bounded")? {
-        return Ok(());
-    }
+    privileged!("stalled_reader_queue_is_bounded");
     let pods = two_pods()?;
     // Plain TCP: the writer stops at the socket buffers.
     let (tcp, tcp_server) = probe_pair(&pods, 5201, &FLOOD)?;
@@ -87,9 +86,7 @@ fn stalled_reader_queue_is_bounded() -> Result<()> {
 
 #[test]
 fn restarted_agent_applies_its_own_bound() -> Result<()> {
-    if !preflight("restarted_agent_applies_its_own_bound")? {
-        return Ok(());
-    }
+    privileged!("restarted_agent_applies_its_own_bound");
     let pods = two_pods()?;
     let mut first = agent_with(
         &pods,
@@ -122,9 +119,7 @@ fn restarted_agent_applies_its_own_bound() -> Result<()> {
 
 #[test]
 fn slow_reader_byte_exact_and_stays_on_tcp() -> Result<()> {
-    if !preflight("slow_reader_byte_exact_and_stays_on_tcp")? {
-        return Ok(());
-    }
+    privileged!("slow_reader_byte_exact_and_stays_on_tcp");
     let pods = two_pods()?;
     let agent = agent_with(&pods, &["--max-queued-bytes", "1M"])?;
     if queue_bound_off(&agent)?.is_some() {
@@ -188,9 +183,7 @@ fn slow_reader_byte_exact_and_stays_on_tcp() -> Result<()> {
 /// matrix.)
 #[test]
 fn lockdown_loads_without_the_bound_and_says_so() -> Result<()> {
-    if !preflight("lockdown_loads_without_the_bound_and_says_so")? {
-        return Ok(());
-    }
+    privileged!("lockdown_loads_without_the_bound_and_says_so");
     let pods = two_pods()?;
     let lockdown = std::env::temp_dir().join(format!("bypass-lockdown-{}", pods.tag()));
     std::fs::write(&lockdown, "none integrity [confidentiality]\n")?;
@@ -276,9 +269,7 @@ fn lockdown_loads_without_the_bound_and_says_so() -> Result<()> {
 /// again those later TCP bytes completed the read ahead of them.
 #[test]
 fn blocked_waitall_reader_never_sees_reordered_bytes() -> Result<()> {
-    if !preflight("blocked_waitall_reader_never_sees_reordered_bytes")? {
-        return Ok(());
-    }
+    privileged!("blocked_waitall_reader_never_sees_reordered_bytes");
     let pods = two_pods()?;
     let agent = agent_with(&pods, &["--max-queued-bytes", "1M"])?;
     // Without the bound this scenario cannot be built; the rule it checks (never back

@@ -7,6 +7,8 @@
 
 mod support;
 
+use support::privileged;
+
 use std::{
     path::Path,
     time::{Duration, Instant},
@@ -21,7 +23,7 @@ use testbed::{
     agent::run_agent,
     agent::status_json,
     bpf::{sockops_attached, sockopt_attached},
-    preflight, run_client,
+    run_client,
 };
 
 /// Polls `status` of `pin_dir` until `done` holds.
@@ -78,9 +80,7 @@ fn opts(pods: &TwoPods, extra: &[&str]) -> AgentOpts {
 
 #[test]
 fn sigkill_mid_100_streams_then_restart_adopts() -> Result<()> {
-    if !preflight("sigkill_mid_100_streams_then_restart_adopts")? {
-        return Ok(());
-    }
+    privileged!("sigkill_mid_100_streams_then_restart_adopts");
     let pods = two_pods()?;
     let opts = opts(&pods, &[]);
     let first = Agent::start(&opts)?;
@@ -157,9 +157,7 @@ fn sigkill_mid_100_streams_then_restart_adopts() -> Result<()> {
 
 #[test]
 fn upgrade_replaces_programs_old_connections_finish() -> Result<()> {
-    if !preflight("upgrade_replaces_programs_old_connections_finish")? {
-        return Ok(());
-    }
+    privileged!("upgrade_replaces_programs_old_connections_finish");
     let pods = two_pods()?;
     let opts = opts(&pods, &["--detach-on-exit=false"]);
     let mut old = Agent::start(&opts)?;
@@ -176,8 +174,7 @@ fn upgrade_replaces_programs_old_connections_finish() -> Result<()> {
     wait_status(&opts.pin_dir, "40 sockets inserted", |s| {
         num(s, "sockets") == 40
     })?;
-    let exit = old.stop()?;
-    ensure!(exit.status.success(), "old agent: {}", exit.stderr);
+    old.stop_cleanly("old agent")?;
     ensure!(
         sockops_attached(pods.cgroup())? == 1,
         "--detach-on-exit=false left nothing attached"
@@ -248,9 +245,7 @@ fn upgrade_replaces_programs_old_connections_finish() -> Result<()> {
 
 #[test]
 fn uninstall_removes_every_pin_and_attachment() -> Result<()> {
-    if !preflight("uninstall_removes_every_pin_and_attachment")? {
-        return Ok(());
-    }
+    privileged!("uninstall_removes_every_pin_and_attachment");
     let pods = two_pods()?;
     let opts = opts(&pods, &["--detach-on-exit=false"]);
     let mut agent = Agent::start(&opts)?;

@@ -7,10 +7,12 @@
 
 mod support;
 
+use support::privileged;
+
 use anyhow::{Result, ensure};
 use support::exchange::{Exchange, assert_bypassed, assert_byte_exact, exchange_with};
 use support::{agent_with, num, queue_bound_off, two_pods};
-use testbed::{Agent, AgentStatus, ClientArgs, ServerArgs, TwoPods, preflight};
+use testbed::{Agent, AgentStatus, ClientArgs, ServerArgs, TwoPods};
 
 /// One-byte writes, 256 KiB of them, to a server that starts reading only after 200 ms:
 /// the writer is ahead of its reader from its first sends.
@@ -46,9 +48,7 @@ fn grew(before: &AgentStatus, after: &AgentStatus, f: fn(&AgentStatus) -> u64) -
 
 #[test]
 fn small_message_stream_takes_tcp_in_order() -> Result<()> {
-    if !preflight("small_message_stream_takes_tcp_in_order")? {
-        return Ok(());
-    }
+    privileged!("small_message_stream_takes_tcp_in_order");
     let pods = two_pods()?;
     let agent = agent_with(&pods, &["--small-stream-bytes", "256"])?;
     let st = agent.status()?;
@@ -92,9 +92,7 @@ fn small_message_stream_takes_tcp_in_order() -> Result<()> {
 
 #[test]
 fn length_prefixed_records_keep_redirect() -> Result<()> {
-    if !preflight("length_prefixed_records_keep_redirect")? {
-        return Ok(());
-    }
+    privileged!("length_prefixed_records_keep_redirect");
     let pods = two_pods()?;
     let agent = agent_with(&pods, &["--small-stream-bytes", "256"])?;
     // A 4-byte length before each 16 KiB record, to a reader that lags: each length
@@ -123,9 +121,7 @@ fn length_prefixed_records_keep_redirect() -> Result<()> {
 
 #[test]
 fn small_message_ping_pong_keeps_redirect() -> Result<()> {
-    if !preflight("small_message_ping_pong_keeps_redirect")? {
-        return Ok(());
-    }
+    privileged!("small_message_ping_pong_keeps_redirect");
     let pods = two_pods()?;
     let agent = agent_with(&pods, &["--small-stream-bytes", "256"])?;
     // Each side answers only after reading the whole message: every send finds the
@@ -174,9 +170,7 @@ fn small_message_ping_pong_keeps_redirect() -> Result<()> {
 
 #[test]
 fn small_stream_rule_off_by_default() -> Result<()> {
-    if !preflight("small_stream_rule_off_by_default")? {
-        return Ok(());
-    }
+    privileged!("small_stream_rule_off_by_default");
     let pods = two_pods()?;
     let agent = Agent::start(&pods.agent_opts())?;
     let st = agent.status()?;

@@ -16,15 +16,15 @@
 
 mod support;
 
+use support::privileged;
+
 use anyhow::{Result, ensure};
 use support::exchange::{assert_byte_exact, exchange_with};
-use testbed::{Agent, ClientArgs, ServerArgs, TwoPods, preflight};
+use testbed::{Agent, ClientArgs, ServerArgs, TwoPods};
 
 #[test]
 fn blocking_read_after_own_half_close_sees_eagain_only_when_bypassed() -> Result<()> {
-    if !preflight("blocking_read_after_own_half_close_sees_eagain_only_when_bypassed")? {
-        return Ok(());
-    }
+    privileged!("blocking_read_after_own_half_close_sees_eagain_only_when_bypassed");
     let pods = TwoPods::new()?;
     // No SO_RCVTIMEO anywhere: every EAGAIN is one a blocking read must not return.
     let args = ClientArgs {

@@ -7,6 +7,8 @@
 
 mod support;
 
+use support::privileged;
+
 /// The cases by topic, one file each under tests/tcp_semantics/; the tests below name
 /// them, so every test keeps its name in the harness (filters, `--skip`, the kernel
 /// table).
@@ -21,15 +23,6 @@ mod tcp_semantics {
 
 use anyhow::Result;
 use tcp_semantics::{closing, protocols, reading, scale, sending};
-use testbed::preflight;
-
-macro_rules! privileged {
-    ($name:literal) => {
-        if !preflight($name)? {
-            return Ok(());
-        }
-    };
-}
 
 // -------------------------------------------------------------------------------------
 // Closing (tests/tcp_semantics/closing.rs).

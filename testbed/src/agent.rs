@@ -255,6 +255,18 @@ impl Agent {
         })
     }
 
+    /// [`Agent::stop`], and an error naming `who` unless it exited with success.
+    pub fn stop_cleanly(&mut self, who: &str) -> Result<AgentExit> {
+        let exit = self.stop()?;
+        ensure!(
+            exit.status.success(),
+            "{who} exit {}: {}",
+            exit.status,
+            exit.stderr
+        );
+        Ok(exit)
+    }
+
     fn kill(&mut self) {
         if self.running {
             let _ = self.child.kill();

@@ -6,13 +6,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Result, ensure};
+use anyhow::{Context as _, Result, ensure};
 use testbed::{
     Agent, AgentStatus, ClientArgs, PeerClient, PeerServer, Proxy, ProxyOpts, Report, TwoPods,
 };
 
 use super::support::{grew, growth, keys_with_port};
-use crate::support::exchange::exchange_exact;
+use crate::support::exchange::{ensure_one_exact, exchange_exact};
 
 /// Identical loopback tuples in two pods, at once: in each pod a client reaches a
 /// proxy on the pod's own address (a pod-address connection, which is also what tells
@@ -154,13 +154,7 @@ pub fn loopback_bypassed_once_namespace_known_as_pod() -> Result<()> {
         let server = PeerServer::start(&pods.a, lo, 1)?;
         let client = testbed::run_client(&pods.a, lo, &args)?;
         let server = server.wait()?;
-        ensure!(
-            client.ok
-                && server.ok
-                && server.bytes_received == args.send
-                && client.bytes_received == args.recv,
-            "loopback run: {client:#?} {server:#?}"
-        );
+        ensure_one_exact(&client, &server, &args).context("loopback run")?;
         Ok((before, agent.stats()?))
     };
 

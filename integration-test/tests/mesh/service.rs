@@ -11,7 +11,7 @@ use testbed::{
 };
 
 use super::support::{agent_with, any, grew, growth, ip_of, nat_tables, vip_in};
-use crate::support::exchange::{Exchange, assert_byte_exact, exchange};
+use crate::support::exchange::{Exchange, assert_byte_exact, ensure_one_exact, exchange};
 
 /// A ClusterIP Service, kube-proxy style, in pod a's nat table.
 pub fn cluster_ip(pods: &TwoPods, vip: SocketAddr, backend: SocketAddr) -> ClusterIp {
@@ -246,13 +246,7 @@ pub fn output_dnat(family: Family, to_self: bool) -> Result<()> {
     let after = agent.stats()?;
     let why = growth(&before, &after);
     eprintln!("output DNAT {vip} -> {target}: {why}");
-    ensure!(
-        client.ok
-            && server.ok
-            && server.bytes_received == args.send
-            && client.bytes_received == args.recv,
-        "not byte-exact: {client:#?} {server:#?}"
-    );
+    ensure_one_exact(&client, &server, &args)?;
     ensure!(
         grew(&before, &after, |s| s.counters.paired_translated) == 1,
         "not paired across the DNAT: {why}\n{}",

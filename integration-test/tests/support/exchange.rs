@@ -137,6 +137,18 @@ pub fn assert_byte_exact(x: &Exchange, args: &ClientArgs) -> Result<()> {
     Ok(())
 }
 
+/// One connection's client and server both verified all the other sent.
+pub fn ensure_one_exact(client: &Report, server: &Report, args: &ClientArgs) -> Result<()> {
+    ensure!(
+        client.ok
+            && server.ok
+            && server.bytes_received == args.send
+            && client.bytes_received == args.recv,
+        "not byte-exact: {client:#?} {server:#?}"
+    );
+    Ok(())
+}
+
 /// The bytes went socket to socket: the wire carried under 1% of the payload, the
 /// redirected counter grew by at least the payload, two sockets were inserted per
 /// connection and none failed.

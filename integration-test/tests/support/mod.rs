@@ -21,6 +21,20 @@ use nix::{
 use serde_json::Value;
 use testbed::{Agent, AgentOpts, AgentStatus, Place, PodChild, TwoPods, names, spawn_in};
 
+/// Ends the test, passing, when [`testbed::preflight`] says this machine cannot run a
+/// privileged test (never under `CI=true`: there the missing capability or tool is the
+/// error).
+#[allow(unused_macros, reason = "each test binary uses a different subset")]
+macro_rules! privileged {
+    ($name:literal) => {
+        if !testbed::preflight($name)? {
+            return Ok(());
+        }
+    };
+}
+#[allow(unused_imports, reason = "each test binary uses a different subset")]
+pub(crate) use privileged;
+
 /// The prefix of everything these tests create (namespaces, bridge, cgroups, pins), so
 /// they never meet another engineer's or suite's resources on a shared machine.
 pub const PREFIX: &str = "br";
