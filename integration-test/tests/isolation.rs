@@ -263,9 +263,10 @@ fn attacker_namespace_cannot_take_or_receive_a_pod_connection_ipv6() -> Result<(
 /// every byte the server sends, redirected, and the forger must read nothing.
 #[test]
 fn forged_repair_socket_cannot_pose_as_a_pods_client() -> Result<()> {
-    if !testbed::require::preflight_iptables("forged_repair_socket_cannot_pose_as_a_pods_client")? {
-        return Ok(());
-    }
+    privileged!(
+        "forged_repair_socket_cannot_pose_as_a_pods_client",
+        testbed::require::preflight_iptables
+    );
     let pods = two_pods()?;
     let agent = agent_with(&pods, &[])?;
     let port = 5614u16;

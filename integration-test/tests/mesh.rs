@@ -23,6 +23,8 @@
 
 mod support;
 
+use support::privileged;
+
 /// The scenarios by topic, one file each under tests/mesh/; the tests below name them,
 /// so every test keeps its name in the harness (filters, `--skip`, the kernel table).
 mod mesh {
@@ -36,45 +38,35 @@ mod mesh {
 
 use anyhow::{Context as _, Result};
 use mesh::{chain, loopback, service, skip_ports, snat};
-use testbed::iptables::Family;
-
-/// The usual preflight, and iptables/ip6tables must work.
-fn mesh_preflight(test: &str) -> Result<bool> {
-    testbed::require::preflight_iptables(test)
-}
+use testbed::{iptables::Family, require::preflight_iptables};
 
 // -------------------------------------------------------------------------------------
 // The sidecar chain (tests/mesh/chain.rs).
 
 #[test]
 fn sidecar_chain_ipv4_every_hop_bypassed() -> Result<()> {
-    if !mesh_preflight("sidecar_chain_ipv4_every_hop_bypassed")? {
-        return Ok(());
-    }
+    privileged!("sidecar_chain_ipv4_every_hop_bypassed", preflight_iptables);
     chain::sidecar_chain(Family::V4)
 }
 
 #[test]
 fn sidecar_chain_ipv6_every_hop_bypassed() -> Result<()> {
-    if !mesh_preflight("sidecar_chain_ipv6_every_hop_bypassed")? {
-        return Ok(());
-    }
+    privileged!("sidecar_chain_ipv6_every_hop_bypassed", preflight_iptables);
     chain::sidecar_chain(Family::V6)
 }
 
 #[test]
 fn sidecar_chain_short_connections_exact() -> Result<()> {
-    if !mesh_preflight("sidecar_chain_short_connections_exact")? {
-        return Ok(());
-    }
+    privileged!("sidecar_chain_short_connections_exact", preflight_iptables);
     chain::sidecar_chain_short_connections_exact()
 }
 
 #[test]
 fn egress_to_outside_address_first_hop_normal_path() -> Result<()> {
-    if !mesh_preflight("egress_to_outside_address_first_hop_normal_path")? {
-        return Ok(());
-    }
+    privileged!(
+        "egress_to_outside_address_first_hop_normal_path",
+        preflight_iptables
+    );
     chain::egress_to_outside_address_first_hop_normal_path()
 }
 
@@ -83,17 +75,19 @@ fn egress_to_outside_address_first_hop_normal_path() -> Result<()> {
 
 #[test]
 fn loopback_tuples_in_two_pods_do_not_collide() -> Result<()> {
-    if !mesh_preflight("loopback_tuples_in_two_pods_do_not_collide")? {
-        return Ok(());
-    }
+    privileged!(
+        "loopback_tuples_in_two_pods_do_not_collide",
+        preflight_iptables
+    );
     loopback::loopback_tuples_in_two_pods_do_not_collide()
 }
 
 #[test]
 fn loopback_bypassed_once_namespace_known_as_pod() -> Result<()> {
-    if !mesh_preflight("loopback_bypassed_once_namespace_known_as_pod")? {
-        return Ok(());
-    }
+    privileged!(
+        "loopback_bypassed_once_namespace_known_as_pod",
+        preflight_iptables
+    );
     loopback::loopback_bypassed_once_namespace_known_as_pod()
 }
 
@@ -102,41 +96,43 @@ fn loopback_bypassed_once_namespace_known_as_pod() -> Result<()> {
 
 #[test]
 fn clusterip_dnat_to_local_pod_ipv4_bypassed_both_ways() -> Result<()> {
-    if !mesh_preflight("clusterip_dnat_to_local_pod_ipv4_bypassed_both_ways")? {
-        return Ok(());
-    }
+    privileged!(
+        "clusterip_dnat_to_local_pod_ipv4_bypassed_both_ways",
+        preflight_iptables
+    );
     service::clusterip_to_local_pod(Family::V4)
 }
 
 #[test]
 fn clusterip_dnat_to_local_pod_ipv6_bypassed_both_ways() -> Result<()> {
-    if !mesh_preflight("clusterip_dnat_to_local_pod_ipv6_bypassed_both_ways")? {
-        return Ok(());
-    }
+    privileged!(
+        "clusterip_dnat_to_local_pod_ipv6_bypassed_both_ways",
+        preflight_iptables
+    );
     service::clusterip_to_local_pod(Family::V6)
 }
 
 #[test]
 fn clusterip_masqueraded_client_exact() -> Result<()> {
-    if !mesh_preflight("clusterip_masqueraded_client_exact")? {
-        return Ok(());
-    }
+    privileged!("clusterip_masqueraded_client_exact", preflight_iptables);
     service::clusterip_masqueraded_client_exact()
 }
 
 #[test]
 fn clusterip_dnat_to_other_node_stays_on_normal_path() -> Result<()> {
-    if !mesh_preflight("clusterip_dnat_to_other_node_stays_on_normal_path")? {
-        return Ok(());
-    }
+    privileged!(
+        "clusterip_dnat_to_other_node_stays_on_normal_path",
+        preflight_iptables
+    );
     service::clusterip_dnat_to_other_node_stays_on_normal_path()
 }
 
 #[test]
 fn clusterip_dnat_in_client_pod_output_bypassed() -> Result<()> {
-    if !mesh_preflight("clusterip_dnat_in_client_pod_output_bypassed")? {
-        return Ok(());
-    }
+    privileged!(
+        "clusterip_dnat_in_client_pod_output_bypassed",
+        preflight_iptables
+    );
     for family in [Family::V4, Family::V6] {
         for to_self in [false, true] {
             service::output_dnat(family, to_self)
@@ -151,9 +147,7 @@ fn clusterip_dnat_in_client_pod_output_bypassed() -> Result<()> {
 
 #[test]
 fn skip_ports_default_and_none() -> Result<()> {
-    if !mesh_preflight("skip_ports_default_and_none")? {
-        return Ok(());
-    }
+    privileged!("skip_ports_default_and_none", preflight_iptables);
     skip_ports::skip_ports_default_and_none()
 }
 
@@ -162,8 +156,9 @@ fn skip_ports_default_and_none() -> Result<()> {
 
 #[test]
 fn snat_onto_a_live_source_port_is_rejected() -> Result<()> {
-    if !mesh_preflight("snat_onto_a_live_source_port_is_rejected")? {
-        return Ok(());
-    }
+    privileged!(
+        "snat_onto_a_live_source_port_is_rejected",
+        preflight_iptables
+    );
     snat::snat_onto_a_live_source_port_is_rejected()
 }

@@ -125,9 +125,10 @@ fn one_gib_in_one_stream() -> Result<()> {
 
 #[test]
 fn write_blocked_while_connecting_stays_in_order() -> Result<()> {
-    if !testbed::require::preflight_iptables("write_blocked_while_connecting_stays_in_order")? {
-        return Ok(());
-    }
+    privileged!(
+        "write_blocked_while_connecting_stays_in_order",
+        testbed::require::preflight_iptables
+    );
     sending::write_blocked_while_connecting_stays_in_order()
 }
 

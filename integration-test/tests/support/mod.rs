@@ -21,13 +21,17 @@ use nix::{
 use serde_json::Value;
 use testbed::{Agent, AgentOpts, AgentStatus, Place, PodChild, TwoPods, names, spawn_in};
 
-/// Ends the test, passing, when [`testbed::preflight`] says this machine cannot run a
+/// Ends the test, passing, when [`testbed::preflight`] (or the check given) says this machine cannot run a
 /// privileged test (never under `CI=true`: there the missing capability or tool is the
 /// error).
 #[allow(unused_macros, reason = "each test binary uses a different subset")]
 macro_rules! privileged {
     ($name:literal) => {
-        if !testbed::preflight($name)? {
+        privileged!($name, testbed::preflight)
+    };
+    // With a stricter check, such as `testbed::require::preflight_iptables`.
+    ($name:literal, $check:path) => {
+        if !$check($name)? {
             return Ok(());
         }
     };
