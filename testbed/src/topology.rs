@@ -5,7 +5,6 @@
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     path::{Path, PathBuf},
-    process::Command,
 };
 
 use anyhow::{Context as _, Result};
@@ -16,7 +15,7 @@ use crate::{
     link::{Bridge, LinkCounters, Veth},
     names,
     netns::Netns,
-    spawn::{self, PodChild},
+    spawn,
 };
 
 /// The interface name inside each pod.
@@ -101,11 +100,6 @@ impl Pod {
         self.ip(&["route", "add", cidr, "dev", POD_IFNAME])?;
         Ok(())
     }
-
-    /// Starts `cmd` inside the pod ([`spawn::spawn_in`]).
-    pub fn spawn(&self, cmd: Command) -> Result<PodChild> {
-        spawn::spawn_in(self, cmd)
-    }
 }
 
 impl spawn::Place for Pod {
@@ -146,11 +140,6 @@ impl Sandbox {
             Some(ns) => ns.ip(args),
             None => crate::cmd::ip(args),
         }
-    }
-
-    /// Starts `cmd` inside it ([`spawn::spawn_in`]).
-    pub fn spawn(&self, cmd: Command) -> Result<PodChild> {
-        spawn::spawn_in(self, cmd)
     }
 }
 
