@@ -2,13 +2,16 @@
 //! program names, pin sub-paths, the socket key layout, address encoding, stats slots,
 //! the control words and the globals fixed at load.
 //!
-//! `no_std` so the eBPF crate can use it; the `user` feature adds `aya::Pod` impls.
+//! `no_std` so the eBPF crate can use it; the `std` feature adds pure std helpers, and
+//! `user` adds those and the `aya::Pod` impls.
 #![no_std]
 
 pub mod addr;
 pub mod kernel;
 pub mod key;
 pub mod layout;
+#[cfg(feature = "std")]
+pub mod mountinfo;
 pub mod names;
 pub mod state;
 pub mod stats;

@@ -6,44 +6,12 @@ use std::{
     path::{Path, PathBuf},
 };
 
+pub use bypass_common::mountinfo::find_mount;
 use nix::sys::statfs::{
     BPF_FS_MAGIC, CGROUP_SUPER_MAGIC, CGROUP2_SUPER_MAGIC, FsType, SYSFS_MAGIC, TMPFS_MAGIC, statfs,
 };
 
 use crate::error::AgentError;
-
-/// The mount point of the first mount of `fstype` in a mountinfo text.
-pub fn find_mount(mountinfo: &str, fstype: &str) -> Option<PathBuf> {
-    mountinfo.lines().find_map(|line| {
-        let (left, right) = line.split_once(" - ")?;
-        let ty = right.split_whitespace().next()?;
-        if ty != fstype {
-            return None;
-        }
-        let mount_point = left.split_whitespace().nth(4)?;
-        Some(PathBuf::from(unescape(mount_point)))
-    })
-}
-
-/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\'
-            && i + 3 < bytes.len()
-            && let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8)
-        {
-            out.push(v);
-            i += 4;
-            continue;
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
 
 /// Where cgroup2 is mounted on this machine (`/sys/fs/cgroup` on unified hosts,
 /// `/sys/fs/cgroup/unified` on hybrid ones).
@@ -191,38 +159,6 @@ fn mount_bpffs(at: &Path) -> Result<(), AgentError> {
 mod tests {
     use super::*;
 
-    const HYBRID: &str = "\
-25 30 0:23 / /sys rw,nosuid,nodev,noexec,relatime shared:7 - sysfs sysfs rw
-33 25 0:28 / /sys/fs/cgroup ro,nosuid,nodev,noexec shared:9 - tmpfs tmpfs ro,mode=755
-34 33 0:29 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime shared:10 - cgroup2 cgroup2 rw,nsdelegate
-35 33 0:30 / /sys/fs/cgroup/cpu rw,relatime shared:11 - cgroup cgroup rw,cpu
-40 25 0:35 / /sys/fs/bpf rw,nosuid,nodev,noexec,relatime shared:14 - bpf bpf rw,mode=700
-";
-
-    #[test]
-    fn finds_hybrid_cgroup2() {
-        assert_eq!(
-            find_mount(HYBRID, "cgroup2"),
-            Some(PathBuf::from("/sys/fs/cgroup/unified"))
-        );
-        assert_eq!(
-            find_mount(HYBRID, "bpf"),
-            Some(PathBuf::from("/sys/fs/bpf"))
-        );
-    }
-
-    #[test]
-    fn finds_unified_and_none() {
-        let unified = "29 23 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw\n";
-        assert_eq!(
-            find_mount(unified, "cgroup2"),
-            Some(PathBuf::from("/sys/fs/cgroup"))
-        );
-        let v1_only = "35 33 0:30 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n";
-        assert_eq!(find_mount(v1_only, "cgroup2"), None);
-        assert_eq!(find_mount("garbage line\n\n", "cgroup2"), None);
-    }
-
     #[test]
     fn host_cgroup2_unified_hybrid_or_none() {
         let dir = Path::new("/host/sys/fs/cgroup");
@@ -240,15 +176,6 @@ mod tests {
             Some(dir.join("memory"))
         );
         assert_eq!(cgroup2_in(dir, &children, |_| false), None);
-    }
-
-    #[test]
-    fn unescapes_spaces() {
-        let line = "34 33 0:29 / /mnt/my\\040cgroup rw - cgroup2 cgroup2 rw\n";
-        assert_eq!(
-            find_mount(line, "cgroup2"),
-            Some(PathBuf::from("/mnt/my cgroup"))
-        );
     }
 
     #[test]

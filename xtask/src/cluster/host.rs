@@ -9,6 +9,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
+use bypass_common::mountinfo::mounts;
 
 use super::config::{BRIDGE, NODE_IP, NODE_LINK};
 use crate::cmd;
@@ -99,36 +100,13 @@ const BPFFS: &str = "/sys/fs/bpf";
 
 /// Mount points at or below any of `roots`, deepest first (pure, from mountinfo).
 pub fn mounts_below(mountinfo: &str, roots: &[&Path]) -> Vec<PathBuf> {
-    let mut found: Vec<PathBuf> = mountinfo
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(4))
-        .map(|p| PathBuf::from(unescape(p)))
+    let mut found: Vec<PathBuf> = mounts(mountinfo)
+        .map(|m| m.point)
         .filter(|p| roots.iter().any(|r| p.starts_with(r)))
         .collect();
     found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
     found.dedup();
     found
-}
-
-/// mountinfo's `\ooo` escapes undone. A copy of the agent's (`datapath::fs`): xtask
-/// cannot depend on the agent, whose build needs the toolchain xtask installs.
-fn unescape(s: &str) -> String {
-    let mut out = String::new();
-    let b = s.as_bytes();
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8)
-        {
-            out.push(char::from(v));
-            i += 4;
-            continue;
-        }
-        out.push(char::from(b[i]));
-        i += 1;
-    }
-    out
 }
 
 /// Unmounts everything at or below `roots` (lazily if busy).
@@ -248,15 +226,9 @@ pub fn remove_chains() -> Result<Vec<String>> {
 
 /// The cgroup mount points of a mountinfo text (v1 and v2), pure.
 pub fn cgroup_mounts(mountinfo: &str) -> Vec<PathBuf> {
-    mountinfo
-        .lines()
-        .filter_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            let fstype = right.split_whitespace().next()?;
-            let mount_point = left.split_whitespace().nth(4)?;
-            (fstype == "cgroup" || fstype == "cgroup2")
-                .then(|| PathBuf::from(unescape(mount_point)))
-        })
+    mounts(mountinfo)
+        .filter(|m| m.fstype == "cgroup" || m.fstype == "cgroup2")
+        .map(|m| m.point)
         .collect()
 }
 
