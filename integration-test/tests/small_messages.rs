@@ -57,6 +57,7 @@ fn small_message_stream_takes_tcp_in_order() -> Result<()> {
         eprintln!("queue not measurable ({why}): the small-stream rule is off");
         ensure!(num(&st, "small_stream_bytes") == 0, "{st}");
         let (args, server) = stream_of_small_writes();
+        let args = args.paired_first();
         let x = to_pod_b(&pods, &agent, 5401, &args, &server)?;
         assert_byte_exact(&x, &args)?;
         return assert_bypassed(&x, &args);
@@ -103,7 +104,8 @@ fn length_prefixed_records_keep_redirect() -> Result<()> {
         msg_size: 16 << 10,
         prefix: 4,
         ..ClientArgs::default()
-    };
+    }
+    .paired_first();
     let server = ServerArgs {
         reply_delay_ms: 200,
         ..ServerArgs::new(1)
@@ -176,6 +178,7 @@ fn small_stream_rule_off_by_default() -> Result<()> {
     let st = agent.status()?;
     ensure!(num(&st, "small_stream_bytes") == 0, "{st}");
     let (args, server) = stream_of_small_writes();
+    let args = args.paired_first();
     let x = to_pod_b(&pods, &agent, 5403, &args, &server)?;
     assert_byte_exact(&x, &args)?;
     assert_bypassed(&x, &args)?;

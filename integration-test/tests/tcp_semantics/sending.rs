@@ -46,16 +46,14 @@ pub fn splice_on_the_sender() -> Result<()> {
 
 pub fn one_gib_in_one_stream() -> Result<()> {
     let pods = two_pods()?;
+    // About one long redirected stream: the server's side is paired before the client
+    // sends.
     let args = ClientArgs {
         send: 1 << 30,
         recv: 0,
-        // A client whose first send beats the server's socket into the SockHash keeps
-        // its direction on TCP (`unpaired_sends`; under emulation that race is often
-        // lost): this test is about one long redirected stream, so it lets the
-        // server's side be paired first.
-        first_send_after_ms: 300,
         ..ClientArgs::default()
-    };
+    }
+    .paired_first();
     let mut agent = None;
     for (i, name) in ["normal path", "bypassed"].into_iter().enumerate() {
         if i == 1 {

@@ -105,6 +105,18 @@ impl ClientArgs {
         }
     }
 
+    /// These, with each connection's first send [`PAIRED_FIRST_MS`] after its connect:
+    /// for a test that asserts every byte was redirected, which holds only once the
+    /// server's socket is paired before the client sends (a client that sends first
+    /// keeps its direction on TCP, by design; under emulation that race is often lost).
+    #[must_use]
+    pub fn paired_first(self) -> Self {
+        Self {
+            first_send_after_ms: PAIRED_FIRST_MS,
+            ..self
+        }
+    }
+
     /// Connections in all, as the server must expect them.
     pub fn total_connections(&self) -> u64 {
         if self.connections == 0 {
@@ -144,6 +156,11 @@ impl ClientArgs {
         a
     }
 }
+
+/// How long [`ClientArgs::paired_first`] waits between connect and the first send: the
+/// server's side of a connection is paired as soon as its kernel has the handshake's
+/// last ACK, which takes microseconds on a host and well under this under emulation.
+pub const PAIRED_FIRST_MS: u64 = 300;
 
 /// Runs every connection to `connect` and reports.
 pub fn run(connect: SocketAddr, opts: &ClientArgs) -> Report {

@@ -46,14 +46,10 @@ pub const DEFAULT_TESTS: [&str; 11] = [
 
 /// Tests left out of a VM run unless a filter names tests, for emulation's timing: a
 /// thousand streams at once through TCG take more than the probe's two minutes; the
-/// client-side DNAT exchange writes at once, and under TCG its server pairs after that
-/// first send often enough (which keeps that direction on TCP, as the ordering rule
-/// says) to fail its "every hop redirected" check now and then; the write held in
-/// `connect` by a dropped SYN ended in a reset or `EPIPE` under TCG twice (6.12, 6.1),
-/// never on the host.
-pub const SLOW_UNDER_EMULATION: [&str; 3] = [
+/// write held in `connect` by a dropped SYN ended in a reset or `EPIPE` under TCG twice
+/// (6.12, 6.1), never on the host.
+pub const SLOW_UNDER_EMULATION: [&str; 2] = [
     "thousand_concurrent_streams",
-    "clusterip_dnat_in_client_pod_output_bypassed",
     "write_blocked_while_connecting_stays_in_order",
 ];
 
