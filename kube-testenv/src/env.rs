@@ -2,8 +2,7 @@
 
 use std::{
     fmt::Write as _,
-    io::Write as _,
-    net::TcpListener,
+    net::{Ipv4Addr, SocketAddr, TcpListener},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -11,10 +10,12 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{Binaries, ca, ensure_binaries, service_account_key, signed};
+use crate::{Binaries, ca, ensure_binaries, http, service_account_key, signed};
 
 /// How long to wait for the API server to answer `/readyz`.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long [`KubeEnv::get`] waits for one answer (connect, handshake, whole body).
+pub const GET_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A free TCP port on 127.0.0.1 (free when asked; the caller binds it soon after).
 fn free_port() -> Result<u16> {
@@ -264,46 +265,25 @@ impl KubeEnv {
         }
     }
 
-    /// `GET path` as admin (through `openssl s_client`): status code and body.
+    /// `GET path` as admin (TLS with the admin client certificate): status code and body.
+    /// Fails past [`GET_TIMEOUT`].
     pub fn get(&self, path: &str) -> Result<(u16, String)> {
         self.get_on(self.api_port, path)
     }
 
     fn get_on(&self, port: u16, path: &str) -> Result<(u16, String)> {
         let pki = self.pki();
-        let mut child = Command::new("openssl")
-            .args(["s_client", "-quiet", "-connect"])
-            .arg(format!("127.0.0.1:{port}"))
-            .arg("-CAfile")
-            .arg(pki.join("ca.crt"))
-            .arg("-cert")
-            .arg(pki.join("admin.crt"))
-            .arg("-key")
-            .arg(pki.join("admin.key"))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("start openssl s_client")?;
-        if let Some(mut stdin) = child.stdin.take() {
-            write!(
-                stdin,
-                "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-            )?;
-        }
-        let out = child.wait_with_output()?;
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let code = text
-            .lines()
-            .next()
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|c| c.parse().ok())
-            .with_context(|| format!("no HTTP answer from the API server: {text:?}"))?;
-        let body = text
-            .split_once("\r\n\r\n")
-            .map_or("", |(_, b)| b)
-            .to_owned();
-        Ok((code, body))
+        let tls = http::client_tls(
+            &pki.join("ca.crt"),
+            &pki.join("admin.crt"),
+            &pki.join("admin.key"),
+        )?;
+        http::get_tls(
+            SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+            path,
+            GET_TIMEOUT,
+            tls,
+        )
     }
 
     /// Leaves both processes running and the directory in place (for `kube-env up`);

@@ -8,12 +8,17 @@
 //! with the admin kubeconfig, the agent of `deploy/` on it ([`deploy`]), and polling
 //! until a check passes ([`wait_for`]), shared by xtask, the cluster tests and the bench.
 //!
-//! Only `std`, `anyhow` and `serde_json`, so xtask (which installs the eBPF toolchain
-//! the other crates need) and the tests can use it cheaply.
+//! [`http`]: one GET with hyper's HTTP/1 client, plain or over TLS, for the API server
+//! and for the agent's metrics server in the tests.
+//!
+//! Only `std`, `anyhow`, `serde_json` and that HTTP client (hyper, tokio, rustls with
+//! ring), so xtask (which installs the eBPF toolchain the other crates need) and the
+//! tests can use it cheaply.
 
 mod binaries;
 pub mod deploy;
 mod env;
+pub mod http;
 mod kubectl;
 mod pki;
 mod state;
@@ -27,7 +32,7 @@ pub use binaries::{
     Binaries, KUBE_VERSION, STAGING_VERSION, build_go_mod, cache_dir, ensure_binaries, go_command,
     go_tool,
 };
-pub use env::{KubeEnv, READY_TIMEOUT};
+pub use env::{GET_TIMEOUT, KubeEnv, READY_TIMEOUT};
 pub use kubectl::{KUBECONFIG_ENV, KUBECTL_ENV, Kubectl, env_path, veth_bytes};
 pub use pki::{ca, service_account_key, signed};
 pub use state::{default_dir, down, up};

@@ -3,6 +3,7 @@
 //! if it left one.
 
 use std::{
+    net::{Ipv4Addr, SocketAddr},
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Output, Stdio},
     thread::JoinHandle,
@@ -10,9 +11,6 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail, ensure};
-use http_body_util::{BodyExt as _, Empty};
-use hyper::body::Bytes;
-use hyper_util::rt::TokioIo;
 use nix::{
     sys::signal::{Signal, kill},
     unistd::Pid,
@@ -330,41 +328,23 @@ pub fn remove_pins(pin_dir: &Path) -> Result<()> {
 /// `GET path` on the agent's metrics server (`127.0.0.1:port`): status code and body.
 /// Fails past [`HTTP_TIMEOUT`].
 pub fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_io()
-        .enable_time()
-        .build()
-        .context("start a tokio runtime")?;
-    rt.block_on(async {
-        tokio::time::timeout(HTTP_TIMEOUT, get(port, path))
-            .await
-            .with_context(|| {
-                format!("GET {path} on 127.0.0.1:{port}: no answer within {HTTP_TIMEOUT:?}")
-            })?
-    })
+    http_get_at(SocketAddr::from((Ipv4Addr::LOCALHOST, port)), path)
 }
 
-async fn get(port: u16, path: &str) -> Result<(u16, String)> {
-    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    // The connection is driven beside the request; it ends with the runtime.
-    tokio::spawn(conn);
-    let req = hyper::Request::get(path)
-        .header(hyper::header::HOST, "127.0.0.1")
-        .header(hyper::header::CONNECTION, "close")
-        .body(Empty::<Bytes>::new())?;
-    let resp = sender.send_request(req).await?;
-    let code = resp.status().as_u16();
-    let body = resp.into_body().collect().await?.to_bytes();
-    Ok((
-        code,
-        String::from_utf8(body.to_vec()).context("body is not UTF-8")?,
-    ))
+/// `GET path` on a metrics server at `addr` (the agent of `deploy/` listens on the node's
+/// address): status code and body. Fails past [`HTTP_TIMEOUT`].
+pub fn http_get_at(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
+    kube_testenv::http::get(addr, path, HTTP_TIMEOUT)
 }
 
 /// The value of one series on `/metrics`, e.g. `bypass_reconcile_errors_total{kind="watch"}`.
 pub fn metric(port: u16, series: &str) -> Result<f64> {
-    let (code, body) = http_get(port, "/metrics")?;
+    metric_at(SocketAddr::from((Ipv4Addr::LOCALHOST, port)), series)
+}
+
+/// [`metric`] on a metrics server at `addr`.
+pub fn metric_at(addr: SocketAddr, series: &str) -> Result<f64> {
+    let (code, body) = http_get_at(addr, "/metrics")?;
     ensure!(code == 200, "/metrics answered {code}");
     body.lines()
         .find_map(|l| {

@@ -2,7 +2,7 @@
 //! release of the Helm chart, each removed on drop (the README's uninstall); its pod,
 //! `status --json`, pins and `/metrics`.
 
-use std::{process::Command, time::Duration};
+use std::{net::SocketAddr, process::Command};
 
 use anyhow::{Context as _, Result};
 use kube_testenv::{deploy::AGENT_NS, env_path};
@@ -169,27 +169,17 @@ pub fn pins_left() -> Vec<String> {
         .collect()
 }
 
-/// `GET http://NODE_IP:9464/<path>` (the agent's metrics address in `deploy/`): the
-/// whole response, status line first, as the tests check it.
-pub fn http_get(path: &str) -> Result<String> {
-    use std::io::{Read as _, Write as _};
-    let mut s = std::net::TcpStream::connect((NODE_IP, 9464))
-        .with_context(|| format!("connect {NODE_IP}:9464"))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {NODE_IP}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut body = String::new();
-    s.read_to_string(&mut body)?;
-    Ok(body)
+/// The agent's metrics address in `deploy/`: `NODE_IP:9464`.
+fn metrics_addr() -> Result<SocketAddr> {
+    Ok(SocketAddr::new(NODE_IP.parse()?, 9464))
+}
+
+/// `GET http://NODE_IP:9464/<path>`: status code and body.
+pub fn http_get(path: &str) -> Result<(u16, String)> {
+    testbed::agent::http_get_at(metrics_addr()?, path)
 }
 
 /// The value of `series` (name with labels) in `/metrics`.
 pub fn metric(series: &str) -> Result<f64> {
-    let body = http_get("/metrics")?;
-    body.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')))
-        .and_then(|v| v.trim().parse().ok())
-        .with_context(|| format!("no {series} in /metrics:\n{body}"))
+    testbed::agent::metric_at(metrics_addr()?, series)
 }
