@@ -44,7 +44,8 @@ fn attached(path: &Path, attach_type: u32, what: &str) -> Result<u32> {
         attach_type,
         ..Default::default()
     };
-    // Raw bpf(2) BPF_PROG_QUERY: nix has no bpf(2) wrapper.
+    // Raw bpf(2) BPF_PROG_QUERY: nix has no bpf(2) wrapper, and aya 0.14 queries only
+    // cgroup_device, lirc_mode2 and tcx attachments (`CgroupDevice::query`, ...).
     // SAFETY: `attr` is a valid, zero-padded bpf_attr prefix of the size passed; with
     // `prog_ids` 0 the kernel only writes `prog_cnt`, `attach_flags` and `revision`.
     let ret = unsafe {

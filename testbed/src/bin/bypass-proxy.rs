@@ -30,13 +30,15 @@
 use std::{
     io::{ErrorKind, Read, Write},
     net::{Shutdown, SocketAddr, TcpListener, TcpStream},
-    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    os::fd::AsFd as _,
     process::ExitCode,
     sync::Arc,
 };
 
 use anyhow::{Context as _, Result};
 use clap::Parser;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use socket2::{Domain, SockAddr, Socket, Type};
 use testbed::peer::parse_size;
 
 #[derive(Debug, Parser)]
@@ -179,105 +181,27 @@ fn copy(from: &TcpStream, to: &TcpStream, buffer: usize) -> Result<()> {
     }
 }
 
-/// Blocks until `s` is readable (or has an error or hang-up to report).
+/// Blocks until `s` is readable (or has an error or hang-up to report), 1 s at most.
 fn wait_readable(s: &TcpStream) {
-    let mut pfd = libc::pollfd {
-        fd: s.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd for the duration of the call.
-    unsafe { libc::poll(&mut pfd, 1, 1000) };
+    let mut pfd = [PollFd::new(s.as_fd(), PollFlags::POLLIN)];
+    let _ = poll(&mut pfd, PollTimeout::from(1000u16));
 }
 
 /// A connected upstream socket with the mark and local address asked for.
 fn connect_upstream(up: &Upstream) -> Result<TcpStream> {
-    let domain = match up.addr {
-        SocketAddr::V4(_) => libc::AF_INET,
-        SocketAddr::V6(_) => libc::AF_INET6,
-    };
-    // SAFETY: plain syscall; the fd is owned below.
-    let fd = unsafe { libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error()).context("socket");
-    }
-    // SAFETY: `fd` is a fresh descriptor nobody else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let s = Socket::new(Domain::for_address(up.addr), Type::STREAM, None).context("socket")?;
     if up.mark != 0 {
-        setsockopt_u32(&fd, libc::SO_MARK, up.mark).context("SO_MARK (needs CAP_NET_ADMIN)")?;
+        s.set_mark(up.mark)
+            .context("SO_MARK (needs CAP_NET_ADMIN)")?;
     }
     if let Some(local) = up.bind {
-        setsockopt_u32(&fd, libc::SO_REUSEADDR, 1).context("SO_REUSEADDR")?;
-        sys_addr(&fd, local, libc::bind).with_context(|| format!("bind {local}"))?;
+        s.set_reuse_address(true).context("SO_REUSEADDR")?;
+        s.bind(&SockAddr::from(local))
+            .with_context(|| format!("bind {local}"))?;
     }
-    sys_addr(&fd, up.addr, libc::connect).with_context(|| format!("connect {}", up.addr))?;
-    Ok(TcpStream::from(fd))
-}
-
-fn setsockopt_u32(fd: &OwnedFd, opt: libc::c_int, value: u32) -> std::io::Result<()> {
-    // SAFETY: a valid fd and a 4-byte option value that outlives the call.
-    let ret = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            opt,
-            (&raw const value).cast(),
-            size_of::<u32>() as libc::socklen_t,
-        )
-    };
-    if ret != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-type AddrCall = unsafe extern "C" fn(libc::c_int, *const libc::sockaddr, libc::socklen_t) -> i32;
-
-/// `bind` or `connect` with `addr` as a `sockaddr_in`/`sockaddr_in6`.
-fn sys_addr(fd: &OwnedFd, addr: SocketAddr, call: AddrCall) -> Result<()> {
-    // SAFETY: all-zero is a valid sockaddr_storage.
-    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let len = match addr {
-        SocketAddr::V4(a) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(a.ip().octets()),
-                },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
-            unsafe { std::ptr::write((&raw mut ss).cast(), sin) };
-            size_of::<libc::sockaddr_in>()
-        }
-        SocketAddr::V6(a) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: a.port().to_be(),
-                sin6_flowinfo: a.flowinfo(),
-                sin6_addr: libc::in6_addr {
-                    s6_addr: a.ip().octets(),
-                },
-                sin6_scope_id: a.scope_id(),
-            };
-            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
-            unsafe { std::ptr::write((&raw mut ss).cast(), sin6) };
-            size_of::<libc::sockaddr_in6>()
-        }
-    };
-    // SAFETY: `ss` holds a sockaddr of `len` bytes for the family of `fd`.
-    let ret = unsafe {
-        call(
-            fd.as_raw_fd(),
-            (&raw const ss).cast(),
-            len as libc::socklen_t,
-        )
-    };
-    if ret != 0 {
-        return Err(std::io::Error::last_os_error().into());
-    }
-    Ok(())
+    s.connect(&SockAddr::from(up.addr))
+        .with_context(|| format!("connect {}", up.addr))?;
+    Ok(s.into())
 }
 
 #[cfg(test)]

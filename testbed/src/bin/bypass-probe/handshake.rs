@@ -5,62 +5,58 @@
 //! server's namespace and steps the sides through files.
 
 use std::{
+    fmt::Debug,
     io::{ErrorKind, Read, Write},
     net::{Shutdown, SocketAddr, TcpStream},
-    os::fd::AsRawFd,
+    os::fd::AsFd,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result, bail};
+use nix::{
+    getsockopt_impl, setsockopt_impl, sockopt_impl,
+    sys::socket::{SetSockOpt, getsockopt, setsockopt},
+};
 use serde_json::{Value, json};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use testbed::peer::pattern::{Direction, Pattern, Verifier};
 
 use crate::trust::{Steps, wait_file};
 
-/// include/uapi/linux/tcp.h.
-const TCP_REPAIR: libc::c_int = 19;
-const TCP_REPAIR_QUEUE: libc::c_int = 20;
-const TCP_QUEUE_SEQ: libc::c_int = 21;
+// include/uapi/linux/tcp.h. nix has only TCP_REPAIR, as a u32 (leaving repair mode
+// passes -1): all three declared with nix's own macro, as nix declares its options.
+sockopt_impl!(
+    /// `TCP_REPAIR`: 1 enters repair mode, [`REPAIR_OFF_NO_WP`] leaves it.
+    Repair,
+    SetOnly,
+    libc::IPPROTO_TCP,
+    libc::TCP_REPAIR,
+    libc::c_int
+);
+sockopt_impl!(
+    /// `TCP_REPAIR_QUEUE`: which queue [`QueueSeq`] reads or sets.
+    RepairQueue,
+    SetOnly,
+    libc::IPPROTO_TCP,
+    libc::TCP_REPAIR_QUEUE,
+    libc::c_int
+);
+sockopt_impl!(
+    /// `TCP_QUEUE_SEQ`: the sequence number of the queue chosen (in repair mode).
+    QueueSeq,
+    Both,
+    libc::IPPROTO_TCP,
+    libc::TCP_QUEUE_SEQ,
+    u32
+);
 const TCP_RECV_QUEUE: libc::c_int = 1;
 const TCP_SEND_QUEUE: libc::c_int = 2;
 /// Leave repair mode without sending a window probe.
-const TCP_REPAIR_OFF_NO_WP: libc::c_int = -1;
+const REPAIR_OFF_NO_WP: libc::c_int = -1;
 
-fn set_int(fd: i32, opt: libc::c_int, v: libc::c_int) -> Result<()> {
-    // SAFETY: a valid int of the length passed.
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            opt,
-            std::ptr::from_ref(&v).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error()).with_context(|| format!("setsockopt {opt}"));
-    }
-    Ok(())
-}
-
-fn get_u32(fd: i32, opt: libc::c_int) -> Result<u32> {
-    let mut v: u32 = 0;
-    let mut len = std::mem::size_of::<u32>() as libc::socklen_t;
-    // SAFETY: a valid u32 and its length.
-    let r = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            opt,
-            std::ptr::from_mut(&mut v).cast(),
-            &raw mut len,
-        )
-    };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error()).with_context(|| format!("getsockopt {opt}"));
-    }
-    Ok(v)
+/// Sets one of the repair options above on `fd`.
+fn set<O: SetSockOpt + Copy + Debug>(fd: &impl AsFd, opt: O, v: &O::Val) -> Result<()> {
+    setsockopt(fd, opt, v).with_context(|| format!("setsockopt {opt:?}"))
 }
 
 /// Writes `n` bytes of the client's pattern from `p`.
@@ -135,13 +131,12 @@ pub fn push_server(mut s: TcpStream, st: &Steps<'_>) -> Result<Value> {
 /// are a keyed hash of the addresses plus a clock), write them as `"snd rcv"` to the
 /// mark file, then read and verify what the server sends, to EOF.
 pub fn forge_victim(mut s: TcpStream, st: &Steps<'_>) -> Result<Value> {
-    let fd = s.as_raw_fd();
-    set_int(fd, TCP_REPAIR, 1)?;
-    set_int(fd, TCP_REPAIR_QUEUE, TCP_SEND_QUEUE)?;
-    let snd = get_u32(fd, TCP_QUEUE_SEQ)?;
-    set_int(fd, TCP_REPAIR_QUEUE, TCP_RECV_QUEUE)?;
-    let rcv = get_u32(fd, TCP_QUEUE_SEQ)?;
-    set_int(fd, TCP_REPAIR, TCP_REPAIR_OFF_NO_WP)?;
+    set(&s, Repair, &1)?;
+    set(&s, RepairQueue, &TCP_SEND_QUEUE)?;
+    let snd = getsockopt(&s, QueueSeq).context("getsockopt QueueSeq")?;
+    set(&s, RepairQueue, &TCP_RECV_QUEUE)?;
+    let rcv = getsockopt(&s, QueueSeq).context("getsockopt QueueSeq")?;
+    set(&s, Repair, &REPAIR_OFF_NO_WP)?;
     if let Some(m) = st.mark {
         let tmp = m.with_extension("tmp");
         std::fs::write(&tmp, format!("{snd} {rcv}")).context("write the sequence numbers")?;
@@ -178,18 +173,17 @@ pub fn forge_attacker(connect: SocketAddr, bind: SocketAddr, st: &Steps<'_>) -> 
         Type::STREAM,
         Some(Protocol::TCP),
     )?;
-    let fd = s.as_raw_fd();
-    set_int(fd, TCP_REPAIR, 1)?;
+    set(&s, Repair, &1)?;
     s.set_reuse_address(true)?;
     s.bind(&SockAddr::from(bind))
         .with_context(|| format!("bind {bind}"))?;
-    set_int(fd, TCP_REPAIR_QUEUE, TCP_SEND_QUEUE)?;
-    set_int(fd, TCP_QUEUE_SEQ, snd as libc::c_int)?;
-    set_int(fd, TCP_REPAIR_QUEUE, TCP_RECV_QUEUE)?;
-    set_int(fd, TCP_QUEUE_SEQ, rcv as libc::c_int)?;
+    set(&s, RepairQueue, &TCP_SEND_QUEUE)?;
+    set(&s, QueueSeq, &snd)?;
+    set(&s, RepairQueue, &TCP_RECV_QUEUE)?;
+    set(&s, QueueSeq, &rcv)?;
     s.connect(&SockAddr::from(connect))
         .with_context(|| format!("repair connect {connect}"))?;
-    set_int(fd, TCP_REPAIR, TCP_REPAIR_OFF_NO_WP)?;
+    set(&s, Repair, &REPAIR_OFF_NO_WP)?;
     if let Some(m) = st.mark {
         std::fs::write(m, b"").with_context(|| format!("write {}", m.display()))?;
     }

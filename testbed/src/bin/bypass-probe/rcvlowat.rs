@@ -7,16 +7,17 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
+use nix::sys::socket::setsockopt;
 use serde_json::{Value, json};
 use testbed::peer::pattern::{Direction, Pattern};
 
 use crate::{
     Common,
-    sock::{poll_in, setsockopt_int, sleep_ms, wait_closed},
+    sock::{RcvLowat, poll_in, sleep_ms, wait_closed},
 };
 
 pub fn server(mut s: TcpStream) -> Result<Value> {
-    setsockopt_int(&s, libc::SOL_SOCKET, libc::SO_RCVLOWAT, 1000)?;
+    setsockopt(&s, RcvLowat, &1000).context("setsockopt")?;
     // The client sends 500 bytes 100 ms after connecting, 600 more 300 ms later.
     let ready_early = poll_in(&s, 250)?;
     // Read only once readable: a blocking read that already holds some bytes is woken

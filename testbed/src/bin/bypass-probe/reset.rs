@@ -4,11 +4,12 @@
 use std::{
     io::{Read, Write},
     net::TcpStream,
+    time::Duration,
 };
 
 use anyhow::{Context as _, Result};
-use nix::sys::socket::{setsockopt, sockopt};
 use serde_json::{Value, json};
+use socket2::SockRef;
 use testbed::peer::pattern::{Direction, Verifier};
 
 use crate::sock::{errno_name, send_pattern, sleep_ms};
@@ -59,11 +60,9 @@ pub fn client(mut s: TcpStream) -> Result<Value> {
         0,
     )?;
     sleep_ms(100);
-    let linger = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    setsockopt(&s, sockopt::Linger, &linger).context("SO_LINGER")?;
+    SockRef::from(&s)
+        .set_linger(Some(Duration::ZERO))
+        .context("SO_LINGER")?;
     drop(s);
     Ok(json!({"sent": sent}))
 }

@@ -21,7 +21,7 @@ pub fn client(s: &TcpStream, c: &Common) -> Result<Value> {
     std::fs::write(&path, &data)?;
     let f = std::fs::File::open(&path)?;
     let _ = std::fs::remove_file(&path);
-    let mut off: libc::off_t = 0;
+    let mut off = 0;
     let mut sent = 0u64;
     while sent < c.bytes {
         let n = sendfile(s, &f, Some(&mut off), (c.bytes - sent) as usize).context("sendfile")?;

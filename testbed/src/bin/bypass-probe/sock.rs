@@ -10,7 +10,10 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 use nix::{
+    errno::Errno,
+    getsockopt_impl, ioctl_read_bad,
     poll::{PollFd, PollFlags, PollTimeout, poll},
+    setsockopt_impl, sockopt_impl,
     sys::socket::{MsgFlags, recv},
 };
 use serde_json::{Value, json};
@@ -128,48 +131,37 @@ pub fn sleep_ms(ms: u64) {
     std::thread::sleep(Duration::from_millis(ms));
 }
 
-/// The errno's name, for reports that compare errors across runs.
+/// The errno's symbolic name (`"EPERM"`), for reports that compare errors across runs;
+/// `"errno N"` for a number nix does not know, the error's text when it has no errno.
 pub fn errno_name(e: &std::io::Error) -> String {
-    match e.raw_os_error() {
-        Some(libc::EPIPE) => "EPIPE".into(),
-        Some(libc::ECONNRESET) => "ECONNRESET".into(),
-        Some(libc::EAGAIN) => "EAGAIN".into(),
-        Some(libc::ENOTCONN) => "ENOTCONN".into(),
-        Some(libc::EINVAL) => "EINVAL".into(),
-        Some(libc::ETIMEDOUT) => "ETIMEDOUT".into(),
-        Some(n) => format!("errno {n}"),
+    match e.raw_os_error().map(|n| (n, Errno::from_raw(n))) {
+        Some((n, Errno::UnknownErrno)) => format!("errno {n}"),
+        Some((_, errno)) => format!("{errno:?}"),
         None => e.to_string(),
     }
 }
 
+// nix has no FIONREAD call of its own: its ioctl macro declares one.
+ioctl_read_bad!(fionread_ioctl, libc::FIONREAD, libc::c_int);
+
 /// FIONREAD: bytes the next reads would return without blocking.
 pub fn fionread(s: &TcpStream) -> Result<u64> {
     let mut n: libc::c_int = 0;
-    // nix has no FIONREAD call, only the unsafe ioctl macros: the raw ioctl is as short.
     // SAFETY: FIONREAD writes one int through the pointer.
-    if unsafe { libc::ioctl(s.as_raw_fd(), libc::FIONREAD, &mut n) } != 0 {
-        return Err(std::io::Error::last_os_error()).context("ioctl FIONREAD");
-    }
+    unsafe { fionread_ioctl(s.as_raw_fd(), &mut n) }.context("ioctl FIONREAD")?;
     Ok(u64::try_from(n).unwrap_or(0))
 }
 
-/// An int socket option nix has no typed wrapper for (SO_RCVLOWAT), so raw setsockopt.
-pub fn setsockopt_int(s: &impl AsRawFd, level: i32, opt: i32, v: i32) -> Result<()> {
-    // SAFETY: valid int option of the size passed.
-    let r = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            level,
-            opt,
-            (&raw const v).cast(),
-            size_of::<i32>() as u32,
-        )
-    };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error()).context("setsockopt");
-    }
-    Ok(())
-}
+// SO_RCVLOWAT, which nix does not define, declared with nix's own macro (the typed
+// `setsockopt` of every other option).
+sockopt_impl!(
+    /// `SO_RCVLOWAT`: bytes a read waits for, and readiness reports.
+    RcvLowat,
+    Both,
+    libc::SOL_SOCKET,
+    libc::SO_RCVLOWAT,
+    libc::c_int
+);
 
 /// recv(2) with MSG_WAITALL into `buf`: what the one call returned.
 pub fn recv_waitall(s: &TcpStream, buf: &mut [u8]) -> nix::Result<usize> {
@@ -190,4 +182,21 @@ pub fn wait_readable(s: &TcpStream, timeout_ms: i32) -> Result<()> {
         bail!("nothing to read within {timeout_ms} ms");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errno_names() {
+        let os = std::io::Error::from_raw_os_error;
+        assert_eq!(errno_name(&os(libc::EPERM)), "EPERM");
+        assert_eq!(errno_name(&os(libc::EWOULDBLOCK)), "EAGAIN");
+        assert_eq!(errno_name(&os(libc::ENOTSUP)), "EOPNOTSUPP");
+        assert_eq!(errno_name(&os(libc::ECONNRESET)), "ECONNRESET");
+        assert_eq!(errno_name(&os(4000)), "errno 4000");
+        let plain = std::io::Error::other("no errno");
+        assert_eq!(errno_name(&plain), "no errno");
+    }
 }

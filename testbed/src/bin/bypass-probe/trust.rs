@@ -7,7 +7,7 @@
 use std::{
     io::{ErrorKind, Read, Write},
     net::{Shutdown, SocketAddr, TcpListener, TcpStream},
-    os::fd::AsRawFd,
+    os::fd::{AsFd as _, AsRawFd as _, BorrowedFd},
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
@@ -15,10 +15,10 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use nix::sys::socket::{setsockopt, sockopt::TcpUlp};
 use serde_json::{Value, json};
-use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use socket2::{Domain, Protocol, SockAddr, SockAddrStorage, SockRef, Socket, Type};
 use testbed::peer::pattern::{Direction, Pattern, Verifier};
 
-use crate::sock::recv_waitall;
+use crate::sock::{errno_name, recv_waitall};
 
 /// What the trust cases take from the command line.
 pub struct Steps<'a> {
@@ -214,19 +214,17 @@ pub fn ulp_client(mut s: TcpStream, st: &Steps<'_>) -> Result<Value> {
 /// with connect(AF_UNSPEC), then ask for the TLS upper-layer protocol.
 pub fn ulp_after_disconnect_client(s: TcpStream) -> Result<Value> {
     std::thread::sleep(Duration::from_millis(50));
-    // SAFETY: an all-zero sockaddr with family AF_UNSPEC, of the length passed.
-    let r = unsafe {
-        let mut sa: libc::sockaddr = std::mem::zeroed();
-        sa.sa_family = libc::AF_UNSPEC as libc::sa_family_t;
-        libc::connect(
-            s.as_raw_fd(),
-            &raw const sa,
-            std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
+    // SAFETY: an all-zero address is AF_UNSPEC, and it is given the length of a
+    // `sockaddr`, what the kernel reads for that family.
+    let unspec = unsafe {
+        SockAddr::new(
+            SockAddrStorage::zeroed(),
+            size_of::<libc::sockaddr>() as libc::socklen_t,
         )
     };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error()).context("connect(AF_UNSPEC)");
-    }
+    SockRef::from(&s)
+        .connect(&unspec)
+        .context("connect(AF_UNSPEC)")?;
     Ok(json!({"ulp": set_ulp_tls(&s), "ok": true}))
 }
 
@@ -259,11 +257,11 @@ pub fn ulp_server(mut s: TcpStream, st: &Steps<'_>) -> Result<Value> {
 /// One setsockopt with a raw buffer: `"ok"` or the errno's name. Raw libc on purpose:
 /// every option gets the bytes an application passes, so the errno is the kernel's own
 /// answer to that buffer (nix's typed options would reshape or refuse some of them).
-fn setsockopt_raw(fd: i32, level: i32, name: i32, val: &[u8]) -> String {
+fn setsockopt_raw(fd: BorrowedFd<'_>, level: i32, name: i32, val: &[u8]) -> String {
     // SAFETY: valid buffer of the length passed.
     let r = unsafe {
         libc::setsockopt(
-            fd,
+            fd.as_raw_fd(),
             level,
             name,
             val.as_ptr().cast(),
@@ -278,7 +276,7 @@ fn setsockopt_raw(fd: i32, level: i32, name: i32, val: &[u8]) -> String {
 }
 
 /// The setsockopt calls applications make, on a socket: name → result.
-fn common_sockopts(fd: i32) -> serde_json::Map<String, Value> {
+fn common_sockopts(fd: BorrowedFd<'_>) -> serde_json::Map<String, Value> {
     let one = 1i32.to_ne_bytes();
     let big = vec![0u8; 5000];
     let cubic = b"cubic";
@@ -336,9 +334,9 @@ fn common_sockopts(fd: i32) -> serde_json::Map<String, Value> {
 /// sockopts, client: the common setsockopts on the connected (bypassed) socket and on
 /// a fresh one, then `bytes` verified by the server.
 pub fn sockopts_client(mut s: TcpStream, st: &Steps<'_>) -> Result<Value> {
-    let connected = common_sockopts(s.as_raw_fd());
+    let connected = common_sockopts(s.as_fd());
     let fresh = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
-    let unconnected = common_sockopts(fresh.as_raw_fd());
+    let unconnected = common_sockopts(fresh.as_fd());
     let mut w = Writer::new(Direction::ClientToServer);
     w.send(&mut s, st.bytes)?;
     s.shutdown(Shutdown::Write)?;
@@ -365,8 +363,9 @@ pub fn special_listener(listen: SocketAddr, mptcp: bool, fastopen: bool) -> Resu
         .with_context(|| format!("socket (MPTCP: {mptcp})"))?;
     s.set_reuse_address(true)?;
     if fastopen {
+        // Neither nix nor socket2 sets TCP_FASTOPEN (the listener's queue length).
         let qlen = 16i32.to_ne_bytes();
-        let r = setsockopt_raw(s.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_FASTOPEN, &qlen);
+        let r = setsockopt_raw(s.as_fd(), libc::IPPROTO_TCP, libc::TCP_FASTOPEN, &qlen);
         if r != "ok" {
             bail!("TCP_FASTOPEN on the listener: {r}");
         }
@@ -450,23 +449,6 @@ pub fn mptcp_server(l: &TcpListener, bytes: u64) -> Result<Value> {
     w.send(&mut s, bytes)?;
     s.shutdown(Shutdown::Write)?;
     Ok(report(&v))
-}
-
-/// An errno's symbolic name.
-pub fn errno_name(e: &std::io::Error) -> String {
-    match e.raw_os_error() {
-        Some(libc::EPERM) => "EPERM".into(),
-        Some(libc::ENOENT) => "ENOENT".into(),
-        Some(libc::EFAULT) => "EFAULT".into(),
-        Some(libc::EINVAL) => "EINVAL".into(),
-        Some(libc::ENODEV) => "ENODEV".into(),
-        Some(libc::EEXIST) => "EEXIST".into(),
-        Some(libc::ENOTCONN) => "ENOTCONN".into(),
-        Some(libc::EOPNOTSUPP) => "EOPNOTSUPP".into(),
-        Some(libc::ENOPROTOOPT) => "ENOPROTOOPT".into(),
-        Some(n) => format!("errno {n}"),
-        None => e.to_string(),
-    }
 }
 
 /// A path argument, if given.

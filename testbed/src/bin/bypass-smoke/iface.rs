@@ -5,18 +5,22 @@
 use std::{
     fs::File,
     net::Ipv4Addr,
-    os::fd::{AsRawFd as _, RawFd},
+    os::fd::{AsRawFd as _, OwnedFd},
 };
 
-use anyhow::{Context as _, Result, anyhow, bail};
+use anyhow::{Context as _, Result, anyhow};
+use nix::{
+    ioctl_readwrite_bad,
+    sched::{CloneFlags, setns, unshare},
+    sys::socket::{AddressFamily, SockFlag, SockType, socket},
+};
 
 /// A fresh network namespace; the file keeps it alive.
 pub fn new_netns() -> Result<File> {
     std::thread::spawn(|| -> Result<File> {
-        // SAFETY: plain syscall; CLONE_NEWNET changes this thread's namespace only.
-        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-            bail!("unshare(CLONE_NEWNET): {}", std::io::Error::last_os_error());
-        }
+        // CLONE_NEWNET changes this thread's namespace only.
+        unshare(CloneFlags::CLONE_NEWNET)
+            .map_err(|e| anyhow!("unshare(CLONE_NEWNET): {}", std::io::Error::from(e)))?;
         File::open("/proc/thread-self/ns/net").context("open /proc/thread-self/ns/net")
     })
     .join()
@@ -64,66 +68,57 @@ pub fn netmask(prefix: u8) -> Ipv4Addr {
     )
 }
 
-fn ioctl(sock: RawFd, request: libc::Ioctl, req: &mut IfReq, what: &str) -> Result<()> {
+// nix has no ifreq calls: its ioctl macro declares them. All four as read-write, so
+// one signature serves them; the set requests only read the struct.
+ioctl_readwrite_bad!(set_addr, libc::SIOCSIFADDR, IfReq);
+ioctl_readwrite_bad!(set_netmask, libc::SIOCSIFNETMASK, IfReq);
+ioctl_readwrite_bad!(get_flags, libc::SIOCGIFFLAGS, IfReq);
+ioctl_readwrite_bad!(set_flags, libc::SIOCSIFFLAGS, IfReq);
+
+/// One of the ifreq ioctls above.
+type IfReqCall = unsafe fn(libc::c_int, *mut IfReq) -> nix::Result<libc::c_int>;
+
+fn ioctl(sock: &OwnedFd, call: IfReqCall, req: &mut IfReq, what: &str) -> Result<()> {
     // SAFETY: `req` is a valid `struct ifreq` for these requests.
-    if unsafe { libc::ioctl(sock, request, std::ptr::from_mut(req)) } != 0 {
-        bail!("{what}: {}", std::io::Error::last_os_error());
-    }
+    unsafe { call(sock.as_raw_fd(), req) }
+        .map_err(|e| anyhow!("{what}: {}", std::io::Error::from(e)))?;
     Ok(())
 }
 
-fn up(sock: RawFd, ifname: &str) -> Result<()> {
+fn up(sock: &OwnedFd, ifname: &str) -> Result<()> {
     let mut r = IfReq::new(ifname);
-    ioctl(sock, libc::SIOCGIFFLAGS, &mut r, "SIOCGIFFLAGS")?;
+    ioctl(sock, get_flags, &mut r, "SIOCGIFFLAGS")?;
     let flags = i16::from_ne_bytes([r.data[0], r.data[1]]) | libc::IFF_UP as i16;
     r.data[..2].copy_from_slice(&flags.to_ne_bytes());
-    ioctl(
-        sock,
-        libc::SIOCSIFFLAGS,
-        &mut r,
-        &format!("bring {ifname} up"),
-    )
+    ioctl(sock, set_flags, &mut r, &format!("bring {ifname} up"))
 }
 
 /// In `ns`: `lo` up, `ifname` up with `addr/prefix`.
 pub fn configure(ns: &File, ifname: &str, addr: Ipv4Addr, prefix: u8) -> Result<()> {
-    let ns_fd = ns.as_raw_fd();
-    let ifname = ifname.to_owned();
-    std::thread::spawn(move || -> Result<()> {
-        // SAFETY: plain syscalls; setns changes this thread's namespace only, and the
-        // socket is closed before the thread ends.
-        unsafe {
-            if libc::setns(ns_fd, libc::CLONE_NEWNET) != 0 {
-                bail!("setns: {}", std::io::Error::last_os_error());
-            }
-            let sock = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-            if sock < 0 {
-                bail!("socket: {}", std::io::Error::last_os_error());
-            }
-            let done = (|| {
-                let mut a = IfReq::with_addr(&ifname, addr);
-                ioctl(
-                    sock,
-                    libc::SIOCSIFADDR,
-                    &mut a,
-                    &format!("address {ifname}"),
-                )?;
-                let mut m = IfReq::with_addr(&ifname, netmask(prefix));
-                ioctl(
-                    sock,
-                    libc::SIOCSIFNETMASK,
-                    &mut m,
-                    &format!("netmask {ifname}"),
-                )?;
-                up(sock, "lo")?;
-                up(sock, &ifname)
-            })();
-            libc::close(sock);
-            done
-        }
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| -> Result<()> {
+                // setns changes this thread's namespace only; the socket is closed
+                // before the thread ends.
+                setns(ns, CloneFlags::CLONE_NEWNET)
+                    .map_err(|e| anyhow!("setns: {}", std::io::Error::from(e)))?;
+                let sock = socket(
+                    AddressFamily::Inet,
+                    SockType::Datagram,
+                    SockFlag::SOCK_CLOEXEC,
+                    None,
+                )
+                .map_err(|e| anyhow!("socket: {}", std::io::Error::from(e)))?;
+                let mut a = IfReq::with_addr(ifname, addr);
+                ioctl(&sock, set_addr, &mut a, &format!("address {ifname}"))?;
+                let mut m = IfReq::with_addr(ifname, netmask(prefix));
+                ioctl(&sock, set_netmask, &mut m, &format!("netmask {ifname}"))?;
+                up(&sock, "lo")?;
+                up(&sock, ifname)
+            })
+            .join()
+            .map_err(|_| anyhow!("the configuring thread panicked"))?
     })
-    .join()
-    .map_err(|_| anyhow!("the configuring thread panicked"))?
 }
 
 #[cfg(test)]
