@@ -42,6 +42,7 @@ pub mod peers;
 pub mod proxy;
 pub mod require;
 pub mod spawn;
+pub mod steps;
 pub mod tools;
 pub mod topology;
 

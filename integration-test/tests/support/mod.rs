@@ -278,12 +278,5 @@ impl Drop for Steps {
 
 /// Waits at most 30 s until `p` exists.
 pub fn wait_file(p: &Path) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !p.exists() {
-        if Instant::now() > deadline {
-            bail!("{} did not appear within 30 s", p.display());
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    Ok(())
+    testbed::steps::wait_file(p, Duration::from_secs(30))
 }

@@ -34,14 +34,7 @@ pub struct Steps<'a> {
 
 /// Waits at most 60 s until `path` exists.
 pub fn wait_file(path: &Path) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !path.exists() {
-        if Instant::now() > deadline {
-            bail!("{} did not appear within 60 s", path.display());
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    Ok(())
+    testbed::steps::wait_file(path, Duration::from_secs(60))
 }
 
 fn wait_opt(path: Option<&Path>) -> Result<()> {

@@ -1,0 +1,43 @@
+//! Step files: a test and the tools it runs in the pods signal each other by creating
+//! files in a directory both see.
+
+use std::{
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Result, bail};
+
+/// Waits at most `within` until `path` exists.
+pub fn wait_file(path: &Path, within: Duration) -> Result<()> {
+    let deadline = Instant::now() + within;
+    while !path.exists() {
+        if Instant::now() > deadline {
+            bail!("{} did not appear within {within:?}", path.display());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sees_a_file_and_names_a_missing_one() {
+        let dir = std::env::temp_dir().join(format!("steps-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let there = dir.join("there");
+        std::fs::write(&there, b"").unwrap();
+        assert!(wait_file(&there, Duration::ZERO).is_ok());
+        let err = wait_file(&dir.join("never"), Duration::from_millis(20))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("never") && err.contains("did not appear"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
