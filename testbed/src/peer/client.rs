@@ -233,7 +233,9 @@ fn one(connect: SocketAddr, opts: &ClientArgs, stream: u64) -> ConnOutcome {
     };
     // By default the first send follows connect at once: it races the server's side of
     // the connection into the SockHash, which is what the datapath must survive.
-    std::thread::sleep(Duration::from_millis(opts.first_send_after_ms));
+    if opts.first_send_after_ms > 0 {
+        std::thread::sleep(Duration::from_millis(opts.first_send_after_ms));
+    }
     if let Err(e) = (&sock).write_all(&header.encode()) {
         out.failures.push(io_fail("send header", e));
         return out;
