@@ -70,22 +70,21 @@ pub struct RunOpts {
     /// SockHash capacity in sockets (two per bypassed connection).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_SOCKETS)]
     pub max_sockets: u32,
-    /// Bytes one direction of a connection may have redirected that the peer has not
-    /// read yet (K, M suffixes); past it, that direction takes the normal TCP path (and
-    /// TCP's backpressure). 0 turns the bound off: a peer that stops reading then lets
-    /// the sender queue kernel memory without limit.
-    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_QUEUED_BYTES,
-        value_parser = parse_bytes)]
-    pub max_queued_bytes: u32,
+    /// What may wait for a reader that did not fix its receive buffer (K, M suffixes):
+    /// bytes redirected to it and not yet read, each message also counted for the
+    /// kernel memory it holds (about 1 KiB). Past it, the sender takes the normal TCP
+    /// path (and TCP's backpressure) until the reader has caught up, then redirects
+    /// again. `auto` (the default): what TCP lets a receive buffer grow to, the third
+    /// value of net.ipv4.tcp_rmem. A reader that fixed SO_RCVBUF is held to that. 0
+    /// turns the bound off: a peer that stops reading then lets the sender queue kernel
+    /// memory without limit.
+    #[arg(long, value_name = "BYTES|auto", default_value = "auto", value_parser = parse_bound)]
+    pub max_queued_bytes: QueueBound,
     /// Sends smaller than this (K suffix allowed), made while the peer has not yet read
     /// what was redirected to it 8 times in a row (a larger send restarts the count),
-    /// are a small-message stream: that direction takes the normal TCP path for good.
-    /// Request and response traffic, where the peer has read everything before it
-    /// answers, keeps the redirect; a response of 8 or more small writes, or a
-    /// pipelining client, does not. 0 (the default) turns it off: a socket in the
-    /// SockHash sends by TCP one segment per message, so this wins only where the
-    /// reader's wake-ups cost more (see the README's Performance section). Needs the
-    /// queue measured, as the bound does (off on kernels without it).
+    /// are a small-message stream: the connection leaves the SockHash and runs as plain
+    /// TCP, which coalesces small writes. Request and response traffic, where the peer
+    /// has read everything before it answers, keeps the redirect. 0 turns it off.
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_SMALL_STREAM_BYTES,
         value_parser = parse_bytes)]
     pub small_stream_bytes: u32,
@@ -191,6 +190,34 @@ pub fn parse_ports(s: &str) -> Result<PortList, String> {
 }
 
 /// A byte count below 4 GiB: digits with an optional K, M or G suffix (powers of 1024).
+/// `--max-queued-bytes`: a byte count, or what the host's TCP allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueBound {
+    /// The third value of `net.ipv4.tcp_rmem`.
+    Auto,
+    /// This many bytes (0: no bound).
+    Bytes(u32),
+}
+
+impl QueueBound {
+    /// The bound in bytes, `auto` resolved with `tcp_rmem_max` (else
+    /// [`DEFAULT_MAX_QUEUED_BYTES`]).
+    pub fn resolve(self, tcp_rmem_max: Option<u32>) -> u32 {
+        match self {
+            QueueBound::Auto => tcp_rmem_max.unwrap_or(DEFAULT_MAX_QUEUED_BYTES),
+            QueueBound::Bytes(n) => n,
+        }
+    }
+}
+
+/// Parses `--max-queued-bytes`: `auto` or [`parse_bytes`].
+pub fn parse_bound(s: &str) -> Result<QueueBound, String> {
+    if s.trim().eq_ignore_ascii_case("auto") {
+        return Ok(QueueBound::Auto);
+    }
+    parse_bytes(s).map(QueueBound::Bytes)
+}
+
 pub fn parse_bytes(s: &str) -> Result<u32, String> {
     let t = s.trim();
     let end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());

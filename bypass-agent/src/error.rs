@@ -259,6 +259,22 @@ impl AgentError {
         E: std::error::Error + Send + Sync + 'static,
     {
         let action = action.into();
+        // A verifier log says more than its errno (the verifier answers EPERM too,
+        // e.g. for a program that may not attach where it was loaded for).
+        if let Some(aya::programs::ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        }) = (&err as &(dyn std::error::Error + 'static)).downcast_ref()
+        {
+            let log = verifier_log.to_string();
+            if !log.trim().is_empty() {
+                return Self::Verifier {
+                    action,
+                    source: std::io::Error::from_raw_os_error(io_error.raw_os_error().unwrap_or(0)),
+                    log,
+                };
+            }
+        }
         if find_io(&err).is_some_and(|io| io.raw_os_error() == Some(Errno::EPERM as i32)) {
             return Self::Permission {
                 action,

@@ -63,7 +63,9 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
         pin_dir: opts.pins.pin_dir,
         cgroup,
         max_sockets: opts.max_sockets,
-        max_queued_bytes: opts.max_queued_bytes,
+        max_queued_bytes: opts
+            .max_queued_bytes
+            .resolve(datapath::tcp_rmem_max()),
         small_stream_bytes: opts.small_stream_bytes,
         reset: opts.reset,
         detach_on_exit: opts.detach_on_exit,

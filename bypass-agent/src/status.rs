@@ -65,22 +65,25 @@ pub struct Report {
     pub insert_failures_cause: Option<String>,
 }
 
-/// What the loaded programs guarantee on this kernel. The order rule (a direction never
-/// goes back from TCP to redirects) and the upper-layer protocol refusal hold on every
-/// kernel the agent loads on; the queue bound needs the kernel's sockmap to expose its
-/// queue length and `bpf_probe_read_kernel`.
+/// What the loaded programs guarantee on this kernel. Every one holds on every kernel
+/// the agent loads on but FIONREAD, which counts redirected bytes only where the
+/// kernel's sockmap keeps its queue length; the others can be off only because a hook
+/// is not attached (after `uninstall`) or the bound was set to 0.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Features {
-    /// Sends that would pass `--max-queued-bytes` in the peer's ingress queue take TCP.
+    /// What waits for a reader is bounded (`--max-queued-bytes`, or its own fixed
+    /// receive buffer); past it, its peer sends by TCP until it has caught up.
     pub queue_bound: bool,
     /// A peer's SO_RCVLOWAT / SO_PEEK_OFF keep redirects away from it.
     pub receive_options: bool,
     /// `TCP_ULP` (kTLS) refused on bypassed sockets; MPTCP subflows never inserted.
     pub ulp_guard: bool,
-    /// A direction never goes back from TCP to redirects.
-    pub order_no_resume: bool,
-    /// The setsockopt hook is attached.
-    pub sockopt_hook: bool,
+    /// Bytes are read in the order they were sent: a direction goes back from TCP to
+    /// redirects only once its peer has read every TCP byte with no reader inside.
+    pub order: bool,
+    /// The read guard is attached: a splice or zero-copy receive never misses a
+    /// redirected byte.
+    pub read_guard: bool,
     /// FIONREAD (`ioctl(SIOCINQ)`) counts redirected bytes: kernels whose sockmap keeps
     /// its queue length (`sk_psock.msg_tot_len`, not 6.1); elsewhere it reports only
     /// what came by TCP.
@@ -88,28 +91,35 @@ pub struct Features {
 }
 
 impl Features {
-    /// From the recorded feature bits and whether the setsockopt hook is attached.
-    pub fn from_bits(bits: u32, sockopt_hook: bool) -> Self {
+    /// From the recorded feature bits, whether the setsockopt hook and the read guard
+    /// are attached, and the bound in force.
+    pub fn from_bits(bits: u32, sockopt_hook: bool, read_guard: bool, max_queued: u32) -> Self {
         Self {
-            queue_bound: bits & bypass_common::layout::features::QUEUE_BOUND != 0,
+            queue_bound: max_queued != 0,
             receive_options: sockopt_hook,
             ulp_guard: sockopt_hook,
-            order_no_resume: true,
-            sockopt_hook,
+            order: true,
+            read_guard,
             fionread: bits & bypass_common::layout::features::NO_QUEUE_FIELD == 0,
         }
     }
 
     /// `(name, on)` pairs, for text and metrics.
-    pub fn list(&self) -> [(&'static str, bool); 5] {
+    pub fn list(&self) -> [(&'static str, bool); 6] {
         [
             ("queue_bound", self.queue_bound),
             ("receive_options", self.receive_options),
             ("ulp_guard", self.ulp_guard),
-            ("order_no_resume", self.order_no_resume),
+            ("order", self.order),
+            ("read_guard", self.read_guard),
             ("fionread", self.fionread),
         ]
     }
+}
+
+/// Why the queue bound is off, when it is.
+pub fn queue_bound_off_reason(max_queued: u32) -> Option<&'static str> {
+    (max_queued == 0).then_some("--max-queued-bytes 0 (no bound)")
 }
 
 /// Reads the pins and builds the report.
@@ -117,6 +127,7 @@ pub fn read(layout: &PinLayout) -> Result<Report, AgentError> {
     let view = PinnedView::open(layout)?;
     let recorded = Recorded::decode(view.control.agent_state()?);
     let bits = view.control.features()?;
+    let max_queued = view.control.max_queued()?;
     let (connectors, links) = view.pairings.len();
     let counters = view.stats.read()?;
     let sockets = crate::datapath::count_sockets(&view.sockets);
@@ -135,11 +146,11 @@ pub fn read(layout: &PinLayout) -> Result<Report, AgentError> {
         sockets,
         connectors,
         links,
-        max_queued_bytes: view.control.max_queued()?,
+        max_queued_bytes: max_queued,
         small_stream_bytes: view.control.small_stream()?,
         kernel: crate::datapath::kernel_release(),
-        features: Features::from_bits(bits, view.sockopt_pinned),
-        queue_bound_off: crate::datapath::queue_bound_off_reason(bits).map(str::to_owned),
+        features: Features::from_bits(bits, view.sockopt_pinned, view.guard_pinned, max_queued),
+        queue_bound_off: queue_bound_off_reason(max_queued).map(str::to_owned),
         counters,
         pod_cidrs: view
             .pod_maps
@@ -257,7 +268,7 @@ mod tests {
             max_queued_bytes: 4 << 20,
             small_stream_bytes: 256,
             kernel: "6.18.0".into(),
-            features: Features::from_bits(bypass_common::layout::features::QUEUE_BOUND, true),
+            features: Features::from_bits(0, true, true, 4 << 20),
             queue_bound_off: None,
             counters: Counters {
                 redirected_bytes: 1024,

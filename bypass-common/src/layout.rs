@@ -17,22 +17,27 @@ pub mod globals {
     pub const OFF_TCP_WRITE_SEQ: &str = "BYPASS_OFF_TCP_WRITE_SEQ";
     /// [`super::KernelLayout::tcp_fastopen_req`].
     pub const OFF_TCP_FASTOPEN_REQ: &str = "BYPASS_OFF_TCP_FASTOPEN_REQ";
-    /// [`super::KernelLayout::sk_user_data`].
-    pub const OFF_SK_USER_DATA: &str = "BYPASS_OFF_SK_USER_DATA";
-    /// [`super::KernelLayout::sk_cookie`].
-    pub const OFF_SK_COOKIE: &str = "BYPASS_OFF_SK_COOKIE";
-    /// [`super::KernelLayout::psock_msg_tot_len`].
-    pub const OFF_PSOCK_MSG_TOT_LEN: &str = "BYPASS_OFF_PSOCK_MSG_TOT_LEN";
-    /// [`super::Features`] bits.
+    /// [`super::KernelLayout::tcp_copied_seq`].
+    pub const OFF_TCP_COPIED_SEQ: &str = "BYPASS_OFF_TCP_COPIED_SEQ";
+    /// [`super::KernelLayout::sk_rcvbuf`].
+    pub const OFF_SK_RCVBUF: &str = "BYPASS_OFF_SK_RCVBUF";
+    /// [`super::KernelLayout::sk_userlocks`].
+    pub const OFF_SK_USERLOCKS: &str = "BYPASS_OFF_SK_USERLOCKS";
+    /// [`super::KernelLayout::socket_sk`].
+    pub const OFF_SOCKET_SK: &str = "BYPASS_OFF_SOCKET_SK";
+    /// [`super::KernelLayout::msg_cost`].
+    pub const MSG_COST: &str = "BYPASS_MSG_COST";
+    /// [`Features`](super::features) bits.
     pub const FEATURES: &str = "BYPASS_FEATURES";
     /// Cookie of the host's network namespace (the agent's own): sockets there (the
     /// node's processes, hostNetwork pods) are never touched.
     pub const HOST_NETNS: &str = "BYPASS_HOST_NETNS";
 }
 
-/// Byte offsets of the kernel fields the programs read. A `struct sock` sits at offset
-/// 0 of `struct tcp_sock` (inside `inet_connection_sock`, itself at offset 0), so these
-/// are offsets into the TCP socket too.
+/// Byte offsets of the kernel fields the programs read, and the one kernel size they
+/// use. A `struct sock` sits at offset 0 of `struct tcp_sock` (inside
+/// `inet_connection_sock`, itself at offset 0), so the socket offsets are offsets into
+/// the TCP socket too.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct KernelLayout {
     /// `struct sock`, `sk_rcvlowat` (SO_RCVLOWAT), read typed at insertion.
@@ -41,59 +46,90 @@ pub struct KernelLayout {
     /// insertion.
     pub sk_peek_off: u32,
     /// `struct inet_connection_sock`, `icsk_ulp_ops` (an upper-layer protocol such as
-    /// MPTCP's subflow or kTLS), read typed at insertion.
+    /// MPTCP's subflow or kTLS), read typed at insertion and on every send.
     pub icsk_ulp_ops: u32,
     /// `struct tcp_sock`, `write_seq` (the end of what the application queued), read
-    /// typed at insertion: bytes queued before the socket was inserted (a TCP Fast
-    /// Open client's first write, held until the handshake ends) go by TCP, so the
-    /// socket must not redirect after them.
+    /// typed at insertion and on every send: a direction redirects only while its peer
+    /// has read up to it.
     pub tcp_write_seq: u32,
     /// `struct tcp_sock`, `fastopen_req`, read typed at insertion: set while a TCP Fast
     /// Open `sendto`/`write` connects, which then sends its data by plain TCP after the
     /// socket was inserted (net/ipv4/tcp.c, tcp_sendmsg_fastopen).
     pub tcp_fastopen_req: u32,
-    /// `struct sock`, `sk_user_data` (the `struct sk_psock *`, with flag bits), read
-    /// with `bpf_probe_read_kernel` for the queue bound.
-    pub sk_user_data: u32,
-    /// `struct sock_common`, `skc_cookie` (the socket cookie), read with
-    /// `bpf_probe_read_kernel` to check a peer's address still names the peer.
-    pub sk_cookie: u32,
-    /// `struct sk_psock`, `msg_tot_len` (bytes in the ingress queue; kernels with the
-    /// sockmap FIONREAD fix, net/core/skmsg.c), read with `bpf_probe_read_kernel`.
+    /// `struct tcp_sock`, `copied_seq` (how far the application has read what came by
+    /// TCP), read typed when the last reader leaves `tcp_bpf_recvmsg`.
+    pub tcp_copied_seq: u32,
+    /// `struct sock`, `sk_rcvbuf`, read typed with [`KernelLayout::sk_userlocks`] for a
+    /// reader's bound.
+    pub sk_rcvbuf: u32,
+    /// `struct sock`, `sk_userlocks` (a byte since Linux 6.x; 0 where it is a bitfield,
+    /// and then a fixed receive buffer is not seen: the global bound applies).
+    pub sk_userlocks: u32,
+    /// `struct socket`, `sk`: the read guard finds the socket of a file through it.
+    pub socket_sk: u32,
+    /// `struct sk_psock`, `msg_tot_len`: not read by the programs; present where the
+    /// kernel's FIONREAD counts redirected bytes (the sockmap FIONREAD fix,
+    /// net/core/skmsg.c), which `status` reports.
     pub psock_msg_tot_len: u32,
+    /// Kernel memory a waiting message holds besides its bytes: `struct sk_msg`'s size
+    /// rounded up to its slab size.
+    pub msg_cost: u32,
 }
 
 impl KernelLayout {
-    /// The fields every load needs: the insertion checks read them typed.
+    /// The fields every load needs.
     pub const fn has_required(&self) -> bool {
         self.sk_rcvlowat != 0
             && self.sk_peek_off != 0
             && self.icsk_ulp_ops != 0
             && self.tcp_write_seq != 0
             && self.tcp_fastopen_req != 0
+            && self.tcp_copied_seq != 0
+            && self.sk_rcvbuf != 0
+            && self.socket_sk != 0
     }
 
-    /// A peer's ingress queue can be measured, so a bound can be enforced (given
-    /// `bpf_probe_read_kernel`).
-    pub const fn can_bound(&self) -> bool {
-        self.sk_user_data != 0 && self.sk_cookie != 0 && self.psock_msg_tot_len != 0
+    /// FIONREAD on a bypassed socket counts its redirected bytes too.
+    pub const fn fionread_counts_ingress(&self) -> bool {
+        self.psock_msg_tot_len != 0
     }
 }
 
-/// Bits of the [`globals::FEATURES`] global.
+/// The slab size a kmalloc of `size` bytes takes (the kmalloc caches: powers of two
+/// from 8, and 96 and 192), for [`KernelLayout::msg_cost`].
+pub const fn slab_size(size: u32) -> u32 {
+    if size <= 8 {
+        return 8;
+    }
+    if size > 64 && size <= 96 {
+        return 96;
+    }
+    if size > 128 && size <= 192 {
+        return 192;
+    }
+    let mut s = 16;
+    while s < size && s < (1 << 30) {
+        s <<= 1;
+    }
+    s
+}
+
+/// Bits of the [`globals::FEATURES`] global and of the control slot `status` reads.
 pub mod features {
-    /// The sk_msg program measures the peer's ingress queue (`bpf_probe_read_kernel`
-    /// of `sk_psock.msg_tot_len`) to bound it. Off, that code is dead to the verifier,
-    /// so the object loads where the helper is unavailable (kernel lockdown).
-    pub const QUEUE_BOUND: u32 = 1;
-    /// Recorded for `status`: no queue bound because the kernel's `struct sk_psock` has
-    /// no `msg_tot_len` (before the sockmap FIONREAD fix; Debian 12's 6.1, for one).
+    /// Recorded for `status`: this kernel's FIONREAD counts only bytes that came by TCP
+    /// (no `sk_psock.msg_tot_len`: before the sockmap FIONREAD fix; Debian 12's 6.1).
     pub const NO_QUEUE_FIELD: u32 = 2;
-    /// Recorded for `status`: no queue bound because `bpf_probe_read_kernel` is
-    /// unavailable (kernel lockdown in confidentiality mode).
-    pub const NO_PROBE_READ: u32 = 4;
+    /// Recorded for `status`: the read guard runs as a BPF LSM program.
+    pub const GUARD_LSM: u32 = 8;
+    /// Recorded for `status`: the read guard runs as fmod_ret programs on the kernel's
+    /// `security_*` functions (the BPF LSM is not active).
+    pub const GUARD_FMOD_RET: u32 = 16;
+    /// No read guard on this kernel (it refuses BPF trampoline programs: fentry, fexit,
+    /// LSM): a receiver gets redirected bytes only once it has read through `recvmsg`,
+    /// and a process seen splicing gets none from then on. Read by sk_msg.
+    pub const REQUIRE_RECVMSG: u32 = 32;
     /// The bits the programs look at.
-    pub const PROGRAM_BITS: u32 = QUEUE_BOUND;
+    pub const PROGRAM_BITS: u32 = REQUIRE_RECVMSG;
 }
 
 /// A 64-bit digest of what a load fixed in the globals, so a restarted agent adopts a
@@ -105,9 +141,11 @@ pub const fn digest(layout: &KernelLayout, features: u32, host_netns: u64) -> u6
         layout.icsk_ulp_ops as u64,
         layout.tcp_write_seq as u64,
         layout.tcp_fastopen_req as u64,
-        layout.sk_user_data as u64,
-        layout.sk_cookie as u64,
-        layout.psock_msg_tot_len as u64,
+        layout.tcp_copied_seq as u64,
+        layout.sk_rcvbuf as u64,
+        layout.sk_userlocks as u64,
+        layout.socket_sk as u64,
+        layout.msg_cost as u64,
         (features & features::PROGRAM_BITS) as u64,
         host_netns,
     ];
@@ -127,27 +165,42 @@ mod tests {
     #[test]
     fn requirements() {
         let mut l = KernelLayout::default();
-        assert!(!l.has_required() && !l.can_bound());
+        assert!(!l.has_required());
         l.sk_rcvlowat = 1;
         l.sk_peek_off = 2;
         l.icsk_ulp_ops = 3;
-        assert!(!l.has_required());
         l.tcp_write_seq = 7;
-        assert!(!l.has_required());
         l.tcp_fastopen_req = 8;
-        assert!(l.has_required() && !l.can_bound());
-        l.sk_user_data = 4;
-        l.sk_cookie = 5;
-        assert!(!l.can_bound(), "msg_tot_len missing (a 6.1 kernel)");
+        assert!(!l.has_required(), "no copied_seq, rcvbuf or socket->sk");
+        l.tcp_copied_seq = 9;
+        l.sk_rcvbuf = 10;
+        l.socket_sk = 11;
+        assert!(l.has_required(), "sk_userlocks is optional");
+        assert!(!l.fionread_counts_ingress(), "a 6.1 kernel");
         l.psock_msg_tot_len = 6;
-        assert!(l.can_bound());
+        assert!(l.fionread_counts_ingress());
+    }
+
+    #[test]
+    fn slab_sizes() {
+        assert_eq!(slab_size(712), 1024, "struct sk_msg on 6.18");
+        assert_eq!(slab_size(1024), 1024);
+        assert_eq!(slab_size(1025), 2048);
+        assert_eq!(slab_size(90), 96);
+        assert_eq!(slab_size(150), 192);
+        assert_eq!(slab_size(1), 8);
+        assert_eq!(slab_size(17), 32);
     }
 
     #[test]
     fn digest_tells_loads_apart() {
         let l = KernelLayout::default();
         assert_eq!(digest(&l, 1, 7), digest(&l, 1, 7));
-        assert_ne!(digest(&l, 1, 7), digest(&l, 0, 7));
         assert_ne!(digest(&l, 1, 7), digest(&l, 1, 8));
+        let other = KernelLayout {
+            msg_cost: 1024,
+            ..l
+        };
+        assert_ne!(digest(&l, 0, 7), digest(&other, 0, 7));
     }
 }

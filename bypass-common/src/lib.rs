@@ -42,24 +42,28 @@ pub mod control {
     pub const SLOT_CGROUP_HI: u32 = 4;
     /// Free for the agent's own state (e.g. why the bypass is on or off).
     pub const SLOT_AGENT_STATE: u32 = 5;
-    /// Bound, in bytes, on the peer's ingress queue (redirected bytes its application
-    /// has not read): a send that would pass it takes the TCP path (and TCP's
-    /// backpressure), as does every later send of that socket. 0: no bound. The kernel
-    /// charges that queue to no socket buffer limit (net/ipv4/tcp_bpf.c,
-    /// bpf_tcp_ingress), so without a bound a reader that stops reading lets its peer
-    /// queue memory without limit.
+    /// Bound, in bytes, on what may wait for a reader that did not fix its receive
+    /// buffer (see [`crate::state::receive_bound`]): redirected bytes it has not read,
+    /// each message also charged for the kernel memory it holds
+    /// ([`crate::state::charge`]). A send past it takes the TCP path (and TCP's
+    /// backpressure) until the reader has caught up. The kernel charges that queue to
+    /// no socket buffer limit (net/ipv4/tcp_bpf.c, bpf_tcp_ingress), so without a
+    /// bound a reader that stops reading lets its peer queue memory without limit.
+    /// 0: no bound.
     pub const SLOT_MAX_QUEUED: u32 = 6;
     /// The [`crate::layout::features`] bits the programs were loaded with, for `status`
     /// (the programs read their own copy, a read-only global).
     pub const SLOT_FEATURES: u32 = 7;
-    /// Sends smaller than this many bytes, made while the peer's ingress queue already
-    /// holds unread bytes [`crate::state::SMALL_STREAM_RUN`] times in a row (a larger
-    /// send in between restarts the count), are a small-message stream: that direction
-    /// takes the TCP path for good, where the reader is woken per segment rather than
-    /// per message. 0: never (the default; see
-    /// [`crate::names::DEFAULT_SMALL_STREAM_BYTES`] for why). Needs the peer's queue
-    /// measured, so it is off without [`crate::layout::features::QUEUE_BOUND`].
+    /// Sends smaller than this many bytes, made while the peer still has unread bytes
+    /// redirected to it [`crate::state::SMALL_STREAM_RUN`] times in a row (a larger
+    /// send in between restarts the count), are a small-message stream: the connection
+    /// leaves the SockHash and runs as plain TCP, which coalesces small writes
+    /// (autocork) where the SockHash sends each as its own message. 0: never.
     pub const SLOT_SMALL_STREAM: u32 = 8;
+    /// Bumped by the agent each time it adds connections to the cut map
+    /// ([`crate::names::MAP_CUT`]); a socket that sees a generation it has not checked
+    /// looks its connection up there.
+    pub const SLOT_CUT_GEN: u32 = 9;
     /// Number of slots.
     pub const SLOTS: u32 = 16;
 
@@ -69,21 +73,22 @@ pub mod control {
     pub const DISABLED: u32 = 0;
 }
 
-/// Per-socket transmit mode kept in socket-local storage by the sk_msg program.
+/// A socket's last send decision, kept in socket-local storage by the sk_msg program
+/// for the counters (the decision itself is made afresh on every send).
 ///
 /// A direction of a connection may move from redirects to the TCP path at any time:
 /// the peer reads its queued redirected bytes before anything that arrives by TCP
 /// (net/ipv4/tcp_bpf.c, tcp_bpf_recvmsg, reads the ingress queue first and falls back to
-/// tcp_recvmsg only once it is empty). It never moves back. A reader may be blocked
-/// inside plain tcp_recvmsg (MSG_WAITALL, SO_RCVLOWAT) with every TCP byte already
-/// copied: redirected bytes sent then would wait unseen behind a read that only a later
-/// TCP byte completes, ahead of them. No field of the peer tells that state apart from
-/// "read everything and returned", so no resume is safe.
+/// tcp_recvmsg only once it is empty). It moves back only once the peer has read every
+/// byte sent by TCP with no reader of it still inside `tcp_bpf_recvmsg`
+/// ([`crate::state::caught_up`]): a reader may be blocked inside plain tcp_recvmsg
+/// (MSG_WAITALL) with every TCP byte copied, and redirected bytes sent then would wait
+/// unseen behind a read that only a later TCP byte completes.
 pub mod tx_mode {
     /// No message sent yet.
     pub const UNDECIDED: u32 = 0;
-    /// Messages are redirected to the peer socket.
+    /// The last message was redirected to the peer socket.
     pub const REDIRECT: u32 = 1;
-    /// A message took the TCP path; so does every later one.
+    /// The last message took the TCP path.
     pub const TCP: u32 = 2;
 }

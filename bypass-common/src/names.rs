@@ -30,14 +30,28 @@ pub const MAP_POD_NETNS: &str = "BYPASS_POD_NETNS";
 /// LRU hash: a connecting socket's local [`crate::key::Endpoint`] →
 /// [`crate::state::Connector`], for the accepting side of a translated connection.
 pub const MAP_CONNECTORS: &str = "BYPASS_CONNECTORS";
-/// LRU hash: a connecting socket's key → the [`crate::state::Link`] of its connection,
-/// written by the accepting side when it pairs, read by both sides' sends, removed when
-/// the connecting socket closes.
+/// Hash: a connecting socket's key → the [`crate::state::Link`] of its connection,
+/// written by the accepting side when it pairs (never over a live one), read and
+/// updated by both sides' sends and reads, removed when the second of its two sockets
+/// closes.
 pub const MAP_LINKS: &str = "BYPASS_LINKS";
+/// Hash: a connecting socket's key → `u8` (unused): connections the agent cut (an
+/// opted-out pod's, a pod whose network went away). Their sockets see it at their next
+/// send or read ([`crate::control::SLOT_CUT_GEN`]) and the connection leaves the
+/// SockHash.
+pub const MAP_CUT: &str = "BYPASS_CUT";
+/// LRU hash: a process (tgid) → `u8` (unused): processes seen calling `splice(2)`,
+/// where the read guard cannot run; their sockets get no redirected bytes from their
+/// next read on.
+pub const MAP_SPLICERS: &str = "BYPASS_SPLICERS";
+/// Ring buffer of [`crate::state::LeaveEvent`]s: connections that started to leave the
+/// SockHash, for the agent to delete their sockets from it once each side has read
+/// what was redirected to it.
+pub const MAP_EVENTS: &str = "BYPASS_EVENTS";
 
 /// Every map the agent pins, [`MAP_CONTROL`] last (its pin marks a complete datapath).
 /// ([`MAP_SOCK_STATE`] is not pinned: only the programs use it.)
-pub const PINNED_MAPS: [&str; 11] = [
+pub const PINNED_MAPS: [&str; 14] = [
     MAP_SOCKETS,
     MAP_POD_CIDRS,
     MAP_POD_ADDRS,
@@ -48,6 +62,9 @@ pub const PINNED_MAPS: [&str; 11] = [
     MAP_POD_NETNS,
     MAP_CONNECTORS,
     MAP_LINKS,
+    MAP_CUT,
+    MAP_SPLICERS,
+    MAP_EVENTS,
     MAP_CONTROL,
 ];
 
@@ -58,6 +75,96 @@ pub const PROG_SKMSG: &str = "bypass_skmsg";
 /// The cgroup setsockopt program: refuses an upper-layer protocol (`TCP_ULP`, e.g.
 /// kTLS) on an inserted socket, and records receive options its peer must honour.
 pub const PROG_SOCKOPT: &str = "bypass_sockopt";
+
+/// Where a tracing program attaches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HookKind {
+    /// At a kernel function's entry (fentry; a BPF trampoline).
+    Entry,
+    /// At a kernel function's return (fexit; a BPF trampoline).
+    Exit,
+    /// At an LSM hook (BPF LSM, `bpf_lsm_<target>`; a BPF trampoline), able to refuse
+    /// the call.
+    Guard,
+    /// At a static tracepoint, typed by BTF (`tp_btf/<target>`).
+    TracePoint,
+    /// At a system call's entry tracepoint (`syscalls/sys_enter_<target>`).
+    Syscall,
+}
+
+/// A tracing program of the object and where it attaches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hook {
+    /// The program's name.
+    pub program: &'static str,
+    /// How it attaches.
+    pub kind: HookKind,
+    /// The kernel function, LSM hook, tracepoint or system call it attaches to.
+    pub target: &'static str,
+}
+
+/// A bypassed socket's read returned (tracepoint `sock_recv_length`, Linux >= 6.4).
+pub const PROG_READ: &str = "bypass_read";
+/// The same, where that tracepoint is missing: at `tcp_bpf_recvmsg`'s return.
+pub const PROG_READ_EXIT: &str = "bypass_read_exit";
+/// A `splice(2)` from a file starts (`splice_file_to_pipe`).
+pub const PROG_SPLICE_ENTER: &str = "bypass_splice_enter";
+/// That splice returns.
+pub const PROG_SPLICE_EXIT: &str = "bypass_splice_exit";
+/// The read guard: a splice from a bypassed socket is refused while bytes redirected to
+/// it are unread.
+pub const PROG_READ_GUARD: &str = "bypass_read_guard";
+/// The mapping guard: `mmap` of a bypassed socket (zero-copy receive) likewise.
+pub const PROG_MMAP_GUARD: &str = "bypass_mmap_guard";
+/// Where the read guard cannot run: a process calls `splice(2)`.
+pub const PROG_SPLICE_SEEN: &str = "bypass_splice_seen";
+
+/// Publishing reads, where the kernel has the `sock_recv_length` tracepoint.
+pub const READ_HOOKS: [Hook; 1] = [Hook {
+    program: PROG_READ,
+    kind: HookKind::TracePoint,
+    target: "sock_recv_length",
+}];
+
+/// Publishing reads on older kernels.
+pub const READ_EXIT_HOOKS: [Hook; 1] = [Hook {
+    program: PROG_READ_EXIT,
+    kind: HookKind::Exit,
+    target: "tcp_bpf_recvmsg",
+}];
+
+/// The read guard, where the kernel runs BPF trampolines and the BPF LSM, in the order
+/// the agent attaches them (the exit before the entry, so no exit misses its entry;
+/// the guards last).
+pub const GUARD_HOOKS: [Hook; 4] = [
+    Hook {
+        program: PROG_SPLICE_EXIT,
+        kind: HookKind::Exit,
+        target: "splice_file_to_pipe",
+    },
+    Hook {
+        program: PROG_SPLICE_ENTER,
+        kind: HookKind::Entry,
+        target: "splice_file_to_pipe",
+    },
+    Hook {
+        program: PROG_READ_GUARD,
+        kind: HookKind::Guard,
+        target: "file_permission",
+    },
+    Hook {
+        program: PROG_MMAP_GUARD,
+        kind: HookKind::Guard,
+        target: "mmap_file",
+    },
+];
+
+/// Where the read guard cannot run: processes that splice are watched.
+pub const WATCH_HOOKS: [Hook; 1] = [Hook {
+    program: PROG_SPLICE_SEEN,
+    kind: HookKind::Syscall,
+    target: "splice",
+}];
 
 /// Default pin directory on bpffs.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/bypass";
@@ -82,6 +189,13 @@ pub const DEFAULT_MAX_ADDRS: u32 = 16_384;
 pub const DEFAULT_MAX_SERVICE_CIDRS: u32 = 64;
 /// Capacity of the skip-port map.
 pub const MAX_SKIP_PORTS: u32 = 256;
+/// Capacity of the splicing-process map ([`MAP_SPLICERS`]).
+pub const MAX_SPLICERS: u32 = 4_096;
+/// Capacity of the cut map ([`MAP_CUT`]).
+pub const DEFAULT_MAX_CUT: u32 = 16_384;
+/// Size of the leave-event ring buffer ([`MAP_EVENTS`]), bytes (a power of two, a
+/// multiple of the page size): room for thousands of events between two reads.
+pub const EVENTS_BYTES: u32 = 256 * 1024;
 /// Capacity of the pod network namespace map (pods on one node, with room).
 pub const DEFAULT_MAX_POD_NETNS: u32 = 4_096;
 /// Istio's control-plane and sidecar-management ports, left alone by default: the
@@ -92,12 +206,15 @@ pub const DEFAULT_MAX_POD_NETNS: u32 = 4_096;
 pub const DEFAULT_SKIP_PORTS: [u16; 10] = [
     15000, 15004, 15010, 15012, 15014, 15017, 15020, 15021, 15053, 15090,
 ];
-/// Default bound on a peer's ingress queue ([`crate::control::SLOT_MAX_QUEUED`]).
-pub const DEFAULT_MAX_QUEUED_BYTES: u32 = 64 << 20;
-/// Default size under which a stream of sends takes the TCP path
-/// ([`crate::control::SLOT_SMALL_STREAM`]): 0, off. The TCP path of a socket in the
-/// SockHash pushes each message as it comes (net/ipv4/tcp_bpf.c, tcp_bpf_push), so it
-/// does not coalesce a stream of small writes the way plain TCP does: measured, the
-/// rule wins cross-CPU (qperf 1-16 B) and loses where the reader lags on its own CPU
-/// (README, Performance).
-pub const DEFAULT_SMALL_STREAM_BYTES: u32 = 0;
+/// Bound on what may wait for a reader ([`crate::control::SLOT_MAX_QUEUED`]) when
+/// `net.ipv4.tcp_rmem` cannot be read: Linux's own default for its third value, the
+/// size TCP lets a receive buffer grow to (net/ipv4/tcp.c, tcp_init_mem).
+pub const DEFAULT_MAX_QUEUED_BYTES: u32 = 6 << 20;
+/// Kernel memory charged per waiting message when the kernel's BTF has no
+/// `struct sk_msg` size: its slab size on 6.x (kmalloc-1k).
+pub const DEFAULT_MSG_COST: u32 = 1024;
+/// Default size under which a stream of sends makes its connection leave the SockHash
+/// ([`crate::control::SLOT_SMALL_STREAM`]): the SockHash sends each small write as a
+/// message of its own (net/ipv4/tcp_bpf.c, tcp_bpf_sendmsg), where plain TCP coalesces
+/// them (autocork).
+pub const DEFAULT_SMALL_STREAM_BYTES: u32 = 256;

@@ -2,6 +2,20 @@
 //! what a connecting socket publishes for its peer ([`Connector`]), what the two sides
 //! of a paired connection share ([`Link`]), and the pure decisions the programs make
 //! from them.
+//!
+//! # Who writes what
+//! A [`Link`] is shared by the two sockets of a connection and by the programs that
+//! watch each of them read. Each field has one writer:
+//! - `tx_redir[i]`: side `i`'s sk_msg, under its socket lock (atomic add, so that the
+//!   receive guard and the sender see each other, see [`rx`]);
+//! - `rx_read[i]`, `rx_copied[i]`, `rx_limit[i]`: the programs on side `i`'s reads;
+//! - `rx_flags[i]`: side `i`'s setsockopt hook and read guard (atomic or);
+//! - `state`: either side (atomic or).
+//!
+//! So a sender knows, without reading another socket's memory, how many bytes it has
+//! queued on its peer and not yet read (`tx_redir[me] - rx_read[peer]`), whether the
+//! peer has read every byte it sent by TCP (`rx_copied[peer] == write_seq`), and how
+//! the peer reads (`rx_flags[peer]`).
 
 use crate::key::SockKey;
 
@@ -30,7 +44,7 @@ pub mod side {
 
 /// The storage value of one socket.
 ///
-/// 136 bytes, no padding (checked below).
+/// 176 bytes, no padding (checked below).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct SockState {
@@ -41,33 +55,53 @@ pub struct SockState {
     pub link: SockKey,
     /// A [`side`] value; [`side::NONE`] until the socket is in the SockHash.
     pub side: u32,
-    /// The socket's [`crate::tx_mode`].
+    /// The socket's last send decision ([`crate::tx_mode`]), for the counters.
     pub tx_mode: u32,
-    /// Non-zero once this socket asked for a receive option the ingress queue cannot
-    /// honour (SO_RCVLOWAT > 1, SO_PEEK_OFF): its peer sends to it by TCP from then on.
-    pub rx_tcp: u32,
-    /// Its `write_seq` when inserted. Only its sends through sk_msg that take the TCP
-    /// path advance it (a redirect queues nothing to TCP), and those end redirects for
-    /// good; so while it may redirect, a different `write_seq` means bytes went to TCP
-    /// past sk_msg (a `write` that blocked in plain `tcp_sendmsg` while the socket was
-    /// connecting, and completed after it was inserted), and later redirected bytes
-    /// would overtake them.
-    pub write_seq: u32,
     /// [`flags`] bits.
     pub flags: u32,
     /// Small sends in a row that found the peer's queue not yet read
     /// ([`small_stream_step`]).
     pub small_run: u32,
-    /// An upper bound on the bytes waiting in the peer's ingress queue: this socket is
-    /// the only one that redirects to its peer, so the queue grows only by what it adds
-    /// here; a read shrinks it. Measured again only when a send could cross the bound.
-    pub queued: u64,
+    /// Non-zero once this socket asked for a receive option the ingress queue cannot
+    /// honour (see [`rcvlowat_needs_tcp`], SO_PEEK_OFF), before it was paired: the
+    /// accepting side copies it into the link.
+    pub rx_tcp: u32,
+    /// The thread id of a `splice(2)` from this socket that has started and not yet
+    /// passed its permission check (the read guard acts on that check only).
+    pub splice_tid: u32,
+    /// The cut generation ([`crate::control::SLOT_CUT_GEN`]) this socket last checked.
+    pub cut_gen: u32,
+    /// Its `copied_seq` when inserted (its `rcv_nxt` then: nothing read yet).
+    pub copied_base: u32,
+    /// Bytes its reads through `recvmsg` returned, both queues together (atomic): what
+    /// came from the ingress queue is this less what `copied_seq` moved by
+    /// ([`ingress_read`]).
+    pub read_total: u64,
+    /// Messages this socket has redirected.
+    pub tx_msgs: u64,
+    /// A checkpoint: `tx_msgs` when it was taken...
+    pub cp_msgs: u64,
+    /// ...and the bytes this socket had redirected then ([`Link::tx_redir`]).
+    pub cp_redir: u64,
+    /// Messages known to be read by the peer: every message up to a checkpoint whose
+    /// bytes the peer has read ([`consumed_messages`]).
+    pub done_msgs: u64,
     /// Its socket cookie (unique on the node, never reused): a [`Link`] is this
     /// socket's only if it names this cookie on this socket's side.
     pub cookie: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<SockState>() == 136);
+const _: () = assert!(core::mem::size_of::<SockState>() == 176);
+const _: () = assert!(core::mem::align_of::<SockState>() == 8);
+
+/// Bytes a socket has read out of its ingress queue: what its `recvmsg` reads returned
+/// (`read_total`) less what it read by TCP (`copied_seq` moved from `copied_base`).
+/// Never above the truth while other reads are in flight: a read moves `copied_seq`
+/// before it returns and is counted in `read_total`.
+#[inline(always)]
+pub const fn ingress_read(read_total: u64, copied_seq: u32, copied_base: u32) -> u64 {
+    read_total.saturating_sub(copied_seq.wrapping_sub(copied_base) as u64)
+}
 
 /// Bits of [`SockState::flags`].
 pub mod flags {
@@ -75,8 +109,65 @@ pub mod flags {
     /// queue: redirected bytes may still wait there after a close or a disconnect, so
     /// an upper-layer protocol must never be attached to it.
     pub const INSERTED: u32 = 1;
+    /// The read guard let a splice or a mapping read this socket: nothing redirected
+    /// to it was unread then, and nothing is redirected to it any more, so its
+    /// published `rx_read` stays as it was (its later TCP reads are not ingress
+    /// reads).
+    pub const RX_FROZEN: u32 = 2;
 }
-const _: () = assert!(core::mem::align_of::<SockState>() == 8);
+
+/// Bits of [`super::Link::rx_flags`]: how one side reads, as far as its peer's sends
+/// care. Set with an atomic or, never cleared.
+///
+/// [`SPLICE`] and [`ZEROCOPY`] are set by the read guard before a `splice(2)` or a
+/// zero-copy mapping reads the socket: both read only the TCP receive queue
+/// (net/ipv4/tcp.c, tcp_splice_read and tcp_zerocopy_receive), never the ingress queue
+/// redirected bytes wait in. The guard sets its bit, then reads how many bytes its peer
+/// has redirected (`tx_redir`) against how many it has read (`rx_read`), and refuses the
+/// call when they differ; a sender adds to `tx_redir`, then reads the bits, and takes
+/// TCP when one is set. Both are atomic read-modify-writes, full barriers, so at least
+/// one of the two sees the other: no byte is ever left where the reader cannot see it.
+pub mod rx {
+    /// A receive option the ingress queue ignores (SO_RCVLOWAT above 1, SO_PEEK_OFF):
+    /// bytes for this side go by TCP.
+    pub const OPTION: u32 = 1;
+    /// This side reads with `splice(2)`.
+    pub const SPLICE: u32 = 2;
+    /// This side reads with zero-copy receive (`mmap` of the socket).
+    pub const ZEROCOPY: u32 = 4;
+    /// This side has read through `recvmsg` (where the read guard cannot run, a
+    /// receiver gets redirected bytes only once it has: see
+    /// [`crate::layout::features::REQUIRE_RECVMSG`]).
+    pub const RECVMSG: u32 = 8;
+    /// The bits after which this side reads only the TCP receive queue.
+    pub const TCP_ONLY: u32 = SPLICE | ZEROCOPY;
+}
+
+/// Bits of [`Link::state`]. Set with an atomic or, never cleared.
+pub mod link_state {
+    /// The connection is leaving the SockHash: neither side redirects again, and once
+    /// each side has read what was redirected to it the agent deletes both sockets from
+    /// the SockHash, after which the kernel runs them as plain TCP (autocork, splice,
+    /// zero-copy receive).
+    pub const LEAVING: u32 = 1;
+    /// The client socket has closed.
+    pub const CLOSED_CLIENT: u32 = 2;
+    /// The server socket has closed.
+    pub const CLOSED_SERVER: u32 = 4;
+
+    /// The closed bit of `side` (a [`super::side`] value).
+    #[inline(always)]
+    pub const fn closed(side: u32) -> u32 {
+        if side == super::side::SERVER {
+            CLOSED_SERVER
+        } else {
+            CLOSED_CLIENT
+        }
+    }
+
+    /// Both sockets have closed: the link can go.
+    pub const BOTH_CLOSED: u32 = CLOSED_CLIENT | CLOSED_SERVER;
+}
 
 /// How the two sockets of a bypassed connection were paired; each kind has its own
 /// counters.
@@ -110,7 +201,7 @@ pub mod hop {
 /// What a connecting socket publishes about itself, under its local
 /// [`crate::key::Endpoint`], for the accepting side to find and prove.
 ///
-/// 80 bytes, no padding (checked below).
+/// 72 bytes, no padding (checked below).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Connector {
@@ -118,27 +209,26 @@ pub struct Connector {
     pub key: SockKey,
     /// Its `snd_nxt` when established: its initial sequence number + 1.
     pub snd_nxt: u32,
-    /// Its `rcv_nxt` when established: its peer's initial sequence number + 1.
+    /// Its `rcv_nxt` when established: its peer's initial sequence number + 1 (and so
+    /// its `copied_seq`: nothing was read yet).
     pub rcv_nxt: u32,
-    /// Its kernel address (`struct sock *`), only ever read through
-    /// `bpf_probe_read_kernel` after checking [`Connector::cookie`] is still there.
-    pub sk: u64,
     /// Its socket cookie (unique on the node, never reused).
     pub cookie: u64,
     /// Its [`SockState::rx_tcp`] when it was inserted, set later if it asks for a receive
     /// option before it is paired.
     pub rx_tcp: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// Its receive bound ([`receive_bound`]) when it was inserted.
+    pub rx_limit: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<Connector>() == 80);
+const _: () = assert!(core::mem::size_of::<Connector>() == 72);
 
 /// What the two sockets of a paired connection share, under the connecting socket's
 /// key, written by the accepting side when it pairs. Arrays are indexed by
-/// [`side::index`]: 0 the client, 1 the server.
+/// [`side::index`]: 0 the client, 1 the server. See the module's documentation for who
+/// writes which field.
 ///
-/// 96 bytes, no padding (checked below).
+/// 136 bytes, no padding (checked below).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Link {
@@ -146,18 +236,27 @@ pub struct Link {
     pub server: SockKey,
     /// The [`hop`] kind.
     pub hop: u32,
-    /// Zero.
-    pub reserved: u32,
-    /// Kernel addresses, only read through `bpf_probe_read_kernel` after checking the
-    /// cookie at that address.
-    pub sk: [u64; 2],
+    /// [`link_state`] bits.
+    pub state: u32,
     /// Socket cookies.
     pub cookie: [u64; 2],
-    /// Each side's [`SockState::rx_tcp`]: non-zero keeps the other side's sends on TCP.
-    pub rx_tcp: [u32; 2],
+    /// Bytes each side has redirected to the other, counted before the redirect (so
+    /// also those still on their way).
+    pub tx_redir: [u64; 2],
+    /// Bytes each side has read out of its ingress queue.
+    pub rx_read: [u64; 2],
+    /// Each side's [`rx`] bits.
+    pub rx_flags: [u32; 2],
+    /// Each side's `copied_seq` (how far it has read what came by TCP), published as
+    /// each of its reads returns.
+    pub rx_copied: [u32; 2],
+    /// Each side's bound on what may wait for it ([`receive_bound`]; 0: the global one).
+    pub rx_limit: [u32; 2],
+    /// Zero.
+    pub reserved: [u32; 2],
 }
 
-const _: () = assert!(core::mem::size_of::<Link>() == 96);
+const _: () = assert!(core::mem::size_of::<Link>() == 136);
 
 impl Link {
     /// Whether this link is the one the socket with `state` belongs to: it names the
@@ -214,66 +313,146 @@ pub const fn is_other_end(connector: &Connector, snd_nxt: u32, rcv_nxt: u32) -> 
     connector.snd_nxt == rcv_nxt && connector.rcv_nxt == snd_nxt
 }
 
-/// `SK_USER_DATA_PSOCK` (include/net/sock.h): set in `sk_user_data` when it points to
-/// the socket's `struct sk_psock`.
-pub const SK_USER_DATA_PSOCK: u64 = 4;
-/// The flag bits of `sk_user_data` (`SK_USER_DATA_NOCOPY | SK_USER_DATA_BPF |
-/// SK_USER_DATA_PSOCK`), masked off to get the pointer (`SK_USER_DATA_PTRMASK`).
-pub const SK_USER_DATA_FLAGS: u64 = 7;
-
-/// The `struct sk_psock *` a socket's `sk_user_data` holds, if it holds one.
-#[inline(always)]
-pub const fn psock_of(user_data: u64) -> Option<u64> {
-    if user_data & SK_USER_DATA_PSOCK == 0 {
-        return None;
-    }
-    let p = user_data & !SK_USER_DATA_FLAGS;
-    if p == 0 { None } else { Some(p) }
-}
-
-/// Whether a message of `size` bytes may be redirected to a peer that has `queued`
-/// bytes waiting in its ingress queue, under a bound of `limit` bytes (0: no bound).
-#[inline(always)]
-pub const fn within_limit(queued: u64, size: u64, limit: u64) -> bool {
-    limit == 0 || queued.saturating_add(size) <= limit
-}
-
 /// Whether a socket's receive options keep redirects away from it: the ingress queue is
 /// read without regard to SO_RCVLOWAT (a read returns what is queued, poll reports it
 /// readable at once) or SO_PEEK_OFF (net/core/skmsg.c, sk_msg_recvmsg), while the TCP
-/// path honours both.
+/// path honours both. `rcvlowat` as the kernel holds it (`sk_rcvlowat`).
 #[inline(always)]
 pub const fn options_need_tcp(rcvlowat: i32, peek_off: i32) -> bool {
     rcvlowat > 1 || peek_off >= 0
 }
 
-/// Why a message takes the TCP path (and with it, every later message of the socket:
-/// a direction never goes back from TCP to redirects, see [`crate::tx_mode`]).
+/// Whether `setsockopt(SO_RCVLOWAT, value)` leaves the socket with a low-water mark
+/// above 1: the kernel turns a negative value into `INT_MAX` and 0 into 1
+/// (net/core/sock.c, sk_setsockopt).
+#[inline(always)]
+pub const fn rcvlowat_needs_tcp(value: i32) -> bool {
+    value > 1 || value < 0
+}
+
+/// `SOCK_RCVBUF_LOCK` (include/net/sock.h): the application set SO_RCVBUF, so the
+/// kernel no longer grows its receive buffer.
+pub const SOCK_RCVBUF_LOCK: u8 = 2;
+
+/// The bound on bytes waiting for a reader whose `sk_rcvbuf` and `sk_userlocks` are
+/// given: its own receive buffer when the application fixed it (TCP would hold its
+/// sender to that), else 0, the global bound ([`crate::control::SLOT_MAX_QUEUED`], what
+/// TCP lets a receive buffer grow to).
+#[inline(always)]
+pub const fn receive_bound(rcvbuf: i32, userlocks: u8) -> u32 {
+    if userlocks & SOCK_RCVBUF_LOCK != 0 && rcvbuf > 0 {
+        rcvbuf as u32
+    } else {
+        0
+    }
+}
+
+/// Bytes a sender that redirected `tx_redir` in all has queued on a peer that read
+/// `rx_read` of them: still waiting, or on their way.
+#[inline(always)]
+pub const fn pending(tx_redir: u64, rx_read: u64) -> u64 {
+    tx_redir.saturating_sub(rx_read)
+}
+
+/// Advances a sender's message checkpoint and returns `(cp_msgs, cp_redir, done_msgs)`:
+/// when the peer has read up to the checkpoint (`rx_read >= cp_redir`), every message
+/// counted in it was read (a message counted there ended at or before `cp_redir`), so
+/// `done_msgs` moves up to it and a new checkpoint is taken at the totals now
+/// (`tx_msgs`, `tx_redir`). `tx_msgs - done_msgs` is then never below the messages
+/// still waiting: an upper bound on them, at most about twice the truth for a reader
+/// that keeps a steady distance.
+#[inline(always)]
+pub const fn consumed_messages(
+    cp_msgs: u64,
+    cp_redir: u64,
+    done_msgs: u64,
+    tx_msgs: u64,
+    tx_redir: u64,
+    rx_read: u64,
+) -> (u64, u64, u64) {
+    if rx_read >= cp_redir {
+        (tx_msgs, tx_redir, cp_msgs)
+    } else {
+        (cp_msgs, cp_redir, done_msgs)
+    }
+}
+
+/// What a peer is charged for a message of `size` bytes on top of `pending` bytes and
+/// `pending_msgs` messages already waiting: the bytes, plus `msg_cost` for each message
+/// (a queued message holds a `struct sk_msg`, about 1 KiB, whatever its size:
+/// net/ipv4/tcp_bpf.c, bpf_tcp_ingress), so a stream of 1-byte messages is bounded as
+/// TCP bounds it, by memory and not by payload.
+#[inline(always)]
+pub const fn charge(pending: u64, pending_msgs: u64, size: u64, msg_cost: u64) -> u64 {
+    // Capped so the product cannot overflow without a 128-bit multiply (which BPF does
+    // not have): 2^32 messages of up to 2^31 bytes each.
+    let msgs = min(pending_msgs.saturating_add(1), 1 << 32);
+    let cost = min(msg_cost, 1 << 31);
+    pending
+        .saturating_add(size)
+        .saturating_add(msgs.wrapping_mul(cost))
+}
+
+#[inline(always)]
+const fn min(a: u64, b: u64) -> u64 {
+    if a < b { a } else { b }
+}
+
+/// Whether `charge` fits under `limit` (0: no bound).
+#[inline(always)]
+pub const fn within_limit(charge: u64, limit: u64) -> bool {
+    limit == 0 || charge <= limit
+}
+
+/// Why a message takes the TCP path. None of them is for good by itself: a direction
+/// goes back to redirects as soon as its peer has read every byte it sent by TCP
+/// ([`PassReason::Behind`]) and nothing else holds it (a receive option, a reader that
+/// cannot see the ingress queue, a connection leaving the SockHash, an upper-layer
+/// protocol: those stay).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PassReason {
-    /// An earlier message already did.
-    AlreadyTcp,
     /// The bypass is switched off.
     Disabled,
     /// No link for the connection: the accepting side has not paired yet (the first
-    /// send raced the handshake's end), never will (a peer off the node), or the peer
-    /// closed.
+    /// send raced the handshake's end), never will (a peer off the node), or the link
+    /// is another connection's.
     Unpaired,
+    /// The peer has closed.
+    PeerClosed,
+    /// The connection is leaving the SockHash ([`link_state::LEAVING`]).
+    Leaving,
     /// The peer asked for a receive option the ingress queue cannot honour.
     PeerOptions,
-    /// The peer's queue would pass its bound.
-    QueueFull,
-    /// The peer could not be measured (its address no longer names it).
-    Unmeasurable,
-    /// The redirect found no peer in the SockHash.
-    NoPeer,
-    /// Bytes of this socket went to TCP past sk_msg (see [`SockState::write_seq`]).
-    WroteByTcp,
+    /// The peer reads with `splice(2)` or zero-copy receive, which see only TCP bytes.
+    PeerReadsTcp,
     /// An upper-layer protocol is attached to this socket (kTLS set through a path the
     /// setsockopt hook does not see: a 32-bit process's compat setsockopt).
     Ulp,
-    /// A stream of small messages (see [`small_stream_step`]).
+    /// The peer has not yet read every byte this socket sent by TCP: a redirected byte
+    /// would be read before them (the peer reads its ingress queue first).
+    Behind,
+    /// The peer's queue would pass its bound.
+    QueueFull,
+    /// The peer has not yet read through `recvmsg`, and the read guard cannot run on
+    /// this kernel: it might read with `splice(2)`, which would not see redirected
+    /// bytes.
+    Unproven,
+    /// A stream of small messages (see [`small_stream_step`]): the connection leaves
+    /// the SockHash, so plain TCP can coalesce them.
     SmallStream,
+    /// The redirect found no peer in the SockHash.
+    NoPeer,
+    /// The peer's read guard or a leave came in while this message was being claimed.
+    Raced,
+}
+
+impl PassReason {
+    /// Whether the connection should leave the SockHash because of it: it will take
+    /// TCP from now on, and plain TCP serves it better than TCP inside the SockHash.
+    #[inline(always)]
+    pub const fn leaves(self) -> bool {
+        matches!(self, PassReason::SmallStream | PassReason::PeerReadsTcp)
+    }
 }
 
 /// Small sends in a row that must find the peer's queue still holding unread bytes
@@ -282,32 +461,29 @@ pub const SMALL_STREAM_RUN: u32 = 8;
 
 /// One small send's step of the small-stream rule: from the run so far and the bytes
 /// waiting unread in the peer's ingress queue, the new run and whether this direction
-/// now takes the TCP path. A send that finds the queue empty (request/response: the
+/// is a small-message stream. A send that finds the queue empty (request/response: the
 /// peer read everything before answering) resets the run, and so does any send at or
 /// above the size (sk_msg does that); a writer that keeps ahead of its reader with
-/// small messages reaches [`SMALL_STREAM_RUN`]. So does a response written as that many
-/// small writes before its reader reads, and a pipelining client: the rule is opt-in.
+/// small messages reaches [`SMALL_STREAM_RUN`].
 #[inline(always)]
-pub const fn small_stream_step(run: u32, peer_queued: u64) -> (u32, bool) {
-    if peer_queued == 0 {
+pub const fn small_stream_step(run: u32, peer_pending: u64) -> (u32, bool) {
+    if peer_pending == 0 {
         return (0, false);
     }
     let run = run.saturating_add(1);
     (run, run >= SMALL_STREAM_RUN)
 }
 
-/// The first checks of sk_msg, before anything is read of the peer: `None` lets the
-/// message go on towards a redirect.
+/// The first checks of sk_msg, in order, on its copy of the link: `None` lets the
+/// message go on towards a redirect. `require_recvmsg`: the peer must have read
+/// through `recvmsg` first (no read guard on this kernel).
 #[inline(always)]
 pub const fn precheck(
-    tx_mode: u32,
     enabled: bool,
+    require_recvmsg: bool,
     link: Option<&Link>,
     state: &SockState,
 ) -> Option<PassReason> {
-    if tx_mode == crate::tx_mode::TCP {
-        return Some(PassReason::AlreadyTcp);
-    }
     if !enabled {
         return Some(PassReason::Disabled);
     }
@@ -317,11 +493,51 @@ pub const fn precheck(
     if !link.is_of(state) {
         return Some(PassReason::Unpaired);
     }
-    if link.rx_tcp[side::peer_index(state.side)] != 0 {
+    if link.state & link_state::LEAVING != 0 {
+        return Some(PassReason::Leaving);
+    }
+    let peer = side::peer_index(state.side);
+    let peer_side = if state.side == side::SERVER {
+        side::CLIENT
+    } else {
+        side::SERVER
+    };
+    if link.state & link_state::closed(peer_side) != 0 {
+        return Some(PassReason::PeerClosed);
+    }
+    let flags = link.rx_flags[peer];
+    if flags & rx::TCP_ONLY != 0 {
+        return Some(PassReason::PeerReadsTcp);
+    }
+    if flags & rx::OPTION != 0 {
         return Some(PassReason::PeerOptions);
+    }
+    if require_recvmsg && flags & rx::RECVMSG == 0 {
+        return Some(PassReason::Unproven);
     }
     None
 }
+
+/// Whether the peer has read every byte a socket whose `write_seq` is given sent by TCP
+/// (`rx_copied` is the peer's published `copied_seq`). Sequence numbers wrap; equality
+/// is all that is asked.
+#[inline(always)]
+pub const fn caught_up(rx_copied: u32, write_seq: u32) -> bool {
+    rx_copied == write_seq
+}
+
+/// What the ring buffer [`crate::names::MAP_EVENTS`] carries: a connection, by its
+/// link's key, that started to leave the SockHash.
+///
+/// 48 bytes, no padding (checked below).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct LeaveEvent {
+    /// The connection's link key (its connecting socket's key).
+    pub link: SockKey,
+}
+
+const _: () = assert!(core::mem::size_of::<LeaveEvent>() == 48);
 
 #[cfg(feature = "user")]
 // SAFETY: `SockState` is `repr(C)`, has no padding (asserted above) and every bit
@@ -336,207 +552,9 @@ unsafe impl aya::Pod for Connector {}
 // SAFETY: `repr(C)`, no padding (asserted above), every bit pattern valid.
 unsafe impl aya::Pod for Link {}
 
+#[cfg(feature = "user")]
+// SAFETY: `repr(C)`, no padding (asserted above), every bit pattern valid.
+unsafe impl aya::Pod for LeaveEvent {}
+
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::tx_mode;
-
-    fn key(lp: u32, rp: u32, netns: u64) -> SockKey {
-        SockKey::new(
-            [0, 0, 0xffff_u32.to_be(), lp],
-            [0, 0, 0xffff_u32.to_be(), rp],
-            lp,
-            rp,
-            netns,
-        )
-    }
-
-    #[test]
-    fn small_stream_rule() {
-        // Request/response: every send finds the queue read.
-        let mut run = 0;
-        for _ in 0..100 {
-            let (r, tcp) = small_stream_step(run, 0);
-            assert!(!tcp);
-            run = r;
-        }
-        // A stream: the reader falls behind; TCP at the SMALL_STREAM_RUN-th send.
-        for i in 1..=SMALL_STREAM_RUN {
-            let (r, tcp) = small_stream_step(run, 5);
-            assert_eq!((r, tcp), (i, i == SMALL_STREAM_RUN));
-            run = r;
-        }
-        // A burst shorter than the run, then the reader catches up: the run restarts.
-        let (r, _) = small_stream_step(3, 7);
-        assert_eq!(small_stream_step(r, 0), (0, false));
-    }
-
-    #[test]
-    fn pairing_needs_crossed_sequence_numbers() {
-        let c = Connector {
-            snd_nxt: 1001,
-            rcv_nxt: 5001,
-            ..Connector::default()
-        };
-        assert!(is_other_end(&c, 5001, 1001));
-        assert!(!is_other_end(&c, 1001, 5001), "not crossed");
-        assert!(
-            !is_other_end(&c, 5001, 1002),
-            "another client on the same end"
-        );
-    }
-
-    #[test]
-    fn hop_kinds() {
-        let client = key(1, 2, 10);
-        let server = key(2, 1, 20);
-        assert_eq!(hop::of(&client, &server), hop::POD);
-        let redirected = SockKey {
-            local_port: 15006,
-            ..server
-        };
-        assert_eq!(hop::of(&client, &redirected), hop::TRANSLATED);
-        let lo = [0, 0, 0xffff_u32.to_be(), u32::from_ne_bytes([127, 0, 0, 1])];
-        let c = SockKey::new(lo, lo, 1, 2, 5);
-        let s = SockKey::new(lo, lo, 2, 1, 5);
-        assert_eq!(hop::of(&c, &s), hop::LOOPBACK);
-    }
-
-    #[test]
-    fn links_are_used_only_by_their_two_sockets() {
-        let client = SockState {
-            key: key(1, 2, 10),
-            link: key(1, 2, 10),
-            side: side::CLIENT,
-            cookie: 7,
-            ..SockState::default()
-        };
-        let server = SockState {
-            key: key(2, 1, 20),
-            link: key(1, 2, 10),
-            side: side::SERVER,
-            cookie: 8,
-            ..SockState::default()
-        };
-        let link = Link {
-            server: server.key,
-            cookie: [7, 8],
-            ..Link::default()
-        };
-        assert!(link.is_of(&client) && link.is_of(&server));
-        let elsewhere = Link {
-            server: key(2, 3, 20),
-            ..link
-        };
-        assert!(
-            !elsewhere.is_of(&client),
-            "a server whose remote end is not this client's local end"
-        );
-        let stale = Link {
-            cookie: [6, 8],
-            ..link
-        };
-        assert!(
-            !stale.is_of(&client) && stale.is_of(&server),
-            "a link an earlier client left under the same key"
-        );
-        let reused = Link {
-            cookie: [7, 9],
-            ..link
-        };
-        assert!(!reused.is_of(&server), "another server with the same key");
-        let uncookied = SockState {
-            cookie: 0,
-            ..client
-        };
-        assert!(
-            !Link {
-                cookie: [0, 8],
-                ..link
-            }
-            .is_of(&uncookied)
-        );
-        assert_eq!(link.target(&client), server.key);
-        assert_eq!(link.target(&server), client.key);
-        let older_server = SockState {
-            key: key(2, 1, 21),
-            ..server
-        };
-        assert!(!link.is_of(&older_server), "a later connection's link");
-        let outsider = SockState {
-            side: side::NONE,
-            ..client
-        };
-        assert!(!link.is_of(&outsider));
-    }
-
-    #[test]
-    fn precheck_order() {
-        let state = SockState {
-            side: side::CLIENT,
-            cookie: 3,
-            ..SockState::default()
-        };
-        let link = Link {
-            cookie: [3, 4],
-            ..Link::default()
-        };
-        assert_eq!(
-            precheck(tx_mode::TCP, true, Some(&link), &state),
-            Some(PassReason::AlreadyTcp)
-        );
-        assert_eq!(
-            precheck(tx_mode::UNDECIDED, false, Some(&link), &state),
-            Some(PassReason::Disabled)
-        );
-        assert_eq!(
-            precheck(tx_mode::REDIRECT, true, None, &state),
-            Some(PassReason::Unpaired)
-        );
-        assert_eq!(precheck(tx_mode::REDIRECT, true, Some(&link), &state), None);
-        let picky = Link {
-            rx_tcp: [0, 1],
-            ..link
-        };
-        assert_eq!(
-            precheck(tx_mode::UNDECIDED, true, Some(&picky), &state),
-            Some(PassReason::PeerOptions)
-        );
-        let own_options_only = Link {
-            rx_tcp: [1, 0],
-            ..link
-        };
-        assert_eq!(
-            precheck(tx_mode::UNDECIDED, true, Some(&own_options_only), &state),
-            None,
-            "a socket's own receive options do not stop its sends"
-        );
-    }
-
-    #[test]
-    fn psock_pointer_from_user_data() {
-        assert_eq!(
-            psock_of(0xffff_8880_1234_5600 | 5),
-            Some(0xffff_8880_1234_5600)
-        );
-        assert_eq!(psock_of(0xffff_8880_1234_5600 | 1), None, "not a psock");
-        assert_eq!(psock_of(4), None, "null pointer");
-        assert_eq!(psock_of(0), None);
-    }
-
-    #[test]
-    fn limit_includes_the_message() {
-        assert!(within_limit(0, 4096, 4096));
-        assert!(!within_limit(1, 4096, 4096));
-        assert!(within_limit(4 << 20, 1 << 30, 0), "0 is no bound");
-        assert!(!within_limit(u64::MAX, 1, u64::MAX - 1), "no overflow");
-    }
-
-    #[test]
-    fn receive_options() {
-        assert!(!options_need_tcp(1, -1), "defaults");
-        assert!(!options_need_tcp(0, -1), "SO_RCVLOWAT 0 reads as 1");
-        assert!(options_need_tcp(1000, -1));
-        assert!(options_need_tcp(1, 0));
-    }
-}
+mod tests;

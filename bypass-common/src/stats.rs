@@ -82,13 +82,13 @@ counters! {
     PassedBytes = 5, passed_bytes, "Bytes that took the TCP path";
     /// Established sockets skipped because an end is not a pod address.
     SocketsSkipped = 6, sockets_skipped, "Established sockets that were not pod-to-pod";
-    /// Times a socket's sends moved to the TCP path because its peer's ingress queue
-    /// would have passed [`crate::control::SLOT_MAX_QUEUED`].
-    QueueLimited = 7, queue_limited, "Times sends moved to TCP because the peer's queue was full";
+    /// Times a socket's sends moved to the TCP path because what waits for its peer
+    /// would have passed its bound ([`crate::control::SLOT_MAX_QUEUED`]).
+    QueueLimited = 7, queue_limited, "Times sends moved to TCP because the peer's queue was at its bound";
     /// Connections whose connecting socket sent before it was paired (the send raced
-    /// the end of the handshake, or its peer is not on this node): that direction keeps
-    /// the TCP path.
-    UnpairedSends = 8, unpaired_sends, "Connections whose client sent before being paired (that direction stays on TCP)";
+    /// the end of the handshake, or its peer is not on this node): that direction
+    /// takes TCP until the peer has read those bytes.
+    UnpairedSends = 8, unpaired_sends, "Connections whose client sent before being paired";
     /// Connections paired pod address to pod address (counted once, on the accepting
     /// side).
     PairedPod = 9, paired_pod, "Connections paired pod address to pod address";
@@ -114,9 +114,28 @@ counters! {
     /// Established sockets left alone because an upper-layer protocol is attached
     /// (an MPTCP subflow).
     UlpSkipped = 18, ulp_skipped, "Sockets left alone for an upper-layer protocol (MPTCP subflow)";
-    /// Times a socket's sends moved to the TCP path as a small-message stream
+    /// Connections that started to leave the SockHash as a small-message stream
     /// ([`crate::state::small_stream_step`]).
-    SmallStreams = 19, small_streams, "Times sends moved to TCP as a stream of small messages";
+    SmallStreams = 19, small_streams, "Connections that left the SockHash as a stream of small messages";
+    /// Times a direction went back from the TCP path to redirects, its peer having read
+    /// every byte sent by TCP.
+    Resumed = 20, resumed, "Times a direction went back from TCP to redirects";
+    /// `splice(2)` calls from, or `mmap` calls of, a bypassed socket refused (EINVAL,
+    /// ENODEV) because bytes redirected to it were still unread: those calls read only
+    /// the TCP receive queue. The application reads them with `read`/`recv` instead.
+    ReadsRefused = 21, reads_refused, "splice/mmap of bypassed sockets refused while redirected bytes were unread";
+    /// Sockets that were seen reading with `splice(2)` or zero-copy receive: their
+    /// peers send to them by TCP, and their connections leave the SockHash.
+    TcpOnlyReaders = 22, tcp_only_readers, "Bypassed sockets seen reading with splice or zero-copy receive";
+    /// Connections that started to leave the SockHash (any reason).
+    LeaveRequests = 23, leave_requests, "Connections that started to leave the SockHash";
+    /// Connections cut by the agent (an opted-out pod, a pod whose network went away)
+    /// that their sockets saw.
+    CutSeen = 24, cut_seen, "Connections cut by the agent, as their sockets saw it";
+    /// Connections the agent took out of the SockHash once each side had read what was
+    /// redirected to it: they run as plain TCP from then on. Only the agent adds to
+    /// this slot.
+    Left = 25, left, "Connections taken out of the SockHash (plain TCP from then on)";
 }
 
 impl Stat {

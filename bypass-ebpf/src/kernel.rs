@@ -1,29 +1,24 @@
 //! What the programs read of kernel structures, and the read-only globals the agent
 //! fixes at load (`bypass_common::layout`).
 //!
-//! A socket's own fields are read typed: `bpf_skc_to_tcp_sock` on the context's socket
-//! gives a BTF pointer, and a load at `pointer + OFFSET` (a frozen read-only global, so
-//! a constant to the verifier) is checked against the kernel's own `struct tcp_sock`:
-//! a wrong offset fails the load, never reads another field. Nothing is kept.
-//!
-//! The one read of another socket, its peer's ingress queue length for the queue bound,
-//! cannot be typed: sk_msg may not hold a reference to another socket (a SockHash
-//! lookup returns a counted reference and `bpf_sk_release` is not allowed there), so it
-//! goes through `bpf_probe_read_kernel` at the address the peer published, and only
-//! after reading the peer's socket cookie back at that address: cookies are unique and
-//! never reused, and a freed or reused socket has another (or none), so a stale
-//! address yields "cannot measure", never another socket's numbers. A probe read never
-//! faults. With [`features::QUEUE_BOUND`] off that code is dead to the verifier, which
-//! then loads the object where the helper is unavailable (kernel lockdown).
+//! Every read is typed: `bpf_skc_to_tcp_sock` on a socket the program was given (its
+//! context's, or a traced function's argument) gives a BTF pointer, and a load at
+//! `pointer + OFFSET` (a frozen read-only global, so a constant to the verifier) is
+//! checked against the kernel's own `struct tcp_sock`: a wrong offset fails the load,
+//! never reads another field. No program reads another socket's memory: what a sender
+//! needs of its peer, the peer's own programs publish in the connection's link.
 
-use core::ptr::{addr_of, read_volatile};
+use core::{
+    ffi::c_void,
+    ptr::{addr_of, read_volatile},
+};
 
 use aya_ebpf::{
     Global,
     bindings::{bpf_sock, bpf_sock_ops},
-    helpers::{bpf_probe_read_kernel, generated::bpf_skc_to_tcp_sock},
+    helpers::generated::bpf_skc_to_tcp_sock,
 };
-use bypass_common::{layout::features, state::psock_of};
+use bypass_common::{layout::features, state::receive_bound};
 
 #[unsafe(no_mangle)]
 static BYPASS_OFF_SK_RCVLOWAT: Global<u32> = Global::new(0);
@@ -36,11 +31,15 @@ static BYPASS_OFF_TCP_WRITE_SEQ: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static BYPASS_OFF_TCP_FASTOPEN_REQ: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
-static BYPASS_OFF_SK_USER_DATA: Global<u32> = Global::new(0);
+static BYPASS_OFF_TCP_COPIED_SEQ: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
-static BYPASS_OFF_SK_COOKIE: Global<u32> = Global::new(0);
+static BYPASS_OFF_SK_RCVBUF: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
-static BYPASS_OFF_PSOCK_MSG_TOT_LEN: Global<u32> = Global::new(0);
+static BYPASS_OFF_SK_USERLOCKS: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static BYPASS_OFF_SOCKET_SK: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static BYPASS_MSG_COST: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static BYPASS_FEATURES: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
@@ -52,10 +51,43 @@ pub(crate) fn host_netns() -> u64 {
     BYPASS_HOST_NETNS.load()
 }
 
-/// Whether the sk_msg program measures and bounds its peer's queue.
+/// Whether a receiver must have read through `recvmsg` before it gets redirected bytes
+/// (no read guard on this kernel).
 #[inline(always)]
-pub(crate) fn bound_enabled() -> bool {
-    BYPASS_FEATURES.load() & features::QUEUE_BOUND != 0
+pub(crate) fn require_recvmsg() -> bool {
+    BYPASS_FEATURES.load() & features::REQUIRE_RECVMSG != 0
+}
+
+/// Kernel memory a waiting message holds besides its bytes.
+#[inline(always)]
+pub(crate) fn msg_cost() -> u64 {
+    u64::from(BYPASS_MSG_COST.load())
+}
+
+/// The `struct tcp_sock` of a socket pointer, as a byte pointer; null when it is not a
+/// full TCP socket.
+///
+/// # Safety
+/// `sk` must be a socket pointer the verifier knows as one (a context's socket, or a
+/// traced function's `struct sock *`).
+#[inline(always)]
+unsafe fn tcp_sock<S>(sk: *mut S) -> *const u8 {
+    // SAFETY: the helper takes any socket pointer and returns its `struct tcp_sock` or
+    // null.
+    unsafe { bpf_skc_to_tcp_sock(sk.cast()) }
+        .cast::<u8>()
+        .cast_const()
+}
+
+/// A typed load of a `T` at `tp + off`.
+///
+/// # Safety
+/// `tp` is a non-null `struct tcp_sock` BTF pointer and `off` the offset of a field of
+/// type `T` (the verifier checks both against BTF).
+#[inline(always)]
+unsafe fn field<T>(tp: *const u8, off: u32) -> T {
+    // SAFETY: see above.
+    unsafe { read_volatile(tp.add(off as usize).cast::<T>()) }
 }
 
 /// What an establishing socket's own fields say.
@@ -70,6 +102,8 @@ pub(crate) struct Own {
     pub(crate) write_seq: u32,
     /// A TCP Fast Open send is connecting (`fastopen_req` set).
     pub(crate) fastopen: bool,
+    /// Its bound on what may wait for it ([`receive_bound`]).
+    pub(crate) rx_limit: u32,
 }
 
 /// The sock_ops context socket's own fields, read typed; `None` if the context has no
@@ -81,35 +115,41 @@ pub(crate) fn own(ops: *const bpf_sock_ops) -> Option<Own> {
     if sk.is_null() {
         return None;
     }
-    // SAFETY: `sk` is the context's non-null socket; the helper returns a BTF pointer
-    // to its `struct tcp_sock`, or null.
-    let tp = unsafe { bpf_skc_to_tcp_sock(sk.cast()) }.cast::<u8>();
+    // SAFETY: the context's non-null socket.
+    let tp = unsafe { tcp_sock(sk) };
     if tp.is_null() {
         return None;
     }
     // SAFETY: typed loads at offsets the verifier checks against the kernel's BTF.
     unsafe {
-        let rcvlowat = read_volatile(tp.add(BYPASS_OFF_SK_RCVLOWAT.load() as usize).cast::<i32>());
-        let peek_off = read_volatile(tp.add(BYPASS_OFF_SK_PEEK_OFF.load() as usize).cast::<i32>());
-        let ulp = read_volatile(
-            tp.add(BYPASS_OFF_ICSK_ULP_OPS.load() as usize)
-                .cast::<u64>(),
-        );
-        let write_seq = read_volatile(
-            tp.add(BYPASS_OFF_TCP_WRITE_SEQ.load() as usize)
-                .cast::<u32>(),
-        );
-        let fastopen = read_volatile(
-            tp.add(BYPASS_OFF_TCP_FASTOPEN_REQ.load() as usize)
-                .cast::<u64>(),
-        );
         Some(Own {
-            rcvlowat,
-            peek_off,
-            ulp: ulp != 0,
-            write_seq,
-            fastopen: fastopen != 0,
+            rcvlowat: field::<i32>(tp, BYPASS_OFF_SK_RCVLOWAT.load()),
+            peek_off: field::<i32>(tp, BYPASS_OFF_SK_PEEK_OFF.load()),
+            ulp: field::<u64>(tp, BYPASS_OFF_ICSK_ULP_OPS.load()) != 0,
+            write_seq: field::<u32>(tp, BYPASS_OFF_TCP_WRITE_SEQ.load()),
+            fastopen: field::<u64>(tp, BYPASS_OFF_TCP_FASTOPEN_REQ.load()) != 0,
+            rx_limit: limit_of(tp),
         })
+    }
+}
+
+/// A socket's bound, from its `sk_rcvbuf` and `sk_userlocks` (the latter only where it
+/// is a byte: without it, the global bound).
+///
+/// # Safety
+/// `tp` is a non-null `struct tcp_sock` BTF pointer.
+#[inline(always)]
+unsafe fn limit_of(tp: *const u8) -> u32 {
+    let locks_at = BYPASS_OFF_SK_USERLOCKS.load();
+    if locks_at == 0 {
+        return 0;
+    }
+    // SAFETY: typed loads at offsets the verifier checks against the kernel's BTF.
+    unsafe {
+        receive_bound(
+            field::<i32>(tp, BYPASS_OFF_SK_RCVBUF.load()),
+            field::<u8>(tp, locks_at),
+        )
     }
 }
 
@@ -125,54 +165,55 @@ pub(crate) struct Sending {
 /// socket.
 #[inline(always)]
 pub(crate) fn sending(sk: *mut bpf_sock) -> Option<Sending> {
-    // SAFETY: `sk` is the context's non-null socket; the helper returns a BTF pointer
-    // to its `struct tcp_sock`, or null.
-    let tp = unsafe { bpf_skc_to_tcp_sock(sk.cast()) }.cast::<u8>();
+    // SAFETY: the context's non-null socket.
+    let tp = unsafe { tcp_sock(sk) };
     if tp.is_null() {
         return None;
     }
     // SAFETY: typed loads at offsets the verifier checks against the kernel's BTF.
     unsafe {
         Some(Sending {
-            write_seq: read_volatile(
-                tp.add(BYPASS_OFF_TCP_WRITE_SEQ.load() as usize)
-                    .cast::<u32>(),
-            ),
-            ulp: read_volatile(
-                tp.add(BYPASS_OFF_ICSK_ULP_OPS.load() as usize)
-                    .cast::<u64>(),
-            ) != 0,
+            write_seq: field::<u32>(tp, BYPASS_OFF_TCP_WRITE_SEQ.load()),
+            ulp: field::<u64>(tp, BYPASS_OFF_ICSK_ULP_OPS.load()) != 0,
         })
     }
 }
 
-#[inline(always)]
-fn read_u32(addr: u64) -> Option<u32> {
-    // SAFETY: a probe read copies or fails; it never dereferences in BPF.
-    unsafe { bpf_probe_read_kernel(addr as *const u32) }.ok()
+/// What a reader publishes when it leaves `tcp_bpf_recvmsg`: its socket's
+/// `copied_seq` and bound.
+pub(crate) struct Reading {
+    /// `copied_seq`.
+    pub(crate) copied_seq: u32,
+    /// Its bound ([`receive_bound`]).
+    pub(crate) rx_limit: u32,
 }
 
+/// A traced function's socket argument's fields, read typed.
+///
+/// # Safety
+/// `sk` must be a `struct sock *` argument of the traced function (a BTF pointer).
 #[inline(always)]
-fn read_u64(addr: u64) -> Option<u64> {
-    // SAFETY: as above.
-    unsafe { bpf_probe_read_kernel(addr as *const u64) }.ok()
+pub(crate) unsafe fn reading(sk: *mut c_void) -> Option<Reading> {
+    // SAFETY: the caller passes a traced socket argument.
+    let tp = unsafe { tcp_sock(sk) };
+    if tp.is_null() {
+        return None;
+    }
+    // SAFETY: typed loads at offsets the verifier checks against the kernel's BTF.
+    unsafe {
+        Some(Reading {
+            copied_seq: field::<u32>(tp, BYPASS_OFF_TCP_COPIED_SEQ.load()),
+            rx_limit: limit_of(tp),
+        })
+    }
 }
 
-/// Bytes waiting in the ingress queue of the socket published at `sk` with `cookie`,
-/// or `None` when that address no longer holds that socket (or it has no psock).
+/// The `struct sock *` of a `struct socket *` (the read guard has a file's socket).
+///
+/// # Safety
+/// `sock` must be a non-null `struct socket` BTF pointer (from `bpf_sock_from_file`).
 #[inline(always)]
-pub(crate) fn peer_queued(sk: u64, cookie: u64) -> Option<u64> {
-    if sk == 0 || cookie == 0 {
-        return None;
-    }
-    if read_u64(sk + u64::from(BYPASS_OFF_SK_COOKIE.load()))? != cookie {
-        return None;
-    }
-    let psock = psock_of(read_u64(sk + u64::from(BYPASS_OFF_SK_USER_DATA.load()))?)?;
-    let queued = read_u32(psock + u64::from(BYPASS_OFF_PSOCK_MSG_TOT_LEN.load()))?;
-    // Still the same socket after the reads: nothing above came from a reused one.
-    if read_u64(sk + u64::from(BYPASS_OFF_SK_COOKIE.load()))? != cookie {
-        return None;
-    }
-    Some(u64::from(queued))
+pub(crate) unsafe fn socket_sk(sock: *const u8) -> *mut c_void {
+    // SAFETY: a typed load of `struct socket`'s `sk` member.
+    unsafe { field::<*mut c_void>(sock, BYPASS_OFF_SOCKET_SK.load()) }
 }

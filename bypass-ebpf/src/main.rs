@@ -1,14 +1,27 @@
 //! The bypass kernel object: `sockops` inserts each established socket whose two ends
 //! are pod addresses into the SockHash, `skmsg` redirects each send to the peer socket's
-//! ingress queue or lets it take the normal TCP path (bounding that queue), `kernel`
-//! reads the few kernel fields those decisions need, `sockopt` refuses upper-layer
-//! protocols on inserted sockets and records receive options their peers must honour.
+//! ingress queue or lets it take the normal TCP path, `recv` publishes what each reader
+//! has read (which bounds that queue and lets a direction come back from TCP),
+//! `guard` keeps readers that cannot see the ingress queue (splice, zero-copy receive)
+//! from missing a byte, `leave` takes connections that TCP serves better out of the
+//! SockHash, `kernel` reads the few kernel fields those decisions need, `sockopt`
+//! refuses upper-layer protocols on inserted sockets and records receive options their
+//! peers must honour.
 #![no_std]
 #![no_main]
+// Atomic read-modify-writes (`atomic`): the BPF target has no `core::sync::atomic`
+// fetch operations (no compare-and-swap), so the intrinsics, on the pinned toolchain
+// (built with RUSTC_BOOTSTRAP, bypass-agent/build.rs).
+#![feature(core_intrinsics)]
+#![allow(internal_features)]
 
+mod atomic;
+mod guard;
 mod kernel;
 mod key;
+mod leave;
 mod maps;
+mod recv;
 mod skmsg;
 mod sockops;
 mod sockopt;

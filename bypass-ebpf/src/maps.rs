@@ -1,14 +1,14 @@
 //! The maps, declared under the names in `bypass_common::names`.
 
 use aya_ebpf::{
-    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, SkStorage, SockHash},
+    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf, SkStorage, SockHash},
     macros::btf_map,
 };
 use bypass_common::{
-    Connector, Endpoint, IpKey, Link, SockKey, SockState, control,
+    Connector, Endpoint, IpKey, Link, SockKey, SockState, control, state::LeaveEvent,
     names::{
         DEFAULT_MAX_ADDRS, DEFAULT_MAX_CIDRS, DEFAULT_MAX_POD_NETNS, DEFAULT_MAX_SERVICE_CIDRS,
-        DEFAULT_MAX_SOCKETS, MAX_SKIP_PORTS,
+        DEFAULT_MAX_CUT, DEFAULT_MAX_SOCKETS, EVENTS_BYTES, MAX_SKIP_PORTS, MAX_SPLICERS,
     },
     stats::STAT_SLOTS,
 };
@@ -72,10 +72,30 @@ pub(crate) static BYPASS_CONNECTORS: LruHashMap<
 > = LruHashMap::new();
 
 /// Each paired connection, by its connecting socket's key. The agent sizes it like the
-/// SockHash.
+/// SockHash. Not an LRU map: a live link is never evicted; it goes when the second of
+/// its sockets closes (or the agent sweeps it after sock_ops was detached).
 #[btf_map]
-pub(crate) static BYPASS_LINKS: LruHashMap<SockKey, Link, { DEFAULT_MAX_SOCKETS as usize }> =
+pub(crate) static BYPASS_LINKS: HashMap<SockKey, Link, { DEFAULT_MAX_SOCKETS as usize }> =
+    HashMap::new();
+
+/// One `Link` of scratch space per CPU: sock_ops builds a new link there, since it
+/// does not fit on the 512-byte BPF stack beside the rest.
+#[btf_map]
+pub(crate) static BYPASS_SCRATCH: PerCpuArray<Link, 1> = PerCpuArray::new();
+
+/// Connections the agent cut, by their link key (see `bypass_common::names::MAP_CUT`).
+#[btf_map]
+pub(crate) static BYPASS_CUT: HashMap<SockKey, u8, { DEFAULT_MAX_CUT as usize }> =
+    HashMap::new();
+
+/// Processes seen calling `splice(2)`, where the read guard cannot run.
+#[btf_map]
+pub(crate) static BYPASS_SPLICERS: LruHashMap<u32, u8, { MAX_SPLICERS as usize }> =
     LruHashMap::new();
+
+/// Connections that started to leave the SockHash, for the agent.
+#[btf_map]
+pub(crate) static BYPASS_EVENTS: RingBuf<LeaveEvent, { EVENTS_BYTES as usize }> = RingBuf::new();
 
 /// The [`BYPASS_SOCK_STATE`] storage of the socket `sk`, created zeroed when `create`
 /// is set; `None` when it has none (or it could not be created).

@@ -1,15 +1,13 @@
 //! sk_msg: runs on every send of a socket in the SockHash. Redirects the message to the
 //! peer socket's ingress queue when the connection is paired, the bypass is on, the
-//! peer honours what it would receive that way, its queue stays under its bound and
-//! the socket is not streaming small messages faster than the peer reads them
-//! (`bypass_common::state::small_stream_step`); otherwise the message takes the normal
-//! TCP path, and so does every later one of this
-//! socket (`bypass_common::tx_mode`: a direction never goes back from TCP to
-//! redirects, which is what keeps a blocked reader's bytes in order). It never drops:
-//! every path returns SK_PASS, and `bpf_msg_redirect_hash` changes nothing when the
-//! peer is missing (net/core/sock_map.c).
+//! peer reads in a way that sees that queue, has read every byte this socket sent by
+//! TCP, and has room under its bound; otherwise the message takes the normal TCP path.
+//! The decision is made afresh on every send (`bypass_common::state::PassReason` says
+//! which ones hold). It never drops: every path returns SK_PASS, and
+//! `bpf_msg_redirect_hash` changes nothing when the peer is missing
+//! (net/core/sock_map.c).
 
-use core::ptr::{addr_of, read_volatile};
+use core::ptr::{addr_of, addr_of_mut, read_volatile};
 
 use aya_ebpf::{
     bindings::{BPF_F_INGRESS, bpf_sock, sk_action::SK_PASS},
@@ -17,14 +15,17 @@ use aya_ebpf::{
     programs::SkMsgContext,
 };
 use bypass_common::{
-    SockState, Stat, control,
-    state::{PassReason, precheck, side, small_stream_step, within_limit},
+    Link, SockState, Stat, control,
+    state::{
+        PassReason, caught_up, charge, consumed_messages, link_state, pending, precheck, rx,
+        side, small_stream_step, within_limit,
+    },
     tx_mode,
 };
 
 use crate::{
-    kernel,
-    maps::{BYPASS_CONTROL, BYPASS_LINKS, BYPASS_SOCKETS, sock_state},
+    atomic, kernel, leave,
+    maps::{BYPASS_LINKS, BYPASS_SOCKETS, sock_state},
     stats,
 };
 
@@ -42,24 +43,16 @@ pub fn bypass_skmsg(ctx: SkMsgContext) -> u32 {
         Err(reason) => {
             stats::add(Stat::PassedMessages, 1);
             stats::add(Stat::PassedBytes, size);
-            match reason {
-                PassReason::QueueFull => stats::add(Stat::QueueLimited, 1),
-                PassReason::SmallStream => stats::add(Stat::SmallStreams, 1),
-                _ => {}
+            if reason == PassReason::QueueFull {
+                stats::add(Stat::QueueLimited, 1);
             }
         }
     }
     SK_PASS
 }
 
-/// A control word (0 when the slot cannot be read).
-#[inline(always)]
-fn control_word(slot: u32) -> u64 {
-    u64::from(BYPASS_CONTROL.get(slot).copied().unwrap_or(0))
-}
-
 /// Sets up the redirect and returns the connection's hop kind, or says why the message
-/// takes the TCP path (recording that this socket stays there).
+/// takes the TCP path.
 #[inline(always)]
 fn try_redirect(ctx: &SkMsgContext, size: u64) -> Result<u32, PassReason> {
     // SAFETY: context field load.
@@ -72,12 +65,15 @@ fn try_redirect(ctx: &SkMsgContext, size: u64) -> Result<u32, PassReason> {
         return Err(PassReason::Unpaired);
     };
     // SAFETY: non-null storage of this socket, sized for a `SockState`. sk_msg runs under
-    // the socket's lock (net/ipv4/tcp_bpf.c, tcp_bpf_sendmsg), so this is its only writer.
+    // the socket's lock (net/ipv4/tcp_bpf.c, tcp_bpf_sendmsg), so this is its only writer
+    // of the fields it writes.
     let state = unsafe { &mut *state };
     match decide(ctx, sk, state, size) {
         Ok(kind) => {
+            if state.tx_mode == tx_mode::TCP {
+                stats::add(Stat::Resumed, 1);
+            }
             state.tx_mode = tx_mode::REDIRECT;
-            state.queued = state.queued.saturating_add(size);
             Ok(kind)
         }
         Err(reason) => {
@@ -93,6 +89,15 @@ fn try_redirect(ctx: &SkMsgContext, size: u64) -> Result<u32, PassReason> {
     }
 }
 
+/// A control word (0 when the slot cannot be read).
+#[inline(always)]
+fn control_word(slot: u32) -> u32 {
+    crate::maps::BYPASS_CONTROL
+        .get(slot)
+        .copied()
+        .unwrap_or(0)
+}
+
 // Keys are passed by reference on purpose: by value they would be copied onto the
 // 512-byte BPF stack.
 #[allow(clippy::needless_borrows_for_generic_args)]
@@ -103,62 +108,115 @@ fn decide(
     state: &mut SockState,
     size: u64,
 ) -> Result<u32, PassReason> {
-    let enabled = BYPASS_CONTROL.get(control::SLOT_ENABLED).copied() == Some(control::ENABLED);
-    let ptr = BYPASS_LINKS.get_ptr(&state.link);
-    // Copied, then checked: links live in an LRU map, whose elements are reused at once
-    // (no RCU grace period), so one read in place could mix two connections' links.
+    let enabled = control_word(control::SLOT_ENABLED) == control::ENABLED;
+    let ptr = BYPASS_LINKS.get_ptr_mut(&state.link);
+    // Copied, then checked: hash map elements are reused at once after a delete (no
+    // RCU grace period), so one read in place could mix two connections' links.
     // SAFETY: a live map value, copied.
-    let link = ptr.map(|p| unsafe { *p });
-    if let Some(reason) = precheck(state.tx_mode, enabled, link.as_ref(), state) {
+    let link: Option<Link> = ptr.map(|p| unsafe { *p });
+    if let (Some(l), Some(p)) = (&link, ptr)
+        && l.is_of(state)
+        && leave::check_cut(state, p)
+    {
+        return Err(PassReason::Leaving);
+    }
+    if let Some(reason) = precheck(enabled, kernel::require_recvmsg(), link.as_ref(), state) {
         return Err(reason);
     }
     let (Some(link), Some(ptr)) = (link, ptr) else {
         return Err(PassReason::Unpaired);
     };
-    // Still this socket's link after the copy (it names this socket's unique cookie).
-    // SAFETY: a live map value, one field read.
-    if unsafe { (*ptr).cookie[side::index(state.side)] } != state.cookie {
-        return Err(PassReason::Unpaired);
-    }
+    let me = side::index(state.side);
+    let peer = side::peer_index(state.side);
     let own = kernel::sending(sk).ok_or(PassReason::Unpaired)?;
-    if own.write_seq != state.write_seq {
-        return Err(PassReason::WroteByTcp);
-    }
     if own.ulp {
         return Err(PassReason::Ulp);
     }
-    if kernel::bound_enabled() {
-        let limit = control_word(control::SLOT_MAX_QUEUED);
-        let small = size < control_word(control::SLOT_SMALL_STREAM);
-        // Only this socket adds to its peer's queue, so `state.queued` bounds it from
-        // above: measure only when this message could cross the bound, or when it is
-        // small (the small-stream rule asks whether the peer is behind).
-        let over = !within_limit(state.queued, size, limit);
-        if over || small {
-            let peer = side::peer_index(state.side);
-            let queued = kernel::peer_queued(link.sk[peer], link.cookie[peer])
-                .ok_or(PassReason::Unmeasurable)?;
-            state.queued = queued;
-            if over && !within_limit(queued, size, limit) {
-                return Err(PassReason::QueueFull);
-            }
-            if small {
-                let (run, to_tcp) = small_stream_step(state.small_run, queued);
-                state.small_run = run;
-                if to_tcp {
-                    return Err(PassReason::SmallStream);
-                }
-            }
-        }
-        if !small {
-            // Only small sends in a row count: a length prefix before each large body
-            // is not a stream of small messages.
-            state.small_run = 0;
-        }
+    // Every byte this socket sent by TCP must be read before a redirected one can be:
+    // the peer reads its ingress queue first. (Also bytes that reached TCP past sk_msg:
+    // a write blocked in plain tcp_sendmsg while connecting moves write_seq too.)
+    if !caught_up(link.rx_copied[peer], own.write_seq) {
+        return Err(PassReason::Behind);
     }
+    let sent = link.tx_redir[me];
+    let read = link.rx_read[peer];
+    let (cp_msgs, cp_redir, done) = consumed_messages(
+        state.cp_msgs,
+        state.cp_redir,
+        state.done_msgs,
+        state.tx_msgs,
+        sent,
+        read,
+    );
+    state.cp_msgs = cp_msgs;
+    state.cp_redir = cp_redir;
+    state.done_msgs = done;
+    let waiting = pending(sent, read);
+    let limit = match link.rx_limit[peer] {
+        0 => control_word(control::SLOT_MAX_QUEUED),
+        l => l,
+    };
+    let due = charge(
+        waiting,
+        state.tx_msgs.saturating_sub(done),
+        size,
+        kernel::msg_cost(),
+    );
+    if !within_limit(due, u64::from(limit)) {
+        return Err(PassReason::QueueFull);
+    }
+    if size < u64::from(control_word(control::SLOT_SMALL_STREAM)) {
+        let (run, stream) = small_stream_step(state.small_run, waiting);
+        state.small_run = run;
+        if stream {
+            stats::add(Stat::SmallStreams, 1);
+            leave::request(ptr, &state.link);
+            return Err(PassReason::SmallStream);
+        }
+    } else {
+        // Only small sends in a row count: a length prefix before each large body is
+        // not a stream of small messages.
+        state.small_run = 0;
+    }
+    claim(ptr, state, me, peer, size, sent)?;
     let mut target = link.target(state);
     if BYPASS_SOCKETS.redirect_msg(ctx, &mut target, BPF_F_INGRESS.into()) != i64::from(SK_PASS) {
+        // SAFETY: a live map value; this socket's own counter.
+        unsafe { atomic::sub_u64(addr_of_mut!((*ptr).tx_redir[me]), size) };
         return Err(PassReason::NoPeer);
     }
+    state.tx_msgs = state.tx_msgs.wrapping_add(1);
     Ok(link.hop)
+}
+
+/// Counts the message as redirected before it is, then looks again at what the peer's
+/// read guard and a leave write: the add and the guard's or are both fully ordered
+/// atomics (`bypass_common::state::rx`), so either the guard sees these bytes and
+/// refuses its splice, or this sees the guard's bit and takes TCP. Undone on the way
+/// out.
+#[inline(always)]
+fn claim(
+    ptr: *mut Link,
+    state: &SockState,
+    me: usize,
+    peer: usize,
+    size: u64,
+    sent: u64,
+) -> Result<(), PassReason> {
+    // SAFETY: a live map value; fields read and written in place.
+    unsafe {
+        let old = atomic::add_u64(addr_of_mut!((*ptr).tx_redir[me]), size);
+        let flags = read_volatile(addr_of!((*ptr).rx_flags[peer]));
+        let st = read_volatile(addr_of!((*ptr).state));
+        let cookie = read_volatile(addr_of!((*ptr).cookie[me]));
+        if old != sent
+            || flags & (rx::TCP_ONLY | rx::OPTION) != 0
+            || st & link_state::LEAVING != 0
+            || cookie != state.cookie
+        {
+            atomic::sub_u64(addr_of_mut!((*ptr).tx_redir[me]), size);
+            return Err(PassReason::Raced);
+        }
+    }
+    Ok(())
 }

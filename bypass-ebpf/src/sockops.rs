@@ -15,7 +15,7 @@
 //! to be a pod's), and translated (iptables REDIRECT to a sidecar, kube-proxy's DNAT),
 //! where the client's destination is not where the connection landed.
 
-use core::ptr::{addr_of, read_volatile};
+use core::ptr::{addr_of, addr_of_mut, read_volatile};
 
 use aya_ebpf::{
     bindings::{
@@ -29,17 +29,18 @@ use aya_ebpf::{
     programs::SockOpsContext,
 };
 use bypass_common::{
-    Connector, IpKey, Link, SockKey, Stat,
+    Connector, IpKey, SockKey, Stat,
     addr::{is_loopback, key_bytes},
-    state::{flags, hop, is_other_end, options_need_tcp, side},
+    state::{flags, hop, is_other_end, link_state, options_need_tcp, rx, side},
     tx_mode,
 };
 
 use crate::{
-    kernel, key,
+    atomic, kernel, key,
     maps::{
         BYPASS_CONNECTORS, BYPASS_EXCLUDED_ADDRS, BYPASS_LINKS, BYPASS_POD_ADDRS, BYPASS_POD_CIDRS,
-        BYPASS_POD_NETNS, BYPASS_SERVICE_CIDRS, BYPASS_SKIP_PORTS, BYPASS_SOCKETS, sock_state,
+        BYPASS_POD_NETNS, BYPASS_SCRATCH, BYPASS_SERVICE_CIDRS, BYPASS_SKIP_PORTS, BYPASS_SOCKETS,
+        sock_state,
     },
     stats,
 };
@@ -108,9 +109,10 @@ fn netns_cookie(ctx: &SockOpsContext) -> u64 {
 /// What the accepting side takes from its client's [`Connector`].
 struct Client {
     key: SockKey,
-    sk: u64,
+    rcv_nxt: u32,
     cookie: u64,
     rx_tcp: u32,
+    rx_limit: u32,
 }
 
 // Keys are passed by reference to the socket's storage on purpose: by value they would
@@ -193,15 +195,22 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
     // SAFETY: non-null storage of this socket, sized for a `SockState`; written field by
     // field (a whole `SockState` on the stack would not fit beside the rest). A
     // connection established again on the same socket (after a disconnect) starts
-    // afresh.
+    // afresh (but for `readers`: a reader of the old connection may still be inside).
     let state = unsafe { &mut *state };
     state.key = key;
     state.side = side::NONE;
     state.tx_mode = tx_mode::UNDECIDED;
-    state.queued = 0;
     state.small_run = 0;
     state.rx_tcp = u32::from(options_need_tcp(own.rcvlowat, own.peek_off));
-    state.write_seq = own.write_seq;
+    state.splice_tid = 0;
+    state.flags &= !flags::RX_FROZEN;
+    // Nothing read yet: copied_seq is rcv_nxt.
+    state.copied_base = rcv_nxt;
+    state.read_total = 0;
+    state.tx_msgs = 0;
+    state.cp_msgs = 0;
+    state.cp_redir = 0;
+    state.done_msgs = 0;
     state.cookie = cookie;
     // The state callback withdraws what the socket published when it closes, so the
     // maps cannot fill with dead sockets (include/uapi/linux/bpf.h,
@@ -233,10 +242,9 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
                     key: state.key,
                     snd_nxt,
                     rcv_nxt,
-                    sk: sk as u64,
                     cookie,
                     rx_tcp: state.rx_tcp,
-                    reserved: 0,
+                    rx_limit: own.rx_limit,
                 },
                 BPF_ANY.into(),
             );
@@ -246,32 +254,43 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
             state.side = side::SERVER;
             let kind = hop::of(&client.key, &state.key);
             // The link makes the pair: until it exists neither side redirects. Written
-            // after the insert, so a client that sees it finds this socket in the map.
-            // The connector stays until its socket closes: a later accepting socket that
-            // claims the same client end (a SNAT onto it) is then told apart by its
-            // sequence numbers and counted.
-            let linked = BYPASS_LINKS.insert(
-                &client.key,
-                Link {
-                    server: state.key,
-                    hop: kind,
-                    reserved: 0,
-                    sk: [client.sk, sk as u64],
-                    cookie: [client.cookie, cookie],
-                    rx_tcp: [client.rx_tcp, state.rx_tcp],
-                },
-                BPF_ANY.into(),
-            );
+            // after the insert, so a client that sees it finds this socket in the map,
+            // and never over a live link (one left under the same key by a connection
+            // not yet fully closed keeps its place: this one takes TCP). The connector
+            // stays until its socket closes: a later accepting socket that claims the
+            // same client end (a SNAT onto it) is then told apart by its sequence
+            // numbers and counted. Each side has read nothing yet, so its copied_seq is
+            // its rcv_nxt at establishment.
+            let option = |t: u32| if t != 0 { rx::OPTION } else { 0 };
+            let Some(new) = BYPASS_SCRATCH.get_ptr_mut(0) else {
+                return Ok(());
+            };
+            // SAFETY: this CPU's scratch slot, a map value sized for a `Link`; written
+            // field by field, then copied into the links map.
+            let linked = unsafe {
+                (*new).server = state.key;
+                (*new).hop = kind;
+                (*new).state = 0;
+                (*new).cookie = [client.cookie, cookie];
+                (*new).tx_redir = [0, 0];
+                (*new).rx_read = [0, 0];
+                (*new).rx_flags = [option(client.rx_tcp), option(state.rx_tcp)];
+                (*new).rx_copied = [client.rcv_nxt, rcv_nxt];
+                (*new).rx_limit = [client.rx_limit, own.rx_limit];
+                (*new).reserved = [0, 0];
+                BYPASS_LINKS.insert(&client.key, &*new, BPF_NOEXIST.into())
+            };
             // Without a link (no room) the pair takes TCP; the socket stays inserted.
-            if linked.is_ok() {
+            if let (Ok(()), Some(l)) = (linked, BYPASS_LINKS.get_ptr_mut(&client.key)) {
                 // The client may have asked for a receive option between our read of
                 // its connector and the link's insert: it wrote the connector then, and
-                // finds the link from now on.
-                if connector_rx_tcp(&client.key)
-                    && let Some(l) = BYPASS_LINKS.get_ptr_mut(&client.key)
-                {
-                    // SAFETY: a live map value; only its client's flag is written.
-                    unsafe { (*l).rx_tcp[0] = 1 };
+                // finds the link from now on. A fully ordered atomic between our insert
+                // and our read of the connector (see sockopt::record_rx_tcp).
+                // SAFETY: a live map value; or-ing 0 changes nothing.
+                unsafe { atomic::or_u32(addr_of_mut!((*l).state), 0) };
+                if connector_rx_tcp(&client.key) {
+                    // SAFETY: a live map value; only its client's flag is or-ed.
+                    unsafe { atomic::or_u32(addr_of_mut!((*l).rx_flags[0]), rx::OPTION) };
                 }
                 if let Some(stat) = Stat::paired(kind) {
                     stats::add(stat, 1);
@@ -295,9 +314,10 @@ fn find_client(key: &SockKey, snd_nxt: u32, rcv_nxt: u32) -> Option<Client> {
     }
     let client = Client {
         key: connector.key,
-        sk: connector.sk,
+        rcv_nxt: connector.rcv_nxt,
         cookie: connector.cookie,
         rx_tcp: connector.rx_tcp,
+        rx_limit: connector.rx_limit,
     };
     // A connector is published under its own local end: one that names another was
     // read while its element was being reused.
@@ -339,8 +359,10 @@ fn remove_connector(end: &bypass_common::Endpoint, owner: &SockKey) {
     }
 }
 
-/// On the transition to TCP_CLOSE, a connecting socket's connector and its link go
-/// (only its own: both are found under its key). The SockHash drops the socket itself
+/// On the transition to TCP_CLOSE: a connecting socket's connector goes, and the
+/// connection's link records that this side closed; the second side to close removes
+/// it (until then the other side's reads still publish into it, and its read guard
+/// still counts what was redirected to it). The SockHash drops the socket itself
 /// (net/core/sock_map.c, sock_map_unhash), and tcp_set_state runs this callback before
 /// that (net/ipv4/tcp.c), well before the socket is freed.
 // Keys are passed by reference on purpose: by value they would be copied onto the
@@ -362,9 +384,23 @@ fn on_state_change(ctx: &SockOpsContext) {
     };
     // SAFETY: non-null storage of this socket, sized for a `SockState`.
     let state = unsafe { &mut *state };
+    if state.side == side::NONE {
+        return;
+    }
     if state.side == side::CLIENT {
-        let _ = BYPASS_LINKS.remove(&state.key);
         remove_connector(&state.key.local_end(), &state.key);
+    }
+    if let Some(l) = BYPASS_LINKS.get_ptr_mut(&state.link) {
+        // SAFETY: a live map value: its cookie read, its state word or-ed.
+        unsafe {
+            if read_volatile(addr_of!((*l).cookie[side::index(state.side)])) == state.cookie {
+                let closed = link_state::closed(state.side);
+                let before = atomic::or_u32(addr_of_mut!((*l).state), closed);
+                if (before | closed) & link_state::BOTH_CLOSED == link_state::BOTH_CLOSED {
+                    let _ = BYPASS_LINKS.remove(&state.link);
+                }
+            }
+        }
     }
     // Freed with the socket; until then, no longer an inserted socket.
     state.side = side::NONE;

@@ -7,8 +7,10 @@
 //!   hands the peer plaintext where TCP carries a TLS record, and a kTLS receiver reads
 //!   redirected bytes as already decrypted. TLS libraries fall back to user-space TLS
 //!   when the kernel refuses.
-//! - SO_RCVLOWAT above 1 or SO_PEEK_OFF on an inserted socket are recorded in its link:
-//!   the ingress queue honours neither, so its peer sends to it by TCP from then on.
+//! - SO_RCVLOWAT that leaves a low-water mark above 1 (any value above 1, or below 0,
+//!   which the kernel makes INT_MAX) or SO_PEEK_OFF on an inserted socket are recorded
+//!   in its link: the ingress queue honours neither, so its peer sends to it by TCP
+//!   from then on.
 
 use core::ptr::{addr_of, addr_of_mut, read_volatile, write_volatile};
 
@@ -19,10 +21,11 @@ use aya_ebpf::{
 };
 use bypass_common::{
     SockState, Stat,
-    state::{flags, options_need_tcp, side},
+    state::{flags, options_need_tcp, rcvlowat_needs_tcp, rx, side},
 };
 
 use crate::{
+    atomic,
     maps::{BYPASS_CONNECTORS, BYPASS_LINKS, sock_state},
     stats,
 };
@@ -86,7 +89,7 @@ fn check(ctx: &SockoptContext) -> i32 {
         return 1;
     };
     let needs_tcp = if lowat {
-        options_need_tcp(value, -1)
+        rcvlowat_needs_tcp(value)
     } else {
         options_need_tcp(1, value)
     };
@@ -116,10 +119,8 @@ fn int_value(ctx: &SockoptContext) -> Option<i32> {
 /// reads it: the connector until paired, the link once paired.
 ///
 /// The accepting side writes the link, then reads the connector; this writes the
-/// connector, then reads the link, so one of them sees the other's write. (Without a
-/// barrier between each side's write and read, which BPF offers only as 64-bit atomics
-/// Rust's BPF target does not expose, a CPU may still reorder them: a window of a few
-/// instructions while the two sides pair, in which the option can be missed.)
+/// connector, then reads the link, each with a fully ordered atomic between its write
+/// and its read (`crate::atomic`), so one of them sees the other's write.
 // Keys are passed by reference on purpose: by value they would be copied onto the
 // 512-byte BPF stack.
 #[allow(clippy::needless_borrows_for_generic_args)]
@@ -129,18 +130,21 @@ fn record_rx_tcp(state: &mut SockState) {
     if state.side == side::CLIENT {
         let end = state.key.local_end();
         if let Some(c) = BYPASS_CONNECTORS.get_ptr_mut(&end) {
-            // SAFETY: a live map value.
-            let c = unsafe { &mut *c };
-            if c.key == state.key {
-                c.rx_tcp = 1;
+            // SAFETY: a live map value: its key read, its flag or-ed.
+            unsafe {
+                if (*c).key == state.key {
+                    atomic::or_u32(addr_of_mut!((*c).rx_tcp), 1);
+                }
             }
         }
     }
     if let Some(link) = BYPASS_LINKS.get_ptr_mut(&state.link) {
-        // SAFETY: a live map value.
-        let link = unsafe { &mut *link };
-        if link.is_of(state) {
-            link.rx_tcp[side::index(state.side)] = 1;
+        let me = side::index(state.side);
+        // SAFETY: a live map value: its cookie read, this side's flags or-ed.
+        unsafe {
+            if read_volatile(addr_of!((*link).cookie[me])) == state.cookie {
+                atomic::or_u32(addr_of_mut!((*link).rx_flags[me]), rx::OPTION);
+            }
         }
     }
 }

@@ -21,6 +21,10 @@ const KIND_VAR: u32 = 14;
 const KIND_DATASEC: u32 = 15;
 const KIND_DECL_TAG: u32 = 17;
 const KIND_ENUM64: u32 = 19;
+/// `BTF_KIND_TYPEDEF`.
+pub const KIND_TYPEDEF: u32 = 8;
+/// `BTF_KIND_FUNC`.
+pub const KIND_FUNC: u32 = 12;
 
 /// Why an offset could not be found.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -87,6 +91,8 @@ struct Member {
 struct Type {
     name_off: u32,
     kind: u32,
+    /// Size in bytes (structs and unions).
+    size: u32,
     members: Vec<Member>,
 }
 
@@ -131,12 +137,13 @@ impl Btf {
         let mut types = vec![Type {
             name_off: 0,
             kind: 0,
+            size: 0,
             members: Vec::new(),
         }];
         let mut p = 0;
         while p < t.len() {
             let word = |at: usize| u32_at(t, at).ok_or(BtfError::Truncated);
-            let (name_off, info) = (word(p)?, word(p + 4)?);
+            let (name_off, info, size) = (word(p)?, word(p + 4)?, word(p + 8)?);
             p += 12;
             let kind = (info >> 24) & 0x1f;
             let vlen = (info & 0xffff) as usize;
@@ -172,6 +179,7 @@ impl Btf {
             types.push(Type {
                 name_off,
                 kind,
+                size,
                 members,
             });
         }
@@ -184,16 +192,32 @@ impl Btf {
         &rest[..end]
     }
 
-    /// Byte offset of `member` in `struct strukt`, looking into anonymous structs and
-    /// unions the way C does.
-    pub fn member_offset(&self, strukt: &str, member: &str) -> Result<u32, BtfError> {
-        let st = self
-            .types
+    fn find_struct(&self, strukt: &str) -> Result<&Type, BtfError> {
+        self.types
             .iter()
             .find(|t| t.kind == KIND_STRUCT && self.name(t.name_off) == strukt.as_bytes())
             .ok_or_else(|| BtfError::NoStruct {
                 name: strukt.to_owned(),
-            })?;
+            })
+    }
+
+    /// The type id of the type of `kind` named `name` (ids start at 1).
+    pub fn type_id(&self, kind: u32, name: &str) -> Option<u32> {
+        self.types
+            .iter()
+            .position(|t| t.kind == kind && self.name(t.name_off) == name.as_bytes())
+            .and_then(|i| u32::try_from(i).ok())
+    }
+
+    /// Size in bytes of `struct strukt`.
+    pub fn struct_size(&self, strukt: &str) -> Result<u32, BtfError> {
+        self.find_struct(strukt).map(|t| t.size)
+    }
+
+    /// Byte offset of `member` in `struct strukt`, looking into anonymous structs and
+    /// unions the way C does.
+    pub fn member_offset(&self, strukt: &str, member: &str) -> Result<u32, BtfError> {
+        let st = self.find_struct(strukt)?;
         let bits = self
             .find_member(st, member.as_bytes(), 0, 0)
             .ok_or_else(|| BtfError::NoMember {
@@ -243,15 +267,26 @@ impl Btf {
                 0
             })
         };
-        let layout = KernelLayout {
+        let mut layout = KernelLayout {
             sk_rcvlowat: get("sock", "sk_rcvlowat"),
             sk_peek_off: get("sock", "sk_peek_off"),
             icsk_ulp_ops: get("inet_connection_sock", "icsk_ulp_ops"),
             tcp_write_seq: get("tcp_sock", "write_seq"),
             tcp_fastopen_req: get("tcp_sock", "fastopen_req"),
-            sk_user_data: get("sock", "sk_user_data"),
-            sk_cookie: get("sock_common", "skc_cookie"),
+            tcp_copied_seq: get("tcp_sock", "copied_seq"),
+            sk_rcvbuf: get("sock", "sk_rcvbuf"),
+            // A bitfield before Linux 6.x: then not read (NotByteAligned, reported).
+            sk_userlocks: get("sock", "sk_userlocks"),
+            socket_sk: get("socket", "sk"),
             psock_msg_tot_len: get("sk_psock", "msg_tot_len"),
+            msg_cost: 0,
+        };
+        layout.msg_cost = match self.struct_size("sk_msg") {
+            Ok(size) => bypass_common::layout::slab_size(size),
+            Err(e) => {
+                missing.push(e);
+                bypass_common::names::DEFAULT_MSG_COST
+            }
         };
         (layout, missing)
     }
@@ -334,6 +369,10 @@ mod tests {
         assert_eq!(btf.member_offset("outer", "x"), Ok(4));
         assert_eq!(btf.member_offset("outer", "d"), Ok(12), "through the union");
         assert_eq!(btf.member_offset("inner", "c"), Ok(4));
+        assert_eq!(btf.struct_size("outer"), Ok(16));
+        assert_eq!(btf.struct_size("inner"), Ok(8));
+        assert_eq!(btf.type_id(KIND_STRUCT, "outer"), Some(3));
+        assert_eq!(btf.type_id(KIND_STRUCT, "nope"), None);
         assert!(matches!(
             btf.member_offset("outer", "b"),
             Err(BtfError::NoMember { .. })
@@ -351,8 +390,14 @@ mod tests {
         b.truncate(b.len() - 30);
         assert!(Btf::parse(&b).is_err());
         let missing = Btf::parse(&sample()).unwrap().kernel_layout();
-        assert_eq!(missing.0, KernelLayout::default());
-        assert_eq!(missing.1.len(), 8);
+        assert_eq!(
+            missing.0,
+            KernelLayout {
+                msg_cost: bypass_common::names::DEFAULT_MSG_COST,
+                ..KernelLayout::default()
+            }
+        );
+        assert_eq!(missing.1.len(), 11);
     }
 
     #[test]
@@ -360,7 +405,11 @@ mod tests {
         // The kernels this runs on all publish BTF (the agent needs it).
         let bytes = std::fs::read(VMLINUX_BTF).unwrap();
         let (layout, missing) = Btf::parse(&bytes).unwrap().kernel_layout();
-        assert!(layout.has_required() && layout.can_bound(), "{missing:?}");
-        assert!(layout.icsk_ulp_ops > layout.sk_user_data, "{layout:?}");
+        assert!(layout.has_required(), "{missing:?}");
+        assert!(layout.tcp_copied_seq > layout.icsk_ulp_ops, "{layout:?}");
+        assert!(
+            (512..=4096).contains(&layout.msg_cost),
+            "struct sk_msg's slab: {layout:?}"
+        );
     }
 }

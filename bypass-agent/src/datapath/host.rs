@@ -1,6 +1,7 @@
 //! What the agent learns about the host before loading: the kernel release, the
 //! cookie of its own network namespace (the host's: the agent runs with the host
-//! network), and whether kernel lockdown forbids the programs' probe reads.
+//! network), the active LSMs (whether the BPF LSM runs the read guard), and how far
+//! TCP lets a receive buffer grow.
 
 use std::{os::fd::OwnedFd, path::Path};
 
@@ -11,8 +12,10 @@ use nix::{
 
 use crate::error::AgentError;
 
-/// Where the lockdown LSM shows its mode; `BYPASS_LOCKDOWN_FILE` overrides it (tests).
-pub const LOCKDOWN_FILE: &str = "/sys/kernel/security/lockdown";
+/// The active LSMs, in order (securityfs); `BYPASS_LSM_FILE` overrides it (tests).
+pub const LSM_FILE: &str = "/sys/kernel/security/lsm";
+/// `net.ipv4.tcp_rmem`: min, default and max receive buffer.
+pub const TCP_RMEM_FILE: &str = "/proc/sys/net/ipv4/tcp_rmem";
 
 // nix has no wrapper for this option; its macro makes one (no unsafe here).
 sockopt_impl!(
@@ -57,24 +60,31 @@ pub fn netns_cookie() -> Result<u64, AgentError> {
     Ok(cookie)
 }
 
-/// The lockdown mode in force, from the contents of [`LOCKDOWN_FILE`] (`none integrity
-/// [confidentiality]`: the bracketed one); `None` without the lockdown LSM.
-pub fn lockdown_mode(contents: &str) -> Option<&str> {
-    let start = contents.find('[')?;
-    let end = contents[start..].find(']')? + start;
-    Some(&contents[start + 1..end])
+/// Whether the BPF LSM is among `contents` of [`LSM_FILE`] (`lockdown,capability,bpf`).
+pub fn lsm_list_has_bpf(contents: &str) -> bool {
+    contents.trim().split(',').any(|l| l == "bpf")
 }
 
-/// Whether kernel lockdown forbids `bpf_probe_read_kernel` (`confidentiality` mode,
-/// security/lockdown: LOCKDOWN_BPF_READ_KERNEL).
-pub fn probe_reads_forbidden() -> bool {
-    let path = std::env::var_os("BYPASS_LOCKDOWN_FILE")
-        .map_or_else(|| Path::new(LOCKDOWN_FILE).to_path_buf(), Into::into);
-    std::fs::read_to_string(path)
+/// The BPF LSM's state on this host, from [`LSM_FILE`]: `Ok(active)`, or why it cannot
+/// be told (securityfs not mounted).
+pub fn bpf_lsm_active() -> Result<bool, std::io::Error> {
+    let path = std::env::var_os("BYPASS_LSM_FILE")
+        .map_or_else(|| Path::new(LSM_FILE).to_path_buf(), Into::into);
+    std::fs::read_to_string(path).map(|c| lsm_list_has_bpf(&c))
+}
+
+/// The third value of `net.ipv4.tcp_rmem` (`4096 131072 6291456`): what TCP lets a
+/// receive buffer grow to.
+pub fn parse_tcp_rmem_max(contents: &str) -> Option<u32> {
+    contents.split_whitespace().nth(2)?.parse().ok()
+}
+
+/// [`parse_tcp_rmem_max`] of this host's [`TCP_RMEM_FILE`].
+pub fn tcp_rmem_max() -> Option<u32> {
+    std::fs::read_to_string(TCP_RMEM_FILE)
         .ok()
         .as_deref()
-        .and_then(lockdown_mode)
-        .is_some_and(|m| m == "confidentiality")
+        .and_then(parse_tcp_rmem_max)
 }
 
 #[cfg(test)]
@@ -82,17 +92,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn lockdown_modes() {
-        assert_eq!(
-            lockdown_mode("[none] integrity confidentiality\n"),
-            Some("none")
-        );
-        assert_eq!(
-            lockdown_mode("none integrity [confidentiality]\n"),
-            Some("confidentiality")
-        );
-        assert_eq!(lockdown_mode(""), None);
-        assert_eq!(lockdown_mode("none ["), None);
+    fn lsm_lists() {
+        assert!(lsm_list_has_bpf("lockdown,capability,landlock,bpf\n"));
+        assert!(lsm_list_has_bpf("bpf"));
+        assert!(!lsm_list_has_bpf("lockdown,capability,apparmor"));
+        assert!(!lsm_list_has_bpf("lockdown,bpflsm"));
+    }
+
+    #[test]
+    fn tcp_rmem_max() {
+        assert_eq!(parse_tcp_rmem_max("4096\t131072\t6291456\n"), Some(6_291_456));
+        assert_eq!(parse_tcp_rmem_max("4096 131072"), None);
+        assert_eq!(parse_tcp_rmem_max(""), None);
     }
 
     #[test]

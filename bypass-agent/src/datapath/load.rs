@@ -1,17 +1,18 @@
 //! A fresh load of the embedded object: the globals set from the [`LoadPlan`], maps
-//! and programs pinned, sk_msg attached to the SockHash, the identity recorded.
+//! and programs pinned, sk_msg attached to the SockHash, the tracing programs attached
+//! and their links pinned, the identity recorded.
 
 use aya::{
-    Ebpf, EbpfLoader,
+    Btf, Ebpf, EbpfLoader,
     maps::{Map, MapData, SockHash},
-    programs::SkMsg,
+    programs::{BtfTracePoint, FEntry, FExit, Lsm, SkMsg, TracePoint, links::FdLink},
 };
 use bypass_common::{
     SockKey,
     layout::{features, globals},
     names::{
-        MAP_CONNECTORS, MAP_CONTROL, MAP_LINKS, MAP_SOCKETS, PINNED_MAPS, PROG_SKMSG, PROG_SOCKOPS,
-        PROG_SOCKOPT,
+        Hook, HookKind, MAP_CONNECTORS, MAP_CONTROL, MAP_LINKS, MAP_SOCKETS, PINNED_MAPS,
+        PROG_SKMSG, PROG_SOCKOPS, PROG_SOCKOPT,
     },
 };
 use tracing::warn;
@@ -19,10 +20,9 @@ use tracing::warn;
 use super::{Config, Identity, LoadPlan, PinLayout, maps, object, pins};
 use crate::error::{AgentError, chain};
 
-/// Loads the embedded object, attaches sk_msg to the SockHash, pins maps and programs
-/// and records the identity. Removes what it pinned if any step fails. If the verifier
-/// refuses the probe reads of the queue bound (kernel lockdown not seen in securityfs),
-/// loads again without them.
+/// Loads the embedded object, attaches sk_msg to the SockHash and the tracing programs
+/// to their kernel functions, pins maps, programs and links and records the identity.
+/// Removes what it pinned if any step fails.
 pub(super) fn load_fresh(
     pins: &PinLayout,
     config: &Config,
@@ -30,20 +30,7 @@ pub(super) fn load_fresh(
     plan: LoadPlan,
 ) -> Result<Ebpf, AgentError> {
     raise_memlock();
-    match load_with(pins, config, identity, plan) {
-        Err(AgentError::Verifier { log, .. })
-            if plan.features & features::QUEUE_BOUND != 0 && log.contains("probe_read") =>
-        {
-            warn!("the verifier refused bpf_probe_read_kernel: loading without the queue bound");
-            let plan = plan.without_probe_reads();
-            let identity = Identity {
-                object: object::fingerprint() ^ plan.digest(),
-                ..identity
-            };
-            load_with(pins, config, identity, plan)
-        }
-        other => other,
-    }
+    load_with(pins, config, identity, plan)
 }
 
 fn load_with(
@@ -63,9 +50,11 @@ fn load_with(
         .override_global(globals::OFF_ICSK_ULP_OPS, &l.icsk_ulp_ops, true)
         .override_global(globals::OFF_TCP_WRITE_SEQ, &l.tcp_write_seq, true)
         .override_global(globals::OFF_TCP_FASTOPEN_REQ, &l.tcp_fastopen_req, true)
-        .override_global(globals::OFF_SK_USER_DATA, &l.sk_user_data, true)
-        .override_global(globals::OFF_SK_COOKIE, &l.sk_cookie, true)
-        .override_global(globals::OFF_PSOCK_MSG_TOT_LEN, &l.psock_msg_tot_len, true)
+        .override_global(globals::OFF_TCP_COPIED_SEQ, &l.tcp_copied_seq, true)
+        .override_global(globals::OFF_SK_RCVBUF, &l.sk_rcvbuf, true)
+        .override_global(globals::OFF_SK_USERLOCKS, &l.sk_userlocks, true)
+        .override_global(globals::OFF_SOCKET_SK, &l.socket_sk, true)
+        .override_global(globals::MSG_COST, &l.msg_cost, true)
         .override_global(globals::FEATURES, &program_features, true)
         .override_global(globals::HOST_NETNS, &plan.host_netns, true)
         .load(object::BYTES)
@@ -102,6 +91,15 @@ fn load_with(
     for name in [PROG_SOCKOPS, PROG_SOCKOPT] {
         load_and_pin(&mut ebpf, pins, name)?;
     }
+    // Attached now, before any socket can be inserted (sock_ops attaches later): they
+    // act on inserted sockets only.
+    let btf = Btf::from_sys_fs().map_err(|e| AgentError::KernelSupport {
+        what: "describe its functions for the tracing programs (BTF)",
+        source: Box::new(e),
+    })?;
+    for hook in plan.hooks.all() {
+        attach_hook(&mut ebpf, pins, &btf, *hook)?;
+    }
     // The control map is pinned last: its pin marks a complete datapath.
     let path = pins.map(MAP_CONTROL);
     control
@@ -129,6 +127,58 @@ fn load_and_pin(ebpf: &mut Ebpf, pins: &PinLayout, name: &str) -> Result<(), Age
         }
         _ => Err(missing("program", name)),
     }
+}
+
+/// Loads the tracing program of `hook`, attaches it to its kernel function and pins
+/// the link (the link keeps it attached after the agent exits, for the next agent).
+fn attach_hook(ebpf: &mut Ebpf, pins: &PinLayout, btf: &Btf, hook: Hook) -> Result<(), AgentError> {
+    let name = hook.program;
+    let load_err = |e: aya::programs::ProgramError| {
+        AgentError::bpf(format!("attach {name} to the kernel's {}", hook.target), e)
+    };
+    let link: FdLink = match hook.kind {
+        HookKind::Entry => {
+            let p: &mut FEntry = program(ebpf, name)?;
+            p.load(hook.target, btf).map_err(load_err)?;
+            let id = p.attach().map_err(load_err)?;
+            p.take_link(id).map_err(load_err)?.into()
+        }
+        HookKind::Exit => {
+            let p: &mut FExit = program(ebpf, name)?;
+            p.load(hook.target, btf).map_err(load_err)?;
+            let id = p.attach().map_err(load_err)?;
+            p.take_link(id).map_err(load_err)?.into()
+        }
+        HookKind::Guard => {
+            let p: &mut Lsm = program(ebpf, name)?;
+            p.load(hook.target, btf).map_err(load_err)?;
+            let id = p.attach().map_err(load_err)?;
+            p.take_link(id).map_err(load_err)?.into()
+        }
+        HookKind::TracePoint => {
+            let p: &mut BtfTracePoint = program(ebpf, name)?;
+            p.load(hook.target, btf).map_err(load_err)?;
+            let id = p.attach().map_err(load_err)?;
+            p.take_link(id).map_err(load_err)?.into()
+        }
+        HookKind::Syscall => {
+            let p: &mut TracePoint = program(ebpf, name)?;
+            p.load().map_err(load_err)?;
+            let id = p
+                .attach("syscalls", &format!("sys_enter_{}", hook.target))
+                .map_err(load_err)?;
+            p.take_link(id)
+                .map_err(load_err)?
+                .try_into()
+                .map_err(|e: aya::programs::links::LinkError| {
+                    AgentError::bpf(format!("pin the link of {name}"), e)
+                })?
+        }
+    };
+    let path = pins.link(name);
+    link.pin(&path)
+        .map_err(|e| AgentError::bpf(format!("pin the link of {name} at {}", path.display()), e))?;
+    Ok(())
 }
 
 fn missing(kind: &'static str, name: &str) -> AgentError {

@@ -186,6 +186,24 @@ impl Stats {
         ))
     }
 
+    /// Adds `n` to a slot the programs never write ([`Stat::Left`]): a read-modify-write
+    /// from user space would lose concurrent kernel increments of any other slot.
+    pub fn add_agent_only(&mut self, stat: Stat, n: u64) -> Result<(), AgentError> {
+        debug_assert_eq!(stat, Stat::Left, "a slot the programs write");
+        let err = |e| AgentError::bpf(format!("add to counter {}", stat.name()), e);
+        let mut values: Vec<u64> = self.0.get(&stat.index(), 0).map_err(err)?.to_vec();
+        if let Some(first) = values.first_mut() {
+            *first = first.wrapping_add(n);
+        }
+        let values = aya::maps::PerCpuValues::try_from(values)
+            .map_err(|e| AgentError::Io {
+                action: "build the per-CPU values of",
+                path: std::path::PathBuf::from(names::MAP_STATS),
+                source: e,
+            })?;
+        self.0.set(stat.index(), values, 0).map_err(err)
+    }
+
     /// Sums every slot over CPUs.
     pub fn read(&self) -> Result<Counters, AgentError> {
         let mut c = Counters::default();
@@ -282,6 +300,13 @@ impl Control {
         self.0.pin(path)
     }
 
+    /// Bumps the cut generation, so every socket looks its connection up in the cut
+    /// map again.
+    pub fn bump_cut_generation(&mut self) -> Result<(), AgentError> {
+        let g = self.get(control::SLOT_CUT_GEN)?;
+        self.set(control::SLOT_CUT_GEN, g.wrapping_add(1))
+    }
+
     /// Allows or stops redirects.
     pub fn set_enabled(&mut self, on: bool) -> Result<(), AgentError> {
         let v = if on {
@@ -373,15 +398,17 @@ pub fn count_keys(map: &SockHash<MapData, SockKey>) -> usize {
 pub struct Pairings {
     connectors: HashMap<MapData, Endpoint, Connector>,
     links: HashMap<MapData, SockKey, Link>,
+    cut: HashMap<MapData, SockKey, u8>,
 }
 
 impl Pairings {
-    /// Wraps the two maps.
-    pub fn new(connectors: Map, links: Map) -> Result<Self, AgentError> {
+    /// Wraps the three maps.
+    pub fn new(connectors: Map, links: Map, cut: Map) -> Result<Self, AgentError> {
         Ok(Self {
             connectors: HashMap::try_from(connectors)
                 .map_err(|e| open_err(names::MAP_CONNECTORS, e))?,
             links: HashMap::try_from(links).map_err(|e| open_err(names::MAP_LINKS, e))?,
+            cut: HashMap::try_from(cut).map_err(|e| open_err(names::MAP_CUT, e))?,
         })
     }
 
@@ -393,11 +420,12 @@ impl Pairings {
         )
     }
 
-    /// Removes the links of connections that touch `excluded` addresses — at either
-    /// end, or as the pod a loopback end's namespace belongs to (`pod_netns`: namespace
-    /// cookie → the pod address learned there). Both sockets of such a connection find
-    /// no link at their next send and take TCP from then on, so an opt-out also moves
-    /// established connections off the bypass. Returns how many went.
+    /// Cuts the connections that touch `excluded` addresses — at either end, or as the
+    /// pod a loopback end's namespace belongs to (`pod_netns`: namespace cookie → the
+    /// pod address learned there): their link keys go into the cut map. The caller
+    /// then bumps the cut generation; each socket of such a connection sees the cut at
+    /// its next send or read, and the connection leaves the SockHash (so an opt-out
+    /// also moves established connections to plain TCP). Returns how many were cut.
     pub fn cut(
         &mut self,
         excluded: &BTreeSet<IpAddr>,
@@ -413,7 +441,14 @@ impl Pairings {
         let entries: Vec<(SockKey, Link)> = self.links.iter().filter_map(Result::ok).collect();
         let mut cut = 0;
         for key in links_to_cut(&entries, &keys, &owners) {
-            cut += gone(self.links.remove(&key), names::MAP_LINKS)?;
+            // Already cut or leaving: nothing to add.
+            if self.cut.get(&key, 0).is_ok() {
+                continue;
+            }
+            self.cut
+                .insert(key, 0, 0)
+                .map_err(|e| AgentError::bpf(format!("write map {}", names::MAP_CUT), e))?;
+            cut += 1;
         }
         Ok(cut)
     }
@@ -504,6 +539,8 @@ pub struct PinnedView {
     pub link_pinned: bool,
     /// Whether the setsockopt link is pinned and alive.
     pub sockopt_pinned: bool,
+    /// Whether the read guard's links are pinned and alive.
+    pub guard_pinned: bool,
 }
 
 impl PinnedView {
@@ -527,7 +564,11 @@ impl PinnedView {
             control: Control::new(open(names::MAP_CONTROL)?)?,
             sockets: SockHash::try_from(open(names::MAP_SOCKETS)?)
                 .map_err(|e| open_err(names::MAP_SOCKETS, e))?,
-            pairings: Pairings::new(open(names::MAP_CONNECTORS)?, open(names::MAP_LINKS)?)?,
+            pairings: Pairings::new(
+                open(names::MAP_CONNECTORS)?,
+                open(names::MAP_LINKS)?,
+                open(names::MAP_CUT)?,
+            )?,
             link_pinned: aya::programs::links::PinnedLink::from_pin(
                 layout.link(names::PIN_LINK_SOCKOPS),
             )
@@ -536,6 +577,9 @@ impl PinnedView {
                 layout.link(names::PIN_LINK_SOCKOPT),
             )
             .is_ok(),
+            guard_pinned: names::GUARD_HOOKS.iter().all(|h| {
+                aya::programs::links::PinnedLink::from_pin(layout.link(h.program)).is_ok()
+            }),
         })
     }
 }

@@ -6,6 +6,7 @@ mod adopt;
 mod btf;
 mod fs;
 mod host;
+mod leaver;
 mod load;
 mod lock;
 mod maps;
@@ -36,16 +37,16 @@ pub use bypass_common::Counters;
 use bypass_common::{
     SockKey,
     names::{
-        MAP_CONNECTORS, MAP_CONTROL, MAP_EXCLUDED_ADDRS, MAP_LINKS, MAP_POD_ADDRS, MAP_POD_CIDRS,
+        MAP_CONNECTORS, MAP_CONTROL, MAP_CUT, MAP_EXCLUDED_ADDRS, MAP_LINKS, MAP_POD_ADDRS, MAP_POD_CIDRS,
         MAP_POD_NETNS, MAP_SERVICE_CIDRS, MAP_SKIP_PORTS, MAP_SOCKETS, MAP_STATS, PIN_LINK_SOCKOPS,
         PIN_LINK_SOCKOPT, PROG_SOCKOPS, PROG_SOCKOPT,
     },
 };
 pub use fs::{find_cgroup2_mount, find_host_cgroup2, find_mount};
-pub use host::kernel_release;
+pub use host::{kernel_release, tcp_rmem_max};
 pub use maps::{Identity, Pairings, PinnedView, PodMaps, count_keys as count_sockets};
 pub use pins::PinLayout;
-pub use plan::{LoadPlan, queue_bound_off_reason};
+pub use plan::LoadPlan;
 use tracing::{info, warn};
 
 use crate::error::AgentError;
@@ -94,6 +95,7 @@ pub struct Datapath {
     sockops_link: Option<PinnedLink>,
     sockopt_link: Option<PinnedLink>,
     _pressure: Option<pressure::Watcher>,
+    _leaver: leaver::Leaver,
     pairings: Pairings,
     pod_maps: PodMaps,
     control: maps::Control,
@@ -170,33 +172,22 @@ impl Datapath {
         let pairings = Pairings::new(
             maps::open_pinned(&pins, MAP_CONNECTORS)?,
             maps::open_pinned(&pins, MAP_LINKS)?,
+            maps::open_pinned(&pins, MAP_CUT)?,
         )?;
-        // What the pinned programs were loaded with (an adopted datapath: the previous
-        // agent's load, same build and same host, so the same plan).
-        let loaded = control.features()?;
-        let max_queued = match queue_bound_off_reason(loaded) {
-            None => config.max_queued_bytes,
-            Some(why) => {
-                if config.max_queued_bytes != 0 {
-                    warn!(
-                        max_queued_bytes = config.max_queued_bytes,
-                        reason = why,
-                        "no bound on queued bytes: a peer that stops reading lets its sender \
-                         queue memory (the kernel charges the ingress queue to no socket buffer)"
-                    );
-                }
-                0
-            }
-        };
-        // Every start (adopting too) writes the bound asked for, and the small-stream
-        // size (which needs the same measurement).
+        // Every start (adopting too) writes the bound and the small-stream size asked
+        // for.
+        let max_queued = config.max_queued_bytes;
+        if max_queued == 0 {
+            warn!(
+                "--max-queued-bytes 0: no bound on what waits for a reader; a peer that stops \
+                 reading lets its sender queue kernel memory (the kernel charges the ingress \
+                 queue to no socket buffer)"
+            );
+        }
         control.set_max_queued(max_queued)?;
-        let small_stream = if queue_bound_off_reason(loaded).is_none() {
-            config.small_stream_bytes
-        } else {
-            0
-        };
+        let small_stream = config.small_stream_bytes;
         control.set_small_stream(small_stream)?;
+        let leaver = leaver::Leaver::start(&pins)?;
         let sockops = SockOps::from_pin(pins.prog(PROG_SOCKOPS))
             .map_err(|e| AgentError::bpf(format!("open pinned program {PROG_SOCKOPS}"), e))?;
         let sockopt = CgroupSockopt::from_pin(
@@ -216,12 +207,12 @@ impl Datapath {
         info!(pin_dir = %config.pin_dir.display(), ?origin, attached = sockops_link.is_some(),
             max_sockets = config.max_sockets, max_queued_bytes = max_queued,
             small_stream_bytes = small_stream,
-            kernel = %host::kernel_release(),
-            queue_bound = queue_bound_off_reason(loaded).unwrap_or("on"), "datapath ready");
+            kernel = %host::kernel_release(), "datapath ready");
         Ok(Self {
             sockops_link,
             sockopt_link,
             _pressure: pressure,
+            _leaver: leaver,
             pairings,
             pod_maps,
             control,
@@ -330,12 +321,17 @@ impl Datapath {
         &mut self.pod_maps
     }
 
-    /// Ends the links of connections that touch `excluded` addresses (see
-    /// [`Pairings::cut`]): newly opted-out pods' established connections go to TCP.
+    /// Cuts the connections that touch `excluded` addresses (see [`Pairings::cut`]):
+    /// newly opted-out pods' established connections take TCP at their next send and
+    /// leave the SockHash.
     pub fn cut_links(&mut self, excluded: &BTreeSet<IpAddr>) -> Result<usize, AgentError> {
         let pod_netns = aya::maps::HashMap::try_from(maps::open_pinned(&self.pins, MAP_POD_NETNS)?)
             .map_err(|e| AgentError::bpf(format!("open map {MAP_POD_NETNS}"), e))?;
-        self.pairings.cut(excluded, &pod_netns)
+        let cut = self.pairings.cut(excluded, &pod_netns)?;
+        if cut > 0 {
+            self.control.bump_cut_generation()?;
+        }
+        Ok(cut)
     }
 
     /// The agent's own state word (kept across restarts).

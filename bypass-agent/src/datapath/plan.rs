@@ -4,10 +4,47 @@
 use bypass_common::{
     KernelLayout,
     layout::{self, features},
+    names::{GUARD_HOOKS, Hook, READ_EXIT_HOOKS, READ_HOOKS, WATCH_HOOKS},
 };
 
-use super::{btf, host};
+use super::{btf, host, rawlink};
 use crate::error::AgentError;
+
+/// How readers that cannot see the ingress queue (`splice(2)`, zero-copy receive) are
+/// kept from missing a redirected byte on this kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadGuard {
+    /// The read guard: BPF LSM programs refuse a splice or a mapping of a bypassed
+    /// socket while bytes redirected to it are unread (kernels that run BPF trampolines
+    /// with the BPF LSM active).
+    Lsm,
+    /// No guard can run (the kernel refuses BPF trampolines, or the BPF LSM is not
+    /// active): a receiver gets redirected bytes only once it has read through
+    /// `recvmsg`, and a process seen splicing gets none from then on. A socket read
+    /// with recv, then spliced while redirected bytes wait, can miss them.
+    Watch,
+}
+
+/// Which tracing programs a load attaches, found on this host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hooks {
+    /// Publishing reads: the `sock_recv_length` tracepoint, or `tcp_bpf_recvmsg`'s
+    /// return on kernels before it.
+    pub read: &'static [Hook],
+    /// The read guard, or the splice watch.
+    pub guard: ReadGuard,
+}
+
+impl Hooks {
+    /// Every hook, in attach order.
+    pub fn all(&self) -> impl Iterator<Item = &'static Hook> {
+        let guard: &'static [Hook] = match self.guard {
+            ReadGuard::Lsm => &GUARD_HOOKS,
+            ReadGuard::Watch => &WATCH_HOOKS,
+        };
+        self.read.iter().chain(guard.iter())
+    }
+}
 
 /// What a load fixes in the programs' read-only globals, found on this host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,37 +55,31 @@ pub struct LoadPlan {
     pub features: u32,
     /// The host's network namespace cookie.
     pub host_netns: u64,
+    /// The tracing programs to attach.
+    pub hooks: Hooks,
 }
 
 impl LoadPlan {
     /// Reads this host: BTF offsets (those every load needs must be there), the host
-    /// namespace, whether the queue bound can be measured.
+    /// namespace, how FIONREAD behaves.
     pub fn detect() -> Result<Self, AgentError> {
         let layout = kernel_layout()?;
         let host_netns = host::netns_cookie()?;
+        let hooks = detect_hooks()?;
         let mut f = 0;
-        if !layout.can_bound() {
+        if !layout.fionread_counts_ingress() {
             f |= features::NO_QUEUE_FIELD;
         }
-        if host::probe_reads_forbidden() {
-            f |= features::NO_PROBE_READ;
-        }
-        if f == 0 {
-            f = features::QUEUE_BOUND;
-        }
+        f |= match hooks.guard {
+            ReadGuard::Lsm => features::GUARD_LSM,
+            ReadGuard::Watch => features::REQUIRE_RECVMSG,
+        };
         Ok(Self {
             layout,
             features: f,
             host_netns,
+            hooks,
         })
-    }
-
-    /// The same load without the probe reads (the verifier refused the helper).
-    pub(super) fn without_probe_reads(self) -> Self {
-        Self {
-            features: (self.features & !features::QUEUE_BOUND) | features::NO_PROBE_READ,
-            ..self
-        }
     }
 
     /// Digest of what the programs were loaded with.
@@ -57,26 +88,47 @@ impl LoadPlan {
     }
 }
 
-/// Why the queue bound is off, for logs and status; `None` when it is on.
-pub fn queue_bound_off_reason(features_bits: u32) -> Option<&'static str> {
-    const FIELD: &str =
-        "this kernel's sockmap does not expose its queue length (sk_psock.msg_tot_len)";
-    const LOCKDOWN: &str =
-        "bpf_probe_read_kernel is unavailable (kernel lockdown, confidentiality mode)";
-    let (field, lockdown) = (
-        features_bits & features::NO_QUEUE_FIELD != 0,
-        features_bits & features::NO_PROBE_READ != 0,
-    );
-    match (features_bits & features::QUEUE_BOUND != 0, field, lockdown) {
-        (true, _, _) => None,
-        (false, true, true) => Some(
-            "this kernel's sockmap does not expose its queue length (sk_psock.msg_tot_len), \
-             and bpf_probe_read_kernel is unavailable (kernel lockdown, confidentiality mode)",
-        ),
-        (false, true, false) => Some(FIELD),
-        (false, false, true) => Some(LOCKDOWN),
-        (false, false, false) => Some("not loaded with it"),
-    }
+/// Which tracing programs this kernel runs: the `sock_recv_length` tracepoint (else
+/// an fexit, which needs trampolines), and the read guard where trampolines load and
+/// the BPF LSM is active (else the splice watch).
+fn detect_hooks() -> Result<Hooks, AgentError> {
+    let b = btf::Btf::vmlinux().map_err(|e| AgentError::KernelSupport {
+        what: "describe its functions for the tracing programs (BTF)",
+        source: Box::new(e),
+    })?;
+    let has_tracepoint = b
+        .type_id(btf::KIND_TYPEDEF, "btf_trace_sock_recv_length")
+        .is_some();
+    let trampolines = match b.type_id(btf::KIND_FUNC, "tcp_recvmsg") {
+        Some(id) => rawlink::trampolines_load(id).unwrap_or(false),
+        None => false,
+    };
+    let read: &'static [Hook] = match (has_tracepoint, trampolines) {
+        (true, _) => &READ_HOOKS,
+        (false, true) => &READ_EXIT_HOOKS,
+        (false, false) => {
+            return Err(AgentError::KernelSupport {
+                what: "publish a bypassed socket's reads (no sock_recv_length tracepoint, \
+                       Linux >= 6.4, and no BPF trampolines for tcp_bpf_recvmsg)",
+                source: "neither is available".into(),
+            });
+        }
+    };
+    let lsm = host::bpf_lsm_active().unwrap_or(false);
+    let guard = if trampolines && lsm {
+        ReadGuard::Lsm
+    } else {
+        tracing::warn!(
+            trampolines,
+            bpf_lsm = lsm,
+            "no read guard on this kernel (it needs BPF trampolines and the BPF LSM): a \
+             receiver gets redirected bytes only once it has read with recv, and a process \
+             seen splicing gets none from then on; a socket read with recv and then \
+             spliced while redirected bytes wait can miss them"
+        );
+        ReadGuard::Watch
+    };
+    Ok(Hooks { read, guard })
 }
 
 /// The running kernel's layout of the fields the programs read. Those every load needs

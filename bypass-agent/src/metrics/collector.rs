@@ -129,8 +129,13 @@ impl Collector for DatapathCollector {
             "release",
             &[(release.as_str(), 1)],
         )?;
-        if let Ok(bits) = view.control.features() {
-            let features = crate::status::Features::from_bits(bits, view.sockopt_pinned);
+        if let (Ok(bits), Ok(max_queued)) = (view.control.features(), view.control.max_queued()) {
+            let features = crate::status::Features::from_bits(
+                bits,
+                view.sockopt_pinned,
+                view.guard_pinned,
+                max_queued,
+            );
             let values: Vec<(&str, i64)> = features
                 .list()
                 .iter()

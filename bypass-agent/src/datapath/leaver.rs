@@ -1,0 +1,256 @@
+//! Takes leaving connections out of the SockHash. The programs mark a connection
+//! leaving (`bypass_common::state::link_state::LEAVING`: a reader that splices, a
+//! small-message stream, a cut) and say so on the event ring buffer; from then on
+//! neither side redirects. Once each side has read everything redirected to it, this
+//! deletes both sockets from the SockHash: the kernel drops their psocks, which
+//! restores their original protocol (net/core/sock_map.c, net/core/skmsg.c), so they
+//! run as plain TCP — autocork, splice and zero-copy receive included. Deleting earlier
+//! would drop unread bytes with the psock (net/core/skmsg.c, sk_psock_drop purges the
+//! ingress queue).
+//!
+//! A thread of the agent reads the ring buffer and re-checks the connections it waits
+//! for; it also removes the cut map's entries of connections that are gone.
+
+use std::{
+    collections::HashSet,
+    os::fd::AsFd as _,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use aya::maps::{HashMap, MapData, RingBuf, SockHash};
+use bypass_common::{
+    Link, SockKey, Stat,
+    names::{MAP_CUT, MAP_EVENTS, MAP_LINKS, MAP_SOCKETS, MAP_STATS},
+    state::{LeaveEvent, link_state},
+};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use tracing::{debug, warn};
+
+use super::{
+    PinLayout,
+    maps::{Stats, open_pinned},
+};
+use crate::error::AgentError;
+
+/// How long the thread waits for an event before it looks at what it waits for again
+/// (a reader that catches up sends no event).
+pub const RECHECK: Duration = Duration::from_millis(50);
+
+/// What to do with a connection waiting to leave, from its link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// The link is gone (both sockets closed) or was never leaving: forget it.
+    Forget,
+    /// Bytes redirected one way or the other are not all read yet: wait.
+    Wait,
+    /// Each side has read everything redirected to it: delete both sockets (the client
+    /// socket under the link's key, the server's under `server`).
+    Delete {
+        /// The server socket's key.
+        server: SockKey,
+    },
+}
+
+/// The step for a connection whose link is `link` (`None`: gone).
+pub fn step(link: Option<&Link>) -> Step {
+    let Some(l) = link else {
+        return Step::Forget;
+    };
+    if l.state & link_state::LEAVING == 0 {
+        return Step::Forget;
+    }
+    // Counted before each redirect (also those on their way), against what each side
+    // read: equal both ways means nothing waits and nothing is coming.
+    if l.tx_redir[0] == l.rx_read[1] && l.tx_redir[1] == l.rx_read[0] {
+        Step::Delete { server: l.server }
+    } else {
+        Step::Wait
+    }
+}
+
+/// The maps the thread works on, opened from the pins.
+struct Maps {
+    sockets: SockHash<MapData, SockKey>,
+    links: HashMap<MapData, SockKey, Link>,
+    cut: HashMap<MapData, SockKey, u8>,
+    events: RingBuf<MapData>,
+    stats: Stats,
+}
+
+impl Maps {
+    fn open(pins: &PinLayout) -> Result<Self, AgentError> {
+        let err = |name: &str, e| AgentError::bpf(format!("open map {name}"), e);
+        Ok(Self {
+            sockets: SockHash::try_from(open_pinned(pins, MAP_SOCKETS)?)
+                .map_err(|e| err(MAP_SOCKETS, e))?,
+            links: HashMap::try_from(open_pinned(pins, MAP_LINKS)?)
+                .map_err(|e| err(MAP_LINKS, e))?,
+            cut: HashMap::try_from(open_pinned(pins, MAP_CUT)?).map_err(|e| err(MAP_CUT, e))?,
+            events: RingBuf::try_from(open_pinned(pins, MAP_EVENTS)?)
+                .map_err(|e| err(MAP_EVENTS, e))?,
+            stats: Stats::new(open_pinned(pins, MAP_STATS)?)?,
+        })
+    }
+
+    /// Connections already leaving (an adopted datapath; events lost to a full ring).
+    fn leaving(&self) -> HashSet<SockKey> {
+        self.links
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, l)| l.state & link_state::LEAVING != 0)
+            .map(|(k, _)| k)
+            .collect()
+    }
+
+    /// Moves every event of the ring buffer into `waiting`.
+    fn drain_events(&mut self, waiting: &mut HashSet<SockKey>) {
+        while let Some(item) = self.events.next() {
+            if item.len() >= std::mem::size_of::<LeaveEvent>() {
+                // SAFETY: the ring buffer item holds a `LeaveEvent` the programs wrote
+                // (plain old data, any bit pattern valid); read unaligned.
+                let ev: LeaveEvent =
+                    unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<LeaveEvent>()) };
+                waiting.insert(ev.link);
+            }
+        }
+    }
+
+    /// Acts on each connection in `waiting`; returns how many left.
+    fn settle(&mut self, waiting: &mut HashSet<SockKey>) -> u64 {
+        let mut left = 0;
+        waiting.retain(|key| {
+            let link = self.links.get(key, 0).ok();
+            match step(link.as_ref()) {
+                Step::Forget => false,
+                Step::Wait => true,
+                Step::Delete { server } => {
+                    // Either may be gone already (closed): deleting the other is enough.
+                    let a = self.sockets.remove(key);
+                    let b = self.sockets.remove(&server);
+                    if a.is_ok() || b.is_ok() {
+                        left += 1;
+                        debug!(?key, "connection left the SockHash");
+                    }
+                    let _ = self.cut.remove(key);
+                    false
+                }
+            }
+        });
+        left
+    }
+
+    /// Removes cut entries whose connection is gone.
+    fn sweep_cut(&mut self) {
+        let gone: Vec<SockKey> = self
+            .cut
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| self.links.get(k, 0).is_err())
+            .collect();
+        for k in gone {
+            let _ = self.cut.remove(&k);
+        }
+    }
+}
+
+/// The leave thread; stops when dropped.
+pub struct Leaver {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Leaver {
+    /// Starts the thread on the maps pinned under `pins`.
+    pub fn start(pins: &PinLayout) -> Result<Self, AgentError> {
+        let mut maps = Maps::open(pins)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("leaver".into())
+            .spawn(move || {
+                let mut waiting = maps.leaving();
+                let mut sweeps = 0u32;
+                while !flag.load(Ordering::Relaxed) {
+                    let fd = maps.events.as_fd();
+                    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+                    let timeout = PollTimeout::try_from(RECHECK).unwrap_or(PollTimeout::NONE);
+                    if let Err(e) = poll(&mut fds, timeout)
+                        && e != nix::errno::Errno::EINTR
+                    {
+                        warn!(error = %e, "polling the leave events");
+                        std::thread::sleep(RECHECK);
+                    }
+                    maps.drain_events(&mut waiting);
+                    let left = maps.settle(&mut waiting);
+                    if left > 0
+                        && let Err(e) = maps.stats.add_agent_only(Stat::Left, left)
+                    {
+                        warn!(error = %e, "counting connections that left the SockHash");
+                    }
+                    sweeps = sweeps.wrapping_add(1);
+                    if sweeps % 100 == 0 {
+                        maps.sweep_cut();
+                    }
+                }
+            })
+            .map_err(|source| AgentError::Io {
+                action: "start the leave thread",
+                path: pins.map(MAP_EVENTS),
+                source,
+            })?;
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Leaver {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leaving(tx: [u64; 2], rx: [u64; 2]) -> Link {
+        Link {
+            state: link_state::LEAVING,
+            server: SockKey {
+                local_port: 80,
+                ..SockKey::default()
+            },
+            tx_redir: tx,
+            rx_read: rx,
+            ..Link::default()
+        }
+    }
+
+    #[test]
+    fn deletes_only_when_both_sides_read_everything() {
+        assert_eq!(step(None), Step::Forget);
+        let not_leaving = Link::default();
+        assert_eq!(step(Some(&not_leaving)), Step::Forget);
+        assert_eq!(step(Some(&leaving([10, 0], [0, 9]))), Step::Wait, "server behind");
+        assert_eq!(step(Some(&leaving([10, 5], [4, 10]))), Step::Wait, "client behind");
+        let done = leaving([10, 5], [5, 10]);
+        assert_eq!(step(Some(&done)), Step::Delete { server: done.server });
+        assert_eq!(
+            step(Some(&leaving([0, 0], [0, 0]))),
+            Step::Delete {
+                server: done.server
+            },
+            "nothing was ever redirected"
+        );
+    }
+}

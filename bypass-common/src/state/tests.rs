@@ -1,0 +1,361 @@
+//! Unit tests of the pure decisions.
+
+use super::*;
+
+extern crate std;
+use std::vec::Vec;
+
+fn key(lp: u32, rp: u32, netns: u64) -> SockKey {
+    SockKey::new(
+        [0, 0, 0xffff_u32.to_be(), lp],
+        [0, 0, 0xffff_u32.to_be(), rp],
+        lp,
+        rp,
+        netns,
+    )
+}
+
+fn pair() -> (SockState, SockState, Link) {
+    let client = SockState {
+        key: key(1, 2, 10),
+        link: key(1, 2, 10),
+        side: side::CLIENT,
+        cookie: 7,
+        ..SockState::default()
+    };
+    let server = SockState {
+        key: key(2, 1, 20),
+        link: key(1, 2, 10),
+        side: side::SERVER,
+        cookie: 8,
+        ..SockState::default()
+    };
+    let link = Link {
+        server: server.key,
+        cookie: [7, 8],
+        ..Link::default()
+    };
+    (client, server, link)
+}
+
+#[test]
+fn small_stream_rule() {
+    // Request/response: every send finds the queue read.
+    let mut run = 0;
+    for _ in 0..100 {
+        let (r, tcp) = small_stream_step(run, 0);
+        assert!(!tcp);
+        run = r;
+    }
+    // A stream: the reader falls behind; TCP at the SMALL_STREAM_RUN-th send.
+    for i in 1..=SMALL_STREAM_RUN {
+        let (r, tcp) = small_stream_step(run, 5);
+        assert_eq!((r, tcp), (i, i == SMALL_STREAM_RUN));
+        run = r;
+    }
+    // A burst shorter than the run, then the reader catches up: the run restarts.
+    let (r, _) = small_stream_step(3, 7);
+    assert_eq!(small_stream_step(r, 0), (0, false));
+}
+
+#[test]
+fn pairing_needs_crossed_sequence_numbers() {
+    let c = Connector {
+        snd_nxt: 1001,
+        rcv_nxt: 5001,
+        ..Connector::default()
+    };
+    assert!(is_other_end(&c, 5001, 1001));
+    assert!(!is_other_end(&c, 1001, 5001), "not crossed");
+    assert!(
+        !is_other_end(&c, 5001, 1002),
+        "another client on the same end"
+    );
+}
+
+#[test]
+fn hop_kinds() {
+    let client = key(1, 2, 10);
+    let server = key(2, 1, 20);
+    assert_eq!(hop::of(&client, &server), hop::POD);
+    let redirected = SockKey {
+        local_port: 15006,
+        ..server
+    };
+    assert_eq!(hop::of(&client, &redirected), hop::TRANSLATED);
+    let lo = [0, 0, 0xffff_u32.to_be(), u32::from_ne_bytes([127, 0, 0, 1])];
+    let c = SockKey::new(lo, lo, 1, 2, 5);
+    let s = SockKey::new(lo, lo, 2, 1, 5);
+    assert_eq!(hop::of(&c, &s), hop::LOOPBACK);
+}
+
+#[test]
+fn links_are_used_only_by_their_two_sockets() {
+    let (client, server, link) = pair();
+    assert!(link.is_of(&client) && link.is_of(&server));
+    let elsewhere = Link {
+        server: key(2, 3, 20),
+        ..link
+    };
+    assert!(
+        !elsewhere.is_of(&client),
+        "a server whose remote end is not this client's local end"
+    );
+    let stale = Link {
+        cookie: [6, 8],
+        ..link
+    };
+    assert!(
+        !stale.is_of(&client) && stale.is_of(&server),
+        "a link an earlier client left under the same key"
+    );
+    let reused = Link {
+        cookie: [7, 9],
+        ..link
+    };
+    assert!(!reused.is_of(&server), "another server with the same key");
+    let uncookied = SockState {
+        cookie: 0,
+        ..client
+    };
+    assert!(
+        !Link {
+            cookie: [0, 8],
+            ..link
+        }
+        .is_of(&uncookied)
+    );
+    assert_eq!(link.target(&client), server.key);
+    assert_eq!(link.target(&server), client.key);
+    let older_server = SockState {
+        key: key(2, 1, 21),
+        ..server
+    };
+    assert!(!link.is_of(&older_server), "a later connection's link");
+    let outsider = SockState {
+        side: side::NONE,
+        ..client
+    };
+    assert!(!link.is_of(&outsider));
+}
+
+#[test]
+fn precheck_order() {
+    let (client, server, link) = pair();
+    assert_eq!(
+        precheck(false, false, Some(&link), &client),
+        Some(PassReason::Disabled)
+    );
+    assert_eq!(precheck(true, false, None, &client), Some(PassReason::Unpaired));
+    assert_eq!(precheck(true, false, Some(&link), &client), None);
+    let leaving = Link {
+        state: link_state::LEAVING,
+        rx_flags: [rx::OPTION, rx::OPTION],
+        ..link
+    };
+    assert_eq!(
+        precheck(true, false, Some(&leaving), &client),
+        Some(PassReason::Leaving)
+    );
+    let server_closed = Link {
+        state: link_state::CLOSED_SERVER,
+        ..link
+    };
+    assert_eq!(
+        precheck(true, false, Some(&server_closed), &client),
+        Some(PassReason::PeerClosed)
+    );
+    assert_eq!(
+        precheck(true, false, Some(&server_closed), &server),
+        None,
+        "a socket's own close is not its peer's"
+    );
+    let picky = Link {
+        rx_flags: [0, rx::OPTION],
+        ..link
+    };
+    assert_eq!(
+        precheck(true, false, Some(&picky), &client),
+        Some(PassReason::PeerOptions)
+    );
+    assert_eq!(
+        precheck(true, false, Some(&picky), &server),
+        None,
+        "a socket's own receive options do not stop its sends"
+    );
+    let splicing = Link {
+        rx_flags: [rx::SPLICE | rx::OPTION, 0],
+        ..link
+    };
+    assert_eq!(
+        precheck(true, false, Some(&splicing), &server),
+        Some(PassReason::PeerReadsTcp)
+    );
+    let mapped = Link {
+        rx_flags: [rx::ZEROCOPY, 0],
+        ..link
+    };
+    assert_eq!(
+        precheck(true, false, Some(&mapped), &server),
+        Some(PassReason::PeerReadsTcp)
+    );
+}
+
+#[test]
+fn unproven_readers_wait_where_no_guard_runs() {
+    let (client, _, link) = pair();
+    assert_eq!(
+        precheck(true, true, Some(&link), &client),
+        Some(PassReason::Unproven)
+    );
+    let proven = Link {
+        rx_flags: [0, rx::RECVMSG],
+        ..link
+    };
+    assert_eq!(precheck(true, true, Some(&proven), &client), None);
+    assert_eq!(
+        precheck(true, false, Some(&link), &client),
+        None,
+        "with the guard, no proof is asked"
+    );
+}
+
+#[test]
+fn ingress_reads_are_total_reads_less_tcp_reads() {
+    assert_eq!(ingress_read(100, 1000, 1000), 100, "nothing by TCP");
+    assert_eq!(ingress_read(100, 1030, 1000), 70);
+    assert_eq!(ingress_read(100, 10, u32::MAX - 19), 70, "sequence wrap");
+    assert_eq!(
+        ingress_read(10, 1030, 1000),
+        0,
+        "a TCP read not yet counted in the total: never negative"
+    );
+}
+
+#[test]
+fn leaving_reasons() {
+    assert!(PassReason::SmallStream.leaves());
+    assert!(PassReason::PeerReadsTcp.leaves());
+    for r in [
+        PassReason::Behind,
+        PassReason::QueueFull,
+        PassReason::Disabled,
+        PassReason::PeerOptions,
+        PassReason::Unpaired,
+    ] {
+        assert!(!r.leaves(), "{r:?} comes back to redirects");
+    }
+}
+
+#[test]
+fn closed_bits_by_side() {
+    assert_eq!(link_state::closed(side::CLIENT), link_state::CLOSED_CLIENT);
+    assert_eq!(link_state::closed(side::SERVER), link_state::CLOSED_SERVER);
+    assert_eq!(
+        link_state::closed(side::CLIENT) | link_state::closed(side::SERVER),
+        link_state::BOTH_CLOSED
+    );
+}
+
+#[test]
+fn pending_bytes() {
+    assert_eq!(pending(100, 40), 60);
+    assert_eq!(pending(100, 100), 0);
+    assert_eq!(
+        pending(100, 150),
+        0,
+        "a read counted before the send it read (never: but never negative)"
+    );
+}
+
+#[test]
+fn message_checkpoints_bound_what_waits() {
+    // A model: messages of the given sizes, a reader that has read `rx_read` bytes.
+    // Whatever the reader does, tx_msgs - done_msgs is never below the messages
+    // not fully read.
+    let sizes = [1u64, 1, 5000, 1, 1, 1, 70000, 3, 3, 3, 3, 1, 9000];
+    for read_every in 1..sizes.len() {
+        for read_len in [1u64, 2, 4000, 100_000] {
+            let (mut cp_msgs, mut cp_redir, mut done) = (0, 0, 0);
+            let (mut tx_msgs, mut tx_redir, mut rx_read) = (0u64, 0u64, 0u64);
+            let mut ends = Vec::new();
+            for (i, s) in sizes.iter().enumerate() {
+                (cp_msgs, cp_redir, done) =
+                    consumed_messages(cp_msgs, cp_redir, done, tx_msgs, tx_redir, rx_read);
+                let waiting = ends.iter().filter(|&&e| e > rx_read).count() as u64;
+                assert!(
+                    tx_msgs - done >= waiting,
+                    "bound {} below the {waiting} waiting (read_every {read_every})",
+                    tx_msgs - done
+                );
+                tx_msgs += 1;
+                tx_redir += s;
+                ends.push(tx_redir);
+                if i % read_every == 0 {
+                    rx_read = (rx_read + read_len).min(tx_redir);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn message_checkpoints_follow_a_reader_that_keeps_up() {
+    let (mut cp_msgs, mut cp_redir, mut done) = (0, 0, 0);
+    let (mut tx_msgs, mut tx_redir) = (0u64, 0u64);
+    for _ in 0..1000 {
+        // The reader has read everything before each send.
+        (cp_msgs, cp_redir, done) =
+            consumed_messages(cp_msgs, cp_redir, done, tx_msgs, tx_redir, tx_redir);
+        assert!(tx_msgs - done <= 1, "{} counted as waiting", tx_msgs - done);
+        tx_msgs += 1;
+        tx_redir += 64;
+    }
+}
+
+#[test]
+fn charges_count_messages_as_memory() {
+    // 1-byte messages: each costs about a struct sk_msg, so a 6 MiB bound holds about
+    // six thousand of them, not six million.
+    let cost = 1024;
+    let limit = 6 << 20;
+    let mut waiting = 0u64;
+    while within_limit(charge(waiting, waiting, 1, cost), limit) {
+        waiting += 1;
+    }
+    assert!((6000..6200).contains(&waiting), "{waiting}");
+    assert!(within_limit(u64::MAX, 0), "0 is no bound");
+    assert_eq!(charge(u64::MAX, u64::MAX, 1, cost), u64::MAX, "no overflow");
+    assert_eq!(charge(0, u64::MAX, 0, u64::MAX), (1 << 32) * (1 << 31));
+    assert!(within_limit(charge(0, 0, 4096, 0), 4096));
+    assert!(!within_limit(charge(1, 0, 4096, 0), 4096));
+}
+
+#[test]
+fn receive_options() {
+    assert!(!options_need_tcp(1, -1), "defaults");
+    assert!(!options_need_tcp(0, -1), "SO_RCVLOWAT 0 reads as 1");
+    assert!(options_need_tcp(1000, -1));
+    assert!(options_need_tcp(1, 0));
+    assert!(rcvlowat_needs_tcp(2));
+    assert!(
+        rcvlowat_needs_tcp(-1),
+        "the kernel makes a negative value INT_MAX"
+    );
+    assert!(!rcvlowat_needs_tcp(1));
+    assert!(!rcvlowat_needs_tcp(0), "0 means 1");
+}
+
+#[test]
+fn receive_bound_follows_a_fixed_buffer_only() {
+    assert_eq!(receive_bound(131_072, 0), 0, "autotuned: the global bound");
+    assert_eq!(receive_bound(8192, SOCK_RCVBUF_LOCK), 8192);
+    assert_eq!(receive_bound(8192, 1), 0, "only the send buffer is fixed");
+}
+
+#[test]
+fn catching_up_is_equality() {
+    assert!(caught_up(5, 5));
+    assert!(!caught_up(4, 5));
+    assert!(caught_up(u32::MAX, u32::MAX));
+}

@@ -1,0 +1,184 @@
+//! The read guard: `splice(2)` from a socket and zero-copy receive (`mmap` of a socket,
+//! then `TCP_ZEROCOPY_RECEIVE`) read only its TCP receive queue (net/ipv4/tcp.c,
+//! tcp_splice_read, tcp_zerocopy_receive), never the ingress queue redirected bytes
+//! wait in. Before either reads a bypassed socket, the guard records that the socket
+//! reads that way (its peer sends to it by TCP from then on, and the connection leaves
+//! the SockHash), and refuses the call while bytes redirected to it are unread or on
+//! their way (`EINVAL`: splicing is not supported here; `ENODEV`: mapping is not), so
+//! the application reads them with `read`/`recv` (Go's `io.Copy`, HAProxy and other
+//! splicing proxies fall back so). `bypass_common::state::rx` says why no byte can slip
+//! between the guard and a sender.
+//!
+//! A splice's permission check (`security_file_permission`, from `rw_verify_area`) is
+//! also every `read(2)`'s: the splice entry program marks the socket with the splicing
+//! thread, and the guard acts only on a check that thread makes while the mark is set.
+
+use core::{
+    ffi::c_void,
+    ptr::{addr_of, addr_of_mut, read_volatile},
+};
+
+use aya_ebpf::{
+    bindings::{BPF_ANY, file},
+    helpers::generated::{bpf_get_current_pid_tgid, bpf_sock_from_file},
+    macros::{fentry, fexit, lsm, tracepoint},
+    programs::{FEntryContext, FExitContext, LsmContext, TracePointContext},
+};
+use bypass_common::{
+    SockState, Stat,
+    state::{flags, rx, side},
+};
+
+use crate::{
+    atomic, kernel, leave,
+    maps::{BYPASS_LINKS, BYPASS_SPLICERS, sock_state},
+    stats,
+};
+
+/// `MAY_READ` (include/linux/fs.h).
+const MAY_READ: i32 = 4;
+/// `EINVAL`: what `splice(2)` returns for a file that cannot be spliced from.
+const EINVAL: i32 = 22;
+/// `ENODEV`: what `mmap(2)` returns for a file that cannot be mapped.
+const ENODEV: i32 = 19;
+
+/// The state of the bypassed socket behind `f`, if `f` is one.
+///
+/// # Safety
+/// `f` must be a `struct file *` the program was given (a traced argument).
+#[inline(always)]
+unsafe fn file_state(f: *mut file) -> Option<&'static mut SockState> {
+    if f.is_null() {
+        return None;
+    }
+    // SAFETY: the helper returns the file's `struct socket`, or null if it is none.
+    let sock = unsafe { bpf_sock_from_file(f) }.cast::<u8>().cast_const();
+    if sock.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null `struct socket` BTF pointer.
+    let sk = unsafe { kernel::socket_sk(sock) };
+    if sk.is_null() {
+        return None;
+    }
+    // SAFETY: a socket pointer the verifier knows; its storage or null.
+    let state = unsafe { sock_state(sk.cast::<c_void>(), false) }?;
+    // SAFETY: non-null storage of that socket, sized for a `SockState`.
+    let state = unsafe { &mut *state };
+    (state.side != side::NONE).then_some(state)
+}
+
+/// The calling thread's id.
+#[inline(always)]
+fn thread() -> u32 {
+    // SAFETY: no arguments.
+    unsafe { bpf_get_current_pid_tgid() as u32 }
+}
+
+#[fentry(function = "splice_file_to_pipe")]
+pub fn bypass_splice_enter(ctx: FEntryContext) -> i32 {
+    let f: *mut file = ctx.arg(0);
+    // SAFETY: the traced function's file argument.
+    if let Some(state) = unsafe { file_state(f) } {
+        state.splice_tid = thread();
+    }
+    0
+}
+
+#[fexit(function = "splice_file_to_pipe")]
+pub fn bypass_splice_exit(ctx: FExitContext) -> i32 {
+    let f: *mut file = ctx.arg(0);
+    // SAFETY: the traced function's file argument.
+    if let Some(state) = unsafe { file_state(f) }
+        && state.splice_tid == thread()
+    {
+        // The splice ended without a permission check (nothing to read into): the
+        // thread's next read(2) must not count as a splice.
+        state.splice_tid = 0;
+    }
+    0
+}
+
+#[lsm(hook = "file_permission")]
+pub fn bypass_read_guard(ctx: LsmContext) -> i32 {
+    // int file_permission(struct file *file, int mask), then what earlier programs on
+    // the hook decided.
+    let f: *mut file = ctx.arg(0);
+    let mask: i32 = ctx.arg(1);
+    let earlier: i32 = ctx.arg(2);
+    if earlier != 0 || mask & MAY_READ == 0 {
+        return earlier;
+    }
+    // SAFETY: the hook's file argument.
+    let Some(state) = (unsafe { file_state(f) }) else {
+        return 0;
+    };
+    if state.splice_tid == 0 || state.splice_tid != thread() {
+        return 0;
+    }
+    state.splice_tid = 0;
+    guard(state, rx::SPLICE, -EINVAL)
+}
+
+#[lsm(hook = "mmap_file")]
+pub fn bypass_mmap_guard(ctx: LsmContext) -> i32 {
+    let f: *mut file = ctx.arg(0);
+    // SAFETY: the hook's file argument.
+    match unsafe { file_state(f) } {
+        Some(state) => guard(state, rx::ZEROCOPY, -ENODEV),
+        None => 0,
+    }
+}
+
+/// Records that the socket with `state` reads only its TCP queue (`bit`), then
+/// `refuse` if bytes redirected to it are unread or on their way, else 0.
+// Keys are passed by reference on purpose: by value they would be copied onto the
+// 512-byte BPF stack.
+#[allow(clippy::needless_borrows_for_generic_args)]
+#[inline(always)]
+fn guard(state: &mut SockState, bit: u32, refuse: i32) -> i32 {
+    // Never paired: nothing was ever redirected to it.
+    let Some(ptr) = BYPASS_LINKS.get_ptr_mut(&state.link) else {
+        return 0;
+    };
+    let me = side::index(state.side);
+    let peer = side::peer_index(state.side);
+    // SAFETY: a live map value; this side's flags (or-ed, fully ordered) and the two
+    // counters read after it (see `bypass_common::state::rx`).
+    unsafe {
+        if read_volatile(addr_of!((*ptr).cookie[me])) != state.cookie {
+            return 0;
+        }
+        let before = atomic::or_u32(addr_of_mut!((*ptr).rx_flags[me]), bit);
+        if before & rx::TCP_ONLY == 0 {
+            stats::add(Stat::TcpOnlyReaders, 1);
+            leave::request(ptr, &state.link);
+        }
+        let sent = read_volatile(addr_of!((*ptr).tx_redir[peer]));
+        let read = read_volatile(addr_of!((*ptr).rx_read[me]));
+        if sent != read {
+            stats::add(Stat::ReadsRefused, 1);
+            return refuse;
+        }
+    }
+    // Nothing waits and nothing will come: the TCP reads that follow are not ingress
+    // reads, so what this side published as read stays.
+    state.flags |= flags::RX_FROZEN;
+    0
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_splice")]
+pub fn bypass_splice_seen(_ctx: TracePointContext) -> u32 {
+    // Where the read guard cannot run (the kernel refuses BPF trampolines), a process
+    // that splices is remembered: from its next read of a bypassed socket on, that
+    // socket gets no redirected bytes (recv::publish). The splice itself cannot be
+    // refused here, so a socket first read with recv and then spliced while redirected
+    // bytes wait for it can miss them: the README's limitation for such kernels.
+    // SAFETY: no arguments.
+    let tgid = (unsafe { bpf_get_current_pid_tgid() } >> 32) as u32;
+    if BYPASS_SPLICERS.get_ptr(&tgid).is_none() {
+        let _ = BYPASS_SPLICERS.insert(&tgid, &1, BPF_ANY.into());
+        stats::add(Stat::TcpOnlyReaders, 1);
+    }
+    0
+}

@@ -1,0 +1,58 @@
+//! Connections leaving the SockHash: once one is marked [`link_state::LEAVING`] neither
+//! side redirects again, and the agent, told through the event ring buffer, deletes
+//! both sockets from the SockHash when each side has read what was redirected to it.
+//! The kernel then runs them as plain TCP (net/core/sock_map.c: the last map entry of a
+//! socket gone, its psock is dropped and its original protocol restored).
+
+use core::ptr::addr_of_mut;
+
+use bypass_common::{
+    Link, SockKey, SockState, Stat, control,
+    state::{LeaveEvent, link_state},
+};
+
+use crate::{
+    atomic,
+    maps::{BYPASS_CONTROL, BYPASS_CUT, BYPASS_EVENTS},
+    stats,
+};
+
+/// Marks the connection of the link at `ptr` (key `key`) as leaving; the first to do so
+/// tells the agent.
+// The key by reference on purpose: by value it would be copied onto the BPF stack.
+#[allow(clippy::needless_borrows_for_generic_args)]
+#[inline(always)]
+pub(crate) fn request(ptr: *mut Link, key: &SockKey) {
+    // SAFETY: a live map value; the state word is only ever or-ed.
+    let old = unsafe { atomic::or_u32(addr_of_mut!((*ptr).state), link_state::LEAVING) };
+    if old & link_state::LEAVING == 0 {
+        stats::add(Stat::LeaveRequests, 1);
+        // A full ring buffer loses the event, not the leave: the agent also finds
+        // leaving links when it starts, and the connection stays correct (on TCP) in
+        // the SockHash meanwhile.
+        let _ = BYPASS_EVENTS.output(LeaveEvent { link: *key }, 0);
+    }
+}
+
+/// Once per cut generation ([`control::SLOT_CUT_GEN`]), whether the agent cut this
+/// socket's connection; a cut connection leaves. `ptr` must be this socket's link
+/// (checked with `Link::is_of`). Returns whether it was cut now.
+// The key by reference on purpose: by value it would be copied onto the BPF stack.
+#[allow(clippy::needless_borrows_for_generic_args)]
+#[inline(always)]
+pub(crate) fn check_cut(state: &mut SockState, ptr: *mut Link) -> bool {
+    let generation = BYPASS_CONTROL
+        .get(control::SLOT_CUT_GEN)
+        .copied()
+        .unwrap_or(0);
+    if generation == state.cut_gen {
+        return false;
+    }
+    state.cut_gen = generation;
+    if BYPASS_CUT.get_ptr(&state.link).is_none() {
+        return false;
+    }
+    stats::add(Stat::CutSeen, 1);
+    request(ptr, &state.link);
+    true
+}
