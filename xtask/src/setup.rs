@@ -81,6 +81,7 @@ pub fn ensure(scope: Scope) -> Result<Tools> {
     let mut checked = String::new();
     if scope == Scope::All {
         packages::ensure(&mut done)?;
+        packages::ensure_apps(&mut done)?;
         let go_dir = go::ensure(&mut done)?;
         checked = format!(", Debian packages, go in {}", go_dir.display());
         path_dirs.push(go_dir);
