@@ -29,6 +29,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod agent;
+pub mod apps;
 pub mod bpf;
 pub mod cgroup;
 pub mod cmd;

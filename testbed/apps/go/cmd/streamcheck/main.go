@@ -127,6 +127,9 @@ func exchange(c *net.TCPConn, stream uint64, cfg *config) (int64, int64, error) 
 	if s.err != nil {
 		return s.n, back, fmt.Errorf("send: %v after %d of %d bytes", s.err, s.n, cfg.size)
 	}
+	if err != nil && cfg.expect == "digest" {
+		return s.n, back, fmt.Errorf("no digest line from the sink (%v), got %q", err, line)
+	}
 	if err != nil {
 		return s.n, back, err
 	}
