@@ -190,7 +190,7 @@ fn java_nio_echo_exact() -> Result<()> {
 }
 
 #[test]
-fn node_pipe_proxy_echo_exact() -> Result<()> {
-    app_test!("node_pipe_proxy_echo_exact", node::NEEDS);
-    runtimes::node_pipe_proxy_echo_exact()
+fn nodejs_pipe_proxy_echo_exact() -> Result<()> {
+    app_test!("nodejs_pipe_proxy_echo_exact", node::NEEDS);
+    runtimes::nodejs_pipe_proxy_echo_exact()
 }

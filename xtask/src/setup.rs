@@ -1,5 +1,6 @@
 //! `cargo xtask setup`: installs what the project needs, only what is missing, and says
-//! what it did: the pinned toolchain, bpf-linker against its LLVM, the Debian packages,
+//! what it did: the pinned toolchain, bpf-linker against its LLVM, the Debian packages (the
+//! apps suite's real applications among them),
 //! and Go for the Kubernetes tests.
 
 mod go;

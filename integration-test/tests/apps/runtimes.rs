@@ -30,7 +30,7 @@ pub fn java_nio_echo_exact() -> Result<()> {
     delta.expect_bypassed("java NIO echo", streams, 2 * report.bytes_sent)
 }
 
-pub fn node_pipe_proxy_echo_exact() -> Result<()> {
+pub fn nodejs_pipe_proxy_echo_exact() -> Result<()> {
     let bed = Bed::new()?;
     let mut echo = NodePipe::echo(bed.a(), bed.pods.a.v4_addr(ECHO_PORT))?;
     let mut proxy = NodePipe::proxy(bed.b(), bed.pods.b.v4_addr(PROXY_PORT), echo.addr())?;

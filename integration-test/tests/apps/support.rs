@@ -134,7 +134,7 @@ impl Bed {
 impl Drop for Bed {
     fn drop(&mut self) {
         eprintln!(
-            "apps: {:.1} s with the pods' set-up",
+            "apps: the pods, the agent and the workload took {:.1} s",
             self.started.elapsed().as_secs_f64()
         );
     }

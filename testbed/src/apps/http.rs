@@ -1,5 +1,6 @@
 //! HTTP clients the way users run them: `curl` for one download, `ab` (ApacheBench)
-//! for many requests by count, with keep-alive or a connection per request.
+//! for many requests by count, with keep-alive or a connection per request, and `wrk`
+//! for keep-alive load over a duration (for a bench: the tests count requests).
 
 use std::{path::Path, process::Command, time::Duration};
 
@@ -103,9 +104,86 @@ pub fn parse_ab(text: &str) -> Result<AbReport> {
     })
 }
 
+/// A `wrk` run: keep-alive connections for a duration.
+#[derive(Clone, Debug)]
+pub struct Wrk {
+    /// Threads (`-t`).
+    pub threads: u32,
+    /// Connections (`-c`).
+    pub connections: u32,
+    /// How long (`-d`).
+    pub duration: Duration,
+}
+
+/// What `wrk` printed.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WrkReport {
+    /// Requests completed.
+    pub requests: u64,
+    /// Connect, read, write and timeout errors together.
+    pub socket_errors: u64,
+    /// "Non-2xx or 3xx responses" (absent: 0).
+    pub non_2xx_3xx: u64,
+    /// "Requests/sec".
+    pub rps: f64,
+}
+
+impl Wrk {
+    /// Runs it on `on` against `url`; fails unless it exits 0 with its summary.
+    pub fn run(&self, on: On<'_>, url: &str) -> Result<WrkReport> {
+        let mut cmd = Command::new(bins::system("wrk")?);
+        cmd.args(["-t", &self.threads.to_string()])
+            .args(["-c", &self.connections.to_string()])
+            .args(["-d", &format!("{}ms", self.duration.as_millis())])
+            .arg(url);
+        let out = client::run_ok(on, cmd, "wrk", self.duration + Duration::from_secs(60))?;
+        parse_wrk(&out).with_context(|| format!("wrk's output: {out}"))
+    }
+}
+
+/// The summary of `wrk` 4: "N requests in", "Socket errors: connect a, read b, write c,
+/// timeout d", "Non-2xx or 3xx responses: n", "Requests/sec: x".
+pub fn parse_wrk(text: &str) -> Result<WrkReport> {
+    let line = |prefix: &str| {
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix(prefix).map(str::trim))
+    };
+    let requests = text
+        .lines()
+        .find_map(|l| l.trim().split_once(" requests in ").map(|(n, _)| n.trim()))
+        .and_then(|n| n.parse().ok())
+        .context("no \"N requests in\"")?;
+    let socket_errors = line("Socket errors:").map_or(0, |errs| {
+        errs.split(',')
+            .filter_map(|e| e.split_whitespace().last()?.parse::<u64>().ok())
+            .sum()
+    });
+    Ok(WrkReport {
+        requests,
+        socket_errors,
+        non_2xx_3xx: line("Non-2xx or 3xx responses:")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0),
+        rps: line("Requests/sec:")
+            .and_then(|n| n.parse().ok())
+            .context("no \"Requests/sec\"")?,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parses_wrk_summary() {
+        let text = "Running 1s test @ http://10.0.0.2:8080/small.bin\n  1 threads and 4 connections\n  12345 requests in 1.00s, 190.00MB read\n  Socket errors: connect 0, read 2, write 0, timeout 1\n  Non-2xx or 3xx responses: 5\nRequests/sec:  12345.67\nTransfer/sec:    190.00MB\n";
+        let r = parse_wrk(text).unwrap();
+        assert_eq!((r.requests, r.socket_errors, r.non_2xx_3xx), (12345, 3, 5));
+        assert!((r.rps - 12345.67).abs() < 1e-9);
+        let clean = "  10 requests in 1.00s, 1MB read\nRequests/sec: 10.00\n";
+        assert_eq!(parse_wrk(clean).unwrap().socket_errors, 0);
+        assert!(parse_wrk("nothing").is_err());
+    }
 
     #[test]
     fn parses_ab_summary() {
