@@ -111,8 +111,16 @@ impl Drop for AppServer {
     fn drop(&mut self) {
         // The whole group: workers and backends outlive a killed master otherwise
         // (until the pod's cgroup goes). The group is ours: `process_group(0)` above.
-        if let Ok(pgid) = i32::try_from(self.child.pid()) {
-            let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+        let Ok(pgid) = i32::try_from(self.child.pid()).map(Pid::from_raw) else {
+            return;
+        };
+        let _ = killpg(pgid, Signal::SIGKILL);
+        // Reap the leader, then wait (briefly) for the rest of the group to be gone, so
+        // that the work directory is removed after the last writer.
+        self.child.kill();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while killpg(pgid, None).is_ok() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 }
