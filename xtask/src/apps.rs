@@ -26,7 +26,7 @@ pub fn build(profile: &str) -> Result<PathBuf> {
     let out = workspace::target_dir()?.join(profile).join(OUT_DIR);
     let tag = format!("{:016x}", source_tag(&src)?);
     let stamp = out.join(STAMP);
-    if std::fs::read_to_string(&stamp).is_ok_and(|s| s.trim() == tag) {
+    if std::fs::read_to_string(&stamp).is_ok_and(|s| s.trim() == tag) && complete(&src, &out) {
         return Ok(out);
     }
     eprintln!(
@@ -42,6 +42,21 @@ pub fn build(profile: &str) -> Result<PathBuf> {
     std::fs::copy(src.join("node/pipe.js"), node.join("pipe.js")).context("copy pipe.js")?;
     std::fs::write(&stamp, &tag).with_context(|| format!("write {}", stamp.display()))?;
     Ok(out)
+}
+
+/// Whether `out` holds a program for every Go command, the Java class and the script.
+fn complete(src: &Path, out: &Path) -> bool {
+    let commands = std::fs::read_dir(src.join("go/cmd"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name())
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    !commands.is_empty()
+        && commands.iter().all(|c| out.join("go").join(c).is_file())
+        && out.join("java/NioEcho.class").is_file()
+        && out.join("node/pipe.js").is_file()
 }
 
 /// `go build` of every command of the module: static (no C toolchain needed), modules
