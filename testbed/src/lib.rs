@@ -7,7 +7,8 @@
 //! pod's cgroup and namespace; veth byte counters to tell bypassed bytes from bytes on
 //! the wire. Every resource is a guard that undoes itself on drop, is named with the
 //! `bt` prefix plus this process's id and a counter, and so never collides with a
-//! parallel user.
+//! parallel user. [`apps`] runs real applications (redis, nginx, PostgreSQL, iperf3,
+//! HAProxy, and the suite's own Go, Java and Node.js programs in `apps/`) in the pods.
 //!
 //! ```no_run
 //! # fn main() -> anyhow::Result<()> {
@@ -29,6 +30,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod agent;
+pub mod apps;
 pub mod bpf;
 pub mod cgroup;
 pub mod cmd;

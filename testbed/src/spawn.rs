@@ -110,6 +110,16 @@ fn cpu_set(cpus: &[usize]) -> Result<Option<CpuSet>> {
 }
 
 impl PodChild {
+    /// Takes a process started some other way (outside any pod) into the same care:
+    /// waited for with a timeout, killed on drop. `what` names it in errors.
+    pub fn adopt(child: Child, what: &str) -> Self {
+        Self {
+            child,
+            what: what.to_owned(),
+            done: false,
+        }
+    }
+
     /// Its pid.
     pub fn pid(&self) -> u32 {
         self.child.id()

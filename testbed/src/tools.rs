@@ -1,6 +1,7 @@
-//! Finding the testbed's tools (`bypass-peer`, `bypass-probe`, `bypass-proxy`): an
-//! environment variable names one, else it sits next to the running executable (or next
-//! to its `deps/` directory, for cargo's test binaries).
+//! Finding the testbed's tools (`bypass-peer`, `bypass-probe`, `bypass-proxy`, and the
+//! apps suite's programs in `apps/`): an environment variable names one, else it sits
+//! next to the running executable (or next to its `deps/` directory, for cargo's test
+//! binaries).
 
 use std::path::PathBuf;
 
@@ -11,12 +12,7 @@ pub fn tool_bin(name: &str, env: &str) -> Result<PathBuf> {
     if let Some(p) = std::env::var_os(env) {
         return Ok(PathBuf::from(p));
     }
-    let exe = std::env::current_exe().context("find the running executable")?;
-    let mut dir = exe.parent().map(PathBuf::from).unwrap_or_default();
-    if dir.ends_with("deps") {
-        dir.pop();
-    }
-    let p = dir.join(name);
+    let p = beside_exe(name)?;
     if !p.is_file() {
         bail!(
             "no {name} at {} (cargo build -p testbed --bins, or set {env})",
@@ -24,4 +20,30 @@ pub fn tool_bin(name: &str, env: &str) -> Result<PathBuf> {
         );
     }
     Ok(p)
+}
+
+/// The directory `name` of built programs: `$env` if set, else `name` beside the running
+/// executable (`cargo xtask test` builds the apps suite's programs there).
+pub fn tool_dir(name: &str, env: &str) -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os(env) {
+        return Ok(PathBuf::from(p));
+    }
+    let p = beside_exe(name)?;
+    if !p.is_dir() {
+        bail!(
+            "no {name} directory at {} (cargo xtask test builds it, or set {env})",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
+/// `name` in the running executable's directory (its parent for cargo's `deps/`).
+fn beside_exe(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("find the running executable")?;
+    let mut dir = exe.parent().map(PathBuf::from).unwrap_or_default();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    Ok(dir.join(name))
 }

@@ -1,6 +1,7 @@
 //! `cargo xtask`: the project's tasks. This file only parses the command line and hands
 //! it to the module that does the task.
 
+mod apps;
 mod bench;
 mod build;
 mod cluster;

@@ -1,5 +1,6 @@
 //! `cargo xtask setup`: installs what the project needs, only what is missing, and says
-//! what it did: the pinned toolchain, bpf-linker against its LLVM, the Debian packages,
+//! what it did: the pinned toolchain, bpf-linker against its LLVM, the Debian packages (the
+//! apps suite's real applications among them),
 //! and Go for the Kubernetes tests.
 
 mod go;
@@ -81,6 +82,7 @@ pub fn ensure(scope: Scope) -> Result<Tools> {
     let mut checked = String::new();
     if scope == Scope::All {
         packages::ensure(&mut done)?;
+        packages::ensure_apps(&mut done)?;
         let go_dir = go::ensure(&mut done)?;
         checked = format!(", Debian packages, go in {}", go_dir.display());
         path_dirs.push(go_dir);

@@ -84,6 +84,8 @@ pub fn run(args: &Args) -> Result<()> {
             .context("build kube-apiserver and etcd for the Kubernetes tests")?;
         // The tools the tests run, where they look for them (next to the test binaries).
         build::build_test_tools(&tools, false)?;
+        // The apps suite's own programs (Go, Java, Node), beside those tools.
+        crate::apps::build("debug")?;
         let mut privileged = privileged_tests(tools.cargo()?, &agent, &args.harness);
         let before = counts;
         let pins_before = bpffs_entries();

@@ -31,6 +31,39 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("xz-utils", "Debian's package indexes and modules"),
 ];
 
+/// The real applications of the `apps` tests (and the apps bench): Debian's own builds,
+/// as a user runs them. Each test starts its own instance inside the pods; the system
+/// services their postinst may start are stopped ([`SERVICES`]).
+pub const APPS: &[(&str, &str)] = &[
+    ("redis-server", "the apps tests' redis"),
+    ("redis-tools", "redis-benchmark against it"),
+    ("nginx", "HTTP and HTTPS downloads, keep-alive and not"),
+    (
+        "apache2-utils",
+        "ab: HTTP requests by count, with and without keep-alive",
+    ),
+    ("wrk", "keep-alive HTTP load for the apps bench"),
+    (
+        "postgresql",
+        "a private cluster (initdb, postgres) for pgbench",
+    ),
+    ("postgresql-contrib", "pgbench"),
+    (
+        "iperf3",
+        "bulk, small-write, multi-stream and reverse TCP streams",
+    ),
+    ("haproxy", "a TCP proxy that splices socket to socket"),
+    (
+        "openjdk-17-jdk-headless",
+        "javac and java: the Java NIO echo server",
+    ),
+    ("nodejs", "the Node.js server piping sockets"),
+];
+
+/// The system services [`APPS`]' postinst scripts may start: the tests never use them,
+/// so setup stops and disables them right after installing.
+pub const SERVICES: &[&str] = &["redis-server", "nginx", "postgresql", "haproxy", "iperf3"];
+
 /// What `cargo xtask cluster` runs besides the Kubernetes binaries it builds: the
 /// container runtime, the CNI plugins, and what makes the sandbox image.
 pub const CLUSTER: &[(&str, &str)] = &[
@@ -79,6 +112,50 @@ pub fn cross(target: &str) -> &'static [(&'static str, &'static str)] {
 /// Installs the missing packages (one `apt-get update` first); records it in `done`.
 pub fn ensure(done: &mut Vec<String>) -> Result<()> {
     ensure_list(PACKAGES, done)
+}
+
+/// Installs the missing [`APPS`]; when it installed any, stops and disables the
+/// [`SERVICES`] their postinst started (the tests run their own instances in the pods).
+pub fn ensure_apps(done: &mut Vec<String>) -> Result<()> {
+    let before = done.len();
+    ensure_list(APPS, done)?;
+    if done.len() > before {
+        let stopped = stop_services();
+        if !stopped.is_empty() {
+            done.push(format!(
+                "stopped and disabled the services {} (the apps tests start their own)",
+                stopped.join(", ")
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Stops and disables each of [`SERVICES`] that is installed, through systemd when it
+/// runs, else through its init script; returns those it stopped. Best effort: a service
+/// that will not stop only costs a port in the host's namespace, which no test uses.
+fn stop_services() -> Vec<String> {
+    let systemd = std::path::Path::new("/run/systemd/system").is_dir();
+    let quiet = |cmd: &mut Command| {
+        cmd.stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    SERVICES
+        .iter()
+        .filter(|name| {
+            if systemd {
+                quiet(Command::new("systemctl").args(["disable", "--now", name]))
+            } else if std::path::Path::new("/etc/init.d").join(name).is_file() {
+                let stopped = quiet(Command::new("invoke-rc.d").args([name, "stop"]));
+                quiet(Command::new("update-rc.d").args([name, "disable"])) || stopped
+            } else {
+                false
+            }
+        })
+        .map(|name| (*name).to_owned())
+        .collect()
 }
 
 /// [`ensure`] for the packages of `list`.

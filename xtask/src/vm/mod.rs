@@ -29,7 +29,9 @@ use crate::{build, cmd, setup::Tools, test::summary::Counts, workspace};
 pub use catalog::KERNELS;
 
 /// The test binaries run in a VM unless a filter says otherwise: all but the
-/// Kubernetes ones (a real API server under emulation takes too long).
+/// Kubernetes ones (a real API server under emulation takes too long) and the real
+/// applications (`apps`: JVMs, PostgreSQL and bulk workloads under TCG; their payloads
+/// are constants, for a smaller set there).
 pub const DEFAULT_TESTS: [&str; 11] = [
     "datapath",
     "isolation",

@@ -1,0 +1,59 @@
+//! HAProxy in TCP mode in front of an echo server (the suite's Go echo, plain
+//! Read/Write), six 8 MiB streams echoed through it, each checked byte for byte: with
+//! splicing as HAProxy decides (`option splice-auto`), forced both ways, and off.
+//!
+//! With splicing HAProxy reads its sockets with splice(2), which sees only the TCP
+//! receive queue; these assert every byte back and every connection paired, not that
+//! every byte was redirected.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use testbed::apps::{
+    Gate,
+    go::{GoServer, Relay, StreamCheck},
+    haproxy::{Haproxy, Splice},
+};
+
+use super::{go::ensure_exact, support::Bed};
+
+const ECHO_PORT: u16 = 7101;
+const PROXY_PORT: u16 = 7102;
+const STREAMS: u32 = 6;
+const STREAM_BYTES: u64 = 8 << 20;
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(20);
+
+fn echo_through(splice: Splice) -> Result<()> {
+    let bed = Bed::new()?;
+    let mut echo = GoServer::echo(bed.a(), bed.pods.a.v4_addr(ECHO_PORT), Relay::ReadWrite)?;
+    let mut proxy = Haproxy::start(bed.b(), bed.pods.b.v4_addr(PROXY_PORT), echo.addr(), splice)?;
+    let check = StreamCheck::echo(proxy.addr(), STREAMS, STREAM_BYTES, CLIENT_TIMEOUT);
+    let gate = Gate::new()?;
+    let mark = bed.mark()?;
+    // Each client's connection and HAProxy's to the echo server (made on accept).
+    let hops = 2 * u64::from(STREAMS);
+    let report = check.run_gated(bed.a(), &gate, || bed.wait_paired(&mark, hops))?;
+    let delta = bed.since(&mark)?;
+    proxy.server().ensure_running()?;
+    echo.server().ensure_running()?;
+    let what = format!("haproxy (splice {splice:?})");
+    ensure_exact(&what, &report, STREAM_BYTES, &delta)?;
+    if splice == Splice::Off {
+        // Through HAProxy's buffers: four directions, each the payload.
+        return delta.expect_bypassed(&what, hops, 4 * report.bytes_sent);
+    }
+    eprintln!("{what}: {}", delta.summary());
+    delta.expect_paired(&what, hops)
+}
+
+pub fn splice_auto_echo_exact() -> Result<()> {
+    echo_through(Splice::Auto)
+}
+
+pub fn splice_forced_echo_exact() -> Result<()> {
+    echo_through(Splice::Forced)
+}
+
+pub fn no_splice_echo_exact() -> Result<()> {
+    echo_through(Splice::Off)
+}

@@ -1,0 +1,54 @@
+//! Language runtimes' own socket loops: a Java NIO echo server (Selector, non-blocking
+//! channels), and Node.js piping sockets (`net`, `stream.pipe`) as a proxy in front of
+//! a Node.js echo; four 8 MiB streams each, every byte checked.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use testbed::apps::{Gate, go::StreamCheck, java::NioEcho, node::NodePipe};
+
+use super::{go::ensure_exact, support::Bed};
+
+const ECHO_PORT: u16 = 7201;
+const PROXY_PORT: u16 = 7202;
+const STREAMS: u32 = 4;
+const STREAM_BYTES: u64 = 8 << 20;
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(20);
+
+pub fn java_nio_echo_exact() -> Result<()> {
+    let bed = Bed::new()?;
+    let mut server = NioEcho::start(bed.b(), bed.pods.b.v4_addr(ECHO_PORT))?;
+    let check = StreamCheck::echo(server.addr(), STREAMS, STREAM_BYTES, CLIENT_TIMEOUT);
+    let gate = Gate::new()?;
+    let mark = bed.mark()?;
+    let streams = u64::from(STREAMS);
+    let report = check.run_gated(bed.a(), &gate, || bed.wait_paired(&mark, streams))?;
+    let delta = bed.since(&mark)?;
+    server.server().ensure_running()?;
+    ensure_exact("java NIO echo", &report, STREAM_BYTES, &delta)?;
+    // Paired before the first byte: both directions socket to socket.
+    delta.expect_bypassed("java NIO echo", streams, 2 * report.bytes_sent)
+}
+
+pub fn nodejs_pipe_proxy_echo_exact() -> Result<()> {
+    let bed = Bed::new()?;
+    let mut echo = NodePipe::echo(bed.a(), bed.pods.a.v4_addr(ECHO_PORT))?;
+    let mut proxy = NodePipe::proxy(bed.b(), bed.pods.b.v4_addr(PROXY_PORT), echo.addr())?;
+    let check = StreamCheck::echo(proxy.addr(), STREAMS, STREAM_BYTES, CLIENT_TIMEOUT);
+    let gate = Gate::new()?;
+    let mark = bed.mark()?;
+    // Each client's connection and the proxy's to the echo (made on accept).
+    let hops = 2 * u64::from(STREAMS);
+    let report = check.run_gated(bed.a(), &gate, || bed.wait_paired(&mark, hops))?;
+    let delta = bed.since(&mark)?;
+    proxy.server().ensure_running()?;
+    echo.server().ensure_running()?;
+    ensure_exact(
+        "node pipe proxy to a node echo",
+        &report,
+        STREAM_BYTES,
+        &delta,
+    )?;
+    // Four directions (to the proxy, to the echo, and back), each the payload.
+    delta.expect_bypassed("node pipe proxy", hops, 4 * report.bytes_sent)
+}

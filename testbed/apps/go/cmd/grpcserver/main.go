@@ -1,0 +1,22 @@
+// Command grpcserver serves the bidirectional streaming echo of package grpcecho over
+// plain-text HTTP/2.
+package main
+
+import (
+	"flag"
+	"log"
+
+	"google.golang.org/grpc"
+
+	"bypass.local/apps/internal/grpcecho"
+	"bypass.local/apps/internal/serve"
+)
+
+func main() {
+	listen := flag.String("listen", "", "address:port to listen on")
+	ready := flag.String("ready-file", "", "file to create once listening")
+	flag.Parse()
+	s := grpc.NewServer()
+	grpcecho.Register(s)
+	log.Fatal(s.Serve(serve.Listen(*listen, *ready)))
+}

@@ -1,0 +1,36 @@
+// Package steps lets a test hold a client between connecting and sending: the client
+// creates a file once connected and waits for another before its first byte, so the
+// test can see both ends of every connection paired first (a client that sends before
+// its server's end is paired keeps that direction on TCP, by the datapath's design).
+package steps
+
+import (
+	"fmt"
+	"os"
+	"time"
+)
+
+// Connected creates `file` (when not empty).
+func Connected(file string) error {
+	if file == "" {
+		return nil
+	}
+	return os.WriteFile(file, nil, 0o644)
+}
+
+// WaitGo waits until `file` exists (at once when empty), at most `within`.
+func WaitGo(file string, within time.Duration) error {
+	if file == "" {
+		return nil
+	}
+	deadline := time.Now().Add(within)
+	for {
+		if _, err := os.Stat(file); err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the go file %s did not appear within %v", file, within)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
