@@ -92,6 +92,13 @@ pub struct RunOpts {
     /// restarted agent adopts them, keeping maps, counters and the attachment).
     #[arg(long)]
     pub reset: bool,
+    /// Bypass even where no read guard can run (kernels that refuse BPF trampoline
+    /// programs): a receiver then gets redirected bytes only once it has read with
+    /// recv, and a process seen splicing gets none from then on, but a socket read with
+    /// recv and then spliced (HAProxy's splice options, some Go proxies) while
+    /// redirected bytes wait can miss them. Without it, such a kernel is not bypassed.
+    #[arg(long)]
+    pub allow_unguarded: bool,
     /// On exit, detach and remove the pins (`true`), or leave the datapath pinned and
     /// attached for the next agent to adopt (`false`, what a DaemonSet wants; remove it
     /// with `bypass-agent uninstall`).

@@ -68,6 +68,7 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
             .resolve(datapath::tcp_rmem_max()),
         small_stream_bytes: opts.small_stream_bytes,
         reset: opts.reset,
+        allow_unguarded: opts.allow_unguarded,
         detach_on_exit: opts.detach_on_exit,
         skip_ports: opts.skip_ports.0.clone(),
     };

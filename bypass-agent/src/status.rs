@@ -63,6 +63,9 @@ pub struct Report {
     /// Why `insert_failures` is not zero: a full SockHash, or another program holding
     /// the sockets in its own sockmap.
     pub insert_failures_cause: Option<String>,
+    /// Why the agent does not bypass this node, when it refuses to.
+    #[serde(default)]
+    pub refused: Option<String>,
 }
 
 /// What the loaded programs guarantee on this kernel. Every one holds on every kernel
@@ -151,6 +154,10 @@ pub fn read(layout: &PinLayout) -> Result<Report, AgentError> {
         kernel: crate::datapath::kernel_release(),
         features: Features::from_bits(bits, view.sockopt_pinned, view.guard_pinned, max_queued),
         queue_bound_off: queue_bound_off_reason(max_queued).map(str::to_owned),
+        refused: view
+            .control
+            .refused()?
+            .then(|| crate::datapath::REFUSED_UNGUARDED.to_owned()),
         counters,
         pod_cidrs: view
             .pod_maps
@@ -207,6 +214,9 @@ pub fn render_text(r: &Report) -> String {
     }));
     if let Some(why) = &r.queue_bound_off {
         rows.push(("queue_bound_off", why.clone()));
+    }
+    if let Some(why) = &r.refused {
+        rows.push(("refused", why.clone()));
     }
     rows.extend(Stat::ALL.map(|s| (s.name(), c.get(s).to_string())));
     rows.extend([
@@ -284,6 +294,7 @@ mod tests {
             pin_dir: "/sys/fs/bpf/bypass".into(),
             other_programs: vec!["sk_msg mb_msg_redir (id 3, Merbridge)".into()],
             insert_failures_cause: None,
+            refused: None,
         }
     }
 

@@ -119,10 +119,8 @@ pub mod features {
     /// Recorded for `status`: this kernel's FIONREAD counts only bytes that came by TCP
     /// (no `sk_psock.msg_tot_len`: before the sockmap FIONREAD fix; Debian 12's 6.1).
     pub const NO_QUEUE_FIELD: u32 = 2;
-    /// Recorded for `status`: the read guard runs as a BPF LSM program.
-    pub const GUARD_LSM: u32 = 8;
-    /// Recorded for `status`: the read guard runs as fmod_ret programs on the kernel's
-    /// `security_*` functions (the BPF LSM is not active).
+    /// Recorded for `status`: the read guard runs (fmod_ret programs on the kernel's
+    /// `security_*` functions).
     pub const GUARD_FMOD_RET: u32 = 16;
     /// No read guard on this kernel (it refuses BPF trampoline programs: fentry, fexit,
     /// LSM): a receiver gets redirected bytes only once it has read through `recvmsg`,

@@ -64,6 +64,9 @@ pub mod control {
     /// ([`crate::names::MAP_CUT`]); a socket that sees a generation it has not checked
     /// looks its connection up there.
     pub const SLOT_CUT_GEN: u32 = 9;
+    /// Non-zero while the agent refuses to bypass because no read guard runs on this
+    /// kernel and `--allow-unguarded` was not given (for `status`).
+    pub const SLOT_REFUSED: u32 = 10;
     /// Number of slots.
     pub const SLOTS: u32 = 16;
 

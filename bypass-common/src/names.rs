@@ -83,8 +83,9 @@ pub enum HookKind {
     Entry,
     /// At a kernel function's return (fexit; a BPF trampoline).
     Exit,
-    /// At an LSM hook (BPF LSM, `bpf_lsm_<target>`; a BPF trampoline), able to refuse
-    /// the call.
+    /// At a kernel `security_*` function as fmod_ret (a BPF trampoline), able to refuse
+    /// the call; the program is declared as an LSM program of the same hook (the same
+    /// context), whether or not the BPF LSM is active.
     Guard,
     /// At a static tracepoint, typed by BTF (`tp_btf/<target>`).
     TracePoint,
@@ -133,9 +134,9 @@ pub const READ_EXIT_HOOKS: [Hook; 1] = [Hook {
     target: "tcp_bpf_recvmsg",
 }];
 
-/// The read guard, where the kernel runs BPF trampolines and the BPF LSM, in the order
-/// the agent attaches them (the exit before the entry, so no exit misses its entry;
-/// the guards last).
+/// The read guard, where the kernel runs BPF trampolines, in the order the agent
+/// attaches them (the exit before the entry, so no exit misses its entry; the guards
+/// last).
 pub const GUARD_HOOKS: [Hook; 4] = [
     Hook {
         program: PROG_SPLICE_EXIT,
@@ -150,12 +151,12 @@ pub const GUARD_HOOKS: [Hook; 4] = [
     Hook {
         program: PROG_READ_GUARD,
         kind: HookKind::Guard,
-        target: "file_permission",
+        target: "security_file_permission",
     },
     Hook {
         program: PROG_MMAP_GUARD,
         kind: HookKind::Guard,
-        target: "mmap_file",
+        target: "security_mmap_file",
     },
 ];
 

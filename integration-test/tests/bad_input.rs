@@ -232,6 +232,7 @@ fn second_agent_on_same_pin_dir() -> Result<()> {
         pod_cidrs: vec!["10.0.0.0/24".into()],
         cgroup: p.cgroup.path().to_path_buf(),
         pin_dir: p.pin_dir.clone(),
+        allow_unguarded: true,
         ..AgentOpts::default()
     };
     let mut first = Agent::start(&opts)?;

@@ -91,6 +91,9 @@ pub struct AgentOpts {
     pub extra_args: Vec<String>,
     /// Environment variables set for the agent.
     pub env: Vec<(String, String)>,
+    /// `--allow-unguarded`: the datapath tests exercise redirects on every kernel, the
+    /// host's too, whether or not a read guard runs there.
+    pub allow_unguarded: bool,
 }
 
 impl AgentOpts {
@@ -105,6 +108,9 @@ impl AgentOpts {
         }
         a.extend(["--cgroup".to_owned(), self.cgroup.display().to_string()]);
         a.extend(["--pin-dir".to_owned(), self.pin_dir.display().to_string()]);
+        if self.allow_unguarded {
+            a.push("--allow-unguarded".to_owned());
+        }
         a.extend(self.extra_args.iter().cloned());
         a
     }
@@ -368,6 +374,7 @@ mod tests {
             pin_dir: "/sys/fs/bpf/bt-x".into(),
             extra_args: vec!["--max-sockets".into(), "8".into()],
             env: Vec::new(),
+            allow_unguarded: false,
         };
         assert_eq!(
             o.args().join(" "),

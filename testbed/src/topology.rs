@@ -306,6 +306,7 @@ impl TwoPods {
             pin_dir: self.pin_dir("pins"),
             extra_args: Vec::new(),
             env: Vec::new(),
+            allow_unguarded: true,
         }
     }
 

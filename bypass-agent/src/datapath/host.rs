@@ -1,9 +1,8 @@
 //! What the agent learns about the host before loading: the kernel release, the
 //! cookie of its own network namespace (the host's: the agent runs with the host
-//! network), the active LSMs (whether the BPF LSM runs the read guard), and how far
-//! TCP lets a receive buffer grow.
+//! network), and how far TCP lets a receive buffer grow.
 
-use std::{os::fd::OwnedFd, path::Path};
+use std::os::fd::OwnedFd;
 
 use nix::{
     getsockopt_impl, sockopt_impl,
@@ -12,8 +11,6 @@ use nix::{
 
 use crate::error::AgentError;
 
-/// The active LSMs, in order (securityfs); `BYPASS_LSM_FILE` overrides it (tests).
-pub const LSM_FILE: &str = "/sys/kernel/security/lsm";
 /// `net.ipv4.tcp_rmem`: min, default and max receive buffer.
 pub const TCP_RMEM_FILE: &str = "/proc/sys/net/ipv4/tcp_rmem";
 
@@ -60,19 +57,6 @@ pub fn netns_cookie() -> Result<u64, AgentError> {
     Ok(cookie)
 }
 
-/// Whether the BPF LSM is among `contents` of [`LSM_FILE`] (`lockdown,capability,bpf`).
-pub fn lsm_list_has_bpf(contents: &str) -> bool {
-    contents.trim().split(',').any(|l| l == "bpf")
-}
-
-/// The BPF LSM's state on this host, from [`LSM_FILE`]: `Ok(active)`, or why it cannot
-/// be told (securityfs not mounted).
-pub fn bpf_lsm_active() -> Result<bool, std::io::Error> {
-    let path = std::env::var_os("BYPASS_LSM_FILE")
-        .map_or_else(|| Path::new(LSM_FILE).to_path_buf(), Into::into);
-    std::fs::read_to_string(path).map(|c| lsm_list_has_bpf(&c))
-}
-
 /// The third value of `net.ipv4.tcp_rmem` (`4096 131072 6291456`): what TCP lets a
 /// receive buffer grow to.
 pub fn parse_tcp_rmem_max(contents: &str) -> Option<u32> {
@@ -90,14 +74,6 @@ pub fn tcp_rmem_max() -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn lsm_lists() {
-        assert!(lsm_list_has_bpf("lockdown,capability,landlock,bpf\n"));
-        assert!(lsm_list_has_bpf("bpf"));
-        assert!(!lsm_list_has_bpf("lockdown,capability,apparmor"));
-        assert!(!lsm_list_has_bpf("lockdown,bpflsm"));
-    }
 
     #[test]
     fn tcp_rmem_max() {

@@ -5,7 +5,7 @@
 use aya::{
     Btf, Ebpf, EbpfLoader,
     maps::{Map, MapData, SockHash},
-    programs::{BtfTracePoint, FEntry, FExit, Lsm, SkMsg, TracePoint, links::FdLink},
+    programs::{BtfTracePoint, FEntry, FExit, SkMsg, TracePoint, links::FdLink},
 };
 use bypass_common::{
     SockKey,
@@ -97,8 +97,12 @@ fn load_with(
         what: "describe its functions for the tracing programs (BTF)",
         source: Box::new(e),
     })?;
+    let kernel_btf = super::btf::Btf::vmlinux().map_err(|e| AgentError::KernelSupport {
+        what: "describe its functions for the tracing programs (BTF)",
+        source: Box::new(e),
+    })?;
     for hook in plan.hooks.all() {
-        attach_hook(&mut ebpf, pins, &btf, *hook)?;
+        attach_hook(&mut ebpf, pins, &btf, &kernel_btf, *hook)?;
     }
     // The control map is pinned last: its pin marks a complete datapath.
     let path = pins.map(MAP_CONTROL);
@@ -131,7 +135,13 @@ fn load_and_pin(ebpf: &mut Ebpf, pins: &PinLayout, name: &str) -> Result<(), Age
 
 /// Loads the tracing program of `hook`, attaches it to its kernel function and pins
 /// the link (the link keeps it attached after the agent exits, for the next agent).
-fn attach_hook(ebpf: &mut Ebpf, pins: &PinLayout, btf: &Btf, hook: Hook) -> Result<(), AgentError> {
+fn attach_hook(
+    ebpf: &mut Ebpf,
+    pins: &PinLayout,
+    btf: &Btf,
+    kernel_btf: &super::btf::Btf,
+    hook: Hook,
+) -> Result<(), AgentError> {
     let name = hook.program;
     let load_err = |e: aya::programs::ProgramError| {
         AgentError::bpf(format!("attach {name} to the kernel's {}", hook.target), e)
@@ -150,10 +160,13 @@ fn attach_hook(ebpf: &mut Ebpf, pins: &PinLayout, btf: &Btf, hook: Hook) -> Resu
             p.take_link(id).map_err(load_err)?.into()
         }
         HookKind::Guard => {
-            let p: &mut Lsm = program(ebpf, name)?;
-            p.load(hook.target, btf).map_err(load_err)?;
-            let id = p.attach().map_err(load_err)?;
-            p.take_link(id).map_err(load_err)?.into()
+            let id = kernel_btf
+                .type_id(super::btf::KIND_FUNC, hook.target)
+                .ok_or_else(|| AgentError::KernelSupport {
+                    what: "show its security functions in BTF for the read guard",
+                    source: format!("no function {} in the kernel's BTF", hook.target).into(),
+                })?;
+            return super::fmodret::attach_pinned(ebpf, name, hook.target, id, &pins.link(name));
         }
         HookKind::TracePoint => {
             let p: &mut BtfTracePoint = program(ebpf, name)?;

@@ -356,6 +356,16 @@ impl Control {
         self.get(control::SLOT_SMALL_STREAM)
     }
 
+    /// Records whether the agent refuses to bypass this node.
+    pub fn set_refused(&mut self, refused: bool) -> Result<(), AgentError> {
+        self.set(control::SLOT_REFUSED, u32::from(refused))
+    }
+
+    /// Whether the agent refuses to bypass this node.
+    pub fn refused(&self) -> Result<bool, AgentError> {
+        Ok(self.get(control::SLOT_REFUSED)? != 0)
+    }
+
     /// Records the [`bypass_common::layout::features`] bits the programs were loaded
     /// with.
     pub fn set_features(&mut self, bits: u32) -> Result<(), AgentError> {

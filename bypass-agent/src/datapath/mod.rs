@@ -4,6 +4,7 @@
 
 mod adopt;
 mod btf;
+mod fmodret;
 mod fs;
 mod host;
 mod leaver;
@@ -68,6 +69,8 @@ pub struct Config {
     /// Reload even when the pinned datapath is this build (drops nothing: sockets in
     /// the old map keep it until they close).
     pub reset: bool,
+    /// Bypass even where no read guard can run ([`plan::ReadGuard::Watch`]).
+    pub allow_unguarded: bool,
     /// On drop, detach and remove the pins. Off, the datapath stays pinned and
     /// attached for the next agent to adopt.
     pub detach_on_exit: bool,
@@ -108,6 +111,8 @@ pub struct Datapath {
     cgroup_path: PathBuf,
     origin: Origin,
     detach_on_exit: bool,
+    /// Why the bypass is refused on this host, if it is.
+    refused: Option<&'static str>,
     // Keeps the sk_msg attachment of a fresh load owned (dropping it detaches).
     _ebpf: Option<Ebpf>,
     _lock: lock::PinDirLock,
@@ -187,6 +192,12 @@ impl Datapath {
         control.set_max_queued(max_queued)?;
         let small_stream = config.small_stream_bytes;
         control.set_small_stream(small_stream)?;
+        // What the pinned programs were loaded with (an adopted datapath: the previous
+        // agent's load, same build and same host, so the same plan).
+        let unguarded =
+            control.features()? & bypass_common::layout::features::REQUIRE_RECVMSG != 0;
+        let refused = (unguarded && !config.allow_unguarded).then_some(REFUSED_UNGUARDED);
+        control.set_refused(refused.is_some())?;
         let leaver = leaver::Leaver::start(&pins)?;
         let sockops = SockOps::from_pin(pins.prog(PROG_SOCKOPS))
             .map_err(|e| AgentError::bpf(format!("open pinned program {PROG_SOCKOPS}"), e))?;
@@ -225,6 +236,7 @@ impl Datapath {
             cgroup_path: config.cgroup.clone(),
             origin,
             detach_on_exit: config.detach_on_exit,
+            refused,
             _ebpf: ebpf,
             _lock: lock,
         })
@@ -235,6 +247,14 @@ impl Datapath {
     /// allowed, then sock_ops attached to the cgroup (in that order, so no socket is
     /// inserted while redirects are still off).
     pub fn attach(&mut self) -> Result<(), AgentError> {
+        if let Some(why) = self.refused {
+            if self.sockops_link.is_some() {
+                // Adopted from an agent that allowed it: this one does not.
+                self.detach()?;
+            }
+            tracing::error!(reason = why, "not bypassing this node");
+            return Ok(());
+        }
         if self.sockops_link.is_some() {
             return self.control.set_enabled(true);
         }
@@ -359,6 +379,12 @@ impl Datapath {
         &self.pins
     }
 }
+
+/// Why a kernel without a read guard is not bypassed unless allowed.
+pub const REFUSED_UNGUARDED: &str = "no read guard on this kernel (it refuses BPF trampoline \
+    programs): a program that reads a bypassed socket with \
+    recv and then splices it could miss redirected bytes; pass --allow-unguarded to bypass \
+    anyway, where no workload does that";
 
 /// Pins `link` at `path`.
 fn pin_link(link: FdLink, path: &std::path::Path) -> Result<PinnedLink, AgentError> {

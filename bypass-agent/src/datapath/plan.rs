@@ -14,14 +14,15 @@ use crate::error::AgentError;
 /// kept from missing a redirected byte on this kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReadGuard {
-    /// The read guard: BPF LSM programs refuse a splice or a mapping of a bypassed
-    /// socket while bytes redirected to it are unread (kernels that run BPF trampolines
-    /// with the BPF LSM active).
-    Lsm,
-    /// No guard can run (the kernel refuses BPF trampolines, or the BPF LSM is not
-    /// active): a receiver gets redirected bytes only once it has read through
-    /// `recvmsg`, and a process seen splicing gets none from then on. A socket read
-    /// with recv, then spliced while redirected bytes wait, can miss them.
+    /// The read guard: fmod_ret programs on the kernel's security functions refuse a
+    /// splice or a mapping of a bypassed socket while bytes redirected to it are unread
+    /// (kernels that run BPF trampolines).
+    Guard,
+    /// No guard can run (the kernel refuses BPF trampolines): a receiver gets
+    /// redirected bytes only once it has read through `recvmsg`, and a process seen
+    /// splicing gets none from then on. A socket read with recv, then spliced while
+    /// redirected bytes wait, can miss them: the agent bypasses such a kernel only with
+    /// `--allow-unguarded`.
     Watch,
 }
 
@@ -39,7 +40,7 @@ impl Hooks {
     /// Every hook, in attach order.
     pub fn all(&self) -> impl Iterator<Item = &'static Hook> {
         let guard: &'static [Hook] = match self.guard {
-            ReadGuard::Lsm => &GUARD_HOOKS,
+            ReadGuard::Guard => &GUARD_HOOKS,
             ReadGuard::Watch => &WATCH_HOOKS,
         };
         self.read.iter().chain(guard.iter())
@@ -71,7 +72,7 @@ impl LoadPlan {
             f |= features::NO_QUEUE_FIELD;
         }
         f |= match hooks.guard {
-            ReadGuard::Lsm => features::GUARD_LSM,
+            ReadGuard::Guard => features::GUARD_FMOD_RET,
             ReadGuard::Watch => features::REQUIRE_RECVMSG,
         };
         Ok(Self {
@@ -114,17 +115,14 @@ fn detect_hooks() -> Result<Hooks, AgentError> {
             });
         }
     };
-    let lsm = host::bpf_lsm_active().unwrap_or(false);
-    let guard = if trampolines && lsm {
-        ReadGuard::Lsm
+    let guard = if trampolines {
+        ReadGuard::Guard
     } else {
         tracing::warn!(
-            trampolines,
-            bpf_lsm = lsm,
-            "no read guard on this kernel (it needs BPF trampolines and the BPF LSM): a \
-             receiver gets redirected bytes only once it has read with recv, and a process \
-             seen splicing gets none from then on; a socket read with recv and then \
-             spliced while redirected bytes wait can miss them"
+            "no read guard on this kernel (it refuses BPF trampoline programs): a receiver \
+             gets redirected bytes only once it has read with recv, and a process seen \
+             splicing gets none from then on; a socket read with recv and then spliced \
+             while redirected bytes wait could miss them"
         );
         ReadGuard::Watch
     };

@@ -96,6 +96,7 @@ fn run(cli: &Cli) -> Result<Value> {
         pod_cidrs: vec![POD_CIDR.to_owned()],
         cgroup: parent.path().to_path_buf(),
         pin_dir: PathBuf::from(format!("/sys/fs/bpf/bypass-smoke-{tag}")),
+        allow_unguarded: true,
         ..AgentOpts::default()
     })?;
     let before = agent.stats()?.counters.redirected_bytes;

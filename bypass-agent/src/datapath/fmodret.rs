@@ -1,0 +1,193 @@
+//! The read guard's two programs as fmod_ret programs on the kernel's
+//! `security_file_permission` and `security_mmap_file`: they can refuse the call, and
+//! unlike BPF LSM programs they run whether or not the BPF LSM is active (the verifier
+//! allows fmod_ret on any `security_*` function: kernel/bpf/verifier.c,
+//! check_attach_modify_return). aya 0.14 loads no fmod_ret program, so they are loaded
+//! here: the object's program (declared as an LSM program, whose context is the same:
+//! the hook's arguments, then the return value so far) is taken from aya's own object
+//! parser, relocated against the maps aya created for this load, and loaded and
+//! attached with bpf(2) (include/uapi/linux/bpf.h). Its link is pinned like the others.
+
+use std::{
+    collections::HashSet,
+    ffi::CString,
+    os::fd::{AsFd as _, AsRawFd as _, FromRawFd as _, OwnedFd},
+    path::Path,
+};
+
+use aya::{Ebpf, maps::Map};
+use aya_obj::{Object, generated::bpf_insn};
+
+use super::object;
+use crate::error::AgentError;
+
+/// `BPF_PROG_LOAD`.
+const BPF_PROG_LOAD: libc::c_long = 5;
+/// `BPF_OBJ_PIN`.
+const BPF_OBJ_PIN: libc::c_long = 6;
+/// `BPF_RAW_TRACEPOINT_OPEN`: attaches a tracing program through a link.
+const BPF_RAW_TRACEPOINT_OPEN: libc::c_long = 17;
+/// `BPF_PROG_TYPE_TRACING`.
+const BPF_PROG_TYPE_TRACING: u32 = 26;
+/// `BPF_MODIFY_RETURN`.
+const BPF_MODIFY_RETURN: u32 = 26;
+/// Size of the `union bpf_attr` passed (zero beyond the fields set).
+const ATTR_SIZE: usize = 128;
+/// Room for the verifier's log when a load fails.
+const LOG_SIZE: usize = 1 << 20;
+
+fn bpf(cmd: libc::c_long, attr: &mut [u8; ATTR_SIZE]) -> std::io::Result<libc::c_long> {
+    // Raw libc: nix has no bpf(2) wrapper, and aya 0.14 loads no fmod_ret program.
+    // SAFETY: bpf(2) with a zero-filled attribute buffer of the stated size; every
+    // pointer in it outlives the call.
+    let ret = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), ATTR_SIZE) };
+    if ret < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(ret)
+}
+
+/// [`bpf`] for a command that returns a new file descriptor.
+fn bpf_fd(cmd: libc::c_long, attr: &mut [u8; ATTR_SIZE]) -> std::io::Result<OwnedFd> {
+    let fd = bpf(cmd, attr)?;
+    // SAFETY: the command returned a new file descriptor we now own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+fn put_u32(attr: &mut [u8; ATTR_SIZE], at: usize, v: u32) {
+    attr[at..at + 4].copy_from_slice(&v.to_ne_bytes());
+}
+
+fn put_u64(attr: &mut [u8; ATTR_SIZE], at: usize, v: u64) {
+    attr[at..at + 8].copy_from_slice(&v.to_ne_bytes());
+}
+
+/// The raw fd of a map aya created, whatever its type.
+fn map_fd(map: &Map) -> i32 {
+    let data = match map {
+        Map::Array(d)
+        | Map::ArrayOfMaps(d)
+        | Map::BloomFilter(d)
+        | Map::CgroupArray(d)
+        | Map::CgroupStorage(d)
+        | Map::CgrpStorage(d)
+        | Map::CpuMap(d)
+        | Map::DevMap(d)
+        | Map::DevMapHash(d)
+        | Map::HashMap(d)
+        | Map::HashOfMaps(d)
+        | Map::InodeStorage(d)
+        | Map::LpmTrie(d)
+        | Map::LruHashMap(d)
+        | Map::PerCpuArray(d)
+        | Map::PerCpuCgroupStorage(d)
+        | Map::PerCpuHashMap(d)
+        | Map::PerCpuLruHashMap(d)
+        | Map::PerfEventArray(d)
+        | Map::ProgramArray(d)
+        | Map::Queue(d)
+        | Map::ReusePortSockArray(d)
+        | Map::RingBuf(d)
+        | Map::SockHash(d)
+        | Map::SockMap(d)
+        | Map::SkStorage(d)
+        | Map::Stack(d)
+        | Map::StackTraceMap(d)
+        | Map::Unsupported(d)
+        | Map::XskMap(d) => d,
+    };
+    data.fd().as_fd().as_raw_fd()
+}
+
+/// The instructions of program `name` of the embedded object, relocated against the
+/// maps of `ebpf` (the load the program joins: same maps, same frozen globals).
+fn relocated(ebpf: &Ebpf, name: &str) -> Result<Vec<bpf_insn>, AgentError> {
+    let err = |e: &dyn std::fmt::Display| AgentError::Bpf {
+        action: format!("relocate {name} for fmod_ret"),
+        source: e.to_string().into(),
+    };
+    let mut obj = Object::parse(object::BYTES).map_err(|e| err(&e))?;
+    let text_sections: HashSet<usize> = obj.functions.keys().map(|(s, _)| *s).collect();
+    let maps: Vec<(String, aya_obj::Map, i32)> = obj
+        .maps
+        .iter()
+        .filter_map(|(n, m)| ebpf.map(n).map(|loaded| (n.clone(), m.clone(), map_fd(loaded))))
+        .collect();
+    obj.relocate_maps(
+        maps.iter().map(|(n, m, fd)| (n.as_str(), *fd, m)),
+        &text_sections,
+    )
+    .map_err(|e| err(&e))?;
+    obj.relocate_calls(&text_sections).map_err(|e| err(&e))?;
+    let prog = obj.programs.get(name).ok_or_else(|| AgentError::NotInObject {
+        kind: "program",
+        name: name.to_owned(),
+    })?;
+    let function = obj
+        .functions
+        .get(&prog.function_key())
+        .ok_or_else(|| AgentError::NotInObject {
+            kind: "function",
+            name: name.to_owned(),
+        })?;
+    Ok(function.instructions.clone())
+}
+
+/// Loads program `name` as fmod_ret on the kernel function whose BTF id is `btf_id`
+/// (`target` names it in errors), attaches it and pins the link at `pin`.
+pub fn attach_pinned(
+    ebpf: &Ebpf,
+    name: &str,
+    target: &str,
+    btf_id: u32,
+    pin: &Path,
+) -> Result<(), AgentError> {
+    let insns = relocated(ebpf, name)?;
+    let license = c"GPL";
+    let mut log = vec![0u8; LOG_SIZE];
+    let mut attr = [0u8; ATTR_SIZE];
+    // prog_load: prog_type (0), insn_cnt (4), insns (8), license (16), log_level (24),
+    // log_size (28), log_buf (32), prog_name (48), expected_attach_type (68),
+    // attach_btf_id (108).
+    put_u32(&mut attr, 0, BPF_PROG_TYPE_TRACING);
+    put_u32(&mut attr, 4, insns.len() as u32);
+    put_u64(&mut attr, 8, insns.as_ptr() as u64);
+    put_u64(&mut attr, 16, license.as_ptr() as u64);
+    put_u32(&mut attr, 24, 1);
+    put_u32(&mut attr, 28, LOG_SIZE as u32);
+    put_u64(&mut attr, 32, log.as_mut_ptr() as u64);
+    let short: Vec<u8> = name.bytes().take(15).collect();
+    attr[48..48 + short.len()].copy_from_slice(&short);
+    put_u32(&mut attr, 68, BPF_MODIFY_RETURN);
+    put_u32(&mut attr, 108, btf_id);
+    let action = || format!("load {name} as fmod_ret on the kernel's {target}");
+    let prog = bpf_fd(BPF_PROG_LOAD, &mut attr).map_err(|source| {
+        let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+        let text = String::from_utf8_lossy(&log[..end]).into_owned();
+        if text.trim().is_empty() {
+            AgentError::bpf(action(), source)
+        } else {
+            AgentError::Verifier {
+                action: action(),
+                source,
+                log: text,
+            }
+        }
+    })?;
+    // raw_tracepoint: name (0, none: the attach point was given at load), prog_fd (8).
+    let mut attr = [0u8; ATTR_SIZE];
+    put_u32(&mut attr, 8, prog.as_raw_fd() as u32);
+    let link = bpf_fd(BPF_RAW_TRACEPOINT_OPEN, &mut attr)
+        .map_err(|e| AgentError::bpf(format!("attach {name} to the kernel's {target}"), e))?;
+    let c_path = CString::new(pin.as_os_str().as_encoded_bytes()).map_err(|e| AgentError::Bpf {
+        action: format!("pin the link of {name}"),
+        source: Box::new(e),
+    })?;
+    let mut attr = [0u8; ATTR_SIZE];
+    // obj_pin: pathname (0), bpf_fd (8).
+    put_u64(&mut attr, 0, c_path.as_ptr() as u64);
+    put_u32(&mut attr, 8, link.as_raw_fd() as u32);
+    bpf(BPF_OBJ_PIN, &mut attr)
+        .map_err(|e| AgentError::bpf(format!("pin the link of {name} at {}", pin.display()), e))?;
+    Ok(())
+}
