@@ -32,6 +32,17 @@ pub enum Command {
     Status(StatusOpts),
     /// Remove every pin a crashed agent left behind, and say what was removed.
     Uninstall(UninstallOpts),
+    /// Say what this kernel gives the datapath (the read guard or not, how reads are
+    /// seen) and whether `run` would bypass on it, without loading anything for good.
+    Probe(ProbeOpts),
+}
+
+/// Options of `probe`.
+#[derive(Debug, Args)]
+pub struct ProbeOpts {
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Options of `run`.
@@ -93,11 +104,14 @@ pub struct RunOpts {
     #[arg(long)]
     pub reset: bool,
     /// Bypass even where no read guard can run (kernels that refuse BPF trampoline
-    /// programs): a receiver then gets redirected bytes only once it has read with
-    /// recv, and a process seen splicing gets none from then on, but a socket read with
-    /// recv and then spliced (HAProxy's splice options, some Go proxies) while
-    /// redirected bytes wait can miss them. Without it, such a kernel is not bypassed.
-    #[arg(long)]
+    /// programs): a process seen splicing then gets no redirected bytes from its next
+    /// read on, but a socket that splices while redirected bytes wait for it (Go's
+    /// io.Copy between connections, HAProxy's splice options) can miss them. Without
+    /// it, such a kernel is not bypassed. `bypass-agent probe` says which kind of
+    /// kernel this is.
+    #[arg(long, env = "BYPASS_ALLOW_UNGUARDED", value_name = "BOOL", num_args = 0..=1,
+        default_value_t = false, default_missing_value = "true",
+        action = clap::ArgAction::Set)]
     pub allow_unguarded: bool,
     /// On exit, detach and remove the pins (`true`), or leave the datapath pinned and
     /// attached for the next agent to adopt (`false`, what a DaemonSet wants; remove it

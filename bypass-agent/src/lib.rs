@@ -12,6 +12,7 @@ pub mod error;
 mod k8s;
 mod metrics;
 mod others;
+pub mod probe;
 #[cfg(any(test, feature = "fuzz"))]
 pub mod props;
 pub mod run;
@@ -29,5 +30,6 @@ pub fn execute(command: cli::Command) -> Result<(), AgentError> {
         cli::Command::Run(opts) => run::run(*opts),
         cli::Command::Status(opts) => status::status(opts),
         cli::Command::Uninstall(opts) => uninstall::uninstall(&opts),
+        cli::Command::Probe(opts) => probe::probe(&opts),
     }
 }

@@ -63,9 +63,7 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
         pin_dir: opts.pins.pin_dir,
         cgroup,
         max_sockets: opts.max_sockets,
-        max_queued_bytes: opts
-            .max_queued_bytes
-            .resolve(datapath::tcp_rmem_max()),
+        max_queued_bytes: opts.max_queued_bytes.resolve(datapath::tcp_rmem_max()),
         small_stream_bytes: opts.small_stream_bytes,
         reset: opts.reset,
         allow_unguarded: opts.allow_unguarded,

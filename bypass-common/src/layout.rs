@@ -122,12 +122,13 @@ pub mod features {
     /// Recorded for `status`: the read guard runs (fmod_ret programs on the kernel's
     /// `security_*` functions).
     pub const GUARD_FMOD_RET: u32 = 16;
-    /// No read guard on this kernel (it refuses BPF trampoline programs: fentry, fexit,
-    /// LSM): a receiver gets redirected bytes only once it has read through `recvmsg`,
-    /// and a process seen splicing gets none from then on. Read by sk_msg.
-    pub const REQUIRE_RECVMSG: u32 = 32;
+    /// Recorded for `status` and the agent: no read guard on this kernel (it refuses
+    /// BPF trampoline programs); a process seen splicing gets no redirected bytes from
+    /// its next read on, but a socket read with recv and then spliced while redirected
+    /// bytes wait can miss them.
+    pub const NO_READ_GUARD: u32 = 32;
     /// The bits the programs look at.
-    pub const PROGRAM_BITS: u32 = REQUIRE_RECVMSG;
+    pub const PROGRAM_BITS: u32 = 0;
 }
 
 /// A 64-bit digest of what a load fixed in the globals, so a restarted agent adopts a

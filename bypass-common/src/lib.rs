@@ -67,6 +67,11 @@ pub mod control {
     /// Non-zero while the agent refuses to bypass because no read guard runs on this
     /// kernel and `--allow-unguarded` was not given (for `status`).
     pub const SLOT_REFUSED: u32 = 10;
+    /// Bytes a direction may send by TCP while it waits to come back to redirects
+    /// ([`crate::state::PassReason::lingers`]) before its connection leaves the SockHash
+    /// and runs as plain TCP; 0: never. The agent writes
+    /// [`crate::names::DEFAULT_LEAVE_AFTER`].
+    pub const SLOT_LEAVE_AFTER: u32 = 11;
     /// Number of slots.
     pub const SLOTS: u32 = 16;
 

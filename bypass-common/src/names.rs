@@ -211,6 +211,11 @@ pub const DEFAULT_SKIP_PORTS: [u16; 10] = [
 /// `net.ipv4.tcp_rmem` cannot be read: Linux's own default for its third value, the
 /// size TCP lets a receive buffer grow to (net/ipv4/tcp.c, tcp_init_mem).
 pub const DEFAULT_MAX_QUEUED_BYTES: u32 = 6 << 20;
+/// Default of [`crate::control::SLOT_LEAVE_AFTER`]: a stream still waiting to come back
+/// to redirects after this many bytes by TCP (its reader never catches up while it
+/// writes) runs better as plain TCP than as TCP inside the SockHash, which copies each
+/// write into a message first (net/ipv4/tcp_bpf.c, tcp_bpf_sendmsg).
+pub const DEFAULT_LEAVE_AFTER: u32 = 4 << 20;
 /// Kernel memory charged per waiting message when the kernel's BTF has no
 /// `struct sk_msg` size: its slab size on 6.x (kmalloc-1k).
 pub const DEFAULT_MSG_COST: u32 = 1024;

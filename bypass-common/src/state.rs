@@ -44,7 +44,7 @@ pub mod side {
 
 /// The storage value of one socket.
 ///
-/// 176 bytes, no padding (checked below).
+/// 184 bytes, no padding (checked below).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct SockState {
@@ -86,12 +86,18 @@ pub struct SockState {
     /// Messages known to be read by the peer: every message up to a checkpoint whose
     /// bytes the peer has read ([`consumed_messages`]).
     pub done_msgs: u64,
+    /// Bytes this socket has sent by TCP since its last redirect, for reasons that keep
+    /// it there until its peer catches up ([`PassReason::lingers`]): past
+    /// [`crate::control::SLOT_LEAVE_AFTER`] the connection leaves the SockHash, so a
+    /// stream that does not come back runs as plain TCP, not as TCP inside the
+    /// SockHash.
+    pub tcp_run: u64,
     /// Its socket cookie (unique on the node, never reused): a [`Link`] is this
     /// socket's only if it names this cookie on this socket's side.
     pub cookie: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<SockState>() == 176);
+const _: () = assert!(core::mem::size_of::<SockState>() == 184);
 const _: () = assert!(core::mem::align_of::<SockState>() == 8);
 
 /// Bytes a socket has read out of its ingress queue: what its `recvmsg` reads returned
@@ -135,10 +141,6 @@ pub mod rx {
     pub const SPLICE: u32 = 2;
     /// This side reads with zero-copy receive (`mmap` of the socket).
     pub const ZEROCOPY: u32 = 4;
-    /// This side has read through `recvmsg` (where the read guard cannot run, a
-    /// receiver gets redirected bytes only once it has: see
-    /// [`crate::layout::features::REQUIRE_RECVMSG`]).
-    pub const RECVMSG: u32 = 8;
     /// The bits after which this side reads only the TCP receive queue.
     pub const TCP_ONLY: u32 = SPLICE | ZEROCOPY;
 }
@@ -433,10 +435,6 @@ pub enum PassReason {
     Behind,
     /// The peer's queue would pass its bound.
     QueueFull,
-    /// The peer has not yet read through `recvmsg`, and the read guard cannot run on
-    /// this kernel: it might read with `splice(2)`, which would not see redirected
-    /// bytes.
-    Unproven,
     /// A stream of small messages (see [`small_stream_step`]): the connection leaves
     /// the SockHash, so plain TCP can coalesce them.
     SmallStream,
@@ -453,6 +451,25 @@ impl PassReason {
     pub const fn leaves(self) -> bool {
         matches!(self, PassReason::SmallStream | PassReason::PeerReadsTcp)
     }
+
+    /// Whether it keeps the direction on TCP until the peer catches up (or for good),
+    /// so the bytes it sends count towards leaving the SockHash
+    /// ([`SockState::tcp_run`]).
+    #[inline(always)]
+    pub const fn lingers(self) -> bool {
+        matches!(
+            self,
+            PassReason::Behind | PassReason::QueueFull | PassReason::PeerOptions
+        )
+    }
+}
+
+/// Adds `size` bytes sent by TCP for a lingering reason to `run`: the new run, and
+/// whether the connection should now leave the SockHash (`limit` 0: never).
+#[inline(always)]
+pub const fn tcp_run_step(run: u64, size: u64, limit: u64) -> (u64, bool) {
+    let run = run.saturating_add(size);
+    (run, limit != 0 && run >= limit)
 }
 
 /// Small sends in a row that must find the peer's queue still holding unread bytes
@@ -475,15 +492,9 @@ pub const fn small_stream_step(run: u32, peer_pending: u64) -> (u32, bool) {
 }
 
 /// The first checks of sk_msg, in order, on its copy of the link: `None` lets the
-/// message go on towards a redirect. `require_recvmsg`: the peer must have read
-/// through `recvmsg` first (no read guard on this kernel).
+/// message go on towards a redirect.
 #[inline(always)]
-pub const fn precheck(
-    enabled: bool,
-    require_recvmsg: bool,
-    link: Option<&Link>,
-    state: &SockState,
-) -> Option<PassReason> {
+pub const fn precheck(enabled: bool, link: Option<&Link>, state: &SockState) -> Option<PassReason> {
     if !enabled {
         return Some(PassReason::Disabled);
     }
@@ -511,9 +522,6 @@ pub const fn precheck(
     }
     if flags & rx::OPTION != 0 {
         return Some(PassReason::PeerOptions);
-    }
-    if require_recvmsg && flags & rx::RECVMSG == 0 {
-        return Some(PassReason::Unproven);
     }
     None
 }

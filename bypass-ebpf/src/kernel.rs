@@ -18,7 +18,7 @@ use aya_ebpf::{
     bindings::{bpf_sock, bpf_sock_ops},
     helpers::generated::bpf_skc_to_tcp_sock,
 };
-use bypass_common::{layout::features, state::receive_bound};
+use bypass_common::state::receive_bound;
 
 #[unsafe(no_mangle)]
 static BYPASS_OFF_SK_RCVLOWAT: Global<u32> = Global::new(0);
@@ -49,13 +49,6 @@ static BYPASS_HOST_NETNS: Global<u64> = Global::new(0);
 #[inline(always)]
 pub(crate) fn host_netns() -> u64 {
     BYPASS_HOST_NETNS.load()
-}
-
-/// Whether a receiver must have read through `recvmsg` before it gets redirected bytes
-/// (no read guard on this kernel).
-#[inline(always)]
-pub(crate) fn require_recvmsg() -> bool {
-    BYPASS_FEATURES.load() & features::REQUIRE_RECVMSG != 0
 }
 
 /// Kernel memory a waiting message holds besides its bytes.

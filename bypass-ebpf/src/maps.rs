@@ -5,11 +5,12 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use bypass_common::{
-    Connector, Endpoint, IpKey, Link, SockKey, SockState, control, state::LeaveEvent,
+    Connector, Endpoint, IpKey, Link, SockKey, SockState, control,
     names::{
-        DEFAULT_MAX_ADDRS, DEFAULT_MAX_CIDRS, DEFAULT_MAX_POD_NETNS, DEFAULT_MAX_SERVICE_CIDRS,
-        DEFAULT_MAX_CUT, DEFAULT_MAX_SOCKETS, EVENTS_BYTES, MAX_SKIP_PORTS, MAX_SPLICERS,
+        DEFAULT_MAX_ADDRS, DEFAULT_MAX_CIDRS, DEFAULT_MAX_CUT, DEFAULT_MAX_POD_NETNS,
+        DEFAULT_MAX_SERVICE_CIDRS, DEFAULT_MAX_SOCKETS, EVENTS_BYTES, MAX_SKIP_PORTS, MAX_SPLICERS,
     },
+    state::LeaveEvent,
     stats::STAT_SLOTS,
 };
 
@@ -85,8 +86,7 @@ pub(crate) static BYPASS_SCRATCH: PerCpuArray<Link, 1> = PerCpuArray::new();
 
 /// Connections the agent cut, by their link key (see `bypass_common::names::MAP_CUT`).
 #[btf_map]
-pub(crate) static BYPASS_CUT: HashMap<SockKey, u8, { DEFAULT_MAX_CUT as usize }> =
-    HashMap::new();
+pub(crate) static BYPASS_CUT: HashMap<SockKey, u8, { DEFAULT_MAX_CUT as usize }> = HashMap::new();
 
 /// Processes seen calling `splice(2)`, where the read guard cannot run.
 #[btf_map]

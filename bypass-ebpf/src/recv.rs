@@ -9,8 +9,7 @@
 //!   redirects only once it has read every byte sent by TCP. A reader still blocked
 //!   inside plain `tcp_recvmsg` (MSG_WAITALL) has not returned, so what it copied is
 //!   not published yet, and its peer keeps TCP;
-//! - its bound (`rx_limit`), from its receive buffer;
-//! - that it reads through `recvmsg` at all (`rx::RECVMSG`).
+//! - its bound (`rx_limit`), from its receive buffer.
 
 use core::{
     ffi::c_void,
@@ -112,17 +111,14 @@ fn publish(state: &mut SockState, total: u64, r: &kernel::Reading) {
         }
         write_volatile(addr_of_mut!((*ptr).rx_copied[me]), r.copied_seq);
         write_volatile(addr_of_mut!((*ptr).rx_limit[me]), r.rx_limit);
-        let mut set = rx::RECVMSG;
         // Where the read guard cannot run: a process that splices gets no redirected
         // bytes from now on (its peer takes TCP, and this reads what waits first).
         // SAFETY: no arguments.
         let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-        if BYPASS_SPLICERS.get_ptr(&tgid).is_some() {
-            set |= rx::SPLICE;
-        }
-        let before = read_volatile(addr_of!((*ptr).rx_flags[me]));
-        if before & set != set {
-            atomic::or_u32(addr_of_mut!((*ptr).rx_flags[me]), set);
+        if BYPASS_SPLICERS.get_ptr(&tgid).is_some()
+            && read_volatile(addr_of!((*ptr).rx_flags[me])) & rx::SPLICE == 0
+        {
+            atomic::or_u32(addr_of_mut!((*ptr).rx_flags[me]), rx::SPLICE);
         }
     }
     leave::check_cut(state, ptr);

@@ -17,8 +17,8 @@ use aya_ebpf::{
 use bypass_common::{
     Link, SockState, Stat, control,
     state::{
-        PassReason, caught_up, charge, consumed_messages, link_state, pending, precheck, rx,
-        side, small_stream_step, within_limit,
+        PassReason, caught_up, charge, consumed_messages, link_state, pending, precheck, rx, side,
+        small_stream_step, tcp_run_step, within_limit,
     },
     tx_mode,
 };
@@ -92,10 +92,7 @@ fn try_redirect(ctx: &SkMsgContext, size: u64) -> Result<u32, PassReason> {
 /// A control word (0 when the slot cannot be read).
 #[inline(always)]
 fn control_word(slot: u32) -> u32 {
-    crate::maps::BYPASS_CONTROL
-        .get(slot)
-        .copied()
-        .unwrap_or(0)
+    crate::maps::BYPASS_CONTROL.get(slot).copied().unwrap_or(0)
 }
 
 // Keys are passed by reference on purpose: by value they would be copied onto the
@@ -120,12 +117,53 @@ fn decide(
     {
         return Err(PassReason::Leaving);
     }
-    if let Some(reason) = precheck(enabled, kernel::require_recvmsg(), link.as_ref(), state) {
+    if let Some(reason) = precheck(enabled, link.as_ref(), state) {
+        if let (Some(p), true) = (ptr, reason.lingers()) {
+            linger(state, p, size);
+        }
         return Err(reason);
     }
     let (Some(link), Some(ptr)) = (link, ptr) else {
         return Err(PassReason::Unpaired);
     };
+    let verdict = checked(ctx, sk, state, size, &link, ptr);
+    match verdict {
+        Ok(_) => state.tcp_run = 0,
+        Err(reason) if reason.lingers() => linger(state, ptr, size),
+        Err(_) => {}
+    }
+    verdict
+}
+
+/// Counts `size` bytes sent by TCP while the direction waits to come back; past the
+/// limit the connection leaves the SockHash.
+#[inline(always)]
+fn linger(state: &mut SockState, ptr: *mut Link, size: u64) {
+    let (run, leave) = tcp_run_step(
+        state.tcp_run,
+        size,
+        u64::from(control_word(control::SLOT_LEAVE_AFTER)),
+    );
+    state.tcp_run = run;
+    if leave {
+        leave::request(ptr, &state.link);
+    }
+}
+
+/// The checks after the link was found to be this socket's: the peer's progress, the
+/// bound, the small-stream rule, then the claim and the redirect.
+// Keys are passed by reference on purpose: by value they would be copied onto the
+// 512-byte BPF stack.
+#[allow(clippy::needless_borrows_for_generic_args)]
+#[inline(always)]
+fn checked(
+    ctx: &SkMsgContext,
+    sk: *mut bpf_sock,
+    state: &mut SockState,
+    size: u64,
+    link: &Link,
+    ptr: *mut Link,
+) -> Result<u32, PassReason> {
     let me = side::index(state.side);
     let peer = side::peer_index(state.side);
     let own = kernel::sending(sk).ok_or(PassReason::Unpaired)?;

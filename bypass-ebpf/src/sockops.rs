@@ -211,6 +211,7 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
     state.cp_msgs = 0;
     state.cp_redir = 0;
     state.done_msgs = 0;
+    state.tcp_run = 0;
     state.cookie = cookie;
     // The state callback withdraws what the socket published when it closes, so the
     // maps cannot fill with dead sockets (include/uapi/linux/bpf.h,

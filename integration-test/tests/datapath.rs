@@ -38,7 +38,7 @@ fn dual_stack_listener_ipv4_client_bypassed() -> Result<()> {
     privileged!("dual_stack_listener_ipv4_client_bypassed");
     let pods = TwoPods::new()?;
     let agent = Agent::start(&pods.agent_opts())?;
-    let args = ClientArgs::bulk(MIB64).paired_first();
+    let args = ClientArgs::bulk(MIB64).greeted();
     // [::]:port accepts IPv4 as ::ffff:a.b.c.d; the key encoding must meet the client's.
     let listen = SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 5003);
     let x = exchange(&pods, &agent, listen, pods.b.v4_addr(5003), &args)?;

@@ -1,9 +1,10 @@
 //! Small-message streams. A redirect costs the reader one ingress-queue entry and one
-//! wake-up per message; with `--small-stream-bytes N`, a direction whose sends under N
-//! bytes keep finding the peer behind on its reading takes the TCP path for good,
-//! while request/response traffic (the peer has read everything before it answers)
-//! keeps the redirect at every size. Off by default (the bench shows where it wins and
-//! where it loses). Either way every byte arrives once and in order.
+//! wake-up per message, where plain TCP coalesces small writes; a direction whose sends
+//! under `--small-stream-bytes` (256 by default) keep finding the peer behind on its
+//! reading makes its connection leave the SockHash: once each side has read what was
+//! redirected to it the agent deletes both sockets from it, and they run as plain TCP.
+//! Request/response traffic (the peer has read everything before it answers) keeps the
+//! redirect at every size. Either way every byte arrives once and in order.
 
 mod support;
 
@@ -11,7 +12,7 @@ use support::privileged;
 
 use anyhow::{Result, ensure};
 use support::exchange::{Exchange, assert_bypassed, assert_byte_exact, exchange_with};
-use support::{agent_with, num, queue_bound_off, two_pods};
+use support::{ProbeServer, agent_with, num, probe_report, spawn_probe_client, two_pods};
 use testbed::{Agent, AgentStatus, ClientArgs, ServerArgs, TwoPods};
 
 /// One-byte writes, 256 KiB of them, to a server that starts reading only after 200 ms:
@@ -46,47 +47,76 @@ fn grew(before: &AgentStatus, after: &AgentStatus, f: fn(&AgentStatus) -> u64) -
     f(after).saturating_sub(f(before))
 }
 
+/// One-byte writes to a reader that reads none yet: the rule sees a stream, the
+/// connection leaves the SockHash once the reader has caught up, and what follows goes
+/// by plain TCP (no program sees it; the veths carry it). The test waits for what it
+/// observes: the probe marks when its first half is written, the agent's `left` counter
+/// says the connection is out, then the probe writes the second half.
 #[test]
-fn small_message_stream_takes_tcp_in_order() -> Result<()> {
-    privileged!("small_message_stream_takes_tcp_in_order");
+fn small_message_stream_leaves_the_sockhash_in_order() -> Result<()> {
+    privileged!("small_message_stream_leaves_the_sockhash_in_order");
     let pods = two_pods()?;
-    let agent = agent_with(&pods, &["--small-stream-bytes", "256"])?;
+    let agent = agent_with(&pods, &[])?;
     let st = agent.status()?;
-    if let Some(why) = queue_bound_off(&agent)? {
-        // No measurement of the peer's queue, so no rule: the stream stays redirected.
-        eprintln!("queue not measurable ({why}): the small-stream rule is off");
-        ensure!(num(&st, "small_stream_bytes") == 0, "{st}");
-        let (args, server) = stream_of_small_writes();
-        let args = args.paired_first();
-        let x = to_pod_b(&pods, &agent, 5401, &args, &server)?;
-        assert_byte_exact(&x, &args)?;
-        return assert_bypassed(&x, &args);
-    }
     ensure!(
         num(&st, "small_stream_bytes") == 256,
-        "status does not show the small-stream size asked for: {st}"
+        "the small-stream rule is not on by default: {st}"
     );
-    let (args, server) = stream_of_small_writes();
-    let x = to_pod_b(&pods, &agent, 5401, &args, &server)?;
-    assert_byte_exact(&x, &args)?;
-    let passed = grew(&x.before, &x.after, |s| s.counters.passed_bytes);
+    let dir = std::env::temp_dir().join(format!("{}-leave", pods.tag()));
+    std::fs::create_dir_all(&dir)?;
+    let file = |n: &str| dir.join(n).display().to_string();
+    let half = 16 * 1024;
+    let addr = pods.b.v4_addr(5405);
+    let common = ["--case", "small-leave", "--bytes", "16K"];
+    let with = |extra: &[&str]| -> Vec<String> {
+        common
+            .iter()
+            .chain(extra)
+            .map(|s| (*s).to_owned())
+            .collect()
+    };
+    let before = agent.stats()?;
+    let result = (|| -> Result<(serde_json::Value, serde_json::Value, AgentStatus, u64)> {
+        let server = ProbeServer::start(&pods.b, addr, &with(&["--wait-file", &file("sent")]))?;
+        let client = spawn_probe_client(
+            &pods.a,
+            addr,
+            &with(&["--mark-file", &file("sent"), "--go-file", &file("go")]),
+        )?;
+        support::wait_file(std::path::Path::new(&file("sent")))?;
+        let out = agent.wait_for(
+            std::time::Duration::from_secs(30),
+            "the connection to leave",
+            |s| s.counters.left > before.counters.left,
+        )?;
+        let wire = pods.wire_bytes()?;
+        std::fs::write(file("go"), b"")?;
+        Ok((probe_report(client)?, server.wait()?, out, wire))
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    let (c, s, left, wire_at_leave) = result?;
+    let after = agent.stats()?;
     ensure!(
-        grew(&x.before, &x.after, |s| s.counters.small_streams) == 1,
-        "small_streams grew by {}, want 1 (the client's direction): {:?}",
-        grew(&x.before, &x.after, |s| s.counters.small_streams),
-        x.after
+        s["ok"] == true && num(&s, "received") == 2 * half && num(&c, "sent") == 2 * half,
+        "bytes lost, duplicated or reordered: client {c}, server {s}"
     );
-    // The first few writes were redirected before the rule saw a stream; the rest went
-    // by TCP, on the veths.
     ensure!(
-        passed >= args.send * 99 / 100,
-        "only {passed} of {} B took TCP",
-        args.send
+        grew(&before, &after, |s| s.counters.small_streams) == 1,
+        "small_streams: {after:?}"
     );
     ensure!(
-        x.wire >= args.send,
-        "the veths carried {} B: the stream did not take TCP",
-        x.wire
+        left.sockets == before.sockets,
+        "the two sockets are still in the SockHash: {left:?}"
+    );
+    // The second half went by plain TCP: no program counted it, the veths carried it.
+    let seen = |s: &AgentStatus| s.counters.passed_bytes + s.counters.redirected_bytes;
+    ensure!(
+        seen(&after) == seen(&left),
+        "the programs still saw bytes after the connection left: {left:?} -> {after:?}"
+    );
+    ensure!(
+        pods.wire_bytes()? >= wire_at_leave + half,
+        "the veths did not carry the second half"
     );
     Ok(())
 }
@@ -95,7 +125,7 @@ fn small_message_stream_takes_tcp_in_order() -> Result<()> {
 fn length_prefixed_records_keep_redirect() -> Result<()> {
     privileged!("length_prefixed_records_keep_redirect");
     let pods = two_pods()?;
-    let agent = agent_with(&pods, &["--small-stream-bytes", "256"])?;
+    let agent = agent_with(&pods, &[])?;
     // A 4-byte length before each 16 KiB record, to a reader that lags: each length
     // finds the queue unread, but the records between them are not small.
     let args = ClientArgs {
@@ -105,7 +135,7 @@ fn length_prefixed_records_keep_redirect() -> Result<()> {
         prefix: 4,
         ..ClientArgs::default()
     }
-    .paired_first();
+    .greeted();
     let server = ServerArgs {
         reply_delay_ms: 200,
         ..ServerArgs::new(1)
@@ -125,10 +155,10 @@ fn length_prefixed_records_keep_redirect() -> Result<()> {
 fn small_message_ping_pong_keeps_redirect() -> Result<()> {
     privileged!("small_message_ping_pong_keeps_redirect");
     let pods = two_pods()?;
-    let agent = agent_with(&pods, &["--small-stream-bytes", "256"])?;
+    let agent = agent_with(&pods, &[])?;
     // Each side answers only after reading the whole message: every send finds the
     // peer's queue read.
-    let args = ClientArgs::pingpong(5000, 1);
+    let args = ClientArgs::pingpong(5000, 1).greeted();
     let x = to_pod_b(&pods, &agent, 5402, &args, &ServerArgs::new(1))?;
     ensure!(x.client.ok && x.server.ok, "{x:#?}");
     ensure!(
@@ -141,29 +171,18 @@ fn small_message_ping_pong_keeps_redirect() -> Result<()> {
         "a ping-pong was taken for a stream: {:?}",
         x.after
     );
-    // The client's first send can race its pairing (the server pairs when its own end
-    // is established): then that direction keeps TCP from its first byte, as the ordering
-    // rule says, and `unpaired_sends` tells. The server's answers are still redirected.
-    let passed = grew(&x.before, &x.after, |s| s.counters.passed_bytes);
-    let client_unpaired = grew(&x.before, &x.after, |s| s.counters.unpaired_sends) == 1;
-    let client_bytes = x.client.bytes_sent + 64;
-    if client_unpaired {
-        eprintln!("the client's first send raced its pairing: its direction took TCP");
-    }
+    // Greeted: both sides paired and each has read what the other sent, so every
+    // message of the ping-pong is redirected.
     ensure!(
-        passed == 0 || (client_unpaired && passed <= client_bytes),
-        "{passed} B took TCP: {:?}",
+        grew(&x.before, &x.after, |s| s.counters.redirected_bytes)
+            >= x.client.bytes_sent + x.server.bytes_sent,
+        "not every message was redirected: {:?}",
         x.after
     );
+    // One-byte messages went socket to socket: the wire carried the handshake, the
+    // greeting and the close, not a segment per message.
     ensure!(
-        grew(&x.before, &x.after, |s| s.counters.redirected_bytes) >= x.server.bytes_sent,
-        "the server's answers were not all redirected: {:?}",
-        x.after
-    );
-    // One-byte messages went socket to socket: the wire carried the handshake and the
-    // close, not a segment per message.
-    ensure!(
-        client_unpaired || x.wire < 10_000,
+        x.wire < 10_000,
         "the veths carried {} B for 10,000 one-byte messages",
         x.wire
     );
@@ -171,14 +190,14 @@ fn small_message_ping_pong_keeps_redirect() -> Result<()> {
 }
 
 #[test]
-fn small_stream_rule_off_by_default() -> Result<()> {
-    privileged!("small_stream_rule_off_by_default");
+fn small_stream_rule_can_be_turned_off() -> Result<()> {
+    privileged!("small_stream_rule_can_be_turned_off");
     let pods = two_pods()?;
-    let agent = Agent::start(&pods.agent_opts())?;
+    let agent = agent_with(&pods, &["--small-stream-bytes", "0"])?;
     let st = agent.status()?;
     ensure!(num(&st, "small_stream_bytes") == 0, "{st}");
     let (args, server) = stream_of_small_writes();
-    let args = args.paired_first();
+    let args = args.greeted();
     let x = to_pod_b(&pods, &agent, 5403, &args, &server)?;
     assert_byte_exact(&x, &args)?;
     assert_bypassed(&x, &args)?;

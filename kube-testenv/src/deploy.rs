@@ -61,6 +61,21 @@ impl Kubectl {
         .map(drop)
     }
 
+    /// What an operator does on nodes whose kernel has no read guard (`bypass-agent
+    /// probe`): `kubectl set env` of `BYPASS_ALLOW_UNGUARDED=true` on the agent's
+    /// DaemonSet (`--allow-unguarded`), and the rollout waited for.
+    pub fn allow_unguarded(&self) -> Result<()> {
+        self.run(&[
+            "-n",
+            AGENT_NS,
+            "set",
+            "env",
+            AGENT_DS,
+            "BYPASS_ALLOW_UNGUARDED=true",
+        ])?;
+        self.wait_rollout()
+    }
+
     /// `kubectl apply -k <deploy>`, and the rollout waited for.
     pub fn apply_deploy(&self, deploy: &Path) -> Result<()> {
         self.run(&["apply", "-k", &deploy.display().to_string()])?;

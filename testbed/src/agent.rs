@@ -148,7 +148,9 @@ impl std::fmt::Debug for Agent {
 }
 
 impl Agent {
-    /// Starts the agent and waits until `status` reports it attached.
+    /// Starts the agent and waits until `status` reports it attached, or that it
+    /// refused to attach (a kernel without a read guard, no `--allow-unguarded`: see
+    /// [`Agent::refused`]).
     pub fn start(opts: &AgentOpts) -> Result<Self> {
         let bin = agent_bin();
         let mut child = Command::new(&bin)
@@ -187,7 +189,7 @@ impl Agent {
                 );
             }
             if let Ok(s) = self.stats()
-                && s.attached
+                && (s.attached || s.refused.is_some())
             {
                 return Ok(());
             }
@@ -199,6 +201,32 @@ impl Agent {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Polls `status` until `done` holds (what the test observes, not a sleep), at most
+    /// `timeout`; fails naming `what` with the last status.
+    pub fn wait_for(
+        &self,
+        timeout: Duration,
+        what: &str,
+        done: impl Fn(&AgentStatus) -> bool,
+    ) -> Result<AgentStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let st = self.stats()?;
+            if done(&st) {
+                return Ok(st);
+            }
+            if Instant::now() > deadline {
+                bail!("waited {timeout:?} for {what}: {st:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Why the agent runs without attaching its sock_ops program, if it refused to.
+    pub fn refused(&self) -> Result<Option<String>> {
+        Ok(self.stats()?.refused)
     }
 
     /// Its pid.
@@ -287,6 +315,26 @@ impl Drop for Agent {
             eprintln!("testbed: cleanup: {e:#}");
         }
     }
+}
+
+/// What `bypass-agent probe` finds on this kernel.
+pub type KernelProbe = bypass_agent::probe::Probe;
+
+/// `bypass-agent probe --json`: whether this kernel has the read guard, so whether the
+/// agent bypasses on it without `--allow-unguarded`.
+pub fn kernel_probe() -> Result<KernelProbe> {
+    let out = run_agent(&["probe", "--json"], Duration::from_secs(60))?;
+    ensure!(
+        out.status.success(),
+        "bypass-agent probe failed: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    serde_json::from_slice(&out.stdout).with_context(|| {
+        format!(
+            "parse bypass-agent probe --json: {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
 }
 
 /// `bypass-agent status --json --pin-dir DIR`, parsed.

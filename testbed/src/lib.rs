@@ -48,7 +48,7 @@ pub mod steps;
 pub mod tools;
 pub mod topology;
 
-pub use agent::{Agent, AgentExit, AgentOpts, AgentStatus};
+pub use agent::{Agent, AgentExit, AgentOpts, AgentStatus, KernelProbe, kernel_probe};
 pub use cgroup::CgroupGuard;
 pub use link::{Bridge, LinkCounters, Veth};
 pub use netns::Netns;

@@ -111,7 +111,10 @@ fn relocated(ebpf: &Ebpf, name: &str) -> Result<Vec<bpf_insn>, AgentError> {
     let maps: Vec<(String, aya_obj::Map, i32)> = obj
         .maps
         .iter()
-        .filter_map(|(n, m)| ebpf.map(n).map(|loaded| (n.clone(), m.clone(), map_fd(loaded))))
+        .filter_map(|(n, m)| {
+            ebpf.map(n)
+                .map(|loaded| (n.clone(), m.clone(), map_fd(loaded)))
+        })
         .collect();
     obj.relocate_maps(
         maps.iter().map(|(n, m, fd)| (n.as_str(), *fd, m)),
@@ -119,17 +122,20 @@ fn relocated(ebpf: &Ebpf, name: &str) -> Result<Vec<bpf_insn>, AgentError> {
     )
     .map_err(|e| err(&e))?;
     obj.relocate_calls(&text_sections).map_err(|e| err(&e))?;
-    let prog = obj.programs.get(name).ok_or_else(|| AgentError::NotInObject {
-        kind: "program",
-        name: name.to_owned(),
-    })?;
-    let function = obj
-        .functions
-        .get(&prog.function_key())
+    let prog = obj
+        .programs
+        .get(name)
         .ok_or_else(|| AgentError::NotInObject {
-            kind: "function",
+            kind: "program",
             name: name.to_owned(),
         })?;
+    let function =
+        obj.functions
+            .get(&prog.function_key())
+            .ok_or_else(|| AgentError::NotInObject {
+                kind: "function",
+                name: name.to_owned(),
+            })?;
     Ok(function.instructions.clone())
 }
 

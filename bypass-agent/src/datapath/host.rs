@@ -77,7 +77,10 @@ mod tests {
 
     #[test]
     fn tcp_rmem_max() {
-        assert_eq!(parse_tcp_rmem_max("4096\t131072\t6291456\n"), Some(6_291_456));
+        assert_eq!(
+            parse_tcp_rmem_max("4096\t131072\t6291456\n"),
+            Some(6_291_456)
+        );
         assert_eq!(parse_tcp_rmem_max("4096 131072"), None);
         assert_eq!(parse_tcp_rmem_max(""), None);
     }

@@ -241,10 +241,23 @@ mod tests {
         assert_eq!(step(None), Step::Forget);
         let not_leaving = Link::default();
         assert_eq!(step(Some(&not_leaving)), Step::Forget);
-        assert_eq!(step(Some(&leaving([10, 0], [0, 9]))), Step::Wait, "server behind");
-        assert_eq!(step(Some(&leaving([10, 5], [4, 10]))), Step::Wait, "client behind");
+        assert_eq!(
+            step(Some(&leaving([10, 0], [0, 9]))),
+            Step::Wait,
+            "server behind"
+        );
+        assert_eq!(
+            step(Some(&leaving([10, 5], [4, 10]))),
+            Step::Wait,
+            "client behind"
+        );
         let done = leaving([10, 5], [5, 10]);
-        assert_eq!(step(Some(&done)), Step::Delete { server: done.server });
+        assert_eq!(
+            step(Some(&done)),
+            Step::Delete {
+                server: done.server
+            }
+        );
         assert_eq!(
             step(Some(&leaving([0, 0], [0, 0]))),
             Step::Delete {

@@ -180,12 +180,11 @@ fn attach_hook(
             let id = p
                 .attach("syscalls", &format!("sys_enter_{}", hook.target))
                 .map_err(load_err)?;
-            p.take_link(id)
-                .map_err(load_err)?
-                .try_into()
-                .map_err(|e: aya::programs::links::LinkError| {
+            p.take_link(id).map_err(load_err)?.try_into().map_err(
+                |e: aya::programs::links::LinkError| {
                     AgentError::bpf(format!("pin the link of {name}"), e)
-                })?
+                },
+            )?
         }
     };
     let path = pins.link(name);

@@ -195,12 +195,11 @@ impl Stats {
         if let Some(first) = values.first_mut() {
             *first = first.wrapping_add(n);
         }
-        let values = aya::maps::PerCpuValues::try_from(values)
-            .map_err(|e| AgentError::Io {
-                action: "build the per-CPU values of",
-                path: std::path::PathBuf::from(names::MAP_STATS),
-                source: e,
-            })?;
+        let values = aya::maps::PerCpuValues::try_from(values).map_err(|e| AgentError::Io {
+            action: "build the per-CPU values of",
+            path: std::path::PathBuf::from(names::MAP_STATS),
+            source: e,
+        })?;
         self.0.set(stat.index(), values, 0).map_err(err)
     }
 
@@ -354,6 +353,12 @@ impl Control {
     /// The size under which a stream of sends takes the TCP path (0: never).
     pub fn small_stream(&self) -> Result<u32, AgentError> {
         self.get(control::SLOT_SMALL_STREAM)
+    }
+
+    /// Sets how many bytes a direction may send by TCP while it waits to come back
+    /// before its connection leaves the SockHash (0: never).
+    pub fn set_leave_after(&mut self, bytes: u32) -> Result<(), AgentError> {
+        self.set(control::SLOT_LEAVE_AFTER, bytes)
     }
 
     /// Records whether the agent refuses to bypass this node.

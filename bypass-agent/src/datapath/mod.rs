@@ -38,16 +38,16 @@ pub use bypass_common::Counters;
 use bypass_common::{
     SockKey,
     names::{
-        MAP_CONNECTORS, MAP_CONTROL, MAP_CUT, MAP_EXCLUDED_ADDRS, MAP_LINKS, MAP_POD_ADDRS, MAP_POD_CIDRS,
-        MAP_POD_NETNS, MAP_SERVICE_CIDRS, MAP_SKIP_PORTS, MAP_SOCKETS, MAP_STATS, PIN_LINK_SOCKOPS,
-        PIN_LINK_SOCKOPT, PROG_SOCKOPS, PROG_SOCKOPT,
+        MAP_CONNECTORS, MAP_CONTROL, MAP_CUT, MAP_EXCLUDED_ADDRS, MAP_LINKS, MAP_POD_ADDRS,
+        MAP_POD_CIDRS, MAP_POD_NETNS, MAP_SERVICE_CIDRS, MAP_SKIP_PORTS, MAP_SOCKETS, MAP_STATS,
+        PIN_LINK_SOCKOPS, PIN_LINK_SOCKOPT, PROG_SOCKOPS, PROG_SOCKOPT,
     },
 };
 pub use fs::{find_cgroup2_mount, find_host_cgroup2, find_mount};
 pub use host::{kernel_release, tcp_rmem_max};
 pub use maps::{Identity, Pairings, PinnedView, PodMaps, count_keys as count_sockets};
 pub use pins::PinLayout;
-pub use plan::LoadPlan;
+pub use plan::{LoadPlan, ReadGuard};
 use tracing::{info, warn};
 
 use crate::error::AgentError;
@@ -192,10 +192,10 @@ impl Datapath {
         control.set_max_queued(max_queued)?;
         let small_stream = config.small_stream_bytes;
         control.set_small_stream(small_stream)?;
+        control.set_leave_after(bypass_common::names::DEFAULT_LEAVE_AFTER)?;
         // What the pinned programs were loaded with (an adopted datapath: the previous
         // agent's load, same build and same host, so the same plan).
-        let unguarded =
-            control.features()? & bypass_common::layout::features::REQUIRE_RECVMSG != 0;
+        let unguarded = control.features()? & bypass_common::layout::features::NO_READ_GUARD != 0;
         let refused = (unguarded && !config.allow_unguarded).then_some(REFUSED_UNGUARDED);
         control.set_refused(refused.is_some())?;
         let leaver = leaver::Leaver::start(&pins)?;
@@ -382,9 +382,9 @@ impl Datapath {
 
 /// Why a kernel without a read guard is not bypassed unless allowed.
 pub const REFUSED_UNGUARDED: &str = "no read guard on this kernel (it refuses BPF trampoline \
-    programs): a program that reads a bypassed socket with \
-    recv and then splices it could miss redirected bytes; pass --allow-unguarded to bypass \
-    anyway, where no workload does that";
+    programs): a program that reads a bypassed socket with splice(2) (Go's io.Copy between \
+    connections, HAProxy's splice options) could miss redirected bytes; pass \
+    --allow-unguarded to bypass anyway, where no workload splices";
 
 /// Pins `link` at `path`.
 fn pin_link(link: FdLink, path: &std::path::Path) -> Result<PinnedLink, AgentError> {

@@ -18,11 +18,10 @@ pub enum ReadGuard {
     /// splice or a mapping of a bypassed socket while bytes redirected to it are unread
     /// (kernels that run BPF trampolines).
     Guard,
-    /// No guard can run (the kernel refuses BPF trampolines): a receiver gets
-    /// redirected bytes only once it has read through `recvmsg`, and a process seen
-    /// splicing gets none from then on. A socket read with recv, then spliced while
-    /// redirected bytes wait, can miss them: the agent bypasses such a kernel only with
-    /// `--allow-unguarded`.
+    /// No guard can run (the kernel refuses BPF trampolines): a process seen splicing
+    /// gets no redirected bytes from its next read on, but a socket that splices while
+    /// redirected bytes wait for it (from its start, or after reading with recv) can
+    /// miss them: the agent bypasses such a kernel only with `--allow-unguarded`.
     Watch,
 }
 
@@ -73,7 +72,7 @@ impl LoadPlan {
         }
         f |= match hooks.guard {
             ReadGuard::Guard => features::GUARD_FMOD_RET,
-            ReadGuard::Watch => features::REQUIRE_RECVMSG,
+            ReadGuard::Watch => features::NO_READ_GUARD,
         };
         Ok(Self {
             layout,
@@ -119,10 +118,8 @@ fn detect_hooks() -> Result<Hooks, AgentError> {
         ReadGuard::Guard
     } else {
         tracing::warn!(
-            "no read guard on this kernel (it refuses BPF trampoline programs): a receiver \
-             gets redirected bytes only once it has read with recv, and a process seen \
-             splicing gets none from then on; a socket read with recv and then spliced \
-             while redirected bytes wait could miss them"
+            "no read guard on this kernel (it refuses BPF trampoline programs): a socket \
+             that splices while redirected bytes wait for it could miss them"
         );
         ReadGuard::Watch
     };

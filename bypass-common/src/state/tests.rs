@@ -143,18 +143,18 @@ fn links_are_used_only_by_their_two_sockets() {
 fn precheck_order() {
     let (client, server, link) = pair();
     assert_eq!(
-        precheck(false, false, Some(&link), &client),
+        precheck(false, Some(&link), &client),
         Some(PassReason::Disabled)
     );
-    assert_eq!(precheck(true, false, None, &client), Some(PassReason::Unpaired));
-    assert_eq!(precheck(true, false, Some(&link), &client), None);
+    assert_eq!(precheck(true, None, &client), Some(PassReason::Unpaired));
+    assert_eq!(precheck(true, Some(&link), &client), None);
     let leaving = Link {
         state: link_state::LEAVING,
         rx_flags: [rx::OPTION, rx::OPTION],
         ..link
     };
     assert_eq!(
-        precheck(true, false, Some(&leaving), &client),
+        precheck(true, Some(&leaving), &client),
         Some(PassReason::Leaving)
     );
     let server_closed = Link {
@@ -162,11 +162,11 @@ fn precheck_order() {
         ..link
     };
     assert_eq!(
-        precheck(true, false, Some(&server_closed), &client),
+        precheck(true, Some(&server_closed), &client),
         Some(PassReason::PeerClosed)
     );
     assert_eq!(
-        precheck(true, false, Some(&server_closed), &server),
+        precheck(true, Some(&server_closed), &server),
         None,
         "a socket's own close is not its peer's"
     );
@@ -175,11 +175,11 @@ fn precheck_order() {
         ..link
     };
     assert_eq!(
-        precheck(true, false, Some(&picky), &client),
+        precheck(true, Some(&picky), &client),
         Some(PassReason::PeerOptions)
     );
     assert_eq!(
-        precheck(true, false, Some(&picky), &server),
+        precheck(true, Some(&picky), &server),
         None,
         "a socket's own receive options do not stop its sends"
     );
@@ -188,7 +188,7 @@ fn precheck_order() {
         ..link
     };
     assert_eq!(
-        precheck(true, false, Some(&splicing), &server),
+        precheck(true, Some(&splicing), &server),
         Some(PassReason::PeerReadsTcp)
     );
     let mapped = Link {
@@ -196,27 +196,8 @@ fn precheck_order() {
         ..link
     };
     assert_eq!(
-        precheck(true, false, Some(&mapped), &server),
+        precheck(true, Some(&mapped), &server),
         Some(PassReason::PeerReadsTcp)
-    );
-}
-
-#[test]
-fn unproven_readers_wait_where_no_guard_runs() {
-    let (client, _, link) = pair();
-    assert_eq!(
-        precheck(true, true, Some(&link), &client),
-        Some(PassReason::Unproven)
-    );
-    let proven = Link {
-        rx_flags: [0, rx::RECVMSG],
-        ..link
-    };
-    assert_eq!(precheck(true, true, Some(&proven), &client), None);
-    assert_eq!(
-        precheck(true, false, Some(&link), &client),
-        None,
-        "with the guard, no proof is asked"
     );
 }
 
@@ -245,6 +226,19 @@ fn leaving_reasons() {
     ] {
         assert!(!r.leaves(), "{r:?} comes back to redirects");
     }
+}
+
+#[test]
+fn a_direction_stuck_on_tcp_leaves() {
+    assert!(PassReason::Behind.lingers() && PassReason::QueueFull.lingers());
+    assert!(
+        !PassReason::Disabled.lingers(),
+        "detached: nothing to leave for"
+    );
+    assert!(!PassReason::Unpaired.lingers(), "no link to leave by");
+    assert_eq!(tcp_run_step(0, 100, 1000), (100, false));
+    assert_eq!(tcp_run_step(900, 100, 1000), (1000, true));
+    assert_eq!(tcp_run_step(5000, 100, 0), (5100, false), "0 is never");
 }
 
 #[test]

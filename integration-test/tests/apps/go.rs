@@ -63,9 +63,18 @@ pub fn ensure_exact(what: &str, r: &StreamReport, bytes: u64, delta: &Delta) -> 
     Ok(())
 }
 
+/// A splicing relay runs under the agent as users start it: refused where the kernel
+/// has no read guard, guarded where it has one.
+fn bed_for(relay: Relay) -> Result<Bed> {
+    match relay {
+        Relay::Copy => Bed::as_users_run(),
+        Relay::ReadWrite => Bed::new(),
+    }
+}
+
 /// A Go echo in pod b, one gated connection from pod a.
 fn echo(relay: Relay) -> Result<()> {
-    let bed = Bed::new()?;
+    let bed = bed_for(relay)?;
     let mut server = GoServer::echo(bed.b(), bed.pods.b.v4_addr(ECHO_PORT), relay)?;
     let check = StreamCheck::echo(server.addr(), 1, ECHO_BYTES, CLIENT_TIMEOUT);
     let gate = Gate::new()?;
@@ -76,10 +85,7 @@ fn echo(relay: Relay) -> Result<()> {
     let what = format!("go echo ({relay:?})");
     ensure_exact(&what, &report, ECHO_BYTES, &delta)?;
     match relay {
-        Relay::Copy => {
-            eprintln!("{what}: {}", delta.summary());
-            delta.expect_paired(&what, 1)
-        }
+        Relay::Copy => delta.expect_spliced_to_tcp(&what, 1),
         Relay::ReadWrite => delta.expect_bypassed(&what, 1, 2 * ECHO_BYTES),
     }
 }
@@ -95,7 +101,7 @@ pub fn read_write_echo_exact() -> Result<()> {
 /// Pod a's clients → the proxy in pod b → the sink in pod a; each connection's bytes
 /// vouched for by the sink's SHA-256.
 fn l4_proxy(relay: Relay) -> Result<()> {
-    let bed = Bed::new()?;
+    let bed = bed_for(relay)?;
     let mut sink = GoServer::sink(bed.a(), bed.pods.a.v4_addr(SINK_PORT))?;
     let mut proxy = GoServer::l4proxy(bed.b(), bed.pods.b.v4_addr(PROXY_PORT), sink.addr(), relay)?;
     let check = StreamCheck {
@@ -113,10 +119,7 @@ fn l4_proxy(relay: Relay) -> Result<()> {
     let what = format!("go L4 proxy ({relay:?}) to a digest sink");
     ensure_exact(&what, &report, PROXY_BYTES, &delta)?;
     match relay {
-        Relay::Copy => {
-            eprintln!("{what}: {}", delta.summary());
-            delta.expect_paired(&what, hops)
-        }
+        Relay::Copy => delta.expect_spliced_to_tcp(&what, hops),
         // Both hops carry the bytes.
         Relay::ReadWrite => delta.expect_bypassed(&what, hops, 2 * report.bytes_sent),
     }

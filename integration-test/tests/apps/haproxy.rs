@@ -24,7 +24,11 @@ const STREAM_BYTES: u64 = 8 << 20;
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(20);
 
 fn echo_through(splice: Splice) -> Result<()> {
-    let bed = Bed::new()?;
+    // Splicing: the agent as users start it (see `Bed::as_users_run`).
+    let bed = match splice {
+        Splice::Off => Bed::new()?,
+        Splice::Auto | Splice::Forced => Bed::as_users_run()?,
+    };
     let mut echo = GoServer::echo(bed.a(), bed.pods.a.v4_addr(ECHO_PORT), Relay::ReadWrite)?;
     let mut proxy = Haproxy::start(bed.b(), bed.pods.b.v4_addr(PROXY_PORT), echo.addr(), splice)?;
     let check = StreamCheck::echo(proxy.addr(), STREAMS, STREAM_BYTES, CLIENT_TIMEOUT);
@@ -42,6 +46,10 @@ fn echo_through(splice: Splice) -> Result<()> {
         // Through HAProxy's buffers: four directions, each the payload.
         return delta.expect_bypassed(&what, hops, 4 * report.bytes_sent);
     }
+    if splice == Splice::Forced {
+        return delta.expect_spliced_to_tcp(&what, hops);
+    }
+    // HAProxy's heuristic may or may not splice these streams.
     eprintln!("{what}: {}", delta.summary());
     delta.expect_paired(&what, hops)
 }

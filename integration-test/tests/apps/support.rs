@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail, ensure};
 use bypass_common::Stat;
 use testbed::{
-    Agent, AgentStatus, TwoPods,
+    Agent, AgentOpts, AgentStatus, TwoPods,
     apps::{Needs, On},
 };
 
@@ -51,22 +51,48 @@ pub struct Bed {
     // Drop order: the agent first, then the pods.
     pub agent: Option<Agent>,
     pub pods: TwoPods,
+    /// Why the agent did not attach (a kernel without a read guard, started as users
+    /// start it): every workload then runs on plain TCP, and nothing may be inserted.
+    refused: Option<String>,
     started: Instant,
 }
 
 impl Bed {
+    /// The agent with `--allow-unguarded`: on a kernel with a read guard that changes
+    /// nothing; on one without, the datapath runs anyway, for workloads that never
+    /// splice or map their sockets (the README's limitation for such kernels).
     pub fn new() -> Result<Self> {
+        Self::with(true)
+    }
+
+    /// The agent as a user starts it (no `--allow-unguarded`): on a kernel without a
+    /// read guard it refuses to attach, and the workload must run exactly as on TCP.
+    /// For the workloads that splice.
+    pub fn as_users_run() -> Result<Self> {
+        Self::with(false)
+    }
+
+    fn with(allow_unguarded: bool) -> Result<Self> {
         let started = Instant::now();
         let pods = crate::support::two_pods()?;
-        let agent = if std::env::var_os(NO_AGENT_ENV).is_some_and(|v| v == "1") {
+        let (agent, refused) = if std::env::var_os(NO_AGENT_ENV).is_some_and(|v| v == "1") {
             eprintln!("{NO_AGENT_ENV}=1: without the agent, counters not checked");
-            None
+            (None, None)
         } else {
-            Some(Agent::start(&pods.agent_opts())?)
+            let agent = Agent::start(&AgentOpts {
+                allow_unguarded,
+                ..pods.agent_opts()
+            })?;
+            let refused = agent.refused()?;
+            if let Some(why) = &refused {
+                eprintln!("the agent refused to attach: {why}");
+            }
+            (Some(agent), refused)
         };
         Ok(Self {
             agent,
             pods,
+            refused,
             started,
         })
     }
@@ -103,6 +129,9 @@ impl Bed {
         let Some(agent) = &self.agent else {
             return Ok(());
         };
+        if self.refused.is_some() {
+            return Ok(());
+        }
         let deadline = Instant::now() + PAIRING_TIMEOUT;
         loop {
             let now = agent.stats()?;
@@ -127,6 +156,7 @@ impl Bed {
             after: self.stats()?,
             wire: self.pods.wire_bytes()?.saturating_sub(mark.wire),
             measured: self.agent.is_some(),
+            refused: self.refused.clone(),
         })
     }
 }
@@ -153,6 +183,8 @@ pub struct Delta {
     pub wire: u64,
     /// False without an agent: nothing to assert.
     pub measured: bool,
+    /// Why the agent did not attach: then nothing may have been inserted.
+    pub refused: Option<String>,
 }
 
 impl Delta {
@@ -180,6 +212,9 @@ impl Delta {
             return Ok(());
         }
         self.expect_paired(workload, connections)?;
+        if self.refused.is_some() {
+            return Ok(());
+        }
         let redirected = self.grew(|s| s.counters.redirected_bytes);
         let moved = self.moved_to_tcp();
         if moved == 0 {
@@ -207,12 +242,25 @@ impl Delta {
         self.grew(|s| s.counters.unpaired_sends)
             + self.grew(|s| s.counters.queue_limited)
             + self.grew(|s| s.counters.small_streams)
+            + self.grew(|s| s.counters.tcp_only_readers)
+            + self.grew(|s| s.counters.leave_requests)
     }
 
     /// At least `connections` connections paired pod to pod, each end inserted, and no
     /// insert failed: the bypass took the connections, whatever then carried the bytes.
     pub fn expect_paired(&self, workload: &str, connections: u64) -> Result<()> {
         if !self.measured {
+            return Ok(());
+        }
+        if let Some(why) = &self.refused {
+            let inserted = self.grew(|s| s.counters.sockets_inserted);
+            ensure!(
+                inserted == 0,
+                "{workload}: the agent refused to attach ({why}), yet {inserted} sockets \
+                 were inserted: {}",
+                self.summary()
+            );
+            eprintln!("{workload}: plain TCP, the agent having refused to attach");
             return Ok(());
         }
         let paired = self.grew(|s| s.counters.paired_pod);
@@ -227,6 +275,25 @@ impl Delta {
         ensure!(
             self.grew(|s| s.counters.insert_failures) == 0,
             "{workload}: inserts failed: {}",
+            self.summary()
+        );
+        Ok(())
+    }
+}
+
+impl Delta {
+    /// The workload's connections were paired, and the read guard saw a socket read
+    /// with splice(2) (its peer then sent to it by TCP): or the agent refused to attach
+    /// and nothing was inserted.
+    pub fn expect_spliced_to_tcp(&self, workload: &str, connections: u64) -> Result<()> {
+        eprintln!("{workload}: {}", self.summary());
+        self.expect_paired(workload, connections)?;
+        if !self.measured || self.refused.is_some() {
+            return Ok(());
+        }
+        ensure!(
+            self.grew(|s| s.counters.tcp_only_readers) >= 1,
+            "{workload}: no socket was seen reading with splice: {}",
             self.summary()
         );
         Ok(())

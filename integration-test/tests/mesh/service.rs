@@ -235,7 +235,7 @@ pub fn output_dnat(family: Family, to_self: bool) -> Result<()> {
     iptables::apply(pods.a.netns(), family, &[rule])?;
     let agent = agent_with(&pods, &["--service-cidr", &svc_cidr])?;
     // Every byte redirected: each client sends once its server's side is paired.
-    let args = ClientArgs::bulk(8 << 20).paired_first();
+    let args = ClientArgs::bulk(8 << 20).greeted();
     let before = agent.stats()?;
     let server = PeerServer::start(
         server_pod,

@@ -93,15 +93,16 @@ pub fn exchange_with(
 }
 
 /// An exchange towards `to`, where the server listens, byte-exact and bypassed (see
-/// [`assert_byte_exact`], [`assert_bypassed`]); each client sends once its server's
-/// side is paired ([`ClientArgs::paired_first`]).
+/// [`assert_byte_exact`], [`assert_bypassed`]); each connection is greeted first
+/// ([`ClientArgs::greeted`]), so each side is paired and has read what the other sent
+/// before the payload starts.
 pub fn exchange_bypassed(
     pods: &TwoPods,
     agent: &Agent,
     to: SocketAddr,
     args: &ClientArgs,
 ) -> Result<()> {
-    let x = exchange_exact(pods, agent, to, &args.clone().paired_first())?;
+    let x = exchange_exact(pods, agent, to, &args.clone().greeted())?;
     assert_bypassed(&x, args)
 }
 
@@ -152,8 +153,9 @@ pub fn ensure_one_exact(client: &Report, server: &Report, args: &ClientArgs) -> 
 
 /// The bytes went socket to socket: the wire carried under 1% of the payload, the
 /// redirected counter grew by at least the payload, two sockets were inserted per
-/// connection and none failed. Holds only for clients that sent once paired
-/// ([`ClientArgs::paired_first`]).
+/// connection and none failed. Holds only for greeted connections
+/// ([`ClientArgs::greeted`]): before the greeting, bytes go by TCP until their reader
+/// has read them where no read guard runs, or when they race the server's pairing.
 pub fn assert_bypassed(x: &Exchange, args: &ClientArgs) -> Result<()> {
     let n = args.total_connections();
     let payload = n * (args.send + args.recv);

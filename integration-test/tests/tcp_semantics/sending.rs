@@ -53,7 +53,7 @@ pub fn one_gib_in_one_stream() -> Result<()> {
         recv: 0,
         ..ClientArgs::default()
     }
-    .paired_first();
+    .greeted();
     let mut agent = None;
     for (i, name) in ["normal path", "bypassed"].into_iter().enumerate() {
         if i == 1 {

@@ -59,12 +59,14 @@ pub struct ClientArgs {
     /// socket timeout at all.
     #[arg(long = "idle-timeout", default_value_t = 60)]
     pub idle_timeout_secs: u64,
-    /// Wait this many milliseconds between connect and the first send. 0 sends at
-    /// once, racing the server's socket into the SockHash (a client that wins that race
-    /// keeps its direction on TCP, by design); a test about a long redirected stream
-    /// waits instead.
-    #[arg(long = "first-send-after-ms", default_value_t = 0)]
-    pub first_send_after_ms: u64,
+    /// Ask the server to answer the header with a greeting, and read it before sending
+    /// anything more. Without it the client's bytes follow its connect at once, racing
+    /// the server's socket into the SockHash (a client that wins that race sends by TCP
+    /// until the server has read those bytes, by design); a test that asserts every
+    /// byte was redirected greets instead: once the greeting is read, both sides are
+    /// paired and each has read what the other sent.
+    #[arg(long)]
+    pub greet: bool,
 }
 
 impl Default for ClientArgs {
@@ -81,7 +83,7 @@ impl Default for ClientArgs {
             stream_base: 0,
             cpus: Vec::new(),
             idle_timeout_secs: 60,
-            first_send_after_ms: 0,
+            greet: false,
         }
     }
 }
@@ -105,14 +107,12 @@ impl ClientArgs {
         }
     }
 
-    /// These, with each connection's first send [`PAIRED_FIRST_MS`] after its connect:
-    /// for a test that asserts every byte was redirected, which holds only once the
-    /// server's socket is paired before the client sends (a client that sends first
-    /// keeps its direction on TCP, by design; under emulation that race is often lost).
+    /// These, with each connection greeted ([`ClientArgs::greet`]): for a test that
+    /// asserts every byte of the payload was redirected.
     #[must_use]
-    pub fn paired_first(self) -> Self {
+    pub fn greeted(self) -> Self {
         Self {
-            first_send_after_ms: PAIRED_FIRST_MS,
+            greet: true,
             ..self
         }
     }
@@ -147,20 +147,16 @@ impl ClientArgs {
             self.stream_base.to_string(),
             "--idle-timeout".to_owned(),
             self.idle_timeout_secs.to_string(),
-            "--first-send-after-ms".to_owned(),
-            self.first_send_after_ms.to_string(),
         ];
+        if self.greet {
+            a.push("--greet".to_owned());
+        }
         if let Some(r) = self.pingpong {
             a.extend(["--pingpong".to_owned(), r.to_string()]);
         }
         a
     }
 }
-
-/// How long [`ClientArgs::paired_first`] waits between connect and the first send: the
-/// server's side of a connection is paired as soon as its kernel has the handshake's
-/// last ACK, which takes microseconds on a host and well under this under emulation.
-pub const PAIRED_FIRST_MS: u64 = 300;
 
 /// Runs every connection to `connect` and reports.
 pub fn run(connect: SocketAddr, opts: &ClientArgs) -> Report {
@@ -230,17 +226,38 @@ fn one(connect: SocketAddr, opts: &ClientArgs, stream: u64) -> ConnOutcome {
         },
         msg_size: msg_size as u32,
         rate: opts.rate,
+        greet: opts.greet,
     };
     // By default the first send follows connect at once: it races the server's side of
     // the connection into the SockHash, which is what the datapath must survive.
-    if opts.first_send_after_ms > 0 {
-        std::thread::sleep(Duration::from_millis(opts.first_send_after_ms));
-    }
     if let Err(e) = (&sock).write_all(&header.encode()) {
         out.failures.push(io_fail("send header", e));
         return out;
     }
     let mut reader = PatientReader::new(&sock, timeout);
+    if opts.greet {
+        let mut hello = [0u8; 8];
+        match reader.read_exact(&mut hello) {
+            Ok(()) if hello == super::wire::GREETING => {
+                if let Err(e) = (&sock).write_all(&super::wire::GREETING) {
+                    out.failures.push(io_fail("send greeting back", e));
+                    return out;
+                }
+            }
+            Ok(()) => {
+                out.failures.push(Failure::conn(
+                    stream,
+                    "protocol",
+                    format!("greeting {hello:?} is not {:?}", super::wire::GREETING),
+                ));
+                return out;
+            }
+            Err(e) => {
+                out.failures.push(io_fail("read greeting", e));
+                return out;
+            }
+        }
+    }
     match header.mode {
         Mode::Stream => stream_mode(&sock, &mut reader, &header, opts, &mut out),
         Mode::PingPong => pingpong_mode(&sock, &mut reader, &header, &mut out),

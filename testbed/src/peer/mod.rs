@@ -151,7 +151,7 @@ mod tests {
             stream_base: 42,
             cpus: Vec::new(),
             idle_timeout_secs: 0,
-            first_send_after_ms: 250,
+            greet: true,
         };
         let argv = std::iter::once("bypass-peer".to_owned()).chain(want.args());
         assert_eq!(Line::try_parse_from(argv).unwrap().args, want);
@@ -191,6 +191,7 @@ mod tests {
             s2c: 0,
             msg_size: 10,
             rate: 0,
+            greet: false,
         };
         let mut data = vec![0u8; 20];
         pattern::Pattern::new(1, pattern::Direction::ClientToServer).fill(&mut data);

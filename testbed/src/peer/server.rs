@@ -120,6 +120,25 @@ fn serve(sock: TcpStream, opts: &ServerOpts) -> ConnOutcome {
             return out;
         }
     };
+    if h.greet {
+        let mut back = [0u8; 8];
+        let greeted = (&sock)
+            .write_all(&super::wire::GREETING)
+            .and_then(|()| reader.read_exact(&mut back));
+        if let Err(e) = greeted {
+            out.failures
+                .push(Failure::conn(h.stream, "io", format!("greeting: {e}")));
+            return out;
+        }
+        if back != super::wire::GREETING {
+            out.failures.push(Failure::conn(
+                h.stream,
+                "protocol",
+                format!("greeting back {back:?}"),
+            ));
+            return out;
+        }
+    }
     let verdict = match h.mode {
         Mode::Stream => {
             std::thread::sleep(opts.reply_delay);

@@ -2,15 +2,23 @@
 //! request header the client sends right after connect, and the verdict trailer the
 //! server sends last.
 //!
-//! A connection carries: client → server `Header`, then `c2s` pattern bytes, then the
-//! client half-closes; server → client `s2c` pattern bytes (or, in ping-pong mode, the
-//! echo of each message), then a `Trailer` with the server's verdict on what it
-//! received, then the server closes.
+//! A connection carries: client → server `Header`; if it asks for one, server → client
+//! [`GREETING`], which the client reads and sends back, and the server reads that
+//! before it sends anything else (each side then has read all the other sent); then `c2s`
+//! pattern bytes, then the client half-closes; server → client `s2c` pattern bytes (or,
+//! in ping-pong mode, the echo of each message), then a `Trailer` with the server's
+//! verdict on what it received, then the server closes.
 
 use std::io::{self, Read};
 
 /// "BYP1".
 const MAGIC: u32 = 0x4259_5031;
+
+/// The server's answer to a header that asks for a greeting, which the client sends back:
+/// once each has read the other's, each side has read all the other sent and both are
+/// paired (what a test that asserts every byte redirected waits for, instead of a
+/// sleep).
+pub const GREETING: [u8; 8] = *b"BYPGREET";
 
 /// What the connection is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,6 +45,8 @@ pub struct Header {
     pub msg_size: u32,
     /// The server's send rate in bytes per second; 0 is unlimited.
     pub rate: u64,
+    /// The server answers the header with [`GREETING`] before anything else.
+    pub greet: bool,
 }
 
 impl Header {
@@ -56,6 +66,7 @@ impl Header {
         b[16..24].copy_from_slice(&self.c2s.to_le_bytes());
         b[24..32].copy_from_slice(&self.s2c.to_le_bytes());
         b[32..36].copy_from_slice(&self.msg_size.to_le_bytes());
+        b[36..40].copy_from_slice(&u32::from(self.greet).to_le_bytes());
         b[40..48].copy_from_slice(&self.rate.to_le_bytes());
         b
     }
@@ -87,6 +98,7 @@ impl Header {
             s2c: u64_at(24),
             msg_size,
             rate: u64_at(40),
+            greet: u32_at(36) != 0,
         })
     }
 
@@ -162,8 +174,11 @@ mod tests {
             s2c: 1,
             msg_size: 65536,
             rate: 4 << 20,
+            greet: true,
         };
         assert_eq!(Header::decode(&h.encode()), Ok(h));
+        let quiet = Header { greet: false, ..h };
+        assert_eq!(Header::decode(&quiet.encode()), Ok(quiet));
         let mut bad = h.encode();
         bad[0] ^= 1;
         assert!(Header::decode(&bad).is_err());

@@ -1,6 +1,7 @@
-//! `flood`. Client: non-blocking writes for --secs, counting what the kernel accepts
-//! and how far free memory drops. Server: reads nothing for --hold-ms, reports
-//! FIONREAD, then drains.
+//! `flood`. Client: non-blocking writes of --chunk bytes for --secs, counting what the
+//! kernel accepts, how far free memory drops and how many 1 KiB slab objects (where a
+//! waiting redirected message's `struct sk_msg` lives) and unreclaimable slab bytes it
+//! took. Server: reads nothing for --hold-ms, reports FIONREAD, then drains.
 
 use std::{
     io::{ErrorKind, Write},
@@ -29,6 +30,7 @@ pub fn client(mut s: TcpStream, c: &Common) -> Result<Value> {
     let mut buf = c.chunk_buf();
     s.set_nonblocking(true)?;
     let free0 = mem_free_kib()?;
+    let slab0 = (slab_1k()?, meminfo_kib("SUnreclaim:")?);
     let t = Instant::now();
     let (mut accepted, mut eagain) = (0u64, 0u64);
     // The pattern advances only by what the kernel took: a short write keeps
@@ -52,21 +54,40 @@ pub fn client(mut s: TcpStream, c: &Common) -> Result<Value> {
         }
     }
     let free1 = mem_free_kib()?;
+    let slab1 = (slab_1k()?, meminfo_kib("SUnreclaim:")?);
     Ok(json!({"accepted": accepted, "eagain": eagain,
-        "mem_free_drop_kib": free0 as i64 - free1 as i64}))
+        "mem_free_drop_kib": free0 as i64 - free1 as i64,
+        "kmalloc_1k_growth": slab1.0 as i64 - slab0.0 as i64,
+        "sunreclaim_growth_kib": slab1.1 as i64 - slab0.1 as i64}))
 }
 
 fn mem_free_kib() -> Result<u64> {
+    meminfo_kib("MemFree:")
+}
+
+/// A `/proc/meminfo` value in KiB (`field` with its colon).
+fn meminfo_kib(field: &str) -> Result<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").context("read /proc/meminfo")?;
     for line in text.lines() {
-        if let Some(rest) = line.strip_prefix("MemFree:") {
+        if let Some(rest) = line.strip_prefix(field) {
             return rest
                 .trim()
                 .trim_end_matches("kB")
                 .trim()
                 .parse()
-                .context("parse MemFree");
+                .with_context(|| format!("parse {field}"));
         }
     }
-    bail!("no MemFree in /proc/meminfo")
+    bail!("no {field} in /proc/meminfo")
+}
+
+/// Active objects of the `kmalloc-1k` slab cache (`/proc/slabinfo`, root only).
+fn slab_1k() -> Result<u64> {
+    let text = std::fs::read_to_string("/proc/slabinfo").context("read /proc/slabinfo")?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("kmalloc-1k "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .context("no kmalloc-1k in /proc/slabinfo")?
+        .parse()
+        .context("parse kmalloc-1k")
 }

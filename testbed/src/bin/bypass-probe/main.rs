@@ -23,6 +23,7 @@ mod fionread;
 mod flood;
 mod halfclose;
 mod handshake;
+mod leave;
 mod oob;
 mod peek;
 mod rcvlowat;
@@ -109,6 +110,8 @@ enum Case {
     /// Client only (the attacker): a TCP_REPAIR socket from --bind to --connect with
     /// the sequence numbers in --go-file, --mark-file, then reads for 3 s.
     ForgeAttacker,
+    /// A small-message stream that leaves the SockHash (see `leave.rs`).
+    SmallLeave,
 }
 
 #[derive(Debug, clap::Args)]
@@ -266,6 +269,7 @@ fn server(listen: SocketAddr, ready: Option<PathBuf>, c: &Common) -> Result<Valu
         Case::Ulp => trust::ulp_server(s, &c.steps()),
         Case::UlpAfterDisconnect => trust::until_closed_server(s),
         Case::Sockopts => trust::drain_server(s),
+        Case::SmallLeave => leave::server(s, &c.steps()),
         Case::Burst | Case::Tfo | Case::Mptcp | Case::ForgeAttacker => unreachable_case(),
     }
 }
@@ -312,6 +316,7 @@ fn client(connect: SocketAddr, c: &Common) -> Result<Value> {
         Case::Ulp => trust::ulp_client(s, &c.steps()),
         Case::UlpAfterDisconnect => trust::ulp_after_disconnect_client(s),
         Case::Sockopts => trust::sockopts_client(s, &c.steps()),
+        Case::SmallLeave => leave::client(s, &c.steps()),
         Case::Burst | Case::Tfo | Case::Mptcp | Case::ConnectWrite | Case::ForgeAttacker => {
             unreachable_case()
         }

@@ -37,11 +37,11 @@ pub fn wait_file(path: &Path) -> Result<()> {
     testbed::steps::wait_file(path, Duration::from_secs(60))
 }
 
-fn wait_opt(path: Option<&Path>) -> Result<()> {
+pub(crate) fn wait_opt(path: Option<&Path>) -> Result<()> {
     path.map_or(Ok(()), wait_file)
 }
 
-fn mark(path: Option<&Path>) -> Result<()> {
+pub(crate) fn mark(path: Option<&Path>) -> Result<()> {
     if let Some(p) = path {
         std::fs::write(p, b"").with_context(|| format!("write {}", p.display()))?;
     }
@@ -49,14 +49,14 @@ fn mark(path: Option<&Path>) -> Result<()> {
 }
 
 /// One direction of the pattern, written across several calls.
-struct Writer {
+pub(crate) struct Writer {
     p: Pattern,
     buf: Vec<u8>,
-    sent: u64,
+    pub(crate) sent: u64,
 }
 
 impl Writer {
-    fn new(dir: Direction) -> Self {
+    pub(crate) fn new(dir: Direction) -> Self {
         Self {
             p: Pattern::new(0, dir),
             buf: vec![0u8; 64 * 1024],
@@ -64,13 +64,28 @@ impl Writer {
         }
     }
 
-    fn send(&mut self, s: &mut impl Write, n: u64) -> Result<()> {
+    pub(crate) fn send(&mut self, s: &mut impl Write, n: u64) -> Result<()> {
         let mut left = n;
         while left > 0 {
             let k = left.min(self.buf.len() as u64) as usize;
+            self.write(s, k)?;
+            left -= k as u64;
+        }
+        Ok(())
+    }
+
+    /// `n` bytes, one write each.
+    pub(crate) fn send_singly(&mut self, s: &mut impl Write, n: u64) -> Result<()> {
+        for _ in 0..n {
+            self.write(s, 1)?;
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, s: &mut impl Write, k: usize) -> Result<()> {
+        {
             self.p.fill(&mut self.buf[..k]);
             s.write_all(&self.buf[..k]).context("write")?;
-            left -= k as u64;
             self.sent += k as u64;
         }
         Ok(())
@@ -78,7 +93,7 @@ impl Writer {
 }
 
 /// Reads into `v` until EOF (or `limit` bytes); retries EAGAIN from blocking reads.
-fn read_into(s: &mut impl Read, v: &mut Verifier, limit: Option<u64>) -> Result<()> {
+pub(crate) fn read_into(s: &mut impl Read, v: &mut Verifier, limit: Option<u64>) -> Result<()> {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let want = match limit {
@@ -95,7 +110,7 @@ fn read_into(s: &mut impl Read, v: &mut Verifier, limit: Option<u64>) -> Result<
     }
 }
 
-fn report(v: &Verifier) -> Value {
+pub(crate) fn report(v: &Verifier) -> Value {
     json!({"received": v.offset(), "ok": v.first_mismatch().is_none(),
         "mismatch": v.first_mismatch().map(|m| format!("{m:?}"))})
 }

@@ -1,0 +1,69 @@
+//! `probe`: what this kernel gives the datapath, found as `run` finds it, printed
+//! without attaching anything.
+
+use bypass_common::names::READ_HOOKS;
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    cli::ProbeOpts,
+    datapath::{LoadPlan, ReadGuard},
+    error::AgentError,
+};
+
+/// What `probe` prints.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Probe {
+    /// Whether splice and zero-copy receive of a bypassed socket are guarded (the
+    /// kernel runs BPF trampolines).
+    pub read_guard: bool,
+    /// How a bypassed socket's reads are seen: `tracepoint` (sock_recv_length) or
+    /// `fexit` (tcp_bpf_recvmsg).
+    pub read_hook: String,
+    /// Whether `run` bypasses on this kernel without `--allow-unguarded`.
+    pub bypass_by_default: bool,
+}
+
+impl Probe {
+    fn from_plan(plan: &LoadPlan) -> Self {
+        let read_guard = plan.hooks.guard == ReadGuard::Guard;
+        Self {
+            read_guard,
+            read_hook: if plan.hooks.read == READ_HOOKS.as_slice() {
+                "tracepoint"
+            } else {
+                "fexit"
+            }
+            .to_owned(),
+            bypass_by_default: read_guard,
+        }
+    }
+}
+
+/// Detects the kernel's support as `run` does and prints it.
+pub fn probe(opts: &ProbeOpts) -> Result<(), AgentError> {
+    let found = Probe::from_plan(&LoadPlan::detect()?);
+    if opts.json {
+        let text = serde_json::to_string_pretty(&found).map_err(|e| AgentError::Bpf {
+            action: "encode the probe".into(),
+            source: Box::new(e),
+        })?;
+        println!("{text}");
+        return Ok(());
+    }
+    println!("read guard:        {}", yes_no(found.read_guard));
+    println!("reads seen by:     {}", found.read_hook);
+    println!(
+        "bypass by default: {}",
+        if found.bypass_by_default {
+            "yes"
+        } else {
+            "no (the kernel refuses BPF trampolines: `run --allow-unguarded` to bypass \
+             workloads that never splice or map their sockets)"
+        }
+    );
+    Ok(())
+}
+
+fn yes_no(b: bool) -> &'static str {
+    if b { "yes" } else { "no" }
+}
