@@ -98,6 +98,13 @@ pub struct RunOpts {
     /// with `bypass-agent uninstall`).
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     pub detach_on_exit: bool,
+    /// Seconds the agent's heartbeat runs ahead of the clock: that long after the agent
+    /// stops refreshing it (killed, hung, or gone with --detach-on-exit=false), sock_ops
+    /// inserts nothing new, so new connections take the normal TCP path; established
+    /// ones are left as they are. A rolling update's new agent adopts within it.
+    #[arg(long, value_name = "SECONDS", default_value_t = crate::datapath::DEFAULT_HEARTBEAT_SECS,
+        value_parser = clap::value_parser!(u32).range(1..))]
+    pub heartbeat_seconds: u32,
     #[command(flatten)]
     pub kube: KubeOpts,
 }
@@ -126,10 +133,24 @@ pub struct KubeOpts {
     /// Namespace label that, set to "true", keeps every pod of the namespace out.
     #[arg(long, value_name = "KEY", default_value = "bypass.dev/exclude")]
     pub exclude_namespace_label: String,
-    /// Serve /metrics, /healthz and /readyz here [default in Kubernetes mode:
-    /// 127.0.0.1:9464; standalone: not served unless given].
-    #[arg(long, value_name = "ADDR")]
+    /// Namespace opt-in (a canary rollout): only pods of namespaces with this label
+    /// set to "true" are bypassed (an opt-out still wins); the others are treated as
+    /// opted out. Off unless given, e.g. --include-namespace-label=bypass.dev/include.
+    #[arg(long, value_name = "KEY")]
+    pub include_namespace_label: Option<String>,
+    /// Serve /metrics, /healthz and /readyz here, e.g. 10.0.0.5:19464 or
+    /// [fd00::5]:19464 [default in Kubernetes mode: --metrics-ip on --metrics-port;
+    /// standalone: not served unless given].
+    #[arg(long, value_name = "ADDR", value_parser = parse_socket_addr,
+        conflicts_with_all = ["metrics_ip", "metrics_port"])]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// The address to serve metrics on, IPv4 or IPv6 without brackets (a DaemonSet
+    /// passes the downward API's status.hostIP as it is) [default: 127.0.0.1].
+    #[arg(long, value_name = "IP")]
+    pub metrics_ip: Option<std::net::IpAddr>,
+    /// The port to serve metrics on [default: 19464; see the README for why not 9464].
+    #[arg(long, value_name = "PORT")]
+    pub metrics_port: Option<u16>,
     /// Seconds between full reconcile passes that repair drift.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     pub resync_seconds: u64,
@@ -190,6 +211,22 @@ pub fn parse_ports(s: &str) -> Result<PortList, String> {
     Ok(PortList(set))
 }
 
+/// A socket address; an IPv6 one without brackets (`fd00::10:9464`, which could be an
+/// address alone) gets a message naming the two ways to write it.
+pub fn parse_socket_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+    s.trim().parse().map_err(|_| {
+        if s.parse::<std::net::Ipv6Addr>().is_ok() || s.matches(':').count() > 1 {
+            format!(
+                "'{s}' is not an address and port: write an IPv6 one in brackets, \
+                 [fd00::10]:19464, or pass the address alone with --metrics-ip and the \
+                 port with --metrics-port"
+            )
+        } else {
+            format!("'{s}' is not an address and port, e.g. 10.0.0.5:19464")
+        }
+    })
+}
+
 /// A byte count below 4 GiB: digits with an optional K, M or G suffix (powers of 1024).
 pub fn parse_bytes(s: &str) -> Result<u32, String> {
     let t = s.trim();
@@ -240,6 +277,20 @@ mod tests {
         assert!(parse_ports("0").is_err());
         assert!(parse_ports("80,x").unwrap_err().contains("'x'"));
         assert!(parse_ports("65536").is_err());
+    }
+
+    #[test]
+    fn socket_addresses_and_the_ipv6_trap() {
+        assert_eq!(
+            parse_socket_addr("[fd00::10]:9464").unwrap().to_string(),
+            "[fd00::10]:9464"
+        );
+        assert!(parse_socket_addr("10.0.0.1:9464").is_ok());
+        // What `$(HOST_IP):9464` becomes on an IPv6 node: an address, or address and
+        // port? Refused, naming both fixes.
+        let e = parse_socket_addr("fd00::10:9464").unwrap_err();
+        assert!(e.contains("[fd00::10]:19464") && e.contains("--metrics-ip"), "{e}");
+        assert!(parse_socket_addr("10.0.0.1").is_err());
     }
 
     #[test]

@@ -223,7 +223,9 @@ pub enum AgentError {
     #[error("watch the node, pods, namespaces and ServiceCIDRs: the watch streams ended")]
     WatchEnded,
     /// The metrics address could not be bound.
-    #[error("cannot serve metrics on {addr} ({source}): pass another --metrics-addr")]
+    #[error(
+        "cannot serve metrics on {addr} ({source}): another program holds the port; pass another --metrics-port (or --metrics-addr)"
+    )]
     MetricsBind {
         /// The address.
         addr: std::net::SocketAddr,

@@ -34,7 +34,11 @@ fn kube_settings(opts: &RunOpts) -> Result<Option<k8s::Settings>, AgentError> {
         default_enabled: k.default_enabled,
         exclude_annotation: k.exclude_annotation.clone(),
         exclude_namespace_label: k.exclude_namespace_label.clone(),
-        metrics_addr: k.metrics_addr.unwrap_or(metrics::DEFAULT_METRICS_ADDR),
+        include_namespace_label: k.include_namespace_label.clone(),
+        metrics_addr: metrics::metrics_addr(k.metrics_addr, k.metrics_ip, k.metrics_port, true)
+            .unwrap_or_else(|| {
+                std::net::SocketAddr::new(metrics::DEFAULT_METRICS_IP, metrics::DEFAULT_METRICS_PORT)
+            }),
         resync: Duration::from_secs(k.resync_seconds.max(1)),
     }))
 }
@@ -68,6 +72,7 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
         reset: opts.reset,
         detach_on_exit: opts.detach_on_exit,
         skip_ports: opts.skip_ports.0.clone(),
+        heartbeat_secs: opts.heartbeat_seconds,
     };
     let statics = Statics {
         cidrs: opts.pod_cidrs.iter().copied().collect(),
@@ -80,10 +85,12 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
     let rt = runtime::current_thread()?;
     // Signal handlers first, so a signal during loading still unwinds cleanly.
     let shutdown = rt.block_on(runtime::signals())?;
-    let telemetry = match opts.kube.metrics_addr {
+    let k = &opts.kube;
+    let telemetry = match metrics::metrics_addr(k.metrics_addr, k.metrics_ip, k.metrics_port, false)
+    {
         Some(addr) => {
             let t = Arc::new(Telemetry::new(PinLayout::new(&config.pin_dir)));
-            rt.block_on(metrics::serve(addr, t.clone()))?;
+            rt.block_on(metrics::serve(addr, t.clone()));
             Some(t)
         }
         None => None,

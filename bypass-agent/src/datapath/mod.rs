@@ -5,6 +5,7 @@
 mod adopt;
 mod btf;
 mod fs;
+mod heartbeat;
 mod host;
 mod load;
 mod lock;
@@ -42,6 +43,7 @@ use bypass_common::{
     },
 };
 pub use fs::{find_cgroup2_mount, find_host_cgroup2, find_mount};
+pub use heartbeat::{DEFAULT_TTL_SECS as DEFAULT_HEARTBEAT_SECS, remaining as heartbeat_remaining};
 pub use host::kernel_release;
 pub use maps::{Identity, Pairings, PinnedView, PodMaps, count_keys as count_sockets};
 pub use pins::PinLayout;
@@ -72,6 +74,9 @@ pub struct Config {
     pub detach_on_exit: bool,
     /// Ports whose connections are left alone.
     pub skip_ports: std::collections::BTreeSet<u16>,
+    /// Seconds the heartbeat runs ahead: that long after the agent stops beating,
+    /// sock_ops inserts nothing new.
+    pub heartbeat_secs: u32,
 }
 
 /// How the running datapath came to be.
@@ -93,6 +98,7 @@ pub struct Datapath {
     // Field order is drop order.
     sockops_link: Option<PinnedLink>,
     sockopt_link: Option<PinnedLink>,
+    _heartbeat: heartbeat::Beater,
     _pressure: Option<pressure::Watcher>,
     pairings: Pairings,
     pod_maps: PodMaps,
@@ -212,6 +218,11 @@ impl Datapath {
         } else {
             (None, None)
         };
+        // Before anything is attached: sock_ops inserts only under a live heartbeat.
+        let beater = heartbeat::Beater::start(
+            maps::Control::new(maps::open_pinned(&pins, MAP_CONTROL)?)?,
+            config.heartbeat_secs,
+        )?;
         guard.disarm();
         info!(pin_dir = %config.pin_dir.display(), ?origin, attached = sockops_link.is_some(),
             max_sockets = config.max_sockets, max_queued_bytes = max_queued,
@@ -221,6 +232,7 @@ impl Datapath {
         Ok(Self {
             sockops_link,
             sockopt_link,
+            _heartbeat: beater,
             _pressure: pressure,
             pairings,
             pod_maps,

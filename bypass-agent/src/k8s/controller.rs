@@ -179,6 +179,7 @@ pub async fn run(
             node: node.clone(),
             exclude_annotation: settings.exclude_annotation.clone(),
             exclude_namespace_label: settings.exclude_namespace_label.clone(),
+            include_namespace_label: settings.include_namespace_label.clone(),
         },
         settings,
         statics,
@@ -358,17 +359,11 @@ impl Reconciler<'_> {
             &self.policy,
             &self.statics,
         );
-        let excluded: BTreeSet<String> = namespaces
-            .iter()
-            .filter(|ns| {
-                ns.metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(&self.policy.exclude_namespace_label))
-                    .is_some_and(|v| v != "false")
-            })
-            .filter_map(|ns| ns.metadata.name.clone())
-            .collect();
+        let excluded = sync::namespace_sets(
+            namespaces.iter().map(AsRef::as_ref),
+            &self.policy,
+            &mut BTreeSet::new(),
+        );
         for r in sync::new_rejections(&self.reported, &desired.rejections) {
             metrics.error(match r.kind {
                 RejectionKind::PodAddress => ErrorKind::PodAddress,

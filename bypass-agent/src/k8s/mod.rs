@@ -32,6 +32,8 @@ pub struct Settings {
     pub exclude_annotation: String,
     /// Namespace label key that opts a namespace's pods out (`"true"`).
     pub exclude_namespace_label: String,
+    /// Namespace label key that, when given, is the only way in (`"true"`).
+    pub include_namespace_label: Option<String>,
     /// Address for `/metrics`, `/healthz`, `/readyz`.
     pub metrics_addr: SocketAddr,
     /// Period of the full reconcile pass that repairs drift.
@@ -57,7 +59,7 @@ async fn run_async(
     // Configuration problems first: they need a person, not a retry.
     let client = client::connect(settings.kubeconfig.as_deref()).await?;
     let telemetry = Arc::new(Telemetry::new(PinLayout::new(&config.pin_dir)));
-    metrics::serve(settings.metrics_addr, telemetry.clone()).await?;
+    metrics::serve(settings.metrics_addr, telemetry.clone()).await;
 
     let mut attempt = 0;
     loop {

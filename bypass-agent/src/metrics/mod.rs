@@ -7,7 +7,7 @@ mod server;
 
 use std::{
     fmt::Write as _,
-    net::{Ipv4Addr, SocketAddr, SocketAddrV4},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -23,9 +23,39 @@ pub use server::serve;
 
 use crate::datapath::PinLayout;
 
-/// Default `--metrics-addr` of the Kubernetes agent.
-pub const DEFAULT_METRICS_ADDR: SocketAddr =
-    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 9464));
+/// Default port of `/metrics`, `/healthz` and `/readyz` (`--metrics-port`). Not 9464,
+/// OpenTelemetry's Prometheus exporter default, which an OpenTelemetry collector or SDK
+/// on a hostNetwork pod takes; 19464 lies outside the Prometheus exporters' range
+/// (9100-9999, fully allocated), the NodePort range (30000-32767) and Linux's
+/// ephemeral ports (32768-60999, so no outgoing connection can hold it), and is used by
+/// none of kubelet (10248-10259), kube-proxy (10249, 10256), Cilium (4240, 9962-9965),
+/// Calico (9091, 9099), Istio (15000-15090) or Linkerd (4191).
+pub const DEFAULT_METRICS_PORT: u16 = 19_464;
+
+/// Default address of the metrics server in Kubernetes mode when no address is given:
+/// loopback only.
+pub const DEFAULT_METRICS_IP: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+/// Where to serve metrics (pure): `--metrics-addr`, or `--metrics-ip` (the node's
+/// address, IPv4 or IPv6, as the downward API's `status.hostIP` gives it) with
+/// `--metrics-port`. `None` when none is given and `default_on` is false (standalone).
+pub fn metrics_addr(
+    addr: Option<SocketAddr>,
+    ip: Option<IpAddr>,
+    port: Option<u16>,
+    default_on: bool,
+) -> Option<SocketAddr> {
+    if let Some(a) = addr {
+        return Some(a);
+    }
+    if ip.is_none() && port.is_none() && !default_on {
+        return None;
+    }
+    Some(SocketAddr::new(
+        ip.unwrap_or(DEFAULT_METRICS_IP),
+        port.unwrap_or(DEFAULT_METRICS_PORT),
+    ))
+}
 
 /// Kinds of reconcile errors, the `kind` label of `bypass_reconcile_errors_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
