@@ -275,7 +275,7 @@ fn judge(k: &catalog::Kernel, o: &Outcome) -> Result<()> {
         catalog::Expect::Refuses => match &o.refusal {
             Some((code, 1, line))
                 if *code != 0
-                    && line.contains(&format!("older than {}", bypass_common::MIN_KERNEL)) =>
+                    && line.contains(bypass_common::kernel::REFUSAL) =>
             {
                 Ok(())
             }
