@@ -32,6 +32,61 @@ pub enum Command {
     Status(StatusOpts),
     /// Remove every pin a crashed agent left behind, and say what was removed.
     Uninstall(UninstallOpts),
+    /// Read-only preflight of this node: kernel features, BTF, lockdown, cgroup2,
+    /// bpffs propagation, Pod Security, other sockmap owners, the metrics address.
+    /// Loads and attaches nothing; exits non-zero when the agent cannot run here.
+    Check(CheckOpts),
+    /// Every node's status as its agent published it: bypassing (with which
+    /// guarantees), off, or refused and why.
+    Nodes(NodesOpts),
+}
+
+/// Options of `check`.
+#[derive(Debug, Args)]
+pub struct CheckOpts {
+    /// The host's /sys/fs/cgroup as mounted into the container (as for `run`).
+    #[arg(long, value_name = "PATH")]
+    pub host_cgroupfs: Option<PathBuf>,
+    /// Where bpffs is (or will be) mounted.
+    #[arg(long, value_name = "DIR", default_value = "/sys/fs/bpf")]
+    pub bpffs: PathBuf,
+    /// The address metrics would be served on (as for `run`).
+    #[arg(long, value_name = "IP")]
+    pub metrics_ip: Option<std::net::IpAddr>,
+    /// The port metrics would be served on (as for `run`).
+    #[arg(long, value_name = "PORT")]
+    pub metrics_port: Option<u16>,
+    /// The agent's namespace, whose Pod Security level is read (in a pod:
+    /// POD_NAMESPACE).
+    #[arg(long, env = "POD_NAMESPACE", value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+    /// kubeconfig for reading the namespace [default: $KUBECONFIG, else the pod's
+    /// service account].
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Options of `nodes`.
+#[derive(Debug, Args)]
+pub struct NodesOpts {
+    /// The agent's namespace.
+    #[arg(
+        long,
+        short = 'n',
+        env = "POD_NAMESPACE",
+        value_name = "NAMESPACE",
+        default_value = "bypass-system"
+    )]
+    pub namespace: String,
+    /// kubeconfig [default: $KUBECONFIG, else the pod's service account].
+    #[arg(long, value_name = "PATH", env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Options of `run`.
@@ -151,6 +206,24 @@ pub struct KubeOpts {
     /// The port to serve metrics on [default: 19464; see the README for why not 9464].
     #[arg(long, value_name = "PORT")]
     pub metrics_port: Option<u16>,
+    /// This agent's pod (downward API metadata.name): with --pod-namespace, its node's
+    /// status is published as a ConfigMap there, and at exit the agent removes its
+    /// datapath if its DaemonSet is gone.
+    #[arg(
+        long,
+        env = "POD_NAME",
+        value_name = "NAME",
+        requires = "pod_namespace"
+    )]
+    pub pod_name: Option<String>,
+    /// This agent's namespace (downward API metadata.namespace).
+    #[arg(
+        long,
+        env = "POD_NAMESPACE",
+        value_name = "NAMESPACE",
+        requires = "pod_name"
+    )]
+    pub pod_namespace: Option<String>,
     /// Seconds between full reconcile passes that repair drift.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     pub resync_seconds: u64,
@@ -289,7 +362,10 @@ mod tests {
         // What `$(HOST_IP):9464` becomes on an IPv6 node: an address, or address and
         // port? Refused, naming both fixes.
         let e = parse_socket_addr("fd00::10:9464").unwrap_err();
-        assert!(e.contains("[fd00::10]:19464") && e.contains("--metrics-ip"), "{e}");
+        assert!(
+            e.contains("[fd00::10]:19464") && e.contains("--metrics-ip"),
+            "{e}"
+        );
         assert!(parse_socket_addr("10.0.0.1").is_err());
     }
 

@@ -226,6 +226,9 @@ pub enum AgentError {
         /// The error.
         source: std::io::Error,
     },
+    /// `check` found something that keeps the agent from running on this node.
+    #[error("this node cannot run the agent: see the FAIL lines above for what and the fix")]
+    CheckFailed,
     /// A system call with no file to name failed (the async runtime, a signal handler).
     #[error("{action}: {source}")]
     System {

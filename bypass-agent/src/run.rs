@@ -37,9 +37,19 @@ fn kube_settings(opts: &RunOpts) -> Result<Option<k8s::Settings>, AgentError> {
         include_namespace_label: k.include_namespace_label.clone(),
         metrics_addr: metrics::metrics_addr(k.metrics_addr, k.metrics_ip, k.metrics_port, true)
             .unwrap_or_else(|| {
-                std::net::SocketAddr::new(metrics::DEFAULT_METRICS_IP, metrics::DEFAULT_METRICS_PORT)
+                std::net::SocketAddr::new(
+                    metrics::DEFAULT_METRICS_IP,
+                    metrics::DEFAULT_METRICS_PORT,
+                )
             }),
         resync: Duration::from_secs(k.resync_seconds.max(1)),
+        pod: match (&k.pod_name, &k.pod_namespace) {
+            (Some(name), Some(namespace)) => Some(k8s::PodRef {
+                name: name.clone(),
+                namespace: namespace.clone(),
+            }),
+            _ => None,
+        },
     }))
 }
 

@@ -36,7 +36,9 @@ pub fn now_ns() -> Result<u64, AgentError> {
     })?;
     let secs = u64::try_from(ts.tv_sec()).unwrap_or(0);
     let nanos = u64::try_from(ts.tv_nsec()).unwrap_or(0);
-    Ok(secs.saturating_mul(control::NSEC_PER_SEC).saturating_add(nanos))
+    Ok(secs
+        .saturating_mul(control::NSEC_PER_SEC)
+        .saturating_add(nanos))
 }
 
 /// How long until the heartbeat `deadline` passes; `None` once it has.

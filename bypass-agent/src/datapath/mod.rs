@@ -13,7 +13,7 @@ mod maps;
 mod object;
 mod pins;
 mod plan;
-mod preflight;
+pub mod preflight;
 mod pressure;
 mod rawlink;
 
@@ -44,7 +44,7 @@ use bypass_common::{
 };
 pub use fs::{find_cgroup2_mount, find_host_cgroup2, find_mount};
 pub use heartbeat::{DEFAULT_TTL_SECS as DEFAULT_HEARTBEAT_SECS, remaining as heartbeat_remaining};
-pub use host::kernel_release;
+pub use host::{LOCKDOWN_FILE, kernel_release, lockdown_mode};
 pub use maps::{Identity, Pairings, PinnedView, PodMaps, count_keys as count_sockets};
 pub use pins::PinLayout;
 pub use plan::{LoadPlan, queue_bound_off_reason};
@@ -325,6 +325,20 @@ impl Datapath {
             info!(cgroup = %self.cgroup_path.display(), "bypass detached");
         }
         Ok(())
+    }
+
+    /// The guarantees the loaded programs give on this kernel.
+    pub fn features(&self) -> crate::status::Features {
+        crate::status::Features::from_bits(
+            self.control.features().unwrap_or(0),
+            self.sockopt_link.is_some(),
+        )
+    }
+
+    /// On drop, detach and remove the pins whatever `--detach-on-exit` said (the
+    /// agent's DaemonSet is gone: nothing will adopt them).
+    pub fn remove_on_exit(&mut self) {
+        self.detach_on_exit = true;
     }
 
     /// Whether sock_ops is attached and redirects are allowed.

@@ -154,6 +154,7 @@ pub async fn run(
     statics: Statics,
     dp: &mut Datapath,
     telemetry: Arc<Telemetry>,
+    mut publisher: Option<&mut super::Publisher>,
     shutdown: impl Future<Output = &'static str>,
 ) -> Result<&'static str, AgentError> {
     let node = settings.node.clone();
@@ -229,6 +230,9 @@ pub async fn run(
             ctl.telemetry.health.set_synced(true);
             ctl.telemetry.agent.synced.set(1);
             ctl.reconcile(dp);
+            if let Some(p) = publisher.as_deref_mut() {
+                p.update(ctl.node_status(dp)).await;
+            }
         }
     }
 }
@@ -419,6 +423,22 @@ impl Reconciler<'_> {
             );
         }
         self.toggle(dp, node.as_deref());
+    }
+
+    /// What this node's status object should say now.
+    fn node_status(&self, dp: &Datapath) -> super::node_status::NodeStatus {
+        let features = dp.features();
+        let why_off = match self.enabled_by {
+            Some(toggle::EnabledBy::Label) => {
+                format!("node label {}=false", self.settings.node_label)
+            }
+            Some(toggle::EnabledBy::Default) => format!(
+                "no node label {} and --default-enabled=false",
+                self.settings.node_label
+            ),
+            None => "not decided yet".to_owned(),
+        };
+        super::loaded_status(&self.policy.node, dp.is_attached(), &features, &why_off)
     }
 
     /// Applies what the node label means.

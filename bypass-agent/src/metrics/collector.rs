@@ -121,11 +121,10 @@ impl Collector for DatapathCollector {
             "Addresses never treated as a pod's (opted out)",
             count(view.pod_maps.excluded().len()),
         )?;
-        let capacity = aya::maps::MapInfo::from_pin(
-            self.layout.map(bypass_common::names::MAP_SOCKETS),
-        )
-        .map(|i| i64::from(i.max_entries()))
-        .unwrap_or(0);
+        let capacity =
+            aya::maps::MapInfo::from_pin(self.layout.map(bypass_common::names::MAP_SOCKETS))
+                .map(|i| i64::from(i.max_entries()))
+                .unwrap_or(0);
         gauge(
             &mut enc,
             "bypass_sockets_capacity",

@@ -162,6 +162,15 @@ pub struct AgentMetrics {
     pub errors: Family<ErrorLabels, Counter>,
     /// Whether the watchers have synced (0/1).
     pub synced: Gauge,
+    /// 1 with the reason when the kernel was refused and the agent idles.
+    pub refused: Family<RefusedLabels, Gauge>,
+}
+
+/// Labels of `bypass_refused`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct RefusedLabels {
+    /// The one-line refusal.
+    pub reason: String,
 }
 
 impl AgentMetrics {
@@ -210,12 +219,27 @@ impl Telemetry {
             "1 once the node, pod and namespace watchers have listed everything",
             agent.synced.clone(),
         );
+        registry.register(
+            "bypass_refused",
+            "1 when this node's kernel lacks what the datapath needs and the agent idles, with the reason",
+            agent.refused.clone(),
+        );
         registry.register_collector(Box::new(collector::DatapathCollector::new(layout)));
         Self {
             registry,
             agent,
             health: Health::default(),
         }
+    }
+
+    /// The kernel was refused: the agent idles, and says why.
+    pub fn refused(&self, reason: &str) {
+        self.agent
+            .refused
+            .get_or_create(&RefusedLabels {
+                reason: reason.to_owned(),
+            })
+            .set(1);
     }
 
     /// The OpenMetrics text of every metric.

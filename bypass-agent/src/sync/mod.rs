@@ -252,9 +252,7 @@ pub fn desired<'a>(
                 out.pods_tracked += 1;
                 out.addrs.extend(addrs);
             }
-            Err(
-                Skip::Excluded | Skip::NamespaceExcluded | Skip::HostNetwork | Skip::Bandwidth,
-            ) => {
+            Err(Skip::Excluded | Skip::NamespaceExcluded | Skip::HostNetwork | Skip::Bandwidth) => {
                 out.excluded.extend(status_addrs(pod, &mut out.rejections));
             }
             Err(_) => {}
@@ -341,7 +339,10 @@ pub fn namespace_sets<'a>(
     rejections: &mut BTreeSet<Rejection>,
 ) -> NamespaceSets {
     let mut sets = NamespaceSets {
-        included: policy.include_namespace_label.as_ref().map(|_| BTreeSet::new()),
+        included: policy
+            .include_namespace_label
+            .as_ref()
+            .map(|_| BTreeSet::new()),
         ..NamespaceSets::default()
     };
     for ns in namespaces {

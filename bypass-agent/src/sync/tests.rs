@@ -541,7 +541,10 @@ fn namespace_opt_in_admits_only_labelled_namespaces() {
         // An opt-out wins over an opt-in.
         ns(
             "both",
-            &[("bypass.dev/include", "true"), ("bypass.dev/exclude", "true")],
+            &[
+                ("bypass.dev/include", "true"),
+                ("bypass.dev/exclude", "true"),
+            ],
         ),
         ns("odd", &[("bypass.dev/include", "yes")]),
     ];

@@ -274,8 +274,7 @@ fn judge(k: &catalog::Kernel, o: &Outcome) -> Result<()> {
     match k.expect {
         catalog::Expect::Refuses => match &o.refusal {
             Some((code, 1, line))
-                if *code != 0
-                    && line.contains(bypass_common::kernel::REFUSAL) =>
+                if *code != 0 && line.contains(bypass_common::kernel::REFUSAL) =>
             {
                 Ok(())
             }
