@@ -39,6 +39,30 @@ pub enum Command {
     /// Every node's status as its agent published it: bypassing (with which
     /// guarantees), off, or refused and why.
     Nodes(NodesOpts),
+    /// The chart's init container: mount bpffs on the host if it is not (the one
+    /// privileged step, so the agent's own container needs only capabilities).
+    PrepareNode(PrepareNodeOpts),
+    /// The chart's pre-install hook: label the release namespace for Pod Security
+    /// `privileged` (what `helm install --create-namespace` cannot do).
+    PrepareNamespace(PrepareNamespaceOpts),
+}
+
+/// Options of `prepare-node`.
+#[derive(Debug, Args)]
+pub struct PrepareNodeOpts {
+    #[command(flatten)]
+    pub pins: PinOpts,
+}
+
+/// Options of `prepare-namespace`.
+#[derive(Debug, Args)]
+pub struct PrepareNamespaceOpts {
+    /// The namespace to label.
+    #[arg(long, env = "POD_NAMESPACE", value_name = "NAMESPACE")]
+    pub namespace: String,
+    /// kubeconfig [default: $KUBECONFIG, else the pod's service account].
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
 }
 
 /// Options of `check`.

@@ -14,6 +14,7 @@ pub mod k8s;
 mod metrics;
 pub mod nodes;
 mod others;
+pub mod prepare;
 #[cfg(any(test, feature = "fuzz"))]
 pub mod props;
 pub mod run;
@@ -33,5 +34,7 @@ pub fn execute(command: cli::Command) -> Result<(), AgentError> {
         cli::Command::Uninstall(opts) => uninstall::uninstall(&opts),
         cli::Command::Check(opts) => check::check(&opts),
         cli::Command::Nodes(opts) => nodes::nodes(&opts),
+        cli::Command::PrepareNode(opts) => prepare::node(&opts),
+        cli::Command::PrepareNamespace(opts) => prepare::namespace(&opts),
     }
 }

@@ -42,7 +42,7 @@ use bypass_common::{
         PIN_LINK_SOCKOPT, PROG_SOCKOPS, PROG_SOCKOPT,
     },
 };
-pub use fs::{find_cgroup2_mount, find_host_cgroup2, find_mount};
+pub use fs::{ensure_bpffs, find_cgroup2_mount, find_host_cgroup2, find_mount};
 pub use heartbeat::{DEFAULT_TTL_SECS as DEFAULT_HEARTBEAT_SECS, remaining as heartbeat_remaining};
 pub use host::{LOCKDOWN_FILE, kernel_release, lockdown_mode};
 pub use maps::{Identity, Pairings, PinnedView, PodMaps, count_keys as count_sockets};
