@@ -262,6 +262,14 @@ pub struct UninstallOpts {
     /// (`deploy/uninstall.yaml`) then has one Ready pod per node once that node is clean.
     #[arg(long)]
     pub wait: bool,
+    /// Remove every bypass datapath pinned on the bpffs mount (--bpffs), whatever its
+    /// pin directory, instead of --pin-dir's alone.
+    #[arg(long)]
+    pub all: bool,
+    /// The bpffs mount searched by --all (and, without it, for a datapath pinned
+    /// somewhere other than --pin-dir, which is then an error rather than a clean node).
+    #[arg(long, value_name = "DIR", default_value = "/sys/fs/bpf")]
+    pub bpffs: PathBuf,
 }
 
 /// Where the pins live.

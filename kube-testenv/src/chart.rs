@@ -40,7 +40,10 @@ pub fn render(helm: &Path, repo: &Path) -> Result<String> {
 /// chart's tests (`templates/tests/`) are not part of `deploy/`.
 pub fn split(rendered: &str) -> Result<BTreeMap<String, String>> {
     let mut files: BTreeMap<String, String> = BTreeMap::new();
-    for doc in rendered.split("\n---\n").map(|d| d.trim_start_matches("---\n")) {
+    for doc in rendered
+        .split("\n---\n")
+        .map(|d| d.trim_start_matches("---\n"))
+    {
         let Some(source) = doc
             .lines()
             .find_map(|l| l.strip_prefix("# Source: "))
@@ -135,7 +138,10 @@ kind: Pod
     #[test]
     fn one_file_per_template_without_the_tests() {
         let f = split(RENDERED).unwrap();
-        assert_eq!(f.keys().collect::<Vec<_>>(), ["rbac.yaml", "serviceaccount.yaml"]);
+        assert_eq!(
+            f.keys().collect::<Vec<_>>(),
+            ["rbac.yaml", "serviceaccount.yaml"]
+        );
         assert_eq!(
             f["rbac.yaml"],
             format!("{HEADER}kind: ClusterRole\n---\nkind: ClusterRoleBinding\n")
