@@ -276,14 +276,12 @@ fn gather(opts: &CheckOpts) -> Report {
             ),
         )
     });
-    let addr = metrics::metrics_addr(None, opts.metrics_ip, opts.metrics_port, true)
-        .unwrap_or_else(|| {
-            SocketAddr::new(metrics::DEFAULT_METRICS_IP, metrics::DEFAULT_METRICS_PORT)
-        });
-    let free = std::net::TcpListener::bind(addr)
-        .map(drop)
-        .map_err(|e| e.to_string());
-    items.push(metrics_item(addr, free));
+    for addr in metrics::metrics_addrs(None, &opts.metrics_ip, opts.metrics_port, true) {
+        let free = std::net::TcpListener::bind(addr)
+            .map(drop)
+            .map_err(|e| e.to_string());
+        items.push(metrics_item(addr, free));
+    }
     if let Some(ns) = &opts.namespace {
         items.push(pod_security_item(
             ns,

@@ -74,9 +74,9 @@ pub struct CheckOpts {
     /// Where bpffs is (or will be) mounted.
     #[arg(long, value_name = "DIR", default_value = "/sys/fs/bpf")]
     pub bpffs: PathBuf,
-    /// The address metrics would be served on (as for `run`).
-    #[arg(long, value_name = "IP")]
-    pub metrics_ip: Option<std::net::IpAddr>,
+    /// The addresses metrics would be served on (as for `run`).
+    #[arg(long, value_name = "IP", value_delimiter = ',')]
+    pub metrics_ip: Vec<std::net::IpAddr>,
     /// The port metrics would be served on (as for `run`).
     #[arg(long, value_name = "PORT")]
     pub metrics_port: Option<u16>,
@@ -223,10 +223,11 @@ pub struct KubeOpts {
     #[arg(long, value_name = "ADDR", value_parser = parse_socket_addr,
         conflicts_with_all = ["metrics_ip", "metrics_port"])]
     pub metrics_addr: Option<std::net::SocketAddr>,
-    /// The address to serve metrics on, IPv4 or IPv6 without brackets (a DaemonSet
-    /// passes the downward API's status.hostIP as it is) [default: 127.0.0.1].
-    #[arg(long, value_name = "IP")]
-    pub metrics_ip: Option<std::net::IpAddr>,
+    /// The addresses to serve metrics on, IPv4 or IPv6 without brackets,
+    /// comma-separated or repeated (a DaemonSet passes the downward API's
+    /// status.hostIPs as it is: every address of the node) [default: 127.0.0.1].
+    #[arg(long, value_name = "IP", value_delimiter = ',')]
+    pub metrics_ip: Vec<std::net::IpAddr>,
     /// The port to serve metrics on [default: 19464; see the README for why not 9464].
     #[arg(long, value_name = "PORT")]
     pub metrics_port: Option<u16>,

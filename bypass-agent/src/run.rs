@@ -35,13 +35,7 @@ fn kube_settings(opts: &RunOpts) -> Result<Option<k8s::Settings>, AgentError> {
         exclude_annotation: k.exclude_annotation.clone(),
         exclude_namespace_label: k.exclude_namespace_label.clone(),
         include_namespace_label: k.include_namespace_label.clone(),
-        metrics_addr: metrics::metrics_addr(k.metrics_addr, k.metrics_ip, k.metrics_port, true)
-            .unwrap_or_else(|| {
-                std::net::SocketAddr::new(
-                    metrics::DEFAULT_METRICS_IP,
-                    metrics::DEFAULT_METRICS_PORT,
-                )
-            }),
+        metrics_addrs: metrics::metrics_addrs(k.metrics_addr, &k.metrics_ip, k.metrics_port, true),
         resync: Duration::from_secs(k.resync_seconds.max(1)),
         pod: match (&k.pod_name, &k.pod_namespace) {
             (Some(name), Some(namespace)) => Some(k8s::PodRef {
@@ -96,14 +90,15 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
     // Signal handlers first, so a signal during loading still unwinds cleanly.
     let shutdown = rt.block_on(runtime::signals())?;
     let k = &opts.kube;
-    let telemetry = match metrics::metrics_addr(k.metrics_addr, k.metrics_ip, k.metrics_port, false)
-    {
-        Some(addr) => {
-            let t = Arc::new(Telemetry::new(PinLayout::new(&config.pin_dir)));
+    let addrs = metrics::metrics_addrs(k.metrics_addr, &k.metrics_ip, k.metrics_port, false);
+    let telemetry = if addrs.is_empty() {
+        None
+    } else {
+        let t = Arc::new(Telemetry::new(PinLayout::new(&config.pin_dir)));
+        for addr in addrs {
             rt.block_on(metrics::serve(addr, t.clone()));
-            Some(t)
         }
-        None => None,
+        Some(t)
     };
     let mut dp = Datapath::load(&config)?;
     // Nothing from Kubernetes decides here: clear what a Kubernetes agent recorded.

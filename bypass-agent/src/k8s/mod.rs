@@ -36,8 +36,8 @@ pub struct Settings {
     pub exclude_namespace_label: String,
     /// Namespace label key that, when given, is the only way in (`"true"`).
     pub include_namespace_label: Option<String>,
-    /// Address for `/metrics`, `/healthz`, `/readyz`.
-    pub metrics_addr: SocketAddr,
+    /// Addresses for `/metrics`, `/healthz`, `/readyz` (the node's, IPv4 and IPv6).
+    pub metrics_addrs: Vec<SocketAddr>,
     /// Period of the full reconcile pass that repairs drift.
     pub resync: Duration,
     /// This agent's pod and namespace (downward API), when it runs in one: its node's
@@ -141,7 +141,9 @@ async fn run_async(
     // Configuration problems first: they need a person, not a retry.
     let client = client::connect(settings.kubeconfig.as_deref()).await?;
     let telemetry = Arc::new(Telemetry::new(PinLayout::new(&config.pin_dir)));
-    metrics::serve(settings.metrics_addr, telemetry.clone()).await;
+    for addr in &settings.metrics_addrs {
+        metrics::serve(*addr, telemetry.clone()).await;
+    }
 
     let mut attempt = 0;
     loop {

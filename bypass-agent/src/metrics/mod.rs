@@ -36,25 +36,50 @@ pub const DEFAULT_METRICS_PORT: u16 = 19_464;
 /// loopback only.
 pub const DEFAULT_METRICS_IP: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
-/// Where to serve metrics (pure): `--metrics-addr`, or `--metrics-ip` (the node's
-/// address, IPv4 or IPv6, as the downward API's `status.hostIP` gives it) with
-/// `--metrics-port`. `None` when none is given and `default_on` is false (standalone).
-pub fn metrics_addr(
+/// Where to serve metrics (pure): `--metrics-addr`, or each of `--metrics-ip` (the
+/// node's addresses, IPv4 and IPv6, as the downward API's `status.hostIPs` gives them:
+/// comma-separated, no brackets) on `--metrics-port`. Empty when none is given and
+/// `default_on` is false (standalone).
+pub fn metrics_addrs(
     addr: Option<SocketAddr>,
-    ip: Option<IpAddr>,
+    ips: &[IpAddr],
     port: Option<u16>,
     default_on: bool,
-) -> Option<SocketAddr> {
+) -> Vec<SocketAddr> {
     if let Some(a) = addr {
-        return Some(a);
+        return vec![a];
     }
-    if ip.is_none() && port.is_none() && !default_on {
-        return None;
+    if ips.is_empty() && port.is_none() && !default_on {
+        return Vec::new();
     }
-    Some(SocketAddr::new(
-        ip.unwrap_or(DEFAULT_METRICS_IP),
-        port.unwrap_or(DEFAULT_METRICS_PORT),
-    ))
+    let port = port.unwrap_or(DEFAULT_METRICS_PORT);
+    let mut out: Vec<SocketAddr> = if ips.is_empty() {
+        vec![SocketAddr::new(DEFAULT_METRICS_IP, port)]
+    } else {
+        ips.iter().map(|ip| SocketAddr::new(*ip, port)).collect()
+    };
+    out.dedup();
+    out
+}
+
+#[cfg(test)]
+mod addr_tests {
+    use super::*;
+
+    #[test]
+    fn every_node_address_ipv6_included() {
+        let ips: Vec<IpAddr> = vec!["10.0.0.5".parse().unwrap(), "fd00::5".parse().unwrap()];
+        let a = metrics_addrs(None, &ips, Some(19464), true);
+        let shown: Vec<String> = a.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, ["10.0.0.5:19464", "[fd00::5]:19464"]);
+        assert_eq!(
+            metrics_addrs(None, &[], None, true),
+            [SocketAddr::new(DEFAULT_METRICS_IP, DEFAULT_METRICS_PORT)]
+        );
+        assert!(metrics_addrs(None, &[], None, false).is_empty());
+        let given: SocketAddr = "[::1]:1".parse().unwrap();
+        assert_eq!(metrics_addrs(Some(given), &ips, None, true), [given]);
+    }
 }
 
 /// Kinds of reconcile errors, the `kind` label of `bypass_reconcile_errors_total`.
