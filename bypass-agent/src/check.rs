@@ -87,8 +87,10 @@ pub fn feature_items(found: &[(preflight::Need, preflight::Found)]) -> Vec<Item>
         .collect()
 }
 
-/// Whether the mount at `point` is a shared mount, from a mountinfo text (pure):
-/// `None` when nothing is mounted there.
+/// Whether the mount at `point` propagates with the host's, from a mountinfo text
+/// (pure): `shared:N` (the host's own, or a Bidirectional volume) or `master:N` (a
+/// container's HostToContainer view of a shared host mount); `None` when nothing is
+/// mounted there.
 pub fn shared_mount(mountinfo: &str, point: &Path) -> Option<(String, bool)> {
     mountinfo.lines().rev().find_map(|line| {
         let (left, right) = line.split_once(" - ")?;
@@ -97,7 +99,10 @@ pub fn shared_mount(mountinfo: &str, point: &Path) -> Option<(String, bool)> {
             return None;
         }
         let fstype = right.split_whitespace().next()?.to_owned();
-        let shared = fields.iter().skip(6).any(|f| f.starts_with("shared:"));
+        let shared = fields
+            .iter()
+            .skip(6)
+            .any(|f| f.starts_with("shared:") || f.starts_with("master:"));
         Some((fstype, shared))
     })
 }
@@ -127,7 +132,7 @@ pub fn bpffs_item(found: Option<(String, bool)>, point: &Path) -> Item {
         Some((_, true)) => item(
             name,
             Level::Ok,
-            format!("{} is a shared bpf mount", point.display()),
+            format!("{} is a bpf mount shared with the host", point.display()),
         ),
         Some((_, false)) => item(
             name,
@@ -328,6 +333,7 @@ mod tests {
 24 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
 40 24 0:35 / /sys/fs/bpf rw,nosuid shared:17 - bpf bpf rw,mode=700
 41 24 0:36 / /mnt/private rw - bpf bpf rw
+42 24 0:35 / /host/bpf rw master:17 - bpf bpf rw
 ";
 
     #[test]
@@ -339,6 +345,11 @@ mod tests {
             Some(("bpf".into(), false))
         );
         assert_eq!(shared_mount(MOUNTINFO, Path::new("/nope")), None);
+        // A container's HostToContainer view of the host's shared mount.
+        assert_eq!(
+            shared_mount(MOUNTINFO, Path::new("/host/bpf")),
+            Some(("bpf".into(), true))
+        );
         assert_eq!(bpffs_item(shared_mount(MOUNTINFO, p), p).level, Level::Ok);
         let private = bpffs_item(Some(("bpf".into(), false)), p);
         assert!(private.level == Level::Warn && private.detail.contains("--make-shared"));

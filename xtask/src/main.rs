@@ -7,6 +7,7 @@ mod cluster;
 mod cmd;
 mod demo;
 mod image;
+mod oci;
 mod render;
 #[allow(
     dead_code,

@@ -150,6 +150,35 @@ fn helm_install_under_enforced_pod_security_unprivileged_ipv6_metrics_check_and_
         "jsonpath={.items[*].metadata.labels.bypass\\.dev/state}",
     ])?;
     ensure!(labelled == "bypassing", "state label: {labelled:?}");
+    // The agent's account may write its own node's object, not another node's: the
+    // admission policy reads the node bound into its token (impersonated here).
+    let as_agent = |name: &str| {
+        k(&[
+            "-n",
+            AGENT_NS,
+            "create",
+            "configmap",
+            name,
+            "--dry-run=server",
+            "--as=system:serviceaccount:bypass-system:bypass-agent",
+            &format!(
+                "--as-user-extra=authentication.kubernetes.io/node-name={}",
+                kube_testenv::deploy::NODE
+            ),
+        ])
+    };
+    let other = as_agent("bypass-node-another-node");
+    ensure!(
+        other
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("only its own node")),
+        "another node's status object: {other:?}"
+    );
+    // Its own (a dry run: the object exists; create is refused as existing, not by the
+    // policy, or accepted).
+    if let Err(e) = as_agent(&format!("bypass-node-{}", kube_testenv::deploy::NODE)) {
+        ensure!(!e.to_string().contains("only its own node"), "{e}");
+    }
     Ok(())
 }
 

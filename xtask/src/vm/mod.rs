@@ -7,7 +7,7 @@
 //! architecture (arm64) boots in that architecture's qemu and runs the smoke test, built
 //! for it, instead of the privileged tests (see `smoke`).
 
-mod arch;
+pub mod arch;
 mod catalog;
 mod fetch;
 mod guest;
