@@ -298,6 +298,7 @@ fn chart_lints_renders_deploy_and_passes_the_schema_check() -> Result<()> {
                 "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=bypass.dev/capable",
                 "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
                 "resources.requests.memory=64Mi",
+                "seLinuxOptions.type=spc_t",
             ],
         ),
     ] {
