@@ -203,7 +203,8 @@ pub fn build_oci(tools: &setup::Tools, agent: &Path, dir: &Path) -> Result<()> {
             )?
         } else {
             agent_rootfs(agent, &rootfs)?;
-            Vec::new()
+            let out = Command::new("ldd").arg(agent).output().context("run ldd")?;
+            ldd_paths(&String::from_utf8_lossy(&out.stdout))?
         };
         let layer = work.join(format!("layer-{arch_name}.tar"));
         tar_layer(&rootfs, &layer)?;
