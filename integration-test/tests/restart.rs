@@ -370,7 +370,11 @@ fn lapsed_heartbeat_stops_new_inserts_of_a_datapath_left_pinned() -> Result<()> 
         "a lapsed heartbeat still let sock_ops insert: {st}"
     );
     let out = run_agent(
-        &["uninstall", "--pin-dir", &opts.pin_dir.display().to_string()],
+        &[
+            "uninstall",
+            "--pin-dir",
+            &opts.pin_dir.display().to_string(),
+        ],
         Duration::from_secs(30),
     )?;
     ensure!(out.status.success(), "uninstall failed");
