@@ -35,12 +35,91 @@ pub enum Command {
     /// Say what this kernel gives the datapath (the read guard or not, how reads are
     /// seen) and whether `run` would bypass on it, without loading anything for good.
     Probe(ProbeOpts),
+    /// Read-only preflight of this node: kernel features, BTF, the read guard, cgroup2,
+    /// bpffs propagation, Pod Security, other sockmap owners, the metrics address.
+    /// Loads and attaches nothing; exits non-zero when the agent cannot run here.
+    Check(CheckOpts),
+    /// Every node's status as its agent published it: bypassing (with which
+    /// guarantees), off, or refused and why.
+    Nodes(NodesOpts),
+    /// The chart's init container: mount bpffs on the host if it is not (the one
+    /// privileged step, so the agent's own container needs only capabilities).
+    PrepareNode(PrepareNodeOpts),
+    /// The chart's pre-install hook: label the release namespace for Pod Security
+    /// `privileged` (what `helm install --create-namespace` cannot do).
+    PrepareNamespace(PrepareNamespaceOpts),
 }
 
 /// Options of `probe`.
 #[derive(Debug, Args)]
 pub struct ProbeOpts {
     /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Options of `prepare-node`.
+#[derive(Debug, Args)]
+pub struct PrepareNodeOpts {
+    #[command(flatten)]
+    pub pins: PinOpts,
+}
+
+/// Options of `prepare-namespace`.
+#[derive(Debug, Args)]
+pub struct PrepareNamespaceOpts {
+    /// The namespace to label.
+    #[arg(long, env = "POD_NAMESPACE", value_name = "NAMESPACE")]
+    pub namespace: String,
+    /// kubeconfig [default: $KUBECONFIG, else the pod's service account].
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// Options of `check`.
+#[derive(Debug, Args)]
+pub struct CheckOpts {
+    /// The host's /sys/fs/cgroup as mounted into the container (as for `run`).
+    #[arg(long, value_name = "PATH")]
+    pub host_cgroupfs: Option<PathBuf>,
+    /// Where bpffs is (or will be) mounted.
+    #[arg(long, value_name = "DIR", default_value = "/sys/fs/bpf")]
+    pub bpffs: PathBuf,
+    /// The addresses metrics would be served on (as for `run`).
+    #[arg(long, value_name = "IP", value_delimiter = ',')]
+    pub metrics_ip: Vec<std::net::IpAddr>,
+    /// The port metrics would be served on (as for `run`).
+    #[arg(long, value_name = "PORT")]
+    pub metrics_port: Option<u16>,
+    /// The agent's namespace, whose Pod Security level is read (in a pod:
+    /// POD_NAMESPACE).
+    #[arg(long, env = "POD_NAMESPACE", value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+    /// kubeconfig for reading the namespace [default: $KUBECONFIG, else the pod's
+    /// service account].
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Options of `nodes`.
+#[derive(Debug, Args)]
+pub struct NodesOpts {
+    /// The agent's namespace.
+    #[arg(
+        long,
+        short = 'n',
+        env = "POD_NAMESPACE",
+        value_name = "NAMESPACE",
+        default_value = "bypass-system"
+    )]
+    pub namespace: String,
+    /// kubeconfig [default: $KUBECONFIG, else the pod's service account].
+    #[arg(long, value_name = "PATH", env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
 }
@@ -118,6 +197,13 @@ pub struct RunOpts {
     /// with `bypass-agent uninstall`).
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     pub detach_on_exit: bool,
+    /// Seconds the agent's heartbeat runs ahead of the clock: that long after the agent
+    /// stops refreshing it (killed, hung, or gone with --detach-on-exit=false), sock_ops
+    /// inserts nothing new, so new connections take the normal TCP path; established
+    /// ones are left as they are. A rolling update's new agent adopts within it.
+    #[arg(long, value_name = "SECONDS", default_value_t = crate::datapath::DEFAULT_HEARTBEAT_SECS,
+        value_parser = clap::value_parser!(u32).range(1..))]
+    pub heartbeat_seconds: u32,
     #[command(flatten)]
     pub kube: KubeOpts,
 }
@@ -146,10 +232,43 @@ pub struct KubeOpts {
     /// Namespace label that, set to "true", keeps every pod of the namespace out.
     #[arg(long, value_name = "KEY", default_value = "bypass.dev/exclude")]
     pub exclude_namespace_label: String,
-    /// Serve /metrics, /healthz and /readyz here [default in Kubernetes mode:
-    /// 127.0.0.1:9464; standalone: not served unless given].
-    #[arg(long, value_name = "ADDR")]
+    /// Namespace opt-in (a canary rollout): only pods of namespaces with this label
+    /// set to "true" are bypassed (an opt-out still wins); the others are treated as
+    /// opted out. Off unless given, e.g. --include-namespace-label=bypass.dev/include.
+    #[arg(long, value_name = "KEY")]
+    pub include_namespace_label: Option<String>,
+    /// Serve /metrics, /healthz and /readyz here, e.g. 10.0.0.5:19464 or
+    /// [fd00::5]:19464 [default in Kubernetes mode: --metrics-ip on --metrics-port;
+    /// standalone: not served unless given].
+    #[arg(long, value_name = "ADDR", value_parser = parse_socket_addr,
+        conflicts_with_all = ["metrics_ip", "metrics_port"])]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// The addresses to serve metrics on, IPv4 or IPv6 without brackets,
+    /// comma-separated or repeated (a DaemonSet passes the downward API's
+    /// status.hostIPs as it is: every address of the node) [default: 127.0.0.1].
+    #[arg(long, value_name = "IP", value_delimiter = ',')]
+    pub metrics_ip: Vec<std::net::IpAddr>,
+    /// The port to serve metrics on [default: 19464; see the README for why not 9464].
+    #[arg(long, value_name = "PORT")]
+    pub metrics_port: Option<u16>,
+    /// This agent's pod (downward API metadata.name): with --pod-namespace, its node's
+    /// status is published as a ConfigMap there, and at exit the agent removes its
+    /// datapath if its DaemonSet is gone.
+    #[arg(
+        long,
+        env = "POD_NAME",
+        value_name = "NAME",
+        requires = "pod_namespace"
+    )]
+    pub pod_name: Option<String>,
+    /// This agent's namespace (downward API metadata.namespace).
+    #[arg(
+        long,
+        env = "POD_NAMESPACE",
+        value_name = "NAMESPACE",
+        requires = "pod_name"
+    )]
+    pub pod_namespace: Option<String>,
     /// Seconds between full reconcile passes that repair drift.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     pub resync_seconds: u64,
@@ -164,6 +283,14 @@ pub struct UninstallOpts {
     /// (`deploy/uninstall.yaml`) then has one Ready pod per node once that node is clean.
     #[arg(long)]
     pub wait: bool,
+    /// Remove every bypass datapath pinned on the bpffs mount (--bpffs), whatever its
+    /// pin directory, instead of --pin-dir's alone.
+    #[arg(long)]
+    pub all: bool,
+    /// The bpffs mount searched by --all (and, without it, for a datapath pinned
+    /// somewhere other than --pin-dir, which is then an error rather than a clean node).
+    #[arg(long, value_name = "DIR", default_value = "/sys/fs/bpf")]
+    pub bpffs: PathBuf,
 }
 
 /// Where the pins live.
@@ -208,6 +335,22 @@ pub fn parse_ports(s: &str) -> Result<PortList, String> {
         return Err(format!("{} ports; at most {MAX_SKIP_PORTS}", set.len()));
     }
     Ok(PortList(set))
+}
+
+/// A socket address; an IPv6 one without brackets (`fd00::10:9464`, which could be an
+/// address alone) gets a message naming the two ways to write it.
+pub fn parse_socket_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+    s.trim().parse().map_err(|_| {
+        if s.parse::<std::net::Ipv6Addr>().is_ok() || s.matches(':').count() > 1 {
+            format!(
+                "'{s}' is not an address and port: write an IPv6 one in brackets, \
+                 [fd00::10]:19464, or pass the address alone with --metrics-ip and the \
+                 port with --metrics-port"
+            )
+        } else {
+            format!("'{s}' is not an address and port, e.g. 10.0.0.5:19464")
+        }
+    })
 }
 
 /// A byte count below 4 GiB: digits with an optional K, M or G suffix (powers of 1024).
@@ -288,6 +431,23 @@ mod tests {
         assert!(parse_ports("0").is_err());
         assert!(parse_ports("80,x").unwrap_err().contains("'x'"));
         assert!(parse_ports("65536").is_err());
+    }
+
+    #[test]
+    fn socket_addresses_and_the_ipv6_trap() {
+        assert_eq!(
+            parse_socket_addr("[fd00::10]:9464").unwrap().to_string(),
+            "[fd00::10]:9464"
+        );
+        assert!(parse_socket_addr("10.0.0.1:9464").is_ok());
+        // What `$(HOST_IP):9464` becomes on an IPv6 node: an address, or address and
+        // port? Refused, naming both fixes.
+        let e = parse_socket_addr("fd00::10:9464").unwrap_err();
+        assert!(
+            e.contains("[fd00::10]:19464") && e.contains("--metrics-ip"),
+            "{e}"
+        );
+        assert!(parse_socket_addr("10.0.0.1").is_err());
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use bypass_common::MIN_KERNEL;
+use bypass_common::{MIN_KERNEL, kernel::REFUSAL};
 use nix::errno::Errno;
 
 /// A cause of any type, kept as the error's source.
@@ -85,22 +85,16 @@ pub enum AgentError {
         /// The kernel's answer.
         source: std::io::Error,
     },
-    /// The kernel is older than the datapath supports.
+    /// The kernel lacks something the datapath uses (found by probing it).
     #[error(
-        "kernel {release} is older than {MIN_KERNEL}: sock_ops cannot read a socket's network namespace (bpf_get_netns_cookie, Linux {MIN_KERNEL}), which every bypass key carries; run the agent on Linux >= {MIN_KERNEL}"
+        "kernel {release} {REFUSAL}: it has no {what}, and {why}: run the agent on a kernel with them (Linux >= {MIN_KERNEL} upstream, or one that backports them, such as RHEL 9's 5.14), or keep it off this node (the chart's nodeSelector/affinity)"
     )]
-    KernelTooOld {
-        /// `uname -r`.
-        release: String,
-    },
-    /// The kernel was built without something the datapath needs.
-    #[error("kernel {release} has no {what}, and {why}: use a kernel built with it")]
     KernelLacks {
         /// `uname -r`.
         release: String,
-        /// The missing facility.
-        what: &'static str,
-        /// What the datapath needs it for.
+        /// What is missing, comma-separated.
+        what: String,
+        /// What the datapath needs the first of them for.
         why: &'static str,
     },
     /// The kernel lacks a feature.
@@ -223,13 +217,18 @@ pub enum AgentError {
     #[error("watch the node, pods, namespaces and ServiceCIDRs: the watch streams ended")]
     WatchEnded,
     /// The metrics address could not be bound.
-    #[error("cannot serve metrics on {addr} ({source}): pass another --metrics-addr")]
+    #[error(
+        "cannot serve metrics on {addr} ({source}): another program holds the port; pass another --metrics-port (or --metrics-addr)"
+    )]
     MetricsBind {
         /// The address.
         addr: std::net::SocketAddr,
         /// The error.
         source: std::io::Error,
     },
+    /// `check` found something that keeps the agent from running on this node.
+    #[error("this node cannot run the agent: see the FAIL lines above for what and the fix")]
+    CheckFailed,
     /// A system call with no file to name failed (the async runtime, a signal handler).
     #[error("{action}: {source}")]
     System {

@@ -5,18 +5,21 @@
 //! testbed use the modules directly.
 
 mod apply;
+pub mod check;
 pub mod cidr;
 pub mod cli;
 pub mod datapath;
 pub mod error;
-mod k8s;
+pub mod k8s;
 mod metrics;
+pub mod nodes;
 mod others;
 pub mod probe;
+pub mod prepare;
 #[cfg(any(test, feature = "fuzz"))]
 pub mod props;
 pub mod run;
-mod runtime;
+pub(crate) mod runtime;
 pub mod status;
 pub mod sync;
 pub mod toggle;
@@ -31,5 +34,9 @@ pub fn execute(command: cli::Command) -> Result<(), AgentError> {
         cli::Command::Status(opts) => status::status(opts),
         cli::Command::Uninstall(opts) => uninstall::uninstall(&opts),
         cli::Command::Probe(opts) => probe::probe(&opts),
+        cli::Command::Check(opts) => check::check(&opts),
+        cli::Command::Nodes(opts) => nodes::nodes(&opts),
+        cli::Command::PrepareNode(opts) => prepare::node(&opts),
+        cli::Command::PrepareNamespace(opts) => prepare::namespace(&opts),
     }
 }

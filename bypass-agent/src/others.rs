@@ -38,11 +38,15 @@ impl std::fmt::Display for OtherProgram {
     }
 }
 
+/// Kmesh's sock_ops and sk_msg programs, which carry no prefix of theirs
+/// (kmesh-net/kmesh, bpf/kmesh/workload: `sockops_prog`, `sendmsg_prog`).
+pub const KMESH_PROGRAMS: [&str; 2] = ["sockops_prog", "sendmsg_prog"];
+
 /// Who ships a sock_ops or sk_msg program called `name` (pure).
 pub fn owner_of(name: &str) -> Option<&'static str> {
     if name.starts_with("mb_") {
         Some("Merbridge")
-    } else if name.contains("kmesh") {
+    } else if name.contains("kmesh") || KMESH_PROGRAMS.contains(&name) {
         Some("Kmesh")
     } else if name == "bpf_redir_proxy" || name == "bpf_sockmap" {
         Some("Cilium sockops acceleration (< 1.14)")
@@ -136,6 +140,8 @@ mod tests {
             (5, "bpf_redir_proxy".into(), PROG_TYPE_SK_MSG),
             (6, "xdp_prog".into(), 6),
             (7, "something".into(), PROG_TYPE_SK_MSG),
+            (8, "sockops_prog".into(), PROG_TYPE_SOCK_OPS),
+            (9, "sendmsg_prog".into(), PROG_TYPE_SK_MSG),
         ]
     }
 
@@ -150,6 +156,8 @@ mod tests {
                 "sock_ops mb_sockops (id 4, Merbridge)",
                 "sk_msg bpf_redir_proxy (id 5, Cilium sockops acceleration (< 1.14))",
                 "sk_msg something (id 7, unknown owner)",
+                "sock_ops sockops_prog (id 8, Kmesh)",
+                "sk_msg sendmsg_prog (id 9, Kmesh)",
             ]
         );
         // The kernel truncates names to 15 characters: ours stay ours.

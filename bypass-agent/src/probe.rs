@@ -24,6 +24,11 @@ pub struct Probe {
 }
 
 impl Probe {
+    /// Detects this kernel's support as `run` does.
+    pub fn detect() -> Result<Self, AgentError> {
+        Ok(Self::from_plan(&LoadPlan::detect()?))
+    }
+
     fn from_plan(plan: &LoadPlan) -> Self {
         let read_guard = plan.hooks.guard == ReadGuard::Guard;
         Self {
@@ -41,7 +46,7 @@ impl Probe {
 
 /// Detects the kernel's support as `run` does and prints it.
 pub fn probe(opts: &ProbeOpts) -> Result<(), AgentError> {
-    let found = Probe::from_plan(&LoadPlan::detect()?);
+    let found = Probe::detect()?;
     if opts.json {
         let text = serde_json::to_string_pretty(&found).map_err(|e| AgentError::Bpf {
             action: "encode the probe".into(),

@@ -107,6 +107,7 @@ pub fn reconcile(data: &[u8]) {
         node: input.node_name.clone(),
         exclude_annotation: "bypass.dev/exclude".into(),
         exclude_namespace_label: "bypass.dev/exclude".into(),
+        include_namespace_label: None,
     };
     let cidrs =
         |v: &[String]| -> BTreeSet<PodCidr> { v.iter().filter_map(|s| s.parse().ok()).collect() };

@@ -34,8 +34,16 @@ fn kube_settings(opts: &RunOpts) -> Result<Option<k8s::Settings>, AgentError> {
         default_enabled: k.default_enabled,
         exclude_annotation: k.exclude_annotation.clone(),
         exclude_namespace_label: k.exclude_namespace_label.clone(),
-        metrics_addr: k.metrics_addr.unwrap_or(metrics::DEFAULT_METRICS_ADDR),
+        include_namespace_label: k.include_namespace_label.clone(),
+        metrics_addrs: metrics::metrics_addrs(k.metrics_addr, &k.metrics_ip, k.metrics_port, true),
         resync: Duration::from_secs(k.resync_seconds.max(1)),
+        pod: match (&k.pod_name, &k.pod_namespace) {
+            (Some(name), Some(namespace)) => Some(k8s::PodRef {
+                name: name.clone(),
+                namespace: namespace.clone(),
+            }),
+            _ => None,
+        },
     }))
 }
 
@@ -69,6 +77,7 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
         allow_unguarded: opts.allow_unguarded,
         detach_on_exit: opts.detach_on_exit,
         skip_ports: opts.skip_ports.0.clone(),
+        heartbeat_secs: opts.heartbeat_seconds,
     };
     let statics = Statics {
         cidrs: opts.pod_cidrs.iter().copied().collect(),
@@ -81,13 +90,16 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
     let rt = runtime::current_thread()?;
     // Signal handlers first, so a signal during loading still unwinds cleanly.
     let shutdown = rt.block_on(runtime::signals())?;
-    let telemetry = match opts.kube.metrics_addr {
-        Some(addr) => {
-            let t = Arc::new(Telemetry::new(PinLayout::new(&config.pin_dir)));
-            rt.block_on(metrics::serve(addr, t.clone()))?;
-            Some(t)
+    let k = &opts.kube;
+    let addrs = metrics::metrics_addrs(k.metrics_addr, &k.metrics_ip, k.metrics_port, false);
+    let telemetry = if addrs.is_empty() {
+        None
+    } else {
+        let t = Arc::new(Telemetry::new(PinLayout::new(&config.pin_dir)));
+        for addr in addrs {
+            rt.block_on(metrics::serve(addr, t.clone()));
         }
-        None => None,
+        Some(t)
     };
     let mut dp = Datapath::load(&config)?;
     // Nothing from Kubernetes decides here: clear what a Kubernetes agent recorded.

@@ -66,6 +66,11 @@ pub struct Report {
     /// Why the agent does not bypass this node, when it refuses to.
     #[serde(default)]
     pub refused: Option<String>,
+    /// SockHash capacity (`--max-sockets` of the loaded datapath).
+    pub max_sockets: Option<u32>,
+    /// Seconds until the heartbeat lapses and sock_ops stops inserting (0: lapsed: no
+    /// agent tends this datapath).
+    pub heartbeat_seconds_left: u64,
 }
 
 /// What the loaded programs guarantee on this kernel. Every one holds on every kernel
@@ -179,6 +184,11 @@ pub fn read(layout: &PinLayout) -> Result<Report, AgentError> {
         pin_dir: layout.root().display().to_string(),
         other_programs: others.iter().map(ToString::to_string).collect(),
         insert_failures_cause,
+        max_sockets,
+        heartbeat_seconds_left: crate::datapath::heartbeat_remaining(
+            view.control.heartbeat_deadline()?,
+        )
+        .map_or(0, |d| d.as_secs()),
     })
 }
 
@@ -201,6 +211,15 @@ pub fn render_text(r: &Report) -> String {
         ("max_queued_bytes", r.max_queued_bytes.to_string()),
         ("small_stream_bytes", r.small_stream_bytes.to_string()),
         ("kernel", r.kernel.clone()),
+        (
+            "max_sockets",
+            r.max_sockets
+                .map_or_else(|| "-".to_owned(), |m| m.to_string()),
+        ),
+        (
+            "heartbeat_seconds_left",
+            r.heartbeat_seconds_left.to_string(),
+        ),
     ];
     rows.extend(r.features.list().map(|(k, on)| {
         (
@@ -295,6 +314,8 @@ mod tests {
             other_programs: vec!["sk_msg mb_msg_redir (id 3, Merbridge)".into()],
             insert_failures_cause: None,
             refused: None,
+            max_sockets: Some(65_536),
+            heartbeat_seconds_left: 42,
         }
     }
 
@@ -345,5 +366,6 @@ mod tests {
         assert!(t.contains("redirected_bytes             1024"), "{t}");
         assert!(t.contains("attached                     true"), "{t}");
         assert!(t.contains("queue_bound                  on"), "{t}");
+        assert!(t.contains("heartbeat_seconds_left       42"), "{t}");
     }
 }

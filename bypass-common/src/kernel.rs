@@ -1,5 +1,6 @@
-//! The oldest kernel the datapath runs on, stated once for the agent's check, its error
-//! messages and the tests that expect a refusal.
+//! The oldest upstream kernel with everything the datapath uses (the agent probes the
+//! features themselves, so a kernel with them backported runs it too), and the words of
+//! the refusal, stated once for the agent and the tests that expect a refusal.
 
 use core::fmt;
 
@@ -17,6 +18,10 @@ impl fmt::Display for KernelVersion {
         write!(f, "{}.{}", self.major, self.minor)
     }
 }
+
+/// What the agent's refusal of a kernel says, whatever it lacks (the kernel matrix
+/// looks for it).
+pub const REFUSAL: &str = "lacks what the datapath needs";
 
 /// Minimum kernel version: 5.15. sock_ops programs may call `bpf_get_netns_cookie` from
 /// 5.15 on (`sock_ops_func_proto` in `net/core/filter.c`), and every SockHash key

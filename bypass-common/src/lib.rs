@@ -72,13 +72,66 @@ pub mod control {
     /// and runs as plain TCP; 0: never. The agent writes
     /// [`crate::names::DEFAULT_LEAVE_AFTER`].
     pub const SLOT_LEAVE_AFTER: u32 = 11;
+    /// Heartbeat: the second of `CLOCK_MONOTONIC` (what `bpf_ktime_get_ns` reads,
+    /// kernel/bpf/helpers.c) until which sock_ops may insert new sockets. The agent
+    /// moves it forward while it runs; once it passes (the agent is gone, stuck, or its
+    /// DaemonSet removed without a clean-up), new connections take the normal TCP path
+    /// and established ones carry on under the ordering rule, so a datapath never keeps
+    /// bypassing on maps no agent tends. 0, as a fresh load leaves it: expired. See
+    /// [`heartbeat_alive`].
+    pub const SLOT_HEARTBEAT: u32 = 12;
     /// Number of slots.
     pub const SLOTS: u32 = 16;
+
+    /// Nanoseconds per second of the heartbeat.
+    pub const NSEC_PER_SEC: u64 = 1_000_000_000;
+
+    /// Whether sock_ops may insert at `now_ns` (`CLOCK_MONOTONIC`) under the heartbeat
+    /// `deadline` ([`SLOT_HEARTBEAT`]).
+    #[inline(always)]
+    pub const fn heartbeat_alive(deadline: u32, now_ns: u64) -> bool {
+        now_ns / NSEC_PER_SEC < deadline as u64
+    }
+
+    /// Seconds left until the heartbeat `deadline` at `now_ns`; 0 once it has passed.
+    pub const fn heartbeat_remaining(deadline: u32, now_ns: u64) -> u64 {
+        (deadline as u64).saturating_sub(now_ns / NSEC_PER_SEC)
+    }
+
+    /// The heartbeat deadline `ttl_secs` after `now_ns`, saturating.
+    pub const fn heartbeat_deadline(now_ns: u64, ttl_secs: u32) -> u32 {
+        let d = now_ns / NSEC_PER_SEC + ttl_secs as u64;
+        if d > u32::MAX as u64 {
+            u32::MAX
+        } else {
+            d as u32
+        }
+    }
 
     /// Value of [`SLOT_ENABLED`]: redirects allowed.
     pub const ENABLED: u32 = 1;
     /// Value of [`SLOT_ENABLED`]: every send takes the TCP path.
     pub const DISABLED: u32 = 0;
+}
+
+#[cfg(test)]
+mod control_tests {
+    use super::control::*;
+
+    #[test]
+    fn heartbeat_expires_at_its_deadline() {
+        let now = 100 * NSEC_PER_SEC + 5;
+        let d = heartbeat_deadline(now, 60);
+        assert_eq!(d, 160);
+        assert!(heartbeat_alive(d, now));
+        assert!(heartbeat_alive(d, 159 * NSEC_PER_SEC + 999_999_999));
+        assert!(!heartbeat_alive(d, 160 * NSEC_PER_SEC));
+        assert_eq!(heartbeat_remaining(d, now), 60);
+        assert_eq!(heartbeat_remaining(d, 500 * NSEC_PER_SEC), 0);
+        // A fresh load leaves 0: nothing is inserted before the agent beats.
+        assert!(!heartbeat_alive(0, 0));
+        assert_eq!(heartbeat_deadline(u64::MAX, 60), u32::MAX);
+    }
 }
 
 /// A socket's last send decision, kept in socket-local storage by the sk_msg program

@@ -24,13 +24,14 @@ use aya_ebpf::{
         BPF_SOCK_OPS_TCP_CONNECT_CB, BPF_TCP_CLOSE,
     },
     btf_maps::lpm_trie::Key,
-    helpers::generated::{bpf_get_netns_cookie, bpf_get_socket_cookie},
+    helpers::generated::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_ktime_get_ns},
     macros::sock_ops,
     programs::SockOpsContext,
 };
 use bypass_common::{
     Connector, IpKey, SockKey, Stat,
     addr::{is_loopback, key_bytes},
+    control,
     state::{flags, hop, is_other_end, link_state, options_need_tcp, rx, side},
     tx_mode,
 };
@@ -38,7 +39,7 @@ use bypass_common::{
 use crate::{
     atomic, kernel, key,
     maps::{
-        BYPASS_CONNECTORS, BYPASS_EXCLUDED_ADDRS, BYPASS_LINKS, BYPASS_POD_ADDRS, BYPASS_POD_CIDRS,
+        BYPASS_CONNECTORS, BYPASS_CONTROL, BYPASS_EXCLUDED_ADDRS, BYPASS_LINKS, BYPASS_POD_ADDRS, BYPASS_POD_CIDRS,
         BYPASS_POD_NETNS, BYPASS_SCRATCH, BYPASS_SERVICE_CIDRS, BYPASS_SKIP_PORTS, BYPASS_SOCKETS,
         sock_state,
     },
@@ -122,6 +123,9 @@ struct Client {
 fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
     let active = op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB;
     if !active && op != BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB {
+        return Err(Skip::NotOurs);
+    }
+    if !heartbeat_alive() {
         return Err(Skip::NotOurs);
     }
     let key = key::from_sock_ops(ctx.ops, netns).ok_or(Skip::NotOurs)?;
@@ -300,6 +304,18 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
         }
     }
     Ok(())
+}
+
+/// Whether the agent's heartbeat (`control::SLOT_HEARTBEAT`) is still ahead of
+/// `CLOCK_MONOTONIC`: past it no agent tends the maps, and nothing new is inserted.
+#[inline(always)]
+fn heartbeat_alive() -> bool {
+    let deadline = BYPASS_CONTROL
+        .get(control::SLOT_HEARTBEAT)
+        .copied()
+        .unwrap_or(0);
+    // SAFETY: a helper without arguments, allowed in every program type.
+    control::heartbeat_alive(deadline, unsafe { bpf_ktime_get_ns() })
 }
 
 /// The connecting socket on the accepting socket's remote end whose initial sequence

@@ -328,3 +328,55 @@ fn uninstall_removes_every_pin_and_attachment() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn lapsed_heartbeat_stops_new_inserts_of_a_datapath_left_pinned() -> Result<()> {
+    privileged!("lapsed_heartbeat_stops_new_inserts_of_a_datapath_left_pinned");
+    let pods = two_pods()?;
+    let opts = opts(&pods, &["--detach-on-exit=false"]);
+    let mut agent = Agent::start(&opts)?;
+    agent.stop_cleanly("agent")?;
+    ensure!(
+        sockops_attached(pods.cgroup())? == 1,
+        "--detach-on-exit=false left nothing attached"
+    );
+    // No agent beats any more. The deadline is set by hand, not waited for: still ahead,
+    // then passed, exactly as the agent's absence would leave it.
+    let control_pin = opts
+        .pin_dir
+        .join(names::PIN_MAPS_SUBDIR)
+        .join(names::MAP_CONTROL);
+    let exchange = |port: u16| -> Result<()> {
+        let args = ClientArgs::bulk(1 << 20);
+        let addr = pods.b.v4_addr(port);
+        let server = PeerServer::start(&pods.b, addr, 1)?;
+        let client = run_client(&pods.a, addr, &args)?;
+        let server = server.wait()?;
+        ensure_exact(&client, &server, &args)
+    };
+    set_pinned_u32(&control_pin, control::SLOT_HEARTBEAT, u32::MAX)?;
+    let before = num(&status_json(&opts.pin_dir)?, "sockets_inserted");
+    exchange(5305)?;
+    let alive = num(&status_json(&opts.pin_dir)?, "sockets_inserted");
+    ensure!(
+        alive == before + 2,
+        "under a live heartbeat both sockets are inserted: {before} -> {alive}"
+    );
+    set_pinned_u32(&control_pin, control::SLOT_HEARTBEAT, 0)?;
+    exchange(5306)?;
+    let st = status_json(&opts.pin_dir)?;
+    ensure!(
+        num(&st, "sockets_inserted") == alive,
+        "a lapsed heartbeat still let sock_ops insert: {st}"
+    );
+    let out = run_agent(
+        &[
+            "uninstall",
+            "--pin-dir",
+            &opts.pin_dir.display().to_string(),
+        ],
+        Duration::from_secs(30),
+    )?;
+    ensure!(out.status.success(), "uninstall failed");
+    Ok(())
+}

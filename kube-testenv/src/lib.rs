@@ -16,6 +16,7 @@
 //! tests can use it cheaply.
 
 mod binaries;
+pub mod chart;
 pub mod deploy;
 mod env;
 pub mod http;

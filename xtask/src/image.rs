@@ -42,6 +42,10 @@ pub struct Args {
     /// `deploy/Containerfile` copies into its image), e.g. `--rootfs agent DIR`.
     #[arg(long, num_args = 2, value_names = ["IMAGE", "DIR"])]
     pub rootfs: Option<Vec<String>>,
+    /// Write the agent image for amd64 and arm64 (cross-built) as one OCI image index,
+    /// each with an SPDX SBOM, into the OCI layout DIR (see `oci.rs`).
+    #[arg(long, value_name = "DIR")]
+    pub oci: Option<PathBuf>,
 }
 
 /// `cargo xtask image`.
@@ -58,6 +62,9 @@ pub fn run(args: &Args) -> Result<()> {
             "test" => test_rootfs(&build_test_tools(&tools)?, &dir),
             other => bail!("--rootfs {other}: the images are `agent` and `test`"),
         };
+    }
+    if let Some(dir) = &args.oci {
+        return build_oci(&tools, &agent, dir);
     }
     let tools_bins = build_test_tools(&tools)?;
     let out = workspace::target_dir()?.join(IMAGES_DIR);
@@ -159,6 +166,208 @@ pub fn test_rootfs(tools: &[PathBuf], dir: &Path) -> Result<()> {
     }
     std::fs::create_dir_all(dir.join("tmp"))?;
     Ok(())
+}
+
+/// The agent as an OCI image index for amd64 (`agent`, built here) and arm64 (cross
+/// built), each image with its SBOM, in the OCI layout `dir`.
+pub fn build_oci(tools: &setup::Tools, agent: &Path, dir: &Path) -> Result<()> {
+    use crate::{oci, vm::arch};
+    let cross = arch::of("arm64")
+        .and_then(|a| a.cross)
+        .context("no arm64 cross toolchain described")?;
+    setup::ensure_cross(cross.rust_target)?;
+    let arm = build::build_cross(
+        tools,
+        &build::Options { debug: false },
+        cross.rust_target,
+        cross.gcc,
+        &[(workspace::AGENT, workspace::AGENT)],
+    )?;
+    let arm = arm.first().context("the cross build made no agent")?;
+    let layout = oci::Layout::create(dir)?;
+    let work = workspace::target_dir()?.join(IMAGES_DIR).join("oci-work");
+    let mut platforms = Vec::new();
+    let host_triple = format!("{}-unknown-linux-gnu", std::env::consts::ARCH);
+    for (arch_name, triple) in [
+        (oci_arch(), host_triple.as_str()),
+        ("arm64", cross.rust_target),
+    ] {
+        let rootfs = work.join(format!("rootfs-{arch_name}"));
+        let libs = if arch_name == "arm64" {
+            cross_rootfs(
+                arm,
+                cross.libdir,
+                &cross.loader_file(),
+                cross.loader,
+                &rootfs,
+            )?
+        } else {
+            agent_rootfs(agent, &rootfs)?;
+            let out = Command::new("ldd").arg(agent).output().context("run ldd")?;
+            ldd_paths(&String::from_utf8_lossy(&out.stdout))?
+        };
+        let layer = work.join(format!("layer-{arch_name}.tar"));
+        tar_layer(&rootfs, &layer)?;
+        let diff_id = format!("sha256:{}", oci::sha256(&layer)?);
+        cmd::output(Command::new("gzip").args(["-n", "-9", "-f"]).arg(&layer))?;
+        let layer = layout.adopt(oci::LAYER_GZIP, &layer.with_extension("tar.gz"))?;
+        let config = layout.blob(
+            oci::CONFIG,
+            oci::config(arch_name, &diff_id, VERSION)
+                .to_string()
+                .as_bytes(),
+        )?;
+        let image = layout.blob(
+            oci::MANIFEST,
+            oci::image_manifest(&config, &layer).to_string().as_bytes(),
+        )?;
+        let mut packages = oci::cargo_packages(&cmd::output(
+            Command::new("cargo")
+                .current_dir(workspace::root())
+                .args(["tree", "--package", workspace::AGENT, "--edges", "normal"])
+                .args(["--prefix", "none", "--target", triple]),
+        )?);
+        packages.extend(deb_packages(&libs, arch_name));
+        let sbom_json = oci::spdx(&format!("{AGENT_IMAGE}:{VERSION}"), arch_name, &packages);
+        let sbom = layout.blob(oci::SPDX, serde_json::to_vec(&sbom_json)?.as_slice())?;
+        let empty = layout.blob(oci::EMPTY, b"{}")?;
+        let sbom_manifest = layout.blob(
+            oci::MANIFEST,
+            oci::sbom_manifest(&sbom, &empty, &image)
+                .to_string()
+                .as_bytes(),
+        )?;
+        println!(
+            "image: {AGENT_IMAGE}:{VERSION} {arch_name} {} ({} packages in its SBOM)",
+            image.digest,
+            packages.len()
+        );
+        platforms.push(oci::Platform {
+            arch: arch_name.to_owned(),
+            image,
+            sbom: sbom_manifest,
+        });
+    }
+    let index = oci::index(&platforms, VERSION);
+    let index_bytes = serde_json::to_vec(&index)?;
+    // The index's own digest, for the chart's image.digest once it is pushed as is.
+    let index_blob = layout.blob(oci::INDEX, &index_bytes)?;
+    let mut top = index.clone();
+    top["manifests"] = serde_json::json!([{
+        "mediaType": oci::INDEX,
+        "digest": index_blob.digest,
+        "size": index_blob.size,
+        "annotations": {"org.opencontainers.image.ref.name": VERSION},
+    }]);
+    top.as_object_mut().map(|o| o.remove("annotations"));
+    layout.finish(&top)?;
+    println!(
+        "image: OCI layout {} ({} platforms), index {}: push with `skopeo copy --all oci:{}:{VERSION} docker://REGISTRY/{AGENT_IMAGE}:{VERSION}`, pin with image.digest={}",
+        dir.display(),
+        platforms.len(),
+        index_blob.digest,
+        dir.display(),
+        index_blob.digest
+    );
+    std::fs::remove_dir_all(&work).ok();
+    Ok(())
+}
+
+/// A cross-built agent's root filesystem: the binary, the libraries it needs (its
+/// `NEEDED` entries, from the cross toolchain's `libdir`), the loader at `loader`,
+/// CA certificates. Returns the libraries' source paths (for the SBOM).
+fn cross_rootfs(
+    agent: &Path,
+    libdir: &str,
+    loader_file: &str,
+    loader: &str,
+    dir: &Path,
+) -> Result<Vec<PathBuf>> {
+    fresh_dir(dir)?;
+    copy(agent, &dir.join("usr/local/bin/bypass-agent"))?;
+    let dynamic = cmd::output(Command::new("readelf").arg("-d").arg(agent))?;
+    let mut libs = Vec::new();
+    let multiarch = Path::new(libdir)
+        .parent()
+        .and_then(Path::file_name)
+        .and_then(|n| n.to_str())
+        .unwrap_or("aarch64-linux-gnu");
+    for name in needed(&dynamic) {
+        let src = Path::new(libdir).join(&name);
+        copy(&src, &dir.join("lib").join(multiarch).join(&name))?;
+        libs.push(src);
+    }
+    copy(
+        Path::new(loader_file),
+        &dir.join(loader.trim_start_matches('/')),
+    )?;
+    libs.push(PathBuf::from(loader_file));
+    let ca = Path::new("/etc/ssl/certs/ca-certificates.crt");
+    if ca.is_file() {
+        copy(ca, &dir.join("etc/ssl/certs/ca-certificates.crt"))?;
+    }
+    std::fs::create_dir_all(dir.join("tmp"))?;
+    Ok(libs)
+}
+
+/// The `NEEDED` libraries of `readelf -d` output (pure).
+pub fn needed(dynamic: &str) -> Vec<String> {
+    dynamic
+        .lines()
+        .filter(|l| l.contains("(NEEDED)"))
+        .filter_map(|l| {
+            let start = l.find('[')? + 1;
+            let end = l[start..].find(']')? + start;
+            Some(l[start..end].to_owned())
+        })
+        .collect()
+}
+
+/// The Debian packages that ship `files`, for the SBOM.
+fn deb_packages(files: &[PathBuf], arch: &str) -> Vec<crate::oci::Package> {
+    let mut out: Vec<crate::oci::Package> = Vec::new();
+    for f in files {
+        let Ok(owner) = cmd::output(Command::new("dpkg").arg("-S").arg(f)) else {
+            continue;
+        };
+        let Some(pkg) = owner.split(':').next().map(str::trim) else {
+            continue;
+        };
+        let Ok(version) =
+            cmd::output(Command::new("dpkg-query").args(["-W", "-f=${Version}", pkg]))
+        else {
+            continue;
+        };
+        if out.iter().any(|p| p.name == pkg) {
+            continue;
+        }
+        out.push(crate::oci::Package {
+            name: pkg.to_owned(),
+            version: version.trim().to_owned(),
+            purl: format!("pkg:deb/debian/{pkg}@{}?arch={arch}", version.trim()),
+        });
+    }
+    out
+}
+
+/// A reproducible layer tarball of `rootfs` (sorted, owner 0, time 0).
+fn tar_layer(rootfs: &Path, out: &Path) -> Result<()> {
+    cmd::output(
+        Command::new("tar")
+            .args([
+                "--sort=name",
+                "--owner=0",
+                "--group=0",
+                "--numeric-owner",
+                "--mtime=@0",
+                "-cf",
+            ])
+            .arg(out)
+            .arg("-C")
+            .arg(rootfs)
+            .arg("."),
+    )
+    .map(drop)
 }
 
 fn fresh_dir(dir: &Path) -> Result<()> {
@@ -340,6 +549,12 @@ pub fn docker_archive(rootfs: &Path, spec: &ImageSpec, out: &Path) -> Result<()>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn needed_libraries_of_a_cross_binary() {
+        let d = " 0x0000000000000001 (NEEDED)             Shared library: [libgcc_s.so.1]\n 0x0000000000000001 (NEEDED)             Shared library: [libc.so.6]\n 0x000000000000000c (INIT)               0x1000\n";
+        assert_eq!(needed(d), ["libgcc_s.so.1", "libc.so.6"]);
+    }
 
     #[test]
     fn ldd_lines() {

@@ -8,6 +8,8 @@ mod cluster;
 mod cmd;
 mod demo;
 mod image;
+mod oci;
+mod render;
 #[allow(
     dead_code,
     reason = "the test-guard half is used by integration-test/tests/k8s.rs"
@@ -52,6 +54,8 @@ enum Task {
     },
     /// The agent and test images, assembled with no registry and loaded into the cluster.
     Image(image::Args),
+    /// Write deploy/ from the Helm chart (`--check`: fail if it differs).
+    RenderDeploy(render::Args),
     /// A real kube-apiserver and etcd on loopback (built once from the Go module proxy).
     KubeEnv {
         #[command(subcommand)]
@@ -77,6 +81,7 @@ fn main() -> ExitCode {
         Task::KernelTable => vm::table::run(),
         Task::Cluster { action } => cluster::run(&action),
         Task::Image(args) => image::run(&args),
+        Task::RenderDeploy(args) => render::run(&args),
         Task::KubeEnv { action } => {
             let dir = kube_testenv::default_dir(workspace::root());
             match action {

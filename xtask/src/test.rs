@@ -168,6 +168,7 @@ fn cluster_tests(
         }
         let bins = cluster::bins::ensure()?;
         let helm = cluster::bins::ensure_helm()?;
+        let kubeconform = cluster::bins::ensure_kubeconform()?;
         let mut cargo = tools.cargo()?;
         cargo
             .args([
@@ -182,6 +183,7 @@ fn cluster_tests(
             .env(kube_testenv::KUBECONFIG_ENV, layout.admin_kubeconfig())
             .env(kube_testenv::KUBECTL_ENV, bins.get("kubectl"))
             .env("BYPASS_HELM", helm)
+            .env("BYPASS_KUBECONFORM", kubeconform)
             .env("BYPASS_AGENT_BIN", agent)
             .args(["--", "--test-threads=1"])
             .args(harness);

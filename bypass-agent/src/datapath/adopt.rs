@@ -1,8 +1,8 @@
 //! Adopt or release what is pinned: the pinned datapath of this same build on this
-//! cgroup is kept as it is; any other (or `--reset`) is switched to TCP and its pins
-//! removed, so that this build loads afresh.
+//! cgroup, with the map sizes asked for, is kept as it is; any other (or `--reset`) is
+//! switched to TCP and its pins removed, so that this build loads afresh.
 
-use bypass_common::names::MAP_CONTROL;
+use bypass_common::names::{MAP_CONNECTORS, MAP_CONTROL, MAP_LINKS, MAP_SOCKETS};
 use tracing::{info, warn};
 
 use super::{Config, Identity, Origin, PinLayout, maps, pins};
@@ -17,9 +17,15 @@ pub(super) fn adopt_or_release(
     identity: Identity,
 ) -> Result<Origin, AgentError> {
     let pinned = pins::complete(pins);
-    let adopt = pinned && !config.reset && pinned_identity(pins) == Some(identity);
+    let sizes = pinned_sizes(pins);
+    let resized = sizes.is_some_and(|s| !same_sizes(s, config.max_sockets));
+    let adopt = pinned && !config.reset && !resized && pinned_identity(pins) == Some(identity);
     if adopt {
         return Ok(Origin::Adopted);
+    }
+    if pinned && resized {
+        info!(pinned = ?sizes, max_sockets = config.max_sockets,
+            "the pinned datapath's maps have another size than --max-sockets asks: replacing it");
     }
     if pinned {
         // The released datapath's sockets keep its programs until they close;
@@ -49,4 +55,32 @@ pub(super) fn adopt_or_release(
 fn pinned_identity(pins: &PinLayout) -> Option<Identity> {
     let control = maps::Control::new(maps::open_pinned(pins, MAP_CONTROL).ok()?).ok()?;
     control.identity().ok()
+}
+
+/// The sizes of the maps `--max-sockets` sizes (SockHash, connectors, links), as
+/// pinned; `None` if one cannot be read (then the identity alone decides).
+fn pinned_sizes(pins: &PinLayout) -> Option<[u32; 3]> {
+    let size = |name| {
+        aya::maps::MapInfo::from_pin(pins.map(name))
+            .ok()
+            .map(|i| i.max_entries())
+    };
+    Some([size(MAP_SOCKETS)?, size(MAP_CONNECTORS)?, size(MAP_LINKS)?])
+}
+
+/// Whether pinned map sizes are what `max_sockets` makes (pure).
+pub(super) fn same_sizes(pinned: [u32; 3], max_sockets: u32) -> bool {
+    pinned.iter().all(|&n| n == max_sockets)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_changed_max_sockets_is_not_adopted() {
+        assert!(same_sizes([65_536; 3], 65_536));
+        assert!(!same_sizes([65_536; 3], 262_144));
+        assert!(!same_sizes([65_536, 65_536, 1024], 65_536));
+    }
 }

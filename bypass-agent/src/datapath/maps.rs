@@ -382,6 +382,16 @@ impl Control {
         self.get(control::SLOT_FEATURES)
     }
 
+    /// Sets the heartbeat deadline (`control::SLOT_HEARTBEAT`).
+    pub fn set_heartbeat(&mut self, deadline: u32) -> Result<(), AgentError> {
+        self.set(control::SLOT_HEARTBEAT, deadline)
+    }
+
+    /// The heartbeat deadline (`control::SLOT_HEARTBEAT`).
+    pub fn heartbeat_deadline(&self) -> Result<u32, AgentError> {
+        self.get(control::SLOT_HEARTBEAT)
+    }
+
     /// The agent's own state word.
     pub fn agent_state(&self) -> Result<u32, AgentError> {
         self.get(control::SLOT_AGENT_STATE)

@@ -6,6 +6,7 @@ mod adopt;
 mod btf;
 mod fmodret;
 mod fs;
+mod heartbeat;
 mod host;
 mod leaver;
 mod load;
@@ -14,7 +15,7 @@ mod maps;
 mod object;
 mod pins;
 mod plan;
-mod preflight;
+pub mod preflight;
 mod pressure;
 mod rawlink;
 
@@ -43,7 +44,8 @@ use bypass_common::{
         PIN_LINK_SOCKOPS, PIN_LINK_SOCKOPT, PROG_SOCKOPS, PROG_SOCKOPT,
     },
 };
-pub use fs::{find_cgroup2_mount, find_host_cgroup2, find_mount};
+pub use fs::{ensure_bpffs, find_cgroup2_mount, find_host_cgroup2, find_mount};
+pub use heartbeat::{DEFAULT_TTL_SECS as DEFAULT_HEARTBEAT_SECS, remaining as heartbeat_remaining};
 pub use host::{kernel_release, tcp_rmem_max};
 pub use maps::{Identity, Pairings, PinnedView, PodMaps, count_keys as count_sockets};
 pub use pins::PinLayout;
@@ -76,6 +78,9 @@ pub struct Config {
     pub detach_on_exit: bool,
     /// Ports whose connections are left alone.
     pub skip_ports: std::collections::BTreeSet<u16>,
+    /// Seconds the heartbeat runs ahead: that long after the agent stops beating,
+    /// sock_ops inserts nothing new.
+    pub heartbeat_secs: u32,
 }
 
 /// How the running datapath came to be.
@@ -97,6 +102,7 @@ pub struct Datapath {
     // Field order is drop order.
     sockops_link: Option<PinnedLink>,
     sockopt_link: Option<PinnedLink>,
+    _heartbeat: heartbeat::Beater,
     _pressure: Option<pressure::Watcher>,
     _leaver: leaver::Leaver,
     pairings: Pairings,
@@ -214,6 +220,11 @@ impl Datapath {
         } else {
             (None, None)
         };
+        // Before anything is attached: sock_ops inserts only under a live heartbeat.
+        let beater = heartbeat::Beater::start(
+            maps::Control::new(maps::open_pinned(&pins, MAP_CONTROL)?)?,
+            config.heartbeat_secs,
+        )?;
         guard.disarm();
         info!(pin_dir = %config.pin_dir.display(), ?origin, attached = sockops_link.is_some(),
             max_sockets = config.max_sockets, max_queued_bytes = max_queued,
@@ -222,6 +233,7 @@ impl Datapath {
         Ok(Self {
             sockops_link,
             sockopt_link,
+            _heartbeat: beater,
             _pressure: pressure,
             _leaver: leaver,
             pairings,
@@ -324,6 +336,29 @@ impl Datapath {
             info!(cgroup = %self.cgroup_path.display(), "bypass detached");
         }
         Ok(())
+    }
+
+    /// The guarantees the loaded programs give on this kernel.
+    pub fn features(&self) -> crate::status::Features {
+        let bits = self.control.features().unwrap_or(0);
+        crate::status::Features::from_bits(
+            bits,
+            self.sockopt_link.is_some(),
+            bits & bypass_common::layout::features::GUARD_FMOD_RET != 0,
+            self.control.max_queued().unwrap_or(0),
+        )
+    }
+
+    /// On drop, detach and remove the pins whatever `--detach-on-exit` said (the
+    /// agent's DaemonSet is gone: nothing will adopt them).
+    pub fn remove_on_exit(&mut self) {
+        self.detach_on_exit = true;
+    }
+
+    /// Why this agent does not bypass the node at all (a kernel without a read guard,
+    /// no `--allow-unguarded`), if it does not.
+    pub fn refused(&self) -> Option<&'static str> {
+        self.refused
     }
 
     /// Whether sock_ops is attached and redirects are allowed.

@@ -154,6 +154,7 @@ pub async fn run(
     statics: Statics,
     dp: &mut Datapath,
     telemetry: Arc<Telemetry>,
+    mut publisher: Option<&mut super::Publisher>,
     shutdown: impl Future<Output = &'static str>,
 ) -> Result<&'static str, AgentError> {
     let node = settings.node.clone();
@@ -179,6 +180,7 @@ pub async fn run(
             node: node.clone(),
             exclude_annotation: settings.exclude_annotation.clone(),
             exclude_namespace_label: settings.exclude_namespace_label.clone(),
+            include_namespace_label: settings.include_namespace_label.clone(),
         },
         settings,
         statics,
@@ -228,6 +230,9 @@ pub async fn run(
             ctl.telemetry.health.set_synced(true);
             ctl.telemetry.agent.synced.set(1);
             ctl.reconcile(dp);
+            if let Some(p) = publisher.as_deref_mut() {
+                p.update(ctl.node_status(dp)).await;
+            }
         }
     }
 }
@@ -358,17 +363,11 @@ impl Reconciler<'_> {
             &self.policy,
             &self.statics,
         );
-        let excluded: BTreeSet<String> = namespaces
-            .iter()
-            .filter(|ns| {
-                ns.metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(&self.policy.exclude_namespace_label))
-                    .is_some_and(|v| v != "false")
-            })
-            .filter_map(|ns| ns.metadata.name.clone())
-            .collect();
+        let excluded = sync::namespace_sets(
+            namespaces.iter().map(AsRef::as_ref),
+            &self.policy,
+            &mut BTreeSet::new(),
+        );
         for r in sync::new_rejections(&self.reported, &desired.rejections) {
             metrics.error(match r.kind {
                 RejectionKind::PodAddress => ErrorKind::PodAddress,
@@ -424,6 +423,28 @@ impl Reconciler<'_> {
             );
         }
         self.toggle(dp, node.as_deref());
+    }
+
+    /// What this node's status object should say now.
+    fn node_status(&self, dp: &Datapath) -> super::node_status::NodeStatus {
+        let features = dp.features();
+        let why_off = match self.enabled_by {
+            Some(toggle::EnabledBy::Label) => {
+                format!("node label {}=false", self.settings.node_label)
+            }
+            Some(toggle::EnabledBy::Default) => format!(
+                "no node label {} and --default-enabled=false",
+                self.settings.node_label
+            ),
+            None => "not decided yet".to_owned(),
+        };
+        super::loaded_status(
+            &self.policy.node,
+            dp.is_attached(),
+            dp.refused(),
+            &features,
+            &why_off,
+        )
     }
 
     /// Applies what the node label means.

@@ -4,10 +4,12 @@
 
 pub mod client;
 mod controller;
+pub mod node_status;
+pub mod owner;
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::{
     datapath::{self, Datapath, PinLayout},
@@ -32,10 +34,93 @@ pub struct Settings {
     pub exclude_annotation: String,
     /// Namespace label key that opts a namespace's pods out (`"true"`).
     pub exclude_namespace_label: String,
-    /// Address for `/metrics`, `/healthz`, `/readyz`.
-    pub metrics_addr: SocketAddr,
+    /// Namespace label key that, when given, is the only way in (`"true"`).
+    pub include_namespace_label: Option<String>,
+    /// Addresses for `/metrics`, `/healthz`, `/readyz` (the node's, IPv4 and IPv6).
+    pub metrics_addrs: Vec<SocketAddr>,
     /// Period of the full reconcile pass that repairs drift.
     pub resync: Duration,
+    /// This agent's pod and namespace (downward API), when it runs in one: its node's
+    /// status is published there, and its DaemonSet asked about at exit.
+    pub pod: Option<PodRef>,
+}
+
+/// The agent's own pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodRef {
+    /// Namespace (`POD_NAMESPACE`).
+    pub namespace: String,
+    /// Name (`POD_NAME`).
+    pub name: String,
+}
+
+/// Where the node's status goes, and what owns it.
+pub struct Publisher {
+    client: kube::Client,
+    namespace: String,
+    owner: Option<node_status::Owner>,
+    last: Option<node_status::NodeStatus>,
+    warned: bool,
+}
+
+impl Publisher {
+    /// Publishes `status` unless it is what was published last; failures are logged
+    /// once and retried on the next pass.
+    pub async fn update(&mut self, status: node_status::NodeStatus) {
+        if self.last.as_ref() == Some(&status) {
+            return;
+        }
+        match node_status::publish(&self.client, &self.namespace, &status, self.owner.as_ref())
+            .await
+        {
+            Ok(()) => {
+                info!(state = status.state.as_str(), "node status published");
+                self.last = Some(status);
+                self.warned = false;
+            }
+            Err(e) if !self.warned => {
+                self.warned = true;
+                warn!(error = %e, "node status not published; retrying on the next pass");
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// The status of a node whose datapath is loaded (pure apart from the kernel release).
+pub fn loaded_status(
+    node: &str,
+    attached: bool,
+    refused: Option<&str>,
+    features: &crate::status::Features,
+    why_off: &str,
+) -> node_status::NodeStatus {
+    let list = features.list();
+    node_status::NodeStatus {
+        node: node.to_owned(),
+        state: match (refused, attached) {
+            (Some(_), _) => node_status::State::Refused,
+            (None, true) => node_status::State::Bypassing,
+            (None, false) => node_status::State::Off,
+        },
+        reason: match (refused, attached) {
+            (Some(why), _) => why.to_owned(),
+            (None, true) => String::new(),
+            (None, false) => why_off.to_owned(),
+        },
+        kernel: datapath::kernel_release(),
+        guarantees: list
+            .iter()
+            .filter(|(_, on)| *on)
+            .map(|(n, _)| (*n).to_owned())
+            .collect(),
+        without: list
+            .iter()
+            .filter(|(_, on)| !*on)
+            .map(|(n, _)| (*n).to_owned())
+            .collect(),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+    }
 }
 
 /// Runs the Kubernetes agent until SIGINT or SIGTERM.
@@ -57,7 +142,9 @@ async fn run_async(
     // Configuration problems first: they need a person, not a retry.
     let client = client::connect(settings.kubeconfig.as_deref()).await?;
     let telemetry = Arc::new(Telemetry::new(PinLayout::new(&config.pin_dir)));
-    metrics::serve(settings.metrics_addr, telemetry.clone()).await?;
+    for addr in &settings.metrics_addrs {
+        metrics::serve(*addr, telemetry.clone()).await;
+    }
 
     let mut attempt = 0;
     loop {
@@ -79,20 +166,81 @@ async fn run_async(
     }
     info!(node = %settings.node, "node found; get, list and watch allowed");
 
-    let mut dp = Datapath::load(&config)?;
+    // The DaemonSet this agent belongs to: the owner of its node status, and what is
+    // asked at exit whether the datapath stays.
+    let owner = match &settings.pod {
+        Some(p) => owner::find(&client, &p.namespace, &p.name).await,
+        None => None,
+    };
+    let allowed_at_start = match (&settings.pod, &owner) {
+        (Some(p), Some(o)) => matches!(
+            owner::check(&client, &p.namespace, o).await,
+            owner::OwnerCheck::Present { .. }
+        ),
+        _ => false,
+    };
+    let mut publisher = settings.pod.as_ref().map(|p| Publisher {
+        client: client.clone(),
+        namespace: p.namespace.clone(),
+        owner: owner.clone(),
+        last: None,
+        warned: false,
+    });
+
+    let mut dp = match Datapath::load(&config) {
+        Ok(dp) => dp,
+        Err(e @ AgentError::KernelLacks { .. }) => {
+            // Report and idle: a node that cannot run the datapath must not crash-loop.
+            error!(error = %e, "this node's kernel cannot run the datapath: idling (nothing loaded)");
+            if let Some(p) = publisher.as_mut() {
+                p.update(node_status::NodeStatus {
+                    node: settings.node.clone(),
+                    state: node_status::State::Refused,
+                    reason: e.to_string(),
+                    kernel: datapath::kernel_release(),
+                    guarantees: Vec::new(),
+                    without: Vec::new(),
+                    version: env!("CARGO_PKG_VERSION").to_owned(),
+                })
+                .await;
+            }
+            telemetry.refused(&e.to_string());
+            telemetry.health.set_synced(true);
+            telemetry.health.set_settled(true);
+            let signal = (&mut shutdown).await;
+            info!(signal, "stopping (idle: the kernel was refused)");
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+    };
+    if let Some(why) = dp.refused() {
+        telemetry.refused(why);
+    }
     telemetry.health.set_settled(false);
     let signal = controller::run(
-        client,
+        client.clone(),
         &settings,
         statics,
         &mut dp,
         telemetry,
+        publisher.as_mut(),
         &mut shutdown,
     )
     .await?;
     match dp.counters() {
         Ok(counters) => info!(signal, sockets = dp.socket_count(), ?counters, "stopping"),
         Err(e) => warn!(signal, error = %e, "stopping"),
+    }
+    if let (Some(p), Some(o)) = (&settings.pod, &owner) {
+        let check = owner::check(&client, &p.namespace, o).await;
+        let action = owner::on_exit(&check, allowed_at_start);
+        info!(daemonset = %o.name, ?check, ?action, "asked whether the DaemonSet is still there");
+        if action == owner::ExitAction::Remove {
+            info!(
+                "the DaemonSet is gone: removing the datapath from this node (bypassed connections continue by TCP)"
+            );
+            dp.remove_on_exit();
+        }
     }
     drop(dp);
     Ok(())

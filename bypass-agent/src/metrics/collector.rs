@@ -121,14 +121,50 @@ impl Collector for DatapathCollector {
             "Addresses never treated as a pod's (opted out)",
             count(view.pod_maps.excluded().len()),
         )?;
+        let capacity =
+            aya::maps::MapInfo::from_pin(self.layout.map(bypass_common::names::MAP_SOCKETS))
+                .map(|i| i64::from(i.max_entries()))
+                .unwrap_or(0);
+        gauge(
+            &mut enc,
+            "bypass_sockets_capacity",
+            "SockHash size (--max-sockets of the loaded datapath): alert on bypass_sockets / bypass_sockets_capacity",
+            capacity,
+        )?;
         let release = crate::datapath::kernel_release();
         labeled_gauges(
             &mut enc,
-            "bypass_kernel",
+            "bypass_kernel_info",
             "The running kernel's release (always 1)",
             "release",
             &[(release.as_str(), 1)],
         )?;
+        if let Ok(deadline) = view.control.heartbeat_deadline() {
+            gauge(
+                &mut enc,
+                "bypass_heartbeat_remaining_seconds",
+                "Seconds until sock_ops stops inserting unless the agent refreshes its heartbeat (0: expired)",
+                crate::datapath::heartbeat_remaining(deadline)
+                    .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX)),
+            )?;
+        }
+        let others = crate::others::list();
+        let mut family = enc.encode_descriptor(
+            "bypass_other_programs",
+            "Another program's sock_ops or sk_msg program loaded on this node (always 1): sockets its sockmap holds cannot join ours",
+            None,
+            MetricType::Gauge,
+        )?;
+        for o in &others {
+            let id = o.id.to_string();
+            let labels = [
+                ("kind", o.kind),
+                ("name", o.name.as_str()),
+                ("owner", o.owner.unwrap_or("unknown")),
+                ("id", id.as_str()),
+            ];
+            ConstGauge::new(1).encode(family.encode_family(&labels)?)?;
+        }
         if let (Ok(bits), Ok(max_queued)) = (view.control.features(), view.control.max_queued()) {
             let features = crate::status::Features::from_bits(
                 bits,

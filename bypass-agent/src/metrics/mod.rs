@@ -7,7 +7,7 @@ mod server;
 
 use std::{
     fmt::Write as _,
-    net::{Ipv4Addr, SocketAddr, SocketAddrV4},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -23,9 +23,64 @@ pub use server::serve;
 
 use crate::datapath::PinLayout;
 
-/// Default `--metrics-addr` of the Kubernetes agent.
-pub const DEFAULT_METRICS_ADDR: SocketAddr =
-    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 9464));
+/// Default port of `/metrics`, `/healthz` and `/readyz` (`--metrics-port`). Not 9464,
+/// OpenTelemetry's Prometheus exporter default, which an OpenTelemetry collector or SDK
+/// on a hostNetwork pod takes; 19464 lies outside the Prometheus exporters' range
+/// (9100-9999, fully allocated), the NodePort range (30000-32767) and Linux's
+/// ephemeral ports (32768-60999, so no outgoing connection can hold it), and is used by
+/// none of kubelet (10248-10259), kube-proxy (10249, 10256), Cilium (4240, 9962-9965),
+/// Calico (9091, 9099), Istio (15000-15090) or Linkerd (4191).
+pub const DEFAULT_METRICS_PORT: u16 = 19_464;
+
+/// Default address of the metrics server in Kubernetes mode when no address is given:
+/// loopback only.
+pub const DEFAULT_METRICS_IP: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+/// Where to serve metrics (pure): `--metrics-addr`, or each of `--metrics-ip` (the
+/// node's addresses, IPv4 and IPv6, as the downward API's `status.hostIPs` gives them:
+/// comma-separated, no brackets) on `--metrics-port`. Empty when none is given and
+/// `default_on` is false (standalone).
+pub fn metrics_addrs(
+    addr: Option<SocketAddr>,
+    ips: &[IpAddr],
+    port: Option<u16>,
+    default_on: bool,
+) -> Vec<SocketAddr> {
+    if let Some(a) = addr {
+        return vec![a];
+    }
+    if ips.is_empty() && port.is_none() && !default_on {
+        return Vec::new();
+    }
+    let port = port.unwrap_or(DEFAULT_METRICS_PORT);
+    let mut out: Vec<SocketAddr> = if ips.is_empty() {
+        vec![SocketAddr::new(DEFAULT_METRICS_IP, port)]
+    } else {
+        ips.iter().map(|ip| SocketAddr::new(*ip, port)).collect()
+    };
+    out.dedup();
+    out
+}
+
+#[cfg(test)]
+mod addr_tests {
+    use super::*;
+
+    #[test]
+    fn every_node_address_ipv6_included() {
+        let ips: Vec<IpAddr> = vec!["10.0.0.5".parse().unwrap(), "fd00::5".parse().unwrap()];
+        let a = metrics_addrs(None, &ips, Some(19464), true);
+        let shown: Vec<String> = a.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, ["10.0.0.5:19464", "[fd00::5]:19464"]);
+        assert_eq!(
+            metrics_addrs(None, &[], None, true),
+            [SocketAddr::new(DEFAULT_METRICS_IP, DEFAULT_METRICS_PORT)]
+        );
+        assert!(metrics_addrs(None, &[], None, false).is_empty());
+        let given: SocketAddr = "[::1]:1".parse().unwrap();
+        assert_eq!(metrics_addrs(Some(given), &ips, None, true), [given]);
+    }
+}
 
 /// Kinds of reconcile errors, the `kind` label of `bypass_reconcile_errors_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -132,6 +187,15 @@ pub struct AgentMetrics {
     pub errors: Family<ErrorLabels, Counter>,
     /// Whether the watchers have synced (0/1).
     pub synced: Gauge,
+    /// 1 with the reason when the kernel was refused and the agent idles.
+    pub refused: Family<RefusedLabels, Gauge>,
+}
+
+/// Labels of `bypass_refused`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct RefusedLabels {
+    /// The one-line refusal.
+    pub reason: String,
 }
 
 impl AgentMetrics {
@@ -180,12 +244,27 @@ impl Telemetry {
             "1 once the node, pod and namespace watchers have listed everything",
             agent.synced.clone(),
         );
+        registry.register(
+            "bypass_refused",
+            "1 when this node's kernel lacks what the datapath needs and the agent idles, with the reason",
+            agent.refused.clone(),
+        );
         registry.register_collector(Box::new(collector::DatapathCollector::new(layout)));
         Self {
             registry,
             agent,
             health: Health::default(),
         }
+    }
+
+    /// The kernel was refused: the agent idles, and says why.
+    pub fn refused(&self, reason: &str) {
+        self.agent
+            .refused
+            .get_or_create(&RefusedLabels {
+                reason: reason.to_owned(),
+            })
+            .set(1);
     }
 
     /// The OpenMetrics text of every metric.

@@ -10,9 +10,35 @@ use tracing::{debug, info, warn};
 use super::Telemetry;
 use crate::error::AgentError;
 
-/// Binds `addr` and serves `/metrics`, `/healthz` and `/readyz` until the runtime
-/// stops. Returns the bound address (useful with port 0).
-pub async fn serve(addr: SocketAddr, telemetry: Arc<Telemetry>) -> Result<SocketAddr, AgentError> {
+/// Serves `/metrics`, `/healthz` and `/readyz` on `addr` until the runtime stops. A
+/// failed bind (the port taken by another program on the node) does not stop the
+/// agent: the datapath does not depend on it. It is logged and retried every
+/// [`RETRY`] until it succeeds; until then the probes of a DaemonSet fail and say so.
+pub async fn serve(addr: SocketAddr, telemetry: Arc<Telemetry>) {
+    let listener = match bind(addr).await {
+        Ok(l) => l,
+        Err(e) => {
+            warn!(error = %e, retry_in = ?RETRY,
+                "metrics not served for now; the datapath runs without them");
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(RETRY).await;
+                    if let Ok(l) = bind(addr).await {
+                        accept_loop(l, telemetry).await;
+                        return;
+                    }
+                }
+            });
+            return;
+        }
+    };
+    tokio::spawn(accept_loop(listener, telemetry));
+}
+
+/// How often a failed bind is retried.
+pub const RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+
+async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, AgentError> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| AgentError::MetricsBind { addr, source })?;
@@ -20,32 +46,33 @@ pub async fn serve(addr: SocketAddr, telemetry: Arc<Telemetry>) -> Result<Socket
         .local_addr()
         .map_err(|source| AgentError::MetricsBind { addr, source })?;
     info!(addr = %bound, "serving /metrics, /healthz, /readyz");
-    tokio::spawn(async move {
-        loop {
-            let stream = match listener.accept().await {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    warn!(error = %e, "metrics accept");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            let t = telemetry.clone();
-            tokio::spawn(async move {
-                let svc = service_fn(move |req| {
-                    let t = t.clone();
-                    async move { Ok::<_, Infallible>(respond(&req, &t)) }
-                });
-                if let Err(e) = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await
-                {
-                    debug!(error = %e, "metrics connection");
-                }
+    Ok(listener)
+}
+
+async fn accept_loop(listener: tokio::net::TcpListener, telemetry: Arc<Telemetry>) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                warn!(error = %e, "metrics accept");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let t = telemetry.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| {
+                let t = t.clone();
+                async move { Ok::<_, Infallible>(respond(&req, &t)) }
             });
-        }
-    });
-    Ok(bound)
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await
+            {
+                debug!(error = %e, "metrics connection");
+            }
+        });
+    }
 }
 
 /// The response to one request (pure apart from reading the pins for `/metrics`).

@@ -29,7 +29,19 @@ pub struct Policy {
     pub exclude_annotation: String,
     /// A namespace label that opts every pod of the namespace out when `"true"`.
     pub exclude_namespace_label: String,
+    /// A namespace label that, when set, is the only way in: only pods of namespaces
+    /// labelled `"true"` count (a canary rollout); `None`: every namespace is in unless
+    /// it opts out.
+    pub include_namespace_label: Option<String>,
 }
+
+/// Pod annotations of the CNI bandwidth plugin (`kubernetes.io/ingress-bandwidth`,
+/// `kubernetes.io/egress-bandwidth`): it shapes traffic on the pod's veth, which
+/// redirected bytes never cross, so such pods keep the veth path and their limits.
+pub const BANDWIDTH_ANNOTATIONS: [&str; 2] = [
+    "kubernetes.io/ingress-bandwidth",
+    "kubernetes.io/egress-bandwidth",
+];
 
 /// Entries given on the command line, always kept.
 #[derive(Debug, Clone, Default)]
@@ -53,8 +65,11 @@ pub enum Skip {
     Finished,
     /// Opted out by the pod annotation.
     Excluded,
-    /// Opted out by its namespace's label.
+    /// Opted out by its namespace's label, or (namespace opt-in) its namespace is
+    /// not opted in.
     NamespaceExcluded,
+    /// Carries a bandwidth-plugin annotation: its limits apply on the veth only.
+    Bandwidth,
     /// No address yet, or none that parses.
     NoAddress,
 }
@@ -230,19 +245,14 @@ pub fn desired<'a>(
         }
         out.service_cidrs = Some(set);
     }
-    let mut excluded_ns = BTreeSet::new();
-    for ns in namespaces {
-        if namespace_excluded(ns, policy, &mut out.rejections) {
-            excluded_ns.insert(ns.metadata.name.clone().unwrap_or_default());
-        }
-    }
+    let sets = namespace_sets(namespaces, policy, &mut out.rejections);
     for pod in pods {
-        match pod_addrs(pod, policy, &excluded_ns, &mut out.rejections) {
+        match pod_addrs(pod, policy, &sets, &mut out.rejections) {
             Ok(addrs) => {
                 out.pods_tracked += 1;
                 out.addrs.extend(addrs);
             }
-            Err(Skip::Excluded | Skip::NamespaceExcluded | Skip::HostNetwork) => {
+            Err(Skip::Excluded | Skip::NamespaceExcluded | Skip::HostNetwork | Skip::Bandwidth) => {
                 out.excluded.extend(status_addrs(pod, &mut out.rejections));
             }
             Err(_) => {}
@@ -299,6 +309,78 @@ pub fn service_cidr_ranges(
     out
 }
 
+/// Which namespaces' pods are out, from the namespaces' labels.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NamespaceSets {
+    /// Namespaces that opted out.
+    pub excluded: BTreeSet<String>,
+    /// With namespace opt-in, the namespaces that opted in (and did not opt out);
+    /// `None` without it.
+    pub included: Option<BTreeSet<String>>,
+}
+
+impl NamespaceSets {
+    /// Whether pods of `namespace` are out: opted out, or not opted in where opt-in
+    /// is asked for (a namespace the agent has not seen yet is not in).
+    pub fn excludes(&self, namespace: &str) -> bool {
+        self.excluded.contains(namespace)
+            || self
+                .included
+                .as_ref()
+                .is_some_and(|inc| !inc.contains(namespace))
+    }
+}
+
+/// The namespaces that opt out, and (namespace opt-in) those that opt in. Bad label
+/// values are rejected: an unclear opt-out reads as out, an unclear opt-in as not in.
+pub fn namespace_sets<'a>(
+    namespaces: impl IntoIterator<Item = &'a Namespace>,
+    policy: &Policy,
+    rejections: &mut BTreeSet<Rejection>,
+) -> NamespaceSets {
+    let mut sets = NamespaceSets {
+        included: policy
+            .include_namespace_label
+            .as_ref()
+            .map(|_| BTreeSet::new()),
+        ..NamespaceSets::default()
+    };
+    for ns in namespaces {
+        let name = ns.metadata.name.clone().unwrap_or_default();
+        if namespace_excluded(ns, policy, rejections) {
+            sets.excluded.insert(name);
+        } else if let (Some(key), Some(included)) =
+            (&policy.include_namespace_label, sets.included.as_mut())
+            && namespace_included(ns, key, rejections)
+        {
+            included.insert(name);
+        }
+    }
+    sets
+}
+
+/// Whether a namespace opted in by label `key`: `"true"` is in; `"false"`, absent or
+/// anything else (rejected) is not.
+fn namespace_included(ns: &Namespace, key: &str, rejections: &mut BTreeSet<Rejection>) -> bool {
+    let name = ns.metadata.name.as_deref().unwrap_or("");
+    let Some(value) = ns.metadata.labels.as_ref().and_then(|l| l.get(key)) else {
+        return false;
+    };
+    match toggle::parse_value(value) {
+        Some(v) => v,
+        None => {
+            rejections.insert(Rejection {
+                kind: RejectionKind::OptOutValue,
+                object: format!("namespace {name}"),
+                field: format!("metadata.labels[{key}]"),
+                value: value.clone(),
+                reason: "neither \"true\" nor \"false\"; treated as \"false\" (not opted in): set it to \"true\" or \"false\"".into(),
+            });
+            false
+        }
+    }
+}
+
 /// Whether a namespace opts its pods out.
 fn namespace_excluded(
     ns: &Namespace,
@@ -349,7 +431,7 @@ fn opt_out(
 pub fn pod_addrs(
     pod: &Pod,
     policy: &Policy,
-    excluded_namespaces: &BTreeSet<String>,
+    namespaces: &NamespaceSets,
     rejections: &mut BTreeSet<Rejection>,
 ) -> Result<BTreeSet<IpAddr>, Skip> {
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("");
@@ -382,8 +464,15 @@ pub fn pod_addrs(
     ) {
         return Err(Skip::Excluded);
     }
-    if excluded_namespaces.contains(namespace) {
+    if namespaces.excludes(namespace) {
         return Err(Skip::NamespaceExcluded);
+    }
+    let annotations = pod.metadata.annotations.as_ref();
+    if BANDWIDTH_ANNOTATIONS
+        .iter()
+        .any(|k| annotations.is_some_and(|a| a.contains_key(*k)))
+    {
+        return Err(Skip::Bandwidth);
     }
     let out = status_addrs(pod, rejections);
     if out.is_empty() {
@@ -456,18 +545,19 @@ pub fn new_rejections<'a>(
 pub fn skip_counts<'a>(
     pods: impl IntoIterator<Item = &'a Pod>,
     policy: &Policy,
-    excluded_namespaces: &BTreeSet<String>,
+    namespaces: &NamespaceSets,
 ) -> BTreeMap<&'static str, usize> {
     let mut out = BTreeMap::new();
     let mut sink = BTreeSet::new();
     for pod in pods {
-        let key = match pod_addrs(pod, policy, excluded_namespaces, &mut sink) {
+        let key = match pod_addrs(pod, policy, namespaces, &mut sink) {
             Ok(_) => "tracked",
             Err(Skip::OtherNode) => "other_node",
             Err(Skip::HostNetwork) => "host_network",
             Err(Skip::Finished) => "finished",
             Err(Skip::Excluded) => "excluded",
             Err(Skip::NamespaceExcluded) => "namespace_excluded",
+            Err(Skip::Bandwidth) => "bandwidth",
             Err(Skip::NoAddress) => "no_address",
         };
         *out.entry(key).or_insert(0) += 1;

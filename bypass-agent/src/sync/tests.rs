@@ -11,6 +11,7 @@ fn policy() -> Policy {
         node: NODE.into(),
         exclude_annotation: "bypass.dev/exclude".into(),
         exclude_namespace_label: "bypass.dev/exclude".into(),
+        include_namespace_label: None,
     }
 }
 
@@ -132,7 +133,10 @@ fn ineligible_pods_contribute_nothing() {
         d.excluded,
         ips(&["192.168.0.10", "10.244.1.6", "10.244.1.7"])
     );
-    let excluded: BTreeSet<String> = ["quiet".to_owned()].into();
+    let excluded = NamespaceSets {
+        excluded: ["quiet".to_owned()].into(),
+        included: None,
+    };
     let counts = skip_counts(&pods, &policy(), &excluded);
     assert_eq!(counts["other_node"], 2);
     assert_eq!(counts["host_network"], 1);
@@ -496,4 +500,72 @@ fn plan_moves_service_cidrs() {
     assert!(!p.is_empty());
     let done = current(&[], &[], &["10.96.0.0/12", "10.0.0.0/24"]);
     assert!(plan(&done, &want).is_empty());
+}
+
+#[test]
+fn bandwidth_annotated_pods_keep_the_veth_path() {
+    let shaped = |name: &str, key: &str, ip: &str| {
+        with(pod("default", name, NODE, &[ip]), |p| {
+            p.metadata.annotations = Some([(key.to_owned(), "10M".to_owned())].into());
+        })
+    };
+    let pods = [
+        shaped("in", "kubernetes.io/ingress-bandwidth", "10.244.1.2"),
+        shaped("out", "kubernetes.io/egress-bandwidth", "10.244.1.3"),
+        pod("default", "plain", NODE, &["10.244.1.4"]),
+    ];
+    let d = run(&pods, &[]);
+    assert_eq!(d.addrs, ips(&["10.244.1.4"]));
+    // Excluded, not merely absent: a --pod-cidr covering them does not bring them in.
+    assert_eq!(d.excluded, ips(&["10.244.1.2", "10.244.1.3"]));
+    let counts = skip_counts(&pods, &policy(), &NamespaceSets::default());
+    assert_eq!(counts["bandwidth"], 2);
+}
+
+#[test]
+fn namespace_opt_in_admits_only_labelled_namespaces() {
+    let opt_in = Policy {
+        include_namespace_label: Some("bypass.dev/include".into()),
+        ..policy()
+    };
+    let pods = [
+        pod("canary", "a", NODE, &["10.244.1.2"]),
+        pod("rest", "b", NODE, &["10.244.1.3"]),
+        pod("unseen", "c", NODE, &["10.244.1.4"]),
+        pod("both", "d", NODE, &["10.244.1.5"]),
+        pod("odd", "e", NODE, &["10.244.1.6"]),
+    ];
+    let nss = [
+        ns("canary", &[("bypass.dev/include", "true")]),
+        ns("rest", &[("bypass.dev/include", "false")]),
+        // An opt-out wins over an opt-in.
+        ns(
+            "both",
+            &[
+                ("bypass.dev/include", "true"),
+                ("bypass.dev/exclude", "true"),
+            ],
+        ),
+        ns("odd", &[("bypass.dev/include", "yes")]),
+    ];
+    let d = desired(&pods, &nss, UNKNOWN, &opt_in, &Statics::default());
+    assert_eq!(d.addrs, ips(&["10.244.1.2"]));
+    assert_eq!(
+        d.excluded,
+        ips(&["10.244.1.3", "10.244.1.4", "10.244.1.5", "10.244.1.6"]),
+        "pods not opted in are excluded, so a --pod-cidr cannot bring them in"
+    );
+    assert!(
+        d.rejections
+            .iter()
+            .any(|r| r.object == "namespace odd" && r.value == "yes"),
+        "{:?}",
+        d.rejections
+    );
+    // Without opt-in the same namespaces are all in but the opted-out one.
+    let d = run(&pods, &nss);
+    assert_eq!(
+        d.addrs,
+        ips(&["10.244.1.2", "10.244.1.3", "10.244.1.4", "10.244.1.6"])
+    );
 }

@@ -110,7 +110,10 @@ pub fn helm(args: &[&str]) -> Result<String> {
 
 /// A release of `deploy/chart/bypass-agent` in `bypass-system`; on drop `helm
 /// uninstall`, the README's node cleanup, the namespace deleted.
-pub struct HelmRelease;
+pub struct HelmRelease {
+    /// `helm uninstall` already ran (the test's own step).
+    uninstalled: bool,
+}
 
 /// The release's name.
 pub const RELEASE: &str = "bypass";
@@ -146,9 +149,26 @@ fn helm_chart(verb: &str, mode: &str, sets: &[&str]) -> Result<()> {
 impl HelmRelease {
     /// `helm install` with `sets` (`key=value`), waiting for the DaemonSet.
     pub fn install(sets: &[&str]) -> Result<Self> {
-        let me = Self;
+        // Helm's --create-namespace: the namespace has no Pod Security label of its own.
+        let _ = kubectl()?.delete_namespace(AGENT_NS);
+        let me = Self { uninstalled: false };
         helm_chart("install", "--create-namespace", sets)?;
         Ok(me)
+    }
+
+    /// `helm uninstall --wait`, and nothing else (the drop then only deletes the
+    /// namespace and cleans what a failed test left).
+    pub fn uninstall(&mut self) -> Result<()> {
+        self.uninstalled = true;
+        helm(&[
+            "uninstall",
+            RELEASE,
+            "-n",
+            AGENT_NS,
+            "--wait",
+            "--timeout=120s",
+        ])
+        .map(drop)
     }
 
     /// `helm upgrade --reuse-values` with `sets`, waiting for the rollout.
@@ -159,13 +179,82 @@ impl HelmRelease {
 
 impl Drop for HelmRelease {
     fn drop(&mut self) {
-        let result = helm(&["uninstall", RELEASE, "-n", AGENT_NS, "--wait"])
+        let uninstall = if self.uninstalled {
+            Ok(String::new())
+        } else {
+            helm(&["uninstall", RELEASE, "-n", AGENT_NS, "--wait"])
+        };
+        let result = uninstall
             .and_then(|_| kubectl()?.clean_nodes(&deploy_dir()))
             .and_then(|()| kubectl()?.delete_namespace(AGENT_NS));
         if let Err(e) = result {
             eprintln!("cluster test: helm uninstall failed: {e:#}");
         }
     }
+}
+
+/// The agent pod's container `name` as JSON (`spec.containers` or `initContainers`).
+pub fn agent_container(init: bool) -> Result<serde_json::Value> {
+    let pod = agent_pod()?;
+    let field = if init { "initContainers" } else { "containers" };
+    let text = k(&[
+        "-n",
+        AGENT_NS,
+        "get",
+        "pod",
+        &pod,
+        "-o",
+        &format!("jsonpath={{.spec.{field}[0]}}"),
+    ])?;
+    Ok(serde_json::from_str(&text)?)
+}
+
+/// Bytes the agent container's memory cgroup is charged now (`memory.current` on
+/// cgroup v2, `memory.usage_in_bytes` on v1), BPF maps included (kernels >= 5.11
+/// charge them to the cgroup of the process that made them).
+pub fn agent_memory() -> Result<u64> {
+    let pod = agent_pod()?;
+    let id = k(&[
+        "-n",
+        AGENT_NS,
+        "get",
+        "pod",
+        &pod,
+        "-o",
+        "jsonpath={.status.containerStatuses[0].containerID}",
+    ])?;
+    let id = id.trim().rsplit("://").next().unwrap_or("").to_owned();
+    anyhow::ensure!(!id.is_empty(), "agent pod {pod} has no container id");
+    for (root, file) in [
+        ("/sys/fs/cgroup/memory", "memory.usage_in_bytes"),
+        ("/sys/fs/cgroup", "memory.current"),
+    ] {
+        if let Some(dir) = find_dir(std::path::Path::new(root), &id, 6) {
+            let v = std::fs::read_to_string(dir.join(file))
+                .with_context(|| format!("read {}/{file}", dir.display()))?;
+            return Ok(v.trim().parse()?);
+        }
+    }
+    anyhow::bail!("no memory cgroup of container {id}")
+}
+
+/// The directory under `root` (at most `depth` down) whose name ends with `id`.
+fn find_dir(root: &std::path::Path, id: &str, depth: usize) -> Option<std::path::PathBuf> {
+    for e in std::fs::read_dir(root).ok()?.flatten() {
+        if !e.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let p = e.path();
+        if e.file_name().to_string_lossy().ends_with(id) {
+            return Some(p);
+        }
+        if depth > 0
+            && let Some(found) = find_dir(&p, id, depth - 1)
+        {
+            return Some(found);
+        }
+    }
+    None
 }
 
 /// What is left under the agent's pin directory (empty when it is gone).
@@ -178,12 +267,15 @@ pub fn pins_left() -> Vec<String> {
         .collect()
 }
 
-/// The agent's metrics address in `deploy/`: `NODE_IP:9464`.
+/// The agent's metrics port in `deploy/` and the chart's default.
+pub const METRICS_PORT: u16 = 19_464;
+
+/// The agent's metrics address in `deploy/`: `NODE_IP:19464`.
 fn metrics_addr() -> Result<SocketAddr> {
-    Ok(SocketAddr::new(NODE_IP.parse()?, 9464))
+    Ok(SocketAddr::new(NODE_IP.parse()?, METRICS_PORT))
 }
 
-/// `GET http://NODE_IP:9464/<path>`: status code and body.
+/// `GET http://NODE_IP:19464/<path>`: status code and body.
 pub fn http_get(path: &str) -> Result<(u16, String)> {
     testbed::agent::http_get_at(metrics_addr()?, path)
 }

@@ -4,8 +4,10 @@
 //! Each test deploys the agent and ends with the README's uninstall (guards on drop).
 
 mod agent;
+mod helm;
 mod kube;
 mod pods;
+mod schema;
 
 use std::time::Duration;
 
@@ -21,7 +23,7 @@ const PAYLOAD_BYTES: u64 = 16 << 20;
 const BYPASSED_MAX: u64 = 256 << 10;
 
 /// Runs an exchange; returns the bytes the server pod's veth carried meanwhile.
-fn veth_cost(client: &Pod, server: &Pod, target: &str) -> Result<u64> {
+pub(crate) fn veth_cost(client: &Pod, server: &Pod, target: &str) -> Result<u64> {
     let before = server.veth_bytes()?;
     exchange(client, target, PAYLOAD)?;
     Ok(server.veth_bytes()? - before)
@@ -35,7 +37,7 @@ fn assert_bypassed(cost: u64, what: &str) -> Result<()> {
     Ok(())
 }
 
-fn assert_normal_path(cost: u64, what: &str) -> Result<()> {
+pub(crate) fn assert_normal_path(cost: u64, what: &str) -> Result<()> {
     ensure!(
         cost >= 2 * PAYLOAD_BYTES,
         "{what}: the veth carried only {cost} bytes of a {PAYLOAD_BYTES}-byte-each-way exchange: bypassed"
@@ -45,7 +47,7 @@ fn assert_normal_path(cost: u64, what: &str) -> Result<()> {
 
 /// Waits until an exchange has the expected path (the agent applies labels and
 /// annotations within a moment of the API's change).
-fn wait_path(client: &Pod, server: &Pod, target: &str, bypassed: bool) -> Result<u64> {
+pub(crate) fn wait_path(client: &Pod, server: &Pod, target: &str, bypassed: bool) -> Result<u64> {
     let mut last = 0;
     kube::wait_for(
         if bypassed { "bypassed" } else { "normal path" },
@@ -229,7 +231,21 @@ fn delete_then_readme_uninstall_leaves_nothing_pinned_or_attached() -> Result<()
         let client = ns.client_pod("client")?;
         wait_path(&client, &server, &format!("{}:{PORT}", server.ip), true)?;
         ensure!(!pins_left().is_empty(), "no pins while deployed");
-        // _deployed's drop: kubectl delete -k deploy/, then deploy/uninstall.yaml.
+        // `kubectl delete -k deploy/` alone: each agent sees its DaemonSet gone at exit
+        // and removes its datapath.
+        kube::k(&[
+            "delete",
+            "-k",
+            &kube::deploy_dir().display().to_string(),
+            "--wait=true",
+            "--timeout=120s",
+        ])?;
+        kube::wait_for("the datapath removed", Duration::from_secs(60), || {
+            let left = pins_left();
+            ensure!(left.is_empty(), "still pinned: {left:?}");
+            Ok(())
+        })?;
+        // _deployed's drop: the README's uninstall.yaml finds nothing left.
     }
     let left = pins_left();
     ensure!(left.is_empty(), "left pinned: {left:?}");

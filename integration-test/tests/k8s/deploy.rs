@@ -15,10 +15,14 @@ use super::{cluster::Cluster, support::deploy_dir};
 pub fn k8s_deploy_manifests_accepted_by_the_api_server() -> Result<()> {
     let c = Cluster::start()?;
     let deploy = deploy_dir();
-    // uninstall.yaml is applied after `kubectl delete -k`, never with the kustomization.
+    // uninstall.yaml is applied after `kubectl delete -k`, never with the kustomization;
+    // values.yaml is what the chart is rendered with.
     let mut files: Vec<String> = std::fs::read_dir(&deploy)?
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.ends_with(".yaml") && n != "kustomization.yaml" && n != "uninstall.yaml")
+        .filter(|n| {
+            n.ends_with(".yaml")
+                && !["kustomization.yaml", "uninstall.yaml", "values.yaml"].contains(&n.as_str())
+        })
         .collect();
     files.sort();
     // The kustomization lists every manifest, namespace first.

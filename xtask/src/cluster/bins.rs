@@ -92,30 +92,43 @@ pub fn ensure() -> Result<Bins> {
 
 /// The Helm release the chart tests install with (no Debian package carries Helm).
 pub const HELM_VERSION: &str = "v3.22.0";
+/// The kubeconform release the chart and `deploy/` are checked with.
+pub const KUBECONFORM_VERSION: &str = "v0.7.0";
 
 /// `helm`, built from the Go module proxy into the cache unless there.
 pub fn ensure_helm() -> Result<PathBuf> {
-    let dir = kube_testenv::cache_dir().join(format!("helm-{HELM_VERSION}"));
-    let helm = dir.join("helm");
-    if helm.is_file() {
-        return Ok(helm);
+    go_install("helm", "helm.sh/helm/v3/cmd/helm", HELM_VERSION)
+}
+
+/// `kubeconform`, built from the Go module proxy into the cache unless there.
+pub fn ensure_kubeconform() -> Result<PathBuf> {
+    go_install(
+        "kubeconform",
+        "github.com/yannh/kubeconform/cmd/kubeconform",
+        KUBECONFORM_VERSION,
+    )
+}
+
+/// `go install package@version` into the cache's `<name>-<version>/` unless there.
+fn go_install(name: &str, package: &str, version: &str) -> Result<PathBuf> {
+    let dir = kube_testenv::cache_dir().join(format!("{name}-{version}"));
+    let bin = dir.join(name);
+    if bin.is_file() {
+        return Ok(bin);
     }
     let go = kube_testenv::go_tool()?;
-    eprintln!("cluster: building helm {HELM_VERSION} (a few minutes the first time)");
+    eprintln!("cluster: building {name} {version} (a few minutes the first time)");
     let started = Instant::now();
     std::fs::create_dir_all(&dir)?;
     cmd::run_to_stderr(
         Command::new(go)
-            .args([
-                "install",
-                &format!("helm.sh/helm/v3/cmd/helm@{HELM_VERSION}"),
-            ])
+            .args(["install", &format!("{package}@{version}")])
             .env("GOBIN", &dir)
             .env("GOTOOLCHAIN", "local")
             .current_dir(&dir),
     )?;
-    eprintln!("cluster: helm built in {:.0?}", started.elapsed());
-    Ok(helm)
+    eprintln!("cluster: {name} built in {:.0?}", started.elapsed());
+    Ok(bin)
 }
 
 #[cfg(test)]

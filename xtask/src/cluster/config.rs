@@ -10,6 +10,13 @@ pub const NODE_NAME: &str = kube_testenv::deploy::NODE;
 /// The node's address: on a port-less bridge of our own (this kernel may lack dummy links), so pods (through the bridge) and
 /// hostNetwork pods reach the API server through the `kubernetes` Service.
 pub const NODE_IP: &str = "10.123.0.1";
+/// The node's IPv6 address, beside [`NODE_IP`] (kubelet's `--node-ip` gives both: the
+/// node and its pods' `status.hostIPs` are dual-stack; pods and Services stay IPv4).
+pub const NODE_IP6: &str = "fd00:123::1";
+/// The Pod Security level the API server enforces on every namespace without a label of
+/// its own (Talos' default; CIS-hardened distributions enforce as much or more): the
+/// agent's chart must label its namespace itself.
+pub const POD_SECURITY_DEFAULT: &str = "baseline";
 /// The link holding [`NODE_IP`].
 pub const NODE_LINK: &str = "bypass-node0";
 /// The pods' subnet: the CNI bridge's host-local range (the tests use 10.88/10.96/10.99).
@@ -79,6 +86,10 @@ impl Layout {
     /// `name pid` lines of the daemons `up` started.
     pub fn pids(&self) -> PathBuf {
         self.run.join("pids")
+    }
+    /// The API server's admission configuration (Pod Security defaults).
+    pub fn admission_config(&self) -> PathBuf {
+        self.var.join("admission.yaml")
     }
     /// Facts `up` changed on the host and `down` restores (e.g. `ip_forward`).
     pub fn restore(&self) -> PathBuf {
@@ -257,6 +268,39 @@ nodePortAddresses: ["{NODE_IP}/32"]
     )
 }
 
+/// The API server's admission configuration: Pod Security enforces
+/// [`POD_SECURITY_DEFAULT`] on every namespace without a level of its own, kube-system
+/// exempt, as hardened distributions do.
+pub fn admission_config() -> String {
+    format!(
+        r#"apiVersion: apiserver.config.k8s.io/v1
+kind: AdmissionConfiguration
+plugins:
+  - name: PodSecurity
+    configuration:
+      apiVersion: pod-security.admission.config.k8s.io/v1
+      kind: PodSecurityConfiguration
+      defaults:
+        enforce: {POD_SECURITY_DEFAULT}
+        enforce-version: latest
+        audit: {POD_SECURITY_DEFAULT}
+        audit-version: latest
+        warn: {POD_SECURITY_DEFAULT}
+        warn-version: latest
+      exemptions:
+        usernames: []
+        runtimeClasses: []
+        namespaces: [kube-system]
+"#
+    )
+}
+
+/// kubelet's `--node-ip`: both of the node's addresses, IPv4 first (the primary, what
+/// `status.hostIP` says).
+pub fn node_ips() -> String {
+    format!("{NODE_IP},{NODE_IP6}")
+}
+
 /// A kubeconfig for a client certificate `<user>.crt` in `pki`.
 pub fn kubeconfig(server: &str, pki: &Path, user: &str) -> String {
     format!(
@@ -348,6 +392,15 @@ mod tests {
         assert!(t.contains("healthzBindAddress: 127.0.0.1:2\n"));
         assert!(t.contains("metricsBindAddress: 127.0.0.1:3\n"));
         assert!(t.contains("maxPerCore: 0\n"));
+    }
+
+    #[test]
+    fn pod_security_enforced_by_default_and_a_dual_stack_node() {
+        let a = admission_config();
+        assert!(a.contains("enforce: baseline\n"), "{a}");
+        assert!(a.contains("namespaces: [kube-system]"));
+        assert_eq!(node_ips(), "10.123.0.1,fd00:123::1");
+        assert!(NODE_IP6.parse::<std::net::Ipv6Addr>().is_ok());
     }
 
     #[test]

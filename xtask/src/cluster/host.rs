@@ -11,7 +11,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use bypass_common::mountinfo::mounts;
 
-use super::config::{BRIDGE, NODE_IP, NODE_LINK};
+use super::config::{BRIDGE, NODE_IP, NODE_IP6, NODE_LINK};
 use crate::cmd;
 
 const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
@@ -29,6 +29,24 @@ pub fn add_node_link() -> Result<()> {
             &format!("{NODE_IP}/32"),
             "dev",
             NODE_LINK,
+        ]))?;
+    }
+    // The node's IPv6 address too (a dual-stack node: status.hostIPs has both), so the
+    // agent's metrics are served and tested on an IPv6 node address. `nodad`: the link
+    // has no port, no neighbour could answer a duplicate-address probe.
+    let _ = std::fs::write(
+        format!("/proc/sys/net/ipv6/conf/{NODE_LINK}/disable_ipv6"),
+        "0",
+    );
+    if !addrs.contains(&format!("{NODE_IP6}/128")) {
+        cmd::output(Command::new("ip").args([
+            "-6",
+            "addr",
+            "add",
+            &format!("{NODE_IP6}/128"),
+            "dev",
+            NODE_LINK,
+            "nodad",
         ]))?;
     }
     cmd::output(Command::new("ip").args(["link", "set", NODE_LINK, "up"]))?;

@@ -137,6 +137,7 @@ pub fn up(layout: &Layout) -> Result<PathBuf> {
     )?;
     host::add_node_link()?;
     pki::make(&layout.pki())?;
+    std::fs::write(layout.admission_config(), config::admission_config())?;
     let admin = layout.admin_kubeconfig();
     std::fs::write(
         &admin,
@@ -192,6 +193,10 @@ pub fn up(layout: &Layout) -> Result<PathBuf> {
             "--service-account-issuer=https://kubernetes.default.svc".into(),
             format!("--service-cluster-ip-range={}", config::SERVICE_CIDR),
             "--authorization-mode=RBAC".into(),
+            format!(
+                "--admission-control-config-file={}",
+                layout.admission_config().display()
+            ),
             "--allow-privileged=true".into(),
             "--enable-priority-and-fairness=false".into(),
             "--kubelet-preferred-address-types=InternalIP".into(),
@@ -292,7 +297,7 @@ pub fn up(layout: &Layout) -> Result<PathBuf> {
             format!("--kubeconfig={}", admin.display()),
             format!("--root-dir={}", layout.kubelet_root().display()),
             format!("--hostname-override={NODE_NAME}"),
-            format!("--node-ip={NODE_IP}"),
+            format!("--node-ip={}", config::node_ips()),
             "--v=1".into(),
         ],
         &logs,

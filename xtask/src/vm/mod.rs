@@ -7,7 +7,7 @@
 //! architecture (arm64) boots in that architecture's qemu and runs the smoke test, built
 //! for it, instead of the privileged tests (see `smoke`).
 
-mod arch;
+pub mod arch;
 mod catalog;
 mod fetch;
 mod guest;
@@ -276,8 +276,7 @@ fn judge(k: &catalog::Kernel, o: &Outcome) -> Result<()> {
     match k.expect {
         catalog::Expect::Refuses => match &o.refusal {
             Some((code, 1, line))
-                if *code != 0
-                    && line.contains(&format!("older than {}", bypass_common::MIN_KERNEL)) =>
+                if *code != 0 && line.contains(bypass_common::kernel::REFUSAL) =>
             {
                 Ok(())
             }

@@ -1,0 +1,289 @@
+//! Per-node guarantees, published cluster-wide: each agent keeps one ConfigMap,
+//! `bypass-node-<node>`, in its own namespace, saying whether its node is bypassing,
+//! which guarantees hold on its kernel, or why it refused; `bypass-agent nodes` (or
+//! `kubectl get configmaps -l app.kubernetes.io/component=node-status -L
+//! bypass.dev/state`) shows the whole cluster. The object is owned by the DaemonSet, so
+//! it goes with it; the chart's ValidatingAdmissionPolicy lets an agent write only its
+//! own node's. Building and reading the object is pure; publishing is thin I/O.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{
+    Api, Client,
+    api::{ListParams, Patch, PatchParams},
+};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{AgentError, chain};
+
+/// Label of every node-status object (`app.kubernetes.io/component`).
+pub const COMPONENT: &str = "node-status";
+/// Label holding the state, for `kubectl get -L`.
+pub const STATE_LABEL: &str = "bypass.dev/state";
+/// Field manager of the agent's server-side apply.
+const MANAGER: &str = "bypass-agent";
+
+/// The name of node `node`'s object.
+pub fn object_name(node: &str) -> String {
+    format!("bypass-node-{node}")
+}
+
+/// Where a node stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    /// Loaded, waiting for the first sync.
+    Starting,
+    /// Attached: same-node pod connections are bypassed.
+    Bypassing,
+    /// Loaded and deliberately off (the node label, or --default-enabled=false).
+    Off,
+    /// The kernel lacks what the datapath needs: the agent idles on this node.
+    Refused,
+}
+
+impl State {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Starting => "starting",
+            Self::Bypassing => "bypassing",
+            Self::Off => "off",
+            Self::Refused => "refused",
+        }
+    }
+}
+
+/// What one node's agent publishes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeStatus {
+    /// The node.
+    pub node: String,
+    /// Its state.
+    pub state: State,
+    /// Why it is off or refused; empty when bypassing.
+    pub reason: String,
+    /// `uname -r`.
+    pub kernel: String,
+    /// Guarantees active on this kernel (`status`'s `features`).
+    pub guarantees: Vec<String>,
+    /// Guarantees not active on this kernel.
+    pub without: Vec<String>,
+    /// The agent's version.
+    pub version: String,
+}
+
+/// The owner every node-status object gets (the DaemonSet), so it goes with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    /// `apps/v1` kind.
+    pub kind: String,
+    /// Name.
+    pub name: String,
+    /// UID.
+    pub uid: String,
+}
+
+/// The ConfigMap for `status` in `namespace` (pure).
+pub fn to_config_map(status: &NodeStatus, namespace: &str, owner: Option<&Owner>) -> ConfigMap {
+    let data: BTreeMap<String, String> = [
+        ("node", status.node.clone()),
+        ("state", status.state.as_str().to_owned()),
+        ("reason", status.reason.clone()),
+        ("kernel", status.kernel.clone()),
+        ("guarantees", status.guarantees.join(",")),
+        ("without", status.without.join(",")),
+        ("version", status.version.clone()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    let mut v = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": object_name(&status.node),
+            "namespace": namespace,
+            "labels": {
+                "app.kubernetes.io/name": "bypass-agent",
+                "app.kubernetes.io/component": COMPONENT,
+                STATE_LABEL: status.state.as_str(),
+            },
+        },
+        "data": data,
+    });
+    if let Some(o) = owner {
+        v["metadata"]["ownerReferences"] = serde_json::json!([{
+            "apiVersion": "apps/v1",
+            "kind": o.kind,
+            "name": o.name,
+            "uid": o.uid,
+        }]);
+    }
+    serde_json::from_value(v).unwrap_or_default()
+}
+
+/// A node status read back from its ConfigMap (pure); `None` if it is not one.
+pub fn from_config_map(cm: &ConfigMap) -> Option<NodeStatus> {
+    let d = cm.data.as_ref()?;
+    let get = |k: &str| d.get(k).cloned().unwrap_or_default();
+    let list = |k: &str| -> Vec<String> {
+        get(k)
+            .split(',')
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    let state = serde_json::from_value(serde_json::Value::String(get("state"))).ok()?;
+    Some(NodeStatus {
+        node: get("node"),
+        state,
+        reason: get("reason"),
+        kernel: get("kernel"),
+        guarantees: list("guarantees"),
+        without: list("without"),
+        version: get("version"),
+    })
+}
+
+/// The cluster-wide table (pure): one row per node, sorted by node.
+pub fn render_table(mut nodes: Vec<NodeStatus>) -> String {
+    nodes.sort_by(|a, b| a.node.cmp(&b.node));
+    let mut rows = vec![[
+        "NODE".to_owned(),
+        "STATE".to_owned(),
+        "KERNEL".to_owned(),
+        "GUARANTEES".to_owned(),
+        "WITHOUT".to_owned(),
+        "REASON".to_owned(),
+    ]];
+    for n in nodes {
+        let dash = |v: String| if v.is_empty() { "-".to_owned() } else { v };
+        rows.push([
+            n.node,
+            n.state.as_str().to_owned(),
+            dash(n.kernel),
+            dash(n.guarantees.join(",")),
+            dash(n.without.join(",")),
+            dash(n.reason),
+        ]);
+    }
+    let widths: Vec<usize> = (0..6)
+        .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
+        .collect();
+    rows.iter()
+        .map(|r| {
+            let mut line = String::new();
+            for (i, cell) in r.iter().enumerate() {
+                if i == 5 {
+                    line.push_str(cell);
+                } else {
+                    line.push_str(&format!("{cell:<w$}  ", w = widths[i]));
+                }
+            }
+            line.trim_end().to_owned() + "\n"
+        })
+        .collect()
+}
+
+/// Writes `status` (server-side apply, so a restarted agent updates its node's object).
+pub async fn publish(
+    client: &Client,
+    namespace: &str,
+    status: &NodeStatus,
+    owner: Option<&Owner>,
+) -> Result<(), AgentError> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let cm = to_config_map(status, namespace, owner);
+    api.patch(
+        &object_name(&status.node),
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&cm),
+    )
+    .await
+    .map(drop)
+    .map_err(|e| AgentError::Api {
+        action: format!(
+            "publish node status {}/{}",
+            namespace,
+            object_name(&status.node)
+        ),
+        detail: chain(&e),
+        source: Box::new(e),
+    })
+}
+
+/// Every node's status in `namespace`.
+pub async fn list(client: &Client, namespace: &str) -> Result<Vec<NodeStatus>, AgentError> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let lp = ListParams::default().labels(&format!("app.kubernetes.io/component={COMPONENT}"));
+    let cms = api.list(&lp).await.map_err(|e| AgentError::Api {
+        action: format!("list node status in namespace {namespace}"),
+        detail: chain(&e),
+        source: Box::new(e),
+    })?;
+    Ok(cms.items.iter().filter_map(from_config_map).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(node: &str, state: State) -> NodeStatus {
+        NodeStatus {
+            node: node.into(),
+            state,
+            reason: if state == State::Refused {
+                "kernel 5.10 lacks what the datapath needs".into()
+            } else {
+                String::new()
+            },
+            kernel: "6.1.0".into(),
+            guarantees: vec!["receive_options".into(), "ulp_guard".into()],
+            without: vec!["queue_bound".into()],
+            version: "0.1.0".into(),
+        }
+    }
+
+    #[test]
+    fn round_trips_through_its_config_map() {
+        let s = sample("node-a", State::Bypassing);
+        let owner = Owner {
+            kind: "DaemonSet".into(),
+            name: "bypass-agent".into(),
+            uid: "u-1".into(),
+        };
+        let cm = to_config_map(&s, "bypass-system", Some(&owner));
+        assert_eq!(cm.metadata.name.as_deref(), Some("bypass-node-node-a"));
+        let labels = cm.metadata.labels.clone().unwrap();
+        assert_eq!(labels[STATE_LABEL], "bypassing");
+        assert_eq!(labels["app.kubernetes.io/component"], COMPONENT);
+        let refs = cm.metadata.owner_references.clone().unwrap();
+        assert_eq!(
+            (refs[0].kind.as_str(), refs[0].uid.as_str()),
+            ("DaemonSet", "u-1")
+        );
+        assert_eq!(from_config_map(&cm), Some(s));
+        assert!(from_config_map(&ConfigMap::default()).is_none());
+    }
+
+    #[test]
+    fn the_cluster_table_names_refusals_and_guarantees() {
+        let t = render_table(vec![
+            sample("node-b", State::Refused),
+            sample("node-a", State::Bypassing),
+        ]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].starts_with("NODE"), "{t}");
+        assert!(
+            lines[1].starts_with("node-a") && lines[1].contains("bypassing"),
+            "{t}"
+        );
+        assert!(lines[1].contains("receive_options,ulp_guard") && lines[1].contains("queue_bound"));
+        assert!(
+            lines[2].contains("refused") && lines[2].contains("lacks what"),
+            "{t}"
+        );
+    }
+}

@@ -1,0 +1,29 @@
+//! `bypass-agent nodes`: the cluster-wide view of the per-node status objects the
+//! agents publish (`k8s::node_status`): which nodes are bypassing, with which
+//! guarantees, which are off, and which refused and why.
+
+use crate::{cli::NodesOpts, error::AgentError, k8s::node_status};
+
+/// Prints every node's status in `--namespace`.
+pub fn nodes(opts: &NodesOpts) -> Result<(), AgentError> {
+    let rt = crate::runtime::current_thread()?;
+    let list = rt.block_on(async {
+        let client = crate::k8s::client::connect(opts.kubeconfig.as_deref()).await?;
+        node_status::list(&client, &opts.namespace).await
+    })?;
+    if opts.json {
+        let text = serde_json::to_string_pretty(&list).map_err(|e| AgentError::Bpf {
+            action: "encode the node list".into(),
+            source: Box::new(e),
+        })?;
+        println!("{text}");
+    } else if list.is_empty() {
+        println!(
+            "no node status in namespace {}: is the agent installed there?",
+            opts.namespace
+        );
+    } else {
+        print!("{}", node_status::render_table(list));
+    }
+    Ok(())
+}
