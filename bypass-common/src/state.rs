@@ -131,18 +131,19 @@ pub mod flags {
 /// redirected bytes wait in. The guard sets its bit, then reads how many bytes its peer
 /// has redirected (`tx_redir`) against how many it has read (`rx_read`), and refuses the
 /// call when they differ; a sender adds to `tx_redir`, then reads the bits, and takes
-/// TCP when one is set. Both are atomic read-modify-writes, full barriers, so at least
+/// TCP when one is set. The guard's or and the sender's read of its sum after its add
+/// (an or of 0) are fully ordered atomics, full barriers, so at least
 /// one of the two sees the other: no byte is ever left where the reader cannot see it.
 pub mod rx {
     /// A receive option the ingress queue ignores (SO_RCVLOWAT above 1, SO_PEEK_OFF):
     /// bytes for this side go by TCP.
-    pub const OPTION: u32 = 1;
+    pub const OPTION: u64 = 1;
     /// This side reads with `splice(2)`.
-    pub const SPLICE: u32 = 2;
+    pub const SPLICE: u64 = 2;
     /// This side reads with zero-copy receive (`mmap` of the socket).
-    pub const ZEROCOPY: u32 = 4;
+    pub const ZEROCOPY: u64 = 4;
     /// The bits after which this side reads only the TCP receive queue.
-    pub const TCP_ONLY: u32 = SPLICE | ZEROCOPY;
+    pub const TCP_ONLY: u64 = SPLICE | ZEROCOPY;
 }
 
 /// Bits of [`Link::state`]. Set with an atomic or, never cleared.
@@ -151,15 +152,15 @@ pub mod link_state {
     /// each side has read what was redirected to it the agent deletes both sockets from
     /// the SockHash, after which the kernel runs them as plain TCP (autocork, splice,
     /// zero-copy receive).
-    pub const LEAVING: u32 = 1;
+    pub const LEAVING: u64 = 1;
     /// The client socket has closed.
-    pub const CLOSED_CLIENT: u32 = 2;
+    pub const CLOSED_CLIENT: u64 = 2;
     /// The server socket has closed.
-    pub const CLOSED_SERVER: u32 = 4;
+    pub const CLOSED_SERVER: u64 = 4;
 
     /// The closed bit of `side` (a [`super::side`] value).
     #[inline(always)]
-    pub const fn closed(side: u32) -> u32 {
+    pub const fn closed(side: u32) -> u64 {
         if side == super::side::SERVER {
             CLOSED_SERVER
         } else {
@@ -168,7 +169,7 @@ pub mod link_state {
     }
 
     /// Both sockets have closed: the link can go.
-    pub const BOTH_CLOSED: u32 = CLOSED_CLIENT | CLOSED_SERVER;
+    pub const BOTH_CLOSED: u64 = CLOSED_CLIENT | CLOSED_SERVER;
 }
 
 /// How the two sockets of a bypassed connection were paired; each kind has its own
@@ -203,7 +204,7 @@ pub mod hop {
 /// What a connecting socket publishes about itself, under its local
 /// [`crate::key::Endpoint`], for the accepting side to find and prove.
 ///
-/// 72 bytes, no padding (checked below).
+/// 80 bytes, no padding (checked below).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Connector {
@@ -216,21 +217,23 @@ pub struct Connector {
     pub rcv_nxt: u32,
     /// Its socket cookie (unique on the node, never reused).
     pub cookie: u64,
-    /// Its [`SockState::rx_tcp`] when it was inserted, set later if it asks for a receive
-    /// option before it is paired.
-    pub rx_tcp: u32,
+    /// Its [`SockState::rx_tcp`] when it was inserted, set later (an atomic or: a 64-bit
+    /// word, as [`Link::state`]) if it asks for a receive option before it is paired.
+    pub rx_tcp: u64,
     /// Its receive bound ([`receive_bound`]) when it was inserted.
     pub rx_limit: u32,
+    /// Zero.
+    pub reserved: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<Connector>() == 72);
+const _: () = assert!(core::mem::size_of::<Connector>() == 80);
 
 /// What the two sockets of a paired connection share, under the connecting socket's
 /// key, written by the accepting side when it pairs. Arrays are indexed by
 /// [`side::index`]: 0 the client, 1 the server. See the module's documentation for who
 /// writes which field.
 ///
-/// 136 bytes, no padding (checked below).
+/// 144 bytes, no padding (checked below).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Link {
@@ -238,8 +241,11 @@ pub struct Link {
     pub server: SockKey,
     /// The [`hop`] kind.
     pub hop: u32,
-    /// [`link_state`] bits.
-    pub state: u32,
+    /// Zero.
+    pub reserved: u32,
+    /// [`link_state`] bits (a 64-bit word: without 32-bit sub-registers, the BPF
+    /// backend has fetching atomics on 64-bit words only).
+    pub state: u64,
     /// Socket cookies.
     pub cookie: [u64; 2],
     /// Bytes each side has redirected to the other, counted before the redirect (so
@@ -247,18 +253,16 @@ pub struct Link {
     pub tx_redir: [u64; 2],
     /// Bytes each side has read out of its ingress queue.
     pub rx_read: [u64; 2],
-    /// Each side's [`rx`] bits.
-    pub rx_flags: [u32; 2],
+    /// Each side's [`rx`] bits (64-bit words, as `state`).
+    pub rx_flags: [u64; 2],
     /// Each side's `copied_seq` (how far it has read what came by TCP), published as
     /// each of its reads returns.
     pub rx_copied: [u32; 2],
     /// Each side's bound on what may wait for it ([`receive_bound`]; 0: the global one).
     pub rx_limit: [u32; 2],
-    /// Zero.
-    pub reserved: [u32; 2],
 }
 
-const _: () = assert!(core::mem::size_of::<Link>() == 136);
+const _: () = assert!(core::mem::size_of::<Link>() == 144);
 
 impl Link {
     /// Whether this link is the one the socket with `state` belongs to: it names the

@@ -136,7 +136,7 @@ pub fn bypass_mmap_guard(ctx: LsmContext) -> i32 {
 // 512-byte BPF stack.
 #[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
-fn guard(state: &mut SockState, bit: u32, refuse: i32) -> i32 {
+fn guard(state: &mut SockState, bit: u64, refuse: i32) -> i32 {
     // Never paired: nothing was ever redirected to it.
     let Some(ptr) = BYPASS_LINKS.get_ptr_mut(&state.link) else {
         return 0;
@@ -149,7 +149,7 @@ fn guard(state: &mut SockState, bit: u32, refuse: i32) -> i32 {
         if read_volatile(addr_of!((*ptr).cookie[me])) != state.cookie {
             return 0;
         }
-        let before = atomic::or_u32(addr_of_mut!((*ptr).rx_flags[me]), bit);
+        let before = atomic::or_u64(addr_of_mut!((*ptr).rx_flags[me]), bit);
         if before & rx::TCP_ONLY == 0 {
             stats::add(Stat::TcpOnlyReaders, 1);
             leave::request(ptr, &state.link);

@@ -24,7 +24,7 @@ use crate::{
 #[inline(always)]
 pub(crate) fn request(ptr: *mut Link, key: &SockKey) {
     // SAFETY: a live map value; the state word is only ever or-ed.
-    let old = unsafe { atomic::or_u32(addr_of_mut!((*ptr).state), link_state::LEAVING) };
+    let old = unsafe { atomic::or_u64(addr_of_mut!((*ptr).state), link_state::LEAVING) };
     if old & link_state::LEAVING == 0 {
         stats::add(Stat::LeaveRequests, 1);
         // A full ring buffer loses the event, not the leave: the agent also finds

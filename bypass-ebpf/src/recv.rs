@@ -73,8 +73,10 @@ fn on_read(sk: *mut c_void, read: i32, flags: i32) {
     }
     let total = if read > 0 {
         // SAFETY: a field of live socket storage; readers may run at once.
-        unsafe { atomic::add_u64(addr_of_mut!(state.read_total), read as u64) }
-            .wrapping_add(read as u64)
+        unsafe {
+            atomic::add_u64(addr_of_mut!(state.read_total), read as u64);
+            atomic::load_ordered(addr_of_mut!(state.read_total))
+        }
     } else {
         // SAFETY: as above, read only.
         unsafe { read_volatile(addr_of!(state.read_total)) }
@@ -118,7 +120,7 @@ fn publish(state: &mut SockState, total: u64, r: &kernel::Reading) {
         if BYPASS_SPLICERS.get_ptr(&tgid).is_some()
             && read_volatile(addr_of!((*ptr).rx_flags[me])) & rx::SPLICE == 0
         {
-            atomic::or_u32(addr_of_mut!((*ptr).rx_flags[me]), rx::SPLICE);
+            atomic::or_u64(addr_of_mut!((*ptr).rx_flags[me]), rx::SPLICE);
         }
     }
     leave::check_cut(state, ptr);

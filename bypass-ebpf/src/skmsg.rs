@@ -243,11 +243,14 @@ fn claim(
 ) -> Result<(), PassReason> {
     // SAFETY: a live map value; fields read and written in place.
     unsafe {
-        let old = atomic::add_u64(addr_of_mut!((*ptr).tx_redir[me]), size);
+        // Only this socket, under its lock, adds to its own count: the sum is `sent +
+        // size` unless the link was replaced meanwhile.
+        atomic::add_u64(addr_of_mut!((*ptr).tx_redir[me]), size);
+        let now = atomic::load_ordered(addr_of_mut!((*ptr).tx_redir[me]));
         let flags = read_volatile(addr_of!((*ptr).rx_flags[peer]));
         let st = read_volatile(addr_of!((*ptr).state));
         let cookie = read_volatile(addr_of!((*ptr).cookie[me]));
-        if old != sent
+        if now != sent.wrapping_add(size)
             || flags & (rx::TCP_ONLY | rx::OPTION) != 0
             || st & link_state::LEAVING != 0
             || cookie != state.cookie

@@ -112,7 +112,7 @@ struct Client {
     key: SockKey,
     rcv_nxt: u32,
     cookie: u64,
-    rx_tcp: u32,
+    rx_tcp: u64,
     rx_limit: u32,
 }
 
@@ -248,8 +248,9 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
                     snd_nxt,
                     rcv_nxt,
                     cookie,
-                    rx_tcp: state.rx_tcp,
+                    rx_tcp: u64::from(state.rx_tcp),
                     rx_limit: own.rx_limit,
+                    reserved: 0,
                 },
                 BPF_ANY.into(),
             );
@@ -266,7 +267,7 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
             // same client end (a SNAT onto it) is then told apart by its sequence
             // numbers and counted. Each side has read nothing yet, so its copied_seq is
             // its rcv_nxt at establishment.
-            let option = |t: u32| if t != 0 { rx::OPTION } else { 0 };
+            let option = |t: u64| if t != 0 { rx::OPTION } else { 0 };
             let Some(new) = BYPASS_SCRATCH.get_ptr_mut(0) else {
                 return Ok(());
             };
@@ -279,10 +280,10 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
                 (*new).cookie = [client.cookie, cookie];
                 (*new).tx_redir = [0, 0];
                 (*new).rx_read = [0, 0];
-                (*new).rx_flags = [option(client.rx_tcp), option(state.rx_tcp)];
+                (*new).rx_flags = [option(client.rx_tcp), option(u64::from(state.rx_tcp))];
                 (*new).rx_copied = [client.rcv_nxt, rcv_nxt];
                 (*new).rx_limit = [client.rx_limit, own.rx_limit];
-                (*new).reserved = [0, 0];
+                (*new).reserved = 0;
                 BYPASS_LINKS.insert(&client.key, &*new, BPF_NOEXIST.into())
             };
             // Without a link (no room) the pair takes TCP; the socket stays inserted.
@@ -292,10 +293,10 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
                 // finds the link from now on. A fully ordered atomic between our insert
                 // and our read of the connector (see sockopt::record_rx_tcp).
                 // SAFETY: a live map value; or-ing 0 changes nothing.
-                unsafe { atomic::or_u32(addr_of_mut!((*l).state), 0) };
+                unsafe { atomic::or_u64(addr_of_mut!((*l).state), 0) };
                 if connector_rx_tcp(&client.key) {
                     // SAFETY: a live map value; only its client's flag is or-ed.
-                    unsafe { atomic::or_u32(addr_of_mut!((*l).rx_flags[0]), rx::OPTION) };
+                    unsafe { atomic::or_u64(addr_of_mut!((*l).rx_flags[0]), rx::OPTION) };
                 }
                 if let Some(stat) = Stat::paired(kind) {
                     stats::add(stat, 1);
@@ -412,7 +413,7 @@ fn on_state_change(ctx: &SockOpsContext) {
         unsafe {
             if read_volatile(addr_of!((*l).cookie[side::index(state.side)])) == state.cookie {
                 let closed = link_state::closed(state.side);
-                let before = atomic::or_u32(addr_of_mut!((*l).state), closed);
+                let before = atomic::or_u64(addr_of_mut!((*l).state), closed);
                 if (before | closed) & link_state::BOTH_CLOSED == link_state::BOTH_CLOSED {
                     let _ = BYPASS_LINKS.remove(&state.link);
                 }

@@ -133,7 +133,7 @@ fn record_rx_tcp(state: &mut SockState) {
             // SAFETY: a live map value: its key read, its flag or-ed.
             unsafe {
                 if (*c).key == state.key {
-                    atomic::or_u32(addr_of_mut!((*c).rx_tcp), 1);
+                    atomic::or_u64(addr_of_mut!((*c).rx_tcp), 1);
                 }
             }
         }
@@ -143,7 +143,7 @@ fn record_rx_tcp(state: &mut SockState) {
         // SAFETY: a live map value: its cookie read, this side's flags or-ed.
         unsafe {
             if read_volatile(addr_of!((*link).cookie[me])) == state.cookie {
-                atomic::or_u32(addr_of_mut!((*link).rx_flags[me]), rx::OPTION);
+                atomic::or_u64(addr_of_mut!((*link).rx_flags[me]), rx::OPTION);
             }
         }
     }

@@ -120,8 +120,9 @@ fn slow_reader_byte_exact_and_comes_back() -> Result<()> {
     let agent = agent_with(&pods, &["--max-queued-bytes", "1M"])?;
     let before = agent.status()?;
     // The writer outruns a reader of 64 KiB every 500 us and hits the bound, so it
-    // falls back to TCP; its pauses let the reader catch up, and then it redirects
-    // again.
+    // falls back to TCP; every 2 MiB (less than the bound plus what may go by TCP before
+    // the connection leaves the SockHash) it waits for the reader to say it has read
+    // everything, and then redirects again.
     let (c, s) = probe_pair(
         &pods,
         5204,
@@ -133,9 +134,8 @@ fn slow_reader_byte_exact_and_comes_back() -> Result<()> {
             "--chunk",
             "64K",
             "--pause-every",
-            "8M",
-            "--pause-ms",
-            "300",
+            "2M",
+            "--ack",
             "--delay-us",
             "500",
         ],
@@ -164,8 +164,8 @@ fn slow_reader_byte_exact_and_comes_back() -> Result<()> {
         "expected both paths to carry bytes, most of them redirected"
     );
     ensure!(
-        grew("redirected_bytes") + grew("passed_bytes") == 64 * MIB,
-        "every byte counted once on one path"
+        grew("redirected_bytes") + grew("passed_bytes") == 64 * MIB + num(&s, "acks"),
+        "every byte (and each of the reader's one-byte acks) counted once on one path"
     );
     Ok(())
 }
@@ -173,8 +173,10 @@ fn slow_reader_byte_exact_and_comes_back() -> Result<()> {
 /// A writer of 1-byte messages facing a reader that reads nothing for 3 s: each waiting
 /// message holds a `struct sk_msg` (a 1 KiB slab object) whatever its size, so a bound
 /// on bytes alone lets it pin hundreds of MiB of kernel memory (before the bound counted
-/// messages: 300,000 sends pinned 293 MiB). The bound charges each message for its
-/// memory, so what the writer pins is about what TCP lets it pin.
+/// messages: 300,000 sends pinned 293 MiB). With the agent's defaults such a stream is a
+/// small-message stream and its connection leaves the SockHash for plain TCP; with that
+/// rule off (`--small-stream-bytes 0`) the bound, which charges each message for its
+/// memory, holds it. Either way what the writer pins is about what TCP lets it pin.
 #[test]
 fn one_byte_flood_pins_no_more_than_tcp_would() -> Result<()> {
     privileged!("one_byte_flood_pins_no_more_than_tcp_would");
@@ -194,43 +196,73 @@ fn one_byte_flood_pins_no_more_than_tcp_would() -> Result<()> {
         tcp_server["ok"] == true && num(&tcp_server, "received") == num(&tcp, "accepted"),
         "plain TCP: {tcp} {tcp_server}"
     );
-    let agent = agent_with(&pods, &[])?;
-    let bound = num(&agent.status()?, "max_queued_bytes");
-    let (c, s) = probe_pair(&pods, 5208, &flood)?;
-    let st = agent.status()?;
-    eprintln!(
-        "1-byte flood, reader stalled 3 s: plain TCP {tcp}; bypass (bound {bound} B) {c}; \
-         queue_limited {}",
-        num(&st, "queue_limited")
-    );
-    ensure!(
-        s["ok"] == true && num(&s, "received") == num(&c, "accepted"),
-        "bytes lost, duplicated or reordered: {c} {s}"
-    );
+    for (port, args, rule) in [
+        (5208, &[][..], "defaults"),
+        (
+            5209,
+            &["--small-stream-bytes", "0"][..],
+            "small-stream rule off",
+        ),
+    ] {
+        let agent = agent_with(&pods, args)?;
+        let before = agent.status()?;
+        let bound = num(&before, "max_queued_bytes");
+        let (c, s) = probe_pair(&pods, port, &flood)?;
+        let st = agent.status()?;
+        let grew = |k: &str| num(&st, k) - num(&before, k);
+        eprintln!(
+            "1-byte flood, reader stalled 3 s: plain TCP {tcp}; bypass ({rule}, bound {bound} \
+             B) {c}; queue_limited +{}, small_streams +{}, left +{}",
+            grew("queue_limited"),
+            grew("small_streams"),
+            grew("left")
+        );
+        ensure!(
+            s["ok"] == true && num(&s, "received") == num(&c, "accepted"),
+            "{rule}: bytes lost, duplicated or reordered: {c} {s}"
+        );
+        ensure_pins_as_tcp(&tcp, &c, bound, rule)?;
+        if args.is_empty() {
+            ensure!(
+                grew("small_streams") >= 1 && grew("leave_requests") >= 1,
+                "{rule}: the flood was not taken for a small-message stream: {st}"
+            );
+        } else {
+            ensure!(
+                grew("small_streams") == 0 && grew("queue_limited") >= 1,
+                "{rule}: the bound never applied: {st}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// What the flood `c` pinned is within what its `bound` allows plus what plain TCP
+/// pinned (`tcp`), with room for the rest of the machine's allocations meanwhile.
+fn ensure_pins_as_tcp(
+    tcp: &serde_json::Value,
+    c: &serde_json::Value,
+    bound: u64,
+    rule: &str,
+) -> Result<()> {
     let signed = |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_i64()).unwrap_or(0);
-    // What the bound allows (a message charged at most its 1 KiB object plus its byte),
-    // what TCP itself holds once the writer falls back to it, and room for the rest of
-    // the machine's allocations during the test.
+    // A message is charged at least its 1 KiB object plus its byte.
     let slack_objects = 8192;
-    let allowed = bound as i64 / 1024 + signed(&tcp, "kmalloc_1k_growth").max(0) + slack_objects;
+    let allowed = bound as i64 / 1024 + signed(tcp, "kmalloc_1k_growth").max(0) + slack_objects;
     ensure!(
-        signed(&c, "kmalloc_1k_growth") <= allowed,
-        "the writer pinned {} 1 KiB objects (plain TCP: {}), over the {allowed} its {bound} B \
-         bound allows",
-        signed(&c, "kmalloc_1k_growth"),
-        signed(&tcp, "kmalloc_1k_growth")
+        signed(c, "kmalloc_1k_growth") <= allowed,
+        "{rule}: the writer pinned {} 1 KiB objects (plain TCP: {}), over the {allowed} its \
+         {bound} B bound allows",
+        signed(c, "kmalloc_1k_growth"),
+        signed(tcp, "kmalloc_1k_growth")
     );
     let allowed_kib =
-        bound as i64 * 2 / 1024 + signed(&tcp, "sunreclaim_growth_kib").max(0) + 32 * 1024;
+        bound as i64 * 2 / 1024 + signed(tcp, "sunreclaim_growth_kib").max(0) + 32 * 1024;
     ensure!(
-        signed(&c, "sunreclaim_growth_kib") <= allowed_kib,
-        "unreclaimable slab grew {} KiB (plain TCP: {} KiB), over {allowed_kib} KiB",
-        signed(&c, "sunreclaim_growth_kib"),
-        signed(&tcp, "sunreclaim_growth_kib")
-    );
-    ensure!(
-        num(&st, "queue_limited") >= 1,
-        "the bound never applied: {st}"
+        signed(c, "sunreclaim_growth_kib") <= allowed_kib,
+        "{rule}: unreclaimable slab grew {} KiB (plain TCP: {} KiB), over {allowed_kib} KiB",
+        signed(c, "sunreclaim_growth_kib"),
+        signed(tcp, "sunreclaim_growth_kib")
     );
     Ok(())
 }

@@ -291,6 +291,23 @@ fn uninstall_removes_every_pin_and_attachment() -> Result<()> {
             .iter()
             .map(|m| format!("{}/{}", names::PIN_MAPS_SUBDIR, m)),
     );
+    // The tracing programs this kernel runs, each pinned by its link.
+    let probe = testbed::kernel_probe()?;
+    let read: &[names::Hook] = if probe.read_hook == "tracepoint" {
+        &names::READ_HOOKS
+    } else {
+        &names::READ_EXIT_HOOKS
+    };
+    let guard: &[names::Hook] = if probe.read_guard {
+        &names::GUARD_HOOKS
+    } else {
+        &names::WATCH_HOOKS
+    };
+    expected.extend(
+        read.iter()
+            .chain(guard)
+            .map(|h| format!("{}/{}", names::PIN_LINKS_SUBDIR, h.program)),
+    );
     for pin in &expected {
         ensure!(
             stdout

@@ -134,6 +134,11 @@ struct Common {
     /// slow: pause length.
     #[arg(long, default_value_t = 0)]
     pause_ms: u64,
+    /// slow: at each pause the client also waits for the server to say (one byte back)
+    /// that it has read everything written so far: a reader that has caught up, for
+    /// certain, whatever the machine's speed.
+    #[arg(long)]
+    ack: bool,
     /// flood: how long the server reads nothing.
     #[arg(long, default_value_t = 3000)]
     hold_ms: u64,

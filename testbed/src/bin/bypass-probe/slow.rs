@@ -1,11 +1,17 @@
 //! `slow`. Client: blocking writes of --bytes, pausing --pause-ms every --pause-every
-//! bytes. Server: reads --chunk bytes at a time, --delay-us apart.
+//! bytes (with --ack, until the server has read everything written). Server: reads
+//! --chunk bytes at a time, --delay-us apart (with --ack, one byte back each time it
+//! has read a multiple of --pause-every).
 
-use std::{io::Write, net::TcpStream, time::Instant};
+use std::{
+    io::{ErrorKind, Read, Write},
+    net::TcpStream,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context as _, Result};
 use serde_json::{Value, json};
-use testbed::peer::pattern::{Direction, Pattern};
+use testbed::peer::pattern::{Direction, Pattern, Verifier};
 
 use crate::{
     Common,
@@ -13,8 +19,42 @@ use crate::{
 };
 
 pub fn server(mut s: TcpStream, c: &Common) -> Result<Value> {
+    if c.ack && c.pause_every > 0 {
+        return acking_server(s, c);
+    }
     let r = drain(&mut s, c.chunk, c.delay_us, Direction::ClientToServer, 0)?;
     Ok(json!({"received": r.bytes, "ok": r.ok, "secs": r.secs}))
+}
+
+/// [`server`] with --ack.
+fn acking_server(mut s: TcpStream, c: &Common) -> Result<Value> {
+    let t = Instant::now();
+    let mut v = Verifier::new(0, Direction::ClientToServer);
+    let mut buf = c.chunk_buf();
+    let (mut next_ack, mut acks) = (c.pause_every, 0u64);
+    loop {
+        let n = match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e).context("read"),
+        };
+        v.feed(&buf[..n]);
+        while v.offset() >= next_ack {
+            s.write_all(b"a").context("ack")?;
+            acks += 1;
+            next_ack += c.pause_every;
+        }
+        if c.delay_us > 0 {
+            std::thread::sleep(Duration::from_micros(c.delay_us));
+        }
+    }
+    Ok(json!({
+        "received": v.offset(),
+        "ok": v.first_mismatch().is_none(),
+        "acks": acks,
+        "secs": t.elapsed().as_secs_f64(),
+    }))
 }
 
 pub fn client(mut s: TcpStream, c: &Common) -> Result<Value> {
@@ -28,6 +68,10 @@ pub fn client(mut s: TcpStream, c: &Common) -> Result<Value> {
         s.write_all(&buf[..n]).context("write")?;
         sent += n as u64;
         if c.pause_every > 0 && sent >= next_pause {
+            if c.ack {
+                let mut a = [0u8; 1];
+                s.read_exact(&mut a).context("wait for the reader's ack")?;
+            }
             sleep_ms(c.pause_ms);
             next_pause += c.pause_every;
         }
