@@ -102,7 +102,18 @@ fn load_with(
         source: Box::new(e),
     })?;
     for hook in plan.hooks.all() {
-        attach_hook(&mut ebpf, pins, &btf, &kernel_btf, *hook)?;
+        match attach_hook(&mut ebpf, pins, &btf, &kernel_btf, *hook) {
+            Ok(()) => {}
+            // The splice watch (kernels without a read guard, `--allow-unguarded`) is a
+            // best effort: without it, splicers are not learned, which is what
+            // `--allow-unguarded` accepts.
+            Err(e) if hook.kind == HookKind::Syscall => tracing::warn!(
+                error = %e,
+                "the splice watch is off (a syscall tracepoint needs tracefs: mount it at \
+                 /sys/kernel/tracing, in a container the host's)"
+            ),
+            Err(e) => return Err(e),
+        }
     }
     // The control map is pinned last: its pin marks a complete datapath.
     let path = pins.map(MAP_CONTROL);

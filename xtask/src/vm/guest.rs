@@ -178,9 +178,12 @@ pub fn script(r: &Run<'_>) -> String {
          grep -E 'WARN|ERROR' /tmp/vmprobe.log\n\
          rmdir /sys/fs/cgroup/vmprobe\n"
     );
-    let harness: Vec<String> = r.harness.iter().map(|a| quote(a)).collect();
     s += "failed=0\n";
     for (name, exe) in r.tests {
+        let harness: Vec<String> = super::binary_harness(name, r.harness)
+            .iter()
+            .map(|a| quote(a))
+            .collect();
         s += &format!(
             "echo \"== {name}\"\n{} --test-threads=1 --color=never {} || failed=1\n",
             quote(exe),
