@@ -17,7 +17,7 @@ pub struct Probe {
     /// kernel runs BPF trampolines).
     pub read_guard: bool,
     /// How a bypassed socket's reads are seen: `tracepoint` (sock_recv_length) or
-    /// `fexit` (tcp_bpf_recvmsg).
+    /// `trampolines` (tcp_bpf_recvmsg's entry and return).
     pub read_hook: String,
     /// Whether `run` bypasses on this kernel without `--allow-unguarded`.
     pub bypass_by_default: bool,
@@ -36,7 +36,7 @@ impl Probe {
             read_hook: if plan.hooks.read == READ_HOOKS.as_slice() {
                 "tracepoint"
             } else {
-                "fexit"
+                "trampolines"
             }
             .to_owned(),
             bypass_by_default: read_guard,

@@ -71,8 +71,7 @@ pub struct KernelLayout {
     /// kernel's FIONREAD counts redirected bytes (the sockmap FIONREAD fix,
     /// net/core/skmsg.c), which `status` reports.
     pub psock_msg_tot_len: u32,
-    /// Kernel memory a waiting message holds besides its bytes: `struct sk_msg`'s size
-    /// rounded up to its slab size.
+    /// Kernel memory a waiting message holds besides its bytes ([`message_cost`]).
     pub msg_cost: u32,
 }
 
@@ -94,6 +93,18 @@ impl KernelLayout {
         self.psock_msg_tot_len != 0
     }
 }
+
+/// What a waiting message is charged besides its bytes: its `struct sk_msg` of
+/// `sk_msg_size` bytes, rounded up to its slab size, and a page: its bytes sit in the
+/// sender's page fragment (`sk_msg_alloc`, net/core/skmsg.c), which a queued small
+/// message keeps from being freed, so a stream of small messages interleaved with
+/// larger writes elsewhere can pin a page (up to a 32 KiB compound page) per message.
+pub const fn message_cost(sk_msg_size: u32) -> u32 {
+    slab_size(sk_msg_size) + PAGE_COST
+}
+
+/// The page [`message_cost`] charges.
+pub const PAGE_COST: u32 = 4096;
 
 /// The slab size a kmalloc of `size` bytes takes (the kmalloc caches: powers of two
 /// from 8, and 96 and 192), for [`KernelLayout::msg_cost`].
@@ -189,6 +200,7 @@ mod tests {
         assert_eq!(slab_size(150), 192);
         assert_eq!(slab_size(1), 8);
         assert_eq!(slab_size(17), 32);
+        assert_eq!(message_cost(712), 1024 + 4096, "a slab object and a page");
     }
 
     #[test]

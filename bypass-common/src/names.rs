@@ -49,6 +49,14 @@ pub const MAP_SPLICERS: &str = "BYPASS_SPLICERS";
 /// what was redirected to it.
 pub const MAP_EVENTS: &str = "BYPASS_EVENTS";
 
+/// Hash: a thread (tid) → [`crate::state::Verdict`]: the read guard's decision for
+/// the splice or mapping that thread is making, from the call's entry to its return.
+/// Only the programs use it (not pinned).
+pub const MAP_VERDICTS: &str = "BYPASS_VERDICTS";
+/// `Array<u64>` of one: how many [`MAP_VERDICTS`] entries there are, so a permission
+/// check of any file on the node costs one array read while none is (not pinned).
+pub const MAP_GUARDING: &str = "BYPASS_GUARDING";
+
 /// Every map the agent pins, [`MAP_CONTROL`] last (its pin marks a complete datapath).
 /// ([`MAP_SOCK_STATE`] is not pinned: only the programs use it.)
 pub const PINNED_MAPS: [&str; 14] = [
@@ -104,49 +112,69 @@ pub struct Hook {
     pub target: &'static str,
 }
 
-/// A bypassed socket's read returned (tracepoint `sock_recv_length`, Linux >= 6.4).
+/// A bypassed socket's read returned (tracepoint `sock_recv_length`, Linux >= 6.4),
+/// where the kernel runs no BPF trampolines.
 pub const PROG_READ: &str = "bypass_read";
-/// The same, where that tracepoint is missing: at `tcp_bpf_recvmsg`'s return.
+/// A read of a bypassed socket enters `tcp_bpf_recvmsg` (counted in flight).
+pub const PROG_READ_ENTER: &str = "bypass_read_enter";
+/// ...and returns.
 pub const PROG_READ_EXIT: &str = "bypass_read_exit";
-/// A `splice(2)` from a file starts (`splice_file_to_pipe`).
+/// A splice starts (`do_splice`: splice(2), io_uring's splice): the guard decides.
 pub const PROG_SPLICE_ENTER: &str = "bypass_splice_enter";
-/// That splice returns.
+/// That splice returns: its decision goes.
 pub const PROG_SPLICE_EXIT: &str = "bypass_splice_exit";
-/// The read guard: a splice from a bypassed socket is refused while bytes redirected to
-/// it are unread.
+/// A mapping starts (`vm_mmap_pgoff`: mmap(2)): the guard decides.
+pub const PROG_MMAP_ENTER: &str = "bypass_mmap_enter";
+/// That mapping returns: its decision goes.
+pub const PROG_MMAP_EXIT: &str = "bypass_mmap_exit";
+/// The read guard: the splice's permission check (`security_file_permission`) fails
+/// as its entry decided.
 pub const PROG_READ_GUARD: &str = "bypass_read_guard";
-/// The mapping guard: `mmap` of a bypassed socket (zero-copy receive) likewise.
+/// The mapping guard: the mapping's check (`security_mmap_file`) likewise.
 pub const PROG_MMAP_GUARD: &str = "bypass_mmap_guard";
 /// Where the read guard cannot run: a process calls `splice(2)`.
 pub const PROG_SPLICE_SEEN: &str = "bypass_splice_seen";
 
-/// Publishing reads, where the kernel has the `sock_recv_length` tracepoint.
+/// Publishing reads, where the kernel runs no BPF trampolines but has the
+/// `sock_recv_length` tracepoint.
 pub const READ_HOOKS: [Hook; 1] = [Hook {
     program: PROG_READ,
     kind: HookKind::TracePoint,
     target: "sock_recv_length",
 }];
 
-/// Publishing reads on older kernels.
-pub const READ_EXIT_HOOKS: [Hook; 1] = [Hook {
-    program: PROG_READ_EXIT,
-    kind: HookKind::Exit,
-    target: "tcp_bpf_recvmsg",
-}];
+/// Publishing reads where the kernel runs BPF trampolines: the readers in flight are
+/// counted (the exit attached before the entry, so no exit misses its entry).
+pub const READ_TRAMPOLINE_HOOKS: [Hook; 2] = [
+    Hook {
+        program: PROG_READ_EXIT,
+        kind: HookKind::Exit,
+        target: "tcp_bpf_recvmsg",
+    },
+    Hook {
+        program: PROG_READ_ENTER,
+        kind: HookKind::Entry,
+        target: "tcp_bpf_recvmsg",
+    },
+];
 
 /// The read guard, where the kernel runs BPF trampolines, in the order the agent
-/// attaches them (the exit before the entry, so no exit misses its entry; the guards
-/// last).
-pub const GUARD_HOOKS: [Hook; 4] = [
+/// attaches them: the exits, then the checks that apply the decisions, then the
+/// entries that make them. The decision is made at the entry of the call (`do_splice`,
+/// `vm_mmap_pgoff`), before its permission check (since Linux 6.8 `do_splice` checks
+/// before it reaches `splice_file_to_pipe`), by a program that may read the socket's
+/// storage; the check's fmod_ret program, which may not (`bpf_sk_storage_get` is not
+/// allowed to it), only applies it.
+pub const GUARD_HOOKS: [Hook; 6] = [
     Hook {
         program: PROG_SPLICE_EXIT,
         kind: HookKind::Exit,
-        target: "splice_file_to_pipe",
+        target: "do_splice",
     },
     Hook {
-        program: PROG_SPLICE_ENTER,
-        kind: HookKind::Entry,
-        target: "splice_file_to_pipe",
+        program: PROG_MMAP_EXIT,
+        kind: HookKind::Exit,
+        target: "vm_mmap_pgoff",
     },
     Hook {
         program: PROG_READ_GUARD,
@@ -157,6 +185,16 @@ pub const GUARD_HOOKS: [Hook; 4] = [
         program: PROG_MMAP_GUARD,
         kind: HookKind::Guard,
         target: "security_mmap_file",
+    },
+    Hook {
+        program: PROG_SPLICE_ENTER,
+        kind: HookKind::Entry,
+        target: "do_splice",
+    },
+    Hook {
+        program: PROG_MMAP_ENTER,
+        kind: HookKind::Entry,
+        target: "vm_mmap_pgoff",
     },
 ];
 
@@ -192,6 +230,9 @@ pub const DEFAULT_MAX_SERVICE_CIDRS: u32 = 64;
 pub const MAX_SKIP_PORTS: u32 = 256;
 /// Capacity of the splicing-process map ([`MAP_SPLICERS`]).
 pub const MAX_SPLICERS: u32 = 4_096;
+/// Capacity of the verdict map ([`MAP_VERDICTS`]): threads splicing or mapping a
+/// bypassed socket at once.
+pub const MAX_VERDICTS: u32 = 16_384;
 /// Capacity of the cut map ([`MAP_CUT`]).
 pub const DEFAULT_MAX_CUT: u32 = 16_384;
 /// Size of the leave-event ring buffer ([`MAP_EVENTS`]), bytes (a power of two, a
@@ -216,9 +257,10 @@ pub const DEFAULT_MAX_QUEUED_BYTES: u32 = 6 << 20;
 /// writes) runs better as plain TCP than as TCP inside the SockHash, which copies each
 /// write into a message first (net/ipv4/tcp_bpf.c, tcp_bpf_sendmsg).
 pub const DEFAULT_LEAVE_AFTER: u32 = 4 << 20;
-/// Kernel memory charged per waiting message when the kernel's BTF has no
-/// `struct sk_msg` size: its slab size on 6.x (kmalloc-1k).
-pub const DEFAULT_MSG_COST: u32 = 1024;
+/// What a waiting message is charged besides its bytes when the kernel's BTF has no
+/// `struct sk_msg` size: [`crate::layout::message_cost`] of its slab size on 6.x
+/// (kmalloc-1k).
+pub const DEFAULT_MSG_COST: u32 = 1024 + crate::layout::PAGE_COST;
 /// Default size under which a stream of sends makes its connection leave the SockHash
 /// ([`crate::control::SLOT_SMALL_STREAM`]): the SockHash sends each small write as a
 /// message of its own (net/ipv4/tcp_bpf.c, tcp_bpf_sendmsg), where plain TCP coalesces

@@ -66,17 +66,23 @@ pub struct SockState {
     /// honour (see [`rcvlowat_needs_tcp`], SO_PEEK_OFF), before it was paired: the
     /// accepting side copies it into the link.
     pub rx_tcp: u32,
-    /// The thread id of a `splice(2)` from this socket that has started and not yet
-    /// passed its permission check (the read guard acts on that check only).
-    pub splice_tid: u32,
     /// The cut generation ([`crate::control::SLOT_CUT_GEN`]) this socket last checked.
     pub cut_gen: u32,
-    /// Its `copied_seq` when inserted (its `rcv_nxt` then: nothing read yet).
-    pub copied_base: u32,
+    /// Its `copied_seq` when a read last published (its `rcv_nxt` when inserted:
+    /// nothing read yet), from which `tcp_total` grows ([`tcp_read_step`]).
+    pub copied_last: u32,
+    /// Zero.
+    pub reserved: u32,
     /// Bytes its reads through `recvmsg` returned, both queues together (atomic): what
-    /// came from the ingress queue is this less what `copied_seq` moved by
-    /// ([`ingress_read`]).
+    /// came from the ingress queue is this less `tcp_total` ([`ingress_read`]).
     pub read_total: u64,
+    /// How far `copied_seq` has moved since insertion, in 64 bits (atomic adds of each
+    /// read's 32-bit step): the bytes read from the TCP receive queue, by any means.
+    pub tcp_total: u64,
+    /// Reads of this socket inside `tcp_bpf_recvmsg` now (atomic; where trampolines run:
+    /// elsewhere 0). Only the last one out publishes how far TCP was read, so a reader
+    /// still blocked in plain `tcp_recvmsg` is never taken for one that has caught up.
+    pub readers: u64,
     /// Messages this socket has redirected.
     pub tx_msgs: u64,
     /// A checkpoint: `tx_msgs` when it was taken...
@@ -97,16 +103,30 @@ pub struct SockState {
     pub cookie: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<SockState>() == 184);
+const _: () = assert!(core::mem::size_of::<SockState>() == 200);
 const _: () = assert!(core::mem::align_of::<SockState>() == 8);
 
 /// Bytes a socket has read out of its ingress queue: what its `recvmsg` reads returned
-/// (`read_total`) less what it read by TCP (`copied_seq` moved from `copied_base`).
-/// Never above the truth while other reads are in flight: a read moves `copied_seq`
-/// before it returns and is counted in `read_total`.
+/// (`read_total`) less what it read from its TCP receive queue (`tcp_total`). Never
+/// above the truth: a read moves `copied_seq` before it returns and is counted in
+/// `read_total`; a TCP read that no `recvmsg` returned (a splice, zero-copy receive)
+/// only lowers it; and two readers publishing at once can count a step of
+/// `copied_seq` twice ([`tcp_read_step`]), never miss one.
 #[inline(always)]
-pub const fn ingress_read(read_total: u64, copied_seq: u32, copied_base: u32) -> u64 {
-    read_total.saturating_sub(copied_seq.wrapping_sub(copied_base) as u64)
+pub const fn ingress_read(read_total: u64, tcp_total: u64) -> u64 {
+    read_total.saturating_sub(tcp_total)
+}
+
+/// How far `copied_seq` moved since `copied_last`, the socket's last published value:
+/// a 32-bit step (sequence numbers wrap; a reader moves less than 2 GiB between two
+/// publishes), added to the 64-bit `tcp_total`.
+#[inline(always)]
+pub const fn tcp_read_step(copied_seq: u32, copied_last: u32) -> u64 {
+    let step = copied_seq.wrapping_sub(copied_last);
+    // A reader publishing an older copied_seq than another's (two readers at once)
+    // moved backwards: no step, and the next one counts from there again (twice at
+    // most, which only lowers `ingress_read`).
+    if step > i32::MAX as u32 { 0 } else { step as u64 }
 }
 
 /// Bits of [`SockState::flags`].
@@ -145,6 +165,22 @@ pub mod rx {
     /// The bits after which this side reads only the TCP receive queue.
     pub const TCP_ONLY: u64 = SPLICE | ZEROCOPY;
 }
+
+/// The read guard's decision for one thread's splice or mapping
+/// ([`crate::names::MAP_VERDICTS`]): the call's permission check of `file` fails with
+/// `-err`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Verdict {
+    /// The `struct file *` the decision is about (compared, never dereferenced).
+    pub file: u64,
+    /// The errno the check returns, positive.
+    pub err: i32,
+    /// Zero.
+    pub reserved: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<Verdict>() == 16);
 
 /// Bits of [`Link::state`]. Set with an atomic or, never cleared.
 pub mod link_state {

@@ -9,9 +9,13 @@
 //! splicing proxies fall back so). `bypass_common::state::rx` says why no byte can slip
 //! between the guard and a sender.
 //!
-//! A splice's permission check (`security_file_permission`, from `rw_verify_area`) is
-//! also every `read(2)`'s: the splice entry program marks the socket with the splicing
-//! thread, and the guard acts only on a check that thread makes while the mark is set.
+//! The decision is made where the call starts (`do_splice`, which splice(2) and
+//! io_uring's splice call; `vm_mmap_pgoff`, which mmap(2) calls), by programs that may
+//! read the socket's storage, and kept for the calling thread until the call returns.
+//! The call's permission check (`security_file_permission`, `security_mmap_file`)
+//! applies it: an fmod_ret program there may not read socket storage, and since Linux
+//! 6.8 `do_splice` checks before it reaches `splice_file_to_pipe`. The same check is
+//! every `read(2)`'s: only the file and thread a decision names are refused.
 
 use core::{
     ffi::c_void,
@@ -26,12 +30,12 @@ use aya_ebpf::{
 };
 use bypass_common::{
     SockState, Stat,
-    state::{flags, rx, side},
+    state::{Verdict, flags, rx, side},
 };
 
 use crate::{
     atomic, kernel, leave,
-    maps::{BYPASS_LINKS, BYPASS_SPLICERS, sock_state},
+    maps::{BYPASS_GUARDING, BYPASS_LINKS, BYPASS_SPLICERS, BYPASS_VERDICTS, sock_state},
     stats,
 };
 
@@ -75,71 +79,135 @@ fn thread() -> u32 {
     unsafe { bpf_get_current_pid_tgid() as u32 }
 }
 
-#[fentry(function = "splice_file_to_pipe")]
+#[fentry(function = "do_splice")]
 pub fn bypass_splice_enter(ctx: FEntryContext) -> i32 {
-    let f: *mut file = ctx.arg(0);
-    // SAFETY: the traced function's file argument.
-    if let Some(state) = unsafe { file_state(f) } {
-        state.splice_tid = thread();
-    }
+    // long do_splice(struct file *in, loff_t *off_in, struct file *out, ...)
+    decide(ctx.arg(0), rx::SPLICE, EINVAL);
     0
 }
 
-#[fexit(function = "splice_file_to_pipe")]
-pub fn bypass_splice_exit(ctx: FExitContext) -> i32 {
-    let f: *mut file = ctx.arg(0);
-    // SAFETY: the traced function's file argument.
-    if let Some(state) = unsafe { file_state(f) }
-        && state.splice_tid == thread()
-    {
-        // The splice ended without a permission check (nothing to read into): the
-        // thread's next read(2) must not count as a splice.
-        state.splice_tid = 0;
-    }
+#[fexit(function = "do_splice")]
+pub fn bypass_splice_exit(_ctx: FExitContext) -> i32 {
+    forget();
+    0
+}
+
+#[fentry(function = "vm_mmap_pgoff")]
+pub fn bypass_mmap_enter(ctx: FEntryContext) -> i32 {
+    // unsigned long vm_mmap_pgoff(struct file *file, unsigned long addr, ...)
+    decide(ctx.arg(0), rx::ZEROCOPY, ENODEV);
+    0
+}
+
+#[fexit(function = "vm_mmap_pgoff")]
+pub fn bypass_mmap_exit(_ctx: FExitContext) -> i32 {
+    forget();
     0
 }
 
 #[lsm(hook = "file_permission")]
 pub fn bypass_read_guard(ctx: LsmContext) -> i32 {
-    // int file_permission(struct file *file, int mask), then what earlier programs on
-    // the hook decided.
+    // int security_file_permission(struct file *file, int mask), then what earlier
+    // programs on the function decided (the trampoline stops at the first refusal).
     let f: *mut file = ctx.arg(0);
     let mask: i32 = ctx.arg(1);
     let earlier: i32 = ctx.arg(2);
     if earlier != 0 || mask & MAY_READ == 0 {
         return earlier;
     }
-    // SAFETY: the hook's file argument.
-    let Some(state) = (unsafe { file_state(f) }) else {
-        return 0;
-    };
-    if state.splice_tid == 0 || state.splice_tid != thread() {
-        return 0;
-    }
-    state.splice_tid = 0;
-    guard(state, rx::SPLICE, -EINVAL)
+    apply(f)
 }
 
 #[lsm(hook = "mmap_file")]
 pub fn bypass_mmap_guard(ctx: LsmContext) -> i32 {
+    // int security_mmap_file(struct file *file, unsigned long prot, unsigned long
+    // flags), then what earlier programs decided.
     let f: *mut file = ctx.arg(0);
-    // SAFETY: the hook's file argument.
-    match unsafe { file_state(f) } {
-        Some(state) => guard(state, rx::ZEROCOPY, -ENODEV),
-        None => 0,
+    let earlier: i32 = ctx.arg(3);
+    if earlier != 0 {
+        return earlier;
+    }
+    apply(f)
+}
+
+/// At the start of a splice from, or a mapping of, `f`: if it is a bypassed socket,
+/// records that it reads only its TCP queue (`bit`) and, when bytes redirected to it
+/// are unread or on their way, that this thread's call must fail with `err`.
+#[inline(always)]
+fn decide(f: *mut file, bit: u64, err: i32) {
+    // SAFETY: the traced function's file argument.
+    let Some(state) = (unsafe { file_state(f) }) else {
+        return;
+    };
+    if guard(state, bit) {
+        return;
+    }
+    let verdict = Verdict {
+        file: f as u64,
+        err,
+        reserved: 0,
+    };
+    // One decision per thread: a thread is in one such call at a time (one left by a
+    // call whose return was missed is replaced; the count then stays one too high,
+    // which costs a lookup per check, nothing else).
+    if BYPASS_VERDICTS
+        .insert(&thread(), &verdict, BPF_ANY.into())
+        .is_ok()
+        && let Some(n) = BYPASS_GUARDING.get_ptr_mut(0)
+    {
+        // SAFETY: a live array value.
+        unsafe { atomic::add_u64(n, 1) };
     }
 }
 
-/// Records that the socket with `state` reads only its TCP queue (`bit`), then
-/// `refuse` if bytes redirected to it are unread or on their way, else 0.
+/// At the return of the call: its decision, if any, goes.
+#[inline(always)]
+fn forget() {
+    if !guarding() {
+        return;
+    }
+    if BYPASS_VERDICTS.remove(&thread()).is_ok()
+        && let Some(n) = BYPASS_GUARDING.get_ptr_mut(0)
+    {
+        // SAFETY: a live array value.
+        unsafe { atomic::sub_u64(n, 1) };
+    }
+}
+
+/// Whether any decision is outstanding (one array read for every check on the node).
+#[inline(always)]
+fn guarding() -> bool {
+    BYPASS_GUARDING.get(0).is_some_and(|n| *n != 0)
+}
+
+/// At a permission check of `f`: the refusal this thread's call was decided to get,
+/// else 0.
+#[inline(always)]
+fn apply(f: *mut file) -> i32 {
+    if !guarding() {
+        return 0;
+    }
+    match BYPASS_VERDICTS.get_ptr(&thread()) {
+        // SAFETY: a live map value of this thread's own.
+        Some(v) if unsafe { (*v).file } == f as u64 => {
+            stats::add(Stat::ReadsRefused, 1);
+            // SAFETY: as above.
+            -unsafe { (*v).err }
+        }
+        _ => 0,
+    }
+}
+
+/// Records that the socket with `state` reads only its TCP queue (`bit`); whether the
+/// call may go on: nothing redirected to it is unread or on its way.
 // Keys are passed by reference on purpose: by value they would be copied onto the
 // 512-byte BPF stack.
 #[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
-fn guard(state: &mut SockState, bit: u64, refuse: i32) -> i32 {
+fn guard(state: &mut SockState, bit: u64) -> bool {
     // Never paired: nothing was ever redirected to it.
     let Some(ptr) = BYPASS_LINKS.get_ptr_mut(&state.link) else {
-        return 0;
+        return true;
     };
     let me = side::index(state.side);
     let peer = side::peer_index(state.side);
@@ -147,7 +215,7 @@ fn guard(state: &mut SockState, bit: u64, refuse: i32) -> i32 {
     // counters read after it (see `bypass_common::state::rx`).
     unsafe {
         if read_volatile(addr_of!((*ptr).cookie[me])) != state.cookie {
-            return 0;
+            return true;
         }
         let before = atomic::or_u64(addr_of_mut!((*ptr).rx_flags[me]), bit);
         if before & rx::TCP_ONLY == 0 {
@@ -157,14 +225,13 @@ fn guard(state: &mut SockState, bit: u64, refuse: i32) -> i32 {
         let sent = read_volatile(addr_of!((*ptr).tx_redir[peer]));
         let read = read_volatile(addr_of!((*ptr).rx_read[me]));
         if sent != read {
-            stats::add(Stat::ReadsRefused, 1);
-            return refuse;
+            return false;
         }
     }
     // Nothing waits and nothing will come: the TCP reads that follow are not ingress
     // reads, so what this side published as read stays.
     state.flags |= flags::RX_FROZEN;
-    0
+    true
 }
 
 #[tracepoint(category = "syscalls", name = "sys_enter_splice")]

@@ -8,9 +8,9 @@ use bypass_common::{
     Connector, Endpoint, IpKey, Link, SockKey, SockState, control,
     names::{
         DEFAULT_MAX_ADDRS, DEFAULT_MAX_CIDRS, DEFAULT_MAX_CUT, DEFAULT_MAX_POD_NETNS,
-        DEFAULT_MAX_SERVICE_CIDRS, DEFAULT_MAX_SOCKETS, EVENTS_BYTES, MAX_SKIP_PORTS, MAX_SPLICERS,
+        DEFAULT_MAX_SERVICE_CIDRS, DEFAULT_MAX_SOCKETS, EVENTS_BYTES, MAX_SKIP_PORTS, MAX_SPLICERS, MAX_VERDICTS,
     },
-    state::LeaveEvent,
+    state::{LeaveEvent, Verdict},
     stats::STAT_SLOTS,
 };
 
@@ -92,6 +92,15 @@ pub(crate) static BYPASS_CUT: HashMap<SockKey, u8, { DEFAULT_MAX_CUT as usize }>
 #[btf_map]
 pub(crate) static BYPASS_SPLICERS: LruHashMap<u32, u8, { MAX_SPLICERS as usize }> =
     LruHashMap::new();
+
+/// The read guard's decisions, by thread ([`bypass_common::names::MAP_VERDICTS`]).
+#[btf_map]
+pub(crate) static BYPASS_VERDICTS: HashMap<u32, Verdict, { MAX_VERDICTS as usize }> =
+    HashMap::new();
+
+/// How many decisions [`BYPASS_VERDICTS`] holds ([`bypass_common::names::MAP_GUARDING`]).
+#[btf_map]
+pub(crate) static BYPASS_GUARDING: Array<u64, 1> = Array::new();
 
 /// Connections that started to leave the SockHash, for the agent.
 #[btf_map]

@@ -1,14 +1,17 @@
 //! The reader's side of a connection's accounting. After each read of a bypassed
-//! socket through `recvmsg` (the `sock_recv_length` tracepoint, Linux >= 6.4; before
-//! that, the return of `tcp_bpf_recvmsg`), the socket publishes in its link what a
-//! sender needs of its peer, without either reading the other's memory:
+//! socket through `recvmsg` (where the kernel runs BPF trampolines, the return of
+//! `tcp_bpf_recvmsg`; elsewhere the `sock_recv_length` tracepoint, Linux >= 6.4), the
+//! socket publishes in its link what a sender needs of its peer, without either
+//! reading the other's memory:
 //! - how many redirected bytes it has read out of its ingress queue (`rx_read`): what
-//!   its reads returned less what came by TCP (`bypass_common::state::ingress_read`),
-//!   so its peer knows what still waits for it;
+//!   its reads returned less what it read from its TCP queue
+//!   (`bypass_common::state::ingress_read`), so its peer knows what still waits for it;
 //! - how far it has read what came by TCP (`rx_copied`): its peer goes back from TCP to
 //!   redirects only once it has read every byte sent by TCP. A reader still blocked
 //!   inside plain `tcp_recvmsg` (MSG_WAITALL) has not returned, so what it copied is
-//!   not published yet, and its peer keeps TCP;
+//!   not published yet, and its peer keeps TCP; where trampolines run, the entry of
+//!   `tcp_bpf_recvmsg` counts the readers inside, and only the last one out publishes
+//!   `rx_copied`, so another thread's read cannot publish it for that one;
 //! - its bound (`rx_limit`), from its receive buffer.
 
 use core::{
@@ -18,12 +21,12 @@ use core::{
 
 use aya_ebpf::{
     helpers::generated::bpf_get_current_pid_tgid,
-    macros::{btf_tracepoint, fexit},
-    programs::{BtfTracePointContext, FExitContext},
+    macros::{btf_tracepoint, fentry, fexit},
+    programs::{BtfTracePointContext, FEntryContext, FExitContext},
 };
 use bypass_common::{
     SockState,
-    state::{flags, ingress_read, rx, side},
+    state::{flags, ingress_read, rx, side, tcp_read_step},
 };
 
 use crate::{
@@ -31,61 +34,99 @@ use crate::{
     maps::{BYPASS_LINKS, BYPASS_SPLICERS, sock_state},
 };
 
-/// `MSG_PEEK` (include/linux/socket.h): a read that leaves the bytes queued.
-const MSG_PEEK: i32 = 2;
+/// `MSG_PEEK`, `MSG_OOB` and `MSG_ERRQUEUE` (include/linux/socket.h): reads that
+/// leave the stream's bytes queued, return the urgent byte (which `copied_seq` does
+/// not count), or return the error queue's (a timestamped copy of sent bytes): none of
+/// them reads the ingress queue.
+const NOT_STREAM_READS: i32 = 2 | 1 | 0x2000;
 
 #[btf_tracepoint(function = "sock_recv_length")]
 pub fn bypass_read(ctx: BtfTracePointContext) -> i32 {
     // TP_PROTO(struct sock *sk, int ret, int flags), after sock_recvmsg
-    // (include/trace/events/sock.h).
+    // (include/trace/events/sock.h). No reader is counted here: every read publishes.
     let (sk, read, flags): (*mut c_void, i32, i32) = (ctx.arg(0), ctx.arg(1), ctx.arg(2));
-    on_read(sk, read, flags);
+    on_read(sk, read, flags, true);
+    0
+}
+
+#[fentry(function = "tcp_bpf_recvmsg")]
+pub fn bypass_read_enter(ctx: FEntryContext) -> i32 {
+    let sk: *mut c_void = ctx.arg(0);
+    if let Some(state) = bypassed(sk) {
+        // SAFETY: a field of live socket storage; readers may run at once.
+        unsafe { atomic::add_u64(addr_of_mut!(state.readers), 1) };
+    }
     0
 }
 
 #[fexit(function = "tcp_bpf_recvmsg")]
 pub fn bypass_read_exit(ctx: FExitContext) -> i32 {
     // int tcp_bpf_recvmsg(struct sock *sk, struct msghdr *msg, size_t len, int flags,
-    // ...): the flags are the fourth argument on every kernel this attaches to.
+    // int *addr_len) since Linux 5.19 (the agent refuses the older signature).
     let sk: *mut c_void = ctx.arg(0);
     let flags: i32 = ctx.arg(3);
     let Ok(read) = ctx.ret::<i32>() else {
         return 0;
     };
-    on_read(sk, read, flags);
+    let Some(state) = bypassed(sk) else {
+        return 0;
+    };
+    // SAFETY: as in the entry. A reader that entered before this program was attached
+    // makes the count wrap: then no reader is ever last, and nothing publishes
+    // `rx_copied` (its peer stays on TCP), never the other way round.
+    let left = unsafe {
+        atomic::sub_u64(addr_of_mut!(state.readers), 1);
+        atomic::load_ordered(addr_of_mut!(state.readers))
+    };
+    on_read(sk, read, flags, left == 0);
     0
 }
 
-/// A read of `sk` returned `read` (bytes or an error) with `flags`.
+/// The state of `sk` if it is a bypassed socket.
 #[inline(always)]
-fn on_read(sk: *mut c_void, read: i32, flags: i32) {
-    if sk.is_null() || flags & MSG_PEEK != 0 {
-        return;
+fn bypassed(sk: *mut c_void) -> Option<&'static mut SockState> {
+    if sk.is_null() {
+        return None;
     }
     // SAFETY: a traced socket argument; the helper returns its storage or null.
-    let Some(state) = (unsafe { sock_state(sk, false) }) else {
-        return;
-    };
+    let state = unsafe { sock_state(sk, false) }?;
     // SAFETY: non-null storage of that socket, sized for a `SockState`.
     let state = unsafe { &mut *state };
-    if state.side == side::NONE {
+    (state.side != side::NONE).then_some(state)
+}
+
+/// A read of `sk` returned `read` (bytes or an error) with `flags`; `last` when no
+/// other read of it is in flight.
+#[inline(always)]
+fn on_read(sk: *mut c_void, read: i32, flags: i32, last: bool) {
+    if flags & NOT_STREAM_READS != 0 {
         return;
     }
-    let total = if read > 0 {
-        // SAFETY: a field of live socket storage; readers may run at once.
-        unsafe {
-            atomic::add_u64(addr_of_mut!(state.read_total), read as u64);
-            atomic::load_ordered(addr_of_mut!(state.read_total))
-        }
-    } else {
-        // SAFETY: as above, read only.
-        unsafe { read_volatile(addr_of!(state.read_total)) }
+    let Some(state) = bypassed(sk) else {
+        return;
     };
     // SAFETY: the traced socket.
     let Some(r) = (unsafe { kernel::reading(sk) }) else {
         return;
     };
-    publish(state, total, &r);
+    // What this read (and any before it) took from the TCP queue, counted before the
+    // bytes it returned, so that the difference is never above the truth.
+    let step = tcp_read_step(r.copied_seq, state.copied_last);
+    // SAFETY: fields of live socket storage; readers may run at once.
+    let (total, tcp) = unsafe {
+        if step > 0 {
+            atomic::add_u64(addr_of_mut!(state.tcp_total), step);
+            state.copied_last = r.copied_seq;
+        }
+        if read > 0 {
+            atomic::add_u64(addr_of_mut!(state.read_total), read as u64);
+        }
+        (
+            atomic::load_ordered(addr_of_mut!(state.read_total)),
+            atomic::load_ordered(addr_of_mut!(state.tcp_total)),
+        )
+    };
+    publish(state, ingress_read(total, tcp), last, &r);
 }
 
 /// Publishes the reader's numbers in its link.
@@ -93,7 +134,7 @@ fn on_read(sk: *mut c_void, read: i32, flags: i32) {
 // 512-byte BPF stack.
 #[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
-fn publish(state: &mut SockState, total: u64, r: &kernel::Reading) {
+fn publish(state: &mut SockState, read: u64, last: bool, r: &kernel::Reading) {
     let Some(ptr) = BYPASS_LINKS.get_ptr_mut(&state.link) else {
         return;
     };
@@ -106,12 +147,11 @@ fn publish(state: &mut SockState, total: u64, r: &kernel::Reading) {
             return;
         }
         if state.flags & flags::RX_FROZEN == 0 {
-            write_volatile(
-                addr_of_mut!((*ptr).rx_read[me]),
-                ingress_read(total, r.copied_seq, state.copied_base),
-            );
+            write_volatile(addr_of_mut!((*ptr).rx_read[me]), read);
         }
-        write_volatile(addr_of_mut!((*ptr).rx_copied[me]), r.copied_seq);
+        if last {
+            write_volatile(addr_of_mut!((*ptr).rx_copied[me]), r.copied_seq);
+        }
         write_volatile(addr_of_mut!((*ptr).rx_limit[me]), r.rx_limit);
         // Where the read guard cannot run: a process that splices gets no redirected
         // bytes from now on (its peer takes TCP, and this reads what waits first).

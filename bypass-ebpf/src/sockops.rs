@@ -206,10 +206,11 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
     state.tx_mode = tx_mode::UNDECIDED;
     state.small_run = 0;
     state.rx_tcp = u32::from(options_need_tcp(own.rcvlowat, own.peek_off));
-    state.splice_tid = 0;
     state.flags &= !flags::RX_FROZEN;
     // Nothing read yet: copied_seq is rcv_nxt.
-    state.copied_base = rcv_nxt;
+    state.copied_last = rcv_nxt;
+    state.tcp_total = 0;
+    state.reserved = 0;
     state.read_total = 0;
     state.tx_msgs = 0;
     state.cp_msgs = 0;

@@ -296,7 +296,7 @@ fn uninstall_removes_every_pin_and_attachment() -> Result<()> {
     let read: &[names::Hook] = if probe.read_hook == "tracepoint" {
         &names::READ_HOOKS
     } else {
-        &names::READ_EXIT_HOOKS
+        &names::READ_TRAMPOLINE_HOOKS
     };
     let guard: &[names::Hook] = if probe.read_guard {
         &names::GUARD_HOOKS

@@ -85,9 +85,9 @@ fn msg_waitall_returns_what_is_queued_known_difference() -> Result<()> {
 }
 
 #[test]
-fn splice_read_misses_redirected_bytes_known_difference() -> Result<()> {
-    privileged!("splice_read_misses_redirected_bytes_known_difference");
-    reading::splice_read_misses_redirected_bytes_known_difference()
+fn splice_read_guarded_or_known_difference() -> Result<()> {
+    privileged!("splice_read_guarded_or_known_difference");
+    reading::splice_read_guarded_or_known_difference()
 }
 
 #[test]

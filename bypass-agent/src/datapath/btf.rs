@@ -91,9 +91,11 @@ struct Member {
 struct Type {
     name_off: u32,
     kind: u32,
-    /// Size in bytes (structs and unions).
+    /// Size in bytes (structs and unions); for a `FUNC`, its prototype's type id.
     size: u32,
     members: Vec<Member>,
+    /// Members, parameters or values (`vlen`).
+    vlen: u32,
 }
 
 /// Parsed BTF: named structs and unions with their members.
@@ -139,6 +141,7 @@ impl Btf {
             kind: 0,
             size: 0,
             members: Vec::new(),
+            vlen: 0,
         }];
         let mut p = 0;
         while p < t.len() {
@@ -181,6 +184,7 @@ impl Btf {
                 kind,
                 size,
                 members,
+                vlen: vlen as u32,
             });
         }
         Ok(Self { types, strings })
@@ -207,6 +211,13 @@ impl Btf {
             .iter()
             .position(|t| t.kind == kind && self.name(t.name_off) == name.as_bytes())
             .and_then(|i| u32::try_from(i).ok())
+    }
+
+    /// How many parameters the kernel function `name` takes (its `FUNC`'s prototype).
+    pub fn func_params(&self, name: &str) -> Option<u32> {
+        let func = self.types.get(self.type_id(KIND_FUNC, name)? as usize)?;
+        let proto = self.types.get(func.size as usize)?;
+        (proto.kind == KIND_FUNC_PROTO).then_some(proto.vlen)
     }
 
     /// Size in bytes of `struct strukt`.
@@ -282,7 +293,7 @@ impl Btf {
             msg_cost: 0,
         };
         layout.msg_cost = match self.struct_size("sk_msg") {
-            Ok(size) => bypass_common::layout::slab_size(size),
+            Ok(size) => bypass_common::layout::message_cost(size),
             Err(e) => {
                 missing.push(e);
                 bypass_common::names::DEFAULT_MSG_COST
@@ -408,7 +419,7 @@ mod tests {
         assert!(layout.has_required(), "{missing:?}");
         assert!(layout.tcp_copied_seq > layout.icsk_ulp_ops, "{layout:?}");
         assert!(
-            (512..=4096).contains(&layout.msg_cost),
+            (4096 + 512..=4096 + 4096).contains(&layout.msg_cost),
             "struct sk_msg's slab: {layout:?}"
         );
     }

@@ -12,14 +12,14 @@
 //! for; it also removes the cut map's entries of connections that are gone.
 
 use std::{
-    collections::HashSet,
+    collections::HashMap as StdHashMap,
     os::fd::AsFd as _,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
     thread::JoinHandle,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use aya::maps::{HashMap, MapData, RingBuf, SockHash};
@@ -41,6 +41,29 @@ use crate::error::AgentError;
 /// (a reader that catches up sends no event).
 pub const RECHECK: Duration = Duration::from_millis(50);
 
+/// How long a link's counters must stay as they were when each side had read
+/// everything before its sockets are deleted: a redirect counted on one CPU reaches
+/// the peer's queue within the sender's system call, and this thread reads the
+/// counters with plain loads (no barrier orders them on weakly ordered CPUs).
+pub const SETTLE: Duration = Duration::from_millis(5);
+
+/// A link's counters: bytes each side redirected, bytes each side read.
+pub type Counts = ([u64; 2], [u64; 2]);
+
+/// When a connection was last seen with every redirected byte read, and its counters
+/// then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seen {
+    counts: Counts,
+    at: Instant,
+}
+
+/// Whether a connection seen with every byte read now (`counts` at `now`) may leave:
+/// it was seen so before (`prev`), with the same counters, at least [`SETTLE`] ago.
+pub fn may_go(prev: Option<Seen>, counts: Counts, now: Instant) -> bool {
+    prev.is_some_and(|p| p.counts == counts && now.saturating_duration_since(p.at) >= SETTLE)
+}
+
 /// What to do with a connection waiting to leave, from its link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
@@ -49,10 +72,13 @@ pub enum Step {
     /// Bytes redirected one way or the other are not all read yet: wait.
     Wait,
     /// Each side has read everything redirected to it: delete both sockets (the client
-    /// socket under the link's key, the server's under `server`).
+    /// socket under the link's key, the server's under `server`) once that holds for
+    /// [`SETTLE`] ([`may_go`]).
     Delete {
         /// The server socket's key.
         server: SockKey,
+        /// The counters now.
+        counts: Counts,
     },
 }
 
@@ -67,11 +93,17 @@ pub fn step(link: Option<&Link>) -> Step {
     // Counted before each redirect (also those on their way), against what each side
     // read: equal both ways means nothing waits and nothing is coming.
     if l.tx_redir[0] == l.rx_read[1] && l.tx_redir[1] == l.rx_read[0] {
-        Step::Delete { server: l.server }
+        Step::Delete {
+            server: l.server,
+            counts: (l.tx_redir, l.rx_read),
+        }
     } else {
         Step::Wait
     }
 }
+
+/// Connections waiting to leave, with when each was last seen with every byte read.
+type Waiting = StdHashMap<SockKey, Option<Seen>>;
 
 /// The maps the thread works on, opened from the pins.
 struct Maps {
@@ -98,37 +130,47 @@ impl Maps {
     }
 
     /// Connections already leaving (an adopted datapath; events lost to a full ring).
-    fn leaving(&self) -> HashSet<SockKey> {
+    fn leaving(&self) -> Waiting {
         self.links
             .iter()
             .filter_map(Result::ok)
             .filter(|(_, l)| l.state & link_state::LEAVING != 0)
-            .map(|(k, _)| k)
+            .map(|(k, _)| (k, None))
             .collect()
     }
 
     /// Moves every event of the ring buffer into `waiting`.
-    fn drain_events(&mut self, waiting: &mut HashSet<SockKey>) {
+    fn drain_events(&mut self, waiting: &mut Waiting) {
         while let Some(item) = self.events.next() {
             if item.len() >= std::mem::size_of::<LeaveEvent>() {
                 // SAFETY: the ring buffer item holds a `LeaveEvent` the programs wrote
                 // (plain old data, any bit pattern valid); read unaligned.
                 let ev: LeaveEvent =
                     unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<LeaveEvent>()) };
-                waiting.insert(ev.link);
+                waiting.entry(ev.link).or_insert(None);
             }
         }
     }
 
     /// Acts on each connection in `waiting`; returns how many left.
-    fn settle(&mut self, waiting: &mut HashSet<SockKey>) -> u64 {
+    fn settle(&mut self, waiting: &mut Waiting) -> u64 {
         let mut left = 0;
-        waiting.retain(|key| {
+        let now = Instant::now();
+        waiting.retain(|key, seen| {
             let link = self.links.get(key, 0).ok();
             match step(link.as_ref()) {
                 Step::Forget => false,
-                Step::Wait => true,
-                Step::Delete { server } => {
+                Step::Wait => {
+                    *seen = None;
+                    true
+                }
+                Step::Delete { counts, .. } if !may_go(*seen, counts, now) => {
+                    if seen.is_none_or(|s| s.counts != counts) {
+                        *seen = Some(Seen { counts, at: now });
+                    }
+                    true
+                }
+                Step::Delete { server, .. } => {
                     // Either may be gone already (closed): deleting the other is enough.
                     let a = self.sockets.remove(key);
                     let b = self.sockets.remove(&server);
@@ -255,15 +297,31 @@ mod tests {
         assert_eq!(
             step(Some(&done)),
             Step::Delete {
-                server: done.server
+                server: done.server,
+                counts: ([10, 5], [5, 10]),
             }
         );
         assert_eq!(
             step(Some(&leaving([0, 0], [0, 0]))),
             Step::Delete {
-                server: done.server
+                server: done.server,
+                counts: ([0, 0], [0, 0]),
             },
             "nothing was ever redirected"
+        );
+    }
+
+    #[test]
+    fn goes_only_after_the_same_counters_held_for_the_settle_time() {
+        let t0 = Instant::now();
+        let c = ([10, 5], [5, 10]);
+        assert!(!may_go(None, c, t0), "first seen: wait");
+        let seen = Some(Seen { counts: c, at: t0 });
+        assert!(!may_go(seen, c, t0 + SETTLE / 2), "too soon");
+        assert!(may_go(seen, c, t0 + SETTLE));
+        assert!(
+            !may_go(seen, ([11, 5], [5, 11]), t0 + SETTLE),
+            "a redirect came and was read meanwhile: seen again from now"
         );
     }
 }

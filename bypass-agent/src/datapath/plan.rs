@@ -4,7 +4,7 @@
 use bypass_common::{
     KernelLayout,
     layout::{self, features},
-    names::{GUARD_HOOKS, Hook, READ_EXIT_HOOKS, READ_HOOKS, WATCH_HOOKS},
+    names::{GUARD_HOOKS, Hook, READ_HOOKS, READ_TRAMPOLINE_HOOKS, WATCH_HOOKS},
 };
 
 use super::{btf, host, rawlink};
@@ -28,8 +28,8 @@ pub enum ReadGuard {
 /// Which tracing programs a load attaches, found on this host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hooks {
-    /// Publishing reads: the `sock_recv_length` tracepoint, or `tcp_bpf_recvmsg`'s
-    /// return on kernels before it.
+    /// Publishing reads: `tcp_bpf_recvmsg`'s entry and return where trampolines run,
+    /// else the `sock_recv_length` tracepoint.
     pub read: &'static [Hook],
     /// The read guard, or the splice watch.
     pub guard: ReadGuard,
@@ -88,9 +88,13 @@ impl LoadPlan {
     }
 }
 
-/// Which tracing programs this kernel runs: the `sock_recv_length` tracepoint (else
-/// an fexit, which needs trampolines), and the read guard where trampolines load and
-/// the BPF LSM is active (else the splice watch).
+/// `tcp_bpf_recvmsg(sk, msg, len, flags, addr_len)`, Linux >= 5.19.
+const TCP_BPF_RECVMSG_PARAMS: u32 = 5;
+
+/// Which tracing programs this kernel runs: where BPF trampolines load, the entry and
+/// return of `tcp_bpf_recvmsg` and the read guard (fmod_ret on `security_*`
+/// functions: no BPF LSM needed); elsewhere the `sock_recv_length` tracepoint and the
+/// splice watch.
 fn detect_hooks() -> Result<Hooks, AgentError> {
     let b = btf::Btf::vmlinux().map_err(|e| AgentError::KernelSupport {
         what: "describe its functions for the tracing programs (BTF)",
@@ -103,9 +107,16 @@ fn detect_hooks() -> Result<Hooks, AgentError> {
         Some(id) => rawlink::trampolines_load(id).unwrap_or(false),
         None => false,
     };
-    let read: &'static [Hook] = match (has_tracepoint, trampolines) {
-        (true, _) => &READ_HOOKS,
-        (false, true) => &READ_EXIT_HOOKS,
+    if trampolines && b.func_params("tcp_bpf_recvmsg") != Some(TCP_BPF_RECVMSG_PARAMS) {
+        return Err(AgentError::KernelSupport {
+            what: "count a bypassed socket's reads (tcp_bpf_recvmsg takes its flags \
+                   fourth since Linux 5.19; this kernel's is older)",
+            source: "tcp_bpf_recvmsg does not take (sk, msg, len, flags, addr_len)".into(),
+        });
+    }
+    let read: &'static [Hook] = match (trampolines, has_tracepoint) {
+        (true, _) => &READ_TRAMPOLINE_HOOKS,
+        (false, true) => &READ_HOOKS,
         (false, false) => {
             return Err(AgentError::KernelSupport {
                 what: "publish a bypassed socket's reads (no sock_recv_length tracepoint, \

@@ -203,14 +203,35 @@ fn precheck_order() {
 
 #[test]
 fn ingress_reads_are_total_reads_less_tcp_reads() {
-    assert_eq!(ingress_read(100, 1000, 1000), 100, "nothing by TCP");
-    assert_eq!(ingress_read(100, 1030, 1000), 70);
-    assert_eq!(ingress_read(100, 10, u32::MAX - 19), 70, "sequence wrap");
+    assert_eq!(ingress_read(100, 0), 100, "nothing by TCP");
+    assert_eq!(ingress_read(100, 30), 70);
     assert_eq!(
-        ingress_read(10, 1030, 1000),
+        ingress_read(10, 30),
         0,
         "a TCP read not yet counted in the total: never negative"
     );
+    // Past 4 GiB read by TCP, the total keeps counting in 64 bits.
+    assert_eq!(ingress_read((5 << 30) + 7, 5 << 30), 7);
+}
+
+#[test]
+fn tcp_read_steps_wrap_and_never_go_back() {
+    assert_eq!(tcp_read_step(1030, 1000), 30);
+    assert_eq!(tcp_read_step(10, u32::MAX - 19), 30, "sequence wrap");
+    assert_eq!(tcp_read_step(1000, 1000), 0);
+    assert_eq!(
+        tcp_read_step(990, 1000),
+        0,
+        "an older copied_seq than the last published: no step"
+    );
+    // Steps summed over a stream longer than 4 GiB: the 64-bit total is exact.
+    let (mut last, mut total) = (u32::MAX - 100, 0u64);
+    for _ in 0..3_000 {
+        let next = last.wrapping_add(2 << 20);
+        total += tcp_read_step(next, last);
+        last = next;
+    }
+    assert_eq!(total, 3_000 * (2 << 20));
 }
 
 #[test]

@@ -58,12 +58,13 @@ pub fn send_client(s: &TcpStream, c: &Common) -> Result<Value> {
     Ok(json!({"sent": sent}))
 }
 
-pub fn recv_server(s: TcpStream) -> Result<Value> {
+pub fn recv_server(mut s: TcpStream) -> Result<Value> {
     let (rp, wp) = pipe().context("pipe")?;
     let mut v = Verifier::new(0, Direction::ClientToServer);
     let mut buf = vec![0u8; 65536];
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut stalled = false;
+    let (mut refused, mut read_after) = (false, 0u64);
     loop {
         // Readiness first, so a splice that would never see the data cannot hang us.
         if !poll_in(&s, 200)? {
@@ -84,6 +85,23 @@ pub fn recv_server(s: TcpStream) -> Result<Value> {
                 sleep_ms(10);
                 continue;
             }
+            // The read guard: splicing is refused while redirected bytes wait. Do what Go's
+            // io.Copy and HAProxy do: read the rest with read(2).
+            Err(Errno::EINVAL) => {
+                refused = true;
+                let at = v.offset();
+                loop {
+                    let r = match std::io::Read::read(&mut s, &mut buf) {
+                        Ok(0) => break,
+                        Ok(r) => r,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                        Err(e) => return Err(e).context("read after the refused splice"),
+                    };
+                    v.feed(&buf[..r]);
+                }
+                read_after = v.offset() - at;
+                break;
+            }
             Err(e) => return Err(e).context("splice from the socket"),
         };
         let mut left = n;
@@ -99,7 +117,13 @@ pub fn recv_server(s: TcpStream) -> Result<Value> {
         }
     }
     drop((rp, wp));
-    Ok(json!({"received": v.offset(), "ok": v.first_mismatch().is_none(), "stalled": stalled}))
+    Ok(json!({
+        "received": v.offset(),
+        "read_after_refusal": read_after,
+        "refused": refused,
+        "ok": v.first_mismatch().is_none(),
+        "stalled": stalled,
+    }))
 }
 
 /// splice-recv's client: sends --bytes, half-closes.
