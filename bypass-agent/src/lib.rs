@@ -14,8 +14,8 @@ pub mod k8s;
 mod metrics;
 pub mod nodes;
 mod others;
-pub mod probe;
 pub mod prepare;
+pub mod probe;
 #[cfg(any(test, feature = "fuzz"))]
 pub mod props;
 pub mod run;

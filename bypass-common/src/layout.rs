@@ -25,6 +25,10 @@ pub mod globals {
     pub const OFF_SK_USERLOCKS: &str = "BYPASS_OFF_SK_USERLOCKS";
     /// [`super::KernelLayout::socket_sk`].
     pub const OFF_SOCKET_SK: &str = "BYPASS_OFF_SOCKET_SK";
+    /// [`super::KernelLayout::sk_flags`].
+    pub const OFF_SK_FLAGS: &str = "BYPASS_OFF_SK_FLAGS";
+    /// [`super::KernelLayout::sock_zerocopy`].
+    pub const SOCK_ZEROCOPY: &str = "BYPASS_SOCK_ZEROCOPY";
     /// [`super::KernelLayout::msg_cost`].
     pub const MSG_COST: &str = "BYPASS_MSG_COST";
     /// [`Features`](super::features) bits.
@@ -73,6 +77,13 @@ pub struct KernelLayout {
     pub psock_msg_tot_len: u32,
     /// Kernel memory a waiting message holds besides its bytes ([`message_cost`]).
     pub msg_cost: u32,
+    /// `struct sock`, `sk_flags`, read typed at insertion for
+    /// [`KernelLayout::sock_zerocopy`] (0: not read).
+    pub sk_flags: u32,
+    /// The bit of `SOCK_ZEROCOPY` in `sk_flags` (`enum sock_flags`): set by SO_ZEROCOPY
+    /// and inherited by a listener's accepted sockets, which are then never inserted
+    /// (a socket in a sockmap gives MSG_ZEROCOPY no completion notifications).
+    pub sock_zerocopy: u32,
 }
 
 impl KernelLayout {
@@ -156,6 +167,8 @@ pub const fn digest(layout: &KernelLayout, features: u32, host_netns: u64) -> u6
         layout.sk_userlocks as u64,
         layout.socket_sk as u64,
         layout.msg_cost as u64,
+        layout.sk_flags as u64,
+        layout.sock_zerocopy as u64,
         (features & features::PROGRAM_BITS) as u64,
         host_netns,
     ];

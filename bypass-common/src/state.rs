@@ -126,7 +126,11 @@ pub const fn tcp_read_step(copied_seq: u32, copied_last: u32) -> u64 {
     // A reader publishing an older copied_seq than another's (two readers at once)
     // moved backwards: no step, and the next one counts from there again (twice at
     // most, which only lowers `ingress_read`).
-    if step > i32::MAX as u32 { 0 } else { step as u64 }
+    if step > i32::MAX as u32 {
+        0
+    } else {
+        step as u64
+    }
 }
 
 /// Bits of [`SockState::flags`].

@@ -136,6 +136,9 @@ counters! {
     /// redirected to it: they run as plain TCP from then on. Only the agent adds to
     /// this slot.
     Left = 25, left, "Connections taken out of the SockHash (plain TCP from then on)";
+    /// `setsockopt(SO_ZEROCOPY)` calls refused (EPERM) on a socket that was ever
+    /// inserted: a socket in a sockmap gives MSG_ZEROCOPY no completion notifications.
+    ZerocopyRefused = 26, zerocopy_refused, "SO_ZEROCOPY refused on bypassed sockets";
 }
 
 impl Stat {

@@ -41,6 +41,10 @@ static BYPASS_OFF_SOCKET_SK: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static BYPASS_MSG_COST: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
+static BYPASS_OFF_SK_FLAGS: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static BYPASS_SOCK_ZEROCOPY: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
 static BYPASS_FEATURES: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static BYPASS_HOST_NETNS: Global<u64> = Global::new(0);
@@ -97,6 +101,8 @@ pub(crate) struct Own {
     pub(crate) fastopen: bool,
     /// Its bound on what may wait for it ([`receive_bound`]).
     pub(crate) rx_limit: u32,
+    /// `SOCK_ZEROCOPY` is set (SO_ZEROCOPY, or inherited from its listener).
+    pub(crate) zerocopy: bool,
 }
 
 /// The sock_ops context socket's own fields, read typed; `None` if the context has no
@@ -122,8 +128,25 @@ pub(crate) fn own(ops: *const bpf_sock_ops) -> Option<Own> {
             write_seq: field::<u32>(tp, BYPASS_OFF_TCP_WRITE_SEQ.load()),
             fastopen: field::<u64>(tp, BYPASS_OFF_TCP_FASTOPEN_REQ.load()) != 0,
             rx_limit: limit_of(tp),
+            zerocopy: zerocopy_of(tp),
         })
     }
+}
+
+/// Whether `SOCK_ZEROCOPY` is set in the socket's `sk_flags` (false where the agent
+/// found no such field or bit).
+///
+/// # Safety
+/// `tp` is a non-null `struct tcp_sock` BTF pointer.
+#[inline(always)]
+unsafe fn zerocopy_of(tp: *const u8) -> bool {
+    let at = BYPASS_OFF_SK_FLAGS.load();
+    if at == 0 {
+        return false;
+    }
+    // SAFETY: a typed load at an offset the verifier checks against the kernel's BTF.
+    let flags = unsafe { field::<u64>(tp, at) };
+    flags & (1u64 << (BYPASS_SOCK_ZEROCOPY.load() & 63)) != 0
 }
 
 /// A socket's bound, from its `sk_rcvbuf` and `sk_userlocks` (the latter only where it

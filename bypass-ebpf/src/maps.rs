@@ -8,7 +8,8 @@ use bypass_common::{
     Connector, Endpoint, IpKey, Link, SockKey, SockState, control,
     names::{
         DEFAULT_MAX_ADDRS, DEFAULT_MAX_CIDRS, DEFAULT_MAX_CUT, DEFAULT_MAX_POD_NETNS,
-        DEFAULT_MAX_SERVICE_CIDRS, DEFAULT_MAX_SOCKETS, EVENTS_BYTES, MAX_SKIP_PORTS, MAX_SPLICERS, MAX_VERDICTS,
+        DEFAULT_MAX_SERVICE_CIDRS, DEFAULT_MAX_SOCKETS, EVENTS_BYTES, MAX_SKIP_PORTS, MAX_SPLICERS,
+        MAX_VERDICTS,
     },
     state::{LeaveEvent, Verdict},
     stats::STAT_SLOTS,

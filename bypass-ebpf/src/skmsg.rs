@@ -107,6 +107,7 @@ fn decide(
 ) -> Result<u32, PassReason> {
     let enabled = control_word(control::SLOT_ENABLED) == control::ENABLED;
     let ptr = BYPASS_LINKS.get_ptr_mut(&state.link);
+
     // Copied, then checked: hash map elements are reused at once after a delete (no
     // RCU grace period), so one read in place could mix two connections' links.
     // SAFETY: a live map value, copied.

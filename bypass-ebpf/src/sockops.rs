@@ -39,9 +39,9 @@ use bypass_common::{
 use crate::{
     atomic, kernel, key,
     maps::{
-        BYPASS_CONNECTORS, BYPASS_CONTROL, BYPASS_EXCLUDED_ADDRS, BYPASS_LINKS, BYPASS_POD_ADDRS, BYPASS_POD_CIDRS,
-        BYPASS_POD_NETNS, BYPASS_SCRATCH, BYPASS_SERVICE_CIDRS, BYPASS_SKIP_PORTS, BYPASS_SOCKETS,
-        sock_state,
+        BYPASS_CONNECTORS, BYPASS_CONTROL, BYPASS_EXCLUDED_ADDRS, BYPASS_LINKS, BYPASS_POD_ADDRS,
+        BYPASS_POD_CIDRS, BYPASS_POD_NETNS, BYPASS_SCRATCH, BYPASS_SERVICE_CIDRS,
+        BYPASS_SKIP_PORTS, BYPASS_SOCKETS, sock_state,
     },
     stats,
 };
@@ -169,6 +169,12 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
     // handshake ends, with its data (net/ipv4/tcp.c, tcp_sendmsg_fastopen): those bytes
     // never pass sk_msg, so this socket must never redirect after them.
     if own.write_seq != snd_nxt || own.fastopen {
+        return Err(Skip::Ineligible);
+    }
+    // A zero-copy sender (SO_ZEROCOPY, or a listener's inherited) keeps TCP's own send
+    // path: a socket in a sockmap copies every send into an sk_msg and gives
+    // MSG_ZEROCOPY no completion notifications.
+    if own.zerocopy {
         return Err(Skip::Ineligible);
     }
     // An upper-layer protocol (an MPTCP subflow) owns the byte stream: never redirect

@@ -11,6 +11,12 @@
 //!   which the kernel makes INT_MAX) or SO_PEEK_OFF on an inserted socket are recorded
 //!   in its link: the ingress queue honours neither, so its peer sends to it by TCP
 //!   from then on.
+//! - SO_ZEROCOPY on a socket that was ever inserted is refused (EPERM): a socket in a
+//!   sockmap copies every send into an `sk_msg`, so MSG_ZEROCOPY would get no
+//!   completion notifications, or notifications for other ids. Applications fall back
+//!   to copying sends when the kernel refuses. A socket that turns it on before it is
+//!   established (or inherits it from its listener) is never inserted (sock_ops reads
+//!   its `SOCK_ZEROCOPY` flag).
 
 use core::ptr::{addr_of, addr_of_mut, read_volatile, write_volatile};
 
@@ -34,6 +40,8 @@ use crate::{
 const SOL_TCP: i32 = 6;
 /// `TCP_ULP` (include/uapi/linux/tcp.h).
 const TCP_ULP: i32 = 31;
+/// `SO_ZEROCOPY` (include/uapi/asm-generic/socket.h).
+const SO_ZEROCOPY: i32 = 60;
 
 #[cgroup_sockopt(setsockopt)]
 pub fn bypass_sockopt(ctx: SockoptContext) -> i32 {
@@ -60,7 +68,8 @@ fn check(ctx: &SockoptContext) -> i32 {
     let ulp = level == SOL_TCP && optname == TCP_ULP;
     let lowat = level == SOL_SOCKET as i32 && optname == SO_RCVLOWAT as i32;
     let peek_off = level == SOL_SOCKET as i32 && optname == SO_PEEK_OFF as i32;
-    if !(ulp || lowat || peek_off) {
+    let zerocopy = level == SOL_SOCKET as i32 && optname == SO_ZEROCOPY;
+    if !(ulp || lowat || peek_off || zerocopy) {
         return 1;
     }
     // SAFETY: context field load.
@@ -78,9 +87,17 @@ fn check(ctx: &SockoptContext) -> i32 {
     // Once inserted, a socket keeps its psock, and redirected bytes may wait in its
     // ingress queue, until it is freed: also after a close or a disconnect
     // (connect(AF_UNSPEC)) that took it out of the map.
-    if ulp && (state.side != side::NONE || state.flags & flags::INSERTED != 0) {
+    let ever_inserted = state.side != side::NONE || state.flags & flags::INSERTED != 0;
+    if ulp && ever_inserted {
         stats::add(Stat::UlpRefused, 1);
         return 0;
+    }
+    if zerocopy {
+        if ever_inserted && int_value(ctx).is_some_and(|v| v != 0) {
+            stats::add(Stat::ZerocopyRefused, 1);
+            return 0;
+        }
+        return 1;
     }
     if ulp || state.side == side::NONE {
         return 1;

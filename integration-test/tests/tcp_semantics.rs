@@ -118,6 +118,12 @@ fn splice_on_the_sender() -> Result<()> {
 }
 
 #[test]
+fn msg_zerocopy_sender_gets_every_completion() -> Result<()> {
+    privileged!("msg_zerocopy_sender_gets_every_completion");
+    sending::msg_zerocopy_sender_gets_every_completion()
+}
+
+#[test]
 fn one_gib_in_one_stream() -> Result<()> {
     privileged!("one_gib_in_one_stream");
     sending::one_gib_in_one_stream()

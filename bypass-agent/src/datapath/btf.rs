@@ -168,7 +168,18 @@ impl Btf {
                     }
                     12 * vlen
                 }
-                KIND_ENUM => 8 * vlen,
+                KIND_ENUM => {
+                    for i in 0..vlen {
+                        let m = p + 8 * i;
+                        // An enumerator: its name and value (kept in `type_id`).
+                        members.push(Member {
+                            name_off: word(m)?,
+                            type_id: word(m + 4)?,
+                            bit_offset: 0,
+                        });
+                    }
+                    8 * vlen
+                }
                 KIND_FUNC_PROTO => 8 * vlen,
                 KIND_DATASEC | KIND_ENUM64 => 12 * vlen,
                 // PTR, FWD, TYPEDEF, VOLATILE, CONST, RESTRICT, FUNC, FLOAT, TYPE_TAG.
@@ -211,6 +222,16 @@ impl Btf {
             .iter()
             .position(|t| t.kind == kind && self.name(t.name_off) == name.as_bytes())
             .and_then(|i| u32::try_from(i).ok())
+    }
+
+    /// The value of enumerator `member` of `enum name` (32-bit enums).
+    pub fn enum_value(&self, name: &str, member: &str) -> Option<i64> {
+        self.types
+            .iter()
+            .filter(|t| t.kind == KIND_ENUM && self.name(t.name_off) == name.as_bytes())
+            .flat_map(|t| t.members.iter())
+            .find(|m| self.name(m.name_off) == member.as_bytes())
+            .map(|m| i64::from(m.type_id as i32))
     }
 
     /// How many parameters the kernel function `name` takes (its `FUNC`'s prototype).
@@ -291,7 +312,29 @@ impl Btf {
             socket_sk: get("socket", "sk"),
             psock_msg_tot_len: get("sk_psock", "msg_tot_len"),
             msg_cost: 0,
+            sk_flags: 0,
+            sock_zerocopy: 0,
         };
+        // `sk_flags` is `__sk_common.skc_flags` (struct sock_common, at offset 0 of
+        // struct sock) on recent kernels, a member of struct sock on older ones.
+        layout.sk_flags = self
+            .member_offset("sock_common", "skc_flags")
+            .or_else(|_| self.member_offset("sock", "sk_flags"))
+            .unwrap_or_else(|e| {
+                missing.push(e);
+                0
+            });
+        match self.enum_value("sock_flags", "SOCK_ZEROCOPY") {
+            Some(bit) if (0..64).contains(&bit) => layout.sock_zerocopy = bit as u32,
+            _ => {
+                // Without the bit the flag is not read.
+                layout.sk_flags = 0;
+                missing.push(BtfError::NoMember {
+                    strukt: "enum sock_flags".into(),
+                    member: "SOCK_ZEROCOPY".into(),
+                });
+            }
+        }
         layout.msg_cost = match self.struct_size("sk_msg") {
             Ok(size) => bypass_common::layout::message_cost(size),
             Err(e) => {
@@ -408,7 +451,7 @@ mod tests {
                 ..KernelLayout::default()
             }
         );
-        assert_eq!(missing.1.len(), 11);
+        assert_eq!(missing.1.len(), 13);
     }
 
     #[test]
@@ -422,5 +465,7 @@ mod tests {
             (4096 + 512..=4096 + 4096).contains(&layout.msg_cost),
             "struct sk_msg's slab: {layout:?}"
         );
+        assert!(layout.sk_flags != 0, "{missing:?}");
+        assert_eq!(layout.sock_zerocopy, 18, "SOCK_ZEROCOPY since Linux 4.14");
     }
 }

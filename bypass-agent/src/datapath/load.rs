@@ -55,6 +55,8 @@ fn load_with(
         .override_global(globals::OFF_SK_USERLOCKS, &l.sk_userlocks, true)
         .override_global(globals::OFF_SOCKET_SK, &l.socket_sk, true)
         .override_global(globals::MSG_COST, &l.msg_cost, true)
+        .override_global(globals::OFF_SK_FLAGS, &l.sk_flags, true)
+        .override_global(globals::SOCK_ZEROCOPY, &l.sock_zerocopy, true)
         .override_global(globals::FEATURES, &program_features, true)
         .override_global(globals::HOST_NETNS, &plan.host_netns, true)
         .load(object::BYTES)

@@ -4,7 +4,7 @@
 use anyhow::{Result, ensure};
 use testbed::{Agent, ClientArgs, PeerServer, iptables, run_client};
 
-use super::support::{both, redirected, same};
+use super::support::{both, redirected, run_case, same};
 use crate::support::{
     ProbeServer, Steps, agent_with, num, probe_report, spawn_probe_client, two_pods,
 };
@@ -32,6 +32,65 @@ pub fn sendfile_on_the_sender() -> Result<()> {
     same(&tcp, &bypass, &["sent"], &["received", "ok"])?;
     ensure!(bypass.server["ok"] == true && num(&bypass.server, "received") == 16 << 20);
     ensure!(redirected(&bypass) >= 16 << 20, "{:?}", bypass.grew);
+    Ok(())
+}
+
+/// A sender with SO_ZEROCOPY writing with MSG_ZEROCOPY gets a completion notification
+/// for every write, as on TCP: a socket in a sockmap copies every send into an
+/// `sk_msg` and gives none (or ids of its own), so a socket with SO_ZEROCOPY before it
+/// is established is never inserted, and SO_ZEROCOPY on an inserted one is refused
+/// (EPERM), after which the sender writes without MSG_ZEROCOPY, byte-exact.
+pub fn msg_zerocopy_sender_gets_every_completion() -> Result<()> {
+    let pods = two_pods()?;
+    let args = ["--case", "zerocopy", "--bytes", "4M", "--chunk", "64K"];
+    let tcp = run_case(&pods, None, 5434, &args)?;
+    let agent = agent_with(&pods, &[])?;
+    let before = run_case(&pods, Some(&agent), 5435, &args)?;
+    let after_args = [&args[..], &["--zerocopy-after"]].concat();
+    let after = run_case(&pods, Some(&agent), 5436, &after_args)?;
+    eprintln!(
+        "zero-copy sender:\n  tcp:    {}\n  before: {} {:?}\n  after:  {} {:?}",
+        tcp.client, before.client, before.grew, after.client, after.grew
+    );
+    for (what, run) in [
+        ("plain TCP", &tcp),
+        ("SO_ZEROCOPY before connect", &before),
+        ("SO_ZEROCOPY after connect", &after),
+    ] {
+        ensure!(
+            run.server["ok"] == true && num(&run.server, "received") == 4 << 20,
+            "{what}: bytes lost or reordered: {}",
+            run.server
+        );
+    }
+    for (what, run) in [("plain TCP", &tcp), ("SO_ZEROCOPY before connect", &before)] {
+        ensure!(
+            run.client["refused"].is_null()
+                && num(&run.client, "completed") == num(&run.client, "writes")
+                && run.client["contiguous"] == true,
+            "{what}: not every MSG_ZEROCOPY write completed: {}",
+            run.client
+        );
+    }
+    ensure!(
+        num(
+            &serde_json::Value::Object(before.grew.clone()),
+            "sockets_inserted"
+        ) == 0,
+        "a socket with SO_ZEROCOPY was inserted: {:?}",
+        before.grew
+    );
+    ensure!(
+        after.client["refused"] == "Operation not permitted"
+            && num(&after.client, "completed") == 0
+            && num(
+                &serde_json::Value::Object(after.grew.clone()),
+                "zerocopy_refused"
+            ) == 1,
+        "SO_ZEROCOPY on an inserted socket was not refused: {} {:?}",
+        after.client,
+        after.grew
+    );
     Ok(())
 }
 

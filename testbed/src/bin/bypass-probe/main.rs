@@ -35,6 +35,7 @@ mod sock;
 mod splice;
 mod trust;
 mod waitall;
+mod zerocopy;
 
 #[derive(Debug, Parser)]
 #[command(name = "bypass-probe", about)]
@@ -112,6 +113,9 @@ enum Case {
     ForgeAttacker,
     /// A small-message stream that leaves the SockHash (see `leave.rs`).
     SmallLeave,
+    /// Client: SO_ZEROCOPY (before connecting, or after with --zerocopy-after) and
+    /// MSG_ZEROCOPY writes of --bytes; reports the completions read back.
+    Zerocopy,
 }
 
 #[derive(Debug, clap::Args)]
@@ -139,6 +143,9 @@ struct Common {
     /// certain, whatever the machine's speed.
     #[arg(long)]
     ack: bool,
+    /// zerocopy: turn SO_ZEROCOPY on once connected instead of before.
+    #[arg(long)]
+    zerocopy_after: bool,
     /// flood: how long the server reads nothing.
     #[arg(long, default_value_t = 3000)]
     hold_ms: u64,
@@ -275,6 +282,7 @@ fn server(listen: SocketAddr, ready: Option<PathBuf>, c: &Common) -> Result<Valu
         Case::UlpAfterDisconnect => trust::until_closed_server(s),
         Case::Sockopts => trust::drain_server(s),
         Case::SmallLeave => leave::server(s, &c.steps()),
+        Case::Zerocopy => zerocopy::server(s, c),
         Case::Burst | Case::Tfo | Case::Mptcp | Case::ForgeAttacker => unreachable_case(),
     }
 }
@@ -290,6 +298,7 @@ fn client(connect: SocketAddr, c: &Common) -> Result<Value> {
     match c.case {
         Case::Burst => return burst::client(connect, c),
         Case::Tfo => return trust::tfo_client(connect, c.connections, c.bytes),
+        Case::Zerocopy => return zerocopy::client(connect, c),
         Case::Mptcp => return trust::mptcp_client(connect, c.bytes),
         Case::ConnectWrite => return handshake::connect_write_client(connect, &c.steps()),
         Case::ForgeAttacker => {
@@ -322,8 +331,11 @@ fn client(connect: SocketAddr, c: &Common) -> Result<Value> {
         Case::UlpAfterDisconnect => trust::ulp_after_disconnect_client(s),
         Case::Sockopts => trust::sockopts_client(s, &c.steps()),
         Case::SmallLeave => leave::client(s, &c.steps()),
-        Case::Burst | Case::Tfo | Case::Mptcp | Case::ConnectWrite | Case::ForgeAttacker => {
-            unreachable_case()
-        }
+        Case::Burst
+        | Case::Tfo
+        | Case::Mptcp
+        | Case::ConnectWrite
+        | Case::ForgeAttacker
+        | Case::Zerocopy => unreachable_case(),
     }
 }
