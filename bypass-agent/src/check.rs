@@ -197,11 +197,7 @@ pub fn pod_security_item(namespace: &str, enforce: Option<Option<String>>) -> It
 pub fn check(opts: &CheckOpts) -> Result<(), AgentError> {
     let report = gather(opts);
     if opts.json {
-        let text = serde_json::to_string_pretty(&report).map_err(|e| AgentError::Bpf {
-            action: "encode the check report".into(),
-            source: Box::new(e),
-        })?;
-        println!("{text}");
+        crate::print_json(&report, "the check report")?;
     } else {
         println!("kernel {}", report.kernel);
         for i in &report.items {

@@ -40,3 +40,14 @@ pub fn execute(command: cli::Command) -> Result<(), AgentError> {
         cli::Command::PrepareNamespace(opts) => prepare::namespace(&opts),
     }
 }
+
+/// Prints `value` as pretty JSON (the `--json` output of a subcommand that reports);
+/// `what` names it in the error.
+pub(crate) fn print_json(value: &impl serde::Serialize, what: &str) -> Result<(), AgentError> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| AgentError::Bpf {
+        action: format!("encode {what}"),
+        source: Box::new(e),
+    })?;
+    println!("{text}");
+    Ok(())
+}

@@ -12,11 +12,7 @@ pub fn nodes(opts: &NodesOpts) -> Result<(), AgentError> {
         node_status::list(&client, &opts.namespace).await
     })?;
     if opts.json {
-        let text = serde_json::to_string_pretty(&list).map_err(|e| AgentError::Bpf {
-            action: "encode the node list".into(),
-            source: Box::new(e),
-        })?;
-        println!("{text}");
+        crate::print_json(&list, "the node list")?;
     } else if list.is_empty() {
         println!(
             "no node status in namespace {}: is the agent installed there?",

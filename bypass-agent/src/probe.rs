@@ -48,12 +48,7 @@ impl Probe {
 pub fn probe(opts: &ProbeOpts) -> Result<(), AgentError> {
     let found = Probe::detect()?;
     if opts.json {
-        let text = serde_json::to_string_pretty(&found).map_err(|e| AgentError::Bpf {
-            action: "encode the probe".into(),
-            source: Box::new(e),
-        })?;
-        println!("{text}");
-        return Ok(());
+        return crate::print_json(&found, "the probe");
     }
     println!("read guard:        {}", yes_no(found.read_guard));
     println!("reads seen by:     {}", found.read_hook);

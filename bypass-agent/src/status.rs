@@ -273,11 +273,7 @@ pub fn render_text(r: &Report) -> String {
 pub fn status(opts: StatusOpts) -> Result<(), AgentError> {
     let report = read(&PinLayout::new(&opts.pins.pin_dir))?;
     if opts.json {
-        let text = serde_json::to_string_pretty(&report).map_err(|e| AgentError::Bpf {
-            action: "encode status".into(),
-            source: Box::new(e),
-        })?;
-        println!("{text}");
+        crate::print_json(&report, "status")?;
     } else {
         print!("{}", render_text(&report));
     }

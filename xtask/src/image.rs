@@ -497,21 +497,7 @@ pub fn docker_archive(rootfs: &Path, spec: &ImageSpec, out: &Path) -> Result<()>
     fresh_dir(&work)?;
     let layer = work.join("layer.tar");
     // Fixed order, owners and times: the same files make the same layer.
-    cmd::output(
-        Command::new("tar")
-            .args([
-                "--sort=name",
-                "--owner=0",
-                "--group=0",
-                "--numeric-owner",
-                "--mtime=@0",
-                "-cf",
-            ])
-            .arg(&layer)
-            .arg("-C")
-            .arg(rootfs)
-            .arg("."),
-    )?;
+    tar_layer(rootfs, &layer)?;
     let layer_digest = sha256(&layer)?;
     std::fs::create_dir_all(work.join(&layer_digest))?;
     std::fs::rename(&layer, work.join(&layer_digest).join("layer.tar"))?;

@@ -10,57 +10,23 @@
 
 use std::{
     collections::HashSet,
-    ffi::CString,
-    os::fd::{AsFd as _, AsRawFd as _, FromRawFd as _, OwnedFd},
+    os::fd::{AsFd as _, AsRawFd as _},
     path::Path,
 };
 
 use aya::{Ebpf, maps::Map};
 use aya_obj::{Object, generated::bpf_insn};
 
-use super::object;
+use super::{
+    object,
+    rawbpf::{self, Attr, BPF_PROG_LOAD, BPF_RAW_TRACEPOINT_OPEN, bpf_fd},
+};
 use crate::error::AgentError;
 
-/// `BPF_PROG_LOAD`.
-const BPF_PROG_LOAD: libc::c_long = 5;
-/// `BPF_OBJ_PIN`.
-const BPF_OBJ_PIN: libc::c_long = 6;
-/// `BPF_RAW_TRACEPOINT_OPEN`: attaches a tracing program through a link.
-const BPF_RAW_TRACEPOINT_OPEN: libc::c_long = 17;
-/// `BPF_PROG_TYPE_TRACING`.
-const BPF_PROG_TYPE_TRACING: u32 = 26;
 /// `BPF_MODIFY_RETURN`.
 const BPF_MODIFY_RETURN: u32 = 26;
-/// Size of the `union bpf_attr` passed (zero beyond the fields set).
-const ATTR_SIZE: usize = 128;
 /// Room for the verifier's log when a load fails.
 const LOG_SIZE: usize = 1 << 20;
-
-fn bpf(cmd: libc::c_long, attr: &mut [u8; ATTR_SIZE]) -> std::io::Result<libc::c_long> {
-    // Raw libc: nix has no bpf(2) wrapper, and aya 0.14 loads no fmod_ret program.
-    // SAFETY: bpf(2) with a zero-filled attribute buffer of the stated size; every
-    // pointer in it outlives the call.
-    let ret = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), ATTR_SIZE) };
-    if ret < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(ret)
-}
-
-/// [`bpf`] for a command that returns a new file descriptor.
-fn bpf_fd(cmd: libc::c_long, attr: &mut [u8; ATTR_SIZE]) -> std::io::Result<OwnedFd> {
-    let fd = bpf(cmd, attr)?;
-    // SAFETY: the command returned a new file descriptor we now own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
-}
-
-fn put_u32(attr: &mut [u8; ATTR_SIZE], at: usize, v: u32) {
-    attr[at..at + 4].copy_from_slice(&v.to_ne_bytes());
-}
-
-fn put_u64(attr: &mut [u8; ATTR_SIZE], at: usize, v: u64) {
-    attr[at..at + 8].copy_from_slice(&v.to_ne_bytes());
-}
 
 /// The raw fd of a map aya created, whatever its type.
 fn map_fd(map: &Map) -> i32 {
@@ -149,23 +115,15 @@ pub fn attach_pinned(
     pin: &Path,
 ) -> Result<(), AgentError> {
     let insns = relocated(ebpf, name)?;
-    let license = c"GPL";
     let mut log = vec![0u8; LOG_SIZE];
-    let mut attr = [0u8; ATTR_SIZE];
-    // prog_load: prog_type (0), insn_cnt (4), insns (8), license (16), log_level (24),
-    // log_size (28), log_buf (32), prog_name (48), expected_attach_type (68),
-    // attach_btf_id (108).
-    put_u32(&mut attr, 0, BPF_PROG_TYPE_TRACING);
-    put_u32(&mut attr, 4, insns.len() as u32);
-    put_u64(&mut attr, 8, insns.as_ptr() as u64);
-    put_u64(&mut attr, 16, license.as_ptr() as u64);
-    put_u32(&mut attr, 24, 1);
-    put_u32(&mut attr, 28, LOG_SIZE as u32);
-    put_u64(&mut attr, 32, log.as_mut_ptr() as u64);
+    let mut attr = rawbpf::tracing_prog(&insns, c"GPL", BPF_MODIFY_RETURN, btf_id);
+    // prog_load, beside the tracing program's fields: log_level (24), log_size (28),
+    // log_buf (32), prog_name (48).
     let short: Vec<u8> = name.bytes().take(15).collect();
-    attr[48..48 + short.len()].copy_from_slice(&short);
-    put_u32(&mut attr, 68, BPF_MODIFY_RETURN);
-    put_u32(&mut attr, 108, btf_id);
+    attr.u32(24, 1)
+        .u32(28, LOG_SIZE as u32)
+        .u64(32, log.as_mut_ptr() as u64)
+        .bytes(48, &short);
     let action = || format!("load {name} as fmod_ret on the kernel's {target}");
     let prog = bpf_fd(BPF_PROG_LOAD, &mut attr).map_err(|source| {
         let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
@@ -181,19 +139,10 @@ pub fn attach_pinned(
         }
     })?;
     // raw_tracepoint: name (0, none: the attach point was given at load), prog_fd (8).
-    let mut attr = [0u8; ATTR_SIZE];
-    put_u32(&mut attr, 8, prog.as_raw_fd() as u32);
+    let mut attr = Attr::zeroed();
+    attr.u32(8, prog.as_raw_fd() as u32);
     let link = bpf_fd(BPF_RAW_TRACEPOINT_OPEN, &mut attr)
         .map_err(|e| AgentError::bpf(format!("attach {name} to the kernel's {target}"), e))?;
-    let c_path = CString::new(pin.as_os_str().as_encoded_bytes()).map_err(|e| AgentError::Bpf {
-        action: format!("pin the link of {name}"),
-        source: Box::new(e),
-    })?;
-    let mut attr = [0u8; ATTR_SIZE];
-    // obj_pin: pathname (0), bpf_fd (8).
-    put_u64(&mut attr, 0, c_path.as_ptr() as u64);
-    put_u32(&mut attr, 8, link.as_raw_fd() as u32);
-    bpf(BPF_OBJ_PIN, &mut attr)
-        .map_err(|e| AgentError::bpf(format!("pin the link of {name} at {}", pin.display()), e))?;
-    Ok(())
+    rawbpf::obj_pin(link.as_fd(), pin)
+        .map_err(|e| AgentError::bpf(format!("pin the link of {name} at {}", pin.display()), e))
 }

@@ -6,19 +6,15 @@
 //! node label nobody obeys). The deadline is in seconds of `CLOCK_MONOTONIC`, the clock
 //! `bpf_ktime_get_ns` reads (kernel/bpf/helpers.c).
 
-use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-    thread::JoinHandle,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use bypass_common::control;
 use tracing::warn;
 
-use super::maps::Control;
+use super::{
+    maps::Control,
+    worker::{Worker, nap_until},
+};
 use crate::error::AgentError;
 
 /// Default `--heartbeat-seconds`: long enough for a rolling update's new pod to start
@@ -60,8 +56,7 @@ pub fn beat(control: &mut Control, ttl: u32) -> Result<(), AgentError> {
 
 /// The refreshing thread; stops when dropped (the deadline then runs out by itself).
 pub struct Beater {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    _thread: Worker,
 }
 
 impl Beater {
@@ -69,48 +64,27 @@ impl Beater {
     /// every [`period`] from a thread.
     pub fn start(mut control: Control, ttl: u32) -> Result<Self, AgentError> {
         beat(&mut control, ttl)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
         let every = period(ttl);
-        let thread = std::thread::Builder::new()
-            .name("heartbeat".into())
-            .spawn(move || {
-                let mut next = Instant::now() + every;
-                let mut failing = false;
-                while !flag.load(Ordering::Relaxed) {
-                    // Short naps, so dropping the beater does not wait a whole period.
-                    std::thread::sleep(Duration::from_millis(50));
-                    if Instant::now() < next {
-                        continue;
+        let thread = Worker::spawn("heartbeat", move |stop| {
+            let mut next = Instant::now() + every;
+            let mut failing = false;
+            while nap_until(stop, next) {
+                next = Instant::now() + every;
+                match beat(&mut control, ttl) {
+                    Ok(()) => failing = false,
+                    Err(e) if !failing => {
+                        failing = true;
+                        warn!(error = %e, "heartbeat not written: once it lapses, new connections take the normal TCP path");
                     }
-                    next = Instant::now() + every;
-                    match beat(&mut control, ttl) {
-                        Ok(()) => failing = false,
-                        Err(e) if !failing => {
-                            failing = true;
-                            warn!(error = %e, "heartbeat not written: once it lapses, new connections take the normal TCP path");
-                        }
-                        Err(_) => {}
-                    }
+                    Err(_) => {}
                 }
-            })
-            .map_err(|source| AgentError::System {
-                action: "start the heartbeat thread",
-                source,
-            })?;
-        Ok(Self {
-            stop,
-            thread: Some(thread),
+            }
         })
-    }
-}
-
-impl Drop for Beater {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        .map_err(|source| AgentError::System {
+            action: "start the heartbeat thread",
+            source,
+        })?;
+        Ok(Self { _thread: thread })
     }
 }
 

@@ -14,11 +14,7 @@
 use std::{
     collections::HashMap as StdHashMap,
     os::fd::AsFd as _,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-    thread::JoinHandle,
+    sync::atomic::Ordering,
     time::{Duration, Instant},
 };
 
@@ -34,6 +30,7 @@ use tracing::{debug, warn};
 use super::{
     PinLayout,
     maps::{Stats, open_pinned},
+    worker::Worker,
 };
 use crate::error::AgentError;
 
@@ -202,62 +199,45 @@ impl Maps {
 
 /// The leave thread; stops when dropped.
 pub struct Leaver {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    _thread: Worker,
 }
 
 impl Leaver {
     /// Starts the thread on the maps pinned under `pins`.
     pub fn start(pins: &PinLayout) -> Result<Self, AgentError> {
         let mut maps = Maps::open(pins)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("leaver".into())
-            .spawn(move || {
-                let mut waiting = maps.leaving();
-                let mut sweeps = 0u32;
-                while !flag.load(Ordering::Relaxed) {
-                    let fd = maps.events.as_fd();
-                    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
-                    let timeout = PollTimeout::try_from(RECHECK).unwrap_or(PollTimeout::NONE);
-                    if let Err(e) = poll(&mut fds, timeout)
-                        && e != nix::errno::Errno::EINTR
-                    {
-                        warn!(error = %e, "polling the leave events");
-                        std::thread::sleep(RECHECK);
-                    }
-                    maps.drain_events(&mut waiting);
-                    let left = maps.settle(&mut waiting);
-                    if left > 0
-                        && let Err(e) = maps.stats.add_agent_only(Stat::Left, left)
-                    {
-                        warn!(error = %e, "counting connections that left the SockHash");
-                    }
-                    sweeps = sweeps.wrapping_add(1);
-                    if sweeps % 100 == 0 {
-                        maps.sweep_cut();
-                    }
+        let thread = Worker::spawn("leaver", move |stop| {
+            let mut waiting = maps.leaving();
+            let mut sweeps = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                let fd = maps.events.as_fd();
+                let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+                let timeout = PollTimeout::try_from(RECHECK).unwrap_or(PollTimeout::NONE);
+                if let Err(e) = poll(&mut fds, timeout)
+                    && e != nix::errno::Errno::EINTR
+                {
+                    warn!(error = %e, "polling the leave events");
+                    std::thread::sleep(RECHECK);
                 }
-            })
-            .map_err(|source| AgentError::Io {
-                action: "start the leave thread",
-                path: pins.map(MAP_EVENTS),
-                source,
-            })?;
-        Ok(Self {
-            stop,
-            thread: Some(thread),
+                maps.drain_events(&mut waiting);
+                let left = maps.settle(&mut waiting);
+                if left > 0
+                    && let Err(e) = maps.stats.add_agent_only(Stat::Left, left)
+                {
+                    warn!(error = %e, "counting connections that left the SockHash");
+                }
+                sweeps = sweeps.wrapping_add(1);
+                if sweeps.is_multiple_of(100) {
+                    maps.sweep_cut();
+                }
+            }
         })
-    }
-}
-
-impl Drop for Leaver {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        .map_err(|source| AgentError::Io {
+            action: "start the leave thread",
+            path: pins.map(MAP_EVENTS),
+            source,
+        })?;
+        Ok(Self { _thread: thread })
     }
 }
 

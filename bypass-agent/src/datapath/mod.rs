@@ -17,7 +17,9 @@ mod pins;
 mod plan;
 pub mod preflight;
 mod pressure;
+mod rawbpf;
 mod rawlink;
+mod worker;
 
 use std::{
     collections::BTreeSet,

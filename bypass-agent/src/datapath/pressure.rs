@@ -4,18 +4,14 @@
 //! side cannot log at that rate, so a thread of the agent polls the counter and warns,
 //! at most once per interval, with what happened since the last warning.
 
-use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-    thread::JoinHandle,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use tracing::warn;
 
-use super::maps::Stats;
+use super::{
+    maps::Stats,
+    worker::{Worker, nap_until},
+};
 
 /// How often the counter is read.
 pub const POLL: Duration = Duration::from_secs(1);
@@ -79,54 +75,32 @@ impl FailureAlarm {
 
 /// The polling thread; stops when dropped.
 pub struct Watcher {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    _thread: Worker,
 }
 
 impl Watcher {
     /// Watches `stats` (a handle of its own on the pinned counters) for a SockHash of
     /// `capacity` sockets.
     pub fn start(stats: Stats, capacity: u32) -> std::io::Result<Self> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
         let start = stats.read().map(|c| c.insert_failures).unwrap_or(0);
-        let thread = std::thread::Builder::new()
-            .name("map-pressure".into())
-            .spawn(move || {
-                let mut alarm = FailureAlarm::new(start, WARN_EVERY);
-                let mut next = Instant::now() + POLL;
-                while !flag.load(Ordering::Relaxed) {
-                    // Short naps, so dropping the watcher does not wait a whole period.
-                    std::thread::sleep(Duration::from_millis(50));
-                    if Instant::now() < next {
-                        continue;
-                    }
-                    next += POLL;
-                    let Ok(c) = stats.read() else { continue };
-                    if let Some(w) = alarm.observe(c.insert_failures, Instant::now()) {
-                        warn!(
-                            new_failures = w.new_failures,
-                            insert_failures = w.total,
-                            max_sockets = capacity,
-                            "sockets could not be inserted (SockHash or address map full, see \
-                             --max-sockets): those connections use the normal TCP path"
-                        );
-                    }
+        let thread = Worker::spawn("map-pressure", move |stop| {
+            let mut alarm = FailureAlarm::new(start, WARN_EVERY);
+            let mut next = Instant::now() + POLL;
+            while nap_until(stop, next) {
+                next += POLL;
+                let Ok(c) = stats.read() else { continue };
+                if let Some(w) = alarm.observe(c.insert_failures, Instant::now()) {
+                    warn!(
+                        new_failures = w.new_failures,
+                        insert_failures = w.total,
+                        max_sockets = capacity,
+                        "sockets could not be inserted (SockHash or address map full, see \
+                         --max-sockets): those connections use the normal TCP path"
+                    );
                 }
-            })?;
-        Ok(Self {
-            stop,
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for Watcher {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+            }
+        })?;
+        Ok(Self { _thread: thread })
     }
 }
 

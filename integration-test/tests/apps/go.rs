@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{Result, ensure};
 use testbed::apps::{
     Gate,
-    go::{GoServer, GrpcCheck, HttpCheck, Relay, StreamCheck, StreamReport},
+    go::{self, GrpcCheck, HttpCheck, Relay, StreamCheck, StreamReport},
 };
 
 use super::support::{Bed, Delta};
@@ -75,7 +75,7 @@ fn bed_for(relay: Relay) -> Result<Bed> {
 /// A Go echo in pod b, one gated connection from pod a.
 fn echo(relay: Relay) -> Result<()> {
     let bed = bed_for(relay)?;
-    let mut server = GoServer::echo(bed.b(), bed.pods.b.v4_addr(ECHO_PORT), relay)?;
+    let mut server = go::echo(bed.b(), bed.pods.b.v4_addr(ECHO_PORT), relay)?;
     let check = StreamCheck::echo(server.addr(), 1, ECHO_BYTES, CLIENT_TIMEOUT);
     let gate = Gate::new()?;
     let mark = bed.mark()?;
@@ -102,8 +102,8 @@ pub fn read_write_echo_exact() -> Result<()> {
 /// vouched for by the sink's SHA-256.
 fn l4_proxy(relay: Relay) -> Result<()> {
     let bed = bed_for(relay)?;
-    let mut sink = GoServer::sink(bed.a(), bed.pods.a.v4_addr(SINK_PORT))?;
-    let mut proxy = GoServer::l4proxy(bed.b(), bed.pods.b.v4_addr(PROXY_PORT), sink.addr(), relay)?;
+    let mut sink = go::sink(bed.a(), bed.pods.a.v4_addr(SINK_PORT))?;
+    let mut proxy = go::l4proxy(bed.b(), bed.pods.b.v4_addr(PROXY_PORT), sink.addr(), relay)?;
     let check = StreamCheck {
         expect: testbed::apps::go::Expect::Digest,
         ..StreamCheck::echo(proxy.addr(), PROXY_CONNECTIONS, PROXY_BYTES, CLIENT_TIMEOUT)
@@ -137,9 +137,8 @@ pub fn l4_proxy_read_write_exact() -> Result<()> {
 /// keep-alive on both hops.
 pub fn http_reverse_proxy_exact() -> Result<()> {
     let bed = Bed::new()?;
-    let mut origin = GoServer::http(bed.a(), bed.pods.a.v4_addr(HTTP_PORT))?;
-    let mut proxy =
-        GoServer::reverse_proxy(bed.b(), bed.pods.b.v4_addr(PROXY_PORT), origin.addr())?;
+    let mut origin = go::http_server(bed.a(), bed.pods.a.v4_addr(HTTP_PORT))?;
+    let mut proxy = go::reverse_proxy(bed.b(), bed.pods.b.v4_addr(PROXY_PORT), origin.addr())?;
     let check = HttpCheck {
         connect: proxy.addr(),
         rounds: HTTP_ROUNDS,
@@ -172,7 +171,7 @@ pub fn http_reverse_proxy_exact() -> Result<()> {
 /// One gRPC bidirectional stream, every message echoed.
 pub fn grpc_bidi_stream_exact() -> Result<()> {
     let bed = Bed::new()?;
-    let mut server = GoServer::grpc(bed.b(), bed.pods.b.v4_addr(GRPC_PORT))?;
+    let mut server = go::grpc_server(bed.b(), bed.pods.b.v4_addr(GRPC_PORT))?;
     let check = GrpcCheck {
         connect: server.addr(),
         messages: GRPC_MESSAGES,

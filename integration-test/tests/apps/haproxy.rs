@@ -11,8 +11,8 @@ use std::time::Duration;
 use anyhow::Result;
 use testbed::apps::{
     Gate,
-    go::{GoServer, Relay, StreamCheck},
-    haproxy::{Haproxy, Splice},
+    go::{self, Relay, StreamCheck},
+    haproxy::{self, Splice},
 };
 
 use super::{go::ensure_exact, support::Bed};
@@ -29,8 +29,8 @@ fn echo_through(splice: Splice) -> Result<()> {
         Splice::Off => Bed::new()?,
         Splice::Auto | Splice::Forced => Bed::as_users_run()?,
     };
-    let mut echo = GoServer::echo(bed.a(), bed.pods.a.v4_addr(ECHO_PORT), Relay::ReadWrite)?;
-    let mut proxy = Haproxy::start(bed.b(), bed.pods.b.v4_addr(PROXY_PORT), echo.addr(), splice)?;
+    let mut echo = go::echo(bed.a(), bed.pods.a.v4_addr(ECHO_PORT), Relay::ReadWrite)?;
+    let mut proxy = haproxy::start(bed.b(), bed.pods.b.v4_addr(PROXY_PORT), echo.addr(), splice)?;
     let check = StreamCheck::echo(proxy.addr(), STREAMS, STREAM_BYTES, CLIENT_TIMEOUT);
     let gate = Gate::new()?;
     let mark = bed.mark()?;

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
-use testbed::apps::iperf::{Iperf, IperfServer};
+use testbed::apps::iperf::{self, Iperf};
 
 use super::support::Bed;
 
@@ -22,7 +22,7 @@ const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn iperf(run: &Iperf) -> Result<()> {
     let bed = Bed::new()?;
-    let mut server = IperfServer::start(bed.b(), bed.pods.b.v4_addr(PORT))?;
+    let mut server = iperf::server(bed.b(), bed.pods.b.v4_addr(PORT))?;
     let mark = bed.mark()?;
     let r = run.run(bed.a(), server.addr(), CLIENT_TIMEOUT)?;
     let delta = bed.since(&mark)?;

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
-use testbed::apps::postgres::{Pgbench, Postgres, pgbench_init};
+use testbed::apps::postgres::{self, Pgbench, pgbench_init};
 
 use super::support::Bed;
 
@@ -26,7 +26,7 @@ const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);
 
 fn pgbench(connect_per_transaction: bool, transactions: u32) -> Result<()> {
     let bed = Bed::new()?;
-    let mut pg = Postgres::start(bed.b(), bed.pods.b.v4_addr(PORT))?;
+    let mut pg = postgres::start(bed.b(), bed.pods.b.v4_addr(PORT))?;
     pgbench_init(bed.a(), pg.addr(), SCALE, CLIENT_TIMEOUT)?;
     let bench = Pgbench {
         clients: CLIENTS,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Result, ensure};
 use testbed::apps::{
     Gate,
-    redis::{Benchmark, Redis, RespCheck},
+    redis::{self, Benchmark, RespCheck},
 };
 
 use super::support::Bed;
@@ -34,8 +34,8 @@ const CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub fn benchmark_completes() -> Result<()> {
     let bed = Bed::new()?;
-    let mut redis = Redis::start(bed.b(), bed.pods.b.v4_addr(PORT))?;
-    let commands_before = redis.info_stat(bed.a(), "total_commands_processed")?;
+    let mut redis = redis::start(bed.b(), bed.pods.b.v4_addr(PORT))?;
+    let commands_before = redis::info_stat(bed.a(), redis.addr(), "total_commands_processed")?;
     let bench = Benchmark {
         clients: BENCH_CLIENTS,
         requests: BENCH_REQUESTS,
@@ -48,7 +48,8 @@ pub fn benchmark_completes() -> Result<()> {
     let delta = bed.since(&mark)?;
     redis.server().ensure_running()?;
     eprintln!("redis-benchmark: {rows:?}");
-    let commands = redis.info_stat(bed.a(), "total_commands_processed")? - commands_before;
+    let commands =
+        redis::info_stat(bed.a(), redis.addr(), "total_commands_processed")? - commands_before;
     // Every request of both tests reached the server (the INFO call itself is one more).
     ensure!(
         commands > 2 * u64::from(BENCH_REQUESTS),
@@ -68,7 +69,7 @@ pub fn benchmark_completes() -> Result<()> {
 
 pub fn pipelined_set_get_exact() -> Result<()> {
     let bed = Bed::new()?;
-    let mut redis = Redis::start(bed.b(), bed.pods.b.v4_addr(PORT))?;
+    let mut redis = redis::start(bed.b(), bed.pods.b.v4_addr(PORT))?;
     let check = RespCheck {
         sizes: VALUE_SIZES.to_vec(),
         per_size: VALUES_PER_SIZE,

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use testbed::apps::{Gate, go::StreamCheck, java::NioEcho, node::NodePipe};
+use testbed::apps::{Gate, go::StreamCheck, java, node};
 
 use super::{go::ensure_exact, support::Bed};
 
@@ -17,7 +17,7 @@ const CLIENT_TIMEOUT: Duration = Duration::from_secs(20);
 
 pub fn java_nio_echo_exact() -> Result<()> {
     let bed = Bed::new()?;
-    let mut server = NioEcho::start(bed.b(), bed.pods.b.v4_addr(ECHO_PORT))?;
+    let mut server = java::nio_echo(bed.b(), bed.pods.b.v4_addr(ECHO_PORT))?;
     let check = StreamCheck::echo(server.addr(), STREAMS, STREAM_BYTES, CLIENT_TIMEOUT);
     let gate = Gate::new()?;
     let mark = bed.mark()?;
@@ -32,8 +32,8 @@ pub fn java_nio_echo_exact() -> Result<()> {
 
 pub fn nodejs_pipe_proxy_echo_exact() -> Result<()> {
     let bed = Bed::new()?;
-    let mut echo = NodePipe::echo(bed.a(), bed.pods.a.v4_addr(ECHO_PORT))?;
-    let mut proxy = NodePipe::proxy(bed.b(), bed.pods.b.v4_addr(PROXY_PORT), echo.addr())?;
+    let mut echo = node::echo(bed.a(), bed.pods.a.v4_addr(ECHO_PORT))?;
+    let mut proxy = node::proxy(bed.b(), bed.pods.b.v4_addr(PROXY_PORT), echo.addr())?;
     let check = StreamCheck::echo(proxy.addr(), STREAMS, STREAM_BYTES, CLIENT_TIMEOUT);
     let gate = Gate::new()?;
     let mark = bed.mark()?;

@@ -7,11 +7,12 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail, ensure};
-use bypass_common::Stat;
 use testbed::{
     Agent, AgentOpts, AgentStatus, TwoPods,
     apps::{Needs, On},
 };
+
+use crate::support::{grew, growth};
 
 /// Set to run every workload without the agent (the counters are then not checked):
 /// how a workload is checked to be right on its own.
@@ -305,25 +306,5 @@ impl Delta {
             self.summary()
         );
         Ok(())
-    }
-}
-
-pub fn grew(before: &AgentStatus, after: &AgentStatus, f: impl Fn(&AgentStatus) -> u64) -> u64 {
-    f(after).saturating_sub(f(before))
-}
-
-/// Every counter that grew, `name +n`.
-pub fn growth(before: &AgentStatus, after: &AgentStatus) -> String {
-    let grown: Vec<String> = Stat::ALL
-        .iter()
-        .filter_map(|&stat| {
-            let n = grew(before, after, |s| s.counters.get(stat));
-            (n > 0).then(|| format!("{} +{n}", stat.name()))
-        })
-        .collect();
-    if grown.is_empty() {
-        "no counter grew".to_owned()
-    } else {
-        grown.join(", ")
     }
 }

@@ -197,16 +197,21 @@ impl Drop for HelmRelease {
 pub fn agent_container(init: bool) -> Result<serde_json::Value> {
     let pod = agent_pod()?;
     let field = if init { "initContainers" } else { "containers" };
-    let text = k(&[
+    let text = pod_jsonpath(&pod, &format!("{{.spec.{field}[0]}}"))?;
+    Ok(serde_json::from_str(&text)?)
+}
+
+/// `kubectl get pod POD -o jsonpath=EXPR` in the agent's namespace.
+fn pod_jsonpath(pod: &str, expr: &str) -> Result<String> {
+    k(&[
         "-n",
         AGENT_NS,
         "get",
         "pod",
-        &pod,
+        pod,
         "-o",
-        &format!("jsonpath={{.spec.{field}[0]}}"),
-    ])?;
-    Ok(serde_json::from_str(&text)?)
+        &format!("jsonpath={expr}"),
+    ])
 }
 
 /// Bytes the agent container's memory cgroup is charged now (`memory.current` on
@@ -214,15 +219,7 @@ pub fn agent_container(init: bool) -> Result<serde_json::Value> {
 /// charge them to the cgroup of the process that made them).
 pub fn agent_memory() -> Result<u64> {
     let pod = agent_pod()?;
-    let id = k(&[
-        "-n",
-        AGENT_NS,
-        "get",
-        "pod",
-        &pod,
-        "-o",
-        "jsonpath={.status.containerStatuses[0].containerID}",
-    ])?;
+    let id = pod_jsonpath(&pod, "{.status.containerStatuses[0].containerID}")?;
     let id = id.trim().rsplit("://").next().unwrap_or("").to_owned();
     anyhow::ensure!(!id.is_empty(), "agent pod {pod} has no container id");
     for (root, file) in [

@@ -4,9 +4,9 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use anyhow::{Context as _, Result};
-use bypass_common::{SockKey, Stat, names::MAP_SOCKETS};
+use bypass_common::{SockKey, names::MAP_SOCKETS};
 use testbed::{
-    Agent, AgentOpts, AgentStatus, TwoPods,
+    Agent, AgentOpts, TwoPods,
     iptables::{self, Family},
     mapkeys,
     topology::Pod,
@@ -32,25 +32,7 @@ pub fn agent_with(pods: &TwoPods, extra: &[&str]) -> Result<Agent> {
     })
 }
 
-pub fn grew(before: &AgentStatus, after: &AgentStatus, f: impl Fn(&AgentStatus) -> u64) -> u64 {
-    f(after).saturating_sub(f(before))
-}
-
-/// Every counter that grew between two readings, `name +n`, for messages.
-pub fn growth(before: &AgentStatus, after: &AgentStatus) -> String {
-    let grown: Vec<String> = Stat::ALL
-        .iter()
-        .filter_map(|&stat| {
-            let n = grew(before, after, |s| s.counters.get(stat));
-            (n > 0).then(|| format!("{} +{n}", stat.name()))
-        })
-        .collect();
-    if grown.is_empty() {
-        "no counter grew".to_owned()
-    } else {
-        grown.join(", ")
-    }
-}
+pub use crate::support::{grew, growth};
 
 /// The nat tables of both pods, for a failure message.
 pub fn nat_tables(pods: &TwoPods, family: Family) -> String {

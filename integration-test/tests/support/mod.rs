@@ -14,6 +14,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
+use bypass_common::Stat;
 use nix::{
     sys::signal::{Signal, kill},
     unistd::Pid,
@@ -177,6 +178,22 @@ pub fn agent_with(pods: &TwoPods, extra: &[&str]) -> Result<Agent> {
 /// Growth of a counter between two readings.
 pub fn grew(before: &AgentStatus, after: &AgentStatus, f: impl Fn(&AgentStatus) -> u64) -> u64 {
     f(after).saturating_sub(f(before))
+}
+
+/// Every counter that grew between two readings, `name +n`, for messages.
+pub fn growth(before: &AgentStatus, after: &AgentStatus) -> String {
+    let grown: Vec<String> = Stat::ALL
+        .iter()
+        .filter_map(|&stat| {
+            let n = grew(before, after, |s| s.counters.get(stat));
+            (n > 0).then(|| format!("{} +{n}", stat.name()))
+        })
+        .collect();
+    if grown.is_empty() {
+        "no counter grew".to_owned()
+    } else {
+        grown.join(", ")
+    }
 }
 
 /// Whether the agent's log shows `needle` within 30 s (its stderr is read by a thread,

@@ -9,11 +9,10 @@ use anyhow::Result;
 use serde::Deserialize;
 
 use super::{
-    READY_TIMEOUT,
     bins::{self, Needs},
     client::{self, On},
     gate::Gate,
-    server::AppServer,
+    server::Listening,
     workdir::WorkDir,
 };
 
@@ -51,86 +50,60 @@ impl Relay {
     }
 }
 
-/// One of the Go servers, listening.
-#[derive(Debug)]
-pub struct GoServer {
-    // Drop order: the process, then its directory.
-    server: AppServer,
-    _dir: WorkDir,
-    addr: SocketAddr,
+/// Go server `program -listen ADDR -ready-file F args...` on `on`, ready once it
+/// listens.
+fn start(on: On<'_>, program: &str, listen: SocketAddr, args: &[String]) -> Result<Listening> {
+    let dir = WorkDir::new(program)?;
+    let ready = dir.join("ready");
+    let mut cmd = Command::new(bins::built(&format!("go/{program}"))?);
+    cmd.arg("-listen")
+        .arg(listen.to_string())
+        .arg("-ready-file")
+        .arg(&ready)
+        .args(args);
+    Listening::start_ready_file(on, cmd, dir, program, listen, &ready)
 }
 
-impl GoServer {
-    /// `program -listen ADDR -ready-file F args...` on `on`, ready once it listens.
-    fn start(on: On<'_>, program: &str, listen: SocketAddr, args: &[String]) -> Result<Self> {
-        let dir = WorkDir::new(program)?;
-        let ready = dir.join("ready");
-        let mut cmd = Command::new(bins::built(&format!("go/{program}"))?);
-        cmd.arg("-listen")
-            .arg(listen.to_string())
-            .arg("-ready-file")
-            .arg(&ready)
-            .args(args);
-        let server = AppServer::start(on, cmd, &dir.join("log"), program)?
-            .wait_ready_file(&ready, READY_TIMEOUT)?;
-        Ok(Self {
-            server,
-            _dir: dir,
-            addr: listen,
-        })
-    }
+/// The echo server.
+pub fn echo(on: On<'_>, listen: SocketAddr, relay: Relay) -> Result<Listening> {
+    start(on, "echo", listen, &["-mode".into(), relay.flag().into()])
+}
 
-    /// An echo server.
-    pub fn echo(on: On<'_>, listen: SocketAddr, relay: Relay) -> Result<Self> {
-        Self::start(on, "echo", listen, &["-mode".into(), relay.flag().into()])
-    }
+/// The L4 proxy to `upstream`.
+pub fn l4proxy(
+    on: On<'_>,
+    listen: SocketAddr,
+    upstream: SocketAddr,
+    relay: Relay,
+) -> Result<Listening> {
+    let args = [
+        "-upstream".into(),
+        upstream.to_string(),
+        "-mode".into(),
+        relay.flag().into(),
+    ];
+    start(on, "l4proxy", listen, &args)
+}
 
-    /// An L4 proxy to `upstream`.
-    pub fn l4proxy(
-        on: On<'_>,
-        listen: SocketAddr,
-        upstream: SocketAddr,
-        relay: Relay,
-    ) -> Result<Self> {
-        let args = [
-            "-upstream".into(),
-            upstream.to_string(),
-            "-mode".into(),
-            relay.flag().into(),
-        ];
-        Self::start(on, "l4proxy", listen, &args)
-    }
+/// The sink answering the SHA-256 of each connection's bytes.
+pub fn sink(on: On<'_>, listen: SocketAddr) -> Result<Listening> {
+    start(on, "sink", listen, &[])
+}
 
-    /// A sink answering the SHA-256 of each connection's bytes.
-    pub fn sink(on: On<'_>, listen: SocketAddr) -> Result<Self> {
-        Self::start(on, "sink", listen, &[])
-    }
+/// The HTTP server (`/bytes`, `/sha256`).
+pub fn http_server(on: On<'_>, listen: SocketAddr) -> Result<Listening> {
+    start(on, "httpserver", listen, &[])
+}
 
-    /// The HTTP server (`/bytes`, `/sha256`).
-    pub fn http(on: On<'_>, listen: SocketAddr) -> Result<Self> {
-        Self::start(on, "httpserver", listen, &[])
-    }
+/// The `httputil.ReverseProxy` to the HTTP server at `upstream`.
+pub fn reverse_proxy(on: On<'_>, listen: SocketAddr, upstream: SocketAddr) -> Result<Listening> {
+    let args = ["-upstream".into(), format!("http://{upstream}")];
+    start(on, "revproxy", listen, &args)
+}
 
-    /// An `httputil.ReverseProxy` to the HTTP server at `upstream`.
-    pub fn reverse_proxy(on: On<'_>, listen: SocketAddr, upstream: SocketAddr) -> Result<Self> {
-        let args = ["-upstream".into(), format!("http://{upstream}")];
-        Self::start(on, "revproxy", listen, &args)
-    }
-
-    /// The gRPC streaming echo server.
-    pub fn grpc(on: On<'_>, listen: SocketAddr) -> Result<Self> {
-        Self::start(on, "grpcserver", listen, &[])
-    }
-
-    /// Where it listens.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// The process.
-    pub fn server(&mut self) -> &mut AppServer {
-        &mut self.server
-    }
+/// The gRPC streaming echo server.
+pub fn grpc_server(on: On<'_>, listen: SocketAddr) -> Result<Listening> {
+    start(on, "grpcserver", listen, &[])
 }
 
 /// What `streamcheck` expects back.

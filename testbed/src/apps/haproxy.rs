@@ -8,10 +8,9 @@ use std::{net::SocketAddr, process::Command};
 use anyhow::Result;
 
 use super::{
-    READY_TIMEOUT,
     bins::{self, Needs},
     client::On,
-    server::AppServer,
+    server::Listening,
     workdir::WorkDir,
 };
 
@@ -43,45 +42,19 @@ impl Splice {
     }
 }
 
-/// A running HAProxy.
-#[derive(Debug)]
-pub struct Haproxy {
-    server: AppServer,
-    _dir: WorkDir,
-    addr: SocketAddr,
-}
-
-impl Haproxy {
-    /// Starts it on `on`: listens on `listen`, forwards each connection to `backend`.
-    pub fn start(
-        on: On<'_>,
-        listen: SocketAddr,
-        backend: SocketAddr,
-        splice: Splice,
-    ) -> Result<Self> {
-        let dir = WorkDir::new("haproxy")?;
-        let conf = dir.write("haproxy.cfg", config(listen, backend, splice))?;
-        let mut cmd = Command::new(bins::system("haproxy")?);
-        // -db: foreground, no daemon; -f: only our configuration.
-        cmd.arg("-db").arg("-f").arg(&conf);
-        let server = AppServer::start(on, cmd, &dir.join("log"), "haproxy")?
-            .wait_listening(listen, READY_TIMEOUT)?;
-        Ok(Self {
-            server,
-            _dir: dir,
-            addr: listen,
-        })
-    }
-
-    /// Where it listens.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// The process.
-    pub fn server(&mut self) -> &mut AppServer {
-        &mut self.server
-    }
+/// Starts HAProxy on `on`: listens on `listen`, forwards each connection to `backend`.
+pub fn start(
+    on: On<'_>,
+    listen: SocketAddr,
+    backend: SocketAddr,
+    splice: Splice,
+) -> Result<Listening> {
+    let dir = WorkDir::new("haproxy")?;
+    let conf = dir.write("haproxy.cfg", config(listen, backend, splice))?;
+    let mut cmd = Command::new(bins::system("haproxy")?);
+    // -db: foreground, no daemon; -f: only our configuration.
+    cmd.arg("-db").arg("-f").arg(&conf);
+    Listening::start(on, cmd, dir, "haproxy", listen)
 }
 
 /// The configuration: TCP mode, one frontend, one backend server.

@@ -7,10 +7,9 @@ use anyhow::{Context as _, Result, bail};
 use serde_json::Value;
 
 use super::{
-    READY_TIMEOUT,
     bins::{self, Needs},
     client::{self, On},
-    server::AppServer,
+    server::Listening,
     workdir::WorkDir,
 };
 
@@ -20,39 +19,13 @@ pub const NEEDS: Needs = Needs {
     built: &[],
 };
 
-/// A running `iperf3 -s`.
-#[derive(Debug)]
-pub struct IperfServer {
-    server: AppServer,
-    _dir: WorkDir,
-    addr: SocketAddr,
-}
-
-impl IperfServer {
-    /// Starts it on `on`, bound to `listen`.
-    pub fn start(on: On<'_>, listen: SocketAddr) -> Result<Self> {
-        let dir = WorkDir::new("iperf3")?;
-        let mut cmd = Command::new(bins::system("iperf3")?);
-        cmd.args(["-s", "-B", &listen.ip().to_string()])
-            .args(["-p", &listen.port().to_string()]);
-        let server = AppServer::start(on, cmd, &dir.join("log"), "iperf3 -s")?
-            .wait_listening(listen, READY_TIMEOUT)?;
-        Ok(Self {
-            server,
-            _dir: dir,
-            addr: listen,
-        })
-    }
-
-    /// Where it listens.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// The process.
-    pub fn server(&mut self) -> &mut AppServer {
-        &mut self.server
-    }
+/// Starts `iperf3 -s` on `on`, bound to `listen`.
+pub fn server(on: On<'_>, listen: SocketAddr) -> Result<Listening> {
+    let dir = WorkDir::new("iperf3")?;
+    let mut cmd = Command::new(bins::system("iperf3")?);
+    cmd.args(["-s", "-B", &listen.ip().to_string()])
+        .args(["-p", &listen.port().to_string()]);
+    Listening::start(on, cmd, dir, "iperf3 -s", listen)
 }
 
 /// An `iperf3 -c` run.

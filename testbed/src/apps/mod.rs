@@ -5,7 +5,9 @@
 //!
 //! Servers are [`AppServer`] guards (their whole process group killed on drop, their
 //! output in a log file shown on failure), ready only once observed ready (listening, a
-//! ready file, a status file); clients run to their end or are killed at a timeout.
+//! ready file, a status file); each workload's constructor returns one as a
+//! [`Listening`], with its work directory and address. Clients run to their end or are
+//! killed at a timeout.
 //! Debian's programs come from `cargo xtask setup`, the suite's own (Go, Java, Node.js,
 //! `testbed/apps/`) from `cargo xtask test`; [`bins`] finds both and says what is
 //! missing.
@@ -32,7 +34,7 @@ use std::time::Duration;
 pub use bins::Needs;
 pub use client::On;
 pub use gate::Gate;
-pub use server::AppServer;
+pub use server::{AppServer, Listening};
 pub use workdir::WorkDir;
 
 /// How long a server may take to be ready (a JVM starting, initdb and PostgreSQL's

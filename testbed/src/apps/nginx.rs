@@ -14,7 +14,7 @@ use super::{
     READY_TIMEOUT,
     bins::{self, Needs},
     client::On,
-    server::AppServer,
+    server::{AppServer, Listening},
     workdir::WorkDir,
 };
 
@@ -27,9 +27,8 @@ pub const NEEDS: Needs = Needs {
 /// A running nginx.
 #[derive(Debug)]
 pub struct Nginx {
-    server: AppServer,
-    dir: WorkDir,
-    http: SocketAddr,
+    /// On its HTTP address.
+    server: Listening,
     https: SocketAddr,
 }
 
@@ -56,20 +55,16 @@ impl Nginx {
             .arg("-c")
             .arg(&conf)
             .args(["-e", "stderr"]);
-        let server = AppServer::start(on, cmd, &dir.join("log"), "nginx")?
-            .wait_listening(http, READY_TIMEOUT)?
-            .wait_listening(https, READY_TIMEOUT)?;
-        Ok(Self {
-            server,
-            dir,
-            http,
-            https,
-        })
+        let server = Listening::start_until(on, cmd, dir, "nginx", http, |s| {
+            s.wait_listening(http, READY_TIMEOUT)?
+                .wait_listening(https, READY_TIMEOUT)
+        })?;
+        Ok(Self { server, https })
     }
 
     /// `http://ADDR/name`.
     pub fn url(&self, name: &str) -> String {
-        format!("http://{}/{name}", self.http)
+        format!("http://{}/{name}", self.server.addr())
     }
 
     /// `https://ADDR/name`.
@@ -79,12 +74,12 @@ impl Nginx {
 
     /// The certificate, for a client to verify the server with.
     pub fn cert(&self) -> PathBuf {
-        self.dir.join("cert.pem")
+        self.server.dir().join("cert.pem")
     }
 
     /// The process.
     pub fn server(&mut self) -> &mut AppServer {
-        &mut self.server
+        self.server.server()
     }
 }
 

@@ -12,7 +12,7 @@ use super::{
     READY_TIMEOUT,
     bins::{self, Needs},
     client::{self, On},
-    server::AppServer,
+    server::Listening,
     workdir::WorkDir,
 };
 
@@ -25,74 +25,50 @@ pub const NEEDS: Needs = Needs {
 /// The database role and database the workloads use.
 pub const USER: &str = "postgres";
 
-/// A running `postgres`, accepting connections.
-#[derive(Debug)]
-pub struct Postgres {
-    server: AppServer,
-    _dir: WorkDir,
-    addr: SocketAddr,
-}
-
-impl Postgres {
-    /// Makes a cluster and starts it on `on`, listening on `listen` only; ready once its
-    /// pid file says it accepts connections.
-    pub fn start(on: On<'_>, listen: SocketAddr) -> Result<Self> {
-        let dir = WorkDir::new("postgres")?;
-        let user = User::from_name(USER)
-            .context("look up the postgres user")?
-            .context("no postgres user (install postgresql: cargo xtask setup)")?;
-        let (data, sock) = (dir.join("data"), dir.join("sock"));
-        for d in [&data, &sock] {
-            std::fs::create_dir(d).with_context(|| format!("create {}", d.display()))?;
-            chown(d, Some(user.uid), Some(user.gid))
-                .with_context(|| format!("chown {} to postgres", d.display()))?;
-        }
-        let mut initdb = as_postgres()?;
-        initdb
-            .arg(bins::postgres("initdb")?)
-            .arg("-D")
-            .arg(&data)
-            .args(["--auth=trust", "--username", USER, "--no-sync"])
-            .args(["--encoding=UTF8", "--locale=C"]);
-        client::run_here(initdb, "initdb", READY_TIMEOUT)?;
-        // Any address may connect: the pods' network is the test's own.
-        std::fs::write(
-            data.join("pg_hba.conf"),
-            "local all all trust\nhost all all 0.0.0.0/0 trust\nhost all all ::/0 trust\n",
-        )
-        .context("write pg_hba.conf")?;
-        let mut cmd = as_postgres()?;
-        cmd.arg(bins::postgres("postgres")?)
-            .arg("-D")
-            .arg(&data)
-            .args(["-p", &listen.port().to_string()])
-            .args(["-c", &format!("listen_addresses={}", listen.ip())])
-            .arg("-c")
-            .arg(format!("unix_socket_directories={}", sock.display()))
-            .args(["-c", "fsync=off", "-c", "synchronous_commit=off"])
-            .args(["-c", "full_page_writes=off", "-c", "max_connections=100"]);
-        let pid_file = data.join("postmaster.pid");
-        let server = AppServer::start(on, cmd, &dir.join("log"), "postgres")?
-            .wait_until("accepting connections", READY_TIMEOUT, || {
-                Ok(accepting(&pid_file))
-            })?
-            .wait_listening(listen, READY_TIMEOUT)?;
-        Ok(Self {
-            server,
-            _dir: dir,
-            addr: listen,
-        })
+/// Makes a cluster and starts its `postgres` on `on`, listening on `listen` only; ready
+/// once its pid file says it accepts connections.
+pub fn start(on: On<'_>, listen: SocketAddr) -> Result<Listening> {
+    let dir = WorkDir::new("postgres")?;
+    let user = User::from_name(USER)
+        .context("look up the postgres user")?
+        .context("no postgres user (install postgresql: cargo xtask setup)")?;
+    let (data, sock) = (dir.join("data"), dir.join("sock"));
+    for d in [&data, &sock] {
+        std::fs::create_dir(d).with_context(|| format!("create {}", d.display()))?;
+        chown(d, Some(user.uid), Some(user.gid))
+            .with_context(|| format!("chown {} to postgres", d.display()))?;
     }
-
-    /// Where it listens.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// The process.
-    pub fn server(&mut self) -> &mut AppServer {
-        &mut self.server
-    }
+    let mut initdb = as_postgres()?;
+    initdb
+        .arg(bins::postgres("initdb")?)
+        .arg("-D")
+        .arg(&data)
+        .args(["--auth=trust", "--username", USER, "--no-sync"])
+        .args(["--encoding=UTF8", "--locale=C"]);
+    client::run_here(initdb, "initdb", READY_TIMEOUT)?;
+    // Any address may connect: the pods' network is the test's own.
+    std::fs::write(
+        data.join("pg_hba.conf"),
+        "local all all trust\nhost all all 0.0.0.0/0 trust\nhost all all ::/0 trust\n",
+    )
+    .context("write pg_hba.conf")?;
+    let mut cmd = as_postgres()?;
+    cmd.arg(bins::postgres("postgres")?)
+        .arg("-D")
+        .arg(&data)
+        .args(["-p", &listen.port().to_string()])
+        .args(["-c", &format!("listen_addresses={}", listen.ip())])
+        .arg("-c")
+        .arg(format!("unix_socket_directories={}", sock.display()))
+        .args(["-c", "fsync=off", "-c", "synchronous_commit=off"])
+        .args(["-c", "full_page_writes=off", "-c", "max_connections=100"]);
+    let pid_file = data.join("postmaster.pid");
+    Listening::start_until(on, cmd, dir, "postgres", listen, |s| {
+        s.wait_until("accepting connections", READY_TIMEOUT, || {
+            Ok(accepting(&pid_file))
+        })?
+        .wait_listening(listen, READY_TIMEOUT)
+    })
 }
 
 /// `setpriv` as the postgres user (initdb and postgres refuse root). It runs as root

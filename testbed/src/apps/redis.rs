@@ -8,12 +8,11 @@ use anyhow::{Context as _, Result, bail};
 use serde::Deserialize;
 
 use super::{
-    READY_TIMEOUT,
     bins::{self, Needs},
     client::{self, On},
     gate::Gate,
     go::KILL_MARGIN,
-    server::AppServer,
+    server::Listening,
     workdir::WorkDir,
 };
 
@@ -23,53 +22,28 @@ pub const NEEDS: Needs = Needs {
     built: &["go/respcheck"],
 };
 
-/// A `redis-server`, listening.
-#[derive(Debug)]
-pub struct Redis {
-    server: AppServer,
-    _dir: WorkDir,
-    addr: SocketAddr,
+/// Starts `redis-server` on `on`, listening on `listen` only, with nothing saved to disk.
+pub fn start(on: On<'_>, listen: SocketAddr) -> Result<Listening> {
+    let dir = WorkDir::new("redis")?;
+    let mut cmd = Command::new(bins::system("redis-server")?);
+    cmd.args(["--bind", &listen.ip().to_string()])
+        .args(["--port", &listen.port().to_string()])
+        .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+        .args(["--daemonize", "no", "--logfile", ""])
+        .arg("--dir")
+        .arg(dir.path());
+    Listening::start(on, cmd, dir, "redis-server", listen)
 }
 
-impl Redis {
-    /// Starts it on `on`, listening on `listen` only, with nothing saved to disk.
-    pub fn start(on: On<'_>, listen: SocketAddr) -> Result<Self> {
-        let dir = WorkDir::new("redis")?;
-        let mut cmd = Command::new(bins::system("redis-server")?);
-        cmd.args(["--bind", &listen.ip().to_string()])
-            .args(["--port", &listen.port().to_string()])
-            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
-            .args(["--daemonize", "no", "--logfile", ""])
-            .arg("--dir")
-            .arg(dir.path());
-        let server = AppServer::start(on, cmd, &dir.join("log"), "redis-server")?
-            .wait_listening(listen, READY_TIMEOUT)?;
-        Ok(Self {
-            server,
-            _dir: dir,
-            addr: listen,
-        })
-    }
-
-    /// Where it listens.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// The process.
-    pub fn server(&mut self) -> &mut AppServer {
-        &mut self.server
-    }
-
-    /// `INFO stats` field `field`, asked with `redis-cli` from `on`.
-    pub fn info_stat(&self, on: On<'_>, field: &str) -> Result<u64> {
-        let mut cmd = Command::new(bins::system("redis-cli")?);
-        cmd.args(["-h", &self.addr.ip().to_string()])
-            .args(["-p", &self.addr.port().to_string()])
-            .args(["INFO", "stats"]);
-        let text = client::run_ok(on, cmd, "redis-cli INFO", Duration::from_secs(30))?;
-        info_field(&text, field).with_context(|| format!("no {field} in INFO stats: {text}"))
-    }
+/// `INFO stats` field `field` of the server at `server`, asked with `redis-cli` from
+/// `on`.
+pub fn info_stat(on: On<'_>, server: SocketAddr, field: &str) -> Result<u64> {
+    let mut cmd = Command::new(bins::system("redis-cli")?);
+    cmd.args(["-h", &server.ip().to_string()])
+        .args(["-p", &server.port().to_string()])
+        .args(["INFO", "stats"]);
+    let text = client::run_ok(on, cmd, "redis-cli INFO", Duration::from_secs(30))?;
+    info_field(&text, field).with_context(|| format!("no {field} in INFO stats: {text}"))
 }
 
 /// A numeric field of an `INFO` reply (`name:value` lines).

@@ -1,6 +1,8 @@
 //! A server of the apps suite running in a pod: its own process group (a master and its
 //! workers, a postmaster and its backends, all killed together on drop), its output in
-//! a log file that failures quote, and ready only once observed ready.
+//! a log file that failures quote, and ready only once observed ready. [`Listening`] is
+//! what each workload's constructor returns: such a server with its work directory and
+//! the address it serves on.
 
 use std::{
     fs::File,
@@ -17,7 +19,7 @@ use nix::{
     unistd::Pid,
 };
 
-use super::{client::On, listening};
+use super::{READY_TIMEOUT, client::On, listening, workdir::WorkDir};
 use crate::spawn::PodChild;
 
 /// A running server; see the module doc.
@@ -122,5 +124,75 @@ impl Drop for AppServer {
         while killpg(pgid, None).is_ok() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+}
+
+/// A server of the suite, ready, with its work directory (its configuration, data and
+/// log) and the address it serves on.
+#[derive(Debug)]
+pub struct Listening {
+    // Drop order: the process, then its directory.
+    server: AppServer,
+    dir: WorkDir,
+    addr: SocketAddr,
+}
+
+impl Listening {
+    /// Starts `cmd` on `on`, its output in `log` in `dir` (`what` names it in errors);
+    /// ready once a socket listens on `addr`.
+    pub fn start(
+        on: On<'_>,
+        cmd: Command,
+        dir: WorkDir,
+        what: &str,
+        addr: SocketAddr,
+    ) -> Result<Self> {
+        Self::start_until(on, cmd, dir, what, addr, |s| {
+            s.wait_listening(addr, READY_TIMEOUT)
+        })
+    }
+
+    /// [`Listening::start`], ready once the file `ready` exists (the suite's own servers
+    /// create it once they listen).
+    pub fn start_ready_file(
+        on: On<'_>,
+        cmd: Command,
+        dir: WorkDir,
+        what: &str,
+        addr: SocketAddr,
+        ready: &Path,
+    ) -> Result<Self> {
+        Self::start_until(on, cmd, dir, what, addr, |s| {
+            s.wait_ready_file(ready, READY_TIMEOUT)
+        })
+    }
+
+    /// [`Listening::start`], ready once `ready` has waited for what says so (each wait
+    /// [`READY_TIMEOUT`] at most).
+    pub fn start_until(
+        on: On<'_>,
+        cmd: Command,
+        dir: WorkDir,
+        what: &str,
+        addr: SocketAddr,
+        ready: impl FnOnce(AppServer) -> Result<AppServer>,
+    ) -> Result<Self> {
+        let server = ready(AppServer::start(on, cmd, &dir.join("log"), what)?)?;
+        Ok(Self { server, dir, addr })
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The process.
+    pub fn server(&mut self) -> &mut AppServer {
+        &mut self.server
+    }
+
+    /// Its work directory.
+    pub fn dir(&self) -> &WorkDir {
+        &self.dir
     }
 }

@@ -14,17 +14,12 @@ import (
 )
 
 func main() {
-	listen := flag.String("listen", "", "address:port to listen on")
-	ready := flag.String("ready-file", "", "file to create once listening")
-	modeFlag := flag.String("mode", "rw", "copy (io.Copy) or rw (Read/Write)")
+	addr := serve.Flags()
+	mode := relay.Flag(relay.ReadWrite)
 	flag.Parse()
-	mode, err := relay.Parse(*modeFlag)
-	if err != nil {
-		log.Fatal(err)
-	}
-	serve.Accept(serve.Listen(*listen, *ready), func(c *net.TCPConn) {
+	serve.Accept(addr.Listen(), func(c *net.TCPConn) {
 		defer c.Close()
-		if _, err := relay.Move(c, c, mode); err != nil {
+		if _, err := relay.Move(c, c, *mode); err != nil {
 			log.Printf("echo %s: %v", c.RemoteAddr(), err)
 		}
 	})

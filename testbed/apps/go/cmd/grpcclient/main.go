@@ -13,8 +13,6 @@ import (
 	"fmt"
 	"io"
 	"log"
-	"strconv"
-	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -24,6 +22,7 @@ import (
 	"bypass.local/apps/internal/grpcecho"
 	"bypass.local/apps/internal/pattern"
 	"bypass.local/apps/internal/report"
+	"bypass.local/apps/internal/sizes"
 )
 
 // Report is what the test reads.
@@ -45,15 +44,8 @@ func main() {
 	seed := flag.Uint64("seed", 1, "pattern seed")
 	timeout := flag.Duration("timeout", 30*time.Second, "give up after this long")
 	flag.Parse()
-	var sizes []int
-	for _, s := range strings.Split(*sizesFlag, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || n < 0 {
-			log.Fatalf("bad size %q", s)
-		}
-		sizes = append(sizes, n)
-	}
-	message := func(i int) []byte { return pattern.Bytes(*seed, uint64(i), sizes[i%len(sizes)]) }
+	msgSizes := sizes.Parse(*sizesFlag)
+	message := func(i int) []byte { return pattern.Bytes(*seed, uint64(i), msgSizes[i%len(msgSizes)]) }
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
 	conn, err := grpc.NewClient(*connect, grpc.WithTransportCredentials(insecure.NewCredentials()))

@@ -13,10 +13,9 @@ import (
 )
 
 func main() {
-	listen := flag.String("listen", "", "address:port to listen on")
-	ready := flag.String("ready-file", "", "file to create once listening")
+	addr := serve.Flags()
 	flag.Parse()
 	s := grpc.NewServer()
 	grpcecho.Register(s)
-	log.Fatal(s.Serve(serve.Listen(*listen, *ready)))
+	log.Fatal(s.Serve(addr.Listen()))
 }

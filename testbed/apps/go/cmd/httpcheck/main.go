@@ -12,15 +12,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log"
 	"net/http"
 	"net/http/httptrace"
-	"strconv"
-	"strings"
 	"time"
 
 	"bypass.local/apps/internal/pattern"
 	"bypass.local/apps/internal/report"
+	"bypass.local/apps/internal/sizes"
 )
 
 // Report is what the test reads.
@@ -42,14 +40,7 @@ func main() {
 	keepAlive := flag.Bool("keep-alive", true, "reuse one connection")
 	timeout := flag.Duration("timeout", 30*time.Second, "give up after this long")
 	flag.Parse()
-	var sizes []int64
-	for _, s := range strings.Split(*sizesFlag, ",") {
-		n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
-		if err != nil || n < 0 {
-			log.Fatalf("bad size %q", s)
-		}
-		sizes = append(sizes, n)
-	}
+	bodySizes := sizes.Parse(*sizesFlag)
 	client := &http.Client{Transport: &http.Transport{
 		DisableKeepAlives:   !*keepAlive,
 		MaxIdleConnsPerHost: 1,
@@ -67,7 +58,7 @@ func main() {
 	start := time.Now()
 	var failures report.Failures
 	for i := range *rounds {
-		size := sizes[i%len(sizes)]
+		size := int64(bodySizes[i%len(bodySizes)])
 		s := *seed + uint64(i)
 		if err := get(ctx, client, *base, size, s); err != nil {
 			failures.Add("GET %d (%d bytes): %v", i, size, err)
@@ -88,18 +79,9 @@ func main() {
 }
 
 func get(ctx context.Context, c *http.Client, base string, size int64, seed uint64) error {
-	req, err := http.NewRequestWithContext(ctx, "GET", fmt.Sprintf("%s/bytes?n=%d&seed=%d", base, size, seed), nil)
+	resp, body, err := roundTrip(ctx, c, "GET", fmt.Sprintf("%s/bytes?n=%d&seed=%d", base, size, seed), nil)
 	if err != nil {
 		return err
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return fmt.Errorf("%v after %d bytes", err, len(body))
 	}
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("status %s", resp.Status)
@@ -113,16 +95,7 @@ func get(ctx context.Context, c *http.Client, base string, size int64, seed uint
 
 func post(ctx context.Context, c *http.Client, base string, size int64, seed uint64) error {
 	body := pattern.Bytes(seed, 1, int(size))
-	req, err := http.NewRequestWithContext(ctx, "POST", base+"/sha256", bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	answer, err := io.ReadAll(resp.Body)
+	resp, answer, err := roundTrip(ctx, c, "POST", base+"/sha256", bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
@@ -131,4 +104,23 @@ func post(ctx context.Context, c *http.Client, base string, size int64, seed uin
 		return fmt.Errorf("status %s, answer %q, want %q", resp.Status, answer, want)
 	}
 	return nil
+}
+
+// roundTrip makes one request and reads the whole answer (the response's body is closed
+// on return).
+func roundTrip(ctx context.Context, c *http.Client, method, url string, body io.Reader) (*http.Response, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, method, url, body)
+	if err != nil {
+		return nil, nil, err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer resp.Body.Close()
+	answer, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%v after %d bytes", err, len(answer))
+	}
+	return resp, answer, nil
 }

@@ -17,8 +17,7 @@ import (
 )
 
 func main() {
-	listen := flag.String("listen", "", "address:port to listen on")
-	ready := flag.String("ready-file", "", "file to create once listening")
+	addr := serve.Flags()
 	flag.Parse()
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /bytes", func(w http.ResponseWriter, r *http.Request) {
@@ -42,5 +41,5 @@ func main() {
 		}
 		fmt.Fprintf(w, "%x %d", h.Sum(nil), n)
 	})
-	log.Fatal(http.Serve(serve.Listen(*listen, *ready), mux))
+	log.Fatal(http.Serve(addr.Listen(), mux))
 }

@@ -15,16 +15,11 @@ import (
 )
 
 func main() {
-	listen := flag.String("listen", "", "address:port to listen on")
+	addr := serve.Flags()
 	upstream := flag.String("upstream", "", "address:port to connect each client to")
-	ready := flag.String("ready-file", "", "file to create once listening")
-	modeFlag := flag.String("mode", "copy", "copy (io.Copy) or rw (Read/Write)")
+	mode := relay.Flag(relay.Copy)
 	flag.Parse()
-	mode, err := relay.Parse(*modeFlag)
-	if err != nil {
-		log.Fatal(err)
-	}
-	serve.Accept(serve.Listen(*listen, *ready), func(c *net.TCPConn) {
+	serve.Accept(addr.Listen(), func(c *net.TCPConn) {
 		defer c.Close()
 		conn, err := net.Dial("tcp", *upstream)
 		if err != nil {
@@ -37,13 +32,13 @@ func main() {
 		wg.Add(2)
 		go func() {
 			defer wg.Done()
-			if _, err := relay.Move(up, c, mode); err != nil {
+			if _, err := relay.Move(up, c, *mode); err != nil {
 				log.Printf("client %s to upstream: %v", c.RemoteAddr(), err)
 			}
 		}()
 		go func() {
 			defer wg.Done()
-			if _, err := relay.Move(c, up, mode); err != nil {
+			if _, err := relay.Move(c, up, *mode); err != nil {
 				log.Printf("upstream to client %s: %v", c.RemoteAddr(), err)
 			}
 		}()

@@ -19,6 +19,7 @@ import (
 
 	"bypass.local/apps/internal/pattern"
 	"bypass.local/apps/internal/report"
+	"bypass.local/apps/internal/sizes"
 	"bypass.local/apps/internal/steps"
 )
 
@@ -51,16 +52,11 @@ func main() {
 	perSize := flag.Int("per-size", 2, "values of each size")
 	seed := flag.Uint64("seed", 1, "pattern seed")
 	timeout := flag.Duration("timeout", 30*time.Second, "give up after this long")
-	connected := flag.String("connected-file", "", "file to create once connected")
-	goFile := flag.String("go-file", "", "file to wait for before the first send")
+	gate := steps.Flags()
 	flag.Parse()
 	var values [][]byte
 	var valueBytes int64
-	for _, s := range strings.Split(*sizesFlag, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || n < 0 {
-			log.Fatalf("bad size %q", s)
-		}
+	for _, n := range sizes.Parse(*sizesFlag) {
 		for range *perSize {
 			values = append(values, pattern.Bytes(*seed, uint64(len(values)), n))
 			valueBytes += int64(n)
@@ -72,12 +68,7 @@ func main() {
 		log.Fatalf("connect %s: %v", *connect, err)
 	}
 	defer c.Close()
-	if err := steps.Connected(*connected); err != nil {
-		log.Fatal(err)
-	}
-	if err := steps.WaitGo(*goFile, *timeout); err != nil {
-		log.Fatal(err)
-	}
+	gate.Hold(*timeout)
 	if err := c.SetDeadline(time.Now().Add(*timeout)); err != nil {
 		log.Fatal(err)
 	}

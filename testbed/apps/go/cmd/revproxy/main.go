@@ -13,13 +13,12 @@ import (
 )
 
 func main() {
-	listen := flag.String("listen", "", "address:port to listen on")
+	addr := serve.Flags()
 	upstream := flag.String("upstream", "", "base URL of the server, e.g. http://10.0.0.1:8080")
-	ready := flag.String("ready-file", "", "file to create once listening")
 	flag.Parse()
 	target, err := url.Parse(*upstream)
 	if err != nil {
 		log.Fatalf("-upstream: %v", err)
 	}
-	log.Fatal(http.Serve(serve.Listen(*listen, *ready), httputil.NewSingleHostReverseProxy(target)))
+	log.Fatal(http.Serve(addr.Listen(), httputil.NewSingleHostReverseProxy(target)))
 }

@@ -15,10 +15,9 @@ import (
 )
 
 func main() {
-	listen := flag.String("listen", "", "address:port to listen on")
-	ready := flag.String("ready-file", "", "file to create once listening")
+	addr := serve.Flags()
 	flag.Parse()
-	serve.Accept(serve.Listen(*listen, *ready), func(c *net.TCPConn) {
+	serve.Accept(addr.Listen(), func(c *net.TCPConn) {
 		defer c.Close()
 		h := sha256.New()
 		buf := make([]byte, 64<<10)

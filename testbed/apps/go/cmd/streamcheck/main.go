@@ -54,8 +54,7 @@ func main() {
 	seed := flag.Uint64("seed", 1, "pattern seed")
 	expect := flag.String("expect", "echo", "echo (every byte back) or digest (a sha256 line back)")
 	timeout := flag.Duration("timeout", 30*time.Second, "give up on a connection after this long")
-	connected := flag.String("connected-file", "", "file to create once every connection is up")
-	goFile := flag.String("go-file", "", "file to wait for before the first send")
+	gate := steps.Flags()
 	flag.Parse()
 	if *expect != "echo" && *expect != "digest" {
 		log.Fatalf("unknown -expect %q", *expect)
@@ -69,12 +68,7 @@ func main() {
 		}
 		cs[i] = c.(*net.TCPConn)
 	}
-	if err := steps.Connected(*connected); err != nil {
-		log.Fatal(err)
-	}
-	if err := steps.WaitGo(*goFile, *timeout); err != nil {
-		log.Fatal(err)
-	}
+	gate.Hold(*timeout)
 	cfg := config{*size, *writeSize, *seed, *expect, time.Now().Add(*timeout)}
 	var failures report.Failures
 	var exact, sent, back atomic.Int64

@@ -5,6 +5,7 @@
 package relay
 
 import (
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -27,6 +28,32 @@ func Parse(s string) (Mode, error) {
 		return Mode(s), nil
 	}
 	return "", fmt.Errorf("unknown mode %q (copy or rw)", s)
+}
+
+// Flag declares -mode, `def` unless given (an unknown mode is a usage error); read it
+// after flag.Parse.
+func Flag(def Mode) *Mode {
+	m := def
+	flag.Var(&m, "mode", "copy (io.Copy) or rw (Read/Write)")
+	return &m
+}
+
+// String is the mode as -mode takes it (flag.Value).
+func (m *Mode) String() string {
+	if m == nil {
+		return ""
+	}
+	return string(*m)
+}
+
+// Set is [Parse] into m (flag.Value).
+func (m *Mode) Set(s string) error {
+	v, err := Parse(s)
+	if err != nil {
+		return err
+	}
+	*m = v
+	return nil
 }
 
 // Move copies `src` to `dst` until EOF, then half-closes `dst`; returns the bytes moved.

@@ -3,10 +3,30 @@
 package serve
 
 import (
+	"flag"
 	"log"
 	"net"
 	"os"
 )
+
+// Addr is where a server listens and the ready file it creates then, as its -listen and
+// -ready-file flags say.
+type Addr struct {
+	listen, readyFile *string
+}
+
+// Flags declares -listen and -ready-file, every server's; call before flag.Parse.
+func Flags() Addr {
+	return Addr{
+		listen:    flag.String("listen", "", "address:port to listen on"),
+		readyFile: flag.String("ready-file", "", "file to create once listening"),
+	}
+}
+
+// Listen is [Listen] with the flags' values; call after flag.Parse.
+func (a Addr) Listen() *net.TCPListener {
+	return Listen(*a.listen, *a.readyFile)
+}
 
 // Listen listens on TCP `addr` and then creates `readyFile` (when not empty); exits on
 // failure, since a server that cannot listen has nothing to do.

@@ -5,10 +5,36 @@
 package steps
 
 import (
+	"flag"
 	"fmt"
+	"log"
 	"os"
 	"time"
 )
+
+// Gate is a client's -connected-file and -go-file.
+type Gate struct {
+	connected, goFile *string
+}
+
+// Flags declares -connected-file and -go-file; call before flag.Parse.
+func Flags() Gate {
+	return Gate{
+		connected: flag.String("connected-file", "", "file to create once connected"),
+		goFile:    flag.String("go-file", "", "file to wait for before the first send"),
+	}
+}
+
+// Hold creates the -connected-file, then waits for the -go-file, at most `within`
+// ([Connected], [WaitGo]); exits on failure.
+func (g Gate) Hold(within time.Duration) {
+	if err := Connected(*g.connected); err != nil {
+		log.Fatal(err)
+	}
+	if err := WaitGo(*g.goFile, within); err != nil {
+		log.Fatal(err)
+	}
+}
 
 // Connected creates `file` (when not empty).
 func Connected(file string) error {
