@@ -22,10 +22,12 @@ pub struct PathCell {
     pub summary: Option<Summary>,
     /// Mean latency, µs, median over runs that reported one.
     pub latency_us: Option<f64>,
-    /// Runs attempted (skipped ones included).
+    /// Runs, not-run ones included.
     pub runs: usize,
-    /// Runs that failed or were skipped after a failure.
+    /// Runs that failed.
     pub failed: usize,
+    /// Runs not run after an earlier one hung.
+    pub skipped: usize,
     /// The first failure's message.
     pub first_failure: Option<String>,
 }
@@ -121,8 +123,15 @@ pub fn path_cell(r: &AppsResults, placement: &str, workload: &str, path: Path) -
         summary: summarize(&values),
         latency_us: summarize(&latencies).map(|s| s.median),
         runs: runs.len(),
-        failed: runs.iter().filter(|s| s.value.is_none()).count(),
-        first_failure: runs.iter().find_map(|s| s.failure.clone()),
+        failed: runs
+            .iter()
+            .filter(|s| s.value.is_none() && !s.skipped)
+            .count(),
+        skipped: runs.iter().filter(|s| s.skipped).count(),
+        first_failure: runs
+            .iter()
+            .filter(|s| !s.skipped)
+            .find_map(|s| s.failure.clone()),
     }
 }
 
@@ -195,6 +204,31 @@ pub fn rows(r: &AppsResults, placement: &str) -> Vec<AppRow> {
                 bypass_ratio,
             }
         })
+        .collect()
+}
+
+/// Counters of `status --json` that are not bytes, messages or sockets: the datapath's
+/// events (pairings, moves to TCP and back, leaving the SockHash, ...).
+fn is_event(key: &str) -> bool {
+    !(key.contains("bytes") || key.contains("messages") || key.starts_with("sockets"))
+}
+
+/// The datapath's events in the bypassed runs of one workload and placement, each
+/// counter that grew as its mean per run, by name.
+pub fn events_per_run(r: &AppsResults, placement: &str, workload: &str) -> Vec<(String, f64)> {
+    let runs: Vec<&AppSample> = samples(r, placement, workload, Path::Bypass)
+        .filter(|s| !s.skipped && !s.counters.is_empty())
+        .collect();
+    let mut sums: BTreeMap<&str, u64> = BTreeMap::new();
+    for s in &runs {
+        for (k, v) in &s.counters {
+            if is_event(k) && *v > 0 {
+                *sums.entry(k.as_str()).or_default() += v;
+            }
+        }
+    }
+    sums.into_iter()
+        .map(|(k, v)| (k.to_owned(), v as f64 / runs.len() as f64))
         .collect()
 }
 

@@ -183,7 +183,7 @@ pub fn run(opts: &Options) -> Result<AppsResults> {
         results,
         raw: RawLog::open(&opts.raw_dir)?,
         steps: Steps::new(total),
-        failed: Default::default(),
+        hung: Default::default(),
     };
     let outcome = run.start_services().and_then(|()| run.sweep());
     // Stop the agent before the servers and the pods go.

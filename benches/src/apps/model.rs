@@ -81,7 +81,7 @@ pub struct AppSample {
     /// Workload name.
     pub workload: String,
     /// The rate in the workload's unit, as the tool reported it; `None` when the run
-    /// failed (or was skipped after a failure).
+    /// failed (or was skipped after a hang).
     pub value: Option<f64>,
     /// Mean latency in microseconds, where the tool reports one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -91,6 +91,10 @@ pub struct AppSample {
     /// Why the run has no value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<String>,
+    /// Not run: the same workload, placement and path hung until its client's timeout
+    /// in an earlier repetition.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub skipped: bool,
     /// Bytes the pods put on their veths during the run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wire_bytes: Option<u64>,

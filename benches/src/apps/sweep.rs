@@ -1,9 +1,9 @@
 //! The apps run's loop: for each repetition and placement a block per path (the order
 //! rotated by one after each placement, as the qperf sweep does), and in each block
 //! every workload's client once, with the veths' bytes and, bypassed, the agent's
-//! counters read around it. A run that fails is recorded with its reason and not run
-//! again (its later repetitions are recorded as failed); a server that died with it is
-//! started again.
+//! counters read around it. A run that fails is recorded with its reason (and a
+//! server that died with it started again); one that hung until its client's timeout
+//! is not run again, its later repetitions recorded as not run.
 
 use std::{collections::BTreeMap, time::Instant};
 
@@ -46,8 +46,10 @@ pub(super) struct AppsRun {
     pub(super) results: AppsResults,
     pub(super) raw: RawLog,
     pub(super) steps: Steps,
-    /// (workload, placement, path) that failed once: not run again.
-    pub(super) failed: std::collections::BTreeSet<(String, String, Path)>,
+    /// (workload, placement, path) that hung until the client's timeout: not run
+    /// again (a failure that ends at once, a lost byte seen as an early EOF, is run
+    /// again: how often it fails is part of the result).
+    pub(super) hung: std::collections::BTreeSet<(String, String, Path)>,
 }
 
 /// What the veths and the agent's counters showed at one moment.
@@ -162,13 +164,15 @@ impl AppsRun {
             latency_us: None,
             secs: 0.0,
             failure: None,
+            skipped: false,
             wire_bytes: None,
             counters: BTreeMap::new(),
         };
-        if self.failed.contains(&key) {
-            sample.failure = Some("not run: failed in an earlier repetition".into());
+        if self.hung.contains(&key) {
+            sample.failure = Some("not run: hung in an earlier repetition".into());
+            sample.skipped = true;
             self.results.samples.push(sample);
-            self.steps.tick(&format!("{what}: skipped (failed before)"));
+            self.steps.tick(&format!("{what}: not run (hung before)"));
             return Ok(());
         }
         let service = self
@@ -213,7 +217,9 @@ impl AppsRun {
                     .warnings
                     .push(format!("{what} failed: {short}"));
                 sample.failure = Some(short);
-                self.failed.insert(key);
+                if sample.secs >= self.scale.client_timeout().as_secs_f64() {
+                    self.hung.insert(key);
+                }
                 self.revive(service, p)?;
                 format!("{what}: FAILED")
             }

@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 
 use super::{
-    cells::{AppRow, PathCell, Ratio, Verdict, rows, targets_met},
+    cells::{AppRow, PathCell, Ratio, Verdict, events_per_run, rows, targets_met},
     mode,
     model::AppsResults,
 };
@@ -39,17 +39,26 @@ fn fmt_cell(c: &PathCell) -> String {
     match (c.failed, rates.is_empty()) {
         (0, true) => "-".into(),
         (0, false) => rates,
-        (f, true) => format!("failed {f}/{}", c.runs),
-        (f, false) => format!("{rates} ({f}/{} failed)", c.runs),
+        (_, true) => fmt_failed(c),
+        (_, false) => format!("{rates} ({})", fmt_failed(c)),
+    }
+}
+
+/// `failed F/R` of the runs that ran, and how many did not run after a hang.
+fn fmt_failed(c: &PathCell) -> String {
+    let ran = c.runs - c.skipped;
+    if c.skipped > 0 {
+        format!("failed {}/{ran}, {} not run", c.failed, c.skipped)
+    } else {
+        format!("failed {}/{ran}", c.failed)
     }
 }
 
 /// `ratio [min-max]` (text) of a path over the normal path, or that path's failures.
 fn fmt_ratio_cell(c: &PathCell, r: Option<&Ratio>) -> String {
-    let failed = |f: usize| format!("failed {f}/{}", c.runs);
     match (r, c.failed) {
         (None, 0) => "-".into(),
-        (None, f) => failed(f),
+        (None, _) => fmt_failed(c),
         (Some(r), f) => {
             let spread = if r.per_rep.n > 1 {
                 format!(" [{:.2}-{:.2}]", r.per_rep.min, r.per_rep.max)
@@ -57,7 +66,7 @@ fn fmt_ratio_cell(c: &PathCell, r: Option<&Ratio>) -> String {
                 String::new()
             };
             let note = if f > 0 {
-                format!(" ({})", failed(f))
+                format!(" ({})", fmt_failed(c))
             } else {
                 String::new()
             };
@@ -110,6 +119,12 @@ fn header(r: &AppsResults) -> Vec<String> {
         ),
         mode::describe(&r.agent_mode),
     ];
+    if !r.env.loadavg_start.is_empty() {
+        h.push(format!(
+            "load average (1, 5, 15 min) at the start {}, at the end {}; {:.0} s",
+            r.env.loadavg_start, r.env.loadavg_end, r.env.duration_secs
+        ));
+    }
     if !r.agent_mode.command.is_empty() {
         h.push(format!("agent command: {}", r.agent_mode.command));
     }
@@ -165,6 +180,7 @@ pub fn render(r: &AppsResults) -> String {
             "  target (bypass >= 1.0x the normal path within the spread): {met} of {judged} workloads"
         );
         render_latency(&mut o, &rows);
+        render_events(&mut o, r, &p.name);
     }
     render_failures(&mut o, r);
     let _ = writeln!(o, "\nworkloads (client (pod) -> servers (pod)):");
@@ -224,6 +240,34 @@ fn render_latency(o: &mut String, rows: &[AppRow]) {
     }
 }
 
+/// The datapath's events per bypassed run, per workload.
+fn render_events(o: &mut String, r: &AppsResults, placement: &str) {
+    let lines: Vec<String> = r
+        .workloads
+        .iter()
+        .filter_map(|w| {
+            let ev = events_per_run(r, placement, &w.name);
+            (!ev.is_empty()).then(|| {
+                let ev: Vec<String> = ev
+                    .iter()
+                    .map(|(k, v)| format!("{k} {}", fmt_value(*v)))
+                    .collect();
+                format!("    {:<17} {}", w.name, ev.join(", "))
+            })
+        })
+        .collect();
+    if lines.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "  datapath events per bypassed run (status --json counters that grew, mean over runs):"
+    );
+    for l in lines {
+        let _ = writeln!(o, "{l}");
+    }
+}
+
 /// Every failed run, grouped by workload, placement and path, with its first message.
 fn render_failures(o: &mut String, r: &AppsResults) {
     let mut lines = Vec::new();
@@ -238,12 +282,11 @@ fn render_failures(o: &mut String, r: &AppsResults) {
                     continue;
                 }
                 lines.push(format!(
-                    "  {} {} {}: {} of {} runs: {}",
+                    "  {} {} {}: {}: {}",
                     row.workload,
                     p.name,
                     path.name(),
-                    cell.failed,
-                    cell.runs,
+                    fmt_failed(cell),
                     cell.first_failure.as_deref().unwrap_or("-")
                 ));
             }
@@ -252,7 +295,7 @@ fn render_failures(o: &mut String, r: &AppsResults) {
     if !lines.is_empty() {
         let _ = writeln!(
             o,
-            "\nfailed runs (a failed run is not run again in later reps: it counts as failed there too):"
+            "\nfailed runs, with the first failure (a run that hung until its client's timeout is not run again):"
         );
         for l in lines {
             let _ = writeln!(o, "{l}");
@@ -264,7 +307,7 @@ fn render_failures(o: &mut String, r: &AppsResults) {
 /// or the failures.
 fn md_ratio(c: &PathCell, r: Option<&Ratio>, verdict: Option<Verdict>) -> String {
     match r {
-        None if c.failed > 0 => format!("**failed {}/{}**", c.failed, c.runs),
+        None if c.failed > 0 => format!("**{}**", fmt_failed(c)),
         None => "—".into(),
         Some(r) => {
             let x = format!("{:.2}×", r.of_medians);
@@ -279,7 +322,7 @@ fn md_ratio(c: &PathCell, r: Option<&Ratio>, verdict: Option<Verdict>) -> String
                 String::new()
             };
             let failed = if c.failed > 0 {
-                format!(", **failed {}/{}**", c.failed, c.runs)
+                format!(", **{}**", fmt_failed(c))
             } else {
                 String::new()
             };

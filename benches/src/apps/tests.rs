@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 
 use super::{
-    cells::{Verdict, path_cell, ratio, redirected_share, rows, targets_met, verdict},
+    cells::{
+        Verdict, events_per_run, path_cell, ratio, redirected_share, rows, targets_met, verdict,
+    },
     mode,
     model::{AppSample, AppsConfig, AppsResults, GuardStatus, WorkloadInfo},
     table::{fmt_value, render, render_markdown, render_markdown_full},
@@ -23,6 +25,7 @@ fn sample(rep: u32, placement: &str, path: Path, workload: &str, value: Option<f
         failure: value
             .is_none()
             .then(|| "streamcheck: 0 of 1 connections exact".into()),
+        skipped: false,
         wire_bytes: Some(1000),
         counters: BTreeMap::new(),
     }
@@ -64,6 +67,9 @@ fn run() -> AppsResults {
         b.counters = BTreeMap::from([
             ("redirected_bytes".to_owned(), 900),
             ("passed_bytes".to_owned(), 100),
+            ("paired_pod".to_owned(), 4),
+            ("resumed".to_owned(), u64::from(rep)),
+            ("sockets_inserted".to_owned(), 8),
         ]);
         b.latency_us = Some(50.0);
         r.samples.push(b);
@@ -76,7 +82,12 @@ fn run() -> AppsResults {
         r.samples
             .push(sample(rep, p, Path::Default, "lossy", Some(normal)));
         r.samples.push(sample(rep, p, Path::Bypass, "lossy", None));
-        r.samples.push(sample(rep, p, Path::Minimal, "lossy", None));
+        let mut m = sample(rep, p, Path::Minimal, "lossy", None);
+        if rep > 0 {
+            m.skipped = true;
+            m.failure = Some("not run: hung in an earlier repetition".into());
+        }
+        r.samples.push(m);
     }
     r
 }
@@ -117,6 +128,13 @@ fn cells_count_failures_and_latency() {
     assert_eq!((lossy.runs, lossy.failed), (3, 3));
     assert!(lossy.summary.is_none());
     assert!(lossy.first_failure.unwrap().contains("0 of 1"));
+    let hung = path_cell(&r, "cross-cpu", "lossy", Path::Minimal);
+    assert_eq!((hung.runs, hung.failed, hung.skipped), (3, 1, 2));
+    assert_eq!(
+        events_per_run(&r, "cross-cpu", "fast"),
+        [("paired_pod".to_owned(), 4.0), ("resumed".to_owned(), 1.0)]
+    );
+    assert!(events_per_run(&r, "cross-cpu", "slow").is_empty());
     let fast = path_cell(&r, "cross-cpu", "fast", Path::Bypass);
     assert_eq!(fast.latency_us, Some(50.0));
     assert_eq!(fast.summary.unwrap().median, 170.0);
@@ -152,12 +170,21 @@ fn text_table_says_the_mode_the_ratios_and_the_failures() {
         .find(|l| l.trim_start().starts_with("lossy"))
         .unwrap();
     assert!(
-        lossy.contains("failed 3/3") && lossy.contains("FAILED"),
+        lossy.contains("failed 3/3") && lossy.contains("failed 1/1, 2 not run"),
         "{lossy}"
     );
+    assert!(lossy.contains("FAILED"), "{lossy}");
     assert!(t.contains("target (bypass >= 1.0x the normal path within the spread): 1 of 3"));
     assert!(
-        t.contains("lossy cross-cpu bypass: 3 of 3 runs: streamcheck"),
+        t.contains("lossy cross-cpu bypass: failed 3/3: streamcheck"),
+        "{t}"
+    );
+    assert!(
+        t.contains("lossy cross-cpu minimal: failed 1/1, 2 not run: streamcheck"),
+        "{t}"
+    );
+    assert!(
+        t.contains("    fast              paired_pod 4.00, resumed 1.00"),
         "{t}"
     );
     assert!(t.contains("fast-client (a) -> fast-server (b)"), "{t}");
@@ -183,7 +210,7 @@ fn markdown_table_for_the_readme() {
     );
     assert_eq!(
         lines.next().unwrap(),
-        "| `lossy` | req/s | 100 | **failed 3/3** | **failed 3/3** |"
+        "| `lossy` | req/s | 100 | **failed 3/3** | **failed 1/1, 2 not run** |"
     );
     assert!(md.starts_with("agent run WITH --allow-unguarded"));
     assert!(
