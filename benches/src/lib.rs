@@ -7,12 +7,15 @@
 //! the agent ([`procfs`]) into a [`model::Results`]; [`report`] (pure) turns it into the
 //! table and the PASS/MISS targets, [`plot`] (pure) into SVG. [`scenario`] puts a
 //! service-mesh sidecar chain or a ClusterIP DNAT between client and server; [`cluster`]
-//! runs the sweep between two real pods of the one-node cluster instead.
+//! runs the sweep between two real pods of the one-node cluster instead. [`apps`] runs
+//! real applications (`testbed::apps`) between the pods instead of qperf, on the same
+//! path switching, into its own results and tables.
 //! [`wakeups`] is a research probe of small-message streams.
 
 // Unit tests may unwrap: a panic is their failure report.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod apps;
 pub mod cluster;
 pub mod driver;
 pub mod env;

@@ -1,13 +1,14 @@
 //! `bypass-bench`: parses the command line and hands it to the library. `run` is the
-//! bench (`cargo xtask bench` builds and starts it); `report` redoes the table and plot
-//! from a saved `bench.json`; `floor` and `floor-peer` are the Unix-socket floor's two
-//! processes, started by `run`.
+//! bench (`cargo xtask bench` builds and starts it); `apps` is its real-application
+//! scenario (`cargo xtask bench --scenario apps`); `report` redoes the tables (and plot)
+//! from a saved `bench.json` of either; `floor` and `floor-peer` are the Unix-socket
+//! floor's two processes, started by `run`.
 
 use std::{path::PathBuf, process::ExitCode};
 
 use anyhow::{Context as _, Result, bail};
 use bench::{
-    driver,
+    apps, driver,
     model::{Config, Placement, SIZES, Scenario, Test},
     report,
 };
@@ -102,7 +103,38 @@ enum Cmd {
         #[arg(long, default_value = "results/raw")]
         raw: PathBuf,
     },
-    /// Redo table.txt, table.md and plot.svg from a bench.json.
+    /// Run the real applications (root): each workload of `testbed::apps` (redis, nginx,
+    /// PostgreSQL, iperf3, Go, HAProxy, Java, Node.js, gRPC) bypassed, on the normal path
+    /// and through the minimal redirect, interleaved, same-CPU and cross-CPU. The agent is
+    /// started as a user starts it, with --allow-unguarded only where it refuses without.
+    /// The suite's own programs are found in $BYPASS_APPS_DIR or apps/ beside this binary.
+    Apps {
+        /// A smoke check: every workload once (one repetition), short, cross-CPU only.
+        #[arg(long)]
+        quick: bool,
+        /// Interleaved repetitions [default: 3, quick: 1].
+        #[arg(long)]
+        reps: Option<u32>,
+        /// Placements [default: both, quick: cross].
+        #[arg(long, value_enum)]
+        placement: Option<Placements>,
+        /// Workloads by name, comma-separated [default: all].
+        #[arg(long, value_delimiter = ',')]
+        workloads: Vec<String>,
+        /// Skip the minimal reference redirect.
+        #[arg(long)]
+        no_minimal: bool,
+        /// One more argument for `bypass-agent run` (repeat it), recorded in the JSON.
+        #[arg(long = "agent-arg", allow_hyphen_values = true)]
+        agent_args: Vec<String>,
+        /// Where the JSON and tables go [default: results/latest-apps].
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Where raw tool output is appended (git-ignored).
+        #[arg(long, default_value = "results/raw")]
+        raw: PathBuf,
+    },
+    /// Redo table.txt, table.md (plot.svg, readme-snippet.md) from a bench.json.
     Report {
         /// The bench.json.
         #[arg(long, default_value = "results/latest/bench.json")]
@@ -258,14 +290,62 @@ fn real_main() -> Result<()> {
             }
             Ok(())
         }
+        Cmd::Apps {
+            quick,
+            reps,
+            placement,
+            workloads,
+            no_minimal,
+            agent_args,
+            out,
+            raw,
+        } => {
+            let reps = reps.unwrap_or(if quick { 1 } else { 3 });
+            if reps == 0 {
+                bail!("--reps must be at least 1");
+            }
+            let opts = apps::Options {
+                quick,
+                reps,
+                placements: placements_of(placement.unwrap_or(if quick {
+                    Placements::Cross
+                } else {
+                    Placements::Both
+                })),
+                minimal: !no_minimal,
+                agent_args,
+                workloads,
+                raw_dir: raw,
+                workspace: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".."),
+            };
+            let results = apps::run(&opts)?;
+            let written = apps::write_outputs(&results, &out.unwrap_or_else(apps::default_out))?;
+            println!("{}", apps::table::render(&results));
+            for w in written {
+                println!("wrote {}", w.display());
+            }
+            Ok(())
+        }
         Cmd::Report { from, out } => {
             let text = std::fs::read_to_string(&from)
                 .with_context(|| format!("read {}", from.display()))?;
-            let results = serde_json::from_str(&text).context("parse bench.json")?;
+            let json: serde_json::Value =
+                serde_json::from_str(&text).context("parse bench.json")?;
             let dir = out.unwrap_or_else(|| {
                 from.parent()
                     .map_or_else(|| PathBuf::from("."), PathBuf::from)
             });
+            if apps::model::AppsResults::is_apps(&json) {
+                let results: apps::model::AppsResults =
+                    serde_json::from_value(json).context("parse the apps bench.json")?;
+                let written = apps::write_outputs(&results, &dir)?;
+                println!("{}", apps::table::render(&results));
+                for w in written {
+                    println!("wrote {}", w.display());
+                }
+                return Ok(());
+            }
+            let results = serde_json::from_value(json).context("parse bench.json")?;
             let written = driver::write_outputs(&results, &dir)?;
             println!("{}", report::render(&results));
             for w in written {

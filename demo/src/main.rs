@@ -132,13 +132,26 @@ fn demo(cli: &Cli) -> Result<bool> {
         );
     }
     println!("  cgroup {}", pods.cgroup().display());
+    // The demo runs its own peer tools, which never splice or map their sockets: on a
+    // kernel without a read guard it bypasses with --allow-unguarded, and says so.
+    let probe = testbed::kernel_probe()?;
     let mut agent = Agent::start(&pods.agent_opts())?;
     println!(
-        "Agent (pid {}) attached, pod CIDRs {} {}\n",
+        "Agent (pid {}) attached, pod CIDRs {} {}",
         agent.pid(),
         pods.pod_cidr_v4(),
         pods.pod_cidr_v6()
     );
+    if probe.read_guard {
+        println!(
+            "  read guard: on (splice and zero-copy receive of bypassed sockets are guarded)\n"
+        );
+    } else {
+        println!(
+            "  read guard: none on this kernel (it refuses BPF trampolines), so the agent runs\n  \
+             with --allow-unguarded; by default it would not bypass here (bypass-agent probe)\n"
+        );
+    }
 
     let mut port = 7001;
     let mut bypass = Vec::new();

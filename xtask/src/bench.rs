@@ -6,7 +6,10 @@
 //! `--scenario cluster` runs it between two real pods of the one-node cluster: it brings
 //! the cluster up if it is not (and down afterwards), loads the images of `cargo xtask
 //! image` (the test image carries qperf), and hands `kubectl` to the bench, which
-//! deploys `deploy/` and switches the bypass by the node label. Needs root.
+//! deploys `deploy/` and switches the bypass by the node label. `--scenario apps` builds
+//! the apps suite's own programs (Go, Java, Node.js) beside the bench and runs
+//! `bypass-bench apps`: real applications instead of qperf, into
+//! `results/latest-apps/`. Needs root.
 
 use std::{path::Path, process::Command};
 
@@ -18,6 +21,9 @@ use crate::{build, cluster, cmd, image, setup, workspace};
 const BENCH: &str = "bypass-bench";
 /// The sidecar proxy of the mesh scenario, a binary of `testbed`.
 const PROXY: &str = "bypass-proxy";
+/// Where the apps scenario finds the suite's built programs (testbed's
+/// `apps::bins::APPS_DIR_ENV`; xtask does not link testbed).
+const APPS_DIR_ENV: &str = "BYPASS_APPS_DIR";
 
 /// The path between the bench's client and server (`bypass-bench run --scenario`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -33,6 +39,9 @@ pub enum Scenario {
     /// Between two real pods of the one-node cluster (`cargo xtask cluster`), the
     /// DaemonSet of deploy/ switched by the node label; writes results/latest-cluster.
     Cluster,
+    /// Real applications (redis, nginx, PostgreSQL, iperf3, Go, HAProxy, Java, Node.js,
+    /// gRPC) between the two pods; writes results/latest-apps.
+    Apps,
 }
 
 impl Scenario {
@@ -42,6 +51,7 @@ impl Scenario {
             Scenario::Mesh => "mesh",
             Scenario::Clusterip => "clusterip",
             Scenario::Cluster => "cluster",
+            Scenario::Apps => "apps",
         }
     }
 }
@@ -51,10 +61,11 @@ impl Scenario {
 pub struct Args {
     #[command(flatten)]
     pub build: build::Options,
-    /// Under two minutes: one repetition, cross-CPU only (`bypass-bench run --quick`).
+    /// Under two minutes: one repetition, cross-CPU only (`bypass-bench run --quick`;
+    /// apps: every workload once, short).
     #[arg(long)]
     pub quick: bool,
-    /// The path measured: default, mesh, clusterip or cluster.
+    /// The path measured: default, mesh, clusterip, cluster or apps.
     #[arg(long, value_enum, default_value = "default")]
     pub scenario: Scenario,
     /// More arguments for `bypass-bench run` (see `bypass-bench run --help`).
@@ -71,20 +82,21 @@ pub fn run(args: &Args) -> Result<()> {
     if args.scenario == Scenario::Mesh {
         cargo.env("BYPASS_PROXY_BIN", build_proxy(&tools)?);
     }
-    cargo.args([
-        "run",
-        "--release",
-        "--package",
-        BENCH,
-        "--bin",
-        BENCH,
-        "--",
-        "run",
-    ]);
+    if args.scenario == Scenario::Apps {
+        let dir = crate::apps::build("release")?;
+        cargo.env(APPS_DIR_ENV, dir);
+    }
+    cargo.args(["run", "--release", "--package", BENCH, "--bin", BENCH, "--"]);
+    // The apps scenario is its own subcommand: its options are not the sweep's.
+    cargo.arg(if args.scenario == Scenario::Apps {
+        "apps"
+    } else {
+        "run"
+    });
     if args.quick {
         cargo.arg("--quick");
     }
-    if args.scenario != Scenario::Default {
+    if !matches!(args.scenario, Scenario::Default | Scenario::Apps) {
         cargo.args(["--scenario", args.scenario.name()]);
     }
     cargo.args(&args.bench);

@@ -83,7 +83,7 @@ pub fn run(opts: &Options) -> Result<Results> {
     let agent_bin = testbed::agent::agent_bin();
     let mut env = env::collect(&opts.workspace, &agent_bin);
     let cpus = env.cpus;
-    fit_placements(&mut config, cpus, &mut warnings)?;
+    fit_placements(&mut config.placements, cpus, &mut warnings)?;
     let raw = RawLog::open(&opts.raw_dir)?;
     progress(&format!(
         "cluster: deploying deploy/ (node {NODE} labelled {}), {cpus} CPUs, load {}",
@@ -103,7 +103,7 @@ pub fn run(opts: &Options) -> Result<Results> {
     let veth = ns.host_veth("server")?;
     env.addresses = format!("{client_ip} -> {server_ip} (server pod's host veth {veth})");
     progress(&format!("cluster: pods {}", env.addresses));
-    let blocks = driver::paths_of(&config, true).len();
+    let blocks = driver::paths_of(config.minimal).len();
     let total_steps = config.reps as usize * config.placements.len() * blocks * config.sizes.len();
     let mut run = Run {
         kube: &kube,
@@ -128,7 +128,7 @@ pub fn run(opts: &Options) -> Result<Results> {
 impl Run<'_> {
     fn sweep(&mut self) -> Result<()> {
         let cfg = self.results.config.clone();
-        let mut order = driver::paths_of(&cfg, true);
+        let mut order = driver::paths_of(cfg.minimal);
         for rep in 0..cfg.reps {
             for placement in &cfg.placements {
                 for &path in &order {

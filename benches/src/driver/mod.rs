@@ -6,7 +6,8 @@
 //! each pair of blocks, in the same run. Probes the agent's memory and CPU as it goes.
 //!
 //! `plan` (pure) fits the placements, orders the paths and numbers the ports; the
-//! sweep's blocks are in `sweep`, the tool runs in `tools`; `record` (pure) turns a
+//! sweep's blocks are in `sweep`, the tool runs in `tools`; `switch` changes the path
+//! between blocks (the apps scenario uses it too); `record` (pure) turns a
 //! tool's output into samples and warnings; `progress` tells how the run goes;
 //! `output` writes the files.
 
@@ -15,28 +16,29 @@ mod plan;
 mod progress;
 mod record;
 mod sweep;
+mod switch;
 mod tools;
 
 use std::{
     net::IpAddr,
     path::PathBuf,
     process::{Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use anyhow::{Context as _, Result, bail};
-use testbed::{Agent, AgentOpts, TwoPods};
+use testbed::TwoPods;
 
-pub use output::write_outputs;
+pub use output::{write_files, write_outputs};
 pub(crate) use plan::{fit_placements, paths_of, qperf_port};
 use plan::{qperf_data_port, sockperf_port};
 pub(crate) use progress::{RawLog, Steps, progress};
 pub use record::wire_problem;
 pub(crate) use record::{Observed, qperf_what, record_hops, record_qperf};
+pub(crate) use switch::PathSwitch;
 
 use crate::{
     env,
-    minimal::Minimal,
     model::{Config, Path, Prog, Results, Scenario},
     progstats,
     scenario::{self, Setup},
@@ -58,26 +60,18 @@ pub struct Options {
 /// Seconds a single tool run may take beyond its own duration.
 pub(crate) const SLACK: Duration = Duration::from_secs(20);
 
-struct AgentState {
-    agent: Option<Agent>,
-    /// (when, cpu ms) of the last probe of the running agent.
-    last: Option<(Instant, f64)>,
-}
-
 struct Run<'a> {
     opts: &'a Options,
     // Drop order: the proxies before the pods they run in.
     setup: Setup,
     pods: TwoPods,
     server_ip: IpAddr,
-    agent_opts: AgentOpts,
     /// Counters when the current bypassed block began (scenario runs).
     block_start: Option<std::collections::BTreeMap<String, u64>>,
     /// The programs' `bpf_stats` when the current block began.
     progs_start: Option<Vec<(Prog, ProgRef, progstats::Counts)>>,
-    agent: AgentState,
-    /// The minimal reference datapath, while attached.
-    minimal: Option<Minimal>,
+    /// The agent, the minimal datapath or neither.
+    paths: PathSwitch,
     /// Keeps `bpf_stats` on for the run.
     _stats: progstats::Enabled,
     results: Results,
@@ -129,7 +123,7 @@ pub fn run(opts: &Options) -> Result<Results> {
     let mut config = opts.config.clone();
     let mut warnings = Vec::new();
     let cpus = env.cpus;
-    fit_placements(&mut config, cpus, &mut warnings)?;
+    fit_placements(&mut config.placements, cpus, &mut warnings)?;
     let raw = RawLog::open(&opts.raw_dir)?;
     progress(&format!(
         "building two pods; agent {}; {} CPUs, load {}",
@@ -159,7 +153,7 @@ pub fn run(opts: &Options) -> Result<Results> {
         .extend(config.agent_args.iter().cloned());
     let per_block = config.sizes.len() + config.sockperf_sizes.len();
     let floor_steps = if opts.no_floor { 0 } else { config.sizes.len() };
-    let blocks = paths_of(&config, true).len();
+    let blocks = paths_of(config.minimal).len();
     let total_steps =
         config.reps as usize * config.placements.len() * (blocks * per_block + floor_steps);
     let mut env = env;
@@ -177,14 +171,9 @@ pub fn run(opts: &Options) -> Result<Results> {
         opts,
         setup,
         server_ip,
-        agent_opts,
         block_start: None,
         progs_start: None,
-        agent: AgentState {
-            agent: None,
-            last: None,
-        },
-        minimal: None,
+        paths: PathSwitch::new(agent_opts, pods.cgroup().to_path_buf()),
         _stats: progstats::enable()?,
         results: Results::new(config, env, warnings),
         pods,

@@ -4,7 +4,7 @@
 use anyhow::{Result, bail};
 
 use crate::{
-    model::{Config, Path},
+    model::{Path, Placement},
     scenario,
 };
 
@@ -16,11 +16,11 @@ const SOCKPERF_PORT: u16 = 11111;
 /// Keeps the placements whose CPUs exist, with a warning for each one left out; fails
 /// when none is left.
 pub(crate) fn fit_placements(
-    config: &mut Config,
+    placements: &mut Vec<Placement>,
     cpus: usize,
     warnings: &mut Vec<String>,
 ) -> Result<()> {
-    config.placements.retain(|p| {
+    placements.retain(|p| {
         let ok = p.client_cpu < cpus && p.server_cpu < cpus;
         if !ok {
             warnings.push(format!(
@@ -30,22 +30,19 @@ pub(crate) fn fit_placements(
         }
         ok
     });
-    if config.placements.is_empty() {
+    if placements.is_empty() {
         bail!("no placement fits on {cpus} CPUs");
     }
     Ok(())
 }
 
-/// The measured paths of one block group, rotated by one each time so that every path
-/// comes first, second, ... equally often: bypass, default[, minimal] | default[,
-/// minimal], bypass | ...
-pub(crate) fn paths_of(config: &Config, first: bool) -> Vec<Path> {
+/// The measured paths of the first block group: bypass, default[, minimal]. A sweep
+/// rotates it by one after each group so that every path comes first, second, ...
+/// equally often: bypass, default[, minimal] | default[, minimal], bypass | ...
+pub(crate) fn paths_of(minimal: bool) -> Vec<Path> {
     let mut paths = vec![Path::Bypass, Path::Default];
-    if config.minimal {
+    if minimal {
         paths.push(Path::Minimal);
-    }
-    if !first {
-        paths.rotate_left(1);
     }
     paths
 }

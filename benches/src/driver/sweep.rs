@@ -2,19 +2,15 @@
 //! path (attach or detach first), with the agent probed and the programs' cost and the
 //! hop counters recorded around each block.
 
-use std::{
-    process::Stdio,
-    time::{Duration, Instant},
-};
+use std::{process::Stdio, time::Duration};
 
 use anyhow::{Context as _, Result, bail};
-use testbed::{Agent, PodChild, spawn_in_on_cpus};
+use testbed::{PodChild, spawn_in_on_cpus};
 
 use super::{ProgRef, Run, paths_of, progress, qperf_port, record_hops, sockperf_port};
 use crate::{
-    minimal::Minimal,
-    model::{AgentProbe, Config, Path, Placement, ProbePhase, Prog, ProgSample, Scenario},
-    procfs, qperf, scenario, sockperf,
+    model::{Config, Path, Placement, ProbePhase, Prog, ProgSample, Scenario},
+    qperf, scenario, sockperf,
 };
 
 impl Run<'_> {
@@ -56,7 +52,7 @@ impl Run<'_> {
         progress(&format!("agent idle for {:.0} s", cfg.idle_secs));
         std::thread::sleep(Duration::from_secs_f64(cfg.idle_secs));
         self.probe(ProbePhase::Idle)?;
-        let mut order = paths_of(&cfg, true);
+        let mut order = paths_of(cfg.minimal);
         for rep in 0..cfg.reps {
             for placement in &cfg.placements {
                 for &path in &order {
@@ -93,44 +89,8 @@ impl Run<'_> {
 
     /// Attaches (starts the agent, or attaches the minimal datapath) or detaches.
     pub(super) fn set_path(&mut self, path: Path) -> Result<()> {
-        if path != Path::Minimal {
-            self.minimal = None;
-        }
-        match (path, self.agent.agent.is_some()) {
-            (Path::Bypass, false) => {
-                let t = Instant::now();
-                let agent = Agent::start(&self.agent_opts).context("start the agent")?;
-                let snap = procfs::snapshot(agent.pid())?;
-                self.results.agent.push(AgentProbe {
-                    phase: ProbePhase::Started,
-                    pid: agent.pid(),
-                    rss_kib: snap.rss_kib,
-                    hwm_kib: snap.hwm_kib,
-                    cpu_ms: snap.cpu_ms,
-                    wall_ms: t.elapsed().as_secs_f64() * 1e3,
-                });
-                self.agent.last = Some((Instant::now(), snap.cpu_ms));
-                self.agent.agent = Some(agent);
-            }
-            (Path::Default | Path::Floor | Path::Minimal, true) => {
-                if let Some(mut agent) = self.agent.agent.take() {
-                    let exit = agent.stop().context("stop the agent")?;
-                    if !exit.status.success() {
-                        self.results.warnings.push(format!(
-                            "agent exited with {}: {}",
-                            exit.status,
-                            exit.stderr.trim()
-                        ));
-                    }
-                }
-                self.agent.last = None;
-            }
-            _ => {}
-        }
-        if path == Path::Minimal && self.minimal.is_none() {
-            self.minimal = Some(Minimal::attach(self.pods.cgroup())?);
-        }
-        Ok(())
+        let r = &mut self.results;
+        self.paths.set(path, &mut r.agent, &mut r.warnings)
     }
 
     /// The programs whose cost a block of `path` measures.
@@ -138,7 +98,7 @@ impl Run<'_> {
         use bypass_common::names::{PIN_PROGS_SUBDIR, PROG_SKMSG, PROG_SOCKOPS};
         Ok(match path {
             Path::Bypass => {
-                let dir = self.agent_opts.pin_dir.join(PIN_PROGS_SUBDIR);
+                let dir = self.paths.agent_opts().pin_dir.join(PIN_PROGS_SUBDIR);
                 vec![
                     (Prog::SkMsg, ProgRef::Pinned(dir.join(PROG_SKMSG))),
                     (Prog::SockOps, ProgRef::Pinned(dir.join(PROG_SOCKOPS))),
@@ -146,8 +106,8 @@ impl Run<'_> {
             }
             Path::Minimal => {
                 let minimal = self
-                    .minimal
-                    .as_ref()
+                    .paths
+                    .minimal()
                     .context("minimal datapath not attached")?;
                 let (sockops, skmsg) = minimal.program_ids()?;
                 vec![
@@ -162,7 +122,7 @@ impl Run<'_> {
     /// At the start of a block: the programs' `bpf_stats`.
     fn progs_begin(&mut self) -> Result<()> {
         self.progs_start = None;
-        let path = self.current_path();
+        let path = self.paths.current();
         let mut start = Vec::new();
         for (prog, at) in self.programs(path)? {
             let counts = at.counts()?;
@@ -188,40 +148,15 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// The path attached now.
-    fn current_path(&self) -> Path {
-        if self.agent.agent.is_some() {
-            Path::Bypass
-        } else if self.minimal.is_some() {
-            Path::Minimal
-        } else {
-            Path::Default
-        }
-    }
-
     fn probe(&mut self, phase: ProbePhase) -> Result<()> {
-        let (Some(agent), Some((when, cpu))) = (&self.agent.agent, self.agent.last) else {
-            return Ok(());
-        };
-        let snap = procfs::snapshot(agent.pid())?;
-        self.results.agent.push(AgentProbe {
-            phase,
-            pid: agent.pid(),
-            rss_kib: snap.rss_kib,
-            hwm_kib: snap.hwm_kib,
-            cpu_ms: snap.cpu_ms - cpu,
-            wall_ms: when.elapsed().as_secs_f64() * 1e3,
-        });
-        self.agent.last = Some((Instant::now(), snap.cpu_ms));
-        Ok(())
+        self.paths.probe(phase, &mut self.results.agent)
     }
 
     /// The agent's counters now, every integer field of `status --json`.
     fn counters(&self) -> Result<std::collections::BTreeMap<String, u64>> {
         let agent = self
-            .agent
-            .agent
-            .as_ref()
+            .paths
+            .agent()
             .context("no agent runs in a bypassed block")?;
         Ok(scenario::counters_of(&agent.status()?))
     }

@@ -60,14 +60,7 @@ impl Run<'_> {
     }
 
     fn wire_and_stats(&self) -> (Option<u64>, Option<(u64, u64)>) {
-        let wire = self.pods.wire_bytes().ok();
-        let stats = self
-            .agent
-            .agent
-            .as_ref()
-            .and_then(|a| a.stats().ok())
-            .map(|s| (s.counters.redirected_bytes, s.counters.passed_bytes));
-        (wire, stats)
+        self.paths.wire_and_stats(&self.pods)
     }
 
     pub(super) fn qperf(&mut self, rep: u32, p: &Placement, path: Path, size: u32) -> Result<()> {

@@ -43,7 +43,7 @@ pub(super) fn fmt_summary(s: Option<Summary>, f: fn(f64) -> String) -> String {
     }
 }
 
-pub(super) fn fmt_ratio(x: Option<f64>) -> String {
+pub fn fmt_ratio(x: Option<f64>) -> String {
     x.map_or_else(|| "-".into(), |x| format!("{x:.2}x"))
 }
 

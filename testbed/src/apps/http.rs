@@ -1,6 +1,7 @@
-//! HTTP clients the way users run them: `curl` for one download, `ab` (ApacheBench)
-//! for many requests by count, with keep-alive or a connection per request, and `wrk`
-//! for keep-alive load over a duration (for a bench: the tests count requests).
+//! HTTP clients the way users run them: `curl` for one download (kept to check it, or
+//! timed by curl itself and discarded, for a bench), `ab` (ApacheBench) for many
+//! requests by count, with keep-alive or a connection per request, and `wrk` for
+//! keep-alive load over a duration (for a bench: the tests count requests).
 
 use std::{path::Path, process::Command, time::Duration};
 
@@ -37,6 +38,44 @@ pub fn curl_get(
         );
     }
     Ok(out.stdout)
+}
+
+/// What curl said about one download it timed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DownloadReport {
+    /// `size_download`: body bytes received.
+    pub bytes: u64,
+    /// `time_total`: from the start of the connection to the last byte, seconds.
+    pub secs: f64,
+    /// `speed_download`: bytes per second, as curl computes it.
+    pub bytes_per_sec: f64,
+}
+
+/// The `--write-out` format [`parse_write_out`] reads.
+const WRITE_OUT: &str = "%{size_download} %{time_total} %{speed_download}";
+
+/// `curl` GETs `url` on `on` and times it itself, the body discarded (so the client's
+/// cost is receiving it, not keeping it); fails on an HTTP error, a short body (curl
+/// checks the length the server announced) or after `timeout`.
+pub fn curl_download(on: On<'_>, url: &str, timeout: Duration) -> Result<DownloadReport> {
+    let mut cmd = Command::new(bins::system("curl")?);
+    cmd.args(["--silent", "--show-error", "--fail", "--http1.1"])
+        .args(["--max-time", &timeout.as_secs().to_string()])
+        .args(["--output", "/dev/null", "--write-out", WRITE_OUT])
+        .arg(url);
+    let out = client::run_ok(on, cmd, "curl", timeout + Duration::from_secs(30))?;
+    parse_write_out(&out).with_context(|| format!("curl's --write-out: {out}"))
+}
+
+/// The three numbers of [`WRITE_OUT`].
+pub fn parse_write_out(text: &str) -> Result<DownloadReport> {
+    let mut f = text.split_whitespace();
+    let mut next = |name: &str| f.next().with_context(|| format!("no {name}"));
+    Ok(DownloadReport {
+        bytes: next("size_download")?.parse()?,
+        secs: next("time_total")?.parse()?,
+        bytes_per_sec: next("speed_download")?.parse()?,
+    })
 }
 
 /// An `ab` run: `requests` requests, `concurrency` at a time.
@@ -111,7 +150,7 @@ pub struct Wrk {
     pub threads: u32,
     /// Connections (`-c`).
     pub connections: u32,
-    /// How long (`-d`).
+    /// How long (`-d`, in whole seconds: wrk takes no fraction; at least 1).
     pub duration: Duration,
 }
 
@@ -126,6 +165,8 @@ pub struct WrkReport {
     pub non_2xx_3xx: u64,
     /// "Requests/sec".
     pub rps: f64,
+    /// The mean of the "Latency" line, microseconds.
+    pub latency_us: Option<f64>,
 }
 
 impl Wrk {
@@ -134,15 +175,22 @@ impl Wrk {
         let mut cmd = Command::new(bins::system("wrk")?);
         cmd.args(["-t", &self.threads.to_string()])
             .args(["-c", &self.connections.to_string()])
-            .args(["-d", &format!("{}ms", self.duration.as_millis())])
+            .args(["-d", &format!("{}s", wrk_secs(self.duration))])
             .arg(url);
         let out = client::run_ok(on, cmd, "wrk", self.duration + Duration::from_secs(60))?;
         parse_wrk(&out).with_context(|| format!("wrk's output: {out}"))
     }
 }
 
+/// `-d` for `duration`: wrk reads whole seconds (its `scan_time` takes an integer and
+/// a unit of s, m or h), so a duration rounds up, to at least 1 s.
+fn wrk_secs(duration: Duration) -> u64 {
+    duration.as_secs_f64().ceil().max(1.0) as u64
+}
+
 /// The summary of `wrk` 4: "N requests in", "Socket errors: connect a, read b, write c,
-/// timeout d", "Non-2xx or 3xx responses: n", "Requests/sec: x".
+/// timeout d", "Non-2xx or 3xx responses: n", "Requests/sec: x", and the thread
+/// statistics' "Latency avg stdev max +/-" line.
 pub fn parse_wrk(text: &str) -> Result<WrkReport> {
     let line = |prefix: &str| {
         text.lines()
@@ -167,7 +215,24 @@ pub fn parse_wrk(text: &str) -> Result<WrkReport> {
         rps: line("Requests/sec:")
             .and_then(|n| n.parse().ok())
             .context("no \"Requests/sec\"")?,
+        latency_us: line("Latency")
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(duration_us),
     })
+}
+
+/// One of wrk's durations (`203.45us`, `1.23ms`, `2.00s`), in microseconds.
+fn duration_us(text: &str) -> Option<f64> {
+    let split = text.find(|c: char| c.is_ascii_alphabetic())?;
+    let (n, unit) = text.split_at(split);
+    let scale = match unit {
+        "us" => 1.0,
+        "ms" => 1e3,
+        "s" => 1e6,
+        "m" => 60e6,
+        _ => return None,
+    };
+    Some(n.parse::<f64>().ok()? * scale)
 }
 
 #[cfg(test)]
@@ -176,13 +241,29 @@ mod tests {
 
     #[test]
     fn parses_wrk_summary() {
-        let text = "Running 1s test @ http://10.0.0.2:8080/small.bin\n  1 threads and 4 connections\n  12345 requests in 1.00s, 190.00MB read\n  Socket errors: connect 0, read 2, write 0, timeout 1\n  Non-2xx or 3xx responses: 5\nRequests/sec:  12345.67\nTransfer/sec:    190.00MB\n";
+        let text = "Running 1s test @ http://10.0.0.2:8080/small.bin\n  1 threads and 4 connections\n  Thread Stats   Avg      Stdev     Max   +/- Stdev\n    Latency   323.45us  100.10us   1.23ms   80.00%\n    Req/Sec    12.35k     1.00k   13.00k    90.00%\n  12345 requests in 1.00s, 190.00MB read\n  Socket errors: connect 0, read 2, write 0, timeout 1\n  Non-2xx or 3xx responses: 5\nRequests/sec:  12345.67\nTransfer/sec:    190.00MB\n";
         let r = parse_wrk(text).unwrap();
         assert_eq!((r.requests, r.socket_errors, r.non_2xx_3xx), (12345, 3, 5));
         assert!((r.rps - 12345.67).abs() < 1e-9);
+        assert!((r.latency_us.unwrap() - 323.45).abs() < 1e-9);
         let clean = "  10 requests in 1.00s, 1MB read\nRequests/sec: 10.00\n";
         assert_eq!(parse_wrk(clean).unwrap().socket_errors, 0);
+        assert_eq!(parse_wrk(clean).unwrap().latency_us, None);
+        assert_eq!(duration_us("1.50ms"), Some(1500.0));
+        assert_eq!(duration_us("2.00s"), Some(2e6));
+        assert_eq!(duration_us("12"), None);
+        assert_eq!(wrk_secs(Duration::from_millis(250)), 1);
+        assert_eq!(wrk_secs(Duration::from_millis(2500)), 3);
         assert!(parse_wrk("nothing").is_err());
+    }
+
+    #[test]
+    fn parses_curl_write_out() {
+        let r = parse_write_out("67108864 0.052311 1282888123\n").unwrap();
+        assert_eq!(r.bytes, 67_108_864);
+        assert!((r.secs - 0.052311).abs() < 1e-12);
+        assert!((r.bytes_per_sec - 1_282_888_123.0).abs() < 1e-3);
+        assert!(parse_write_out("12 0.1").is_err());
     }
 
     #[test]

@@ -133,6 +133,8 @@ pub struct PgbenchReport {
     pub failed: u64,
     /// Transactions per second.
     pub tps: f64,
+    /// "latency average", milliseconds.
+    pub latency_ms: Option<f64>,
 }
 
 impl Pgbench {
@@ -154,7 +156,8 @@ impl Pgbench {
     }
 }
 
-/// The summary lines of `pgbench` (PostgreSQL 15): processed/expected, failed, tps.
+/// The summary lines of `pgbench` (PostgreSQL 15): processed/expected, failed, latency
+/// average, tps.
 pub fn parse_pgbench(text: &str) -> Result<PgbenchReport> {
     let after = |prefix: &str| {
         text.lines()
@@ -176,6 +179,9 @@ pub fn parse_pgbench(text: &str) -> Result<PgbenchReport> {
         expected: expected.trim().parse()?,
         failed: failed.parse()?,
         tps: tps.parse()?,
+        latency_ms: after("latency average =")
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok()),
     })
 }
 
@@ -189,6 +195,7 @@ mod tests {
         let r = parse_pgbench(text).unwrap();
         assert_eq!((r.processed, r.expected, r.failed), (1000, 1000, 0));
         assert!((r.tps - 1290.676).abs() < 1e-9);
+        assert_eq!(r.latency_ms, Some(3.1));
         assert!(parse_pgbench("tps = 1").is_err());
     }
 }

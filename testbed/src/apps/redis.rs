@@ -76,6 +76,8 @@ pub struct BenchmarkRow {
     pub test: String,
     /// Requests per second.
     pub rps: f64,
+    /// Mean latency in milliseconds (`avg_latency_ms`, redis-benchmark ≥ 7).
+    pub avg_latency_ms: Option<f64>,
 }
 
 impl Benchmark {
@@ -108,14 +110,20 @@ impl Benchmark {
     }
 }
 
-/// The rows of `redis-benchmark --csv`: `"SET","94339.62",...` after a header.
+/// The rows of `redis-benchmark --csv`: `"SET","94339.62","0.300",...` after a header
+/// (`"test","rps","avg_latency_ms",...`).
 pub fn parse_csv(text: &str) -> Vec<BenchmarkRow> {
     text.lines()
         .filter_map(|l| {
             let mut cells = l.split(',').map(|c| c.trim().trim_matches('"'));
             let test = cells.next()?.to_owned();
             let rps = cells.next()?.parse().ok()?;
-            Some(BenchmarkRow { test, rps })
+            let avg_latency_ms = cells.next().and_then(|c| c.parse().ok());
+            Some(BenchmarkRow {
+                test,
+                rps,
+                avg_latency_ms,
+            })
         })
         .collect()
 }
@@ -193,6 +201,7 @@ mod tests {
         assert_eq!(rows.len(), 2);
         assert_eq!(rows[0].test, "SET");
         assert!((rows[1].rps - 100_000.0).abs() < 1e-9);
+        assert_eq!(rows[0].avg_latency_ms, Some(0.3));
         let info = "# Stats\r\ntotal_connections_received:3\r\ntotal_commands_processed:40002\r\n";
         assert_eq!(info_field(info, "total_commands_processed"), Some(40002));
         assert_eq!(info_field(info, "absent"), None);

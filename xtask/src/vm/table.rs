@@ -15,7 +15,7 @@ const END: &str = "<!-- kernel-table:end -->";
 
 /// Columns proven by tests: the heading and the test names (prefixes) that must have
 /// run and passed.
-const TESTED: [(&str, &[&str]); 5] = [
+const TESTED: [(&str, &[&str]); 7] = [
     (
         "redirect IPv4 / IPv6",
         &["ipv4_64mib", "ipv6_64mib", "dual_stack"],
@@ -33,7 +33,15 @@ const TESTED: [(&str, &[&str]); 5] = [
         "isolation",
         &["attacker_namespace", "host_loopback", "only_pod_to_pod"],
     ),
-    ("order (no resume)", &["blocked_waitall", "sigterm"]),
+    (
+        "order; directions come back",
+        &["blocked_waitall", "sigterm", "slow_reader"],
+    ),
+    (
+        "read guard: splice (Go io.Copy, HAProxy)",
+        &["splice_read_guarded", "go_io_copy", "haproxy_splice"],
+    ),
+    ("MSG_ZEROCOPY completions", &["msg_zerocopy"]),
     ("TCP_ULP refused", &["ulp_refused"]),
 ];
 
@@ -204,7 +212,7 @@ mod tests {
         );
         assert!(t.contains("**no** (ulp_refused_on_bypassed_socket)"), "{t}");
         assert!(
-            t.contains("| yes | — | — | yes | **no**"),
+            t.contains("| yes | — | — | yes | — | — | **no**"),
             "a column whose tests did not run says so: {t}"
         );
         assert!(
@@ -222,7 +230,10 @@ mod tests {
             "smoke": {"pass": true, "bytes": 4 << 20}});
         let t = render(&[smoke]);
         assert!(
-            t.contains("| yes | yes | IPv4 (smoke: 4 MiB each way, exact) | — | — | — | — | smoke test passed |"),
+            t.contains(
+                "| yes | yes | IPv4 (smoke: 4 MiB each way, exact) | — | — | — | — | — | — | smoke \
+                 test passed |"
+            ),
             "{t}"
         );
     }
