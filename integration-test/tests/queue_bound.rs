@@ -15,6 +15,7 @@ use support::privileged;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
+use bypass_common::Stat;
 use support::{
     ProbeServer, Steps, agent_with, num, probe_pair, probe_report, spawn_probe_client, two_pods,
     wait_for_log,
@@ -340,50 +341,55 @@ fn bound_off_only_when_asked_and_says_so() -> Result<()> {
 
 /// A reader blocked in recv(MSG_WAITALL) inside plain tcp_recvmsg, with every byte the
 /// writer sent by TCP already copied, must never see bytes out of order. The writer
-/// (bound 1 MiB) fills the reader's ingress queue with 1 MiB, then sends 256 KiB by TCP;
-/// the reader reads the redirected MiB, then blocks in MSG_WAITALL for 320 KiB with the
-/// 256 KiB of TCP copied. Then the writer sends 32 KiB and 2 MiB more. A datapath that
-/// went back to redirects as soon as the reader's `copied_seq` caught up queued the
-/// 32 KiB (and more) in the ingress queue, unseen by the blocked read, and when the
-/// bound sent it to TCP again those later TCP bytes completed the read ahead of them. A
-/// reader's progress is published only when its read returns, so the writer stays on
-/// TCP while the read is blocked.
+/// (bound 1 MiB) fills the reader's ingress queue, then sends the rest of 1.25 MiB by
+/// TCP; once the test sees the bound applied, the reader reads 1 MiB, then blocks in
+/// MSG_WAITALL for 320 KiB with the 256 KiB left copied. Then the writer sends 32 KiB and
+/// 2 MiB more. A datapath that went back to redirects as soon as the reader's
+/// `copied_seq` caught up queued the 32 KiB (and more) in the ingress queue, unseen by
+/// the blocked read, and when the bound sent it to TCP again those later TCP bytes
+/// completed the read ahead of them. A reader's progress is published only when its
+/// read returns, so the writer stays on TCP while the read is blocked.
 #[test]
 fn blocked_waitall_reader_never_sees_reordered_bytes() -> Result<()> {
     privileged!("blocked_waitall_reader_never_sees_reordered_bytes");
     let pods = two_pods()?;
     let agent = agent_with(&pods, &["--max-queued-bytes", "1M"])?;
-    let dir = std::env::temp_dir().join(format!("{}-waitall", pods.tag()));
-    std::fs::create_dir_all(&dir)?;
-    let file = |n: &str| dir.join(n);
-    let arg = |n: &str| file(n).display().to_string();
+    let steps = Steps::new(&pods, "waitall")?;
     let before = agent.status()?;
+    let limited_before = agent.stats()?.counters.get(Stat::QueueLimited);
     let addr = pods.b.v4_addr(5206);
     let common = ["--case", "waitall-after-bound", "--bytes", "1M"];
     let mut server_args: Vec<String> = common.iter().map(|s| (*s).to_owned()).collect();
     server_args.extend([
         "--wait-file".to_owned(),
-        arg("first-sent"),
+        steps.arg("limited"),
         "--mark-file".to_owned(),
-        arg("waiting"),
+        steps.arg("waiting"),
     ]);
     let mut client_args: Vec<String> = common.iter().map(|s| (*s).to_owned()).collect();
     client_args.extend([
         "--mark-file".to_owned(),
-        arg("first-sent"),
+        steps.arg("all-acked"),
         "--go-file".to_owned(),
-        arg("go"),
+        steps.arg("go"),
     ]);
-    let result = (|| -> Result<(serde_json::Value, serde_json::Value)> {
-        let server = ProbeServer::start(&pods.b, addr, &server_args)?;
-        let client = spawn_probe_client(&pods.a, addr, &client_args)?;
-        support::wait_file(&file("waiting")).context("the reader never got to MSG_WAITALL")?;
-        // Let the reader block inside tcp_recvmsg.
-        std::thread::sleep(Duration::from_millis(300));
-        std::fs::write(file("go"), b"")?;
-        Ok((probe_report(client)?, server.wait()?))
-    })();
-    let _ = std::fs::remove_dir_all(&dir);
+    let server = ProbeServer::start(&pods.b, addr, &server_args)?;
+    let client = spawn_probe_client(&pods.a, addr, &client_args)?;
+    // The reader starts reading only once the writer's queue reached the bound (the
+    // writer may block on TCP's buffers before it has sent everything: that is TCP).
+    agent.wait_for(Duration::from_secs(60), "the queue bound to apply", |st| {
+        st.counters.get(Stat::QueueLimited) > limited_before
+    })?;
+    steps.touch("limited")?;
+    steps.wait("all-acked")?;
+    steps
+        .wait("waiting")
+        .context("the reader never got to MSG_WAITALL")?;
+    // Every TCP byte reached the reader's socket before the reader is next seen asleep
+    // in recvfrom: it then copied them all and waits for more.
+    wait_asleep_in_recv(server.pid())?;
+    steps.touch("go")?;
+    let result = probe_report(client).and_then(|c| Ok((c, server.wait()?)));
     let (c, s) = result?;
     let after = agent.status()?;
     let grew = |k: &str| num(&after, k).saturating_sub(num(&before, k));
@@ -406,5 +412,36 @@ fn blocked_waitall_reader_never_sees_reordered_bytes() -> Result<()> {
         num(&s, "received") == num(&c, "sent"),
         "bytes lost: {c} {s}"
     );
+    Ok(())
+}
+
+/// Waits (at most 60 s) until a thread of `pid` sleeps inside recvfrom(2)
+/// (`/proc/PID/task/TID/stat` state `S`, `/proc/PID/task/TID/syscall` its number).
+fn wait_asleep_in_recv(pid: u32) -> Result<()> {
+    let asleep = || -> Result<bool> {
+        for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+            let dir = task?.path();
+            let syscall = std::fs::read_to_string(dir.join("syscall")).unwrap_or_default();
+            let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
+            // The state follows the command's closing parenthesis.
+            let state = stat.rsplit_once(") ").map(|(_, r)| r.chars().next());
+            let nr = syscall
+                .split_whitespace()
+                .next()
+                .and_then(|n| n.parse::<i64>().ok());
+            if nr == Some(libc::SYS_recvfrom) && state == Some(Some('S')) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !asleep()? {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the reader (pid {pid}) never slept inside recvfrom"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     Ok(())
 }

@@ -131,7 +131,11 @@ pub fn k8s_opt_outs_hold_by_traffic() -> Result<()> {
     let before = agent.stats()?;
     let server = PeerServer::start(&pods.b, pods.b.v4_addr(5135), flow.total_connections())?;
     let client = PeerClient::spawn(&pods.a, pods.b.v4_addr(5135), &flow)?;
-    std::thread::sleep(Duration::from_millis(500));
+    agent.wait_for(
+        Duration::from_secs(30),
+        "bytes redirected before the opt-out",
+        |s| s.counters.redirected_bytes > before.counters.redirected_bytes,
+    )?;
     c.label_namespace("bk-apps", EXCLUDE, Some("true"))?;
     wait_addrs(&pin, "namespace opted out", &BTreeSet::new())?;
     let wire_cut = pods.wire_bytes()?;

@@ -131,8 +131,19 @@ pub fn k8s_traffic_from_pod_objects_and_label_toggle_lose_no_byte() -> Result<()
     let before = agent.stats()?;
     let server = PeerServer::start(&pods.b, pods.b.v4_addr(5105), flow.total_connections())?;
     let client = PeerClient::spawn(&pods.a, pods.b.v4_addr(5105), &flow)?;
+    let mut seen_at = before.counters;
     for value in ["false", "true", "false", "true"] {
-        std::thread::sleep(Duration::from_millis(600));
+        // Bytes flow in the current state (what the test observes) before each switch.
+        let was_on = value == "false";
+        seen_at = agent
+            .wait_for(PROPAGATION, "bytes flowing before the switch", |s| {
+                if was_on {
+                    s.counters.redirected_bytes > seen_at.redirected_bytes
+                } else {
+                    s.counters.passed_bytes > seen_at.passed_bytes
+                }
+            })?
+            .counters;
         c.label_node(&node, LABEL, Some(value))?;
         let on = value == "true";
         wait_for(

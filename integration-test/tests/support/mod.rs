@@ -99,6 +99,11 @@ impl ProbeServer {
         Ok(Self { child, ready })
     }
 
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.pid()
+    }
+
     /// Waits for its report.
     pub fn wait(self) -> Result<Value> {
         let _ = std::fs::remove_file(&self.ready);

@@ -152,6 +152,27 @@ pub fn fionread(s: &TcpStream) -> Result<u64> {
     Ok(u64::try_from(n).unwrap_or(0))
 }
 
+// SIOCOUTQ (TIOCOUTQ): bytes in the send queue not yet acknowledged by the peer.
+ioctl_read_bad!(outq_ioctl, libc::TIOCOUTQ, libc::c_int);
+
+/// Waits (at most 60 s) until every byte this socket sent by TCP was acknowledged: it is
+/// then in the peer's receive queue or read. Redirected bytes never enter the queue.
+pub fn wait_acked(s: &TcpStream) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut n: libc::c_int = 0;
+        // SAFETY: SIOCOUTQ writes one int through the pointer.
+        unsafe { outq_ioctl(s.as_raw_fd(), &mut n) }.context("ioctl SIOCOUTQ")?;
+        if n == 0 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{n} bytes sent by TCP still unacknowledged after 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 // SO_RCVLOWAT, which nix does not define, declared with nix's own macro (the typed
 // `setsockopt` of every other option).
 sockopt_impl!(

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use socket2::{Domain, Protocol, SockAddr, SockAddrStorage, SockRef, Socket, Type};
 use testbed::peer::pattern::{Direction, Pattern, Verifier};
 
-use crate::sock::{errno_name, recv_waitall};
+use crate::sock::{errno_name, recv_waitall, wait_acked};
 
 /// What the trust cases take from the command line.
 pub struct Steps<'a> {
@@ -155,13 +155,16 @@ pub fn hold_server(mut s: TcpStream, st: &Steps<'_>) -> Result<Value> {
 }
 
 /// waitall, client. With the agent's queue bound at `bytes`: `bytes + bytes/4` (the
-/// first `bytes` fill the peer's ingress queue, the rest take TCP), mark, wait for go
+/// first `bytes` or a little less, each message charged its overhead too, fill the
+/// peer's ingress queue, the rest take TCP), then, once the peer acknowledged every TCP
+/// byte, mark, wait for go
 /// (the reader is then blocked in MSG_WAITALL inside tcp_recvmsg), 32 KiB (a datapath
 /// that resumed redirects would queue them unseen), then `2 * bytes` (crossing the
 /// bound again: TCP), half-close.
 pub fn waitall_client(mut s: TcpStream, st: &Steps<'_>) -> Result<Value> {
     let mut w = Writer::new(Direction::ClientToServer);
     w.send(&mut s, st.bytes + st.bytes / 4)?;
+    wait_acked(&s)?;
     mark(st.mark)?;
     wait_opt(st.go)?;
     w.send(&mut s, 32 * 1024)?;
@@ -173,8 +176,8 @@ pub fn waitall_client(mut s: TcpStream, st: &Steps<'_>) -> Result<Value> {
     Ok(json!({"sent": w.sent}))
 }
 
-/// waitall, server: wait until the client has sent its first part, read `bytes` (what
-/// was redirected), mark, then one recv(MSG_WAITALL) for more than what TCP holds, then
+/// waitall, server: wait (for the test to see the bound applied), read `bytes` (what
+/// was redirected, and the first TCP bytes), mark, then one recv(MSG_WAITALL) for more than what TCP holds, then
 /// the rest; everything verified in order.
 pub fn waitall_server(mut s: TcpStream, st: &Steps<'_>) -> Result<Value> {
     wait_opt(st.wait)?;
