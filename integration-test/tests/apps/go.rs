@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::{Result, ensure};
 use testbed::apps::{
-    Gate,
+    Gate, Listening,
     go::{self, GrpcCheck, HttpCheck, Relay, StreamCheck, StreamReport},
 };
 
@@ -37,8 +37,29 @@ const GRPC_SIZES: [u64; 4] = [1, 100, 10_000, 1 << 20];
 /// Each client gives up (and reports what it got) after this long.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// `check` from pod a, its connections let go once `hops` connections are paired; then
+/// `servers` still running and every stream exact (`what` names it, the counters' delta
+/// quoted on failure). The report and that delta.
+pub fn stream_exact(
+    bed: &Bed,
+    check: &StreamCheck,
+    hops: u64,
+    servers: &mut [&mut Listening],
+    what: &str,
+) -> Result<(StreamReport, Delta)> {
+    let gate = Gate::new()?;
+    let mark = bed.mark()?;
+    let report = check.run_gated(bed.a(), &gate, || bed.wait_paired(&mark, hops))?;
+    let delta = bed.since(&mark)?;
+    for s in servers {
+        s.server().ensure_running()?;
+    }
+    ensure_exact(what, &report, check.bytes, &delta)?;
+    Ok((report, delta))
+}
+
 /// `streamcheck` report: every connection exact; `delta` is quoted on failure.
-pub fn ensure_exact(what: &str, r: &StreamReport, bytes: u64, delta: &Delta) -> Result<()> {
+fn ensure_exact(what: &str, r: &StreamReport, bytes: u64, delta: &Delta) -> Result<()> {
     ensure!(
         r.failures.is_empty() && r.exact == r.connections,
         "{what}: {} of {} connections exact, {} of {} B back ({}): {:#?}",
@@ -77,13 +98,8 @@ fn echo(relay: Relay) -> Result<()> {
     let bed = bed_for(relay)?;
     let mut server = go::echo(bed.b(), bed.pods.b.v4_addr(ECHO_PORT), relay)?;
     let check = StreamCheck::echo(server.addr(), 1, ECHO_BYTES, CLIENT_TIMEOUT);
-    let gate = Gate::new()?;
-    let mark = bed.mark()?;
-    let report = check.run_gated(bed.a(), &gate, || bed.wait_paired(&mark, 1))?;
-    let delta = bed.since(&mark)?;
-    server.server().ensure_running()?;
     let what = format!("go echo ({relay:?})");
-    ensure_exact(&what, &report, ECHO_BYTES, &delta)?;
+    let (_, delta) = stream_exact(&bed, &check, 1, &mut [&mut server], &what)?;
     match relay {
         Relay::Copy => delta.expect_spliced_to_tcp(&what, 1),
         Relay::ReadWrite => delta.expect_bypassed(&what, 1, 2 * ECHO_BYTES),
@@ -108,16 +124,10 @@ fn l4_proxy(relay: Relay) -> Result<()> {
         expect: testbed::apps::go::Expect::Digest,
         ..StreamCheck::echo(proxy.addr(), PROXY_CONNECTIONS, PROXY_BYTES, CLIENT_TIMEOUT)
     };
-    let gate = Gate::new()?;
-    let mark = bed.mark()?;
     // Each client's connection and the proxy's to the sink.
     let hops = 2 * u64::from(PROXY_CONNECTIONS);
-    let report = check.run_gated(bed.a(), &gate, || bed.wait_paired(&mark, hops))?;
-    let delta = bed.since(&mark)?;
-    proxy.server().ensure_running()?;
-    sink.server().ensure_running()?;
     let what = format!("go L4 proxy ({relay:?}) to a digest sink");
-    ensure_exact(&what, &report, PROXY_BYTES, &delta)?;
+    let (report, delta) = stream_exact(&bed, &check, hops, &mut [&mut proxy, &mut sink], &what)?;
     match relay {
         Relay::Copy => delta.expect_spliced_to_tcp(&what, hops),
         // Both hops carry the bytes.

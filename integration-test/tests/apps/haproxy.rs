@@ -10,12 +10,11 @@ use std::time::Duration;
 
 use anyhow::Result;
 use testbed::apps::{
-    Gate,
     go::{self, Relay, StreamCheck},
     haproxy::{self, Splice},
 };
 
-use super::{go::ensure_exact, support::Bed};
+use super::{go::stream_exact, support::Bed};
 
 const ECHO_PORT: u16 = 7101;
 const PROXY_PORT: u16 = 7102;
@@ -32,16 +31,10 @@ fn echo_through(splice: Splice) -> Result<()> {
     let mut echo = go::echo(bed.a(), bed.pods.a.v4_addr(ECHO_PORT), Relay::ReadWrite)?;
     let mut proxy = haproxy::start(bed.b(), bed.pods.b.v4_addr(PROXY_PORT), echo.addr(), splice)?;
     let check = StreamCheck::echo(proxy.addr(), STREAMS, STREAM_BYTES, CLIENT_TIMEOUT);
-    let gate = Gate::new()?;
-    let mark = bed.mark()?;
     // Each client's connection and HAProxy's to the echo server (made on accept).
     let hops = 2 * u64::from(STREAMS);
-    let report = check.run_gated(bed.a(), &gate, || bed.wait_paired(&mark, hops))?;
-    let delta = bed.since(&mark)?;
-    proxy.server().ensure_running()?;
-    echo.server().ensure_running()?;
     let what = format!("haproxy (splice {splice:?})");
-    ensure_exact(&what, &report, STREAM_BYTES, &delta)?;
+    let (report, delta) = stream_exact(&bed, &check, hops, &mut [&mut proxy, &mut echo], &what)?;
     if splice == Splice::Off {
         // Through HAProxy's buffers: four directions, each the payload.
         return delta.expect_bypassed(&what, hops, 4 * report.bytes_sent);

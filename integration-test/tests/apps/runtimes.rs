@@ -5,9 +5,9 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use testbed::apps::{Gate, go::StreamCheck, java, node};
+use testbed::apps::{go::StreamCheck, java, node};
 
-use super::{go::ensure_exact, support::Bed};
+use super::{go::stream_exact, support::Bed};
 
 const ECHO_PORT: u16 = 7201;
 const PROXY_PORT: u16 = 7202;
@@ -19,13 +19,8 @@ pub fn java_nio_echo_exact() -> Result<()> {
     let bed = Bed::new()?;
     let mut server = java::nio_echo(bed.b(), bed.pods.b.v4_addr(ECHO_PORT))?;
     let check = StreamCheck::echo(server.addr(), STREAMS, STREAM_BYTES, CLIENT_TIMEOUT);
-    let gate = Gate::new()?;
-    let mark = bed.mark()?;
     let streams = u64::from(STREAMS);
-    let report = check.run_gated(bed.a(), &gate, || bed.wait_paired(&mark, streams))?;
-    let delta = bed.since(&mark)?;
-    server.server().ensure_running()?;
-    ensure_exact("java NIO echo", &report, STREAM_BYTES, &delta)?;
+    let (report, delta) = stream_exact(&bed, &check, streams, &mut [&mut server], "java NIO echo")?;
     // Paired before the first byte: both directions socket to socket.
     delta.expect_bypassed("java NIO echo", streams, 2 * report.bytes_sent)
 }
@@ -35,20 +30,10 @@ pub fn nodejs_pipe_proxy_echo_exact() -> Result<()> {
     let mut echo = node::echo(bed.a(), bed.pods.a.v4_addr(ECHO_PORT))?;
     let mut proxy = node::proxy(bed.b(), bed.pods.b.v4_addr(PROXY_PORT), echo.addr())?;
     let check = StreamCheck::echo(proxy.addr(), STREAMS, STREAM_BYTES, CLIENT_TIMEOUT);
-    let gate = Gate::new()?;
-    let mark = bed.mark()?;
     // Each client's connection and the proxy's to the echo (made on accept).
     let hops = 2 * u64::from(STREAMS);
-    let report = check.run_gated(bed.a(), &gate, || bed.wait_paired(&mark, hops))?;
-    let delta = bed.since(&mark)?;
-    proxy.server().ensure_running()?;
-    echo.server().ensure_running()?;
-    ensure_exact(
-        "node pipe proxy to a node echo",
-        &report,
-        STREAM_BYTES,
-        &delta,
-    )?;
+    let what = "node pipe proxy to a node echo";
+    let (report, delta) = stream_exact(&bed, &check, hops, &mut [&mut proxy, &mut echo], what)?;
     // Four directions (to the proxy, to the echo, and back), each the payload.
     delta.expect_bypassed("node pipe proxy", hops, 4 * report.bytes_sent)
 }
