@@ -69,10 +69,10 @@ pub struct SockState {
     /// The cut generation ([`crate::control::SLOT_CUT_GEN`]) this socket last checked.
     pub cut_gen: u32,
     /// Its `copied_seq` when a read last published (its `rcv_nxt` when inserted:
-    /// nothing read yet), from which `tcp_total` grows ([`tcp_read_step`]).
-    pub copied_last: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// nothing read yet), from which `tcp_total` grows ([`tcp_read_step`]); the low 32
+    /// bits of a word that readers move by compare-and-exchange, so that of two readers
+    /// publishing at once only one adds a step.
+    pub copied_last: u64,
     /// Bytes its reads through `recvmsg` returned, both queues together (atomic): what
     /// came from the ingress queue is this less `tcp_total` ([`ingress_read`]).
     pub read_total: u64,
@@ -110,8 +110,8 @@ const _: () = assert!(core::mem::align_of::<SockState>() == 8);
 /// (`read_total`) less what it read from its TCP receive queue (`tcp_total`). Never
 /// above the truth: a read moves `copied_seq` before it returns and is counted in
 /// `read_total`; a TCP read that no `recvmsg` returned (a splice, zero-copy receive)
-/// only lowers it; and two readers publishing at once can count a step of
-/// `copied_seq` twice ([`tcp_read_step`]), never miss one.
+/// only lowers it; and of two readers publishing at once, each step of `copied_seq`
+/// is counted once (`copied_last` moves by compare-and-exchange), never missed.
 #[inline(always)]
 pub const fn ingress_read(read_total: u64, tcp_total: u64) -> u64 {
     read_total.saturating_sub(tcp_total)
@@ -124,8 +124,7 @@ pub const fn ingress_read(read_total: u64, tcp_total: u64) -> u64 {
 pub const fn tcp_read_step(copied_seq: u32, copied_last: u32) -> u64 {
     let step = copied_seq.wrapping_sub(copied_last);
     // A reader publishing an older copied_seq than another's (two readers at once)
-    // moved backwards: no step, and the next one counts from there again (twice at
-    // most, which only lowers `ingress_read`).
+    // moved backwards: no step.
     if step > i32::MAX as u32 {
         0
     } else {

@@ -12,7 +12,7 @@
 //! Where an add must be ordered or its result known, the caller follows it with
 //! [`load_ordered`] of the same word.
 
-use core::intrinsics::{AtomicOrdering, atomic_or, atomic_xadd, atomic_xsub};
+use core::intrinsics::{AtomicOrdering, atomic_cxchg, atomic_or, atomic_xadd, atomic_xsub};
 
 /// `*p += v` (not ordered: see [`load_ordered`]).
 ///
@@ -54,4 +54,17 @@ pub(crate) unsafe fn or_u64(p: *mut u64, v: u64) -> u64 {
 pub(crate) unsafe fn load_ordered(p: *mut u64) -> u64 {
     // SAFETY: see above.
     unsafe { or_u64(p, 0) }
+}
+
+/// If `*p == old`, `*p = new`; whether it did. Fully ordered (`BPF_CMPXCHG`, Linux >=
+/// 5.12).
+///
+/// # Safety
+/// `p` points into a live map or storage value.
+#[inline(always)]
+pub(crate) unsafe fn cmpxchg_u64(p: *mut u64, old: u64, new: u64) -> bool {
+    // SAFETY: see above.
+    unsafe {
+        atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(p, old, new).1
+    }
 }

@@ -36,7 +36,7 @@ use bypass_common::{
 use crate::{
     atomic, kernel, leave,
     maps::{BYPASS_GUARDING, BYPASS_LINKS, BYPASS_SPLICERS, BYPASS_VERDICTS, sock_state},
-    stats,
+    sockopt, stats,
 };
 
 /// `MAY_READ` (include/linux/fs.h).
@@ -205,9 +205,20 @@ fn apply(f: *mut file) -> i32 {
 #[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
 fn guard(state: &mut SockState, bit: u64) -> bool {
-    // Never paired: nothing was ever redirected to it.
-    let Some(ptr) = BYPASS_LINKS.get_ptr_mut(&state.link) else {
-        return true;
+    let ptr = match BYPASS_LINKS.get_ptr_mut(&state.link) {
+        Some(ptr) => ptr,
+        None => {
+            // Not paired yet: the connector tells the accepting side that this socket
+            // reads by TCP (the link it writes says so, and its sends take TCP). Looked
+            // up again after that fully ordered write: a link written meanwhile may
+            // already carry redirected bytes, and is checked as any other.
+            sockopt::record_connector_rx_tcp(state);
+            match BYPASS_LINKS.get_ptr_mut(&state.link) {
+                Some(ptr) => ptr,
+                // Never paired: nothing was ever redirected to it.
+                None => return true,
+            }
+        }
     };
     let me = side::index(state.side);
     let peer = side::peer_index(state.side);

@@ -111,13 +111,9 @@ fn on_read(sk: *mut c_void, read: i32, flags: i32, last: bool) {
     };
     // What this read (and any before it) took from the TCP queue, counted before the
     // bytes it returned, so that the difference is never above the truth.
-    let step = tcp_read_step(r.copied_seq, state.copied_last);
     // SAFETY: fields of live socket storage; readers may run at once.
     let (total, tcp) = unsafe {
-        if step > 0 {
-            atomic::add_u64(addr_of_mut!(state.tcp_total), step);
-            state.copied_last = r.copied_seq;
-        }
+        count_tcp_step(state, r.copied_seq);
         if read > 0 {
             atomic::add_u64(addr_of_mut!(state.read_total), read as u64);
         }
@@ -164,4 +160,37 @@ fn publish(state: &mut SockState, read: u64, last: bool, r: &kernel::Reading) {
         }
     }
     leave::check_cut(state, ptr);
+}
+
+/// Adds to `tcp_total` how far `copied_seq` moved since `copied_last`, and moves
+/// `copied_last` there: by compare-and-exchange, so that of readers publishing at once
+/// each step is added once (a loser retries from the winner's value). At the last try
+/// the step is added without it: counted twice at worst, which only lowers
+/// `ingress_read`.
+///
+/// # Safety
+/// `state` is live socket storage.
+#[inline(always)]
+unsafe fn count_tcp_step(state: &mut SockState, copied_seq: u32) {
+    let last = addr_of_mut!(state.copied_last);
+    for attempt in 0..4 {
+        // SAFETY: a field of live socket storage.
+        let seen = unsafe { read_volatile(last) };
+        let step = tcp_read_step(copied_seq, seen as u32);
+        if step == 0 {
+            return;
+        }
+        // SAFETY: as above.
+        let moved =
+            attempt == 3 || unsafe { atomic::cmpxchg_u64(last, seen, u64::from(copied_seq)) };
+        if moved {
+            if attempt == 3 {
+                // SAFETY: as above.
+                unsafe { write_volatile(last, u64::from(copied_seq)) };
+            }
+            // SAFETY: as above.
+            unsafe { atomic::add_u64(addr_of_mut!(state.tcp_total), step) };
+            return;
+        }
+    }
 }

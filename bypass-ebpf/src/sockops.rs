@@ -214,9 +214,8 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
     state.rx_tcp = u32::from(options_need_tcp(own.rcvlowat, own.peek_off));
     state.flags &= !flags::RX_FROZEN;
     // Nothing read yet: copied_seq is rcv_nxt.
-    state.copied_last = rcv_nxt;
+    state.copied_last = u64::from(rcv_nxt);
     state.tcp_total = 0;
-    state.reserved = 0;
     state.read_total = 0;
     state.tx_msgs = 0;
     state.cp_msgs = 0;

@@ -36,6 +36,10 @@ use crate::{
     stats,
 };
 
+/// The smallest page size: the kernel copies at most a page of an option for the
+/// programs.
+const MIN_PAGE_SIZE: i32 = 4096;
+
 /// `SOL_TCP` (`IPPROTO_TCP`).
 const SOL_TCP: i32 = 6;
 /// `TCP_ULP` (include/uapi/linux/tcp.h).
@@ -46,11 +50,18 @@ const SO_ZEROCOPY: i32 = 60;
 #[cgroup_sockopt(setsockopt)]
 pub fn bypass_sockopt(ctx: SockoptContext) -> i32 {
     let verdict = check(&ctx);
-    // optlen 0: the kernel uses the caller's own buffer, untouched (and never fails an
-    // option longer than a page, kernel/bpf/cgroup.c,
-    // __cgroup_bpf_run_filter_setsockopt).
-    // SAFETY: `optlen` is a writable context field of setsockopt programs.
-    unsafe { write_volatile(addr_of_mut!((*ctx.sockopt).optlen), 0) };
+    // An option longer than the page the kernel copied for the programs: optlen 0 makes
+    // the kernel use the caller's own buffer, untouched (older kernels otherwise fail it
+    // with EFAULT, kernel/bpf/cgroup.c, __cgroup_bpf_run_filter_setsockopt). Any other
+    // optlen is left as it is, so a rewrite by another setsockopt program that ran
+    // before this one stands.
+    // SAFETY: `optlen` is a readable and writable context field of setsockopt programs.
+    unsafe {
+        let optlen = addr_of_mut!((*ctx.sockopt).optlen);
+        if read_volatile(optlen) > MIN_PAGE_SIZE {
+            write_volatile(optlen, 0);
+        }
+    }
     verdict
 }
 
@@ -93,7 +104,8 @@ fn check(ctx: &SockoptContext) -> i32 {
         return 0;
     }
     if zerocopy {
-        if ever_inserted && int_value(ctx).is_some_and(|v| v != 0) {
+        // Only 1 turns it on; any other value but 0 gets the kernel's own EINVAL.
+        if ever_inserted && int_value(ctx) == Some(1) {
             stats::add(Stat::ZerocopyRefused, 1);
             return 0;
         }
@@ -143,6 +155,23 @@ fn int_value(ctx: &SockoptContext) -> Option<i32> {
 #[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
 fn record_rx_tcp(state: &mut SockState) {
+    record_connector_rx_tcp(state);
+    if let Some(link) = BYPASS_LINKS.get_ptr_mut(&state.link) {
+        let me = side::index(state.side);
+        // SAFETY: a live map value: its cookie read, this side's flags or-ed.
+        unsafe {
+            if read_volatile(addr_of!((*link).cookie[me])) == state.cookie {
+                atomic::or_u64(addr_of_mut!((*link).rx_flags[me]), rx::OPTION);
+            }
+        }
+    }
+}
+
+/// The first half of [`record_rx_tcp`]: the socket's own flag and, for a client, its
+/// connector's (fully ordered), which the accepting side copies into the link it
+/// writes. The caller looks the link up after it.
+#[inline(always)]
+pub(crate) fn record_connector_rx_tcp(state: &mut SockState) {
     state.rx_tcp = 1;
     if state.side == side::CLIENT {
         let end = state.key.local_end();
@@ -152,15 +181,6 @@ fn record_rx_tcp(state: &mut SockState) {
                 if (*c).key == state.key {
                     atomic::or_u64(addr_of_mut!((*c).rx_tcp), 1);
                 }
-            }
-        }
-    }
-    if let Some(link) = BYPASS_LINKS.get_ptr_mut(&state.link) {
-        let me = side::index(state.side);
-        // SAFETY: a live map value: its cookie read, this side's flags or-ed.
-        unsafe {
-            if read_volatile(addr_of!((*link).cookie[me])) == state.cookie {
-                atomic::or_u64(addr_of_mut!((*link).rx_flags[me]), rx::OPTION);
             }
         }
     }

@@ -42,8 +42,18 @@ pub fn run_case(pods: &TwoPods, agent: Option<&Agent>, port: u16, args: &[&str])
 
 /// The case on the normal path, then bypassed (the agent started in between).
 pub fn both(pods: &TwoPods, port: u16, args: &[&str]) -> Result<(Run, Run)> {
+    both_with(pods, port, args, &[])
+}
+
+/// [`both`], the agent started with `agent_args`.
+pub fn both_with(
+    pods: &TwoPods,
+    port: u16,
+    args: &[&str],
+    agent_args: &[&str],
+) -> Result<(Run, Run)> {
     let tcp = run_case(pods, None, port, args)?;
-    let agent = agent_with(pods, &[])?;
+    let agent = agent_with(pods, agent_args)?;
     let bypass = run_case(pods, Some(&agent), port + 1, args)?;
     eprintln!(
         "{args:?}\n  tcp:    {} {}\n  bypass: {} {} {:?}",
