@@ -184,17 +184,8 @@ fn upgrade_replaces_programs_old_connections_finish() -> Result<()> {
     wait_status(&opts.pin_dir, "the first half redirected", |s| {
         num(s, "sockets") == 2 && num(s, "redirected_bytes") >= half
     })?;
-    old.stop_cleanly("old agent")?;
-    ensure!(
-        sockops_attached(pods.cgroup())? == 1,
-        "--detach-on-exit=false left nothing attached"
-    );
-
+    let control_pin = stop_leaving_datapath(&mut old, &pods, &opts)?;
     // Another build: its fingerprint in the pinned control map's object slots.
-    let control_pin = opts
-        .pin_dir
-        .join(names::PIN_MAPS_SUBDIR)
-        .join(names::MAP_CONTROL);
     let ours = pinned_u32(&control_pin, control::SLOT_OBJECT_LO)?;
     set_pinned_u32(&control_pin, control::SLOT_OBJECT_LO, !ours)?;
 
@@ -366,17 +357,9 @@ fn lapsed_heartbeat_stops_new_inserts_of_a_datapath_left_pinned() -> Result<()> 
     let pods = two_pods()?;
     let opts = opts(&pods, &["--detach-on-exit=false"]);
     let mut agent = Agent::start(&opts)?;
-    agent.stop_cleanly("agent")?;
-    ensure!(
-        sockops_attached(pods.cgroup())? == 1,
-        "--detach-on-exit=false left nothing attached"
-    );
+    let control_pin = stop_leaving_datapath(&mut agent, &pods, &opts)?;
     // No agent beats any more. The deadline is set by hand, not waited for: still ahead,
     // then passed, exactly as the agent's absence would leave it.
-    let control_pin = opts
-        .pin_dir
-        .join(names::PIN_MAPS_SUBDIR)
-        .join(names::MAP_CONTROL);
     let exchange = |port: u16| -> Result<()> {
         let args = ClientArgs::bulk(1 << 20);
         let addr = pods.b.v4_addr(port);
@@ -409,5 +392,54 @@ fn lapsed_heartbeat_stops_new_inserts_of_a_datapath_left_pinned() -> Result<()> 
         Duration::from_secs(30),
     )?;
     ensure!(out.status.success(), "uninstall failed");
+    Ok(())
+}
+
+/// Stops an agent started with `--detach-on-exit=false`, checks that its datapath stayed
+/// attached, and returns the path of its pinned control map.
+fn stop_leaving_datapath(
+    agent: &mut Agent,
+    pods: &TwoPods,
+    opts: &AgentOpts,
+) -> Result<std::path::PathBuf> {
+    agent.stop_cleanly("agent")?;
+    ensure!(
+        sockops_attached(pods.cgroup())? == 1,
+        "--detach-on-exit=false left nothing attached"
+    );
+    Ok(opts
+        .pin_dir
+        .join(names::PIN_MAPS_SUBDIR)
+        .join(names::MAP_CONTROL))
+}
+
+/// An agent stopped with `--detach-on-exit=false` (a DaemonSet's rolling update) leaves
+/// the whole datapath for the next one, the sk_msg program's attachment to the SockHash
+/// included: the next agent adopts it and new connections are redirected.
+#[test]
+fn sigterm_then_restart_adopts_and_redirects() -> Result<()> {
+    privileged!("sigterm_then_restart_adopts_and_redirects");
+    let pods = two_pods()?;
+    let opts = opts(&pods, &["--detach-on-exit=false"]);
+    let mut first = Agent::start(&opts)?;
+    stop_leaving_datapath(&mut first, &pods, &opts)?;
+    let second = Agent::start(&opts)?;
+    ensure!(
+        wait_for_log(&second, "Adopted"),
+        "the second agent did not adopt the pinned datapath: {}",
+        second.stderr()
+    );
+    let before = num(&second.status()?, "redirected_bytes");
+    let args = ClientArgs::bulk(4 << 20);
+    let addr = pods.b.v4_addr(5309);
+    let server = PeerServer::start(&pods.b, addr, 1)?;
+    let client = run_client(&pods.a, addr, &args)?;
+    let server = server.wait()?;
+    ensure_exact(&client, &server, &args)?;
+    let after = num(&second.status()?, "redirected_bytes");
+    ensure!(
+        after >= before + (8 << 20),
+        "the adopted datapath did not redirect: {before} -> {after} B"
+    );
     Ok(())
 }

@@ -432,6 +432,10 @@ fn pin_link(link: FdLink, path: &std::path::Path) -> Result<PinnedLink, AgentErr
 impl Drop for Datapath {
     fn drop(&mut self) {
         if !self.detach_on_exit {
+            // A fresh load's sk_msg attachment to the SockHash is owned by the loader
+            // (aya detaches it when that is dropped): the next agent adopts the
+            // datapath with it, so it is not dropped (the process exits next).
+            std::mem::forget(self._ebpf.take());
             info!(pin_dir = %self.pins.root().display(),
                 "leaving the datapath pinned and attached for the next agent");
             return;

@@ -136,7 +136,7 @@ fn helm_install_under_enforced_pod_security_unprivileged_ipv6_metrics_check_and_
     ensure!(
         table.contains(kube_testenv::deploy::NODE)
             && table.contains("ulp_guard")
-            && table.contains("order_no_resume"),
+            && table.contains("order"),
         "{table}"
     );
     let labelled = k(&[

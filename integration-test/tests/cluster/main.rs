@@ -60,7 +60,29 @@ pub(crate) fn wait_path(client: &Pod, server: &Pod, target: &str, bypassed: bool
                 assert_normal_path(last, target)
             }
         },
-    )?;
+    )
+    .map_err(|e| {
+        // What the agent saw, for the failure's message.
+        let status = kube::k(&[
+            "-n",
+            "bypass-system",
+            "exec",
+            "ds/bypass-agent",
+            "--",
+            "bypass-agent",
+            "status",
+        ])
+        .unwrap_or_else(|e| e.to_string());
+        let log = kube::k(&[
+            "-n",
+            "bypass-system",
+            "logs",
+            "ds/bypass-agent",
+            "--tail=40",
+        ])
+        .unwrap_or_else(|e| e.to_string());
+        e.context(format!("agent status:\n{status}\nagent log:\n{log}"))
+    })?;
     Ok(last)
 }
 
