@@ -170,6 +170,7 @@ fn record_rx_tcp(state: &mut SockState) {
 /// The first half of [`record_rx_tcp`]: the socket's own flag and, for a client, its
 /// connector's (fully ordered), which the accepting side copies into the link it
 /// writes. The caller looks the link up after it.
+#[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
 pub(crate) fn record_connector_rx_tcp(state: &mut SockState) {
     state.rx_tcp = 1;
