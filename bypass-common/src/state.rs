@@ -44,7 +44,7 @@ pub mod side {
 
 /// The storage value of one socket.
 ///
-/// 184 bytes, no padding (checked below).
+/// 208 bytes, no padding (checked below).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct SockState {
@@ -101,9 +101,16 @@ pub struct SockState {
     /// Its socket cookie (unique on the node, never reused): a [`Link`] is this
     /// socket's only if it names this cookie on this socket's side.
     pub cookie: u64,
+    /// Once the socket has closed ([`flags::CLOSED`]): the bytes its peer had
+    /// redirected to it then ([`Link::tx_redir`]), all there will ever be (the peer
+    /// redirects nothing once it sees the closed bit, which goes in first). The link
+    /// may go before the socket is read to the end (both ends closed), so the read
+    /// guard compares what the socket read out of its ingress queue with this
+    /// ([`closed_drained`]).
+    pub rx_due: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<SockState>() == 200);
+const _: () = assert!(core::mem::size_of::<SockState>() == 208);
 const _: () = assert!(core::mem::align_of::<SockState>() == 8);
 
 /// Bytes a socket has read out of its ingress queue: what its `recvmsg` reads returned
@@ -115,6 +122,16 @@ const _: () = assert!(core::mem::align_of::<SockState>() == 8);
 #[inline(always)]
 pub const fn ingress_read(read_total: u64, tcp_total: u64) -> u64 {
     read_total.saturating_sub(tcp_total)
+}
+
+/// Whether a closed socket has read out of its ingress queue every byte redirected to
+/// it (`due`, [`SockState::rx_due`], never below the truth); `read_total` and
+/// `tcp_total` as in [`ingress_read`], never above it. So reaching `due` means every
+/// byte was read, and a count short of it keeps the guard refusing, never lets it
+/// through early.
+#[inline(always)]
+pub const fn closed_drained(due: u64, read_total: u64, tcp_total: u64) -> bool {
+    ingress_read(read_total, tcp_total) >= due
 }
 
 /// How far `copied_seq` moved since `copied_last`, the socket's last published value:
@@ -143,6 +160,11 @@ pub mod flags {
     /// published `rx_read` stays as it was (its later TCP reads are not ingress
     /// reads).
     pub const RX_FROZEN: u32 = 2;
+    /// The socket reached TCP_CLOSE: its own peer's FIN after its half-close
+    /// (FIN_WAIT2 to TIME_WAIT), a reset, or its close. It stays readable while the
+    /// application holds it, with redirected bytes still queued: it stays known to
+    /// the programs on its reads (`side` is kept) and never redirects again.
+    pub const CLOSED: u32 = 4;
 }
 
 /// Bits of [`super::Link::rx_flags`]: how one side reads, as far as its peer's sends

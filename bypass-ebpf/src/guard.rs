@@ -34,7 +34,7 @@ use aya_ebpf::{
 };
 use bypass_common::{
     SockState, Stat,
-    state::{Verdict, flags, rx, side},
+    state::{Verdict, closed_drained, flags, rx, side},
 };
 
 use crate::{
@@ -209,7 +209,15 @@ fn apply(f: *mut file) -> i32 {
 #[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
 fn guard(state: &mut SockState, bit: u64) -> bool {
-    let ptr = match BYPASS_LINKS.get_ptr_mut(&state.link) {
+    if state.flags & flags::CLOSED != 0 {
+        // Closed: every byte that will ever be redirected to it was counted at its
+        // close, and what it read is its own count; its link may be gone, or another
+        // connection's already.
+        return closed_guard(state);
+    }
+    let me = side::index(state.side);
+    let found = BYPASS_LINKS.get_ptr_mut(&state.link);
+    let ptr = match found {
         Some(ptr) => ptr,
         None => {
             // Not paired yet: the connector tells the accepting side that this socket
@@ -224,7 +232,6 @@ fn guard(state: &mut SockState, bit: u64) -> bool {
             }
         }
     };
-    let me = side::index(state.side);
     let peer = side::peer_index(state.side);
     // SAFETY: a live map value; this side's flags (or-ed, fully ordered) and the two
     // counters read after it (see `bypass_common::state::rx`).
@@ -245,6 +252,27 @@ fn guard(state: &mut SockState, bit: u64) -> bool {
     }
     // Nothing waits and nothing will come: the TCP reads that follow are not ingress
     // reads, so what this side published as read stays.
+    state.flags |= flags::RX_FROZEN;
+    true
+}
+
+/// [`guard`] for a closed socket: the call may go on once the socket has read every
+/// byte redirected to it (`rx_due`, counted at its close).
+#[inline(always)]
+fn closed_guard(state: &mut SockState) -> bool {
+    if state.flags & flags::RX_FROZEN != 0 {
+        return true;
+    }
+    // SAFETY: fields of live socket storage; readers may run at once.
+    let (total, tcp) = unsafe {
+        (
+            atomic::load_ordered(addr_of_mut!(state.read_total)),
+            atomic::load_ordered(addr_of_mut!(state.tcp_total)),
+        )
+    };
+    if !closed_drained(state.rx_due, total, tcp) {
+        return false;
+    }
     state.flags |= flags::RX_FROZEN;
     true
 }

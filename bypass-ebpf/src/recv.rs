@@ -122,6 +122,11 @@ fn on_read(sk: *mut c_void, read: i32, flags: i32, last: bool) {
             atomic::load_ordered(addr_of_mut!(state.tcp_total)),
         )
     };
+    // A closed socket's link may be gone, or another connection's already (elements
+    // are reused at once): its counts stay its own, for its read guard.
+    if state.flags & flags::CLOSED != 0 {
+        return;
+    }
     publish(state, ingress_read(total, tcp), last, &r);
 }
 

@@ -17,8 +17,8 @@ use aya_ebpf::{
 use bypass_common::{
     Link, SockState, Stat, control,
     state::{
-        PassReason, caught_up, charge, consumed_messages, link_state, pending, precheck, rx, side,
-        small_stream_step, tcp_run_step, within_limit,
+        PassReason, caught_up, charge, consumed_messages, flags, link_state, pending, precheck, rx,
+        side, small_stream_step, tcp_run_step, within_limit,
     },
     tx_mode,
 };
@@ -68,6 +68,15 @@ fn try_redirect(ctx: &SkMsgContext, size: u64) -> Result<u32, PassReason> {
     // the socket's lock (net/ipv4/tcp_bpf.c, tcp_bpf_sendmsg), so this is its only writer
     // of the fields it writes.
     let state = unsafe { &mut *state };
+    // A socket that has shut its sending side (shutdown(SHUT_WR), close) or closed
+    // sends nothing more by redirect: tcp_bpf_sendmsg does not look at the socket's
+    // state before the verdict, and a redirect would hand its peer bytes after its FIN.
+    // TCP's path gives the application TCP's error (EPIPE).
+    // SAFETY: context field load of the non-null socket.
+    let tcp_state = unsafe { read_volatile(addr_of!((*sk).state)) };
+    if state.flags & flags::CLOSED != 0 || !can_send(tcp_state) {
+        return Err(PassReason::Unpaired);
+    }
     match decide(ctx, sk, state, size) {
         Ok(kind) => {
             if state.tx_mode == tx_mode::TCP {
@@ -87,6 +96,17 @@ fn try_redirect(ctx: &SkMsgContext, size: u64) -> Result<u32, PassReason> {
             Err(reason)
         }
     }
+}
+
+/// `TCP_ESTABLISHED` and `TCP_CLOSE_WAIT` (include/net/tcp_states.h): the states in
+/// which a socket may still send.
+const TCP_ESTABLISHED: u32 = 1;
+const TCP_CLOSE_WAIT: u32 = 8;
+
+/// Whether a socket in `tcp_state` may still send (its sending side is not shut).
+#[inline(always)]
+fn can_send(tcp_state: u32) -> bool {
+    tcp_state == TCP_ESTABLISHED || tcp_state == TCP_CLOSE_WAIT
 }
 
 /// A control word (0 when the slot cannot be read).
@@ -228,8 +248,18 @@ fn checked(
     Ok(link.hop)
 }
 
+/// The [`side`] value of the other end of a socket on `side`.
+#[inline(always)]
+const fn peer_side(side: u32) -> u32 {
+    if side == side::SERVER {
+        side::CLIENT
+    } else {
+        side::SERVER
+    }
+}
+
 /// Counts the message as redirected before it is, then looks again at what the peer's
-/// read guard and a leave write: the add and the guard's or are both fully ordered
+/// read guard, its close and a leave write: the add and the guard's or are both fully ordered
 /// atomics (`bypass_common::state::rx`), so either the guard sees these bytes and
 /// refuses its splice, or this sees the guard's bit and takes TCP. Undone on the way
 /// out.
@@ -251,9 +281,12 @@ fn claim(
         let flags = read_volatile(addr_of!((*ptr).rx_flags[peer]));
         let st = read_volatile(addr_of!((*ptr).state));
         let cookie = read_volatile(addr_of!((*ptr).cookie[me]));
+        // The peer's close or-s its closed bit, then reads this count (sockops.rs,
+        // on_state_change): either it counted these bytes as due to it, or this sees
+        // the bit.
         if now != sent.wrapping_add(size)
             || flags & (rx::TCP_ONLY | rx::OPTION) != 0
-            || st & link_state::LEAVING != 0
+            || st & (link_state::LEAVING | link_state::closed(peer_side(state.side))) != 0
             || cookie != state.cookie
         {
             atomic::sub_u64(addr_of_mut!((*ptr).tx_redir[me]), size);

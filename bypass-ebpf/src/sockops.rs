@@ -88,6 +88,9 @@ pub fn bypass_sockops(ctx: SockOpsContext) -> u32 {
         }
         return 1;
     }
+    if op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB {
+        forget_closed(&ctx);
+    }
     match try_insert(&ctx, op, netns) {
         Ok(()) => stats::add(Stat::SocketsInserted, 1),
         Err(Skip::NotOurs) => {}
@@ -212,7 +215,8 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
     state.tx_mode = tx_mode::UNDECIDED;
     state.small_run = 0;
     state.rx_tcp = u32::from(options_need_tcp(own.rcvlowat, own.peek_off));
-    state.flags &= !flags::RX_FROZEN;
+    state.flags &= !(flags::RX_FROZEN | flags::CLOSED);
+    state.rx_due = 0;
     // Nothing read yet: copied_seq is rcv_nxt.
     state.copied_last = u64::from(rcv_nxt);
     state.tcp_total = 0;
@@ -383,12 +387,37 @@ fn remove_connector(end: &bypass_common::Endpoint, owner: &SockKey) {
     }
 }
 
-/// On the transition to TCP_CLOSE: a connecting socket's connector goes, and the
-/// connection's link records that this side closed; the second side to close removes
-/// it (until then the other side's reads still publish into it, and its read guard
-/// still counts what was redirected to it). The SockHash drops the socket itself
-/// (net/core/sock_map.c, sock_map_unhash), and tcp_set_state runs this callback before
-/// that (net/ipv4/tcp.c), well before the socket is freed.
+/// A socket established again after it closed (connect after a disconnect) is not its
+/// old connection's any more, whether or not it is inserted again: its reads are no
+/// longer counted against that connection, nor guarded by it.
+#[inline(always)]
+fn forget_closed(ctx: &SockOpsContext) {
+    // SAFETY: context field load.
+    let sk = unsafe { read_volatile(addr_of!((*ctx.ops).__bindgen_anon_2.sk)) };
+    if sk.is_null() {
+        return;
+    }
+    // SAFETY: `sk` is this program's context socket, checked non-null above.
+    let Some(state) = (unsafe { sock_state(sk, false) }) else {
+        return;
+    };
+    // SAFETY: non-null storage of this socket, sized for a `SockState`.
+    let state = unsafe { &mut *state };
+    if state.flags & flags::CLOSED != 0 {
+        state.side = side::NONE;
+        state.flags &= !(flags::CLOSED | flags::RX_FROZEN);
+        state.rx_due = 0;
+    }
+}
+
+/// On the transition to TCP_CLOSE: a connecting socket's connector goes, the socket
+/// counts what its peer redirected to it, and the connection's link records that this
+/// side closed; the second side to close removes it. The socket may still be read
+/// (an application holds it until close(2), and a socket that half-closed first
+/// closes on its peer's FIN with its peer's last redirected bytes queued), so it keeps
+/// its side, and its read guard goes by its own counts from now on (guard.rs,
+/// closed_guard). tcp_set_state runs this callback (net/ipv4/tcp.c) well before the
+/// socket is freed.
 // Keys are passed by reference on purpose: by value they would be copied onto the
 // 512-byte BPF stack.
 #[allow(clippy::needless_borrows_for_generic_args)]
@@ -408,26 +437,39 @@ fn on_state_change(ctx: &SockOpsContext) {
     };
     // SAFETY: non-null storage of this socket, sized for a `SockState`.
     let state = unsafe { &mut *state };
-    if state.side == side::NONE {
+    // TCP_CLOSE may be set more than once (tcp_done, then the close of the file).
+    if state.side == side::NONE || state.flags & flags::CLOSED != 0 {
         return;
     }
+    state.flags |= flags::CLOSED;
     if state.side == side::CLIENT {
         remove_connector(&state.key.local_end(), &state.key);
     }
     if let Some(l) = BYPASS_LINKS.get_ptr_mut(&state.link) {
-        // SAFETY: a live map value: its cookie read, its state word or-ed.
+        let me = side::index(state.side);
+        // SAFETY: a live map value: its cookie and the peer's count read, its state word
+        // or-ed.
         unsafe {
-            if read_volatile(addr_of!((*l).cookie[side::index(state.side)])) == state.cookie {
+            if read_volatile(addr_of!((*l).cookie[me])) == state.cookie {
+                // The bit first, then the peer's count, both fully ordered: a send the
+                // peer claims after this sees the bit and takes TCP (skmsg.rs, claim),
+                // one claimed before is counted here. So `rx_due` is every byte that
+                // will ever be redirected to this socket (or more, by a claim undone
+                // after: then the guard refuses, never lets through early).
                 let closed = link_state::closed(state.side);
                 let before = atomic::or_u64(addr_of_mut!((*l).state), closed);
+                state.rx_due =
+                    atomic::load_ordered(addr_of_mut!((*l).tx_redir[side::peer_index(state.side)]));
                 if (before | closed) & link_state::BOTH_CLOSED == link_state::BOTH_CLOSED {
                     let _ = BYPASS_LINKS.remove(&state.link);
                 }
             }
         }
     }
-    // Freed with the socket; until then, no longer an inserted socket.
-    state.side = side::NONE;
+    // Freed with the socket. Until then it keeps its side: an application may still
+    // read it (a socket that half-closed first closes on its peer's FIN, with the peer's
+    // last redirected bytes still in its ingress queue), and the read guard and the
+    // read accounting must still see it.
 }
 
 /// Whether `ip` is a pod address: in the exact map, or inside a pod CIDR and not an

@@ -111,7 +111,7 @@ fn check(ctx: &SockoptContext) -> i32 {
         }
         return 1;
     }
-    if ulp || state.side == side::NONE {
+    if ulp || state.side == side::NONE || state.flags & flags::CLOSED != 0 {
         return 1;
     }
     let Some(value) = int_value(ctx) else {

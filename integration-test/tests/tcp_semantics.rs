@@ -91,6 +91,12 @@ fn splice_read_guarded_or_known_difference() -> Result<()> {
 }
 
 #[test]
+fn splice_after_close_guarded_or_known_difference() -> Result<()> {
+    privileged!("splice_after_close_guarded_or_known_difference");
+    reading::splice_after_close_guarded_or_known_difference()
+}
+
+#[test]
 fn msg_oob_is_not_urgent_known_difference() -> Result<()> {
     privileged!("msg_oob_is_not_urgent_known_difference");
     reading::msg_oob_is_not_urgent_known_difference()

@@ -215,6 +215,27 @@ fn ingress_reads_are_total_reads_less_tcp_reads() {
 }
 
 #[test]
+fn a_closed_socket_is_drained_when_it_read_what_was_due() {
+    assert!(closed_drained(0, 0, 0), "nothing was ever redirected to it");
+    assert!(
+        closed_drained(1000, 1500, 500),
+        "1000 from the ingress queue, 500 by TCP"
+    );
+    assert!(
+        !closed_drained(1000, 1400, 500),
+        "100 redirected bytes still queued: the guard keeps refusing"
+    );
+    assert!(
+        !closed_drained(1000, 400, 500),
+        "a TCP read counted before its bytes: not drained, never early"
+    );
+    assert!(
+        closed_drained(0, 4096, 0),
+        "never paired, read past a count that lags: nothing was due"
+    );
+}
+
+#[test]
 fn tcp_read_steps_wrap_and_never_go_back() {
     assert_eq!(tcp_read_step(1030, 1000), 30);
     assert_eq!(tcp_read_step(10, u32::MAX - 19), 30, "sequence wrap");

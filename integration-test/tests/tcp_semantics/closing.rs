@@ -16,7 +16,13 @@ pub fn half_close_both_ways_with_data_flowing_back() -> Result<()> {
     same(
         &tcp,
         &bypass,
-        &["sent", "received", "ok", "write_after_shutdown"],
+        &[
+            "sent",
+            "received",
+            "ok",
+            "write_right_after_shutdown",
+            "write_after_shutdown",
+        ],
         &["sent", "received", "ok", "read_after_eof"],
     )?;
     ensure!(

@@ -136,6 +136,48 @@ pub fn splice_read_guarded_or_known_difference() -> Result<()> {
     Ok(())
 }
 
+/// A socket that half-closed first closes when its peer's FIN comes (FIN_WAIT2, then
+/// TIME_WAIT: TCP_CLOSE while the application still holds it), with its peer's last
+/// redirected bytes still in its ingress queue: the guard must still refuse a splice
+/// of it, or the splice reads the empty TCP queue and returns end of file (HAProxy
+/// with `option splice-auto` lost stream tails so).
+pub fn splice_after_close_guarded_or_known_difference() -> Result<()> {
+    let pods = two_pods()?;
+    // What TCP's receive queue takes unread (the reader reads only once closed).
+    const BYTES: u64 = 32 << 10;
+    let args = ["--case", "splice-after-close", "--bytes", "32K"];
+    let (tcp, bypass) = both(&pods, 5481, &args)?;
+    ensure!(
+        tcp.server["ok"] == true
+            && num(&tcp.server, "received") == BYTES
+            && tcp.server["closed_before_reading"] == true,
+        "{:?}",
+        tcp.server
+    );
+    ensure!(
+        redirected(&bypass) >= BYTES,
+        "the bytes did not wait in the ingress queue, so this shows nothing: {:?}",
+        bypass.grew
+    );
+    if testbed::kernel_probe()?.read_guard {
+        ensure!(
+            bypass.server["ok"] == true
+                && num(&bypass.server, "received") == BYTES
+                && bypass.server["refused"] == true,
+            "a closed socket's splice was not refused while redirected bytes waited: {:?}",
+            bypass.server
+        );
+        return Ok(());
+    }
+    // No read guard: as in `splice_read_guarded_or_known_difference`.
+    ensure!(
+        num(&bypass.server, "received") < BYTES,
+        "splice read every redirected byte: the kernel changed, update the README: {:?}",
+        bypass.server
+    );
+    Ok(())
+}
+
 pub fn msg_oob_is_not_urgent_known_difference() -> Result<()> {
     let pods = two_pods()?;
     // The probe writes at once: a write that races the end of the handshake takes TCP

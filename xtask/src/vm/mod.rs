@@ -422,6 +422,8 @@ fn boot(
 /// testbed's tools they run beside them (the guest sees the host's target directory).
 fn test_binaries(tools: &Tools) -> Result<Vec<(String, String)>> {
     build::build_test_tools(tools, false)?;
+    // The apps suite's programs too: a guest runs what the host last built.
+    crate::apps::build("debug")?;
     let mut cargo = tools.cargo()?;
     cargo.args([
         "test",

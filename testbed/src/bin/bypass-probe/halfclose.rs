@@ -41,11 +41,18 @@ pub fn server(s: TcpStream, c: &Common) -> Result<Value> {
 pub fn client(mut s: TcpStream, c: &Common) -> Result<Value> {
     let sent = send_pattern(&mut s, c.bytes, 64 * 1024, 0, Direction::ClientToServer, 0)?;
     s.shutdown(Shutdown::Write)?;
+    // At once, while the server still reads and sends: TCP refuses (EPIPE), and no
+    // byte may reach the server after the FIN.
+    let write_now = match s.write(b"x") {
+        Ok(n) => format!("wrote {n}"),
+        Err(e) => errno_name(&e),
+    };
     let r = drain(&mut s, 65536, 0, Direction::ServerToClient, 0)?;
     let write = match s.write(b"x") {
         Ok(n) => format!("wrote {n}"),
         Err(e) => errno_name(&e),
     };
     Ok(json!({"sent": sent, "received": r.bytes, "ok": r.ok,
+        "write_right_after_shutdown": write_now,
         "write_after_shutdown": write, "spurious_eagain": r.spurious}))
 }

@@ -77,6 +77,9 @@ enum Case {
     SpliceSend,
     /// The server reads with splice(2) into a pipe.
     SpliceRecv,
+    /// The server half-closes, the client sends --bytes and closes, and the server,
+    /// its socket closed with the bytes unread, reads with splice(2).
+    SpliceAfterClose,
     /// MSG_OOB: one urgent byte between normal data.
     Oob,
     /// --connections connections, --concurrency at a time; both sides write --bytes
@@ -275,6 +278,7 @@ fn server(listen: SocketAddr, ready: Option<PathBuf>, c: &Common) -> Result<Valu
         Case::SpliceSend => splice::send_server(s, c),
         Case::Oob => oob::server(s),
         Case::SpliceRecv => splice::recv_server(s),
+        Case::SpliceAfterClose => splice::recv_after_close_server(s),
         Case::Hold | Case::ConnectWrite => trust::hold_server(s, &c.steps()),
         Case::Forge => handshake::push_server(s, &c.steps()),
         Case::WaitallAfterBound => trust::waitall_server(s, &c.steps()),
@@ -323,6 +327,7 @@ fn client(connect: SocketAddr, c: &Common) -> Result<Value> {
         Case::Sendfile => sendfile::client(&s, c),
         Case::SpliceSend => splice::send_client(&s, c),
         Case::SpliceRecv => splice::recv_client(s, c),
+        Case::SpliceAfterClose => splice::recv_after_close_client(s, c),
         Case::Oob => oob::client(s),
         Case::Hold => trust::hold_client(s, &c.steps()),
         Case::Forge => handshake::forge_victim(s, &c.steps()),

@@ -1,8 +1,11 @@
 //! `splice-send`: the client moves bytes from a pipe with splice(2). `splice-recv`: the
-//! server reads with splice(2) into a pipe.
+//! server reads with splice(2) into a pipe. `splice-after-close`: the same, once the
+//! server's socket has closed with the bytes still unread (it half-closed first, then
+//! the client sent and closed: FIN_WAIT2, then TIME_WAIT, TCP_CLOSE).
 
 use std::{
     net::{Shutdown, TcpStream},
+    os::fd::AsRawFd as _,
     time::{Duration, Instant},
 };
 
@@ -132,4 +135,57 @@ pub fn recv_client(mut s: TcpStream, c: &Common) -> Result<Value> {
     s.shutdown(Shutdown::Write)?;
     let _ = wait_closed(&mut s);
     Ok(json!({"sent": sent}))
+}
+
+/// `TCP_CLOSE` (include/net/tcp_states.h), as `tcp_info.tcpi_state` reports it.
+const TCP_CLOSE: u8 = 7;
+
+/// splice-after-close's server: half-closes, waits until its socket has closed (the
+/// client's FIN after its bytes), then reads as splice-recv does.
+pub fn recv_after_close_server(s: TcpStream) -> Result<Value> {
+    s.shutdown(Shutdown::Write)?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let state = tcp_state(&s)?;
+        if state == TCP_CLOSE {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("the socket never closed (state {state}): the client's FIN did not come");
+        }
+        sleep_ms(5);
+    }
+    let mut out = recv_server(s)?;
+    out["closed_before_reading"] = json!(true);
+    Ok(out)
+}
+
+/// splice-after-close's client: waits for the server's half-close, sends --bytes,
+/// half-closes.
+pub fn recv_after_close_client(mut s: TcpStream, c: &Common) -> Result<Value> {
+    wait_closed(&mut s)?;
+    let sent = send_pattern(&mut s, c.bytes, 64 * 1024, 0, Direction::ClientToServer, 0)?;
+    s.shutdown(Shutdown::Write)?;
+    Ok(json!({"sent": sent}))
+}
+
+/// The socket's TCP state (`TCP_INFO`).
+fn tcp_state(s: &TcpStream) -> Result<u8> {
+    // SAFETY: `tcp_info` is plain old data; the kernel fills at most `len` bytes.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: a valid socket, a buffer of `len` bytes.
+    let rc = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&raw mut info).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error()).context("getsockopt(TCP_INFO)");
+    }
+    Ok(info.tcpi_state)
 }

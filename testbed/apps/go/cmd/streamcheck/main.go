@@ -170,7 +170,8 @@ func checkEcho(c *net.TCPConn, stream uint64, cfg *config) (int64, error) {
 		}
 		_, _ = gen.Read(want[:n])
 		if i := firstDiff(buf[:n], want[:n]); i >= 0 {
-			return got, fmt.Errorf("byte %d differs (%#x, sent %#x)", got+int64(i), buf[i], want[i])
+			return got, fmt.Errorf("byte %d differs (%#x, sent %#x; %s)", got+int64(i), buf[i], want[i],
+				locate(stream, cfg, buf[i:n]))
 		}
 		got += int64(n)
 		switch {
@@ -184,6 +185,22 @@ func checkEcho(c *net.TCPConn, stream uint64, cfg *config) (int64, error) {
 			return got, fmt.Errorf("%v after %d of %d bytes back", err, got, cfg.size)
 		}
 	}
+}
+
+// locate says where in the sent stream the bytes that came back instead (`wrong`, at
+// least their first 64) were sent: a skip or a repeat shows as another offset, bytes
+// from no offset of the stream as such.
+func locate(stream uint64, cfg *config, wrong []byte) string {
+	probe := wrong[:min(len(wrong), 64)]
+	if len(probe) < 16 {
+		return "too few bytes to place"
+	}
+	all := pattern.Bytes(cfg.seed, stream, int(cfg.size))
+	at := bytes.Index(all, probe)
+	if at < 0 {
+		return "they are from no offset of the stream sent"
+	}
+	return fmt.Sprintf("they were sent at offset %d", at)
 }
 
 func firstDiff(a, b []byte) int {
