@@ -29,7 +29,7 @@ use aya_ebpf::{
     programs::SockOpsContext,
 };
 use bypass_common::{
-    Connector, IpKey, SockKey, Stat,
+    Connector, IpKey, SockKey, SockState, Stat,
     addr::{is_loopback, key_bytes},
     control,
     state::{flags, hop, is_other_end, link_state, options_need_tcp, rx, side},
@@ -387,22 +387,28 @@ fn remove_connector(end: &bypass_common::Endpoint, owner: &SockKey) {
     }
 }
 
+/// The storage of the program's socket, if it has any.
+#[inline(always)]
+fn existing_state(ctx: &SockOpsContext) -> Option<&'static mut SockState> {
+    // SAFETY: context field load.
+    let sk = unsafe { read_volatile(addr_of!((*ctx.ops).__bindgen_anon_2.sk)) };
+    if sk.is_null() {
+        return None;
+    }
+    // SAFETY: `sk` is this program's context socket, checked non-null above.
+    let state = unsafe { sock_state(sk, false) }?;
+    // SAFETY: non-null storage of this socket, sized for a `SockState`.
+    Some(unsafe { &mut *state })
+}
+
 /// A socket established again after it closed (connect after a disconnect) is not its
 /// old connection's any more, whether or not it is inserted again: its reads are no
 /// longer counted against that connection, nor guarded by it.
 #[inline(always)]
 fn forget_closed(ctx: &SockOpsContext) {
-    // SAFETY: context field load.
-    let sk = unsafe { read_volatile(addr_of!((*ctx.ops).__bindgen_anon_2.sk)) };
-    if sk.is_null() {
-        return;
-    }
-    // SAFETY: `sk` is this program's context socket, checked non-null above.
-    let Some(state) = (unsafe { sock_state(sk, false) }) else {
+    let Some(state) = existing_state(ctx) else {
         return;
     };
-    // SAFETY: non-null storage of this socket, sized for a `SockState`.
-    let state = unsafe { &mut *state };
     if state.flags & flags::CLOSED != 0 {
         state.side = side::NONE;
         state.flags &= !(flags::CLOSED | flags::RX_FROZEN);
@@ -426,17 +432,9 @@ fn on_state_change(ctx: &SockOpsContext) {
     if ctx.arg(1) != BPF_TCP_CLOSE {
         return;
     }
-    // SAFETY: context field load.
-    let sk = unsafe { read_volatile(addr_of!((*ctx.ops).__bindgen_anon_2.sk)) };
-    if sk.is_null() {
-        return;
-    }
-    // SAFETY: `sk` is this program's context socket, checked non-null above.
-    let Some(state) = (unsafe { sock_state(sk, false) }) else {
+    let Some(state) = existing_state(ctx) else {
         return;
     };
-    // SAFETY: non-null storage of this socket, sized for a `SockState`.
-    let state = unsafe { &mut *state };
     // TCP_CLOSE may be set more than once (tcp_done, then the close of the file).
     if state.side == side::NONE || state.flags & flags::CLOSED != 0 {
         return;
