@@ -40,6 +40,12 @@ pub mod side {
     pub const fn peer_index(side: u32) -> usize {
         if side == SERVER { 0 } else { 1 }
     }
+
+    /// The side of the other end of a socket on `side`.
+    #[inline(always)]
+    pub const fn peer(side: u32) -> u32 {
+        if side == SERVER { CLIENT } else { SERVER }
+    }
 }
 
 /// The storage value of one socket.
@@ -573,12 +579,7 @@ pub const fn precheck(enabled: bool, link: Option<&Link>, state: &SockState) -> 
         return Some(PassReason::Leaving);
     }
     let peer = side::peer_index(state.side);
-    let peer_side = if state.side == side::SERVER {
-        side::CLIENT
-    } else {
-        side::SERVER
-    };
-    if link.state & link_state::closed(peer_side) != 0 {
+    if link.state & link_state::closed(side::peer(state.side)) != 0 {
         return Some(PassReason::PeerClosed);
     }
     let flags = link.rx_flags[peer];

@@ -204,9 +204,6 @@ fn apply(f: *mut file) -> i32 {
 
 /// Records that the socket with `state` reads only its TCP queue (`bit`); whether the
 /// call may go on: nothing redirected to it is unread or on its way.
-// Keys are passed by reference on purpose: by value they would be copied onto the
-// 512-byte BPF stack.
-#[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
 fn guard(state: &mut SockState, bit: u64) -> bool {
     if state.flags & flags::CLOSED != 0 {
@@ -215,9 +212,7 @@ fn guard(state: &mut SockState, bit: u64) -> bool {
         // connection's already.
         return closed_guard(state);
     }
-    let me = side::index(state.side);
-    let found = BYPASS_LINKS.get_ptr_mut(&state.link);
-    let ptr = match found {
+    let ptr = match BYPASS_LINKS.get_ptr_mut(&state.link) {
         Some(ptr) => ptr,
         None => {
             // Not paired yet: the connector tells the accepting side that this socket
@@ -232,6 +227,7 @@ fn guard(state: &mut SockState, bit: u64) -> bool {
             }
         }
     };
+    let me = side::index(state.side);
     let peer = side::peer_index(state.side);
     // SAFETY: a live map value; this side's flags (or-ed, fully ordered) and the two
     // counters read after it (see `bypass_common::state::rx`).

@@ -17,8 +17,8 @@ use aya_ebpf::{
 use bypass_common::{
     Link, SockState, Stat, control,
     state::{
-        PassReason, caught_up, charge, consumed_messages, flags, link_state, pending, precheck, rx,
-        side, small_stream_step, tcp_run_step, within_limit,
+        PassReason, caught_up, charge, consumed_messages, link_state, pending, precheck, rx, side,
+        small_stream_step, tcp_run_step, within_limit,
     },
     tx_mode,
 };
@@ -69,12 +69,12 @@ fn try_redirect(ctx: &SkMsgContext, size: u64) -> Result<u32, PassReason> {
     // of the fields it writes.
     let state = unsafe { &mut *state };
     // A socket that has shut its sending side (shutdown(SHUT_WR), close) or closed
-    // sends nothing more by redirect: tcp_bpf_sendmsg does not look at the socket's
-    // state before the verdict, and a redirect would hand its peer bytes after its FIN.
-    // TCP's path gives the application TCP's error (EPIPE).
+    // (`flags::CLOSED`: TCP_CLOSE) sends nothing more by redirect: tcp_bpf_sendmsg does
+    // not look at the socket's state before the verdict, and a redirect would hand its
+    // peer bytes after its FIN. TCP's path gives the application TCP's error (EPIPE).
     // SAFETY: context field load of the non-null socket.
     let tcp_state = unsafe { read_volatile(addr_of!((*sk).state)) };
-    if state.flags & flags::CLOSED != 0 || !can_send(tcp_state) {
+    if !can_send(tcp_state) {
         return Err(PassReason::Unpaired);
     }
     match decide(ctx, sk, state, size) {
@@ -248,16 +248,6 @@ fn checked(
     Ok(link.hop)
 }
 
-/// The [`side`] value of the other end of a socket on `side`.
-#[inline(always)]
-const fn peer_side(side: u32) -> u32 {
-    if side == side::SERVER {
-        side::CLIENT
-    } else {
-        side::SERVER
-    }
-}
-
 /// Counts the message as redirected before it is, then looks again at what the peer's
 /// read guard, its close and a leave write: the add and the guard's or are both fully ordered
 /// atomics (`bypass_common::state::rx`), so either the guard sees these bytes and
@@ -286,7 +276,7 @@ fn claim(
         // the bit.
         if now != sent.wrapping_add(size)
             || flags & (rx::TCP_ONLY | rx::OPTION) != 0
-            || st & (link_state::LEAVING | link_state::closed(peer_side(state.side))) != 0
+            || st & (link_state::LEAVING | link_state::closed(side::peer(state.side))) != 0
             || cookie != state.cookie
         {
             atomic::sub_u64(addr_of_mut!((*ptr).tx_redir[me]), size);

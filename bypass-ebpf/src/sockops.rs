@@ -215,8 +215,7 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
     state.tx_mode = tx_mode::UNDECIDED;
     state.small_run = 0;
     state.rx_tcp = u32::from(options_need_tcp(own.rcvlowat, own.peek_off));
-    state.flags &= !(flags::RX_FROZEN | flags::CLOSED);
-    state.rx_due = 0;
+    state.flags &= !flags::RX_FROZEN;
     // Nothing read yet: copied_seq is rcv_nxt.
     state.copied_last = u64::from(rcv_nxt);
     state.tcp_total = 0;
