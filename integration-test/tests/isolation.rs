@@ -359,6 +359,120 @@ fn forged_repair_socket_cannot_pose_as_a_pods_client() -> Result<()> {
     Ok(())
 }
 
+/// Another pod forges the victim client's end with a handshake of its own, so that it
+/// is established by a real SYN-ACK: in a user and network namespace it makes itself
+/// (`CAP_NET_ADMIN` and `CAP_NET_RAW` there, root mapped to an unprivileged uid, what a
+/// pod gets with user namespaces), holding copies of the victim pods' addresses, it
+/// presets its initial sequence number to the victim client's (`TCP_REPAIR` on the
+/// unconnected socket), binds the client's address and port, connects, and answers its
+/// own SYN with a SYN-ACK crafted as the victim server's. As in
+/// [`forged_repair_socket_cannot_pose_as_a_pods_client`], the victim server's handshake
+/// is held open until the forgery exists; the victim client must still get every byte
+/// the server sends, redirected, and the forger must read nothing.
+#[test]
+fn forged_handshake_cannot_pose_as_a_pods_client() -> Result<()> {
+    privileged!(
+        "forged_handshake_cannot_pose_as_a_pods_client",
+        testbed::require::preflight_iptables
+    );
+    let pods = two_pods()?;
+    let agent = agent_with(&pods, &[])?;
+    let port = 5615u16;
+    let server_end = pods.b.v4_addr(port);
+    let client_end = SocketAddr::new(IpAddr::V4(pods.a.ipv4()), port + 30_000);
+    let steps = Steps::new(&pods, "forge-handshake")?;
+    // The forger writes its mark as its unprivileged outside uid.
+    steps.open_to_all()?;
+    // In the pods' cgroup, so the programs see its sockets; it leaves the host's
+    // network namespace for its own before it makes any.
+    let x = pods.host_network("forger")?;
+    // The handshake's last ACK (flags ACK alone) to the server port is dropped: the
+    // client is established, the server waits in SYN_RECV and sends its SYN-ACK again.
+    let port_arg = port.to_string();
+    let held = iptables::insert(
+        pods.b.netns(),
+        iptables::Family::V4,
+        &[
+            "INPUT",
+            "-p",
+            "tcp",
+            "--dport",
+            &port_arg,
+            "--tcp-flags",
+            "SYN,ACK,FIN,RST",
+            "ACK",
+            "-j",
+            "DROP",
+        ],
+    )?;
+    let before = agent.stats()?;
+    let server = ProbeServer::start(
+        &pods.b,
+        server_end,
+        &strings(&["--case", "forge", "--bytes", "1M"]),
+    )?;
+    let victim = spawn_probe_client(
+        &pods.a,
+        server_end,
+        &strings(&[
+            "--case",
+            "forge",
+            "--bytes",
+            "1M",
+            "--bind",
+            &client_end.to_string(),
+            "--mark-file",
+            &steps.arg("seq"),
+        ]),
+    )?;
+    let forger = spawn_probe_client(
+        &x,
+        server_end,
+        &strings(&[
+            "--case",
+            "forge-handshake",
+            "--bind",
+            &client_end.to_string(),
+            "--go-file",
+            &steps.arg("seq"),
+            "--mark-file",
+            &steps.arg("forged"),
+            "--wait-file",
+            &steps.arg("victim-done"),
+        ]),
+    )?;
+    let forged = steps.wait("forged");
+    held.remove()?;
+    forged?;
+    // The server sends everything (redirected or not) before its FIN, which the victim
+    // reads last: once the victim is done, all the forger could get is queued to it.
+    let v = probe_report(victim)?;
+    steps.touch("victim-done")?;
+    let f = probe_report(forger)?;
+    let s = server.wait()?;
+    let after = agent.stats()?;
+    eprintln!(
+        "victim {v}, forger {f}, server {s}; inserted +{}, paired +{}, redirected +{} B",
+        grew(&before, &after, |s| s.counters.sockets_inserted),
+        grew(&before, &after, |s| s.counters.paired_pod),
+        grew(&before, &after, |s| s.counters.redirected_bytes)
+    );
+    ensure!(
+        num(&f, "received") == 0,
+        "the forged socket read the victim server's bytes: {f}"
+    );
+    ensure!(
+        v["ok"] == true && num(&v, "received") == 1 << 20,
+        "the victim client lost bytes: {v}"
+    );
+    ensure!(
+        grew(&before, &after, |s| s.counters.paired_pod) == 1
+            && grew(&before, &after, |s| s.counters.redirected_bytes) >= 1 << 20,
+        "the victim's connection was not paired and redirected: {after:?}"
+    );
+    Ok(())
+}
+
 /// With bridge, flannel or kubenet CNIs the node's gateway address (the bridge's) lies
 /// inside the pod CIDR. A host process (a kubelet probe, a hostNetwork pod) that talks
 /// to a pod from that address must not make the host's network namespace look like a

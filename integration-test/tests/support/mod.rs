@@ -283,6 +283,14 @@ impl Steps {
         self.file(name).display().to_string()
     }
 
+    /// Lets every user create step files here (mode 1777, as /tmp): for a tool that
+    /// runs as an unprivileged uid outside its own user namespace.
+    pub fn open_to_all(&self) -> Result<()> {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o1777))
+            .with_context(|| format!("chmod {}", self.dir.display()))
+    }
+
     pub fn touch(&self, name: &str) -> Result<()> {
         std::fs::write(self.file(name), b"").context("touch")
     }

@@ -1,8 +1,9 @@
 //! Cases that act while a connection is being established: a `write` that blocks
-//! inside plain `tcp_sendmsg` until the handshake ends (so past sk_msg), and a socket
-//! forged with `TCP_REPAIR` from another connection's sequence numbers, established
-//! without a packet. The test holds the handshake open with an iptables rule in the
-//! server's namespace and steps the sides through files.
+//! inside plain `tcp_sendmsg` until the handshake ends (so past sk_msg), and a pod's
+//! client end forged from another connection's sequence numbers: with `TCP_REPAIR`,
+//! established without a packet, or by a handshake of its own answered with a crafted
+//! SYN-ACK. The test holds the handshake open with an iptables rule in the server's
+//! namespace and steps the sides through files.
 
 use std::{
     fmt::Debug,
@@ -12,16 +13,21 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result, bail, ensure};
 use nix::{
-    getsockopt_impl, setsockopt_impl, sockopt_impl,
+    getsockopt_impl,
+    poll::{PollFd, PollFlags, PollTimeout, poll},
+    setsockopt_impl, sockopt_impl,
     sys::socket::{SetSockOpt, getsockopt, setsockopt},
 };
 use serde_json::{Value, json};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use testbed::peer::pattern::{Direction, Pattern, Verifier};
 
-use crate::trust::{Steps, wait_file};
+use crate::{
+    forger,
+    trust::{Steps, wait_file},
+};
 
 // include/uapi/linux/tcp.h. nix has only TCP_REPAIR, as a u32 (leaving repair mode
 // passes -1): all three declared with nix's own macro, as nix declares its options.
@@ -203,4 +209,93 @@ pub fn forge_attacker(connect: SocketAddr, bind: SocketAddr, st: &Steps<'_>) -> 
         }
     }
     Ok(json!({"received": received}))
+}
+
+/// forge-handshake, client only (the attacker): the victim client's end forged with a
+/// handshake of its own, so that it is established by a real SYN-ACK. In a user and
+/// network namespace of its own ([`forger::enter_own_namespaces`]) holding the victim
+/// client's address (`bind`), with the victim server's (`connect`) routed away, it
+/// waits for the victim's `"snd rcv"` in the go file (its `snd_nxt` and `rcv_nxt`
+/// once established: each side's initial sequence number plus one, for its SYN), presets
+/// its own initial sequence number to the victim client's through `TCP_REPAIR` on the
+/// unconnected socket, connects, and answers its own SYN with a SYN-ACK crafted as the
+/// victim server's (its initial sequence number, acknowledging ours). Once connected,
+/// mark, then read until the wait file exists and nothing more is queued.
+pub fn forge_handshake(connect: SocketAddr, bind: SocketAddr, st: &Steps<'_>) -> Result<Value> {
+    let (SocketAddr::V4(server), SocketAddr::V4(client)) = (connect, bind) else {
+        bail!("forge-handshake is IPv4 only: {connect} from {bind}");
+    };
+    let go = st.go.context("forge-handshake needs --go-file")?;
+    let stop = st.wait.context("forge-handshake needs --wait-file")?;
+    forger::enter_own_namespaces()?;
+    forger::configure_network(*client.ip(), *server.ip())?;
+    wait_file(go)?;
+    let text = std::fs::read_to_string(go).context("read the sequence numbers")?;
+    let mut it = text.split_whitespace().map(str::parse::<u32>);
+    let (Some(Ok(snd)), Some(Ok(rcv))) = (it.next(), it.next()) else {
+        bail!("bad sequence numbers {text:?}");
+    };
+    let (client_isn, server_isn) = (snd.wrapping_sub(1), rcv.wrapping_sub(1));
+
+    let s = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
+    // On a closed socket the send queue's sequence is `write_seq`, which connect keeps
+    // as the initial sequence number when it is set (net/ipv4/tcp.c, tcp_setsockopt;
+    // net/ipv4/tcp_ipv4.c, tcp_v4_connect). Repair is off again before connecting, so
+    // the connect is an ordinary one.
+    set(&s, Repair, &1)?;
+    set(&s, RepairQueue, &TCP_SEND_QUEUE)?;
+    set(&s, QueueSeq, &client_isn)?;
+    set(&s, Repair, &REPAIR_OFF_NO_WP)?;
+    s.bind(&SockAddr::from(bind))
+        .with_context(|| format!("bind {bind}"))?;
+    s.set_nonblocking(true)?;
+    match s.connect(&SockAddr::from(connect)) {
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+        Ok(()) => bail!("connected at once to {connect}: it should be unreachable here"),
+        Err(e) => return Err(e).with_context(|| format!("connect {connect}")),
+    }
+    let packet = forger::syn_ack(server, client, server_isn, snd);
+    forger::send_raw(&packet, *client.ip())?;
+    let mut fds = [PollFd::new(s.as_fd(), PollFlags::POLLOUT)];
+    let ready = poll(&mut fds, PollTimeout::from(10_000u16)).context("poll")?;
+    ensure!(
+        ready == 1,
+        "the crafted SYN-ACK did not establish the socket"
+    );
+    if let Some(e) = s.take_error()? {
+        return Err(e).context("connect with the crafted SYN-ACK");
+    }
+    if let Some(m) = st.mark {
+        std::fs::write(m, b"").with_context(|| format!("write {}", m.display()))?;
+    }
+
+    let mut s: TcpStream = s.into();
+    s.set_nonblocking(false)?;
+    s.set_read_timeout(Some(Duration::from_millis(100)))?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut received = 0u64;
+    loop {
+        // Read on until a read finds nothing after the stop file appeared: whatever
+        // was queued before it has been read.
+        let stopping = stop.exists();
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => received += n as u64,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {
+                if stopping {
+                    break;
+                }
+                ensure!(
+                    Instant::now() < deadline,
+                    "{} did not appear within 60 s",
+                    stop.display()
+                );
+            }
+            Err(e) => {
+                return Ok(json!({"received": received, "error": e.to_string()}));
+            }
+        }
+    }
+    Ok(json!({"received": received, "isn": client_isn, "server_isn": server_isn}))
 }

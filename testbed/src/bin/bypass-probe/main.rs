@@ -21,6 +21,7 @@ mod duplex;
 mod epoll;
 mod fionread;
 mod flood;
+mod forger;
 mod halfclose;
 mod handshake;
 mod leave;
@@ -114,6 +115,11 @@ enum Case {
     /// Client only (the attacker): a TCP_REPAIR socket from --bind to --connect with
     /// the sequence numbers in --go-file, --mark-file, then reads for 3 s.
     ForgeAttacker,
+    /// Client only (the attacker): in a user and network namespace of its own, a
+    /// socket bound to --bind with the initial sequence number of the victim in
+    /// --go-file, connected to --connect and answered by a SYN-ACK it crafts;
+    /// --mark-file, then reads until --wait-file exists.
+    ForgeHandshake,
     /// A small-message stream that leaves the SockHash (see `leave.rs`).
     SmallLeave,
     /// Client: SO_ZEROCOPY (before connecting, or after with --zerocopy-after) and
@@ -167,7 +173,8 @@ struct Common {
     /// hold, waitall: create this file at the case's point.
     #[arg(long)]
     mark_file: Option<PathBuf>,
-    /// waitall: the server waits for this file before reading.
+    /// waitall: the server waits for this file before reading; forge-handshake: the
+    /// attacker reads until it exists.
     #[arg(long)]
     wait_file: Option<PathBuf>,
     /// Client: bind to this address and port before connecting.
@@ -287,7 +294,9 @@ fn server(listen: SocketAddr, ready: Option<PathBuf>, c: &Common) -> Result<Valu
         Case::Sockopts => trust::drain_server(s),
         Case::SmallLeave => leave::server(s, &c.steps()),
         Case::Zerocopy => zerocopy::server(s, c),
-        Case::Burst | Case::Tfo | Case::Mptcp | Case::ForgeAttacker => unreachable_case(),
+        Case::Burst | Case::Tfo | Case::Mptcp | Case::ForgeAttacker | Case::ForgeHandshake => {
+            unreachable_case()
+        }
     }
 }
 
@@ -308,6 +317,10 @@ fn client(connect: SocketAddr, c: &Common) -> Result<Value> {
         Case::ForgeAttacker => {
             let bind = c.bind.context("forge-attacker needs --bind")?;
             return handshake::forge_attacker(connect, bind, &c.steps());
+        }
+        Case::ForgeHandshake => {
+            let bind = c.bind.context("forge-handshake needs --bind")?;
+            return handshake::forge_handshake(connect, bind, &c.steps());
         }
         _ => {}
     }
@@ -341,6 +354,7 @@ fn client(connect: SocketAddr, c: &Common) -> Result<Value> {
         | Case::Mptcp
         | Case::ConnectWrite
         | Case::ForgeAttacker
+        | Case::ForgeHandshake
         | Case::Zerocopy => unreachable_case(),
     }
 }
