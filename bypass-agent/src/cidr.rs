@@ -1,6 +1,10 @@
 //! Pod CIDRs: parsing and validation (pure), and their form as LPM trie keys.
 
-use std::{fmt, net::IpAddr, str::FromStr};
+use std::{
+    fmt,
+    net::{IpAddr, Ipv6Addr},
+    str::FromStr,
+};
 
 use bypass_common::addr::{ip_key, key_bytes, trie_prefix_len};
 
@@ -39,7 +43,14 @@ pub enum CidrError {
 }
 
 impl PodCidr {
-    /// Builds a CIDR, rejecting host bits.
+    /// Builds a CIDR, rejecting host bits. An IPv6 network inside the IPv4-mapped range
+    /// (`::ffff:0:0/96`, prefix 96 or more) is the IPv4 network it maps
+    /// (`::ffff:10.0.0.0/104` is `10.0.0.0/8`): the trie keys IPv4 in that mapped form,
+    /// so both spellings are one key, and the CIDR read back from the trie
+    /// ([`PodCidr::from_trie_key`]) must equal the one written. A network with a
+    /// shorter prefix never has a mapped address once its host bits are zero (the
+    /// `ffff` lies past its prefix); it stays IPv6, and where it contains the mapped
+    /// range (`::/80`, `::/0`) it covers every IPv4 address too, as the trie sees them.
     pub fn new(addr: IpAddr, prefix: u8) -> Result<Self, CidrError> {
         let max = if addr.is_ipv4() { 32 } else { 128 };
         let input = format!("{addr}/{prefix}");
@@ -53,7 +64,16 @@ impl PodCidr {
                 canonical: format!("{masked}/{prefix}"),
             });
         }
-        Ok(Self { addr, prefix })
+        Ok(match addr {
+            IpAddr::V6(v6) if prefix >= 96 => match v6.to_ipv4_mapped() {
+                Some(v4) => Self {
+                    addr: IpAddr::V4(v4),
+                    prefix: prefix - 96,
+                },
+                None => Self { addr, prefix },
+            },
+            _ => Self { addr, prefix },
+        })
     }
 
     /// `(prefix length, bytes)` of the LPM trie key.
@@ -62,6 +82,12 @@ impl PodCidr {
             trie_prefix_len(self.addr.is_ipv4(), self.prefix),
             key_bytes(ip_key(self.addr)),
         )
+    }
+
+    /// The CIDR of an LPM trie key, the inverse of [`PodCidr::trie_key`]; `None` for a
+    /// key no CIDR makes (a prefix over 128, bits set past it).
+    pub fn from_trie_key(len: u32, bytes: [u8; 16]) -> Option<Self> {
+        Self::new(IpAddr::V6(Ipv6Addr::from(bytes)), u8::try_from(len).ok()?).ok()
     }
 }
 
@@ -151,6 +177,57 @@ mod tests {
         assert_eq!("0.0.0.0/0".parse::<PodCidr>().unwrap().trie_key().0, 96);
         assert_eq!("10.0.0.1/32".parse::<PodCidr>().unwrap().trie_key().0, 128);
         assert_eq!("::/0".parse::<PodCidr>().unwrap().trie_key().0, 0);
+    }
+
+    #[test]
+    fn mapped_networks_are_ipv4() {
+        for (mapped, v4) in [
+            ("::ffff:10.0.0.0/104", "10.0.0.0/8"),
+            ("::ffff:0:0/96", "0.0.0.0/0"),
+            ("::ffff:10.244.1.0/120", "10.244.1.0/24"),
+            ("::ffff:10.1.2.3/128", "10.1.2.3/32"),
+        ] {
+            let c: PodCidr = mapped.parse().unwrap();
+            assert_eq!(c, v4.parse().unwrap(), "{mapped}");
+            assert_eq!(c.to_string(), v4);
+            assert_eq!(c.trie_key(), v4.parse::<PodCidr>().unwrap().trie_key());
+        }
+        // Host bits are judged on the form written, and the fix names that form.
+        let err = "::ffff:10.0.0.1/104".parse::<PodCidr>().unwrap_err();
+        assert!(
+            err.to_string().contains("did you mean ::ffff:10.0.0.0/104"),
+            "{err}"
+        );
+        // A shorter prefix cannot hold the mapped range's ffff: it is host bits.
+        assert!(matches!(
+            "::ffff:0:0/95".parse::<PodCidr>(),
+            Err(CidrError::HostBits { .. })
+        ));
+    }
+
+    #[test]
+    fn trie_keys_round_trip() {
+        for s in [
+            "10.244.1.0/24",
+            "fd00:10:244::/48",
+            "0.0.0.0/0",
+            "::/0",
+            "10.1.2.3/32",
+            "fd00::1/128",
+            // Shorter than the mapped range and containing it: IPv6, both ways.
+            "::/80",
+            "::/95",
+            // Mapped forms come back as the IPv4 network they are.
+            "::ffff:10.0.0.0/104",
+            "::ffff:0:0/96",
+        ] {
+            let c: PodCidr = s.parse().unwrap();
+            let (len, bytes) = c.trie_key();
+            assert_eq!(PodCidr::from_trie_key(len, bytes), Some(c), "{s}");
+        }
+        assert!("::/80".parse::<PodCidr>().unwrap().addr.is_ipv6());
+        assert_eq!(PodCidr::from_trie_key(129, [0; 16]), None);
+        assert_eq!(PodCidr::from_trie_key(8, [0xff; 16]), None);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Result, bail, ensure};
+use anyhow::{Context as _, Result, bail, ensure};
 use bypass_common::{control, names};
 use support::{
     ProbeServer, Steps, num, probe_report, sigkill, spawn_probe_client, two_pods, wait_for_log,
@@ -442,4 +442,49 @@ fn sigterm_then_restart_adopts_and_redirects() -> Result<()> {
         "the adopted datapath did not redirect: {before} -> {after} B"
     );
     Ok(())
+}
+
+/// Pod CIDRs given in IPv4-mapped form (`::ffff:10.88.7.0/120`) are the IPv4 networks
+/// they map: the trie holds them under the IPv4 key, and the next agent, adopting the
+/// datapath, reads them back and plans from there. It must keep them, so pod-to-pod
+/// connections after the restart are still redirected (read back as `10.88.7.0/24`
+/// they once looked unwanted and were removed: the bypass silently off).
+#[test]
+fn mapped_pod_cidrs_survive_a_restart() -> Result<()> {
+    privileged!("mapped_pod_cidrs_survive_a_restart");
+    let pods = two_pods()?;
+    let v4 = pods.pod_cidr_v4();
+    let network = v4.strip_suffix("/24").context("a /24 pod CIDR")?;
+    let opts = AgentOpts {
+        pod_cidrs: vec![format!("::ffff:{network}/120"), pods.pod_cidr_v6()],
+        ..opts(&pods, &["--detach-on-exit=false"])
+    };
+    let redirected = |agent: &Agent, port: u16, when: &str| -> Result<()> {
+        let before = num(&agent.status()?, "redirected_bytes");
+        let wire0 = pods.wire_bytes()?;
+        let args = ClientArgs::bulk(4 << 20);
+        let addr = pods.b.v4_addr(port);
+        let server = PeerServer::start(&pods.b, addr, 1)?;
+        let client = run_client(&pods.a, addr, &args)?;
+        let server = server.wait()?;
+        ensure_exact(&client, &server, &args)?;
+        let after = num(&agent.status()?, "redirected_bytes");
+        let wire = pods.wire_bytes()? - wire0;
+        ensure!(
+            after >= before + (8 << 20) && wire < (8 << 20) / 100,
+            "{when}: not redirected: {before} -> {after} B redirected, {wire} B on the veths"
+        );
+        Ok(())
+    };
+    let mut first = Agent::start(&opts)?;
+    redirected(&first, 5310, "before the restart")?;
+    stop_leaving_datapath(&mut first, &pods, &opts)?;
+    let second = Agent::start(&opts)?;
+    // Logged once the maps match the flags and the programs are attached.
+    ensure!(
+        wait_for_log(&second, "Adopted") && wait_for_log(&second, "SIGTERM detaches"),
+        "the second agent did not adopt the pinned datapath: {}",
+        second.stderr()
+    );
+    redirected(&second, 5311, "after the restart")
 }

@@ -342,6 +342,34 @@ fn plan_treats_mapped_current_as_ipv4() {
     assert!(plan(&current(&[], &["::ffff:10.244.1.2"], &[]), &want).is_empty());
 }
 
+/// CIDRs given in IPv4-mapped form, written to the tries and read back: the next plan
+/// changes nothing (it used to remove them, turning the bypass off).
+#[test]
+fn plan_keeps_mapped_cidrs_read_back_from_the_trie() {
+    let given = cidrs(&["::ffff:10.244.0.0/112", "fd00::/64"]);
+    let services = cidrs(&["::ffff:10.96.0.0/108"]);
+    let want = Desired {
+        cidrs: given.clone(),
+        service_cidrs: Some(services.clone()),
+        ..Desired::default()
+    };
+    let read_back = |set: &BTreeSet<PodCidr>| -> BTreeSet<PodCidr> {
+        set.iter()
+            .map(|c| {
+                let (len, bytes) = c.trie_key();
+                PodCidr::from_trie_key(len, bytes).unwrap()
+            })
+            .collect()
+    };
+    let now = Current {
+        cidrs: read_back(&given),
+        service_cidrs: read_back(&services),
+        ..Current::default()
+    };
+    let p = plan(&now, &want);
+    assert!(p.is_empty(), "{p:?}");
+}
+
 #[test]
 fn address_change_moves_the_entry() {
     let before = run(&[pod("d", "p", NODE, &["10.244.1.2"])], &[]);
