@@ -57,6 +57,16 @@ pub enum AgentError {
         /// The pin directory.
         path: PathBuf,
     },
+    /// The pin directory is the root of a mounted file system (a bpffs mount itself),
+    /// which other tools pin in too.
+    #[error(
+        "--pin-dir {path} is the root of a mounted file system, where other tools pin too: pass a directory under it, such as {}",
+        .path.join("bypass").display()
+    )]
+    PinDirIsMountRoot {
+        /// The pin directory.
+        path: PathBuf,
+    },
     /// Another agent holds the pin directory.
     #[error(
         "another bypass-agent (pid {pid}) is running on {path}: stop it first, or pass a different --pin-dir"

@@ -36,6 +36,7 @@ pub fn pod_security_labels() -> BTreeMap<String, String> {
 
 /// `prepare-node`: bpffs mounted where the pins go.
 pub fn node(opts: &PrepareNodeOpts) -> Result<(), AgentError> {
+    datapath::ensure_pin_dir_not_mount_root(&opts.pins.pin_dir)?;
     datapath::ensure_bpffs(&opts.pins.pin_dir)?;
     println!(
         "bpffs ready for {} (pins reach the host when /sys/fs/bpf is a shared mount)",

@@ -2,6 +2,7 @@
 //! problem and the fix, and leaves nothing pinned or attached.
 
 use std::{
+    os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
     process::Output,
     time::Duration,
@@ -11,7 +12,7 @@ use anyhow::{Result, ensure};
 use testbed::{
     Agent, AgentOpts, CgroupGuard,
     agent::run_agent,
-    bpf::sockops_attached,
+    bpf::{TempBpffs, sockops_attached},
     cgroup::cgroup2_mount,
     names::{resource, unique_tag},
     preflight,
@@ -188,6 +189,66 @@ fn pin_dir_not_on_bpffs() -> Result<()> {
     assert_one_clear_error(&out, &[&pins_s, "not on a bpf file system", "--pin-dir"])?;
     ensure!(!created, "the agent created {pins_s}");
     p.assert_nothing_left()
+}
+
+/// `--pin-dir` at a bpffs mount's root would make the agent take the whole mount as its
+/// own: restrict it to root and remove other tools' pins under `maps/`. On a bpffs
+/// mounted for this test alone, with another tool's pin under `maps/`, `run` and
+/// `uninstall` must refuse before touching anything.
+#[test]
+fn pin_dir_at_a_mount_root() -> Result<()> {
+    let Some(p) = ready("pin_dir_at_a_mount_root")? else {
+        return Ok(());
+    };
+    let bpffs = TempBpffs::mount(&std::env::temp_dir().join(resource(&p.tag, "bpffs")))?;
+    let root = bpffs.path().display().to_string();
+    // Another tool's pin: bpffs holds directories, pins and symbolic links.
+    let maps = bpffs.path().join("maps");
+    std::fs::create_dir(&maps)?;
+    let other = maps.join("other_tool_map");
+    std::os::unix::fs::symlink("/other/tool/target", &other)?;
+    let mode = |p: &Path| -> Result<u32> { Ok(std::fs::metadata(p)?.mode() & 0o7777) };
+    let mode_before = mode(bpffs.path())?;
+    for args in [
+        &[
+            "run",
+            "--pod-cidr",
+            "10.0.0.0/24",
+            "--cgroup",
+            &p.cg(),
+            "--pin-dir",
+            &root,
+        ][..],
+        &["uninstall", "--pin-dir", &root],
+    ] {
+        let out = run_agent(args, LIMIT);
+        ensure!(
+            other.symlink_metadata().is_ok(),
+            "`{}` removed another tool's pin {}",
+            args[0],
+            other.display()
+        );
+        let mode_after = mode(bpffs.path())?;
+        ensure!(
+            mode_after == mode_before,
+            "`{}` changed the mount root's mode {mode_before:o} -> {mode_after:o}",
+            args[0]
+        );
+        assert_one_clear_error(
+            &out?,
+            &[
+                &root,
+                "root of a mounted file system",
+                &format!("{root}/bypass"),
+            ],
+        )?;
+    }
+    ensure!(
+        sockops_attached(p.cgroup.path())? == 0,
+        "a sock_ops program was attached to {}",
+        p.cg()
+    );
+    Ok(())
 }
 
 #[test]

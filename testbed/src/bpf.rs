@@ -1,9 +1,58 @@
 //! Asking the kernel what is attached to a cgroup (`BPF_PROG_QUERY`), so a test can
-//! check that an agent left nothing behind without trusting the agent's own report.
+//! check that an agent left nothing behind without trusting the agent's own report; and
+//! a bpf file system of a test's own, apart from the real one.
 
-use std::{fs::File, os::fd::AsRawFd as _, path::Path};
+use std::{
+    fs::File,
+    os::fd::AsRawFd as _,
+    path::{Path, PathBuf},
+};
 
 use anyhow::{Context as _, Result};
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+
+/// A fresh bpf file system mounted at a new directory, for a test that must not risk
+/// the real /sys/fs/bpf; unmounted (with whatever is pinned in it) and the directory
+/// removed on drop.
+#[derive(Debug)]
+pub struct TempBpffs {
+    dir: PathBuf,
+}
+
+impl TempBpffs {
+    /// Creates `dir` (it must not exist) and mounts a new bpffs there.
+    pub fn mount(dir: &Path) -> Result<Self> {
+        std::fs::create_dir(dir).with_context(|| format!("create {}", dir.display()))?;
+        if let Err(e) = mount(
+            Some("bpf"),
+            dir,
+            Some("bpf"),
+            MsFlags::empty(),
+            None::<&str>,
+        ) {
+            let _ = std::fs::remove_dir(dir);
+            return Err(e).with_context(|| format!("mount bpffs at {}", dir.display()));
+        }
+        Ok(Self {
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// The mount point.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for TempBpffs {
+    fn drop(&mut self) {
+        // Detached: a process still holding a pin open cannot keep it mounted.
+        if let Err(e) = umount2(&self.dir, MntFlags::MNT_DETACH) {
+            eprintln!("testbed: cleanup: umount {}: {e}", self.dir.display());
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
 
 const BPF_PROG_QUERY: libc::c_long = 16;
 const BPF_CGROUP_SOCK_OPS: u32 = 3;

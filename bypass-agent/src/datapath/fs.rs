@@ -113,6 +113,69 @@ pub fn open_cgroup2_dir(path: &Path) -> Result<File, AgentError> {
     })
 }
 
+/// Where bpffs is mounted by convention, and where [`ensure_bpffs`] mounts it.
+const CONVENTIONAL_BPFFS: &str = "/sys/fs/bpf";
+
+/// Refuses a pin directory that is the root of a mounted file system, such as
+/// /sys/fs/bpf, or that would become one when [`ensure_bpffs`] mounts bpffs there. The
+/// agent takes its pin directory as its own: it restricts it to root (0700) and, unless
+/// its own complete datapath is pinned there, removes every pin under its `maps/`,
+/// `progs/` and `links/`; a mount's root is where every other tool pins too. Checked
+/// before anything is created, mounted or changed.
+pub fn ensure_pin_dir_not_mount_root(pin_dir: &Path) -> Result<(), AgentError> {
+    let refused = || AgentError::PinDirIsMountRoot {
+        path: pin_dir.to_path_buf(),
+    };
+    // A path that does not exist yet is no mount point; one that does is compared as
+    // mountinfo shows it (absolute, symbolic links and `..` resolved).
+    let dir = std::fs::canonicalize(pin_dir)
+        .unwrap_or_else(|_| pin_dir.components().collect::<PathBuf>());
+    if dir == Path::new(CONVENTIONAL_BPFFS) {
+        return Err(refused());
+    }
+    let text =
+        std::fs::read_to_string("/proc/self/mountinfo").map_err(|source| AgentError::Io {
+            action: "read",
+            path: "/proc/self/mountinfo".into(),
+            source,
+        })?;
+    if is_mount_root(&text, &dir) {
+        return Err(refused());
+    }
+    Ok(())
+}
+
+/// Whether the mount visible at `dir` (the last one mounted there) is a whole file
+/// system, from a mountinfo text (pure): its root, the fourth field, is `/`. A bind
+/// mount of a directory inside one (root `/bypass`, a hostPath of the agent's own
+/// directory) is not.
+pub fn is_mount_root(mountinfo: &str, dir: &Path) -> bool {
+    let point = mountinfo_escape(dir);
+    mountinfo
+        .lines()
+        .rev()
+        .find_map(|line| {
+            let mut fields = line.split_whitespace().skip(3);
+            let (root, at) = (fields.next()?, fields.next()?);
+            (at == point).then_some(root == "/")
+        })
+        .unwrap_or(false)
+}
+
+/// A path as mountinfo writes it: space, tab, newline and backslash as `\ooo`
+/// (fs/proc_namespace.c, show_mountinfo).
+fn mountinfo_escape(path: &Path) -> String {
+    let text = path.to_string_lossy();
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            ' ' | '\t' | '\n' | '\\' => out.push_str(&format!("\\{:03o}", c as u32)),
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
 /// Makes sure `pin_dir` can live on bpffs: its nearest existing ancestor must be
 /// bpffs; if that ancestor is the conventional /sys/fs/bpf and bpffs is not mounted
 /// there, mount it.
@@ -124,7 +187,7 @@ pub fn ensure_bpffs(pin_dir: &Path) -> Result<(), AgentError> {
     if fs_magic(existing).is_ok_and(|m| m == BPF_FS_MAGIC) {
         return Ok(());
     }
-    let conventional = Path::new("/sys/fs/bpf");
+    let conventional = Path::new(CONVENTIONAL_BPFFS);
     if pin_dir.starts_with(conventional) && existing.starts_with("/sys") {
         mount_bpffs(conventional)?;
         tracing::info!(path = %conventional.display(), "mounted bpffs");
@@ -158,6 +221,45 @@ fn mount_bpffs(at: &Path) -> Result<(), AgentError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const MOUNTS: &str = "\
+25 30 0:23 / /sys rw,nosuid - sysfs sysfs rw
+40 25 0:35 / /sys/fs/bpf rw,relatime shared:14 - bpf bpf rw,mode=700
+41 30 0:35 /bypass /host/bypass rw,relatime - bpf bpf rw,mode=700
+42 30 0:40 / /tmp/my\\040bpf rw - bpf bpf rw
+43 30 0:41 / /mnt/stacked rw - bpf bpf rw
+44 30 0:35 /own /mnt/stacked rw - bpf bpf rw
+";
+
+    #[test]
+    fn mount_roots_are_told_from_directories_under_them() {
+        for (dir, root) in [
+            ("/sys/fs/bpf", true),
+            ("/sys/fs/bpf/bypass", false),
+            ("/tmp/my bpf", true),
+            // A bind mount of a directory inside a bpffs: the agent's own.
+            ("/host/bypass", false),
+            // The last mount at a point is the one seen there.
+            ("/mnt/stacked", false),
+            ("/sys", true),
+            ("/nowhere", false),
+        ] {
+            assert_eq!(is_mount_root(MOUNTS, Path::new(dir)), root, "{dir}");
+        }
+    }
+
+    #[test]
+    fn conventional_mount_point_refused_even_unmounted() {
+        for dir in ["/sys/fs/bpf", "/sys/fs/bpf/", "/sys/fs/./bpf"] {
+            let err = ensure_pin_dir_not_mount_root(Path::new(dir))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("root of a mounted file system") && err.contains("/bypass"),
+                "{dir}: {err}"
+            );
+        }
+    }
 
     #[test]
     fn host_cgroup2_unified_hybrid_or_none() {

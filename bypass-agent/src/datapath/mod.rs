@@ -46,7 +46,9 @@ use bypass_common::{
         PIN_LINK_SOCKOPS, PIN_LINK_SOCKOPT, PROG_SOCKOPS, PROG_SOCKOPT,
     },
 };
-pub use fs::{ensure_bpffs, find_cgroup2_mount, find_host_cgroup2, find_mount};
+pub use fs::{
+    ensure_bpffs, ensure_pin_dir_not_mount_root, find_cgroup2_mount, find_host_cgroup2, find_mount,
+};
 pub use heartbeat::{DEFAULT_TTL_SECS as DEFAULT_HEARTBEAT_SECS, remaining as heartbeat_remaining};
 pub use host::{kernel_release, tcp_rmem_max};
 pub use maps::{Identity, Pairings, PinnedView, PodMaps, count_keys as count_sockets};
@@ -131,6 +133,7 @@ impl Datapath {
     /// this cgroup, or loads the embedded object and pins it. A fresh load is not
     /// attached yet: see [`Datapath::attach`]; an adopted one keeps its state.
     pub fn load(config: &Config) -> Result<Self, AgentError> {
+        fs::ensure_pin_dir_not_mount_root(&config.pin_dir)?;
         preflight::check(&host::kernel_release())?;
         let cgroup = fs::open_cgroup2_dir(&config.cgroup)?;
         fs::ensure_bpffs(&config.pin_dir)?;
@@ -453,8 +456,10 @@ impl Drop for Datapath {
 /// `bypass-agent uninstall`: turns redirects off (sockets already bypassed send by TCP
 /// from now on, after what they queued, as on detach), then removes every pin under
 /// `root`: the sock_ops link first, which detaches it, then programs and maps. Refuses
-/// while an agent runs there. Returns what was removed.
+/// while an agent runs there, and at a mount's root (other tools' pins live there).
+/// Returns what was removed.
 pub fn uninstall(root: &std::path::Path) -> Result<Vec<PathBuf>, AgentError> {
+    fs::ensure_pin_dir_not_mount_root(root)?;
     if !root.exists() {
         return Ok(Vec::new());
     }
