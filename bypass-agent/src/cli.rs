@@ -124,6 +124,15 @@ pub struct NodesOpts {
     pub json: bool,
 }
 
+/// Which network namespace may use a pod address as its own (`--netns-owners`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum NetnsOwners {
+    /// The namespace the agent observes holding it.
+    Observe,
+    /// Any namespace but the node's.
+    Any,
+}
+
 /// Options of `run`.
 #[derive(Debug, Args)]
 pub struct RunOpts {
@@ -204,6 +213,15 @@ pub struct RunOpts {
     #[arg(long, value_name = "SECONDS", default_value_t = crate::datapath::DEFAULT_HEARTBEAT_SECS,
         value_parser = clap::value_parser!(u32).range(1..))]
     pub heartbeat_seconds: u32,
+    /// Which network namespace may use a pod address as its own. `observe`: only the
+    /// one the agent sees holding it on an interface that reaches the node's namespace
+    /// (a pod's veth, netkit or ipvlan end), so no other namespace can pose as a pod;
+    /// the agent reads the node's namespaces every second, and pods whose network
+    /// reaches the node otherwise (none known) are not bypassed. `any`: every
+    /// namespace but the node's own (a namespace holding a copy of a pod's address can
+    /// then publish itself as that pod's client).
+    #[arg(long, value_enum, value_name = "RULE", default_value_t = NetnsOwners::Observe)]
+    pub netns_owners: NetnsOwners,
     #[command(flatten)]
     pub kube: KubeOpts,
 }

@@ -14,6 +14,7 @@ pub mod k8s;
 mod metrics;
 pub mod nodes;
 mod others;
+pub mod owners;
 pub mod prepare;
 pub mod probe;
 #[cfg(any(test, feature = "fuzz"))]

@@ -10,7 +10,7 @@ use crate::{
     error::AgentError,
     k8s,
     metrics::{self, Telemetry},
-    runtime,
+    owners, runtime,
     sync::{self, Statics},
 };
 
@@ -78,6 +78,7 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
         detach_on_exit: opts.detach_on_exit,
         skip_ports: opts.skip_ports.0.clone(),
         heartbeat_secs: opts.heartbeat_seconds,
+        netns_owners: opts.netns_owners == crate::cli::NetnsOwners::Observe,
     };
     let statics = Statics {
         cidrs: opts.pod_cidrs.iter().copied().collect(),
@@ -117,6 +118,16 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
     if let Some(e) = first {
         return Err(e);
     }
+    // The pods there are now own their addresses before anything is inserted.
+    let mut owners = owners::Watcher::new(&dp)?;
+    if let Some(w) = owners.as_mut() {
+        let r = w.pass(&mut dp)?;
+        tracing::info!(
+            owned = r.owned,
+            namespaces = r.namespaces,
+            "pod address owners observed"
+        );
+    }
     dp.attach()?;
     if let Some(t) = &telemetry {
         t.health.set_synced(true);
@@ -132,7 +143,21 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
         origin = ?dp.origin(),
         "running; SIGINT or SIGTERM detaches"
     );
-    let signal = rt.block_on(shutdown);
+    let signal = rt.block_on(async {
+        futures::pin_mut!(shutdown);
+        loop {
+            tokio::select! {
+                signal = &mut shutdown => break signal,
+                () = tokio::time::sleep(owners::INTERVAL), if owners.is_some() => {
+                    if let Some(w) = owners.as_mut()
+                        && let Err(e) = w.pass(&mut dp)
+                    {
+                        tracing::warn!(error = %e, "reading the pod network namespaces failed; retrying");
+                    }
+                }
+            }
+        }
+    });
     let counters = dp.counters()?;
     tracing::info!(signal, sockets = dp.socket_count(), ?counters, "stopping");
     drop(dp);

@@ -71,6 +71,32 @@ pub struct Report {
     /// Seconds until the heartbeat lapses and sock_ops stops inserting (0: lapsed: no
     /// agent tends this datapath).
     pub heartbeat_seconds_left: u64,
+    /// Which namespace may use a pod address (`--netns-owners`): `observe` or `any`.
+    pub netns_owners: String,
+    /// Each pod address the agent observed with its owning network namespace.
+    pub address_owners: Vec<AddressOwner>,
+    /// Pod addresses that sockets were refused for, with how often, by kind.
+    pub refusals: Vec<AddressRefusals>,
+}
+
+/// A pod address and the cookie of the network namespace that owns it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AddressOwner {
+    /// The address.
+    pub address: IpAddr,
+    /// The namespace's cookie (`SO_NETNS_COOKIE`).
+    pub netns: u64,
+}
+
+/// How often sockets were refused for one pod address.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AddressRefusals {
+    /// The address.
+    pub address: IpAddr,
+    /// Sockets of another namespace that used it while a pod owned it.
+    pub foreign_namespace: u64,
+    /// Accepted sockets whose client on it had other sequence numbers.
+    pub pairing: u64,
 }
 
 /// What the loaded programs guarantee on this kernel. Every one holds on every kernel
@@ -189,6 +215,29 @@ pub fn read(layout: &PinLayout) -> Result<Report, AgentError> {
             view.control.heartbeat_deadline()?,
         )
         .map_or(0, |d| d.as_secs()),
+        netns_owners: if view.control.owners_off()? {
+            "any"
+        } else {
+            "observe"
+        }
+        .to_owned(),
+        address_owners: view
+            .owners
+            .as_ref()
+            .map(|o| o.list())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(address, netns)| AddressOwner { address, netns })
+            .collect(),
+        refusals: view
+            .refusals
+            .iter()
+            .map(|(address, counts)| AddressRefusals {
+                address: *address,
+                foreign_namespace: counts[bypass_common::refusal::FOREIGN],
+                pairing: counts[bypass_common::refusal::PAIRING],
+            })
+            .collect(),
     })
 }
 
@@ -242,6 +291,28 @@ pub fn render_text(r: &Report) -> String {
         ("pod_cidrs", r.pod_cidrs.join(", ")),
         ("pod_addresses", join(&r.pod_addresses)),
         ("excluded_addresses", join(&r.excluded_addresses)),
+        ("netns_owners", r.netns_owners.clone()),
+        (
+            "address_owners",
+            r.address_owners
+                .iter()
+                .map(|o| format!("{} netns {}", o.address, o.netns))
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
+        (
+            "refusals",
+            r.refusals
+                .iter()
+                .map(|x| {
+                    format!(
+                        "{} foreign_namespace {} pairing {}",
+                        x.address, x.foreign_namespace, x.pairing
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
         (
             "enabled_by",
             opt(r.enabled_by.map(|b| format!("{b:?}").to_lowercase())),
@@ -312,6 +383,16 @@ mod tests {
             refused: None,
             max_sockets: Some(65_536),
             heartbeat_seconds_left: 42,
+            netns_owners: "observe".into(),
+            address_owners: vec![AddressOwner {
+                address: "10.0.0.2".parse().unwrap(),
+                netns: 4097,
+            }],
+            refusals: vec![AddressRefusals {
+                address: "10.0.0.2".parse().unwrap(),
+                foreign_namespace: 3,
+                pairing: 1,
+            }],
         }
     }
 
@@ -363,5 +444,13 @@ mod tests {
         assert!(t.contains("attached                     true"), "{t}");
         assert!(t.contains("queue_bound                  on"), "{t}");
         assert!(t.contains("heartbeat_seconds_left       42"), "{t}");
+        assert!(
+            t.contains("address_owners               10.0.0.2 netns 4097"),
+            "{t}"
+        );
+        assert!(
+            t.contains("refusals                     10.0.0.2 foreign_namespace 3 pairing 1"),
+            "{t}"
+        );
     }
 }

@@ -149,8 +149,12 @@ pub mod features {
     /// its next read on, but a socket read with recv and then spliced while redirected
     /// bytes wait can miss them.
     pub const NO_READ_GUARD: u32 = 32;
+    /// The kernel honours `SO_PEEK_OFF` on TCP sockets (Linux ≥ 6.9): the setsockopt
+    /// hook refuses it while redirected bytes wait unread. Without it the kernel
+    /// itself refuses the option (`EOPNOTSUPP`), and so does the hook not.
+    pub const TCP_PEEK_OFF: u32 = 64;
     /// The bits the programs look at.
-    pub const PROGRAM_BITS: u32 = 0;
+    pub const PROGRAM_BITS: u32 = TCP_PEEK_OFF;
 }
 
 /// A 64-bit digest of what a load fixed in the globals, so a restarted agent adopts a

@@ -25,6 +25,21 @@ pub use state::{Connector, Link, SockState};
 pub use stats::Counters;
 pub use stats::Stat;
 
+/// Kinds of refusal counted per pod address ([`names::MAP_REFUSALS`]), indexes of its
+/// value.
+pub mod refusal {
+    /// A socket in a network namespace other than the one owning the address used it
+    /// as its local address ([`crate::names::MAP_NETNS_OWNERS`]).
+    pub const FOREIGN: usize = 0;
+    /// An accepted socket found a client on the address whose initial sequence
+    /// numbers did not cross with its own ([`crate::Stat::PairRejected`]).
+    pub const PAIRING: usize = 1;
+    /// Number of kinds.
+    pub const KINDS: usize = 2;
+    /// Their names, as `status` and the metrics' `kind` label show them.
+    pub const NAMES: [&str; KINDS] = ["foreign_namespace", "pairing"];
+}
+
 /// Slots of the control array [`names::MAP_CONTROL`] (`Array<u32>`).
 pub mod control {
     /// Redirect switch: [`ENABLED`] or [`DISABLED`]. The sk_msg program redirects only
@@ -80,6 +95,12 @@ pub mod control {
     /// bypassing on maps no agent tends. 0, as a fresh load leaves it: expired. See
     /// [`heartbeat_alive`].
     pub const SLOT_HEARTBEAT: u32 = 12;
+    /// 0, as a fresh load leaves it: a socket whose local address is a pod address is
+    /// inserted only in the network namespace that owns the address
+    /// ([`crate::names::MAP_NETNS_OWNERS`]); an address with no owner there is no
+    /// pod's. Non-zero (`--netns-owners=any`): any namespace but the node's own may use
+    /// a pod address.
+    pub const SLOT_OWNERS_OFF: u32 = 13;
     /// Number of slots.
     pub const SLOTS: u32 = 16;
 

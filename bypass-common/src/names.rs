@@ -44,6 +44,19 @@ pub const MAP_CUT: &str = "BYPASS_CUT";
 /// where the read guard cannot run; their sockets get no redirected bytes from their
 /// next read on.
 pub const MAP_SPLICERS: &str = "BYPASS_SPLICERS";
+/// Hash: a pod address (`IpKey`) → the cookie (`u64`) of the network namespace that
+/// owns it, as the agent observed it (an interface there holding the address whose
+/// peer or lower device is in the node's own namespace: a pod's veth, netkit or
+/// ipvlan end). While [`crate::control::SLOT_OWNERS`] is on, a socket whose local
+/// address is a pod address is inserted only in that address's owning namespace, so
+/// no other namespace can pose as a pod, whatever copies of its addresses, ports and
+/// sequence numbers it holds.
+pub const MAP_NETNS_OWNERS: &str = "BYPASS_NETNS_OWNERS";
+/// LRU hash: a pod address (`IpKey`) → `[u64; 2]`, how many times a socket was refused
+/// for it, by [`crate::refusal`] kind: a socket of another namespace that used the
+/// address while a pod owns it, and an accepted socket whose client on that address
+/// had other sequence numbers. Per pod, for the agent's status and metrics.
+pub const MAP_REFUSALS: &str = "BYPASS_REFUSALS";
 /// Ring buffer of [`crate::state::LeaveEvent`]s: connections that started to leave the
 /// SockHash, for the agent to delete their sockets from it once each side has read
 /// what was redirected to it.
@@ -59,7 +72,7 @@ pub const MAP_GUARDING: &str = "BYPASS_GUARDING";
 
 /// Every map the agent pins, [`MAP_CONTROL`] last (its pin marks a complete datapath).
 /// ([`MAP_SOCK_STATE`] is not pinned: only the programs use it.)
-pub const PINNED_MAPS: [&str; 14] = [
+pub const PINNED_MAPS: [&str; 16] = [
     MAP_SOCKETS,
     MAP_POD_CIDRS,
     MAP_POD_ADDRS,
@@ -73,6 +86,8 @@ pub const PINNED_MAPS: [&str; 14] = [
     MAP_CUT,
     MAP_SPLICERS,
     MAP_EVENTS,
+    MAP_NETNS_OWNERS,
+    MAP_REFUSALS,
     MAP_CONTROL,
 ];
 
@@ -240,6 +255,8 @@ pub const DEFAULT_MAX_CUT: u32 = 16_384;
 pub const EVENTS_BYTES: u32 = 256 * 1024;
 /// Capacity of the pod network namespace map (pods on one node, with room).
 pub const DEFAULT_MAX_POD_NETNS: u32 = 4_096;
+/// Capacity of the [`MAP_REFUSALS`] LRU hash (addresses refused for).
+pub const MAX_REFUSALS: u32 = 4_096;
 /// Istio's control-plane and sidecar-management ports, left alone by default: the
 /// Envoy admin (15000), debug (15004), istiod xDS and CA (15010, 15012), istiod
 /// monitoring (15014), webhook (15017), merged telemetry and health (15020, 15021), DNS

@@ -139,6 +139,13 @@ counters! {
     /// `setsockopt(SO_ZEROCOPY)` calls refused (EPERM) on a socket that was ever
     /// inserted: a socket in a sockmap gives MSG_ZEROCOPY no completion notifications.
     ZerocopyRefused = 26, zerocopy_refused, "SO_ZEROCOPY refused on bypassed sockets";
+    /// Sockets left on the normal path because their local pod address is not owned
+    /// by their network namespace ([`crate::names::MAP_NETNS_OWNERS`]): another
+    /// namespace posing as a pod, or a pod the agent has not observed yet.
+    ForeignNetns = 27, foreign_netns, "Sockets left on TCP: their pod address belongs to another network namespace";
+    /// `setsockopt(SO_PEEK_OFF)` calls refused (EPERM) while bytes redirected to the
+    /// socket waited unread: the ingress queue peeks from its head whatever the offset.
+    PeekOffRefused = 28, peek_off_refused, "SO_PEEK_OFF refused while redirected bytes were unread";
 }
 
 impl Stat {

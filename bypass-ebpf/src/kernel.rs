@@ -49,6 +49,12 @@ static BYPASS_FEATURES: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static BYPASS_HOST_NETNS: Global<u64> = Global::new(0);
 
+/// Whether the kernel honours `SO_PEEK_OFF` on TCP (`layout::features::TCP_PEEK_OFF`).
+#[inline(always)]
+pub(crate) fn tcp_peek_off() -> bool {
+    BYPASS_FEATURES.load() & bypass_common::layout::features::TCP_PEEK_OFF != 0
+}
+
 /// The host's network namespace cookie.
 #[inline(always)]
 pub(crate) fn host_netns() -> u64 {

@@ -8,9 +8,10 @@ use bypass_common::{
     Connector, Endpoint, IpKey, Link, SockKey, SockState, control,
     names::{
         DEFAULT_MAX_ADDRS, DEFAULT_MAX_CIDRS, DEFAULT_MAX_CUT, DEFAULT_MAX_POD_NETNS,
-        DEFAULT_MAX_SERVICE_CIDRS, DEFAULT_MAX_SOCKETS, EVENTS_BYTES, MAX_SKIP_PORTS, MAX_SPLICERS,
-        MAX_VERDICTS,
+        DEFAULT_MAX_SERVICE_CIDRS, DEFAULT_MAX_SOCKETS, EVENTS_BYTES, MAX_REFUSALS, MAX_SKIP_PORTS,
+        MAX_SPLICERS, MAX_VERDICTS,
     },
+    refusal,
     state::{LeaveEvent, Verdict},
     stats::STAT_SLOTS,
 };
@@ -63,6 +64,20 @@ pub(crate) static BYPASS_SKIP_PORTS: HashMap<u32, u8, { MAX_SKIP_PORTS as usize 
 #[btf_map]
 pub(crate) static BYPASS_POD_NETNS: LruHashMap<u64, IpKey, { DEFAULT_MAX_POD_NETNS as usize }> =
     LruHashMap::new();
+
+/// Pod address → the cookie of the network namespace that owns it (see
+/// `bypass_common::names::MAP_NETNS_OWNERS`); written only by the agent.
+#[btf_map]
+pub(crate) static BYPASS_NETNS_OWNERS: HashMap<IpKey, u64, { DEFAULT_MAX_ADDRS as usize }> =
+    HashMap::new();
+
+/// Pod address → refusals by kind (`bypass_common::names::MAP_REFUSALS`).
+#[btf_map]
+pub(crate) static BYPASS_REFUSALS: LruHashMap<
+    IpKey,
+    [u64; refusal::KINDS],
+    { MAX_REFUSALS as usize },
+> = LruHashMap::new();
 
 /// Each inserted connecting socket, by its local end. The agent sizes it
 /// like the SockHash.

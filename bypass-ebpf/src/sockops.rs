@@ -31,7 +31,7 @@ use aya_ebpf::{
 use bypass_common::{
     Connector, IpKey, SockKey, SockState, Stat,
     addr::{is_loopback, key_bytes},
-    control,
+    control, refusal,
     state::{flags, hop, is_other_end, link_state, options_need_tcp, rx, side},
     tx_mode,
 };
@@ -39,9 +39,9 @@ use bypass_common::{
 use crate::{
     atomic, kernel, key,
     maps::{
-        BYPASS_CONNECTORS, BYPASS_CONTROL, BYPASS_EXCLUDED_ADDRS, BYPASS_LINKS, BYPASS_POD_ADDRS,
-        BYPASS_POD_CIDRS, BYPASS_POD_NETNS, BYPASS_SCRATCH, BYPASS_SERVICE_CIDRS,
-        BYPASS_SKIP_PORTS, BYPASS_SOCKETS, sock_state,
+        BYPASS_CONNECTORS, BYPASS_CONTROL, BYPASS_EXCLUDED_ADDRS, BYPASS_LINKS,
+        BYPASS_NETNS_OWNERS, BYPASS_POD_ADDRS, BYPASS_POD_CIDRS, BYPASS_POD_NETNS, BYPASS_REFUSALS,
+        BYPASS_SCRATCH, BYPASS_SERVICE_CIDRS, BYPASS_SKIP_PORTS, BYPASS_SOCKETS, sock_state,
     },
     stats,
 };
@@ -58,6 +58,8 @@ enum Skip {
     Ineligible,
     /// A port is in the skip list.
     Port,
+    /// The local pod address is not owned by the socket's network namespace.
+    Foreign,
     /// An upper-layer protocol is attached (an MPTCP subflow).
     Ulp,
     /// No socket storage, no room in the SockHash (or the key is taken), or the kernel
@@ -83,6 +85,7 @@ pub fn bypass_sockops(ctx: SockOpsContext) -> u32 {
         // loopback connections (to its sidecar) qualify.
         if let Some(key) = key::from_sock_ops(ctx.ops, netns)
             && is_pod_address(&key.local_ip)
+            && owns(&key.local_ip, netns)
         {
             learn_netns(netns, &key.local_ip);
         }
@@ -96,6 +99,7 @@ pub fn bypass_sockops(ctx: SockOpsContext) -> u32 {
         Err(Skip::NotOurs) => {}
         Err(Skip::Ineligible) => stats::add(Stat::SocketsSkipped, 1),
         Err(Skip::Port) => stats::add(Stat::SkippedPorts, 1),
+        Err(Skip::Foreign) => stats::add(Stat::ForeignNetns, 1),
         Err(Skip::Ulp) => stats::add(Stat::UlpSkipped, 1),
         Err(Skip::Failed) => stats::add(Stat::InsertFailures, 1),
     }
@@ -143,7 +147,8 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
     }
     let (snd_nxt, rcv_nxt) = key::sequence(ctx.ops);
     let local_pod = is_pod_address(&key.local_ip);
-    if local_pod {
+    let owned = local_pod && owns(&key.local_ip, netns);
+    if owned {
         learn_netns(netns, &key.local_ip);
     }
     if skipped_port(key.local_port) || skipped_port(key.remote_port) {
@@ -157,6 +162,16 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
             || (active && is_service(&key.remote_ip)))
     {
         return Err(Skip::Ineligible);
+    }
+    // Only the namespace that owns a pod address speaks for it: another one holding a
+    // copy of the address (and of the ports and sequence numbers of a pod's
+    // handshake, even after a handshake of its own) is never inserted, so it can
+    // neither publish itself as a pod's client nor pair as its server.
+    if local_pod && !owned {
+        if owner_of(&key.local_ip).is_some() {
+            refused(&key.local_ip, refusal::FOREIGN);
+        }
+        return Err(Skip::Foreign);
     }
     // A socket that already sent data by TCP (TCP Fast Open with data in the SYN) must
     // stay there: its later bytes would overtake those on the wire.
@@ -337,6 +352,17 @@ fn find_client(key: &SockKey, snd_nxt: u32, rcv_nxt: u32) -> Option<Client> {
     let connector = unsafe { &*ptr };
     if !is_other_end(connector, snd_nxt, rcv_nxt) {
         stats::add(Stat::PairRejected, 1);
+        refused(&key.remote_ip, refusal::PAIRING);
+        return None;
+    }
+    // A client on a pod address must still be in the namespace that owns it: one that
+    // published itself before its namespace lost the address (its network cut, the
+    // address contested) is not paired. (A connecting socket is inserted only on a pod
+    // address or on loopback inside a pod.) Read in place, not copied onto the stack;
+    // an element reused meanwhile fails the checks below.
+    if !is_loopback(&connector.key.local_ip) && !owns(&connector.key.local_ip, connector.key.netns)
+    {
+        stats::add(Stat::ForeignNetns, 1);
         return None;
     }
     let client = Client {
@@ -517,6 +543,44 @@ fn loopback_in_pod(ip: &IpKey, netns: u64) -> bool {
         Some(pod) => is_pod(&unsafe { *pod }),
         None => false,
     }
+}
+
+/// The cookie of the network namespace that owns pod address `ip`, as the agent
+/// observed it.
+#[inline(always)]
+fn owner_of(ip: &IpKey) -> Option<u64> {
+    // SAFETY: a live map value, copied.
+    BYPASS_NETNS_OWNERS.get_ptr(ip).map(|o| unsafe { *o })
+}
+
+/// Whether namespace `netns` may use pod address `ip` as its own: it owns it, or the
+/// agent turned the ownership check off (`control::SLOT_OWNERS_OFF`).
+#[inline(always)]
+fn owns(ip: &IpKey, netns: u64) -> bool {
+    let off = BYPASS_CONTROL
+        .get(control::SLOT_OWNERS_OFF)
+        .copied()
+        .unwrap_or(0);
+    off != 0 || owner_of(ip) == Some(netns)
+}
+
+/// Counts a refusal of kind `kind` (`bypass_common::refusal`) for pod address `ip`.
+// The counts by reference on purpose: by value they would be copied onto the BPF stack.
+#[allow(clippy::needless_borrows_for_generic_args)]
+#[inline(always)]
+fn refused(ip: &IpKey, kind: usize) {
+    if kind >= refusal::KINDS {
+        return;
+    }
+    if let Some(counts) = BYPASS_REFUSALS.get_ptr_mut(ip) {
+        // SAFETY: a live map value; `kind` is in bounds (checked above).
+        unsafe { atomic::add_u64(addr_of_mut!((*counts)[kind]), 1) };
+        return;
+    }
+    let mut counts = [0u64; refusal::KINDS];
+    counts[kind] = 1;
+    // Two first refusals at once: one of them is lost, a count, never a decision.
+    let _ = BYPASS_REFUSALS.insert(ip, &counts, BPF_NOEXIST.into());
 }
 
 /// Records that namespace `netns` (never the host's: the caller checked) belongs to the

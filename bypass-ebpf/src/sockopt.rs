@@ -10,7 +10,8 @@
 //! - SO_RCVLOWAT that leaves a low-water mark above 1 (any value above 1, or below 0,
 //!   which the kernel makes INT_MAX) or SO_PEEK_OFF on an inserted socket are recorded
 //!   in its link: the ingress queue honours neither, so its peer sends to it by TCP
-//!   from then on.
+//!   from then on. SO_PEEK_OFF is refused (EPERM) while bytes redirected to the socket
+//!   wait unread: a peek there starts at the queue's head whatever the offset.
 //! - SO_ZEROCOPY on a socket that was ever inserted is refused (EPERM): a socket in a
 //!   sockmap copies every send into an `sk_msg`, so MSG_ZEROCOPY would get no
 //!   completion notifications, or notifications for other ids. Applications fall back
@@ -27,11 +28,11 @@ use aya_ebpf::{
 };
 use bypass_common::{
     SockState, Stat,
-    state::{flags, options_need_tcp, rcvlowat_needs_tcp, rx, side},
+    state::{flags, ingress_read, options_need_tcp, rcvlowat_needs_tcp, rx, side},
 };
 
 use crate::{
-    atomic,
+    atomic, kernel,
     maps::{BYPASS_CONNECTORS, BYPASS_LINKS, sock_state},
     stats,
 };
@@ -124,8 +125,38 @@ fn check(ctx: &SockoptContext) -> i32 {
     };
     if needs_tcp {
         record_rx_tcp(state);
+        // The ingress queue peeks from its head whatever the offset, so with
+        // redirected bytes still queued a second peek would repeat the first: refused
+        // rather than applied and ignored. Its peer sends by TCP from now on (recorded
+        // above), so once the reader has read the queue out, the call succeeds again.
+        if peek_off && kernel::tcp_peek_off() && redirected_unread(state) {
+            stats::add(Stat::PeekOffRefused, 1);
+            return 0;
+        }
     }
     1
+}
+
+/// Whether bytes redirected to the socket with `state` wait unread in its ingress
+/// queue. Called after [`record_rx_tcp`]: its fully ordered or of the option bit and
+/// this fully ordered load of the peer's count pair with sk_msg's claim (add, then read
+/// the bit), so a send either is counted here or sees the bit and takes TCP.
+// The key by reference on purpose: by value it would be copied onto the BPF stack.
+#[allow(clippy::needless_borrows_for_generic_args)]
+#[inline(always)]
+fn redirected_unread(state: &SockState) -> bool {
+    let Some(l) = BYPASS_LINKS.get_ptr_mut(&state.link) else {
+        return false;
+    };
+    let me = side::index(state.side);
+    // SAFETY: a live map value: its cookie read, the peer's count loaded.
+    unsafe {
+        if read_volatile(addr_of!((*l).cookie[me])) != state.cookie {
+            return false;
+        }
+        let due = atomic::load_ordered(addr_of_mut!((*l).tx_redir[side::peer_index(state.side)]));
+        due > ingress_read(state.read_total, state.tcp_total)
+    }
 }
 
 /// The option's value as an `int`, when the caller passed at least four bytes.

@@ -14,12 +14,13 @@ use std::{
     os::unix::fs::MetadataExt as _,
     os::unix::process::CommandExt as _,
     process::Command,
+    time::Duration,
 };
 
 use anyhow::{Context as _, Result, ensure};
 use support::{
-    ProbeServer, Steps, agent_with, grew, num, probe_client, probe_report, spawn_probe_client,
-    two_pods,
+    HoldPair, ProbeServer, Steps, agent_with, grew, hold_pair, num, probe_client, probe_report,
+    spawn_probe_client, two_pods,
 };
 use testbed::{cmd, iptables};
 
@@ -254,31 +255,26 @@ fn attacker_namespace_cannot_take_or_receive_a_pod_connection_ipv6() -> Result<(
     attacker_takes_the_tuple(true, 5611)
 }
 
-/// Another namespace forges the victim client's end with TCP_REPAIR: a socket bound to
-/// the client's address and port, "connected" to the server's with the client's own
-/// sequence numbers (what such a namespace could guess: they are a keyed hash of the
-/// addresses plus a clock), established without a packet. It is made while the victim
-/// server's handshake is held open (its last ACK dropped in the server's namespace),
-/// so the server pairs only after the forgery exists. The victim client must still get
-/// every byte the server sends, redirected, and the forger must read nothing.
-#[test]
-fn forged_repair_socket_cannot_pose_as_a_pods_client() -> Result<()> {
-    privileged!(
-        "forged_repair_socket_cannot_pose_as_a_pods_client",
-        testbed::require::preflight_iptables
-    );
-    let pods = two_pods()?;
-    let agent = agent_with(&pods, &[])?;
-    let port = 5614u16;
+/// The victim of a forgery: a server in pod b that sends 1 MiB, and a client in pod a
+/// bound to `client_end` that writes its own sequence numbers to `seq` in `steps`
+/// once connected. The handshake's last ACK (flags ACK alone) to the server port is
+/// dropped until `held` is removed: the client is established, the server waits in
+/// SYN_RECV and sends its SYN-ACK again. `before`: the agent's status before.
+struct Victim<'a> {
+    held: iptables::Inserted<'a>,
+    before: testbed::AgentStatus,
+    server: ProbeServer,
+    victim: testbed::PodChild,
+}
+
+fn held_victim<'a>(
+    pods: &'a testbed::TwoPods,
+    agent: &testbed::Agent,
+    steps: &Steps,
+    port: u16,
+    client_end: SocketAddr,
+) -> Result<Victim<'a>> {
     let server_end = pods.b.v4_addr(port);
-    let client_end = SocketAddr::new(IpAddr::V4(pods.a.ipv4()), port + 30_000);
-    let steps = Steps::new(&pods, "forge")?;
-    let x = pods.private_namespace("x")?;
-    for ip in [pods.a.ipv4(), pods.b.ipv4()] {
-        x.ip(&["addr", "add", &format!("{ip}/32"), "dev", "lo"])?;
-    }
-    // The handshake's last ACK (flags ACK alone) to the server port is dropped: the
-    // client is established, the server waits in SYN_RECV and sends its SYN-ACK again.
     let port_arg = port.to_string();
     let held = iptables::insert(
         pods.b.netns(),
@@ -316,6 +312,43 @@ fn forged_repair_socket_cannot_pose_as_a_pods_client() -> Result<()> {
             &steps.arg("seq"),
         ]),
     )?;
+    Ok(Victim {
+        held,
+        before,
+        server,
+        victim,
+    })
+}
+
+/// Another namespace forges the victim client's end with TCP_REPAIR: a socket bound to
+/// the client's address and port, "connected" to the server's with the client's own
+/// sequence numbers (what such a namespace could guess: they are a keyed hash of the
+/// addresses plus a clock), established without a packet. It is made while the victim
+/// server's handshake is held open (its last ACK dropped in the server's namespace),
+/// so the server pairs only after the forgery exists. The victim client must still get
+/// every byte the server sends, redirected, and the forger must read nothing.
+#[test]
+fn forged_repair_socket_cannot_pose_as_a_pods_client() -> Result<()> {
+    privileged!(
+        "forged_repair_socket_cannot_pose_as_a_pods_client",
+        testbed::require::preflight_iptables
+    );
+    let pods = two_pods()?;
+    let agent = agent_with(&pods, &[])?;
+    let port = 5614u16;
+    let server_end = pods.b.v4_addr(port);
+    let client_end = SocketAddr::new(IpAddr::V4(pods.a.ipv4()), port + 30_000);
+    let steps = Steps::new(&pods, "forge")?;
+    let x = pods.private_namespace("x")?;
+    for ip in [pods.a.ipv4(), pods.b.ipv4()] {
+        x.ip(&["addr", "add", &format!("{ip}/32"), "dev", "lo"])?;
+    }
+    let Victim {
+        held,
+        before,
+        server,
+        victim,
+    } = held_victim(&pods, &agent, &steps, port, client_end)?;
     let forger = spawn_probe_client(
         &x,
         server_end,
@@ -386,45 +419,12 @@ fn forged_handshake_cannot_pose_as_a_pods_client() -> Result<()> {
     // In the pods' cgroup, so the programs see its sockets; it leaves the host's
     // network namespace for its own before it makes any.
     let x = pods.host_network("forger")?;
-    // The handshake's last ACK (flags ACK alone) to the server port is dropped: the
-    // client is established, the server waits in SYN_RECV and sends its SYN-ACK again.
-    let port_arg = port.to_string();
-    let held = iptables::insert(
-        pods.b.netns(),
-        iptables::Family::V4,
-        &[
-            "INPUT",
-            "-p",
-            "tcp",
-            "--dport",
-            &port_arg,
-            "--tcp-flags",
-            "SYN,ACK,FIN,RST",
-            "ACK",
-            "-j",
-            "DROP",
-        ],
-    )?;
-    let before = agent.stats()?;
-    let server = ProbeServer::start(
-        &pods.b,
-        server_end,
-        &strings(&["--case", "forge", "--bytes", "1M"]),
-    )?;
-    let victim = spawn_probe_client(
-        &pods.a,
-        server_end,
-        &strings(&[
-            "--case",
-            "forge",
-            "--bytes",
-            "1M",
-            "--bind",
-            &client_end.to_string(),
-            "--mark-file",
-            &steps.arg("seq"),
-        ]),
-    )?;
+    let Victim {
+        held,
+        before,
+        server,
+        victim,
+    } = held_victim(&pods, &agent, &steps, port, client_end)?;
     let forger = spawn_probe_client(
         &x,
         server_end,
@@ -443,7 +443,16 @@ fn forged_handshake_cannot_pose_as_a_pods_client() -> Result<()> {
     )?;
     let forged = steps.wait("forged");
     held.remove()?;
-    forged?;
+    if let Err(e) = forged {
+        let mut forger = forger;
+        forger.kill();
+        let out = forger.wait_output(std::time::Duration::from_secs(5))?;
+        anyhow::bail!(
+            "{e:#}: the forger never connected: {} {}",
+            String::from_utf8_lossy(&out.stdout).trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
     // The server sends everything (redirected or not) before its FIN, which the victim
     // reads last: once the victim is done, all the forger could get is queued to it.
     let v = probe_report(victim)?;
@@ -530,4 +539,97 @@ fn host_loopback_never_bypassed_via_gateway() -> Result<()> {
         "a socket of the host's namespace was inserted or redirected"
     );
     Ok(())
+}
+
+/// How a pod loses its network in [`network_loss_cuts_bypassed_connections`].
+#[derive(Clone, Copy, Debug)]
+enum Loss {
+    /// `ip link set eth0 down` inside the pod.
+    InterfaceDown,
+    /// The host end of its veth deleted (the pod's `eth0` goes with it).
+    VethDeleted,
+}
+
+/// A pod whose network goes down or away loses its bypassed connections too: once the
+/// agent sees the pod's address without an owner, the connection is cut, and the
+/// client's next bytes take TCP (where the CNI decides: nowhere while the link is
+/// down). With the interface up again, TCP delivers them, byte-exact, over the veth.
+fn network_loss_cuts_bypassed_connections(loss: Loss, port: u16) -> Result<()> {
+    let pods = two_pods()?;
+    let agent = agent_with(&pods, &[])?;
+    let a = IpAddr::V4(pods.a.ipv4());
+    let steps = Steps::new(&pods, "loss")?;
+    let chunk = 64 * 1024u64;
+    let before = agent.stats()?;
+    ensure!(
+        before.address_owners.iter().any(|o| o.address == a),
+        "pod a's address has no owner at start: {:?}",
+        before.address_owners
+    );
+    let HoldPair {
+        server,
+        client,
+        redirected: mid,
+    } = hold_pair(&pods, &agent, &steps, port, chunk)?;
+    match loss {
+        Loss::InterfaceDown => {
+            pods.a.ip(&["link", "set", "eth0", "down"])?;
+        }
+        Loss::VethDeleted => {
+            cmd::ip(&["link", "delete", pods.a.veth().host()])?;
+        }
+    }
+    agent.wait_for(
+        Duration::from_secs(30),
+        "pod a's address to lose its owner",
+        |s| !s.address_owners.iter().any(|o| o.address == a),
+    )?;
+    steps.touch("more")?;
+    let cut = agent.wait_for(
+        Duration::from_secs(30),
+        "the second chunk to take TCP",
+        |s| grew(&mid, s, |s| s.counters.passed_bytes) > 0,
+    )?;
+    eprintln!(
+        "{loss:?}: redirected +{} B after the loss, passed +{} B, cut seen +{}",
+        grew(&mid, &cut, |s| s.counters.redirected_bytes),
+        grew(&mid, &cut, |s| s.counters.passed_bytes),
+        grew(&mid, &cut, |s| s.counters.cut_seen)
+    );
+    ensure!(
+        grew(&mid, &cut, |s| s.counters.redirected_bytes) == 0,
+        "bytes were still redirected after pod a lost its network: {cut:?}"
+    );
+    ensure!(
+        grew(&mid, &cut, |s| s.counters.cut_seen) >= 1,
+        "no socket saw its connection cut: {cut:?}"
+    );
+    if let Loss::InterfaceDown = loss {
+        let wire0 = pods.wire_bytes()?;
+        pods.a.ip(&["link", "set", "eth0", "up"])?;
+        let c = probe_report(client)?;
+        let s = server.wait()?;
+        let wire = pods.wire_bytes()? - wire0;
+        ensure!(
+            s["ok"] == true && num(&s, "received") == 2 * chunk,
+            "the server lost or reordered bytes once the link was up: {s} (client {c})"
+        );
+        ensure!(
+            wire >= chunk,
+            "the second chunk did not cross the veth: {wire} B"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn interface_down_cuts_bypassed_connections() -> Result<()> {
+    privileged!("interface_down_cuts_bypassed_connections");
+    network_loss_cuts_bypassed_connections(Loss::InterfaceDown, 5620)
+}
+
+#[test]
+fn veth_deleted_cuts_bypassed_connections() -> Result<()> {
+    privileged!("veth_deleted_cuts_bypassed_connections");
+    network_loss_cuts_bypassed_connections(Loss::VethDeleted, 5621)
 }

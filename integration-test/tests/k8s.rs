@@ -25,13 +25,14 @@ mod k8s {
     pub mod opt_outs;
     pub mod outage;
     pub mod pods;
+    pub mod policies;
     pub mod service_cidrs;
     pub mod support;
     pub mod toggle;
 }
 
 use anyhow::Result;
-use k8s::{bad_input, deploy, opt_outs, outage, pods, service_cidrs, toggle};
+use k8s::{bad_input, deploy, opt_outs, outage, pods, policies, service_cidrs, toggle};
 
 // -------------------------------------------------------------------------------------
 // Pod addresses from Pod objects (tests/k8s/pods.rs).
@@ -64,6 +65,15 @@ fn k8s_entries_of_connections_closed_while_off_are_swept() -> Result<()> {
 fn k8s_opt_outs_hold_by_traffic() -> Result<()> {
     privileged!("k8s_opt_outs_hold_by_traffic");
     opt_outs::k8s_opt_outs_hold_by_traffic()
+}
+
+// -------------------------------------------------------------------------------------
+// NetworkPolicy changes (tests/k8s/policies.rs).
+
+#[test]
+fn k8s_network_policy_change_cuts_bypassed_connections() -> Result<()> {
+    privileged!("k8s_network_policy_change_cuts_bypassed_connections");
+    policies::k8s_network_policy_change_cuts_bypassed_connections()
 }
 
 // -------------------------------------------------------------------------------------

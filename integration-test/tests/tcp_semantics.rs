@@ -49,6 +49,12 @@ fn reset_peer_keeps_redirected_bytes_readable() -> Result<()> {
 // Reading (tests/tcp_semantics/reading.rs).
 
 #[test]
+fn peek_off_after_bytes_arrived_is_honoured_or_refused() -> Result<()> {
+    privileged!("peek_off_after_bytes_arrived_is_honoured_or_refused");
+    reading::peek_off_after_bytes_arrived_is_honoured_or_refused()
+}
+
+#[test]
 fn msg_peek_then_read() -> Result<()> {
     privileged!("msg_peek_then_read");
     reading::msg_peek_then_read()

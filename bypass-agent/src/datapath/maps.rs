@@ -1,7 +1,10 @@
 //! Typed views over the maps, usable from the loading agent or, through the pins, from
 //! another process (`status`).
 
-use std::{collections::BTreeSet, net::IpAddr};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
 
 use aya::maps::{
     Array, HashMap, Map, MapData, PerCpuArray, SockHash,
@@ -104,6 +107,61 @@ impl PodMaps {
     pub fn addrs(&self) -> BTreeSet<IpAddr> {
         self.addrs.list()
     }
+}
+
+/// Pod address → the cookie of the network namespace that owns it
+/// ([`names::MAP_NETNS_OWNERS`]).
+pub struct OwnerMap(HashMap<MapData, IpKey, u64>);
+
+impl OwnerMap {
+    /// Wraps the map.
+    pub fn new(map: Map) -> Result<Self, AgentError> {
+        Ok(Self(
+            HashMap::try_from(map).map_err(|e| open_err(names::MAP_NETNS_OWNERS, e))?,
+        ))
+    }
+
+    /// Its entries now.
+    pub fn list(&self) -> BTreeMap<IpAddr, u64> {
+        self.0
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, v)| (ip_from_key(k), v))
+            .collect()
+    }
+
+    /// Records `netns` as the owner of `ip`.
+    pub fn set(&mut self, ip: IpAddr, netns: u64) -> Result<(), AgentError> {
+        self.0.insert(ip_key(ip), netns, 0).map_err(|e| {
+            AgentError::bpf(
+                format!("record the owner of {ip} in {}", names::MAP_NETNS_OWNERS),
+                e,
+            )
+        })
+    }
+
+    /// Forgets the owner of `ip`.
+    pub fn remove(&mut self, ip: IpAddr) -> Result<(), AgentError> {
+        match self.0.remove(&ip_key(ip)) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(e) => Err(AgentError::bpf(
+                format!("forget the owner of {ip} in {}", names::MAP_NETNS_OWNERS),
+                e,
+            )),
+        }
+    }
+}
+
+/// Refusals per pod address, by kind ([`names::MAP_REFUSALS`]).
+pub fn refusals(
+    map: Map,
+) -> Result<BTreeMap<IpAddr, [u64; bypass_common::refusal::KINDS]>, AgentError> {
+    let m: HashMap<MapData, IpKey, [u64; bypass_common::refusal::KINDS]> =
+        HashMap::try_from(map).map_err(|e| open_err(names::MAP_REFUSALS, e))?;
+    Ok(m.iter()
+        .filter_map(Result::ok)
+        .map(|(k, v)| (ip_from_key(k), v))
+        .collect())
 }
 
 /// A set of addresses (`IpKey` → unused `u8`).
@@ -374,6 +432,17 @@ impl Control {
         self.get(control::SLOT_FEATURES)
     }
 
+    /// Turns the namespace ownership check off (`any`) or on
+    /// (`control::SLOT_OWNERS_OFF`).
+    pub fn set_owners_off(&mut self, off: bool) -> Result<(), AgentError> {
+        self.set(control::SLOT_OWNERS_OFF, u32::from(off))
+    }
+
+    /// Whether the namespace ownership check is off.
+    pub fn owners_off(&self) -> Result<bool, AgentError> {
+        Ok(self.get(control::SLOT_OWNERS_OFF)? != 0)
+    }
+
     /// Sets the heartbeat deadline (`control::SLOT_HEARTBEAT`).
     pub fn set_heartbeat(&mut self, deadline: u32) -> Result<(), AgentError> {
         self.set(control::SLOT_HEARTBEAT, deadline)
@@ -456,8 +525,19 @@ impl Pairings {
         let owners: std::collections::HashMap<u64, IpKey> =
             pod_netns.iter().filter_map(Result::ok).collect();
         let entries: Vec<(SockKey, Link)> = self.links.iter().filter_map(Result::ok).collect();
+        self.cut_keys(links_to_cut(&entries, &keys, &owners))
+    }
+
+    /// Cuts every connection (see [`Pairings::cut`]). Returns how many were cut.
+    pub fn cut_all(&mut self) -> Result<usize, AgentError> {
+        let keys: Vec<SockKey> = self.links.keys().filter_map(Result::ok).collect();
+        self.cut_keys(keys)
+    }
+
+    /// Puts the link keys `keys` into the cut map; returns how many were not there.
+    fn cut_keys(&mut self, keys: impl IntoIterator<Item = SockKey>) -> Result<usize, AgentError> {
         let mut cut = 0;
-        for key in links_to_cut(&entries, &keys, &owners) {
+        for key in keys {
             // Already cut or leaving: nothing to add.
             if self.cut.get(&key, 0).is_ok() {
                 continue;
@@ -558,6 +638,10 @@ pub struct PinnedView {
     pub sockopt_pinned: bool,
     /// Whether the read guard's links are pinned and alive.
     pub guard_pinned: bool,
+    /// Pod address owners (absent from a datapath of an older build).
+    pub owners: Option<OwnerMap>,
+    /// Refusals per pod address (absent from a datapath of an older build).
+    pub refusals: BTreeMap<IpAddr, [u64; bypass_common::refusal::KINDS]>,
 }
 
 impl PinnedView {
@@ -597,6 +681,13 @@ impl PinnedView {
             guard_pinned: names::GUARD_HOOKS.iter().all(|h| {
                 aya::programs::links::PinnedLink::from_pin(layout.link(h.program)).is_ok()
             }),
+            owners: open(names::MAP_NETNS_OWNERS)
+                .ok()
+                .and_then(|m| OwnerMap::new(m).ok()),
+            refusals: open(names::MAP_REFUSALS)
+                .ok()
+                .and_then(|m| refusals(m).ok())
+                .unwrap_or_default(),
         })
     }
 }

@@ -41,16 +41,16 @@ pub use bypass_common::Counters;
 use bypass_common::{
     SockKey,
     names::{
-        MAP_CONNECTORS, MAP_CONTROL, MAP_CUT, MAP_EXCLUDED_ADDRS, MAP_LINKS, MAP_POD_ADDRS,
-        MAP_POD_CIDRS, MAP_POD_NETNS, MAP_SERVICE_CIDRS, MAP_SKIP_PORTS, MAP_SOCKETS, MAP_STATS,
-        PIN_LINK_SOCKOPS, PIN_LINK_SOCKOPT, PROG_SOCKOPS, PROG_SOCKOPT,
+        MAP_CONNECTORS, MAP_CONTROL, MAP_CUT, MAP_EXCLUDED_ADDRS, MAP_LINKS, MAP_NETNS_OWNERS,
+        MAP_POD_ADDRS, MAP_POD_CIDRS, MAP_POD_NETNS, MAP_SERVICE_CIDRS, MAP_SKIP_PORTS,
+        MAP_SOCKETS, MAP_STATS, PIN_LINK_SOCKOPS, PIN_LINK_SOCKOPT, PROG_SOCKOPS, PROG_SOCKOPT,
     },
 };
 pub use fs::{
     ensure_bpffs, ensure_pin_dir_not_mount_root, find_cgroup2_mount, find_host_cgroup2, find_mount,
 };
 pub use heartbeat::{DEFAULT_TTL_SECS as DEFAULT_HEARTBEAT_SECS, remaining as heartbeat_remaining};
-pub use host::{kernel_release, tcp_rmem_max};
+pub use host::{kernel_release, netns_cookie, tcp_rmem_max};
 pub use maps::{Identity, Pairings, PinnedView, PodMaps, count_keys as count_sockets};
 pub use pins::PinLayout;
 pub use plan::{LoadPlan, ReadGuard};
@@ -85,6 +85,9 @@ pub struct Config {
     /// Seconds the heartbeat runs ahead: that long after the agent stops beating,
     /// sock_ops inserts nothing new.
     pub heartbeat_secs: u32,
+    /// Whether a pod address may be used only by the network namespace that owns it
+    /// (`--netns-owners=observe`); off, by any namespace but the node's.
+    pub netns_owners: bool,
 }
 
 /// How the running datapath came to be.
@@ -111,6 +114,7 @@ pub struct Datapath {
     _leaver: leaver::Leaver,
     pairings: Pairings,
     pod_maps: PodMaps,
+    owners: maps::OwnerMap,
     control: maps::Control,
     stats: maps::Stats,
     sockets: SockHash<MapData, SockKey>,
@@ -121,6 +125,7 @@ pub struct Datapath {
     cgroup_path: PathBuf,
     origin: Origin,
     detach_on_exit: bool,
+    netns_owners: bool,
     /// Why the bypass is refused on this host, if it is.
     refused: Option<&'static str>,
     // Keeps the sk_msg attachment of a fresh load owned (dropping it detaches).
@@ -204,6 +209,26 @@ impl Datapath {
         let small_stream = config.small_stream_bytes;
         control.set_small_stream(small_stream)?;
         control.set_leave_after(bypass_common::names::DEFAULT_LEAVE_AFTER)?;
+        // Connections paired while any namespace could use a pod address may have been
+        // paired with one that does not own it: switching the rule on cuts them all
+        // (they finish on TCP).
+        if adopt && config.netns_owners && control.owners_off()? {
+            let mut p = Pairings::new(
+                maps::open_pinned(&pins, MAP_CONNECTORS)?,
+                maps::open_pinned(&pins, MAP_LINKS)?,
+                maps::open_pinned(&pins, MAP_CUT)?,
+            )?;
+            let n = p.cut_all()?;
+            if n > 0 {
+                control.bump_cut_generation()?;
+            }
+            info!(
+                connections = n,
+                "--netns-owners=observe after any: every bypassed connection cut"
+            );
+        }
+        control.set_owners_off(!config.netns_owners)?;
+        let owners = maps::OwnerMap::new(maps::open_pinned(&pins, MAP_NETNS_OWNERS)?)?;
         // What the pinned programs were loaded with (an adopted datapath: the previous
         // agent's load, same build and same host, so the same plan).
         let unguarded = control.features()? & bypass_common::layout::features::NO_READ_GUARD != 0;
@@ -243,6 +268,7 @@ impl Datapath {
             _leaver: leaver,
             pairings,
             pod_maps,
+            owners,
             control,
             stats,
             sockets,
@@ -253,6 +279,7 @@ impl Datapath {
             cgroup_path: config.cgroup.clone(),
             origin,
             detach_on_exit: config.detach_on_exit,
+            netns_owners: config.netns_owners,
             refused,
             _ebpf: ebpf,
             _lock: lock,
@@ -392,6 +419,33 @@ impl Datapath {
             self.control.bump_cut_generation()?;
         }
         Ok(cut)
+    }
+
+    /// Whether a pod address may be used only by the namespace that owns it.
+    pub fn netns_owners(&self) -> bool {
+        self.netns_owners
+    }
+
+    /// The owners of pod addresses recorded now.
+    pub fn owners(&self) -> std::collections::BTreeMap<IpAddr, u64> {
+        self.owners.list()
+    }
+
+    /// Writes `plan` into the owners map: every entry is tried; the first failure is
+    /// returned after. The caller cuts the connections of the addresses it lost.
+    pub fn write_owners(&mut self, plan: &crate::owners::OwnerPlan) -> Result<(), AgentError> {
+        let mut first = None;
+        for ip in &plan.remove {
+            if let Err(e) = self.owners.remove(*ip) {
+                first.get_or_insert(e);
+            }
+        }
+        for (ip, netns) in &plan.set {
+            if let Err(e) = self.owners.set(*ip, *netns) {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
     }
 
     /// The agent's own state word (kept across restarts).

@@ -46,6 +46,32 @@ impl Hooks {
     }
 }
 
+/// Whether this kernel honours `SO_PEEK_OFF` on a TCP socket (Linux ≥ 6.9; before, it
+/// refuses it with `EOPNOTSUPP`).
+fn tcp_peek_off() -> bool {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socket};
+    let Ok(fd) = socket(
+        AddressFamily::Inet,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    ) else {
+        return false;
+    };
+    let zero: libc::c_int = 0;
+    // SAFETY: a valid socket and an int option of the right size.
+    let rc = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            libc::SOL_SOCKET,
+            libc::SO_PEEK_OFF,
+            std::ptr::from_ref(&zero).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    rc == 0
+}
+
 /// What a load fixes in the programs' read-only globals, found on this host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LoadPlan {
@@ -74,6 +100,9 @@ impl LoadPlan {
             ReadGuard::Guard => features::GUARD_FMOD_RET,
             ReadGuard::Watch => features::NO_READ_GUARD,
         };
+        if tcp_peek_off() {
+            f |= features::TCP_PEEK_OFF;
+        }
         Ok(Self {
             layout,
             features: f,

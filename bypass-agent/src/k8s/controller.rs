@@ -15,7 +15,7 @@ use std::{collections::BTreeSet, future::Future, sync::Arc, time::Duration};
 use futures::{FutureExt as _, StreamExt as _, stream::BoxStream};
 use k8s_openapi::api::{
     core::v1::{Namespace, Node, Pod},
-    networking::v1::ServiceCIDR,
+    networking::v1::{NetworkPolicy, ServiceCIDR},
 };
 use kube::{
     Api, Client,
@@ -91,6 +91,30 @@ impl Listed {
     fn service_cidrs_known(&self) -> bool {
         self.done[Source::ServiceCidrs as usize] || self.service_cidrs_unavailable.is_some()
     }
+}
+
+/// A NetworkPolicy event: the namespace of a policy that changed (created, modified,
+/// deleted, or seen again by a relist), none for the first listing, or an error.
+type PolicyItem = Result<Option<String>, watcher::Error>;
+
+/// The NetworkPolicy watch. Policies of the first listing are not changes (the
+/// connections established before were allowed by them); any event after is.
+fn watch_policies(api: Api<NetworkPolicy>) -> BoxStream<'static, PolicyItem> {
+    let mut listed = false;
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .map(move |e| {
+            Ok(match e? {
+                watcher::Event::Apply(p) | watcher::Event::Delete(p) => p.metadata.namespace,
+                watcher::Event::InitApply(p) if listed => p.metadata.namespace,
+                watcher::Event::InitDone => {
+                    listed = true;
+                    None
+                }
+                watcher::Event::Init | watcher::Event::InitApply(_) => None,
+            })
+        })
+        .boxed()
 }
 
 /// One item of the merged watch streams: an event (whether it completed a listing), or
@@ -173,6 +197,7 @@ pub async fn run(
         Api::<Namespace>::all(client.clone()),
         watcher::Config::default(),
     );
+    let mut policies = watch_policies(Api::<NetworkPolicy>::all(client.clone()));
     let (service_cidrs, sc_events) = watch_service_cidrs(Api::<ServiceCIDR>::all(client));
     let mut events = futures::stream::select_all([node_events, pod_events, ns_events, sc_events]);
     let mut ctl = Reconciler {
@@ -199,11 +224,19 @@ pub async fn run(
         namespaces,
         service_cidrs,
         listed: Listed::default(),
+        policy_changed: BTreeSet::new(),
+        policy_warned: false,
     };
     // A periodic pass repairs drift (an entry removed behind the agent's back) and
     // retries failed map updates.
     let mut resync = tokio::time::interval(settings.resync);
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The node's namespaces are read on every wake-up and at least this often: a pod's
+    // address is its own once its namespace holds it, and its connections are cut once
+    // its network is down or gone.
+    let mut owners = crate::owners::Watcher::new(dp)?;
+    let mut owners_tick = tokio::time::interval(crate::owners::INTERVAL);
+    owners_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let shutdown = shutdown.fuse();
     futures::pin_mut!(shutdown);
     info!(node = %node, "watching the node, its pods, namespaces and ServiceCIDRs");
@@ -217,6 +250,11 @@ pub async fn run(
                 }
             },
             _ = resync.tick() => {}
+            _ = owners_tick.tick(), if owners.is_some() => {}
+            Some(item) = policies.next() => ctl.note_policy(item),
+        }
+        while let Some(Some(item)) = policies.next().now_or_never() {
+            ctl.note_policy(item);
         }
         // Coalesce a burst (a relist delivers every object) into one reconcile.
         while let Some(Some(item)) = events.next().now_or_never() {
@@ -230,9 +268,17 @@ pub async fn run(
             ctl.telemetry.health.set_synced(true);
             ctl.telemetry.agent.synced.set(1);
             ctl.reconcile(dp);
+            ctl.cut_policy_changes(dp);
             if let Some(p) = publisher.as_deref_mut() {
                 p.update(ctl.node_status(dp)).await;
             }
+        }
+        // After the reconcile, so a pod address added now is owned at once.
+        if let Some(w) = owners.as_mut()
+            && let Err(e) = w.pass(dp)
+        {
+            ctl.telemetry.agent.error(ErrorKind::MapUpdate);
+            warn!(error = %e, "reading the pod network namespaces failed; retrying");
         }
     }
 }
@@ -256,11 +302,59 @@ struct Reconciler<'a> {
     service_cidrs: Store<ServiceCIDR>,
     /// Listings done, and the ServiceCIDR availability.
     listed: Listed,
+    /// Namespaces whose NetworkPolicies changed since the last pass.
+    policy_changed: BTreeSet<String>,
+    /// Whether a failing NetworkPolicy watch was warned about (cleared by an event).
+    policy_warned: bool,
 }
 
 impl Reconciler<'_> {
     /// Records one watch item: a completed listing, or an error (logged and counted;
     /// the watcher retries by itself with backoff).
+    /// Records a NetworkPolicy event; a failing watch is warned about once.
+    fn note_policy(&mut self, item: PolicyItem) {
+        match item {
+            Ok(Some(ns)) => {
+                self.policy_warned = false;
+                self.policy_changed.insert(ns);
+            }
+            Ok(None) => self.policy_warned = false,
+            Err(e) => {
+                self.telemetry.agent.error(ErrorKind::Watch);
+                if !self.policy_warned {
+                    self.policy_warned = true;
+                    warn!(resource = "networkpolicies", error = %crate::error::chain(&e),
+                        "watching NetworkPolicies failed (RBAC: list and watch networkpolicies, see deploy/rbac.yaml); retrying: until it works, a policy change does not move established bypassed connections back to the CNI");
+                }
+            }
+        }
+    }
+
+    /// Cuts the bypassed connections of pods in namespaces whose NetworkPolicies
+    /// changed: they continue on TCP, where the CNI enforces the policies.
+    fn cut_policy_changes(&mut self, dp: &mut Datapath) {
+        if self.policy_changed.is_empty() {
+            return;
+        }
+        let pods = self.pods.state();
+        let addrs = sync::addrs_in_namespaces(pods.iter().map(AsRef::as_ref), &self.policy_changed);
+        if addrs.is_empty() {
+            self.policy_changed.clear();
+            return;
+        }
+        match dp.cut_links(&addrs) {
+            Ok(n) => {
+                info!(namespaces = ?self.policy_changed, connections = n,
+                    "NetworkPolicies changed: these namespaces' pods' bypassed connections moved to TCP");
+                self.policy_changed.clear();
+            }
+            Err(e) => {
+                self.telemetry.agent.error(ErrorKind::MapUpdate);
+                error!(error = %e, "could not cut the connections of pods whose NetworkPolicies changed; retrying on the next pass");
+            }
+        }
+    }
+
     fn note(&mut self, (source, item): Item) {
         match item {
             Ok(true) => {

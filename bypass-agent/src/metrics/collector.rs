@@ -121,6 +121,27 @@ impl Collector for DatapathCollector {
             "Addresses never treated as a pod's (opted out)",
             count(view.pod_maps.excluded().len()),
         )?;
+        if let Some(owners) = &view.owners {
+            gauge(
+                &mut enc,
+                "bypass_owned_pod_addresses",
+                "Pod addresses with an observed owning network namespace (--netns-owners=observe)",
+                count(owners.list().len()),
+            )?;
+        }
+        let mut family = enc.encode_descriptor(
+            "bypass_pod_address_refusals",
+            "Sockets refused for a pod address: used by another network namespace (foreign_namespace), or a client on it whose sequence numbers did not match (pairing)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (address, counts) in &view.refusals {
+            let address = address.to_string();
+            for (kind, name) in bypass_common::refusal::NAMES.iter().enumerate() {
+                let labels = [("address", address.as_str()), ("kind", *name)];
+                ConstCounter::new(counts[kind]).encode(family.encode_family(&labels)?)?;
+            }
+        }
         let capacity =
             aya::maps::MapInfo::from_pin(self.layout.map(bypass_common::names::MAP_SOCKETS))
                 .map(|i| i64::from(i.max_entries()))

@@ -481,6 +481,23 @@ pub fn pod_addrs(
     Ok(out)
 }
 
+/// The addresses of the pods in `namespaces` (those whose NetworkPolicies changed):
+/// their bypassed connections are cut, so the CNI decides on them again.
+pub fn addrs_in_namespaces<'a>(
+    pods: impl IntoIterator<Item = &'a Pod>,
+    namespaces: &BTreeSet<String>,
+) -> BTreeSet<IpAddr> {
+    pods.into_iter()
+        .filter(|p| {
+            p.metadata
+                .namespace
+                .as_ref()
+                .is_some_and(|ns| namespaces.contains(ns))
+        })
+        .flat_map(|p| status_addrs(p, &mut BTreeSet::new()))
+        .collect()
+}
+
 /// The addresses in a pod's status (`status.podIPs`, or the older `status.podIP`).
 /// Malformed addresses are rejected one by one.
 fn status_addrs(pod: &Pod, rejections: &mut BTreeSet<Rejection>) -> BTreeSet<IpAddr> {

@@ -14,7 +14,7 @@ use anyhow::{Context as _, Result, bail};
 use base64::{Engine as _, prelude::BASE64_STANDARD};
 use k8s_openapi::api::{
     core::v1::{Namespace, Node, Pod, ServiceAccount},
-    networking::v1::ServiceCIDR,
+    networking::v1::{NetworkPolicy, ServiceCIDR},
     rbac::v1::{ClusterRole, ClusterRoleBinding},
 };
 use kube::{
@@ -163,6 +163,25 @@ impl Cluster {
         };
         self.block(self.pods(ns).delete(name, &dp))
             .with_context(|| format!("delete pod {ns}/{name}"))?;
+        Ok(())
+    }
+
+    /// A NetworkPolicy `name` in `ns` selecting every pod there, allowing ingress from
+    /// every pod (what it allows does not matter to the bypass: that it changed does).
+    pub fn network_policy(&self, ns: &str, name: &str) -> Result<()> {
+        let policy: NetworkPolicy = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "podSelector": {},
+                "policyTypes": ["Ingress"],
+                "ingress": [{"from": [{"podSelector": {}}]}],
+            },
+        }))?;
+        self.block(
+            Api::<NetworkPolicy>::namespaced(self.client.clone(), ns)
+                .create(&PostParams::default(), &policy),
+        )
+        .with_context(|| format!("create NetworkPolicy {ns}/{name}"))?;
         Ok(())
     }
 

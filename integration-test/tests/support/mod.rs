@@ -310,3 +310,46 @@ impl Drop for Steps {
 pub fn wait_file(p: &Path) -> Result<()> {
     testbed::steps::wait_file(p, Duration::from_secs(30))
 }
+
+/// A `hold` connection from pod a to pod b on `port`, its first chunk sent and
+/// redirected: the server reads and verifies everything; the client has sent `chunk`
+/// bytes (marked `sent` in `steps`) and sends `chunk` more once `more` is touched.
+/// Returns the server, the client, and the agent's status once the first chunk was
+/// redirected.
+pub struct HoldPair {
+    pub server: ProbeServer,
+    pub client: PodChild,
+    pub redirected: AgentStatus,
+}
+
+pub fn hold_pair(
+    pods: &TwoPods,
+    agent: &Agent,
+    steps: &Steps,
+    port: u16,
+    chunk: u64,
+) -> Result<HoldPair> {
+    let before = agent.stats()?;
+    let hold = ["--case".to_owned(), "hold".to_owned()];
+    let server = ProbeServer::start(&pods.b, pods.b.v4_addr(port), &hold)?;
+    let mut args = hold.to_vec();
+    args.extend([
+        "--bytes".to_owned(),
+        chunk.to_string(),
+        "--mark-file".to_owned(),
+        steps.arg("sent"),
+        "--go-file".to_owned(),
+        steps.arg("more"),
+    ]);
+    let client = spawn_probe_client(&pods.a, pods.b.v4_addr(port), &args)?;
+    steps.wait("sent")?;
+    let redirected =
+        agent.wait_for(Duration::from_secs(30), "the first chunk redirected", |s| {
+            grew(&before, s, |s| s.counters.redirected_bytes) >= chunk
+        })?;
+    Ok(HoldPair {
+        server,
+        client,
+        redirected,
+    })
+}

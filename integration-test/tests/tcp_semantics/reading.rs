@@ -203,3 +203,45 @@ pub fn msg_oob_is_not_urgent_known_difference() -> Result<()> {
     }
     bail!("in 5 runs the urgent bytes were never redirected")
 }
+
+/// SO_PEEK_OFF set after bytes arrived: on TCP the second peek follows the first. The
+/// ingress queue always peeks from its head, so on a bypassed socket with redirected
+/// bytes unread the option is refused (EPERM) rather than applied and ignored; every
+/// byte is then read as sent. (Kernels before 6.9 refuse SO_PEEK_OFF on TCP: both
+/// paths then answer the same.)
+pub fn peek_off_after_bytes_arrived_is_honoured_or_refused() -> Result<()> {
+    let pods = two_pods()?;
+    let (tcp, bypass) = both(&pods, 5437, &["--case", "peek-off-late"])?;
+    let s = |r: &Run, k: &str| r.server[k].clone();
+    ensure!(
+        s(&tcp, "read_matches") == true && s(&bypass, "read_matches") == true,
+        "bytes lost or changed: tcp {:?}, bypass {:?}",
+        tcp.server,
+        bypass.server
+    );
+    if s(&tcp, "set_peek_off") != "ok" {
+        // No SO_PEEK_OFF on TCP here: the same answer bypassed.
+        return same(&tcp, &bypass, &[], &["set_peek_off"]);
+    }
+    ensure!(
+        s(&tcp, "second_peek_follows") == true,
+        "TCP's own peek offset did not move: {:?}",
+        tcp.server
+    );
+    if s(&bypass, "set_peek_off") == "ok" {
+        ensure!(
+            s(&bypass, "second_peek_follows") == true,
+            "SO_PEEK_OFF was accepted on the bypassed socket but the second peek did not \
+             follow the first: {:?}",
+            bypass.server
+        );
+    } else {
+        ensure!(
+            s(&bypass, "set_peek_off") == "EPERM" && redirected(&bypass) > 0,
+            "refused other than by the bypass (EPERM with redirected bytes): {:?} {:?}",
+            bypass.server,
+            bypass.grew
+        );
+    }
+    Ok(())
+}

@@ -34,7 +34,16 @@ const ID_RANGE: u32 = 65_536;
 /// another uid takes `CAP_SETUID` in the parent namespace (kernel/user_namespace.c,
 /// new_idmap_permitted), so a child forked before the `unshare`, still in the parent
 /// namespace, writes the maps (what `newuidmap` does for a container runtime).
-pub fn enter_own_namespaces() -> Result<()> {
+///
+/// Where the kernel refuses a new user namespace to this process (`EPERM`: a caller
+/// in a chroot, as the kernel matrix's guests run their tests, kernel/user_namespace.c,
+/// create_user_ns), it makes only the network namespace and stays real root (with
+/// `CAP_NET_ADMIN` in it either way). Returns whether it made a user namespace.
+pub fn enter_own_namespaces() -> Result<bool> {
+    if let Err(nix::errno::Errno::EPERM) = probe_user_namespace() {
+        unshare(CloneFlags::CLONE_NEWNET).context("unshare(CLONE_NEWNET)")?;
+        return Ok(false);
+    }
     let (ready_r, ready_w) = pipe().context("pipe")?;
     let me = getpid();
     // SAFETY: the process is single-threaded (the caller's contract), so the child may
@@ -75,7 +84,29 @@ pub fn enter_own_namespaces() -> Result<()> {
     setgroups(&[]).context("setgroups")?;
     setresgid(root.1, root.1, root.1).context("setresgid")?;
     setresuid(root.0, root.0, root.0).context("setresuid")?;
-    Ok(())
+    Ok(true)
+}
+
+/// Whether this process may make a user namespace: tried in a forked child, which
+/// exits at once (the caller's own namespaces are left as they are).
+fn probe_user_namespace() -> Result<(), nix::errno::Errno> {
+    // SAFETY: the process is single-threaded (the caller's contract); the child only
+    // calls unshare and `_exit`.
+    match unsafe { fork() }.map_err(|_| nix::errno::Errno::EAGAIN)? {
+        ForkResult::Child => {
+            let code = match unshare(CloneFlags::CLONE_NEWUSER) {
+                Ok(()) => 0,
+                Err(e) => e as i32,
+            };
+            // SAFETY: ends the forked child without running the parent's exit handlers.
+            unsafe { libc::_exit(code) }
+        }
+        ForkResult::Parent { child } => match waitpid(child, None) {
+            Ok(WaitStatus::Exited(_, 0)) => Ok(()),
+            Ok(WaitStatus::Exited(_, code)) => Err(nix::errno::Errno::from_raw(code)),
+            _ => Err(nix::errno::Errno::EIO),
+        },
+    }
 }
 
 /// The helper's part: once the probe has unshared (a byte on `ready`), map root of

@@ -227,7 +227,7 @@ pub fn forge_handshake(connect: SocketAddr, bind: SocketAddr, st: &Steps<'_>) ->
     };
     let go = st.go.context("forge-handshake needs --go-file")?;
     let stop = st.wait.context("forge-handshake needs --wait-file")?;
-    forger::enter_own_namespaces()?;
+    let user_namespace = forger::enter_own_namespaces()?;
     forger::configure_network(*client.ip(), *server.ip())?;
     wait_file(go)?;
     let text = std::fs::read_to_string(go).context("read the sequence numbers")?;
@@ -293,9 +293,13 @@ pub fn forge_handshake(connect: SocketAddr, bind: SocketAddr, st: &Steps<'_>) ->
                 );
             }
             Err(e) => {
-                return Ok(json!({"received": received, "error": e.to_string()}));
+                return Ok(
+                    json!({"received": received, "error": e.to_string(), "user_namespace": user_namespace}),
+                );
             }
         }
     }
-    Ok(json!({"received": received, "isn": client_isn, "server_isn": server_isn}))
+    Ok(
+        json!({"received": received, "isn": client_isn, "server_isn": server_isn, "user_namespace": user_namespace}),
+    )
 }

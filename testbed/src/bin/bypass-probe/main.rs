@@ -59,6 +59,9 @@ enum Case {
     Reset,
     /// MSG_PEEK, then a read: the peeked bytes are read again.
     Peek,
+    /// SO_PEEK_OFF set once 100 bytes are queued, then two peeks and a read. The
+    /// client is as for peek.
+    PeekOffLate,
     /// FIONREAD once everything sent has arrived.
     Fionread,
     /// SO_RCVLOWAT 1000 with 500 bytes, then 600 more: readiness and the first read.
@@ -275,6 +278,7 @@ fn server(listen: SocketAddr, ready: Option<PathBuf>, c: &Common) -> Result<Valu
         Case::Halfclose => halfclose::server(s, c),
         Case::Reset => reset::server(s),
         Case::Peek => peek::server(s),
+        Case::PeekOffLate => peek::late_offset_server(s),
         Case::Fionread => fionread::server(s),
         Case::Rcvlowat => rcvlowat::server(s),
         Case::Waitall => waitall::server(s),
@@ -330,7 +334,7 @@ fn client(connect: SocketAddr, c: &Common) -> Result<Value> {
         Case::Slow => slow::client(s, c),
         Case::Halfclose => halfclose::client(s, c),
         Case::Reset => reset::client(s),
-        Case::Peek => peek::client(s, c),
+        Case::Peek | Case::PeekOffLate => peek::client(s, c),
         Case::Fionread => fionread::client(s, c),
         Case::Rcvlowat => rcvlowat::client(s, c),
         Case::Waitall => waitall::client(s, c),

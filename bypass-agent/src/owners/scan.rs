@@ -1,0 +1,185 @@
+//! Reads the node's network namespaces: every one a process runs in
+//! (`/proc/PID/ns/net`) or a runtime pinned (`/run/netns`, Docker's), entered in turn by
+//! one thread of the agent (`setns` changes only the calling thread's namespace).
+
+use std::{
+    collections::BTreeSet,
+    fs::File,
+    os::{fd::AsFd, unix::fs::MetadataExt},
+    path::{Path, PathBuf},
+};
+
+use nix::sched::{CloneFlags, setns};
+
+use super::{Claim, netlink::Route};
+use crate::{datapath::netns_cookie, error::AgentError};
+
+/// Where container runtimes pin pod network namespaces: containerd and CRI-O (and
+/// `ip netns`) under `/run/netns`, Docker under its own directory.
+pub const PINNED_NETNS_DIRS: [&str; 3] = ["/run/netns", "/var/run/netns", "/var/run/docker/netns"];
+
+/// `IFF_UP`: the interface is up (include/uapi/linux/if.h).
+const IFF_UP: u32 = 0x1;
+/// `IFF_LOWER_UP`: its carrier is (for a veth: its peer is up too).
+const IFF_LOWER_UP: u32 = 0x1_0000;
+
+/// The node's own network namespace: the agent's, opened when it starts.
+pub struct HostNamespace {
+    file: File,
+    id: (u64, u64),
+}
+
+impl HostNamespace {
+    /// The calling thread's network namespace (the agent runs in the node's).
+    pub fn current() -> Result<Self, AgentError> {
+        let path = Path::new("/proc/thread-self/ns/net");
+        let file = File::open(path).map_err(|e| AgentError::Io {
+            action: "open the node's network namespace",
+            path: path.into(),
+            source: e,
+        })?;
+        let meta = file.metadata().map_err(|e| AgentError::Io {
+            action: "stat the node's network namespace",
+            path: path.into(),
+            source: e,
+        })?;
+        Ok(Self {
+            file,
+            id: (meta.dev(), meta.ino()),
+        })
+    }
+}
+
+/// What one scan found.
+#[derive(Debug, Clone, Default)]
+pub struct Scan {
+    /// Addresses held on interfaces that reach the node's namespace.
+    pub claims: Vec<Claim>,
+    /// Namespaces read (the node's own left out).
+    pub namespaces: usize,
+    /// Namespaces that could not be entered or read (gone meanwhile, or no right).
+    pub unreadable: usize,
+}
+
+/// Reads every network namespace it can find but the node's own.
+pub fn scan(host: &HostNamespace) -> Result<Scan, AgentError> {
+    let mut seen = BTreeSet::from([host.id]);
+    let mut paths = Vec::new();
+    for path in candidates() {
+        // Stat first (cheap, follows the namespace link): most processes share a few
+        // namespaces. Each is opened only when it is read, one at a time.
+        let Ok(meta) = std::fs::metadata(&path) else {
+            continue;
+        };
+        if seen.insert((meta.dev(), meta.ino())) {
+            paths.push((path, (meta.dev(), meta.ino())));
+        }
+    }
+    let host_file = host.file.try_clone().map_err(|e| AgentError::Io {
+        action: "duplicate the node's network namespace descriptor",
+        path: "/proc/thread-self/ns/net".into(),
+        source: e,
+    })?;
+    // A thread of its own: it leaves the node's namespace.
+    std::thread::Builder::new()
+        .name("netns-scan".into())
+        .spawn(move || read_all(&host_file, &paths))
+        .map_err(|e| AgentError::Io {
+            action: "start the network namespace scan thread",
+            path: PathBuf::new(),
+            source: e,
+        })?
+        .join()
+        .map_err(|_| AgentError::Io {
+            action: "scan network namespaces (the thread panicked)",
+            path: PathBuf::new(),
+            source: std::io::Error::other("panicked"),
+        })
+}
+
+/// Paths of network namespace files: pinned ones, then each process's.
+fn candidates() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for dir in PINNED_NETNS_DIRS {
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            out.extend(entries.filter_map(Result::ok).map(|e| e.path()));
+        }
+    }
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for e in entries.filter_map(Result::ok) {
+            let name = e.file_name();
+            if name
+                .to_str()
+                .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+            {
+                out.push(e.path().join("ns/net"));
+            }
+        }
+    }
+    out
+}
+
+fn read_all(host: &File, paths: &[(PathBuf, (u64, u64))]) -> Scan {
+    let mut out = Scan::default();
+    for (path, id) in paths {
+        // The same namespace as stated, or none (a process that exited and a pid
+        // reused meanwhile).
+        let opened = File::open(path).and_then(|f| {
+            let m = f.metadata()?;
+            if (m.dev(), m.ino()) == *id {
+                Ok(f)
+            } else {
+                Err(std::io::Error::other(
+                    "another namespace than the one stated",
+                ))
+            }
+        });
+        let Ok(f) = opened else {
+            continue;
+        };
+        match read_one(host, &f) {
+            Ok(claims) => {
+                out.namespaces += 1;
+                out.claims.extend(claims);
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "a network namespace could not be read");
+                out.unreadable += 1;
+            }
+        }
+    }
+    out
+}
+
+/// Enters `ns` and lists the addresses on its interfaces that are up and whose peer or
+/// lower device is in `host`.
+fn read_one(host: &File, ns: &File) -> std::io::Result<Vec<Claim>> {
+    setns(ns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)?;
+    let netns = netns_cookie().map_err(std::io::Error::other)?;
+    let mut route = Route::open()?;
+    let Some(host_id) = route.nsid_of(host.as_fd())? else {
+        // No interface of this namespace reaches the node's.
+        return Ok(Vec::new());
+    };
+    let reaching: BTreeSet<u32> = route
+        .links()?
+        .into_iter()
+        .filter(|l| {
+            l.link_netnsid == Some(host_id)
+                && l.flags & (IFF_UP | IFF_LOWER_UP) == IFF_UP | IFF_LOWER_UP
+        })
+        .map(|l| l.index)
+        .collect();
+    if reaching.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(route
+        .addrs()?
+        .into_iter()
+        .filter(|a| reaching.contains(&a.index))
+        .map(|a| Claim {
+            netns,
+            addr: a.addr.to_canonical(),
+        })
+        .collect())
+}

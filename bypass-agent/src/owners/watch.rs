@@ -1,0 +1,113 @@
+//! The agent's pass over the node's namespaces: scan, decide, write the owners map, cut
+//! the connections of addresses that lost their owner.
+
+use std::{collections::BTreeSet, net::IpAddr, time::Duration};
+
+use tracing::{info, warn};
+
+use super::{HostNamespace, PodAddresses, plan, resolve, scan};
+use crate::{datapath::Datapath, error::AgentError};
+
+/// How often the agent reads the node's namespaces (also on every Kubernetes event).
+pub const INTERVAL: Duration = Duration::from_secs(1);
+
+/// What one pass found and did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Addresses with an owner.
+    pub owned: usize,
+    /// Addresses claimed by more than one namespace.
+    pub contested: BTreeSet<IpAddr>,
+    /// Namespaces read.
+    pub namespaces: usize,
+    /// Namespaces that could not be read.
+    pub unreadable: usize,
+    /// Connections cut because an address lost its owner.
+    pub cut: usize,
+}
+
+/// Keeps the owners map in step with the node's namespaces.
+pub struct Watcher {
+    host: HostNamespace,
+    last: Report,
+    /// Addresses that lost their owner and whose connections are not cut yet (a cut
+    /// that failed is tried again on the next pass, whatever the map says by then).
+    uncut: BTreeSet<IpAddr>,
+}
+
+impl Watcher {
+    /// A watcher for `dp`, or `None` when the ownership check is off
+    /// (`--netns-owners=any`). Call from a thread in the node's network namespace.
+    pub fn new(dp: &Datapath) -> Result<Option<Self>, AgentError> {
+        if !dp.netns_owners() {
+            return Ok(None);
+        }
+        Ok(Some(Self {
+            host: HostNamespace::current()?,
+            last: Report::default(),
+            uncut: BTreeSet::new(),
+        }))
+    }
+
+    /// One pass. Logs what changed.
+    pub fn pass(&mut self, dp: &mut Datapath) -> Result<Report, AgentError> {
+        let found = scan(&self.host)?;
+        let maps = dp.pod_maps();
+        let pods = PodAddresses {
+            addrs: maps.addrs(),
+            cidrs: maps
+                .cidrs()
+                .iter()
+                .map(crate::cidr::PodCidr::trie_key)
+                .collect(),
+            excluded: maps.excluded(),
+        };
+        let owners = resolve(found.claims, |ip| pods.contains(ip));
+        let p = plan(&dp.owners(), &owners.owned);
+        // Written first (a lost address is nobody's before its connections are cut, so
+        // none is inserted again meanwhile), every entry tried; the cut runs whatever
+        // the writes did, and is retried until it succeeds.
+        let written = dp.write_owners(&p);
+        self.uncut.extend(p.lost.iter().copied());
+        let cut = if self.uncut.is_empty() {
+            0
+        } else {
+            let n = dp.cut_links(&self.uncut)?;
+            self.uncut.clear();
+            n
+        };
+        written?;
+        let report = Report {
+            owned: owners.owned.len(),
+            contested: owners.contested,
+            namespaces: found.namespaces,
+            unreadable: found.unreadable,
+            cut,
+        };
+        if !p.is_empty() {
+            info!(
+                owned = report.owned,
+                added = p.set.len() - p.lost.iter().filter(|ip| !p.remove.contains(ip)).count(),
+                lost = ?p.lost,
+                connections_cut = cut,
+                "pod address owners changed"
+            );
+        }
+        for ip in report.contested.difference(&self.last.contested) {
+            warn!(address = %ip, "two network namespaces hold this pod address on interfaces that reach the node: it is nobody's (its connections keep TCP) until one of them lets it go");
+        }
+        if report.unreadable > 0 && self.last.unreadable == 0 {
+            warn!(
+                unreadable = report.unreadable,
+                "some network namespaces could not be read (gone meanwhile, or the agent lacks CAP_SYS_ADMIN): their pods are not bypassed"
+            );
+        }
+        self.last = report.clone();
+        Ok(report)
+    }
+
+    /// The last pass's report.
+    pub fn last(&self) -> &Report {
+        &self.last
+    }
+}
