@@ -70,6 +70,12 @@ pub const MAP_VERDICTS: &str = "BYPASS_VERDICTS";
 /// check of any file on the node costs one array read while none is (not pinned).
 pub const MAP_GUARDING: &str = "BYPASS_GUARDING";
 
+/// Socket-local storage (`u8`, unused) of every socket sock_ops saw connect
+/// (`BPF_SOCK_OPS_TCP_CONNECT_CB`): such a socket reaching `PASSIVE_ESTABLISHED` did a
+/// simultaneous open, with sequence numbers its owner may have chosen (`TCP_REPAIR`),
+/// and is never inserted as a server. Only the programs use it (not pinned).
+pub const MAP_ACTIVE_OPEN: &str = "BYPASS_ACTIVE_OPEN";
+
 /// Every map the agent pins, [`MAP_CONTROL`] last (its pin marks a complete datapath).
 /// ([`MAP_SOCK_STATE`] is not pinned: only the programs use it.)
 pub const PINNED_MAPS: [&str; 16] = [

@@ -48,6 +48,10 @@ pub(crate) static BYPASS_CONTROL: Array<u32, { control::SLOTS as usize }> = Arra
 #[btf_map]
 pub(crate) static BYPASS_SOCK_STATE: SkStorage<SockState> = SkStorage::new();
 
+/// Sockets that connected (see `bypass_common::names::MAP_ACTIVE_OPEN`).
+#[btf_map]
+pub(crate) static BYPASS_ACTIVE_OPEN: SkStorage<u8> = SkStorage::new();
+
 /// Service (ClusterIP) CIDRs, keyed like [`BYPASS_POD_CIDRS`].
 #[btf_map]
 pub(crate) static BYPASS_SERVICE_CIDRS: LpmTrie<
@@ -147,6 +151,31 @@ pub(crate) unsafe fn sock_state<S>(sk: *mut S, create: bool) -> Option<*mut Sock
     }
     .cast::<SockState>();
     (!state.is_null()).then_some(state)
+}
+
+/// Marks the running program's context socket `sk` as one that connected (`create`), or
+/// says whether it is one.
+///
+/// # Safety
+/// As [`sock_state`]: `sk` must be the running program's own context socket, non-null.
+#[inline(always)]
+pub(crate) unsafe fn active_open<S>(sk: *mut S, create: bool) -> bool {
+    let flags = if create {
+        u64::from(aya_ebpf::bindings::BPF_SK_STORAGE_GET_F_CREATE)
+    } else {
+        0
+    };
+    // SAFETY: the caller passes its context's non-null socket; the helper returns that
+    // socket's storage or null.
+    let mark = unsafe {
+        aya_ebpf::helpers::generated::bpf_sk_storage_get(
+            map_ptr(&BYPASS_ACTIVE_OPEN),
+            sk.cast(),
+            core::ptr::null_mut(),
+            flags,
+        )
+    };
+    !mark.is_null()
 }
 
 /// Address of a BTF map definition, as the helpers take it.

@@ -81,6 +81,14 @@ pub fn bypass_sockops(ctx: SockOpsContext) -> u32 {
         return 1;
     }
     if op == BPF_SOCK_OPS_TCP_CONNECT_CB {
+        // Remembered for good: a connecting socket that later reaches
+        // PASSIVE_ESTABLISHED did a simultaneous open and is never a server.
+        // SAFETY: context field load.
+        let sk = unsafe { read_volatile(addr_of!((*ctx.ops).__bindgen_anon_2.sk)) };
+        if !sk.is_null() {
+            // SAFETY: `sk` is this program's context socket, checked non-null above.
+            let _ = unsafe { crate::maps::active_open(sk, true) };
+        }
         // A pod connecting anywhere marks its namespace as a pod's, so that its later
         // loopback connections (to its sidecar) qualify.
         if let Some(key) = key::from_sock_ops(ctx.ops, netns)
@@ -199,6 +207,18 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
     // around it.
     if own.ulp {
         return Err(Skip::Ulp);
+    }
+    // A socket its owner connected that comes here as an accepting one did a
+    // simultaneous open: no listener chose its initial sequence number, its owner may
+    // have (TCP_REPAIR), and it could pose as the server of a handshake it never took
+    // part in. Never a server.
+    if !active {
+        // SAFETY: context field load.
+        let sk = unsafe { read_volatile(addr_of!((*ctx.ops).__bindgen_anon_2.sk)) };
+        // SAFETY: `sk` is this program's context socket, checked non-null first.
+        if sk.is_null() || unsafe { crate::maps::active_open(sk, false) } {
+            return Err(Skip::Ineligible);
+        }
     }
     // The accepting side is established after its client (the client's callback runs
     // before it acknowledges the SYN-ACK, net/ipv4/tcp_input.c, tcp_finish_connect).

@@ -633,3 +633,104 @@ fn veth_deleted_cuts_bypassed_connections() -> Result<()> {
     privileged!("veth_deleted_cuts_bypassed_connections");
     network_loss_cuts_bypassed_connections(Loss::VethDeleted, 5621)
 }
+
+/// A pod posing, from its own address, as the server of another pod's connection: a
+/// third pod (its address a pod address, its namespace its own) learns the victim's two
+/// initial sequence numbers, presets its socket's to the victim server's, connects to
+/// the victim client's end (what it sends there is dropped in its namespace), and
+/// crafts the victim client's SYN and ACK: a simultaneous open, which reaches
+/// `PASSIVE_ESTABLISHED` without a listener. The victim server's handshake is held
+/// open meanwhile. The victim client must still read exactly what its server sends,
+/// none of the 4 KiB the poser writes.
+#[test]
+fn simultaneous_open_cannot_pose_as_a_pods_server() -> Result<()> {
+    privileged!(
+        "simultaneous_open_cannot_pose_as_a_pods_server",
+        testbed::require::preflight_iptables
+    );
+    let pods = two_pods()?;
+    let c = pods.third_pod("c", 7)?;
+    let cidr = pods.outside_cidr_v4();
+    let agent = agent_with(&pods, &["--pod-cidr", &cidr])?;
+    let c_ip = IpAddr::V4(c.ipv4());
+    agent.wait_for(Duration::from_secs(30), "pod c's address owned", |s| {
+        s.address_owners.iter().any(|o| o.address == c_ip)
+    })?;
+    let port = 5616u16;
+    let client_end = SocketAddr::new(IpAddr::V4(pods.a.ipv4()), port + 30_000);
+    let steps = Steps::new(&pods, "pose-server")?;
+    let client_port = client_end.port().to_string();
+    let client_ip = pods.a.ipv4().to_string();
+    // Whatever the poser sends to the victim client's end stays in its namespace.
+    let _dropped = iptables::insert(
+        c.netns(),
+        iptables::Family::V4,
+        &[
+            "OUTPUT",
+            "-p",
+            "tcp",
+            "-d",
+            &client_ip,
+            "--dport",
+            &client_port,
+            "-j",
+            "DROP",
+        ],
+    )?;
+    let Victim {
+        held,
+        before,
+        server,
+        victim,
+    } = held_victim(&pods, &agent, &steps, port, client_end)?;
+    let poser = spawn_probe_client(
+        &c,
+        client_end,
+        &strings(&[
+            "--case",
+            "pose-server",
+            "--bind",
+            &SocketAddr::new(c_ip, 5617).to_string(),
+            "--go-file",
+            &steps.arg("seq"),
+            "--mark-file",
+            &steps.arg("posed"),
+            "--wait-file",
+            &steps.arg("victim-done"),
+        ]),
+    )?;
+    let posed = steps.wait("posed");
+    held.remove()?;
+    if let Err(e) = posed {
+        let mut poser = poser;
+        poser.kill();
+        let out = poser.wait_output(Duration::from_secs(5))?;
+        anyhow::bail!(
+            "{e:#}: the poser never connected: {} {}",
+            String::from_utf8_lossy(&out.stdout).trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let v = probe_report(victim)?;
+    steps.touch("victim-done")?;
+    let p = probe_report(poser)?;
+    let s = server.wait()?;
+    let after = agent.stats()?;
+    eprintln!(
+        "victim {v}, poser {p}, server {s}; inserted +{}, paired +{} pod +{} translated, \
+         redirected +{} B",
+        grew(&before, &after, |s| s.counters.sockets_inserted),
+        grew(&before, &after, |s| s.counters.paired_pod),
+        grew(&before, &after, |s| s.counters.paired_translated),
+        grew(&before, &after, |s| s.counters.redirected_bytes)
+    );
+    ensure!(
+        v["ok"] == true && num(&v, "received") == 1 << 20,
+        "the victim client read bytes its server never sent, or lost some: {v}"
+    );
+    ensure!(
+        grew(&before, &after, |s| s.counters.paired_translated) == 0,
+        "the poser was paired with the victim client: {after:?}"
+    );
+    Ok(())
+}

@@ -239,10 +239,23 @@ impl TwoPods {
     /// pods. Its cgroup is not below [`TwoPods::cgroup`], so an agent attached there
     /// sees none of its sockets.
     pub fn outside_node(&self, label: &str, host: u8) -> Result<Pod> {
+        let cgroup = CgroupGuard::create(&names::resource(&self.tag, &format!("node-{label}")))?;
+        self.on_the_bridge(label, host, cgroup)
+    }
+
+    /// A third pod: as [`TwoPods::outside_node`] (its addresses in
+    /// [`TwoPods::outside_cidr_v4`], which an agent must be given as a pod CIDR to
+    /// treat them as a pod's), but in a child cgroup of the pods', so the agent sees
+    /// its sockets.
+    pub fn third_pod(&self, label: &str, host: u8) -> Result<Pod> {
+        let cgroup = self.cgroup.child(&format!("pod-{label}"))?;
+        self.on_the_bridge(label, host, cgroup)
+    }
+
+    fn on_the_bridge(&self, label: &str, host: u8, cgroup: CgroupGuard) -> Result<Pod> {
         let netns = Netns::create(&names::resource(&self.tag, label))?;
         let host_if = names::ifname(&format!("-{label}"), &self.tag).map_err(anyhow::Error::msg)?;
         let veth = Veth::create(&host_if, &self.bridge, &netns, POD_IFNAME)?;
-        let cgroup = CgroupGuard::create(&names::resource(&self.tag, &format!("node-{label}")))?;
         let ipv4 = Ipv4Addr::new(10, 99, self.subnet, host);
         let ipv6 = Ipv6Addr::new(
             0xfd99,

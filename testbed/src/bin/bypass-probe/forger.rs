@@ -151,7 +151,16 @@ pub fn configure_network(local: Ipv4Addr, away: Ipv4Addr) -> Result<()> {
 /// checksum set. The kernel fills the IP header's length, id and checksum
 /// (net/ipv4/raw.c, raw_send_hdrinc).
 pub fn syn_ack(from: SocketAddrV4, to: SocketAddrV4, seq: u32, ack: u32) -> [u8; 40] {
-    const SYN_ACK: u8 = 0x12;
+    segment(from, to, seq, ack, SYN | ACK)
+}
+
+/// The TCP flag SYN.
+pub const SYN: u8 = 0x02;
+/// The TCP flag ACK.
+pub const ACK: u8 = 0x10;
+
+/// As [`syn_ack`], with TCP flags `flags`.
+pub fn segment(from: SocketAddrV4, to: SocketAddrV4, seq: u32, ack: u32, flags: u8) -> [u8; 40] {
     let mut p = [0u8; 40];
     p[0] = 0x45; // version 4, 5 words of header
     p[2..4].copy_from_slice(&40u16.to_be_bytes());
@@ -165,7 +174,7 @@ pub fn syn_ack(from: SocketAddrV4, to: SocketAddrV4, seq: u32, ack: u32) -> [u8;
     tcp[4..8].copy_from_slice(&seq.to_be_bytes());
     tcp[8..12].copy_from_slice(&ack.to_be_bytes());
     tcp[12] = 5 << 4; // 5 words of header
-    tcp[13] = SYN_ACK;
+    tcp[13] = flags;
     tcp[14..16].copy_from_slice(&u16::MAX.to_be_bytes()); // window
     let sum = tcp_checksum(*from.ip(), *to.ip(), &p[20..]);
     p[36..38].copy_from_slice(&sum.to_be_bytes());

