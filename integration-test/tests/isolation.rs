@@ -320,6 +320,30 @@ fn held_victim<'a>(
     })
 }
 
+/// Waits for the attacker's `mark` in `steps`, then lets the victim server's held
+/// handshake finish. When the mark never came, fails with what the attacker (`what`)
+/// said: it never connected.
+fn attacker_connected(
+    steps: &Steps,
+    mark: &str,
+    held: iptables::Inserted<'_>,
+    mut attacker: testbed::PodChild,
+    what: &str,
+) -> Result<testbed::PodChild> {
+    let marked = steps.wait(mark);
+    held.remove()?;
+    if let Err(e) = marked {
+        attacker.kill();
+        let out = attacker.wait_output(Duration::from_secs(5))?;
+        anyhow::bail!(
+            "{e:#}: the {what} never connected: {} {}",
+            String::from_utf8_lossy(&out.stdout).trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(attacker)
+}
+
 /// Another namespace forges the victim client's end with TCP_REPAIR: a socket bound to
 /// the client's address and port, "connected" to the server's with the client's own
 /// sequence numbers (what such a namespace could guess: they are a keyed hash of the
@@ -441,18 +465,7 @@ fn forged_handshake_cannot_pose_as_a_pods_client() -> Result<()> {
             &steps.arg("victim-done"),
         ]),
     )?;
-    let forged = steps.wait("forged");
-    held.remove()?;
-    if let Err(e) = forged {
-        let mut forger = forger;
-        forger.kill();
-        let out = forger.wait_output(std::time::Duration::from_secs(5))?;
-        anyhow::bail!(
-            "{e:#}: the forger never connected: {} {}",
-            String::from_utf8_lossy(&out.stdout).trim(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
+    let forger = attacker_connected(&steps, "forged", held, forger, "forger")?;
     // The server sends everything (redirected or not) before its FIN, which the victim
     // reads last: once the victim is done, all the forger could get is queued to it.
     let v = probe_report(victim)?;
@@ -699,18 +712,7 @@ fn simultaneous_open_cannot_pose_as_a_pods_server() -> Result<()> {
             &steps.arg("victim-done"),
         ]),
     )?;
-    let posed = steps.wait("posed");
-    held.remove()?;
-    if let Err(e) = posed {
-        let mut poser = poser;
-        poser.kill();
-        let out = poser.wait_output(Duration::from_secs(5))?;
-        anyhow::bail!(
-            "{e:#}: the poser never connected: {} {}",
-            String::from_utf8_lossy(&out.stdout).trim(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
+    let poser = attacker_connected(&steps, "posed", held, poser, "poser")?;
     let v = probe_report(victim)?;
     steps.touch("victim-done")?;
     let p = probe_report(poser)?;

@@ -168,12 +168,7 @@ pub fn forge_victim(mut s: TcpStream, st: &Steps<'_>) -> Result<Value> {
 /// without a packet; mark, then read for 3 s whatever arrives.
 pub fn forge_attacker(connect: SocketAddr, bind: SocketAddr, st: &Steps<'_>) -> Result<Value> {
     let go = st.go.context("forge attacker needs --go-file")?;
-    wait_file(go)?;
-    let text = std::fs::read_to_string(go).context("read the sequence numbers")?;
-    let mut it = text.split_whitespace().map(str::parse::<u32>);
-    let (Some(Ok(snd)), Some(Ok(rcv))) = (it.next(), it.next()) else {
-        bail!("bad sequence numbers {text:?}");
-    };
+    let (snd, rcv) = victim_sequence(go)?;
     let s = Socket::new(
         Domain::for_address(connect),
         Type::STREAM,
@@ -229,12 +224,7 @@ pub fn forge_handshake(connect: SocketAddr, bind: SocketAddr, st: &Steps<'_>) ->
     let stop = st.wait.context("forge-handshake needs --wait-file")?;
     let user_namespace = forger::enter_own_namespaces()?;
     forger::configure_network(*client.ip(), *server.ip())?;
-    wait_file(go)?;
-    let text = std::fs::read_to_string(go).context("read the sequence numbers")?;
-    let mut it = text.split_whitespace().map(str::parse::<u32>);
-    let (Some(Ok(snd)), Some(Ok(rcv))) = (it.next(), it.next()) else {
-        bail!("bad sequence numbers {text:?}");
-    };
+    let (snd, rcv) = victim_sequence(go)?;
     let (client_isn, server_isn) = (snd.wrapping_sub(1), rcv.wrapping_sub(1));
 
     let s = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
@@ -272,32 +262,9 @@ pub fn forge_handshake(connect: SocketAddr, bind: SocketAddr, st: &Steps<'_>) ->
     let mut s: TcpStream = s.into();
     s.set_nonblocking(false)?;
     s.set_read_timeout(Some(Duration::from_millis(100)))?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut received = 0u64;
-    loop {
-        // Read on until a read finds nothing after the stop file appeared: whatever
-        // was queued before it has been read.
-        let stopping = stop.exists();
-        match s.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => received += n as u64,
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {
-                if stopping {
-                    break;
-                }
-                ensure!(
-                    Instant::now() < deadline,
-                    "{} did not appear within 60 s",
-                    stop.display()
-                );
-            }
-            Err(e) => {
-                return Ok(
-                    json!({"received": received, "error": e.to_string(), "user_namespace": user_namespace}),
-                );
-            }
-        }
+    let (received, error) = read_until_stopped(&mut s, stop)?;
+    if let Some(e) = error {
+        return Ok(json!({"received": received, "error": e, "user_namespace": user_namespace}));
     }
     Ok(
         json!({"received": received, "isn": client_isn, "server_isn": server_isn, "user_namespace": user_namespace}),
@@ -319,12 +286,7 @@ pub fn pose_server(connect: SocketAddr, bind: SocketAddr, st: &Steps<'_>) -> Res
     };
     let go = st.go.context("pose-server needs --go-file")?;
     let stop = st.wait.context("pose-server needs --wait-file")?;
-    wait_file(go)?;
-    let text = std::fs::read_to_string(go).context("read the sequence numbers")?;
-    let mut it = text.split_whitespace().map(str::parse::<u32>);
-    let (Some(Ok(snd)), Some(Ok(rcv))) = (it.next(), it.next()) else {
-        bail!("bad sequence numbers {text:?}");
-    };
+    let (snd, rcv) = victim_sequence(go)?;
     let (client_isn, server_isn) = (snd.wrapping_sub(1), rcv.wrapping_sub(1));
 
     let s = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
@@ -366,17 +328,40 @@ pub fn pose_server(connect: SocketAddr, bind: SocketAddr, st: &Steps<'_>) -> Res
     s.set_nonblocking(false)?;
     s.write_all(&[0xAA; 4096]).context("write")?;
     s.set_read_timeout(Some(Duration::from_millis(100)))?;
+    let (received, error) = read_until_stopped(&mut s, stop)?;
+    if let Some(e) = error {
+        return Ok(json!({"received": received, "error": e}));
+    }
+    Ok(json!({"received": received, "injected": 4096}))
+}
+
+/// The victim's `"snd rcv"` (its `snd_nxt` and `rcv_nxt` once established), from the
+/// go file once it exists.
+fn victim_sequence(go: &std::path::Path) -> Result<(u32, u32)> {
+    wait_file(go)?;
+    let text = std::fs::read_to_string(go).context("read the sequence numbers")?;
+    let mut it = text.split_whitespace().map(str::parse::<u32>);
+    let (Some(Ok(snd)), Some(Ok(rcv))) = (it.next(), it.next()) else {
+        bail!("bad sequence numbers {text:?}");
+    };
+    Ok((snd, rcv))
+}
+
+/// Reads `s` (with a read timeout set) until a read finds nothing after `stop`
+/// appeared: whatever was queued before it has been read. Bytes read, and the read
+/// error that ended it early, if one did.
+fn read_until_stopped(s: &mut TcpStream, stop: &std::path::Path) -> Result<(u64, Option<String>)> {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut buf = vec![0u8; 64 * 1024];
     let mut received = 0u64;
     loop {
         let stopping = stop.exists();
         match s.read(&mut buf) {
-            Ok(0) => break,
+            Ok(0) => return Ok((received, None)),
             Ok(n) => received += n as u64,
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {
                 if stopping {
-                    break;
+                    return Ok((received, None));
                 }
                 ensure!(
                     Instant::now() < deadline,
@@ -384,8 +369,7 @@ pub fn pose_server(connect: SocketAddr, bind: SocketAddr, st: &Steps<'_>) -> Res
                     stop.display()
                 );
             }
-            Err(e) => return Ok(json!({"received": received, "error": e.to_string()})),
+            Err(e) => return Ok((received, Some(e.to_string()))),
         }
     }
-    Ok(json!({"received": received, "injected": 4096}))
 }
