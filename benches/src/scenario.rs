@@ -385,6 +385,14 @@ impl Setup {
                 iptables::apply(pods.a.netns(), Family::V4, &service_rules(&services))?;
                 s.target = IpAddr::V4(vip);
                 s.agent_args = vec!["--service-cidr".to_owned(), cidr.clone()];
+                // Each Service's backend, as kube-proxy's EndpointSlices would give it
+                // in a cluster: a translated connection is paired only to one.
+                for svc in &services {
+                    for be in &svc.backends {
+                        s.agent_args.push("--service-backend".to_owned());
+                        s.agent_args.push(format!("{}={be}", svc.vip));
+                    }
+                }
                 s.summary = format!(
                     "service {vip} in --service-cidr {cidr}, ports {} DNAT to {server}",
                     services

@@ -14,6 +14,7 @@ pub fn current(maps: &PodMaps) -> Current {
         addrs: maps.addrs(),
         excluded: maps.excluded(),
         service_cidrs: maps.service_cidrs(),
+        service_backends: maps.service_backends(),
     }
 }
 
@@ -52,6 +53,12 @@ pub fn apply(maps: &mut PodMaps, plan: &Plan, mut on_error: impl FnMut(AgentErro
     }
     for cidr in &plan.remove_service_cidrs {
         check(maps.remove_service_cidr(cidr));
+    }
+    for b in &plan.add_service_backends {
+        check(maps.insert_service_backend(b));
+    }
+    for b in &plan.remove_service_backends {
+        check(maps.remove_service_backend(b));
     }
     failed
 }

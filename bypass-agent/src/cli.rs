@@ -148,6 +148,14 @@ pub struct RunOpts {
     /// two sockets are paired and bypassed.
     #[arg(long = "service-cidr", value_name = "CIDR")]
     pub service_cidrs: Vec<PodCidr>,
+    /// A Service address and port and one backend of it on this node's pods,
+    /// `SERVICE_IP:PORT=POD_IP:PORT` (repeatable). A connection whose client dialled
+    /// another address than its server's is paired across pods only to a backend of
+    /// what it dialled: in Kubernetes mode the Services' EndpointSlices give them;
+    /// standalone, list here every translation (DNAT) to a pod that should be
+    /// bypassed.
+    #[arg(long = "service-backend", value_name = "SVC=POD")]
+    pub service_backends: Vec<crate::backend::Backend>,
     /// Ports whose connections are left alone (either end), comma-separated; `none` for
     /// none. The default is Istio's control ports.
     #[arg(long, value_name = "PORTS", default_value = DEFAULT_SKIP_PORTS_ARG,

@@ -5,6 +5,7 @@
 //! testbed use the modules directly.
 
 mod apply;
+pub mod backend;
 pub mod check;
 pub mod cidr;
 pub mod cli;

@@ -115,6 +115,7 @@ pub fn reconcile(data: &[u8]) {
         cidrs: cidrs(&input.static_cidrs),
         addrs: input.static_addrs.iter().copied().collect(),
         service_cidrs: cidrs(&input.static_service_cidrs),
+        service_backends: BTreeSet::new(),
     };
     let want = sync::desired(
         &input.pods,
@@ -152,6 +153,7 @@ pub fn reconcile(data: &[u8]) {
         addrs: input.current_addrs.iter().copied().collect(),
         excluded: input.current_excluded.iter().copied().collect(),
         service_cidrs: cidrs(&input.current_service_cidrs),
+        service_backends: BTreeSet::new(),
     };
     let (current_cidrs, current_addrs) = (&current.cidrs, &current.addrs);
     let p = sync::plan(&current, &want);
@@ -203,6 +205,7 @@ pub fn reconcile(data: &[u8]) {
         addrs: want.addrs.clone(),
         excluded: want.excluded.clone(),
         service_cidrs: after_services,
+        service_backends: BTreeSet::new(),
     };
     assert!(sync::plan(&reached, &want).is_empty());
 }

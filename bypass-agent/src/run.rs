@@ -84,6 +84,7 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
         cidrs: opts.pod_cidrs.iter().copied().collect(),
         addrs: opts.pod_ips.iter().copied().collect(),
         service_cidrs: opts.service_cidrs.iter().copied().collect(),
+        service_backends: opts.service_backends.iter().copied().collect(),
     };
     if let Some(settings) = settings {
         return k8s::run(settings, config, statics);
@@ -137,6 +138,7 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
         pod_cidrs = ?opts.pod_cidrs.iter().map(ToString::to_string).collect::<Vec<_>>(),
         pod_ips = ?opts.pod_ips,
         service_cidrs = ?opts.service_cidrs.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        service_backends = ?opts.service_backends.iter().map(ToString::to_string).collect::<Vec<_>>(),
         skip_ports = ?opts.skip_ports.0,
         cgroup = %config.cgroup.display(),
         pin_dir = %dp.pins().root().display(),

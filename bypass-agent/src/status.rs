@@ -48,6 +48,10 @@ pub struct Report {
     pub excluded_addresses: Vec<IpAddr>,
     /// Service (ClusterIP) CIDRs.
     pub service_cidrs: Vec<String>,
+    /// Service backends on this node's pods, `SERVICE_IP:PORT=POD_IP:PORT`: the only
+    /// servers a translated connection from another pod is paired with.
+    #[serde(default)]
+    pub service_backends: Vec<String>,
     /// Ports left alone.
     pub skip_ports: Vec<u16>,
     /// Kubernetes mode: where the on/off state came from (`label` or `default`); null
@@ -95,7 +99,9 @@ pub struct AddressRefusals {
     pub address: IpAddr,
     /// Sockets of another namespace that used it while a pod owned it.
     pub foreign_namespace: u64,
-    /// Accepted sockets whose client on it had other sequence numbers.
+    /// Pairings refused: accepted sockets whose client on it had other sequence
+    /// numbers, or accepted sockets on it that are no backend of the address their
+    /// client dialled.
     pub pairing: u64,
 }
 
@@ -201,6 +207,12 @@ pub fn read(layout: &PinLayout) -> Result<Report, AgentError> {
         service_cidrs: view
             .pod_maps
             .service_cidrs()
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
+        service_backends: view
+            .pod_maps
+            .service_backends()
             .iter()
             .map(ToString::to_string)
             .collect(),
@@ -322,6 +334,7 @@ pub fn render_text(r: &Report) -> String {
             opt(r.label_value.map(|v| format!("{v:?}").to_lowercase())),
         ),
         ("service_cidrs", r.service_cidrs.join(", ")),
+        ("service_backends", r.service_backends.join(", ")),
         (
             "skip_ports",
             r.skip_ports
@@ -374,6 +387,7 @@ mod tests {
             pod_addresses: vec!["fd00::2".parse().unwrap()],
             excluded_addresses: vec!["10.0.0.9".parse().unwrap()],
             service_cidrs: vec!["10.96.0.0/12".into()],
+            service_backends: vec!["10.96.0.10:80=10.0.0.2:8080".into()],
             skip_ports: vec![15021],
             enabled_by: Some(EnabledBy::Label),
             label_value: Some(LabelValue::True),
@@ -410,6 +424,8 @@ mod tests {
             "redirected_bytes_loopback",
             "skipped_ports",
             "service_cidrs",
+            "service_backends",
+            "pair_unreachable",
             "skip_ports",
             "pod_cidrs",
             "pod_addresses",

@@ -135,6 +135,27 @@ pub const fn remote_port_from_ctx(raw: u32) -> u32 {
     u32::from_be(raw)
 }
 
+/// Key of [`crate::names::MAP_SERVICE_BACKENDS`]: a Service address and port, and a
+/// pod address and port that the node's translation (kube-proxy's DNAT) may land a
+/// connection to it on. A connection translated on its way is paired across network
+/// namespaces only to a server on such a backend: no other pod can pose as the server
+/// of a connection whose packets could never reach it. Ports in host byte order.
+/// 40 bytes, no padding (checked below).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct ServiceBackend {
+    /// The address the client dialled ([`crate::addr`] encoding).
+    pub vip: IpKey,
+    /// The backend's pod address.
+    pub target: IpKey,
+    /// The port the client dialled.
+    pub vip_port: u32,
+    /// The backend's port.
+    pub target_port: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<ServiceBackend>() == 40);
+
 #[cfg(feature = "user")]
 // SAFETY: `SockKey` is `repr(C)`, has no padding (asserted above) and every bit
 // pattern is valid.
@@ -144,6 +165,11 @@ unsafe impl aya::Pod for SockKey {}
 // SAFETY: `Endpoint` is `repr(C)`, has no padding (asserted above) and every bit
 // pattern is valid.
 unsafe impl aya::Pod for Endpoint {}
+
+#[cfg(feature = "user")]
+// SAFETY: `ServiceBackend` is `repr(C)`, has no padding (asserted above) and every bit
+// pattern is valid.
+unsafe impl aya::Pod for ServiceBackend {}
 
 #[cfg(test)]
 mod tests {

@@ -31,8 +31,10 @@ pub mod refusal {
     /// A socket in a network namespace other than the one owning the address used it
     /// as its local address ([`crate::names::MAP_NETNS_OWNERS`]).
     pub const FOREIGN: usize = 0;
-    /// An accepted socket found a client on the address whose initial sequence
-    /// numbers did not cross with its own ([`crate::Stat::PairRejected`]).
+    /// Pairing refused: an accepted socket found a client on the address whose
+    /// initial sequence numbers did not cross with its own
+    /// ([`crate::Stat::PairRejected`]), or an accepted socket on the address is no
+    /// backend of what its client dialled ([`crate::Stat::PairUnreachable`]).
     pub const PAIRING: usize = 1;
     /// Number of kinds.
     pub const KINDS: usize = 2;

@@ -57,6 +57,12 @@ pub const MAP_NETNS_OWNERS: &str = "BYPASS_NETNS_OWNERS";
 /// address while a pod owns it, and an accepted socket whose client on that address
 /// had other sequence numbers. Per pod, for the agent's status and metrics.
 pub const MAP_REFUSALS: &str = "BYPASS_REFUSALS";
+/// Hash: a [`crate::key::ServiceBackend`] → `u8` (unused): each Service address and
+/// port with a backend on this node's pods, written only by the agent (from the
+/// Services and EndpointSlices, or `--service-backend`). A connection whose client
+/// dialled another address than the one its server listens on is paired across
+/// network namespaces only through such an entry.
+pub const MAP_SERVICE_BACKENDS: &str = "BYPASS_SERVICE_BACKENDS";
 /// Ring buffer of [`crate::state::LeaveEvent`]s: connections that started to leave the
 /// SockHash, for the agent to delete their sockets from it once each side has read
 /// what was redirected to it.
@@ -78,7 +84,7 @@ pub const MAP_ACTIVE_OPEN: &str = "BYPASS_ACTIVE_OPEN";
 
 /// Every map the agent pins, [`MAP_CONTROL`] last (its pin marks a complete datapath).
 /// ([`MAP_SOCK_STATE`] is not pinned: only the programs use it.)
-pub const PINNED_MAPS: [&str; 16] = [
+pub const PINNED_MAPS: [&str; 17] = [
     MAP_SOCKETS,
     MAP_POD_CIDRS,
     MAP_POD_ADDRS,
@@ -94,6 +100,7 @@ pub const PINNED_MAPS: [&str; 16] = [
     MAP_EVENTS,
     MAP_NETNS_OWNERS,
     MAP_REFUSALS,
+    MAP_SERVICE_BACKENDS,
     MAP_CONTROL,
 ];
 
@@ -247,6 +254,9 @@ pub const DEFAULT_MAX_CIDRS: u32 = 1_024;
 pub const DEFAULT_MAX_ADDRS: u32 = 16_384;
 /// Default capacity of the Service CIDR trie.
 pub const DEFAULT_MAX_SERVICE_CIDRS: u32 = 64;
+/// Capacity of the Service backend map ([`MAP_SERVICE_BACKENDS`]): Service ports
+/// times their backends on this node's pods.
+pub const MAX_SERVICE_BACKENDS: u32 = 16_384;
 /// Capacity of the skip-port map.
 pub const MAX_SKIP_PORTS: u32 = 256;
 /// Capacity of the splicing-process map ([`MAP_SPLICERS`]).

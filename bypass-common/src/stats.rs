@@ -146,6 +146,10 @@ counters! {
     /// `setsockopt(SO_PEEK_OFF)` calls refused (EPERM) while bytes redirected to the
     /// socket waited unread: the ingress queue peeks from its head whatever the offset.
     PeekOffRefused = 28, peek_off_refused, "SO_PEEK_OFF refused while redirected bytes were unread";
+    /// Accepted sockets not paired with their client: the client dialled another
+    /// address, and this server's is no backend of it on this node (a pod posing as the
+    /// server of a connection its packets could never reach).
+    PairUnreachable = 29, pair_unreachable, "Accepted sockets not paired: the server is no backend of the address its client dialled";
 }
 
 impl Stat {

@@ -6,10 +6,11 @@ use aya_ebpf::{
 };
 use bypass_common::{
     Connector, Endpoint, IpKey, Link, SockKey, SockState, control,
+    key::ServiceBackend,
     names::{
         DEFAULT_MAX_ADDRS, DEFAULT_MAX_CIDRS, DEFAULT_MAX_CUT, DEFAULT_MAX_POD_NETNS,
-        DEFAULT_MAX_SERVICE_CIDRS, DEFAULT_MAX_SOCKETS, EVENTS_BYTES, MAX_REFUSALS, MAX_SKIP_PORTS,
-        MAX_SPLICERS, MAX_VERDICTS,
+        DEFAULT_MAX_SERVICE_CIDRS, DEFAULT_MAX_SOCKETS, EVENTS_BYTES, MAX_REFUSALS,
+        MAX_SERVICE_BACKENDS, MAX_SKIP_PORTS, MAX_SPLICERS, MAX_VERDICTS,
     },
     refusal,
     state::{LeaveEvent, Verdict},
@@ -74,6 +75,20 @@ pub(crate) static BYPASS_POD_NETNS: LruHashMap<u64, IpKey, { DEFAULT_MAX_POD_NET
 #[btf_map]
 pub(crate) static BYPASS_NETNS_OWNERS: HashMap<IpKey, u64, { DEFAULT_MAX_ADDRS as usize }> =
     HashMap::new();
+
+/// Service address and port → a backend on this node's pods (see
+/// `bypass_common::names::MAP_SERVICE_BACKENDS`); written only by the agent.
+#[btf_map]
+pub(crate) static BYPASS_SERVICE_BACKENDS: HashMap<
+    ServiceBackend,
+    u8,
+    { MAX_SERVICE_BACKENDS as usize },
+> = HashMap::new();
+
+/// One [`ServiceBackend`] of scratch space per CPU: sock_ops builds the key of a
+/// lookup in [`BYPASS_SERVICE_BACKENDS`] there, off the 512-byte BPF stack.
+#[btf_map]
+pub(crate) static BYPASS_BACKEND_KEY: PerCpuArray<ServiceBackend, 1> = PerCpuArray::new();
 
 /// Pod address → refusals by kind (`bypass_common::names::MAP_REFUSALS`).
 #[btf_map]

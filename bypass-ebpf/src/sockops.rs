@@ -39,9 +39,10 @@ use bypass_common::{
 use crate::{
     atomic, kernel, key,
     maps::{
-        BYPASS_CONNECTORS, BYPASS_CONTROL, BYPASS_EXCLUDED_ADDRS, BYPASS_LINKS,
+        BYPASS_BACKEND_KEY, BYPASS_CONNECTORS, BYPASS_CONTROL, BYPASS_EXCLUDED_ADDRS, BYPASS_LINKS,
         BYPASS_NETNS_OWNERS, BYPASS_POD_ADDRS, BYPASS_POD_CIDRS, BYPASS_POD_NETNS, BYPASS_REFUSALS,
-        BYPASS_SCRATCH, BYPASS_SERVICE_CIDRS, BYPASS_SKIP_PORTS, BYPASS_SOCKETS, sock_state,
+        BYPASS_SCRATCH, BYPASS_SERVICE_BACKENDS, BYPASS_SERVICE_CIDRS, BYPASS_SKIP_PORTS,
+        BYPASS_SOCKETS, sock_state,
     },
     stats,
 };
@@ -62,6 +63,9 @@ enum Skip {
     Foreign,
     /// An upper-layer protocol is attached (an MPTCP subflow).
     Ulp,
+    /// An accepting socket whose client dialled an address this server is no backend
+    /// of.
+    Unreachable,
     /// No socket storage, no room in the SockHash (or the key is taken), or the kernel
     /// refused the state callback.
     Failed,
@@ -109,6 +113,7 @@ pub fn bypass_sockops(ctx: SockOpsContext) -> u32 {
         Err(Skip::Port) => stats::add(Stat::SkippedPorts, 1),
         Err(Skip::Foreign) => stats::add(Stat::ForeignNetns, 1),
         Err(Skip::Ulp) => stats::add(Stat::UlpSkipped, 1),
+        Err(Skip::Unreachable) => stats::add(Stat::PairUnreachable, 1),
         Err(Skip::Failed) => stats::add(Stat::InsertFailures, 1),
     }
     // sock_ops return values only matter for ops that ask for a reply.
@@ -227,7 +232,12 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
     let client = if active {
         None
     } else {
-        Some(find_client(&key, snd_nxt, rcv_nxt).ok_or(Skip::Ineligible)?)
+        let client = find_client(&key, snd_nxt, rcv_nxt).ok_or(Skip::Ineligible)?;
+        if !reachable(&client.key, &key) {
+            refused(&key.local_ip, refusal::PAIRING);
+            return Err(Skip::Unreachable);
+        }
+        Some(client)
     };
     // SAFETY: context field load.
     let sk = unsafe { read_volatile(addr_of!((*ctx.ops).__bindgen_anon_2.sk)) };
@@ -406,6 +416,48 @@ fn find_client(key: &SockKey, snd_nxt: u32, rcv_nxt: u32) -> Option<Client> {
         return None;
     }
     Some(client)
+}
+
+/// Whether the packets of `client`'s connection could have reached `server`, so that
+/// the server may be its peer. They reach the owner of the address they were sent to:
+/// the server's namespace when it owns the (non-loopback) address the client dialled (nothing
+/// translated, or a redirect to another port inside the server's namespace); any
+/// socket of the client's own namespace (its own redirect to a sidecar); else only a
+/// backend of the dialled Service address and port on this node, as the agent wrote
+/// them ([`BYPASS_SERVICE_BACKENDS`]). Another pod's listener, fed a handshake crafted
+/// with the client's sequence numbers, is none of these, whatever its sequence
+/// numbers.
+// The key by reference on purpose: by value it would be copied onto the BPF stack.
+#[allow(clippy::needless_borrows_for_generic_args)]
+#[inline(always)]
+fn reachable(client: &SockKey, server: &SockKey) -> bool {
+    if client.netns == server.netns {
+        return true;
+    }
+    // A loopback address is another host in every namespace: never the shortcut.
+    if !is_loopback(&server.local_ip) && client.remote_ip == server.local_ip {
+        return true;
+    }
+    let Some(k) = BYPASS_BACKEND_KEY.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: this CPU's scratch slot, sized for a `ServiceBackend`; written field by
+    // field, then used as the lookup key in place (not copied onto the BPF stack).
+    // Accepting sockets are established in softirq, which does not nest on a CPU; where
+    // it can be preempted (PREEMPT_RT) another run may rewrite the slot in between: the
+    // key is read back after the lookup, and a found entry counts only if it was this
+    // connection's (else refused: it fails closed).
+    unsafe {
+        (*k).vip = client.remote_ip;
+        (*k).target = server.local_ip;
+        (*k).vip_port = client.remote_port;
+        (*k).target_port = server.local_port;
+        BYPASS_SERVICE_BACKENDS.get_ptr(&*k).is_some()
+            && (*k).vip == client.remote_ip
+            && (*k).target == server.local_ip
+            && (*k).vip_port == client.remote_port
+            && (*k).target_port == server.local_port
+    }
 }
 
 /// Whether the connector of the client with `key` records a receive option (see

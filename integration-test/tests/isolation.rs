@@ -736,3 +736,90 @@ fn simultaneous_open_cannot_pose_as_a_pods_server() -> Result<()> {
     );
     Ok(())
 }
+
+/// A loopback address is another host in every namespace, so a server on loopback is
+/// never the owner of the address another pod's client dialled. Pod a's client, bound
+/// to its pod address, dials 127.0.0.1:P, which its own OUTPUT DNAT sends to pod b;
+/// pod b's PREROUTING DNAT lands it on its 127.0.0.1:Q (both with `route_localnet`).
+/// The client's destination and the server's address are the same bytes (127.0.0.1),
+/// but no packet for pod b's loopback ever left pod a: a pod holding a listener on
+/// loopback, fed a handshake crafted with a victim's numbers, looks exactly like this
+/// server. Not paired (`pair_unreachable`), byte-exact on TCP. Fails on the first
+/// version of the reachability check, which took equal addresses as proof.
+#[test]
+fn a_loopback_server_in_another_pod_is_never_paired() -> Result<()> {
+    privileged!("a_loopback_server_in_another_pod_is_never_paired");
+    let pods = two_pods()?;
+    let (dial, hop, land): (SocketAddr, SocketAddr, SocketAddr) = (
+        "127.0.0.1:5631".parse()?,
+        pods.b.v4_addr(5632),
+        "127.0.0.1:5633".parse()?,
+    );
+    for (pod, rule) in [
+        (
+            &pods.a,
+            format!(
+                "-t nat -A OUTPUT -d {} -p tcp --dport {} -j DNAT --to-destination {hop}",
+                dial.ip(),
+                dial.port()
+            ),
+        ),
+        (
+            &pods.b,
+            format!(
+                "-t nat -A PREROUTING -d {} -p tcp --dport {} -j DNAT --to-destination {land}",
+                hop.ip(),
+                hop.port()
+            ),
+        ),
+    ] {
+        cmd::ip(&[
+            "netns",
+            "exec",
+            pod.netns().name(),
+            "sysctl",
+            "-qw",
+            "net.ipv4.conf.all.route_localnet=1",
+        ])?;
+        let args: Vec<String> = rule.split(' ').map(str::to_owned).collect();
+        iptables::run(pod.netns(), iptables::Family::V4, &args)?;
+    }
+    let agent = agent_with(&pods, &[])?;
+    let duplex = |bytes: &str| strings(&["--case", "duplex", "--bytes", bytes]);
+    // Pod b's namespace becomes known as a pod's (its loopback sockets qualify) once
+    // a socket there is established on its pod address.
+    let warm = pods.b.v4_addr(5634);
+    let server = ProbeServer::start(&pods.b, warm, &duplex("64K"))?;
+    let c0 = probe_client(&pods.a, warm, &duplex("64K"))?;
+    let s0 = server.wait()?;
+    ensure!(c0["ok"] == true && s0["ok"] == true, "warm-up: {c0} {s0}");
+    let before = agent.stats()?;
+    let server = ProbeServer::start(&pods.b, land, &duplex("1M"))?;
+    let mut args = duplex("1M");
+    let bind = pods.a.v4_addr(0);
+    args.extend(strings(&["--bind", &bind.to_string()]));
+    let client = probe_client(&pods.a, dial, &args)?;
+    let server = server.wait()?;
+    let after = agent.stats()?;
+    let g = |f: fn(&testbed::AgentStatus) -> u64| grew(&before, &after, f);
+    eprintln!(
+        "client {client}, server {server}; inserted +{}, paired translated +{}, unreachable +{}, redirected +{} B",
+        g(|s| s.counters.sockets_inserted),
+        g(|s| s.counters.paired_translated),
+        g(|s| s.counters.pair_unreachable),
+        g(|s| s.counters.redirected_bytes)
+    );
+    ensure!(
+        client["ok"] == true && server["ok"] == true,
+        "not byte-exact: {client} {server}"
+    );
+    ensure!(
+        g(|s| s.counters.paired_translated) == 0 && g(|s| s.counters.redirected_bytes) == 0,
+        "pod b's loopback server was paired with pod a's client: {after:?}"
+    );
+    ensure!(
+        g(|s| s.counters.pair_unreachable) == 1,
+        "the loopback server should be refused as unreachable once: {after:?}"
+    );
+    Ok(())
+}

@@ -8,6 +8,8 @@
 //! CIDRs follow the ServiceCIDR objects (with the `--service-cidr` flags), a malformed
 //! one (written to etcd, as an older API server could have stored it) does not stop pod
 //! sync, and without RBAC for them the agent falls back to the flags and recovers.
+//! Service backends follow the Services and EndpointSlices (with the
+//! `--service-backend` flags).
 //!
 //! Objects are made as a kubelet and controllers would: status through the status
 //! subresource, pods force-deleted, the `default` ServiceAccount created by hand.
@@ -26,13 +28,16 @@ mod k8s {
     pub mod outage;
     pub mod pods;
     pub mod policies;
+    pub mod service_backends;
     pub mod service_cidrs;
     pub mod support;
     pub mod toggle;
 }
 
 use anyhow::Result;
-use k8s::{bad_input, deploy, opt_outs, outage, pods, policies, service_cidrs, toggle};
+use k8s::{
+    bad_input, deploy, opt_outs, outage, pods, policies, service_backends, service_cidrs, toggle,
+};
 
 // -------------------------------------------------------------------------------------
 // Pod addresses from Pod objects (tests/k8s/pods.rs).
@@ -113,6 +118,15 @@ fn k8s_service_cidrs_follow_the_api() -> Result<()> {
 fn k8s_service_cidrs_forbidden_fall_back_to_the_flags() -> Result<()> {
     privileged!("k8s_service_cidrs_forbidden_fall_back_to_the_flags");
     service_cidrs::k8s_service_cidrs_forbidden_fall_back_to_the_flags()
+}
+
+// -------------------------------------------------------------------------------------
+// Service backends (tests/k8s/service_backends.rs).
+
+#[test]
+fn k8s_service_backends_follow_endpointslices() -> Result<()> {
+    privileged!("k8s_service_backends_follow_endpointslices");
+    service_backends::k8s_service_backends_follow_endpointslices()
 }
 
 // -------------------------------------------------------------------------------------

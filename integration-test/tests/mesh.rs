@@ -113,6 +113,15 @@ fn clusterip_dnat_to_local_pod_ipv6_bypassed_both_ways() -> Result<()> {
 }
 
 #[test]
+fn clusterip_dnat_to_a_pod_not_its_backend_stays_on_tcp() -> Result<()> {
+    privileged!(
+        "clusterip_dnat_to_a_pod_not_its_backend_stays_on_tcp",
+        preflight_iptables
+    );
+    service::clusterip_to_a_pod_not_its_backend_stays_on_tcp()
+}
+
+#[test]
 fn clusterip_masqueraded_client_exact() -> Result<()> {
     privileged!("clusterip_masqueraded_client_exact", preflight_iptables);
     service::clusterip_masqueraded_client_exact()

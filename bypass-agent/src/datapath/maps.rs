@@ -12,29 +12,38 @@ use aya::maps::{
 };
 use bypass_common::{
     Connector, Counters, Endpoint, IpKey, Link, SockKey, Stat, addr::ip_from_key, control, ip_key,
-    names,
+    key::ServiceBackend, names,
 };
 
 use super::pins::PinLayout;
-use crate::{cidr::PodCidr, error::AgentError};
+use crate::{backend::Backend, cidr::PodCidr, error::AgentError};
 
 fn open_err(name: &str, e: impl std::error::Error + Send + Sync + 'static) -> AgentError {
     AgentError::bpf(format!("open map {name}"), e)
 }
 
 /// The address maps: pod CIDRs, exact pod addresses, excluded addresses, Service
-/// (ClusterIP) CIDRs.
+/// (ClusterIP) CIDRs, Service backends.
 pub struct PodMaps {
     cidrs: Trie,
     addrs: AddrSet,
     excluded: AddrSet,
     services: Trie,
+    backends: HashMap<MapData, ServiceBackend, u8>,
 }
 
 impl PodMaps {
-    /// Wraps the four maps.
-    pub fn new(cidrs: Map, addrs: Map, excluded: Map, services: Map) -> Result<Self, AgentError> {
+    /// Wraps the five maps.
+    pub fn new(
+        cidrs: Map,
+        addrs: Map,
+        excluded: Map,
+        services: Map,
+        backends: Map,
+    ) -> Result<Self, AgentError> {
         Ok(Self {
+            backends: HashMap::try_from(backends)
+                .map_err(|e| open_err(names::MAP_SERVICE_BACKENDS, e))?,
             cidrs: LpmTrie::try_from(cidrs).map_err(|e| open_err(names::MAP_POD_CIDRS, e))?,
             addrs: AddrSet::new(addrs, names::MAP_POD_ADDRS, "pod")?,
             excluded: AddrSet::new(excluded, names::MAP_EXCLUDED_ADDRS, "excluded")?,
@@ -76,6 +85,43 @@ impl PodMaps {
     /// The Service CIDRs in the trie now.
     pub fn service_cidrs(&self) -> BTreeSet<PodCidr> {
         trie_cidrs(&self.services)
+    }
+
+    /// Adds a Service backend.
+    pub fn insert_service_backend(&mut self, b: &Backend) -> Result<(), AgentError> {
+        self.backends.insert(b.key(), 1, 0).map_err(|e| {
+            AgentError::bpf(
+                format!(
+                    "insert Service backend {b} into {} (full at {} entries? keep fewer Service ports on this node's pods)",
+                    names::MAP_SERVICE_BACKENDS,
+                    names::MAX_SERVICE_BACKENDS
+                ),
+                e,
+            )
+        })
+    }
+
+    /// Removes a Service backend.
+    pub fn remove_service_backend(&mut self, b: &Backend) -> Result<(), AgentError> {
+        match self.backends.remove(&b.key()) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(e) => Err(AgentError::bpf(
+                format!(
+                    "remove Service backend {b} from {}",
+                    names::MAP_SERVICE_BACKENDS
+                ),
+                e,
+            )),
+        }
+    }
+
+    /// The Service backends in the map now.
+    pub fn service_backends(&self) -> BTreeSet<Backend> {
+        self.backends
+            .keys()
+            .filter_map(Result::ok)
+            .filter_map(|k| Backend::from_key(&k))
+            .collect()
     }
 
     /// Adds a pod CIDR.
@@ -659,6 +705,7 @@ impl PinnedView {
                 open(names::MAP_POD_ADDRS)?,
                 open(names::MAP_EXCLUDED_ADDRS)?,
                 open(names::MAP_SERVICE_CIDRS)?,
+                open(names::MAP_SERVICE_BACKENDS)?,
             )?,
             skip_ports: SkipPorts::new(open(names::MAP_SKIP_PORTS)?)?,
             stats: Stats::new(open(names::MAP_STATS)?)?,

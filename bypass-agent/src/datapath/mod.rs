@@ -42,8 +42,9 @@ use bypass_common::{
     SockKey,
     names::{
         MAP_CONNECTORS, MAP_CONTROL, MAP_CUT, MAP_EXCLUDED_ADDRS, MAP_LINKS, MAP_NETNS_OWNERS,
-        MAP_POD_ADDRS, MAP_POD_CIDRS, MAP_POD_NETNS, MAP_SERVICE_CIDRS, MAP_SKIP_PORTS,
-        MAP_SOCKETS, MAP_STATS, PIN_LINK_SOCKOPS, PIN_LINK_SOCKOPT, PROG_SOCKOPS, PROG_SOCKOPT,
+        MAP_POD_ADDRS, MAP_POD_CIDRS, MAP_POD_NETNS, MAP_SERVICE_BACKENDS, MAP_SERVICE_CIDRS,
+        MAP_SKIP_PORTS, MAP_SOCKETS, MAP_STATS, PIN_LINK_SOCKOPS, PIN_LINK_SOCKOPT, PROG_SOCKOPS,
+        PROG_SOCKOPT,
     },
 };
 pub use fs::{
@@ -174,6 +175,7 @@ impl Datapath {
             maps::open_pinned(&pins, MAP_POD_ADDRS)?,
             maps::open_pinned(&pins, MAP_EXCLUDED_ADDRS)?,
             maps::open_pinned(&pins, MAP_SERVICE_CIDRS)?,
+            maps::open_pinned(&pins, MAP_SERVICE_BACKENDS)?,
         )?;
         // Every start (adopting too) writes the skip list asked for.
         maps::SkipPorts::new(maps::open_pinned(&pins, MAP_SKIP_PORTS)?)?.set(&config.skip_ports)?;

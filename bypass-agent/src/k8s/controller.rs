@@ -1,20 +1,29 @@
-//! The reconcile loop: four reflectors (this Node, the Pods on it, all Namespaces, all
-//! ServiceCIDRs) feed one loop that, on every change, computes the desired map contents
-//! and toggle state with the pure core (`sync`, `toggle`) and applies the difference to
-//! the datapath. While the API server is away the watchers retry with backoff and the
-//! stores, and so the datapath, stay as they were; on return the watchers relist.
+//! The reconcile loop: six reflectors (this Node, the Pods on it, all Namespaces, all
+//! ServiceCIDRs, all Services, all EndpointSlices) feed one loop that, on every change,
+//! computes the desired map contents and toggle state with the pure core (`sync`,
+//! `toggle`) and applies the difference to the datapath. While the API server is away
+//! the watchers retry with backoff and the stores, and so the datapath, stay as they
+//! were; on return the watchers relist.
 //!
 //! ServiceCIDRs are optional: the first three must be listed before the first pass,
 //! ServiceCIDRs never hold it up. Where the API is missing (Kubernetes < 1.33) or RBAC
 //! forbids it, one warning says so and the Service CIDR trie holds `--service-cidr`
 //! alone; a probe keeps retrying quietly (at most every 30 s) and starts the watch once
 //! it succeeds, so granting RBAC later is picked up without a restart.
+//!
+//! Services and EndpointSlices never hold up the first pass either: until both are
+//! listed the Service backend map stays as it is (empty on a fresh datapath, so a
+//! connection translated to a pod of this node takes TCP); a Forbidden watch of them is
+//! warned about once, naming the RBAC that fixes it, the map then holds
+//! `--service-backend` alone (never what an earlier agent wrote), and the watcher keeps
+//! retrying.
 
 use std::{collections::BTreeSet, future::Future, sync::Arc, time::Duration};
 
 use futures::{FutureExt as _, StreamExt as _, stream::BoxStream};
 use k8s_openapi::api::{
-    core::v1::{Namespace, Node, Pod},
+    core::v1::{Namespace, Node, Pod, Service},
+    discovery::v1::EndpointSlice,
     networking::v1::{NetworkPolicy, ServiceCIDR},
 };
 use kube::{
@@ -48,7 +57,12 @@ enum Source {
     Pods = 1,
     Namespaces = 2,
     ServiceCidrs = 3,
+    Services = 4,
+    EndpointSlices = 5,
 }
+
+/// How many [`Source`]s there are.
+const SOURCES: usize = 6;
 
 impl Source {
     fn resource(self) -> &'static str {
@@ -57,7 +71,14 @@ impl Source {
             Self::Pods => "pods",
             Self::Namespaces => "namespaces",
             Self::ServiceCidrs => "servicecidrs",
+            Self::Services => "services",
+            Self::EndpointSlices => "endpointslices",
         }
+    }
+
+    /// Whether it feeds the Service backends (and so is not needed to start).
+    fn backends(self) -> bool {
+        matches!(self, Self::Services | Self::EndpointSlices)
     }
 }
 
@@ -65,9 +86,12 @@ impl Source {
 #[derive(Debug, Default)]
 struct Listed {
     /// By `Source as usize`.
-    done: [bool; 4],
+    done: [bool; SOURCES],
     /// Why the ServiceCIDRs cannot be listed, once warned about; cleared by a listing.
     service_cidrs_unavailable: Option<Unavailable>,
+    /// By `Source as usize`: a Forbidden watch of Services or EndpointSlices warned
+    /// about; cleared by a listing.
+    forbidden_warned: [bool; SOURCES],
 }
 
 /// Why the agent gets no ServiceCIDRs from the API.
@@ -90,6 +114,20 @@ impl Listed {
     /// The ServiceCIDRs are known: listed, or known not to come (the flags alone).
     fn service_cidrs_known(&self) -> bool {
         self.done[Source::ServiceCidrs as usize] || self.service_cidrs_unavailable.is_some()
+    }
+
+    /// The Services and EndpointSlices are listed: the Service backends are known.
+    fn backends_known(&self) -> bool {
+        self.done[Source::Services as usize] && self.done[Source::EndpointSlices as usize]
+    }
+
+    /// RBAC forbids listing the Services or the EndpointSlices (not listed before): the
+    /// map then holds `--service-backend` alone, never what an earlier agent wrote (an
+    /// address it named may be another pod's by now).
+    fn backends_forbidden(&self) -> bool {
+        [Source::Services, Source::EndpointSlices]
+            .iter()
+            .any(|s| self.forbidden_warned[*s as usize] && !self.done[*s as usize])
     }
 }
 
@@ -198,8 +236,25 @@ pub async fn run(
         watcher::Config::default(),
     );
     let mut policies = watch_policies(Api::<NetworkPolicy>::all(client.clone()));
-    let (service_cidrs, sc_events) = watch_service_cidrs(Api::<ServiceCIDR>::all(client));
-    let mut events = futures::stream::select_all([node_events, pod_events, ns_events, sc_events]);
+    let (service_cidrs, sc_events) = watch_service_cidrs(Api::<ServiceCIDR>::all(client.clone()));
+    let (services, svc_events) = watch(
+        Source::Services,
+        Api::<Service>::all(client.clone()),
+        watcher::Config::default(),
+    );
+    let (endpoint_slices, slice_events) = watch(
+        Source::EndpointSlices,
+        Api::<EndpointSlice>::all(client),
+        watcher::Config::default(),
+    );
+    let mut events = futures::stream::select_all([
+        node_events,
+        pod_events,
+        ns_events,
+        sc_events,
+        svc_events,
+        slice_events,
+    ]);
     let mut ctl = Reconciler {
         policy: Policy {
             node: node.clone(),
@@ -223,6 +278,8 @@ pub async fn run(
         pods,
         namespaces,
         service_cidrs,
+        services,
+        endpoint_slices,
         listed: Listed::default(),
         policy_changed: BTreeSet::new(),
         policy_warned: false,
@@ -239,7 +296,7 @@ pub async fn run(
     owners_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let shutdown = shutdown.fuse();
     futures::pin_mut!(shutdown);
-    info!(node = %node, "watching the node, its pods, namespaces and ServiceCIDRs");
+    info!(node = %node, "watching the node, its pods, namespaces, ServiceCIDRs, Services and EndpointSlices");
     loop {
         tokio::select! {
             signal = &mut shutdown => return Ok(signal),
@@ -300,6 +357,8 @@ struct Reconciler<'a> {
     pods: Store<Pod>,
     namespaces: Store<Namespace>,
     service_cidrs: Store<ServiceCIDR>,
+    services: Store<Service>,
+    endpoint_slices: Store<EndpointSlice>,
     /// Listings done, and the ServiceCIDR availability.
     listed: Listed,
     /// Namespaces whose NetworkPolicies changed since the last pass.
@@ -360,6 +419,12 @@ impl Reconciler<'_> {
             Ok(true) => {
                 debug!(resource = source.resource(), "listed");
                 self.listed.done[source as usize] = true;
+                if std::mem::take(&mut self.listed.forbidden_warned[source as usize]) {
+                    info!(
+                        resource = source.resource(),
+                        "listed: Service backends come from the API"
+                    );
+                }
                 if source == Source::ServiceCidrs
                     && self.listed.service_cidrs_unavailable.take().is_some()
                 {
@@ -376,6 +441,16 @@ impl Reconciler<'_> {
                 };
                 if source == Source::ServiceCidrs {
                     self.service_cidrs_failed(inner, &e);
+                } else if let (true, Some(Failure::Forbidden(detail))) = (source.backends(), &inner)
+                {
+                    // The agent works without them: once, not on every retry.
+                    if !std::mem::replace(&mut self.listed.forbidden_warned[source as usize], true)
+                    {
+                        self.telemetry.agent.error(ErrorKind::Forbidden);
+                        warn!(resource = source.resource(), %detail,
+                            "the API server forbids watching {}: until it allows it, connections translated to a Service backend on this node are not bypassed (they take TCP); apply deploy/rbac.yaml (list, watch on services and discovery.k8s.io endpointslices)",
+                            source.resource());
+                    }
                 } else if let Some(Failure::Forbidden(detail)) = inner {
                     self.telemetry.agent.error(ErrorKind::Forbidden);
                     error!(resource = source.resource(), %detail,
@@ -448,7 +523,7 @@ impl Reconciler<'_> {
         let pods = self.pods.state();
         let namespaces = self.namespaces.state();
         let service_cidrs = self.service_cidrs.state();
-        let desired = sync::desired(
+        let mut desired = sync::desired(
             pods.iter().map(AsRef::as_ref),
             namespaces.iter().map(AsRef::as_ref),
             self.listed
@@ -457,6 +532,19 @@ impl Reconciler<'_> {
             &self.policy,
             &self.statics,
         );
+        if self.listed.backends_known() {
+            let services = self.services.state();
+            let slices = self.endpoint_slices.state();
+            let mut backends = self.statics.service_backends.clone();
+            backends.extend(sync::service_backends(
+                services.iter().map(AsRef::as_ref),
+                slices.iter().map(AsRef::as_ref),
+                &desired.addrs,
+            ));
+            desired.service_backends = Some(backends);
+        } else if self.listed.backends_forbidden() {
+            desired.service_backends = Some(self.statics.service_backends.clone());
+        }
         let excluded = sync::namespace_sets(
             namespaces.iter().map(AsRef::as_ref),
             &self.policy,
@@ -510,6 +598,8 @@ impl Reconciler<'_> {
                 removed_excluded = plan.remove_excluded.len(),
                 added_service_cidrs = ?plan.add_service_cidrs.iter().map(ToString::to_string).collect::<Vec<_>>(),
                 removed_service_cidrs = ?plan.remove_service_cidrs.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                added_service_backends = plan.add_service_backends.len(),
+                removed_service_backends = plan.remove_service_backends.len(),
                 failed,
                 pods_tracked = desired.pods_tracked,
                 pods = ?sync::skip_counts(pods.iter().map(AsRef::as_ref), &self.policy, &excluded),
@@ -624,5 +714,28 @@ mod tests {
         l.service_cidrs_unavailable = None;
         l.done[Source::ServiceCidrs as usize] = true;
         assert!(l.service_cidrs_known());
+    }
+
+    #[test]
+    fn services_and_endpointslices_never_hold_up_the_first_pass() {
+        let mut l = Listed::default();
+        l.done[..3].fill(true);
+        assert!(l.core() && !l.backends_known());
+        l.done[Source::Services as usize] = true;
+        assert!(!l.backends_known(), "both are needed");
+        l.done[Source::EndpointSlices as usize] = true;
+        assert!(l.backends_known());
+        assert!(Source::Services.backends() && Source::EndpointSlices.backends());
+        assert!(!Source::Pods.backends() && !Source::ServiceCidrs.backends());
+    }
+
+    #[test]
+    fn forbidden_backends_fall_back_to_the_flags_alone() {
+        let mut l = Listed::default();
+        assert!(!l.backends_forbidden(), "not known yet: the map stays");
+        l.forbidden_warned[Source::EndpointSlices as usize] = true;
+        assert!(l.backends_forbidden(), "forbidden: the flags alone");
+        l.done[Source::EndpointSlices as usize] = true;
+        assert!(!l.backends_forbidden(), "listed before: the store's");
     }
 }

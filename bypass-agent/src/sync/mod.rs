@@ -1,7 +1,8 @@
-//! Pure: which pod CIDRs, pod addresses, excluded addresses and Service CIDRs belong in
-//! the maps, computed from the pods on the node, the namespaces and the ServiceCIDR
-//! objects, and the changes that take the maps from what they hold to that. The
-//! Kubernetes watchers only feed these functions and apply the plan.
+//! Pure: which pod CIDRs, pod addresses, excluded addresses, Service CIDRs and Service
+//! backends belong in the maps, computed from the pods on the node, the namespaces, the
+//! ServiceCIDR objects and (`backends`) the Services and EndpointSlices, and the changes
+//! that take the maps from what they hold to that. The Kubernetes watchers only feed
+//! these functions and apply the plan.
 //!
 //! A pod is a pod here only once its Pod object says so: the node's `spec.podCIDRs` are
 //! not used, because every address in them (an opted-out pod's, one whose Pod object
@@ -18,7 +19,11 @@ use k8s_openapi::api::{
     networking::v1::ServiceCIDR,
 };
 
-use crate::{cidr::PodCidr, toggle};
+use crate::{backend::Backend, cidr::PodCidr, toggle};
+
+pub mod backends;
+
+pub use backends::service_backends;
 
 /// Which pods count, and how workloads opt out.
 #[derive(Debug, Clone)]
@@ -52,6 +57,8 @@ pub struct Statics {
     pub addrs: BTreeSet<IpAddr>,
     /// `--service-cidr`.
     pub service_cidrs: BTreeSet<PodCidr>,
+    /// `--service-backend`.
+    pub service_backends: BTreeSet<Backend>,
 }
 
 /// Why a pod contributes no address.
@@ -137,6 +144,10 @@ pub struct Desired {
     /// `None` while the objects are not known yet, which leaves the trie as it is (an
     /// adopted datapath keeps the previous agent's until the first listing).
     pub service_cidrs: Option<BTreeSet<PodCidr>>,
+    /// Service backends on this node's pods: `--service-backend`, and in Kubernetes
+    /// mode those of the Services and EndpointSlices; `None` while they are not known
+    /// yet, which leaves the map as it is.
+    pub service_backends: Option<BTreeSet<Backend>>,
     /// Pods that contribute at least one address.
     pub pods_tracked: usize,
     /// Values that were not used.
@@ -162,6 +173,10 @@ pub struct Plan {
     pub add_service_cidrs: Vec<PodCidr>,
     /// Service CIDRs to remove.
     pub remove_service_cidrs: Vec<PodCidr>,
+    /// Service backends to insert.
+    pub add_service_backends: Vec<Backend>,
+    /// Service backends to remove.
+    pub remove_service_backends: Vec<Backend>,
 }
 
 impl Plan {
@@ -175,6 +190,8 @@ impl Plan {
             && self.remove_excluded.is_empty()
             && self.add_service_cidrs.is_empty()
             && self.remove_service_cidrs.is_empty()
+            && self.add_service_backends.is_empty()
+            && self.remove_service_backends.is_empty()
     }
 }
 
@@ -189,6 +206,8 @@ pub struct Current {
     pub excluded: BTreeSet<IpAddr>,
     /// The Service CIDR trie.
     pub service_cidrs: BTreeSet<PodCidr>,
+    /// The Service backend map.
+    pub service_backends: BTreeSet<Backend>,
 }
 
 /// What to add to `have` and what to remove from it to make it `want`, each in order.
@@ -210,6 +229,10 @@ pub fn plan(current: &Current, desired: &Desired) -> Plan {
         Some(want) => diff(&current.service_cidrs, want),
         None => (Vec::new(), Vec::new()),
     };
+    let (add_service_backends, remove_service_backends) = match &desired.service_backends {
+        Some(want) => diff(&current.service_backends, want),
+        None => (Vec::new(), Vec::new()),
+    };
     let (add_cidrs, remove_cidrs) = diff(&current.cidrs, &desired.cidrs);
     let (add_addrs, remove_addrs) = diff(&current_addrs, &desired.addrs);
     let (add_excluded, remove_excluded) = diff(&current_excluded, &desired.excluded);
@@ -222,6 +245,8 @@ pub fn plan(current: &Current, desired: &Desired) -> Plan {
         remove_excluded,
         add_service_cidrs,
         remove_service_cidrs,
+        add_service_backends,
+        remove_service_backends,
     }
 }
 
@@ -238,6 +263,7 @@ pub fn desired<'a>(
 ) -> Desired {
     let mut out = Desired::from_statics(statics);
     out.service_cidrs = None;
+    out.service_backends = None;
     if let Some(objects) = service_cidrs {
         let mut set = statics.service_cidrs.clone();
         for sc in objects {
@@ -270,6 +296,7 @@ impl Desired {
             cidrs: statics.cidrs.clone(),
             addrs: statics.addrs.iter().map(IpAddr::to_canonical).collect(),
             service_cidrs: Some(statics.service_cidrs.clone()),
+            service_backends: Some(statics.service_backends.clone()),
             ..Self::default()
         }
     }

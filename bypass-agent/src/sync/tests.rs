@@ -79,6 +79,7 @@ fn current(cidrs_: &[&str], addrs_: &[&str], services: &[&str]) -> Current {
         addrs: ips(addrs_),
         excluded: BTreeSet::new(),
         service_cidrs: cidrs(services),
+        service_backends: BTreeSet::new(),
     }
 }
 
@@ -595,5 +596,30 @@ fn namespace_opt_in_admits_only_labelled_namespaces() {
     assert_eq!(
         d.addrs,
         ips(&["10.244.1.2", "10.244.1.3", "10.244.1.4", "10.244.1.6"])
+    );
+}
+
+#[test]
+fn service_backends_follow_the_flags_and_wait_until_known() {
+    let b: crate::backend::Backend = "10.96.0.10:80=10.244.1.2:8080".parse().unwrap();
+    let stale: crate::backend::Backend = "10.96.0.10:80=10.244.1.3:8080".parse().unwrap();
+    let statics = Statics {
+        service_backends: [b].into(),
+        ..Statics::default()
+    };
+    let mut have = current(&[], &[], &[]);
+    have.service_backends = [stale].into();
+    let p = plan(&have, &Desired::from_statics(&statics));
+    assert_eq!(
+        (p.add_service_backends, p.remove_service_backends),
+        (vec![b], vec![stale])
+    );
+    let unknown = Desired {
+        service_backends: None,
+        ..Desired::from_statics(&statics)
+    };
+    assert!(
+        plan(&have, &unknown).is_empty(),
+        "not known yet: the map stays"
     );
 }

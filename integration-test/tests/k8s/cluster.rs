@@ -1,7 +1,7 @@
 //! A real API server and etcd for one test (the `kube-testenv` crate), and the objects
 //! a kubelet and controllers would make on it: nodes, namespaces with their `default`
-//! ServiceAccount, pods with their status, ServiceCIDRs, RBAC, and YAML applied
-//! server-side.
+//! ServiceAccount, pods with their status, ServiceCIDRs, Services and their
+//! EndpointSlices, RBAC, and YAML applied server-side.
 
 use std::{
     collections::BTreeMap,
@@ -13,7 +13,8 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use base64::{Engine as _, prelude::BASE64_STANDARD};
 use k8s_openapi::api::{
-    core::v1::{Namespace, Node, Pod, ServiceAccount},
+    core::v1::{Namespace, Node, Pod, Service, ServiceAccount},
+    discovery::v1::EndpointSlice,
     networking::v1::{NetworkPolicy, ServiceCIDR},
     rbac::v1::{ClusterRole, ClusterRoleBinding},
 };
@@ -206,6 +207,80 @@ impl Cluster {
         Ok(())
     }
 
+    /// A Service without a selector (no controller runs here to make its EndpointSlices:
+    /// [`Cluster::endpoint_slice`] does) with a fixed `cluster_ip` and `ports`.
+    pub fn service(&self, ns: &str, name: &str, cluster_ip: &str, ports: Value) -> Result<()> {
+        let svc: Service = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"clusterIP": cluster_ip, "ports": ports},
+        }))?;
+        self.block(
+            Api::<Service>::namespaced(self.client.clone(), ns)
+                .create(&PostParams::default(), &svc),
+        )
+        .with_context(|| format!("create service {ns}/{name}"))?;
+        Ok(())
+    }
+
+    pub fn endpoint_slices(&self, ns: &str) -> Api<EndpointSlice> {
+        Api::namespaced(self.client.clone(), ns)
+    }
+
+    /// An IPv4 EndpointSlice `name` of Service `service`, as the EndpointSlice
+    /// controller makes one: one ready endpoint on `node` per address, and `ports`.
+    pub fn endpoint_slice(
+        &self,
+        ns: &str,
+        name: &str,
+        service: &str,
+        node: &str,
+        addrs: &[&str],
+        ports: Value,
+    ) -> Result<()> {
+        let slice: EndpointSlice = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {
+                "kubernetes.io/service-name": service,
+                "endpointslice.kubernetes.io/managed-by": MANAGER,
+            }},
+            "addressType": "IPv4",
+            "endpoints": endpoints(node, addrs),
+            "ports": ports,
+        }))?;
+        self.block(
+            self.endpoint_slices(ns)
+                .create(&PostParams::default(), &slice),
+        )
+        .with_context(|| format!("create endpointslice {ns}/{name}"))?;
+        Ok(())
+    }
+
+    /// Replaces the endpoints of EndpointSlice `name` with one per address.
+    pub fn endpoint_slice_addrs(
+        &self,
+        ns: &str,
+        name: &str,
+        node: &str,
+        addrs: &[&str],
+    ) -> Result<()> {
+        let patch = json!({"endpoints": endpoints(node, addrs)});
+        self.block(self.endpoint_slices(ns).patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        ))
+        .with_context(|| format!("set the endpoints of endpointslice {ns}/{name}"))?;
+        Ok(())
+    }
+
+    pub fn delete_endpoint_slice(&self, ns: &str, name: &str) -> Result<()> {
+        self.block(
+            self.endpoint_slices(ns)
+                .delete(name, &DeleteParams::default()),
+        )
+        .with_context(|| format!("delete endpointslice {ns}/{name}"))?;
+        Ok(())
+    }
+
     /// Stores a ServiceCIDR straight into etcd, bypassing validation: what an older API
     /// server with laxer validation could have left (today's refuses host bits).
     pub fn service_cidr_in_etcd(&self, name: &str, cidrs: &[&str]) -> Result<()> {
@@ -296,6 +371,14 @@ impl Cluster {
 pub struct PodOpts<'a> {
     pub host_network: bool,
     pub annotations: &'a [(&'a str, &'a str)],
+}
+
+/// EndpointSlice endpoints: one ready one on `node` per address.
+fn endpoints(node: &str, addrs: &[&str]) -> Vec<Value> {
+    addrs
+        .iter()
+        .map(|a| json!({"addresses": [a], "conditions": {"ready": true}, "nodeName": node}))
+        .collect()
 }
 
 /// A client with the credentials of `kubeconfig`.

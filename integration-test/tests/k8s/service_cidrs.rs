@@ -91,13 +91,17 @@ pub fn k8s_service_cidrs_forbidden_fall_back_to_the_flags() -> Result<()> {
     c.node(&node, &[], &[])?;
     c.namespace("bk-apps", &[])?;
     c.pod("bk-apps", "a", &node, &["10.34.0.5"], PodOpts::default())?;
-    // What deploy/rbac.yaml granted before ServiceCIDRs: nodes, pods, namespaces.
+    // What deploy/rbac.yaml granted before ServiceCIDRs: nodes, pods, namespaces; and
+    // Services and EndpointSlices, so that ServiceCIDRs are the only thing forbidden.
     let user = "bk-core";
     let kubeconfig = c.env.user_kubeconfig(user, &[])?;
     c.grant(
         "bk-core",
         user,
-        json!([{"apiGroups": [""], "resources": ["nodes", "pods", "namespaces"], "verbs": ["get", "list", "watch"]}]),
+        json!([
+            {"apiGroups": [""], "resources": ["nodes", "pods", "namespaces", "services"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
+        ]),
     )?;
     let port = free_port()?;
     let agent = Agent::start(&kube_agent_opts(

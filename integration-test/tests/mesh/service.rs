@@ -27,39 +27,76 @@ pub fn cluster_ip(pods: &TwoPods, vip: SocketAddr, backend: SocketAddr) -> Clust
     }
 }
 
-/// A pod dials a ClusterIP; kube-proxy's chains DNAT it to a pod of this node, from a
-/// cluster address, so without SNAT. The client's socket sees the VIP, the server's
-/// sees the client: paired as translated, redirected both ways.
-pub fn clusterip_to_local_pod(family: Family) -> Result<()> {
-    const TARGET_PORT: u16 = 5701;
-    let pods = TwoPods::new()?;
+/// A Service in `family` whose VIP (port 8080) kube-proxy's chains in pod a DNAT to pod
+/// b's `target_port`: its Service CIDR, VIP and backend.
+fn service_to_b(
+    pods: &TwoPods,
+    family: Family,
+    target_port: u16,
+) -> Result<(String, SocketAddr, SocketAddr)> {
     let svc_cidr = match family {
         Family::V4 => pods.service_cidr_v4(),
         Family::V6 => pods.service_cidr_v6(),
     };
     let vip = vip_in(&svc_cidr, 8080)?;
-    let backend = SocketAddr::new(ip_of(&pods.b, family), TARGET_PORT);
+    let backend = SocketAddr::new(ip_of(&pods.b, family), target_port);
     // kube-proxy's nodes route the Service range; here an on-link route will do (the
     // DNAT reroutes the packet to the pod).
     pods.a.add_route(&svc_cidr)?;
     iptables::apply(
         pods.a.netns(),
         family,
-        &iptables::kube_proxy_rules(&cluster_ip(&pods, vip, backend)),
+        &iptables::kube_proxy_rules(&cluster_ip(pods, vip, backend)),
     )?;
-    let agent = agent_with(&pods, &["--service-cidr", &svc_cidr])?;
-    let args = ClientArgs::bulk(16 << 20);
-    let x = exchange(
-        &pods,
-        &agent,
-        SocketAddr::new(any(family), TARGET_PORT),
-        vip,
-        &args,
-    )?;
+    Ok((svc_cidr, vip, backend))
+}
+
+/// The agent, told the Service CIDR and one backend of `vip`.
+fn service_agent(
+    pods: &TwoPods,
+    svc_cidr: &str,
+    vip: SocketAddr,
+    backend: SocketAddr,
+) -> Result<testbed::Agent> {
+    agent_with(
+        pods,
+        &[
+            "--service-cidr",
+            svc_cidr,
+            "--service-backend",
+            &format!("{vip}={backend}"),
+        ],
+    )
+}
+
+/// Pod a dials `vip`, pod b serves on `port` (the DNAT's target): the exchange,
+/// byte-exact, and which counters grew.
+fn through_vip(
+    pods: &TwoPods,
+    agent: &testbed::Agent,
+    family: Family,
+    port: u16,
+    vip: SocketAddr,
+    args: &ClientArgs,
+) -> Result<(Exchange, String)> {
+    let x = exchange(pods, agent, SocketAddr::new(any(family), port), vip, args)?;
     let why = growth(&x.before, &x.after);
+    assert_byte_exact(&x, args).with_context(|| format!("{why}\n{}", nat_tables(pods, family)))?;
+    Ok((x, why))
+}
+
+/// A pod dials a ClusterIP; kube-proxy's chains DNAT it to a pod of this node, from a
+/// cluster address, so without SNAT. The client's socket sees the VIP, the server's
+/// sees the client: paired as translated, redirected both ways.
+pub fn clusterip_to_local_pod(family: Family) -> Result<()> {
+    const TARGET_PORT: u16 = 5701;
+    let pods = TwoPods::new()?;
+    let (svc_cidr, vip, backend) = service_to_b(&pods, family, TARGET_PORT)?;
+    let agent = service_agent(&pods, &svc_cidr, vip, backend)?;
+    let args = ClientArgs::bulk(16 << 20);
+    let (x, why) = through_vip(&pods, &agent, family, TARGET_PORT, vip, &args)?;
     eprintln!("clusterip {vip} -> {backend}: {why}");
     let context = || nat_tables(&pods, family);
-    assert_byte_exact(&x, &args).with_context(context)?;
     let payload = args.send + args.recv;
     let (b, a) = (&x.before, &x.after);
     ensure!(
@@ -87,6 +124,51 @@ pub fn clusterip_to_local_pod(family: Family) -> Result<()> {
     Ok(())
 }
 
+/// The same Service, but what the agent knows as its backend is another port of the
+/// pod: a server that is no backend of the address its client dialled is never paired
+/// with it, whatever the sequence numbers say (a pod's own listener, fed a handshake
+/// crafted with a victim client's numbers, looks exactly like this one). Byte-exact on
+/// TCP, counted as `pair_unreachable` and as a pairing refusal of the server's
+/// address.
+pub fn clusterip_to_a_pod_not_its_backend_stays_on_tcp() -> Result<()> {
+    const TARGET_PORT: u16 = 5704;
+    let pods = TwoPods::new()?;
+    let (svc_cidr, vip, backend) = service_to_b(&pods, Family::V4, TARGET_PORT)?;
+    let listed = pods.b.v4_addr(TARGET_PORT + 1);
+    let agent = service_agent(&pods, &svc_cidr, vip, listed)?;
+    let args = ClientArgs::bulk(8 << 20);
+    let (x, why) = through_vip(&pods, &agent, Family::V4, TARGET_PORT, vip, &args)?;
+    eprintln!("clusterip {vip} -> {backend}, listed {listed}: {why}");
+    let (b, a) = (&x.before, &x.after);
+    ensure!(
+        grew(b, a, |s| s.counters.paired_translated) == 0
+            && grew(b, a, |s| s.counters.redirected_bytes) == 0,
+        "paired with a server that is no backend of {vip}: {why}"
+    );
+    ensure!(
+        grew(b, a, |s| s.counters.pair_unreachable) == 1,
+        "pair_unreachable should grow by 1: {why}"
+    );
+    let pod_b = backend.ip();
+    let refusals = a
+        .refusals
+        .iter()
+        .find(|r| r.address == pod_b)
+        .map_or(0, |r| r.pairing);
+    ensure!(
+        refusals >= 1,
+        "no pairing refusal for {pod_b}: {:?}",
+        a.refusals
+    );
+    let payload = args.send + args.recv;
+    ensure!(
+        x.wire >= payload,
+        "the veth carried {} B of {payload} B",
+        x.wire
+    );
+    Ok(())
+}
+
 /// A client kube-proxy masquerades (its address is outside the cluster CIDR it was
 /// given, so `KUBE-MARK-MASQ` marks it and `MASQUERADE --random-fully` picks a new
 /// source port): byte-exact, and either cleanly on the normal path (the server's view
@@ -109,19 +191,11 @@ pub fn clusterip_masqueraded_client_exact() -> Result<()> {
         Family::V4,
         &iptables::kube_proxy_rules(&svc),
     )?;
-    let agent = agent_with(&pods, &["--service-cidr", &svc_cidr])?;
+    let agent = service_agent(&pods, &svc_cidr, vip, backend)?;
     let args = ClientArgs::bulk(8 << 20);
     let payload = args.send + args.recv;
-    let x = exchange(
-        &pods,
-        &agent,
-        SocketAddr::new(any(Family::V4), TARGET_PORT),
-        vip,
-        &args,
-    )?;
-    let why = growth(&x.before, &x.after);
+    let (x, why) = through_vip(&pods, &agent, Family::V4, TARGET_PORT, vip, &args)?;
     eprintln!("masqueraded client of {vip}: {why}");
-    assert_byte_exact(&x, &args).with_context(|| nat_tables(&pods, Family::V4))?;
     let (b, a) = (&x.before, &x.after);
     let normal = grew(b, a, |s| s.counters.paired_translated) == 0
         && grew(b, a, |s| s.counters.redirected_bytes) == 0
@@ -233,7 +307,14 @@ pub fn output_dnat(family: Family, to_self: bool) -> Result<()> {
     .map(|s| (*s).to_owned())
     .collect();
     iptables::apply(pods.a.netns(), family, &[rule])?;
-    let agent = agent_with(&pods, &["--service-cidr", &svc_cidr])?;
+    // Into another pod the translation is paired only to a backend of the VIP; into
+    // the client's own namespace always.
+    let backend = format!("{vip}={target}");
+    let mut flags = vec!["--service-cidr", &svc_cidr];
+    if !to_self {
+        flags.extend(["--service-backend", &backend]);
+    }
+    let agent = agent_with(&pods, &flags)?;
     // Every byte redirected: each client sends once its server's side is paired.
     let args = ClientArgs::bulk(8 << 20).greeted();
     let before = agent.stats()?;
