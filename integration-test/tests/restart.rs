@@ -17,7 +17,8 @@ use std::{
 use anyhow::{Context as _, Result, bail, ensure};
 use bypass_common::{control, names};
 use support::{
-    ProbeServer, Steps, num, probe_report, sigkill, spawn_probe_client, two_pods, wait_for_log,
+    ProbeServer, Steps, hold_pair, num, probe_report, sigkill, spawn_probe_client, two_pods,
+    wait_for_log,
 };
 use testbed::mapkeys::{pinned_u32, set_pinned_u32};
 use testbed::{
@@ -86,38 +87,41 @@ fn sigkill_mid_100_streams_then_restart_adopts() -> Result<()> {
     let pods = two_pods()?;
     let opts = opts(&pods, &[]);
     let first = Agent::start(&opts)?;
-    // 100 streams, 4 MiB each way at 256 KiB/s: about 16 s, so the kill lands mid-way
-    // (also under emulation, where setting up 100 streams took 8 s of a 512 KiB/s run
-    // once on 6.1).
+    // Two held connections make the bytes after the kill certain, whatever the pace of
+    // the streams (under emulation 100 streams can all end before a restart): each has
+    // sent a first chunk under the first agent and sends its second only when told,
+    // one while no agent runs, one once the second agent adopted.
+    const CHUNK: u64 = 1 << 20;
+    let (gap_steps, adopted_steps) = (Steps::new(&pods, "gap")?, Steps::new(&pods, "adopted")?);
+    let gap = hold_pair(&pods, &first, &gap_steps, 5303, CHUNK)?;
+    let adopted = hold_pair(&pods, &first, &adopted_steps, 5304, CHUNK)?;
+    // 100 streams, 4 MiB each way at 256 KiB/s, killed mid-way where the pace allows.
     let args = ClientArgs {
         streams: 100,
         msg_size: 16 * 1024,
         rate: 1 << 18,
         ..ClientArgs::bulk(4 << 20)
     };
-    let payload = args.total_connections() * (args.send + args.recv);
+    let payload = args.total_connections() * (args.send + args.recv) + 4 * CHUNK;
     let addr = pods.b.v4_addr(5301);
     let server = PeerServer::start(&pods.b, addr, args.total_connections())?;
     let client = PeerClient::spawn(&pods.a, addr, &args)?;
-    // Killed as soon as bytes are redirected, while streams are still connecting: the
-    // pinned datapath pairs the rest on its own. Waiting for all 200 sockets let early
-    // streams finish under emulation (100 client threads on 2 emulated CPUs).
-    wait_status(&opts.pin_dir, "the first redirected bytes", |s| {
-        num(s, "redirected_bytes") > 0
+    // Killed as soon as the streams' bytes are redirected, while streams may still be
+    // connecting: the pinned datapath pairs the rest on its own.
+    let held = num(&status_json(&opts.pin_dir)?, "redirected_bytes");
+    wait_status(&opts.pin_dir, "the streams' first redirected bytes", |s| {
+        num(s, "redirected_bytes") > held
     })?;
 
     sigkill(first.pid())?;
     let at_kill = status_json(&opts.pin_dir)?;
     // No agent runs: the pinned datapath goes on redirecting on its own.
-    let in_gap = wait_status(&opts.pin_dir, "bytes redirected while no agent runs", |s| {
-        num(s, "redirected_bytes") > num(&at_kill, "redirected_bytes")
-    })?;
-    // At least a tenth of the payload must move after the kill (under emulation, setting
-    // up the 100 streams alone takes seconds of their run).
-    ensure!(
-        num(&at_kill, "redirected_bytes") < payload * 9 / 10,
-        "killed too late to matter: {at_kill}"
-    );
+    gap_steps.touch("more")?;
+    let in_gap = wait_status(
+        &opts.pin_dir,
+        "the held chunk redirected while no agent runs",
+        |s| num(s, "redirected_bytes") >= num(&at_kill, "redirected_bytes") + CHUNK,
+    )?;
 
     let second = Agent::start(&opts)?;
     ensure!(
@@ -125,20 +129,31 @@ fn sigkill_mid_100_streams_then_restart_adopts() -> Result<()> {
         "the restarted agent did not adopt: {}",
         second.stderr()
     );
+    let at_adoption = second.status()?;
+    adopted_steps.touch("more")?;
+    for (name, pair) in [("gap", gap), ("adopted", adopted)] {
+        let c = probe_report(pair.client)?;
+        let s = pair.server.wait()?;
+        ensure!(
+            c["ok"] == true && s["ok"] == true,
+            "held connection {name}: {c} {s}"
+        );
+    }
     let client = client.wait()?;
     let server = server.wait()?;
     ensure_exact(&client, &server, &args)?;
     let end = second.status()?;
     eprintln!(
-        "redirected: {} B at the kill, {} B 0.7 s later with no agent, {} B at the end of \
-         {payload} B",
+        "redirected: {} B at the kill, {} B with no agent, {} B at the adoption, {} B at the \
+         end of {payload} B",
         num(&at_kill, "redirected_bytes"),
         num(&in_gap, "redirected_bytes"),
+        num(&at_adoption, "redirected_bytes"),
         num(&end, "redirected_bytes")
     );
     ensure!(
-        num(&end, "redirected_bytes") > num(&in_gap, "redirected_bytes"),
-        "redirected_bytes stopped growing after the restart: {end}"
+        num(&end, "redirected_bytes") >= num(&at_adoption, "redirected_bytes") + CHUNK,
+        "the held chunk sent after the adoption was not redirected: {end}"
     );
     // Every byte redirected, across both agents, but a connection whose client wrote
     // before it was paired (a race with the end of the handshake): that one goes by TCP.
@@ -148,7 +163,7 @@ fn sigkill_mid_100_streams_then_restart_adopts() -> Result<()> {
         "every byte should have been redirected, across both agents: {end}"
     );
     ensure!(
-        num(&end, "sockets_inserted") == 200,
+        num(&end, "sockets_inserted") == 204,
         "counters did not carry over: {end}"
     );
     Ok(())
