@@ -274,7 +274,7 @@ pub struct KubeOpts {
     /// status.hostIPs as it is: every address of the node) [default: 127.0.0.1].
     #[arg(long, value_name = "IP", value_delimiter = ',')]
     pub metrics_ip: Vec<std::net::IpAddr>,
-    /// The port to serve metrics on [default: 19464; see the README for why not 9464].
+    /// The port to serve metrics on [default: 19464; see docs/cli.md for why not 9464].
     #[arg(long, value_name = "PORT")]
     pub metrics_port: Option<u16>,
     /// This agent's pod (downward API metadata.name): with --pod-namespace, its node's
