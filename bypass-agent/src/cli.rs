@@ -263,8 +263,8 @@ pub struct KubeOpts {
     /// opted out. Off unless given, e.g. --include-namespace-label=bypass.dev/include.
     #[arg(long, value_name = "KEY")]
     pub include_namespace_label: Option<String>,
-    /// Serve /metrics, /healthz and /readyz here, e.g. 10.0.0.5:19464 or
-    /// [fd00::5]:19464 [default in Kubernetes mode: --metrics-ip on --metrics-port;
+    /// Serve /metrics, /healthz and /readyz here, e.g. `10.0.0.5:19464` or
+    /// `[fd00::5]:19464` [default in Kubernetes mode: --metrics-ip on --metrics-port;
     /// standalone: not served unless given].
     #[arg(long, value_name = "ADDR", value_parser = parse_socket_addr,
         conflicts_with_all = ["metrics_ip", "metrics_port"])]
@@ -379,7 +379,6 @@ pub fn parse_socket_addr(s: &str) -> Result<std::net::SocketAddr, String> {
     })
 }
 
-/// A byte count below 4 GiB: digits with an optional K, M or G suffix (powers of 1024).
 /// `--max-queued-bytes`: a byte count, or what the host's TCP allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QueueBound {
@@ -408,6 +407,7 @@ pub fn parse_bound(s: &str) -> Result<QueueBound, String> {
     parse_bytes(s).map(QueueBound::Bytes)
 }
 
+/// A byte count below 4 GiB: digits with an optional K, M or G suffix (powers of 1024).
 pub fn parse_bytes(s: &str) -> Result<u32, String> {
     let t = s.trim();
     let end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());

@@ -176,7 +176,7 @@ pub mod flags {
 /// Bits of [`super::Link::rx_flags`]: how one side reads, as far as its peer's sends
 /// care. Set with an atomic or, never cleared.
 ///
-/// [`SPLICE`] and [`ZEROCOPY`] are set by the read guard before a `splice(2)` or a
+/// [`rx::SPLICE`] and [`rx::ZEROCOPY`] are set by the read guard before a `splice(2)` or a
 /// zero-copy mapping reads the socket: both read only the TCP receive queue
 /// (net/ipv4/tcp.c, tcp_splice_read and tcp_zerocopy_receive), never the ingress queue
 /// redirected bytes wait in. The guard sets its bit, then reads how many bytes its peer

@@ -1,6 +1,6 @@
 //! The datapath's counters, listed once: the slots of the per-CPU counter array
 //! [`crate::names::MAP_STATS`] ([`Stat`], which the kernel programs add to) and, with the
-//! `user` feature, their sums as the agent reports them ([`Counters`], whose fields are
+//! `user` feature, their sums as the agent reports them (`Counters`, whose fields are
 //! the counters' names in `status --json` and `/metrics`). A counter added to the one
 //! list below exists everywhere.
 

@@ -554,8 +554,7 @@ impl Reconciler<'_> {
             metrics.error(match r.kind {
                 RejectionKind::PodAddress => ErrorKind::PodAddress,
                 RejectionKind::OptOutValue => ErrorKind::OptOutValue,
-                // Counted with the other malformed cluster CIDRs until the metric has
-                // a kind of its own; the log line names the ServiceCIDR.
+                // Its own kind, `service_cidr`; the log line names the ServiceCIDR.
                 RejectionKind::ServiceCidr => ErrorKind::ServiceCidr,
             });
             warn!(kind = r.kind.as_str(), object = %r.object, field = %r.field, value = %r.value,
