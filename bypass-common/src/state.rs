@@ -254,6 +254,14 @@ pub mod hop {
     /// client's destination is not where the connection landed.
     pub const TRANSLATED: u32 = 3;
 
+    /// Every kind of a paired connection with its name, as the metrics' `kind` label
+    /// shows it, in the order they are listed.
+    pub const KINDS: [(u32, &str); 3] = [
+        (POD, "pod"),
+        (LOOPBACK, "loopback"),
+        (TRANSLATED, "translated"),
+    ];
+
     /// The kind of the connection between a connecting socket with key `client` and the
     /// accepting socket with key `server`.
     #[inline(always)]
