@@ -18,10 +18,18 @@ pub fn current(maps: &PodMaps) -> Current {
     }
 }
 
-/// Applies `plan`: exclusions first and removals of pod addresses last, so an address
-/// leaving for the excluded set is never a pod's and excluded at once in a way that
-/// lets it pass (the datapath checks the exact map first). Every step is tried; each
-/// failure goes to `on_error`. Returns the number of failures.
+/// Applies `plan` in this order: add exclusions, remove pod addresses, add pod CIDRs,
+/// add pod addresses, remove pod CIDRs, remove exclusions; then add and remove Service
+/// CIDRs, then add and remove Service backends.
+///
+/// The datapath takes an address for a pod's if it is in the exact map, or inside a pod
+/// CIDR and not excluded. With this order an address that is no pod's before the plan
+/// and none after is none in between either: an exclusion is in place before the CIDR
+/// it cuts from is added, and lifted only after that CIDR is removed. The other way
+/// round (an exact address leaving for a CIDR's cover) it may briefly be none, which
+/// only sends its connections by TCP.
+///
+/// Every step is tried; each failure goes to `on_error`. Returns the number of failures.
 pub fn apply(maps: &mut PodMaps, plan: &Plan, mut on_error: impl FnMut(AgentError)) -> usize {
     let mut failed = 0;
     let mut check = |r: Result<(), AgentError>| {

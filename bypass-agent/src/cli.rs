@@ -8,6 +8,7 @@ use bypass_common::names::{
     DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_SOCKETS, DEFAULT_PIN_DIR, DEFAULT_SKIP_PORTS,
     DEFAULT_SMALL_STREAM_BYTES, MAX_SKIP_PORTS,
 };
+use bypass_common::size::{SizeError, parse_size};
 use clap::{Args, Parser, Subcommand};
 
 use crate::cidr::PodCidr;
@@ -263,8 +264,8 @@ pub struct KubeOpts {
     /// opted out. Off unless given, e.g. --include-namespace-label=bypass.dev/include.
     #[arg(long, value_name = "KEY")]
     pub include_namespace_label: Option<String>,
-    /// Serve /metrics, /healthz and /readyz here, e.g. 10.0.0.5:19464 or
-    /// [fd00::5]:19464 [default in Kubernetes mode: --metrics-ip on --metrics-port;
+    /// Serve /metrics, /healthz and /readyz here, e.g. `10.0.0.5:19464` or
+    /// `[fd00::5]:19464` [default in Kubernetes mode: --metrics-ip on --metrics-port;
     /// standalone: not served unless given].
     #[arg(long, value_name = "ADDR", value_parser = parse_socket_addr,
         conflicts_with_all = ["metrics_ip", "metrics_port"])]
@@ -274,7 +275,7 @@ pub struct KubeOpts {
     /// status.hostIPs as it is: every address of the node) [default: 127.0.0.1].
     #[arg(long, value_name = "IP", value_delimiter = ',')]
     pub metrics_ip: Vec<std::net::IpAddr>,
-    /// The port to serve metrics on [default: 19464; see the README for why not 9464].
+    /// The port to serve metrics on [default: 19464; see docs/cli.md for why not 9464].
     #[arg(long, value_name = "PORT")]
     pub metrics_port: Option<u16>,
     /// This agent's pod (downward API metadata.name): with --pod-namespace, its node's
@@ -379,7 +380,6 @@ pub fn parse_socket_addr(s: &str) -> Result<std::net::SocketAddr, String> {
     })
 }
 
-/// A byte count below 4 GiB: digits with an optional K, M or G suffix (powers of 1024).
 /// `--max-queued-bytes`: a byte count, or what the host's TCP allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QueueBound {
@@ -408,24 +408,17 @@ pub fn parse_bound(s: &str) -> Result<QueueBound, String> {
     parse_bytes(s).map(QueueBound::Bytes)
 }
 
+/// A byte count below 4 GiB: digits with an optional K, M or G suffix (powers of 1024;
+/// [`parse_size`]).
 pub fn parse_bytes(s: &str) -> Result<u32, String> {
-    let t = s.trim();
-    let end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (digits, unit) = t.split_at(end);
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("'{s}' is not a byte count: write e.g. 4194304, 512K or 4M"))?;
-    let shift = match unit.to_ascii_uppercase().as_str() {
-        "" => 0,
-        "K" | "KIB" => 10,
-        "M" | "MIB" => 20,
-        "G" | "GIB" => 30,
-        _ => return Err(format!("'{s}' has an unknown unit: use K, M or G")),
-    };
-    n.checked_shl(shift)
-        .filter(|v| v >> shift == n)
-        .and_then(|v| u32::try_from(v).ok())
-        .ok_or_else(|| format!("'{s}' is 4 GiB or more"))
+    let n = parse_size(s).map_err(|e| match e {
+        SizeError::TooLarge => format!("'{s}' is 4 GiB or more"),
+        SizeError::NotANumber => {
+            format!("'{s}' is not a byte count: write e.g. 4194304, 512K or 4M")
+        }
+        SizeError::UnknownUnit => format!("'{s}' {e}"),
+    })?;
+    u32::try_from(n).map_err(|_| format!("'{s}' is 4 GiB or more"))
 }
 
 /// Options of `status`.
@@ -481,6 +474,7 @@ mod tests {
         assert_eq!(parse_bytes("4194304"), Ok(4 << 20));
         assert_eq!(parse_bytes("512K"), Ok(512 << 10));
         assert_eq!(parse_bytes("4M"), Ok(4 << 20));
+        assert_eq!(parse_bytes("16 kb"), Ok(16 << 10));
         assert_eq!(parse_bytes("0"), Ok(0));
         assert!(parse_bytes("4G").is_err());
         assert!(parse_bytes("3G").is_ok());

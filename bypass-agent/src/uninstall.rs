@@ -12,7 +12,7 @@ use crate::{cli::UninstallOpts, datapath, error::AgentError};
 /// How deep under the bpffs mount a pin directory is looked for.
 const DEPTH: usize = 3;
 
-/// The pin directories under `root` (up to [`DEPTH`] levels) that hold a bypass
+/// The pin directories under `root` (at most `DEPTH` levels down) that hold a bypass
 /// datapath: a `maps/BYPASS_CONTROL` pin, sorted.
 pub fn pinned_datapaths(root: &Path) -> Vec<PathBuf> {
     let mut found = Vec::new();

@@ -13,6 +13,7 @@ pub mod layout;
 #[cfg(feature = "std")]
 pub mod mountinfo;
 pub mod names;
+pub mod size;
 pub mod state;
 pub mod stats;
 

@@ -47,7 +47,7 @@ pub const MAP_SPLICERS: &str = "BYPASS_SPLICERS";
 /// Hash: a pod address (`IpKey`) → the cookie (`u64`) of the network namespace that
 /// owns it, as the agent observed it (an interface there holding the address whose
 /// peer or lower device is in the node's own namespace: a pod's veth, netkit or
-/// ipvlan end). While [`crate::control::SLOT_OWNERS`] is on, a socket whose local
+/// ipvlan end). While [`crate::control::SLOT_OWNERS_OFF`] is 0, a socket whose local
 /// address is a pod address is inserted only in that address's owning namespace, so
 /// no other namespace can pose as a pod, whatever copies of its addresses, ports and
 /// sequence numbers it holds.

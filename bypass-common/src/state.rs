@@ -176,7 +176,7 @@ pub mod flags {
 /// Bits of [`super::Link::rx_flags`]: how one side reads, as far as its peer's sends
 /// care. Set with an atomic or, never cleared.
 ///
-/// [`SPLICE`] and [`ZEROCOPY`] are set by the read guard before a `splice(2)` or a
+/// [`rx::SPLICE`] and [`rx::ZEROCOPY`] are set by the read guard before a `splice(2)` or a
 /// zero-copy mapping reads the socket: both read only the TCP receive queue
 /// (net/ipv4/tcp.c, tcp_splice_read and tcp_zerocopy_receive), never the ingress queue
 /// redirected bytes wait in. The guard sets its bit, then reads how many bytes its peer
@@ -253,6 +253,14 @@ pub mod hop {
     /// Translated on the way (iptables REDIRECT to a sidecar, a ClusterIP DNAT): the
     /// client's destination is not where the connection landed.
     pub const TRANSLATED: u32 = 3;
+
+    /// Every kind of a paired connection with its name, as the metrics' `kind` label
+    /// shows it, in the order they are listed.
+    pub const KINDS: [(u32, &str); 3] = [
+        (POD, "pod"),
+        (LOOPBACK, "loopback"),
+        (TRANSLATED, "translated"),
+    ];
 
     /// The kind of the connection between a connecting socket with key `client` and the
     /// accepting socket with key `server`.

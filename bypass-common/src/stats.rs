@@ -1,6 +1,6 @@
 //! The datapath's counters, listed once: the slots of the per-CPU counter array
 //! [`crate::names::MAP_STATS`] ([`Stat`], which the kernel programs add to) and, with the
-//! `user` feature, their sums as the agent reports them ([`Counters`], whose fields are
+//! `user` feature, their sums as the agent reports them (`Counters`, whose fields are
 //! the counters' names in `status --json` and `/metrics`). A counter added to the one
 //! list below exists everywhere.
 
@@ -152,7 +152,30 @@ counters! {
     PairUnreachable = 29, pair_unreachable, "Accepted sockets not paired: the server is no backend of the address its client dialled";
 }
 
+/// The counter of each [`crate::state::hop`] kind in a family of counters kept per kind
+/// ([`Stat::BY_HOP`]).
+pub type PerHop = fn(u32) -> Option<Stat>;
+
 impl Stat {
+    /// The counters kept per [`crate::state::hop`] kind, by family: its name and the
+    /// counter of each kind. A counter named as the family ([`Stat::RedirectedBytes`])
+    /// is the sum of its kinds.
+    pub const BY_HOP: [(&str, PerHop); 2] = [
+        ("paired", Stat::paired),
+        ("redirected_bytes", Stat::redirected_bytes),
+    ];
+
+    /// The family and [`crate::state::hop`] kind of a counter kept per kind
+    /// ([`Stat::BY_HOP`]).
+    pub fn hop_family(self) -> Option<(&'static str, u32)> {
+        Self::BY_HOP.iter().find_map(|&(family, of)| {
+            crate::state::hop::KINDS
+                .iter()
+                .find(|&&(hop, _)| of(hop) == Some(self))
+                .map(|&(hop, _)| (family, hop))
+        })
+    }
+
     /// The paired-connections counter of a [`crate::state::hop`] kind.
     #[inline(always)]
     pub const fn paired(hop: u32) -> Option<Stat> {
@@ -205,6 +228,26 @@ mod tests {
                 assert_ne!(a.name(), b.name());
             }
         }
+    }
+
+    #[test]
+    fn per_kind_counters_are_named_family_then_kind() {
+        use crate::state::hop;
+        for (family, of) in Stat::BY_HOP {
+            for (kind, label) in hop::KINDS {
+                let stat = of(kind).unwrap();
+                assert_eq!(stat.hop_family(), Some((family, kind)));
+                // Its own name in `status` is `<family>_<kind>`.
+                let base = stat
+                    .name()
+                    .strip_suffix(label)
+                    .and_then(|b| b.strip_suffix('_'));
+                assert_eq!(base, Some(family));
+            }
+            assert_eq!(of(hop::UNPAIRED), None);
+        }
+        assert_eq!(Stat::RedirectedBytes.hop_family(), None);
+        assert_eq!(Stat::PassedBytes.hop_family(), None);
     }
 
     #[cfg(feature = "user")]

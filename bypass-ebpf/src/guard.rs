@@ -279,7 +279,7 @@ pub fn bypass_splice_seen(_ctx: TracePointContext) -> u32 {
     // that splices is remembered: from its next read of a bypassed socket on, that
     // socket gets no redirected bytes (recv::publish). The splice itself cannot be
     // refused here, so a socket first read with recv and then spliced while redirected
-    // bytes wait for it can miss them: the README's limitation for such kernels.
+    // bytes wait for it can miss them: docs/limitations.md's limitation for such kernels.
     // SAFETY: no arguments.
     let tgid = (unsafe { bpf_get_current_pid_tgid() } >> 32) as u32;
     if BYPASS_SPLICERS.get_ptr(&tgid).is_none() {

@@ -1,6 +1,6 @@
 //! A known difference between a bypassed socket and TCP, pinned down so that it stays
-//! documented (README, "Known kernel limitations") and so that this test fails, and the
-//! documentation gets updated, on the day a kernel fixes it.
+//! documented (docs/limitations.md) and so that this test fails, and the documentation
+//! gets updated, on the day a kernel fixes it.
 //!
 //! On TCP a blocking `recv` never returns `EAGAIN` (only a non-blocking one, or one whose
 //! `SO_RCVTIMEO` expired, may). On a socket in a sockmap it can, and no BPF program can
@@ -72,11 +72,12 @@ fn blocking_read_after_own_half_close_sees_eagain_only_when_bypassed() -> Result
     );
     // The documented limitation: the client's blocking read of the reply is woken by the
     // ACK of its own FIN and gets EAGAIN. If this fails with 0, the kernel no longer does
-    // this: remove the limitation from the README and turn this into an equality check.
+    // this: remove the limitation from docs/limitations.md and turn this into an equality
+    // check.
     ensure!(
         eagain > 0 && x.client.spurious_eagain > 0,
-        "no EAGAIN on bypassed blocking reads any more (client {}, server {}): update README \
-         \"Known kernel limitations\" and make this test assert 0",
+        "no EAGAIN on bypassed blocking reads any more (client {}, server {}): update \
+         docs/limitations.md and make this test assert 0",
         x.client.spurious_eagain,
         x.server.spurious_eagain
     );

@@ -3,7 +3,7 @@
 //! `bypass-probe` case; the observations must be the same. Where this kernel's sockmap
 //! differs and the datapath cannot avoid it, the test pins the documented difference
 //! (named `..._known_difference`), so a kernel that fixes it shows up as a failure to
-//! update the README.
+//! update docs/limitations.md.
 
 mod support;
 

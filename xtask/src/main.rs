@@ -10,10 +10,6 @@ mod demo;
 mod image;
 mod oci;
 mod render;
-#[allow(
-    dead_code,
-    reason = "the test-guard half is used by integration-test/tests/k8s.rs"
-)]
 mod setup;
 mod test;
 mod vm;

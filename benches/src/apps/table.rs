@@ -1,7 +1,7 @@
 //! Pure: the apps run's tables. [`render`] is the terminal report (`table.txt`): how the
 //! agent ran, per placement every workload's normal-path rate and the ratios with their
 //! spread and verdict, latencies where the tools report them, failures, what each
-//! workload ran. [`render_markdown`] is the README's table (`table.md`,
+//! workload ran. [`render_markdown`] is results/README.md's table (`table.md`,
 //! `readme-snippet.md`).
 
 use std::fmt::Write as _;
@@ -331,7 +331,7 @@ fn md_ratio(c: &PathCell, r: Option<&Ratio>, verdict: Option<Verdict>) -> String
     }
 }
 
-/// The README's table: per workload, for each placement the normal path's median rate
+/// results/README.md's table: per workload, for each placement the normal path's median rate
 /// and the two ratios with their per-repetition range.
 pub fn render_markdown(r: &AppsResults) -> String {
     let mut o = String::new();

@@ -8,7 +8,7 @@ use anyhow::{Context as _, Result};
 use crate::model::{Results, Scenario};
 
 /// Writes `bench.json`, `table.txt`, `table.md` and `plot.svg` into `dir`; a scenario
-/// run also `readme-snippet.md` (its ratios, ready for the README).
+/// run also `readme-snippet.md` (its ratios, ready for results/README.md).
 pub fn write_outputs(r: &Results, dir: &FsPath) -> Result<Vec<PathBuf>> {
     let mut files = vec![
         ("bench.json", serde_json::to_string_pretty(r)? + "\n"),

@@ -75,7 +75,7 @@ pub(super) fn short_commit(c: &str) -> String {
     }
 }
 
-/// A short Markdown block for the README: per size, bypass ÷ default for latency and
+/// A short Markdown block for results/README.md: per size, bypass ÷ default for latency and
 /// throughput in each placement (medians of this run), and what the hop counters
 /// showed.
 pub fn render_snippet(r: &Results) -> String {

@@ -44,7 +44,7 @@ pub fn cgroup2_in(
         .cloned()
 }
 
-/// [`cgroup2_in`] on the host's `/sys/fs/cgroup` mounted at `dir` (`--host-cgroupfs`):
+/// `cgroup2_in` on the host's `/sys/fs/cgroup` mounted at `dir` (`--host-cgroupfs`):
 /// an agent in a container finds the host's cgroup2 root whatever the host's layout,
 /// where its own `/sys/fs/cgroup` is only its cgroup namespace's view.
 pub fn find_host_cgroup2(dir: &Path) -> Result<PathBuf, AgentError> {

@@ -63,7 +63,7 @@ pub fn parse_tcp_rmem_max(contents: &str) -> Option<u32> {
     contents.split_whitespace().nth(2)?.parse().ok()
 }
 
-/// [`parse_tcp_rmem_max`] of this host's [`TCP_RMEM_FILE`].
+/// `parse_tcp_rmem_max` of this host's `TCP_RMEM_FILE` (`/proc/sys/net/ipv4/tcp_rmem`).
 pub fn tcp_rmem_max() -> Option<u32> {
     std::fs::read_to_string(TCP_RMEM_FILE)
         .ok()

@@ -31,4 +31,96 @@ mod tests {
         assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
         assert_ne!(fingerprint(), 0);
     }
+
+    /// The embedded object declares every map and program `bypass_common::names`
+    /// names, each program of the type its use needs: a name changed on one side only
+    /// fails here, not at load on a node. Parsing needs no privileges.
+    #[test]
+    fn object_declares_every_name() {
+        use aya_obj::{Object, ProgramSection as S};
+        use bypass_common::names::{self, HookKind};
+
+        let obj = Object::parse(BYTES).unwrap();
+        let unpinned = [
+            names::MAP_SOCK_STATE,
+            names::MAP_VERDICTS,
+            names::MAP_GUARDING,
+            names::MAP_ACTIVE_OPEN,
+        ];
+        let named: Vec<&str> = names::PINNED_MAPS
+            .iter()
+            .chain(&unpinned)
+            .copied()
+            .collect();
+        for map in &named {
+            assert!(
+                obj.maps.contains_key(*map),
+                "map {map} is not in the object"
+            );
+        }
+        // And the other way: every map of the object is named, but its globals and
+        // the per-CPU scratch space only the programs know (bypass-ebpf/src/maps.rs).
+        let scratch = ["BYPASS_BACKEND_KEY", "BYPASS_SCRATCH"];
+        for map in obj.maps.keys().filter(|m| !m.starts_with('.')) {
+            assert!(
+                named.contains(&map.as_str()) || scratch.contains(&map.as_str()),
+                "map {map} is in no names list"
+            );
+        }
+        let section = |prog: &str| match obj.programs.get(prog) {
+            Some(p) => &p.section,
+            None => panic!("program {prog} is not in the object"),
+        };
+        assert!(matches!(section(names::PROG_SOCKOPS), S::SockOps));
+        assert!(matches!(section(names::PROG_SKMSG), S::SkMsg));
+        assert!(matches!(
+            section(names::PROG_SOCKOPT),
+            S::CgroupSockopt { .. }
+        ));
+        let hooks = names::READ_HOOKS
+            .iter()
+            .chain(&names::READ_TRAMPOLINE_HOOKS)
+            .chain(&names::GUARD_HOOKS)
+            .chain(&names::WATCH_HOOKS);
+        let mut hooked = Vec::new();
+        for hook in hooks {
+            let s = section(hook.program);
+            let fits = match hook.kind {
+                HookKind::Entry => matches!(s, S::FEntry { .. }),
+                HookKind::Exit => matches!(s, S::FExit { .. }),
+                HookKind::Guard => matches!(s, S::Lsm { .. }),
+                HookKind::TracePoint => matches!(s, S::BtfTracePoint),
+                HookKind::Syscall => matches!(s, S::TracePoint),
+            };
+            assert!(
+                fits,
+                "program {} is {s:?}, not {:?}",
+                hook.program, hook.kind
+            );
+            hooked.push(hook.program);
+        }
+        // Every PROG_* constant is one of the above.
+        for prog in [
+            names::PROG_READ,
+            names::PROG_READ_ENTER,
+            names::PROG_READ_EXIT,
+            names::PROG_SPLICE_ENTER,
+            names::PROG_SPLICE_EXIT,
+            names::PROG_MMAP_ENTER,
+            names::PROG_MMAP_EXIT,
+            names::PROG_READ_GUARD,
+            names::PROG_MMAP_GUARD,
+            names::PROG_SPLICE_SEEN,
+        ] {
+            assert!(hooked.contains(&prog), "program {prog} is in no hook list");
+        }
+        for prog in obj.programs.keys() {
+            assert!(
+                hooked.contains(&prog.as_str())
+                    || [names::PROG_SOCKOPS, names::PROG_SKMSG, names::PROG_SOCKOPT]
+                        .contains(&prog.as_str()),
+                "program {prog} of the object is in no names list"
+            );
+        }
+    }
 }

@@ -545,17 +545,11 @@ impl Reconciler<'_> {
         } else if self.listed.backends_forbidden() {
             desired.service_backends = Some(self.statics.service_backends.clone());
         }
-        let excluded = sync::namespace_sets(
-            namespaces.iter().map(AsRef::as_ref),
-            &self.policy,
-            &mut BTreeSet::new(),
-        );
         for r in sync::new_rejections(&self.reported, &desired.rejections) {
             metrics.error(match r.kind {
                 RejectionKind::PodAddress => ErrorKind::PodAddress,
                 RejectionKind::OptOutValue => ErrorKind::OptOutValue,
-                // Counted with the other malformed cluster CIDRs until the metric has
-                // a kind of its own; the log line names the ServiceCIDR.
+                // Its own kind, `service_cidr`; the log line names the ServiceCIDR.
                 RejectionKind::ServiceCidr => ErrorKind::ServiceCidr,
             });
             warn!(kind = r.kind.as_str(), object = %r.object, field = %r.field, value = %r.value,
@@ -602,7 +596,7 @@ impl Reconciler<'_> {
                 removed_service_backends = plan.remove_service_backends.len(),
                 failed,
                 pods_tracked = desired.pods_tracked,
-                pods = ?sync::skip_counts(pods.iter().map(AsRef::as_ref), &self.policy, &excluded),
+                pods = ?desired.pods,
                 "maps updated"
             );
         }

@@ -8,7 +8,9 @@ use prometheus_client::{
 };
 use tracing::{debug, warn};
 
-use crate::datapath::{PinLayout, PinnedView, count_sockets};
+use bypass_common::{Stat, state::hop};
+
+use crate::datapath::{Counters, PinLayout, PinnedView, count_sockets};
 
 /// Reads the datapath through its pins on every scrape, so the numbers are the
 /// kernel's, whoever holds the datapath.
@@ -207,80 +209,79 @@ impl Collector for DatapathCollector {
             )?;
         }
         match view.stats.read() {
-            Ok(c) => {
-                let values: Vec<(&str, &str, u64)> = bypass_common::Stat::ALL
-                    .iter()
-                    .map(|&stat| (stat.name(), stat.help(), c.get(stat)))
-                    .collect();
-                for family in families(&values) {
-                    match family {
-                        Series::Plain { name, help, value } => {
-                            constant(
-                                &mut enc,
-                                &format!("bypass_{name}"),
-                                help,
-                                ConstCounter::new(value),
-                            )?;
-                        }
-                        Series::ByKind { base, kinds } => {
-                            let help = format!("{} by connection kind", base.replace('_', " "));
-                            let name = format!("bypass_{base}");
-                            let mut f =
-                                enc.encode_descriptor(&name, &help, None, MetricType::Counter)?;
-                            for (kind, v) in kinds {
-                                let labels = [("kind", kind)];
-                                ConstCounter::new(v).encode(f.encode_family(&labels)?)?;
-                            }
-                        }
-                    }
-                }
-            }
+            Ok(c) => encode_counters(&mut enc, &c)?,
             Err(e) => warn!(error = %e, "reading datapath counters for metrics"),
         }
         Ok(())
     }
 }
 
-/// The connection kinds a counter can be split by (the stats' `_pod`, `_loopback`,
-/// `_translated` suffixes).
-pub const KINDS: [&str; 3] = ["pod", "loopback", "translated"];
+/// The stats catalogue's counters: plain ones as `bypass_<name>_total`, those kept per
+/// connection kind as one family each ([`families`]).
+fn encode_counters(enc: &mut DescriptorEncoder, c: &Counters) -> Result<(), std::fmt::Error> {
+    let values: Vec<(Stat, u64)> = Stat::ALL.iter().map(|&stat| (stat, c.get(stat))).collect();
+    for family in families(&values) {
+        match family {
+            Series::Plain { name, help, value } => {
+                constant(
+                    enc,
+                    &format!("bypass_{name}"),
+                    help,
+                    ConstCounter::new(value),
+                )?;
+            }
+            Series::ByKind { base, kinds } => {
+                let help = format!("{} by connection kind", base.replace('_', " "));
+                let name = format!("bypass_{base}");
+                let mut f = enc.encode_descriptor(&name, &help, None, MetricType::Counter)?;
+                for (kind, v) in kinds {
+                    let labels = [("kind", kind)];
+                    ConstCounter::new(v).encode(f.encode_family(&labels)?)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
 
 /// How the datapath counters are exported.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Series<'a> {
+pub enum Series {
     /// `bypass_<name>_total`.
     Plain {
         /// The stat's name.
-        name: &'a str,
+        name: &'static str,
         /// Its help text.
-        help: &'a str,
+        help: &'static str,
         /// Its value.
         value: u64,
     },
     /// `bypass_<base>_total{kind="..."}`, one series per kind.
     ByKind {
-        /// The name without the kind suffix.
-        base: &'a str,
-        /// `(kind, value)`.
-        kinds: Vec<(&'a str, u64)>,
+        /// The family's name ([`Stat::BY_HOP`]).
+        base: &'static str,
+        /// `(kind label, value)`, the label from [`hop::KINDS`].
+        kinds: Vec<(&'static str, u64)>,
     },
 }
 
-/// Groups `(name, help, value)` counters (pure): every `<base>_<kind>` becomes a series
-/// of the `<base>` family labelled `kind`; a plain counter named `<base>` of such a
-/// family is the sum of its kinds (every redirect belongs to a link of one kind) and is
-/// left out, so summing the family gives it without counting twice.
-pub fn families<'a>(values: &[(&'a str, &'a str, u64)]) -> Vec<Series<'a>> {
-    let split = |name: &'a str| {
-        KINDS.iter().find_map(|kind| {
-            name.strip_suffix(kind)
-                .and_then(|b| b.strip_suffix('_'))
-                .map(|base| (base, *kind))
-        })
+/// Groups counter values (pure): every counter kept per [`hop`] kind
+/// ([`Stat::hop_family`]) becomes a series of its family labelled `kind`, the family
+/// where its first counter is; a plain counter named as such a family is the sum of
+/// its kinds (every redirect belongs to a link of one kind) and is left out, so summing
+/// the family gives it without counting twice.
+pub fn families(values: &[(Stat, u64)]) -> Vec<Series> {
+    let label = |kind: u32| {
+        hop::KINDS
+            .iter()
+            .find_map(|&(k, label)| (k == kind).then_some(label))
     };
-    let mut out: Vec<Series<'a>> = Vec::new();
-    for &(name, help, value) in values {
-        if let Some((base, kind)) = split(name) {
+    let mut out: Vec<Series> = Vec::new();
+    for &(stat, value) in values {
+        if let Some((base, kind)) = stat
+            .hop_family()
+            .and_then(|(base, kind)| Some((base, label(kind)?)))
+        {
             let existing = out.iter_mut().find_map(|f| match f {
                 Series::ByKind { base: b, kinds } if *b == base => Some(kinds),
                 _ => None,
@@ -292,18 +293,14 @@ pub fn families<'a>(values: &[(&'a str, &'a str, u64)]) -> Vec<Series<'a>> {
                     kinds: vec![(kind, value)],
                 }),
             }
-        } else {
-            out.push(Series::Plain { name, help, value });
+        } else if !Stat::BY_HOP.iter().any(|&(base, _)| base == stat.name()) {
+            out.push(Series::Plain {
+                name: stat.name(),
+                help: stat.help(),
+                value,
+            });
         }
     }
-    let bases: Vec<&str> = out
-        .iter()
-        .filter_map(|f| match f {
-            Series::ByKind { base, .. } => Some(*base),
-            Series::Plain { .. } => None,
-        })
-        .collect();
-    out.retain(|f| !matches!(f, Series::Plain { name, .. } if bases.contains(name)));
     out
 }
 
@@ -314,12 +311,12 @@ mod tests {
     #[test]
     fn counters_by_kind_are_one_labelled_family() {
         let values = [
-            ("redirected_bytes", "h", 10),
-            ("passed_bytes", "h", 1),
-            ("paired_pod", "h", 2),
-            ("paired_loopback", "h", 3),
-            ("redirected_bytes_pod", "h", 7),
-            ("redirected_bytes_translated", "h", 3),
+            (Stat::RedirectedBytes, 10),
+            (Stat::PassedBytes, 1),
+            (Stat::PairedPod, 2),
+            (Stat::PairedLoopback, 3),
+            (Stat::RedirectedBytesPod, 7),
+            (Stat::RedirectedBytesTranslated, 3),
         ];
         let f = families(&values);
         assert_eq!(
@@ -327,7 +324,7 @@ mod tests {
             [
                 Series::Plain {
                     name: "passed_bytes",
-                    help: "h",
+                    help: Stat::PassedBytes.help(),
                     value: 1
                 },
                 Series::ByKind {
@@ -340,5 +337,45 @@ mod tests {
                 },
             ]
         );
+    }
+
+    /// A collector of fixed counters, to see what `/metrics` shows of them.
+    #[derive(Debug)]
+    struct Fixed(Counters);
+
+    impl Collector for Fixed {
+        fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+            encode_counters(&mut enc, &self.0)
+        }
+    }
+
+    #[test]
+    fn counters_text_with_kind_labels() {
+        let mut c = Counters::default();
+        for s in bypass_common::Stat::ALL {
+            c.set(s, u64::from(s.index()) + 100);
+        }
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register_collector(Box::new(Fixed(c)));
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+        let by_kind = "\
+# HELP bypass_paired paired by connection kind
+# TYPE bypass_paired counter
+bypass_paired_total{kind=\"pod\"} 109
+bypass_paired_total{kind=\"loopback\"} 110
+bypass_paired_total{kind=\"translated\"} 111
+# HELP bypass_redirected_bytes redirected bytes by connection kind
+# TYPE bypass_redirected_bytes counter
+bypass_redirected_bytes_total{kind=\"pod\"} 112
+bypass_redirected_bytes_total{kind=\"loopback\"} 113
+bypass_redirected_bytes_total{kind=\"translated\"} 114
+";
+        assert!(out.contains(by_kind), "{out}");
+        // The sum of the kinds is not a series of its own; the per-kind counters are
+        // not plain series either.
+        assert!(!out.contains("bypass_redirected_bytes_total 103"), "{out}");
+        assert!(!out.contains("bypass_paired_pod"), "{out}");
+        assert!(out.contains("\nbypass_passed_bytes_total 105\n"), "{out}");
     }
 }

@@ -81,6 +81,21 @@ pub enum Skip {
     NoAddress,
 }
 
+impl Skip {
+    /// A short stable name, for logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Skip::OtherNode => "other_node",
+            Skip::HostNetwork => "host_network",
+            Skip::Finished => "finished",
+            Skip::Excluded => "excluded",
+            Skip::NamespaceExcluded => "namespace_excluded",
+            Skip::Bandwidth => "bandwidth",
+            Skip::NoAddress => "no_address",
+        }
+    }
+}
+
 /// An input value that was not used, and why: logged and counted by the caller.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Rejection {
@@ -150,6 +165,9 @@ pub struct Desired {
     pub service_backends: Option<BTreeSet<Backend>>,
     /// Pods that contribute at least one address.
     pub pods_tracked: usize,
+    /// Pods by what became of them, for logs: `tracked`, or why they were skipped
+    /// ([`Skip::as_str`]).
+    pub pods: BTreeMap<&'static str, usize>,
     /// Values that were not used.
     pub rejections: BTreeSet<Rejection>,
 }
@@ -273,7 +291,11 @@ pub fn desired<'a>(
     }
     let sets = namespace_sets(namespaces, policy, &mut out.rejections);
     for pod in pods {
-        match pod_addrs(pod, policy, &sets, &mut out.rejections) {
+        let verdict = pod_addrs(pod, policy, &sets, &mut out.rejections);
+        *out.pods
+            .entry(verdict.as_ref().map_or_else(|s| s.as_str(), |_| "tracked"))
+            .or_insert(0) += 1;
+        match verdict {
             Ok(addrs) => {
                 out.pods_tracked += 1;
                 out.addrs.extend(addrs);
@@ -583,30 +605,6 @@ pub fn new_rejections<'a>(
     now: &'a BTreeSet<Rejection>,
 ) -> Vec<&'a Rejection> {
     now.difference(before).collect()
-}
-
-/// Pod counts by reason, for logs.
-pub fn skip_counts<'a>(
-    pods: impl IntoIterator<Item = &'a Pod>,
-    policy: &Policy,
-    namespaces: &NamespaceSets,
-) -> BTreeMap<&'static str, usize> {
-    let mut out = BTreeMap::new();
-    let mut sink = BTreeSet::new();
-    for pod in pods {
-        let key = match pod_addrs(pod, policy, namespaces, &mut sink) {
-            Ok(_) => "tracked",
-            Err(Skip::OtherNode) => "other_node",
-            Err(Skip::HostNetwork) => "host_network",
-            Err(Skip::Finished) => "finished",
-            Err(Skip::Excluded) => "excluded",
-            Err(Skip::NamespaceExcluded) => "namespace_excluded",
-            Err(Skip::Bandwidth) => "bandwidth",
-            Err(Skip::NoAddress) => "no_address",
-        };
-        *out.entry(key).or_insert(0) += 1;
-    }
-    out
 }
 
 #[cfg(test)]

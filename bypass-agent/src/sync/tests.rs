@@ -134,11 +134,8 @@ fn ineligible_pods_contribute_nothing() {
         d.excluded,
         ips(&["192.168.0.10", "10.244.1.6", "10.244.1.7"])
     );
-    let excluded = NamespaceSets {
-        excluded: ["quiet".to_owned()].into(),
-        included: None,
-    };
-    let counts = skip_counts(&pods, &policy(), &excluded);
+    let counts = &d.pods;
+    assert_eq!(counts.get("tracked"), None);
     assert_eq!(counts["other_node"], 2);
     assert_eq!(counts["host_network"], 1);
     assert_eq!(counts["finished"], 2);
@@ -547,8 +544,8 @@ fn bandwidth_annotated_pods_keep_the_veth_path() {
     assert_eq!(d.addrs, ips(&["10.244.1.4"]));
     // Excluded, not merely absent: a --pod-cidr covering them does not bring them in.
     assert_eq!(d.excluded, ips(&["10.244.1.2", "10.244.1.3"]));
-    let counts = skip_counts(&pods, &policy(), &NamespaceSets::default());
-    assert_eq!(counts["bandwidth"], 2);
+    assert_eq!(d.pods["bandwidth"], 2);
+    assert_eq!(d.pods["tracked"], 1);
 }
 
 #[test]
@@ -591,11 +588,20 @@ fn namespace_opt_in_admits_only_labelled_namespaces() {
         "{:?}",
         d.rejections
     );
+    // The counts logged come from the same namespace rule as the maps.
+    assert_eq!(
+        d.pods,
+        BTreeMap::from([("namespace_excluded", 4), ("tracked", 1)])
+    );
     // Without opt-in the same namespaces are all in but the opted-out one.
     let d = run(&pods, &nss);
     assert_eq!(
         d.addrs,
         ips(&["10.244.1.2", "10.244.1.3", "10.244.1.4", "10.244.1.6"])
+    );
+    assert_eq!(
+        d.pods,
+        BTreeMap::from([("namespace_excluded", 1), ("tracked", 4)])
     );
 }
 

@@ -61,7 +61,7 @@ pub struct Bed {
 impl Bed {
     /// The agent with `--allow-unguarded`: on a kernel with a read guard that changes
     /// nothing; on one without, the datapath runs anyway, for workloads that never
-    /// splice or map their sockets (the README's limitation for such kernels).
+    /// splice or map their sockets (docs/limitations.md's limitation for such kernels).
     pub fn new() -> Result<Self> {
         Self::with(true)
     }

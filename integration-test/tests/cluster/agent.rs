@@ -24,7 +24,7 @@ impl Deployed {
         let kube = kubectl()?;
         kube.apply_deploy(&deploy_dir())?;
         if !testbed::kernel_probe()?.bypass_by_default {
-            // This kernel has no read guard: the operator's step the README gives.
+            // This kernel has no read guard: the operator's step docs/limitations.md gives.
             kube.allow_unguarded()?;
         }
         Ok(me)
@@ -138,7 +138,7 @@ fn helm_chart(verb: &str, mode: &str, sets: &[&str]) -> Result<()> {
     for s in sets {
         args.extend(["--set", s]);
     }
-    // This kernel has no read guard: the value the README gives for such nodes.
+    // This kernel has no read guard: the value docs/limitations.md gives for such nodes.
     if verb == "install" && !testbed::kernel_probe()?.bypass_by_default {
         args.extend(["--set", "allowUnguarded=true"]);
     }

@@ -134,7 +134,7 @@ pub fn splice_read_guarded_or_known_difference() -> Result<()> {
 fn unguarded_splice_misses_bytes(bypass: &Run, sent: u64) -> Result<()> {
     ensure!(
         num(&bypass.server, "received") < sent,
-        "splice read every redirected byte: the kernel changed, update the README: {:?}",
+        "splice read every redirected byte: the kernel changed, update docs/limitations.md: {:?}",
         bypass.server
     );
     Ok(())
@@ -196,7 +196,7 @@ pub fn msg_oob_is_not_urgent_known_difference() -> Result<()> {
         }
         ensure!(
             bypass.server != tcp.server,
-            "MSG_OOB now works bypassed: the kernel changed, update the README: {:?}",
+            "MSG_OOB now works bypassed: the kernel changed, update docs/limitations.md: {:?}",
             bypass.server
         );
         return Ok(());

@@ -13,24 +13,10 @@ pub mod wire;
 
 pub use report::{Failure, Report, Rtt};
 
-/// Parses a byte count: a number with an optional `K`, `M` or `G` suffix (powers of
-/// 1024; `KiB`, `MiB`, `GiB` too).
+/// Parses a byte count ([`bypass_common::size::parse_size`]: a number with an optional
+/// `K`, `M` or `G` suffix, powers of 1024), with an error message for clap.
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, suffix) = t.split_at(digits_end);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("'{s}' is not a size: write e.g. 4096, 64K, 64M or 1G"))?;
-    let shift = match suffix.trim().to_ascii_uppercase().as_str() {
-        "" | "B" => 0,
-        "K" | "KB" | "KIB" => 10,
-        "M" | "MB" | "MIB" => 20,
-        "G" | "GB" | "GIB" => 30,
-        _ => return Err(format!("'{s}' has an unknown unit: use K, M or G")),
-    };
-    n.checked_mul(1 << shift)
-        .ok_or_else(|| format!("'{s}' is too large"))
+    bypass_common::size::parse_size(s).map_err(|e| format!("'{s}' {e}"))
 }
 
 /// [`parse_size`] for a size held in memory (a write's length).
@@ -53,7 +39,7 @@ mod tests {
         assert_eq!(parse_size("64K"), Ok(64 << 10));
         assert_eq!(parse_size("64MiB"), Ok(64 << 20));
         assert_eq!(parse_size("1g"), Ok(1 << 30));
-        assert!(parse_size("banana").is_err());
+        assert!(parse_size("banana").unwrap_err().contains("'banana'"));
         assert!(parse_size("1T").is_err());
     }
 

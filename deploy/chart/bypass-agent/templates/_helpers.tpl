@@ -50,7 +50,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
 {{/*
-Memory from maxSockets, as measured (README, Kubernetes: Memory): the agent's memory
+Memory from maxSockets, as measured (docs/kubernetes.md, Memory): the agent's memory
 cgroup after a fresh load held 45 MiB at 65536 sockets and 120 MiB at 262144, about
 400 bytes per socket of --max-sockets (the LRU pairing maps sized by it are
 preallocated and charged to the agent's cgroup on kernels >= 5.11) over some 20 MiB of

@@ -1,0 +1,169 @@
+//! The control words, and what a pinned datapath is.
+
+use aya::maps::{Array, Map, MapData};
+use bypass_common::{control, names};
+
+use super::open_err;
+use crate::error::AgentError;
+
+/// The control words (slots in `bypass_common::control`).
+pub struct Control(Array<MapData, u32>);
+
+impl Control {
+    /// Wraps the map.
+    pub fn new(map: Map) -> Result<Self, AgentError> {
+        Ok(Self(
+            Array::try_from(map).map_err(|e| open_err(names::MAP_CONTROL, e))?,
+        ))
+    }
+
+    fn get(&self, slot: u32) -> Result<u32, AgentError> {
+        self.0
+            .get(&slot, 0)
+            .map_err(|e| AgentError::bpf(format!("read control slot {slot}"), e))
+    }
+
+    fn set(&mut self, slot: u32, v: u32) -> Result<(), AgentError> {
+        self.0
+            .set(slot, v, 0)
+            .map_err(|e| AgentError::bpf(format!("write control slot {slot}"), e))
+    }
+
+    fn get64(&self, lo: u32, hi: u32) -> Result<u64, AgentError> {
+        Ok(u64::from(self.get(lo)?) | (u64::from(self.get(hi)?) << 32))
+    }
+
+    fn set64(&mut self, lo: u32, hi: u32, v: u64) -> Result<(), AgentError> {
+        // Truncations are the point: the two halves.
+        self.set(lo, (v & 0xffff_ffff) as u32)?;
+        self.set(hi, (v >> 32) as u32)
+    }
+
+    /// Pins the map (consumes the view: a pinned map is reopened from its pin).
+    pub fn pin(self, path: &std::path::Path) -> Result<(), aya::pin::PinError> {
+        self.0.pin(path)
+    }
+
+    /// Bumps the cut generation, so every socket looks its connection up in the cut
+    /// map again.
+    pub fn bump_cut_generation(&mut self) -> Result<(), AgentError> {
+        let g = self.get(control::SLOT_CUT_GEN)?;
+        self.set(control::SLOT_CUT_GEN, g.wrapping_add(1))
+    }
+
+    /// Allows or stops redirects.
+    pub fn set_enabled(&mut self, on: bool) -> Result<(), AgentError> {
+        let v = if on {
+            control::ENABLED
+        } else {
+            control::DISABLED
+        };
+        self.set(control::SLOT_ENABLED, v)
+    }
+
+    /// Whether redirects are allowed.
+    pub fn enabled(&self) -> Result<bool, AgentError> {
+        Ok(self.get(control::SLOT_ENABLED)? == control::ENABLED)
+    }
+
+    /// Records which object and cgroup the pinned datapath belongs to.
+    pub fn set_identity(&mut self, id: Identity) -> Result<(), AgentError> {
+        self.set64(control::SLOT_OBJECT_LO, control::SLOT_OBJECT_HI, id.object)?;
+        self.set64(control::SLOT_CGROUP_LO, control::SLOT_CGROUP_HI, id.cgroup)
+    }
+
+    /// Which object and cgroup the pinned datapath belongs to.
+    pub fn identity(&self) -> Result<Identity, AgentError> {
+        Ok(Identity {
+            object: self.get64(control::SLOT_OBJECT_LO, control::SLOT_OBJECT_HI)?,
+            cgroup: self.get64(control::SLOT_CGROUP_LO, control::SLOT_CGROUP_HI)?,
+        })
+    }
+
+    /// Sets the bound on a peer's ingress queue (0: none).
+    pub fn set_max_queued(&mut self, bytes: u32) -> Result<(), AgentError> {
+        self.set(control::SLOT_MAX_QUEUED, bytes)
+    }
+
+    /// The bound on a peer's ingress queue (0: none).
+    pub fn max_queued(&self) -> Result<u32, AgentError> {
+        self.get(control::SLOT_MAX_QUEUED)
+    }
+
+    /// Sets the size under which a stream of sends takes the TCP path (0: never).
+    pub fn set_small_stream(&mut self, bytes: u32) -> Result<(), AgentError> {
+        self.set(control::SLOT_SMALL_STREAM, bytes)
+    }
+
+    /// The size under which a stream of sends takes the TCP path (0: never).
+    pub fn small_stream(&self) -> Result<u32, AgentError> {
+        self.get(control::SLOT_SMALL_STREAM)
+    }
+
+    /// Sets how many bytes a direction may send by TCP while it waits to come back
+    /// before its connection leaves the SockHash (0: never).
+    pub fn set_leave_after(&mut self, bytes: u32) -> Result<(), AgentError> {
+        self.set(control::SLOT_LEAVE_AFTER, bytes)
+    }
+
+    /// Records whether the agent refuses to bypass this node.
+    pub fn set_refused(&mut self, refused: bool) -> Result<(), AgentError> {
+        self.set(control::SLOT_REFUSED, u32::from(refused))
+    }
+
+    /// Whether the agent refuses to bypass this node.
+    pub fn refused(&self) -> Result<bool, AgentError> {
+        Ok(self.get(control::SLOT_REFUSED)? != 0)
+    }
+
+    /// Records the [`bypass_common::layout::features`] bits the programs were loaded
+    /// with.
+    pub fn set_features(&mut self, bits: u32) -> Result<(), AgentError> {
+        self.set(control::SLOT_FEATURES, bits)
+    }
+
+    /// The features the programs were loaded with.
+    pub fn features(&self) -> Result<u32, AgentError> {
+        self.get(control::SLOT_FEATURES)
+    }
+
+    /// Turns the namespace ownership check off (`any`) or on
+    /// (`control::SLOT_OWNERS_OFF`).
+    pub fn set_owners_off(&mut self, off: bool) -> Result<(), AgentError> {
+        self.set(control::SLOT_OWNERS_OFF, u32::from(off))
+    }
+
+    /// Whether the namespace ownership check is off.
+    pub fn owners_off(&self) -> Result<bool, AgentError> {
+        Ok(self.get(control::SLOT_OWNERS_OFF)? != 0)
+    }
+
+    /// Sets the heartbeat deadline (`control::SLOT_HEARTBEAT`).
+    pub fn set_heartbeat(&mut self, deadline: u32) -> Result<(), AgentError> {
+        self.set(control::SLOT_HEARTBEAT, deadline)
+    }
+
+    /// The heartbeat deadline (`control::SLOT_HEARTBEAT`).
+    pub fn heartbeat_deadline(&self) -> Result<u32, AgentError> {
+        self.get(control::SLOT_HEARTBEAT)
+    }
+
+    /// The agent's own state word.
+    pub fn agent_state(&self) -> Result<u32, AgentError> {
+        self.get(control::SLOT_AGENT_STATE)
+    }
+
+    /// Sets the agent's own state word.
+    pub fn set_agent_state(&mut self, v: u32) -> Result<(), AgentError> {
+        self.set(control::SLOT_AGENT_STATE, v)
+    }
+}
+
+/// What a pinned datapath is: the object's fingerprint and the cgroup it serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity {
+    /// FNV-1a of the embedded ELF object.
+    pub object: u64,
+    /// Inode (cgroup id) of the attach cgroup.
+    pub cgroup: u64,
+}

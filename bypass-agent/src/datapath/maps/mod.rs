@@ -1,0 +1,114 @@
+//! Typed views over the maps, usable from the loading agent or, through the pins, from
+//! another process (`status`): one file per family of maps.
+
+mod addresses;
+mod control;
+mod counters;
+mod owners;
+mod pairings;
+mod ports;
+
+pub use addresses::PodMaps;
+pub use control::{Control, Identity};
+pub use counters::Stats;
+pub use owners::{OwnerMap, refusals};
+pub use pairings::Pairings;
+pub use ports::SkipPorts;
+
+use std::{collections::BTreeMap, net::IpAddr};
+
+use aya::maps::{Map, MapData, SockHash};
+use bypass_common::{SockKey, names};
+
+use super::pins::PinLayout;
+use crate::error::AgentError;
+
+fn open_err(name: &str, e: impl std::error::Error + Send + Sync + 'static) -> AgentError {
+    AgentError::bpf(format!("open map {name}"), e)
+}
+
+/// Number of keys in a SockHash.
+pub fn count_keys(map: &SockHash<MapData, SockKey>) -> usize {
+    map.keys().filter(Result::is_ok).count()
+}
+
+/// Opens the map `name` from its pin.
+pub fn open_pinned(layout: &PinLayout, name: &str) -> Result<Map, AgentError> {
+    let data = MapData::from_pin(layout.map(name)).map_err(|e| open_err(name, e))?;
+    Map::from_map_data(data).map_err(|e| open_err(name, e))
+}
+
+/// Everything `status` reads, opened from the pins of a running agent.
+pub struct PinnedView {
+    /// Address maps.
+    pub pod_maps: PodMaps,
+    /// Counters.
+    pub stats: Stats,
+    /// Control word.
+    pub control: Control,
+    /// The SockHash.
+    pub sockets: SockHash<MapData, SockKey>,
+    /// The pairing maps.
+    pub pairings: Pairings,
+    /// The skip-port list.
+    pub skip_ports: SkipPorts,
+    /// Whether the sock_ops link is pinned and alive.
+    pub link_pinned: bool,
+    /// Whether the setsockopt link is pinned and alive.
+    pub sockopt_pinned: bool,
+    /// Whether the read guard's links are pinned and alive.
+    pub guard_pinned: bool,
+    /// Pod address owners (absent from a datapath of an older build).
+    pub owners: Option<OwnerMap>,
+    /// Refusals per pod address (absent from a datapath of an older build).
+    pub refusals: BTreeMap<IpAddr, [u64; bypass_common::refusal::KINDS]>,
+}
+
+impl PinnedView {
+    /// Opens the pins under `layout`.
+    pub fn open(layout: &PinLayout) -> Result<Self, AgentError> {
+        if !layout.map(names::MAP_STATS).exists() {
+            return Err(AgentError::NotPinned {
+                path: layout.root().to_path_buf(),
+            });
+        }
+        let open = |name: &str| open_pinned(layout, name);
+        Ok(Self {
+            pod_maps: PodMaps::new(
+                open(names::MAP_POD_CIDRS)?,
+                open(names::MAP_POD_ADDRS)?,
+                open(names::MAP_EXCLUDED_ADDRS)?,
+                open(names::MAP_SERVICE_CIDRS)?,
+                open(names::MAP_SERVICE_BACKENDS)?,
+            )?,
+            skip_ports: SkipPorts::new(open(names::MAP_SKIP_PORTS)?)?,
+            stats: Stats::new(open(names::MAP_STATS)?)?,
+            control: Control::new(open(names::MAP_CONTROL)?)?,
+            sockets: SockHash::try_from(open(names::MAP_SOCKETS)?)
+                .map_err(|e| open_err(names::MAP_SOCKETS, e))?,
+            pairings: Pairings::new(
+                open(names::MAP_CONNECTORS)?,
+                open(names::MAP_LINKS)?,
+                open(names::MAP_CUT)?,
+            )?,
+            link_pinned: aya::programs::links::PinnedLink::from_pin(
+                layout.link(names::PIN_LINK_SOCKOPS),
+            )
+            .is_ok(),
+            sockopt_pinned: aya::programs::links::PinnedLink::from_pin(
+                layout.link(names::PIN_LINK_SOCKOPT),
+            )
+            .is_ok(),
+            guard_pinned: names::GUARD_HOOKS.iter().all(|h| {
+                aya::programs::links::PinnedLink::from_pin(layout.link(h.program)).is_ok()
+            }),
+            owners: open(names::MAP_NETNS_OWNERS)
+                .ok()
+                .and_then(|m| OwnerMap::new(m).ok()),
+            refusals: open(names::MAP_REFUSALS)
+                .ok()
+                .and_then(|m| refusals(m).ok())
+                .unwrap_or_default(),
+        })
+    }
+}

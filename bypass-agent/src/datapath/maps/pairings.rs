@@ -1,0 +1,188 @@
+//! The pairing maps: connecting sockets, links of paired connections, cut links.
+
+use std::{collections::BTreeSet, net::IpAddr};
+
+use aya::maps::{HashMap, Map, MapData, SockHash};
+use bypass_common::{Connector, Endpoint, IpKey, Link, SockKey, ip_key, names};
+
+use super::open_err;
+use crate::error::AgentError;
+
+/// The pairing maps: connecting sockets not yet paired, and the links of paired
+/// connections. Their entries are removed when the connecting socket closes, by the
+/// sock_ops state callback, which only runs while sock_ops is attached.
+pub struct Pairings {
+    connectors: HashMap<MapData, Endpoint, Connector>,
+    links: HashMap<MapData, SockKey, Link>,
+    cut: HashMap<MapData, SockKey, u8>,
+}
+
+impl Pairings {
+    /// Wraps the three maps.
+    pub fn new(connectors: Map, links: Map, cut: Map) -> Result<Self, AgentError> {
+        Ok(Self {
+            connectors: HashMap::try_from(connectors)
+                .map_err(|e| open_err(names::MAP_CONNECTORS, e))?,
+            links: HashMap::try_from(links).map_err(|e| open_err(names::MAP_LINKS, e))?,
+            cut: HashMap::try_from(cut).map_err(|e| open_err(names::MAP_CUT, e))?,
+        })
+    }
+
+    /// Entries in the two maps.
+    pub fn len(&self) -> (usize, usize) {
+        (
+            self.connectors.keys().filter(Result::is_ok).count(),
+            self.links.keys().filter(Result::is_ok).count(),
+        )
+    }
+
+    /// Cuts the connections that touch `excluded` addresses — at either end, or as the
+    /// pod a loopback end's namespace belongs to (`pod_netns`: namespace cookie → the
+    /// pod address learned there): their link keys go into the cut map. The caller
+    /// then bumps the cut generation; each socket of such a connection sees the cut at
+    /// its next send or read, and the connection leaves the SockHash (so an opt-out
+    /// also moves established connections to plain TCP). Returns how many were cut.
+    pub fn cut(
+        &mut self,
+        excluded: &BTreeSet<IpAddr>,
+        pod_netns: &HashMap<MapData, u64, IpKey>,
+    ) -> Result<usize, AgentError> {
+        if excluded.is_empty() {
+            return Ok(0);
+        }
+        let keys: std::collections::HashSet<IpKey> =
+            excluded.iter().map(|ip| ip_key(*ip)).collect();
+        let owners: std::collections::HashMap<u64, IpKey> =
+            pod_netns.iter().filter_map(Result::ok).collect();
+        let entries: Vec<(SockKey, Link)> = self.links.iter().filter_map(Result::ok).collect();
+        self.cut_keys(links_to_cut(&entries, &keys, &owners))
+    }
+
+    /// Cuts every connection (see [`Pairings::cut`]). Returns how many were cut.
+    pub fn cut_all(&mut self) -> Result<usize, AgentError> {
+        let keys: Vec<SockKey> = self.links.keys().filter_map(Result::ok).collect();
+        self.cut_keys(keys)
+    }
+
+    /// Puts the link keys `keys` into the cut map; returns how many were not there.
+    fn cut_keys(&mut self, keys: impl IntoIterator<Item = SockKey>) -> Result<usize, AgentError> {
+        let mut cut = 0;
+        for key in keys {
+            // Already cut or leaving: nothing to add.
+            if self.cut.get(&key, 0).is_ok() {
+                continue;
+            }
+            self.cut
+                .insert(key, 0, 0)
+                .map_err(|e| AgentError::bpf(format!("write map {}", names::MAP_CUT), e))?;
+            cut += 1;
+        }
+        Ok(cut)
+    }
+
+    /// Removes the entries of connecting sockets that are no longer in the SockHash:
+    /// they closed while sock_ops was detached, so no state callback removed them. Only
+    /// safe while sock_ops is detached (an insert adds the socket before its entries).
+    /// Returns how many went.
+    pub fn sweep(&mut self, sockets: &SockHash<MapData, SockKey>) -> Result<usize, AgentError> {
+        // A user-space lookup in a SockHash with 4-byte values fails (net/core/sock_map.c,
+        // sock_map_lookup_sys wants 8): compare against its keys instead.
+        let alive: std::collections::HashSet<SockKey> =
+            sockets.keys().filter_map(Result::ok).collect();
+        let connectors: Vec<(Endpoint, SockKey)> = self
+            .connectors
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(end, c)| (end, c.key))
+            .collect();
+        let links: Vec<SockKey> = self.links.keys().filter_map(Result::ok).collect();
+        let mut swept = 0;
+        for (end, key) in connectors {
+            if !alive.contains(&key) {
+                swept += gone(self.connectors.remove(&end), names::MAP_CONNECTORS)?;
+            }
+        }
+        for key in stale_keys(&links, |k| alive.contains(k)) {
+            swept += gone(self.links.remove(&key), names::MAP_LINKS)?;
+        }
+        Ok(swept)
+    }
+}
+
+/// 1 if an entry was removed, 0 if it was already gone.
+fn gone(r: Result<(), aya::maps::MapError>, map: &str) -> Result<usize, AgentError> {
+    match r {
+        Ok(()) => Ok(1),
+        Err(aya::maps::MapError::KeyNotFound) => Ok(0),
+        Err(e) => Err(AgentError::bpf(format!("sweep {map}"), e)),
+    }
+}
+
+/// The links (by their client key) whose connection touches an address in `excluded`:
+/// an end of either socket, or the pod owning either socket's namespace.
+pub fn links_to_cut(
+    entries: &[(SockKey, Link)],
+    excluded: &std::collections::HashSet<IpKey>,
+    owners: &std::collections::HashMap<u64, IpKey>,
+) -> Vec<SockKey> {
+    let touches = |k: &SockKey| {
+        excluded.contains(&k.local_ip)
+            || excluded.contains(&k.remote_ip)
+            || owners.get(&k.netns).is_some_and(|ip| excluded.contains(ip))
+    };
+    entries
+        .iter()
+        .filter(|(client, link)| touches(client) || touches(&link.server))
+        .map(|(client, _)| *client)
+        .collect()
+}
+
+/// The keys whose socket is gone, in the order given.
+pub fn stale_keys(keys: &[SockKey], alive: impl Fn(&SockKey) -> bool) -> Vec<SockKey> {
+    keys.iter().copied().filter(|k| !alive(k)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_keys_are_those_gone() {
+        let k = |p| SockKey {
+            local_port: p,
+            ..SockKey::default()
+        };
+        let keys = [k(1), k(2), k(3)];
+        assert_eq!(
+            stale_keys(&keys, |key| key.local_port == 2),
+            vec![k(1), k(3)]
+        );
+        assert!(stale_keys(&keys, |_| true).is_empty());
+    }
+
+    #[test]
+    fn links_touching_excluded_addresses_are_cut() {
+        let ip = |s: &str| ip_key(s.parse().unwrap());
+        let lo = ip("127.0.0.1");
+        let (a, b, c) = (ip("10.0.0.1"), ip("10.0.0.2"), ip("10.0.0.3"));
+        let key = |l, r, netns| SockKey::new(l, r, 1, 2, netns);
+        let link = |server: SockKey| Link {
+            server,
+            ..Link::default()
+        };
+        let entries = [
+            (key(a, b, 10), link(key(b, a, 20))),
+            (key(a, c, 10), link(key(c, a, 30))),
+            (key(lo, lo, 20), link(key(lo, lo, 20))),
+            (key(lo, lo, 30), link(key(lo, lo, 30))),
+        ];
+        let excluded: std::collections::HashSet<IpKey> = [b].into();
+        let owners: std::collections::HashMap<u64, IpKey> = [(10, a), (20, b), (30, c)].into();
+        assert_eq!(
+            links_to_cut(&entries, &excluded, &owners),
+            vec![key(a, b, 10), key(lo, lo, 20)],
+            "pod to pod with b, and b's own loopback; not a to c, nor c's loopback"
+        );
+        assert!(links_to_cut(&entries, &Default::default(), &owners).is_empty());
+    }
+}
