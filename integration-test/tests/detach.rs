@@ -79,7 +79,7 @@ fn sigterm_mid_stream_loses_nothing() -> Result<()> {
     steps.touch("more")?;
     let (c, s) = (probe_report(held.client)?, held.server.wait()?);
     ensure!(
-        c["ok"] == true && s["ok"] == true,
+        c["sent"] == 2 * CHUNK && s["ok"] == true && s["received"] == 2 * CHUNK,
         "held connection: {c} {s}"
     );
     let client = client.wait()?;

@@ -135,7 +135,7 @@ fn sigkill_mid_100_streams_then_restart_adopts() -> Result<()> {
         let c = probe_report(pair.client)?;
         let s = pair.server.wait()?;
         ensure!(
-            c["ok"] == true && s["ok"] == true,
+            num(&c, "sent") == 2 * CHUNK && s["ok"] == true && num(&s, "received") == 2 * CHUNK,
             "held connection {name}: {c} {s}"
         );
     }
