@@ -5,11 +5,7 @@
 //! server on a backend of what its client dialled. From `--service-backend` and, in
 //! Kubernetes mode, the Services and EndpointSlices.
 
-use std::{
-    fmt,
-    net::{IpAddr, SocketAddr},
-    str::FromStr,
-};
+use std::{fmt, net::SocketAddr, str::FromStr};
 
 use bypass_common::{addr::ip_from_key, ip_key, key::ServiceBackend};
 
@@ -90,7 +86,7 @@ impl FromStr for Backend {
             if a.port() == 0 {
                 return Err(bad(&format!("{what} {part:?} has port 0")));
             }
-            if !unicast(a.ip()) {
+            if !crate::sync::is_unicast(a.ip()) {
                 return Err(bad(&format!("{what} {part:?} is not a unicast address")));
             }
             Ok(a)
@@ -106,12 +102,6 @@ impl FromStr for Backend {
         }
         Ok(b)
     }
-}
-
-/// Whether `ip` can be a Service's or a pod's address.
-fn unicast(ip: IpAddr) -> bool {
-    !(ip.is_unspecified() || ip.is_multicast() || ip.is_loopback())
-        && ip != IpAddr::V4(std::net::Ipv4Addr::BROADCAST)
 }
 
 #[cfg(test)]

@@ -586,16 +586,21 @@ pub fn parse_pod_ip(value: &str) -> Result<IpAddr, &'static str> {
         .parse()
         .map_err(|_| "not an IP address in canonical form (e.g. 10.244.1.7 or fd00::7; no leading zeros, no zone)")?;
     let ip = ip.to_canonical();
-    let special = match ip {
-        IpAddr::V4(v4) => {
-            v4.is_unspecified() || v4.is_loopback() || v4.is_multicast() || v4.is_broadcast()
-        }
-        IpAddr::V6(v6) => v6.is_unspecified() || v6.is_loopback() || v6.is_multicast(),
-    };
-    if special {
+    if !is_unicast(ip) {
         return Err("not a unicast pod address (unspecified, loopback, multicast or broadcast)");
     }
     Ok(ip)
+}
+
+/// Whether `ip` (IPv4-mapped IPv6 read as IPv4) can be a pod's or a Service's address:
+/// not unspecified, loopback, multicast or broadcast.
+pub fn is_unicast(ip: IpAddr) -> bool {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => {
+            !(v4.is_unspecified() || v4.is_loopback() || v4.is_multicast() || v4.is_broadcast())
+        }
+        IpAddr::V6(v6) => !(v6.is_unspecified() || v6.is_loopback() || v6.is_multicast()),
+    }
 }
 
 /// Rejections in `now` that were not in `before`: the ones to log and count, so a
