@@ -1,5 +1,5 @@
 //! Properties of the pure cores, checked on arbitrary input: by the fuzz targets in
-//! `fuzz/` (through the `fuzz` feature), and on their kept corpus by the unit test
+//! `test/fuzz/` (through the `fuzz` feature), and on their kept corpus by the unit test
 //! below, so every `cargo test` replays what the fuzzer found.
 
 use std::{
@@ -216,10 +216,10 @@ mod tests {
 
     use super::*;
 
-    /// Every file of `fuzz/corpus/<target>`: the seeds and what the fuzzer kept.
+    /// Every file of `test/fuzz/corpus/<target>`: the seeds and what the fuzzer kept.
     fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../fuzz/corpus")
+            .join("../test/fuzz/corpus")
             .join(target);
         let mut files: Vec<(PathBuf, Vec<u8>)> = std::fs::read_dir(&dir)
             .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))

@@ -1,4 +1,4 @@
-//! The apps suite's own programs (`testbed/apps/`): the Go module's commands built with
+//! The apps suite's own programs (`test/testbed/apps/`): the Go module's commands built with
 //! `go build`, the Java server with `javac`, the Node.js script copied, all into
 //! `<target>/<profile>/apps/`, where the tests look beside their own executable (as for
 //! testbed's tools). Skipped when a stamp of the sources says the build is current.
@@ -13,7 +13,7 @@ use anyhow::{Context as _, Result, bail};
 use crate::{cmd, workspace};
 
 /// The sources, under the workspace root.
-const SOURCES: &str = "testbed/apps";
+const SOURCES: &str = "test/testbed/apps";
 /// Where the built programs go, beside the test binaries of a profile.
 pub const OUT_DIR: &str = "apps";
 /// The stamp: a tag of every source file and of the tool versions that built them.

@@ -1,5 +1,5 @@
 //! `cargo xtask bench`: setup and build, then `bypass-bench run` (package `bypass-bench`,
-//! in `benches/`) against the built agent. Results go to `results/latest/`: the table,
+//! in `bench/`) against the built agent. Results go to `results/latest/`: the table,
 //! `bench.json` with every raw sample, and `plot.svg`. `--scenario mesh` (also builds
 //! the sidecar proxy `bypass-proxy`) and `--scenario clusterip` run the same sweep
 //! through a sidecar chain or a ClusterIP DNAT into `results/latest-<scenario>/`.

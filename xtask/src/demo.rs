@@ -1,5 +1,5 @@
 //! `cargo xtask demo`: setup and build, then the `bypass-demo` binary (package
-//! `bypass-demo`, in `demo/`), which shows the bypass at work against the built agent.
+//! `bypass-demo`, in `bench/demo/`), which shows the bypass at work against the built agent.
 
 use anyhow::Result;
 

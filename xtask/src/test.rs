@@ -35,7 +35,7 @@ pub struct Args {
     pub no_cluster: bool,
     /// Only the end-to-end tests against the one-node cluster (`cargo xtask cluster`):
     /// brings it up if it is not (and down afterwards), loads the images, runs
-    /// `integration-test/tests/cluster/`.
+    /// `test/integration-test/tests/cluster/`.
     #[arg(long)]
     pub cluster: bool,
     /// Given to both test harnesses: a name filter, `--nocapture`, `--exact`, ...

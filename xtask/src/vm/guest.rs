@@ -109,7 +109,7 @@ pub struct Run<'a> {
     pub agent: &'a str,
     /// Refuse (only the agent's start is checked) or load (status, then the tests).
     pub refuses: bool,
-    /// `(name, executable)` of each test binary to run.
+    /// `(name, executable)` of each test binary to run (the privileged one).
     pub tests: &'a [(String, String)],
     /// Arguments for every test binary (a filter, `--nocapture`, ...).
     pub harness: &'a [String],
@@ -180,10 +180,7 @@ pub fn script(r: &Run<'_>) -> String {
     );
     s += "failed=0\n";
     for (name, exe) in r.tests {
-        let harness: Vec<String> = super::binary_harness(name, r.harness)
-            .iter()
-            .map(|a| quote(a))
-            .collect();
+        let harness: Vec<String> = r.harness.iter().map(|a| quote(a)).collect();
         s += &format!(
             "echo \"== {name}\"\n{} --test-threads=1 --color=never {} || failed=1\n",
             quote(exe),

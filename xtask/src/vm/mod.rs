@@ -28,37 +28,13 @@ use serde_json::{Value, json};
 use crate::{build, cmd, setup::Tools, test::summary::Counts, workspace};
 pub use catalog::KERNELS;
 
-/// The test binaries run in a VM unless a filter says otherwise: all but the
-/// Kubernetes ones (a real API server under emulation takes too long); of the real
-/// applications (`apps`), only [`VM_APPS`].
-pub const DEFAULT_TESTS: [&str; 12] = [
-    "datapath",
-    "isolation",
-    "queue_bound",
-    "small_messages",
-    "tcp_semantics",
-    "detach",
-    "restart",
-    "limits",
-    "socket_semantics",
-    "mesh",
-    "bad_input",
-    "apps",
-];
+/// The privileged test binary (`test/integration-test/tests/privileged.rs`), which a VM
+/// runs.
+pub const PRIVILEGED: &str = "privileged";
 
-/// The real applications a VM runs unless a filter names tests: those that read with
-/// splice(2) (Go's io.Copy, HAProxy), where the read guard is what keeps their bytes,
-/// and iperf3's bulk and small-write streams. The rest (JVMs, PostgreSQL, nginx, redis)
-/// run on the host only: under TCG they take minutes each and exercise nothing the
-/// kernel changes.
-pub const VM_APPS: [&str; 6] = [
-    "go_io_copy_echo_exact",
-    "go_l4_proxy_io_copy_exact",
-    "haproxy_splice_auto_echo_exact",
-    "haproxy_splice_forced_echo_exact",
-    "iperf3_bulk_one_stream",
-    "iperf3_small_writes",
-];
+/// Its modules a VM run always leaves out: the Kubernetes ones (a real API server under
+/// emulation takes too long).
+pub const HOST_ONLY: [&str; 1] = ["k8s::"];
 
 /// Tests left out of a VM run unless a filter names tests, for emulation's timing: a
 /// thousand streams at once through TCG take more than the probe's two minutes; the
@@ -69,25 +45,18 @@ pub const SLOW_UNDER_EMULATION: [&str; 2] = [
     "write_blocked_while_connecting_stays_in_order",
 ];
 
-/// The harness arguments of a VM run: `harness`, and `--skip` for each
-/// [`SLOW_UNDER_EMULATION`] test unless `harness` names tests itself.
-/// The arguments of test binary `name` in a VM run with `harness` ([`vm_harness`]):
-/// `apps` runs only [`VM_APPS`] unless `harness` names tests itself.
-pub fn binary_harness(name: &str, harness: &[String]) -> Vec<String> {
-    let mut out = harness.to_vec();
-    if name == "apps" && harness.iter().all(|a| a.starts_with("--")) {
-        out.extend(VM_APPS.iter().map(|t| (*t).to_owned()));
-        out.push("--exact".to_owned());
-    }
-    out
-}
-
+/// The harness arguments of a VM run: `harness`, `--skip` for each [`HOST_ONLY`]
+/// module, and for each [`SLOW_UNDER_EMULATION`] test unless `harness` names tests
+/// itself.
 pub fn vm_harness(harness: &[String]) -> Vec<String> {
     let mut out = harness.to_vec();
     if harness.iter().all(|a| a.starts_with("--")) {
         for t in SLOW_UNDER_EMULATION {
             out.extend(["--skip".to_owned(), t.to_owned()]);
         }
+    }
+    for m in HOST_ONLY {
+        out.extend(["--skip".to_owned(), m.to_owned()]);
     }
     out
 }
@@ -418,8 +387,8 @@ fn boot(
     Ok(outcome)
 }
 
-/// `(name, executable)` of the integration test binaries to run, built first, with the
-/// testbed's tools they run beside them (the guest sees the host's target directory).
+/// `(name, executable)` of the privileged test binary, built first, with the testbed's
+/// tools it runs beside it (the guest sees the host's target directory).
 fn test_binaries(tools: &Tools) -> Result<Vec<(String, String)>> {
     build::build_test_tools(tools, false)?;
     // The apps suite's programs too: a guest runs what the host last built.
@@ -446,17 +415,12 @@ fn test_binaries(tools: &Tools) -> Result<Vec<(String, String)>> {
         else {
             continue;
         };
-        if DEFAULT_TESTS.contains(&name) {
+        if name == PRIVILEGED {
             out.push((name.to_owned(), exe.to_owned()));
         }
     }
-    out.sort_by_key(|(n, _)| DEFAULT_TESTS.iter().position(|d| d == n));
-    if out.len() != DEFAULT_TESTS.len() {
-        bail!(
-            "found {} of the {} test binaries",
-            out.len(),
-            DEFAULT_TESTS.len()
-        );
+    if out.len() != 1 {
+        bail!("cargo built no test binary `{PRIVILEGED}` (found {out:?})");
     }
     Ok(out)
 }
@@ -503,19 +467,6 @@ fn save(
 #[cfg(test)]
 mod tests {
     #[test]
-    fn apps_run_their_subset_unless_tests_are_named() {
-        use super::{VM_APPS, binary_harness};
-        let nocapture = ["--nocapture".to_owned()];
-        let apps = binary_harness("apps", &nocapture);
-        assert_eq!(apps.len(), 1 + VM_APPS.len() + 1);
-        assert!(apps.contains(&"--exact".to_owned()));
-        assert!(VM_APPS.iter().all(|t| apps.iter().any(|a| a == t)));
-        assert_eq!(binary_harness("datapath", &nocapture), nocapture);
-        let named = ["iperf3".to_owned()];
-        assert_eq!(binary_harness("apps", &named), named);
-    }
-
-    #[test]
     fn builds_under_the_guests_tmpfs_are_refused() {
         use std::path::Path;
         assert_eq!(
@@ -550,8 +501,9 @@ mod tests {
             skip.windows(2)
                 .any(|w| w[0] == "--skip" && w[1] == SLOW_UNDER_EMULATION[0])
         );
+        assert!(skip.windows(2).any(|w| w[0] == "--skip" && w[1] == "k8s::"));
         let named = vm_harness(&["thousand_concurrent".to_owned()]);
-        assert_eq!(named, ["thousand_concurrent"]);
+        assert_eq!(named, ["thousand_concurrent", "--skip", "k8s::"]);
     }
 
     #[test]

@@ -1,0 +1,355 @@
+//! What a bench run records: the configuration, the environment, every raw sample and
+//! the agent probes. Serialized as-is to `bench.json`; the table and the plot are
+//! computed from it, so `bypass-bench report` can redo them from a saved file.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub use crate::scenario::Scenario;
+
+/// The message sizes of the sweep: 1 B to 16 KiB, ×4 apart.
+pub const SIZES: [u32; 8] = [1, 4, 16, 64, 256, 1024, 4096, 16384];
+
+/// The data path a sample went through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Path {
+    /// TCP between the pods with the bypass attached (agent running).
+    Bypass,
+    /// TCP between the pods over veth and bridge, the agent stopped.
+    Default,
+    /// TCP between the pods with the minimal reference redirect attached instead of the
+    /// agent (`bench/minimal-ebpf`: the tuple from the message, one redirect).
+    Minimal,
+    /// A Unix-domain stream socket pair between two processes: the floor.
+    Floor,
+}
+
+impl Path {
+    /// Its name in tables and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Path::Bypass => "bypass",
+            Path::Default => "default",
+            Path::Minimal => "minimal",
+            Path::Floor => "floor",
+        }
+    }
+}
+
+/// What a sample measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Test {
+    /// Ping-pong of one message each way; the value is the mean one-way latency in ns
+    /// (round trip / 2), as qperf `tcp_lat` reports it.
+    TcpLat,
+    /// One-way stream of messages; the value is bytes per second received, as qperf
+    /// `tcp_bw` reports it.
+    TcpBw,
+}
+
+impl Test {
+    /// Its name in tables and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Test::TcpLat => "tcp_lat",
+            Test::TcpBw => "tcp_bw",
+        }
+    }
+}
+
+/// Where client and server run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    /// `same-cpu` or `cross-cpu`.
+    pub name: String,
+    /// CPU of the client (qperf/sockperf client, floor client).
+    pub client_cpu: usize,
+    /// CPU of the server.
+    pub server_cpu: usize,
+}
+
+impl Placement {
+    /// Both ends on CPU 0: every message is a context switch on one CPU.
+    pub fn same_cpu() -> Self {
+        Self {
+            name: "same-cpu".into(),
+            client_cpu: 0,
+            server_cpu: 0,
+        }
+    }
+
+    /// Client on CPU 0, server on CPU 1: every wake-up crosses CPUs.
+    pub fn cross_cpu() -> Self {
+        Self {
+            name: "cross-cpu".into(),
+            client_cpu: 0,
+            server_cpu: 1,
+        }
+    }
+
+    /// `cross-cpu (client CPU 0, server CPU 1)`.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} (client CPU {}, server CPU {})",
+            self.name, self.client_cpu, self.server_cpu
+        )
+    }
+}
+
+/// One qperf (or floor) measurement.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Sample {
+    /// Repetition, from 0.
+    pub rep: u32,
+    /// Placement name.
+    pub placement: String,
+    /// Data path.
+    pub path: Path,
+    /// Test.
+    pub test: Test,
+    /// Message size in bytes.
+    pub size: u32,
+    /// ns (latency) or bytes/s (throughput).
+    pub value: f64,
+    /// Bytes the pods put on the veths during the run (not for the floor): with the
+    /// bypass this stays near zero, which shows the run really bypassed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wire_bytes: Option<u64>,
+    /// Bytes the datapath redirected during the run (bypass only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redirected_bytes: Option<u64>,
+    /// Bytes the datapath let take TCP during the run (bypass only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passed_bytes: Option<u64>,
+}
+
+/// One ping-pong run with latency percentiles (sockperf, or the floor's own).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PctSample {
+    /// Repetition, from 0.
+    pub rep: u32,
+    /// Placement name.
+    pub placement: String,
+    /// Data path.
+    pub path: Path,
+    /// Message size in bytes.
+    pub size: u32,
+    /// Mean one-way latency, ns.
+    pub avg_ns: f64,
+    /// Median one-way latency, ns.
+    pub p50_ns: f64,
+    /// 99th percentile, ns.
+    pub p99_ns: f64,
+    /// 99.9th percentile, ns.
+    pub p999_ns: f64,
+    /// Round trips observed.
+    pub observations: u64,
+}
+
+/// When an agent probe was taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProbePhase {
+    /// Right after the agent reported attached: loading and attaching cost.
+    Started,
+    /// After an idle period with no traffic.
+    Idle,
+    /// At the end of a block of bypassed measurements.
+    Sweep,
+}
+
+/// The agent's memory and CPU at one moment, and the CPU it used since the previous
+/// probe of the same agent process.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AgentProbe {
+    /// When.
+    pub phase: ProbePhase,
+    /// The agent's pid.
+    pub pid: u32,
+    /// VmRSS, KiB.
+    pub rss_kib: u64,
+    /// VmHWM (peak RSS), KiB.
+    pub hwm_kib: u64,
+    /// utime+stime since the previous probe of this process (since exec for `Started`), ms.
+    pub cpu_ms: f64,
+    /// Wall time since the previous probe of this process (since spawn for `Started`), ms.
+    pub wall_ms: f64,
+}
+
+/// The agent's counters (`bypass-agent status --json`, every integer field) over one
+/// bypassed block: how many connections of each hop kind were paired and how many
+/// bytes each kind redirected.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HopSample {
+    /// Repetition, from 0.
+    pub rep: u32,
+    /// Placement name.
+    pub placement: String,
+    /// Measured (data) connections the client opened in the block.
+    pub connections: u64,
+    /// Counter growth over the block, by `status --json` key.
+    pub counters: BTreeMap<String, u64>,
+}
+
+/// Which program of a datapath a [`ProgSample`] measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Prog {
+    /// The sk_msg program: runs on every send of an inserted socket.
+    SkMsg,
+    /// The sock_ops program: runs on socket events of the cgroup.
+    SockOps,
+}
+
+impl Prog {
+    /// Its name in tables and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Prog::SkMsg => "sk_msg",
+            Prog::SockOps => "sock_ops",
+        }
+    }
+}
+
+/// A program's own cost over one block, from the kernel's `bpf_stats`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProgSample {
+    /// Repetition, from 0.
+    pub rep: u32,
+    /// Placement name.
+    pub placement: String,
+    /// [`Path::Bypass`] or [`Path::Minimal`].
+    pub path: Path,
+    /// Which program.
+    pub prog: Prog,
+    /// Runs in the block.
+    pub runs: u64,
+    /// Nanoseconds spent in it in the block.
+    pub ns: u64,
+}
+
+/// What the run was asked to do.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Config {
+    /// `--quick`.
+    pub quick: bool,
+    /// Repetitions of the interleaved qperf sweep.
+    pub reps: u32,
+    /// Repetitions of the sockperf runs (at most `reps`).
+    pub sockperf_reps: u32,
+    /// Seconds per qperf test.
+    pub qperf_secs: u32,
+    /// Seconds per sockperf run (sockperf spends 0.4 s of it warming up).
+    pub sockperf_secs: u32,
+    /// Seconds per floor test.
+    pub floor_secs: f64,
+    /// qperf and floor message sizes.
+    pub sizes: Vec<u32>,
+    /// sockperf message sizes (a small and a large one).
+    pub sockperf_sizes: Vec<u32>,
+    /// Placements measured.
+    pub placements: Vec<Placement>,
+    /// qperf tests run (both unless narrowed for research).
+    #[serde(default = "both_tests")]
+    pub tests: Vec<Test>,
+    /// Seconds the agent sat idle for the idle probe.
+    pub idle_secs: f64,
+    /// Whether the minimal reference redirect was measured (`--no-minimal` turns it off).
+    #[serde(default)]
+    pub minimal: bool,
+    /// Arguments added to the agent's command line (`--agent-arg`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub agent_args: Vec<String>,
+    /// The path between client and server (absent in a default run's JSON).
+    #[serde(default, skip_serializing_if = "Scenario::is_default")]
+    pub scenario: Scenario,
+}
+
+/// The machine and the tools.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Environment {
+    /// `uname -r`.
+    pub kernel: String,
+    /// Online CPUs.
+    pub cpus: usize,
+    /// CPU model from /proc/cpuinfo.
+    pub cpu_model: String,
+    /// MemTotal, KiB.
+    pub mem_total_kib: u64,
+    /// `qperf --version`.
+    pub qperf_version: String,
+    /// `sockperf --version`, first line.
+    pub sockperf_version: String,
+    /// `bypass-agent --version`.
+    pub agent_version: String,
+    /// Agent binary used.
+    pub agent_bin: String,
+    /// `git rev-parse HEAD` of the work tree, `+dirty` when it has changes.
+    pub git_commit: String,
+    /// Load average when the run started (other work on the machine shows here).
+    pub loadavg_start: String,
+    /// Load average when the run ended.
+    pub loadavg_end: String,
+    /// Start, seconds since the Unix epoch.
+    pub started_unix: u64,
+    /// Wall time of the whole run, seconds.
+    pub duration_secs: f64,
+    /// The command line.
+    pub command: String,
+    /// Addresses the pods used (client pod → server pod).
+    pub addresses: String,
+}
+
+/// Everything a run produced.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Results {
+    /// Format version of this file.
+    pub schema: u32,
+    /// What was asked.
+    pub config: Config,
+    /// Where it ran.
+    pub env: Environment,
+    /// qperf and floor samples, in the order taken.
+    pub samples: Vec<Sample>,
+    /// sockperf and floor ping-pong percentile samples, in the order taken.
+    pub percentiles: Vec<PctSample>,
+    /// Agent probes, in the order taken.
+    pub agent: Vec<AgentProbe>,
+    /// The agent's counters over each bypassed block (scenario runs only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hops: Vec<HopSample>,
+    /// The programs' own cost per block (`bpf_stats`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub programs: Vec<ProgSample>,
+    /// Things that looked wrong during the run (a bypassed run that put bytes on the
+    /// wire, a tool that failed once, ...).
+    pub warnings: Vec<String>,
+}
+
+impl Results {
+    /// A run of `config` on `env` before its first sample, with the `warnings` of its
+    /// setup.
+    pub fn new(config: Config, env: Environment, warnings: Vec<String>) -> Self {
+        Self {
+            schema: SCHEMA,
+            config,
+            env,
+            samples: Vec::new(),
+            percentiles: Vec::new(),
+            agent: Vec::new(),
+            hops: Vec::new(),
+            programs: Vec::new(),
+            warnings,
+        }
+    }
+}
+
+fn both_tests() -> Vec<Test> {
+    vec![Test::TcpLat, Test::TcpBw]
+}
+
+/// The current [`Results::schema`].
+pub const SCHEMA: u32 = 1;

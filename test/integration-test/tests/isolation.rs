@@ -1,0 +1,823 @@
+//! Isolation: the pins are root's alone (the pin directory 0700 on a bpffs mounted
+//! 0700, every pin 0600); only connections whose two ends are pod addresses are
+//! inserted (not loopback inside a pod, not two pods talking over addresses outside the
+//! pod CIDRs); a socket in another network namespace holding a pod's addresses and
+//! ports can neither take nor receive that pod's connection; and the host's own
+//! network namespace is never touched, whatever address it uses.
+
+use crate::support::privileged;
+
+use std::{
+    net::{IpAddr, SocketAddr},
+    os::unix::fs::MetadataExt as _,
+    os::unix::process::CommandExt as _,
+    process::Command,
+    time::Duration,
+};
+
+use crate::support::{
+    HoldPair, ProbeServer, Steps, agent_with, grew, hold_pair, num, probe_client, probe_report,
+    spawn_probe_client, two_pods,
+};
+use anyhow::{Context as _, Result, ensure};
+use testbed::{cmd, iptables};
+
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// The mode bits of a path.
+fn mode(p: &std::path::Path) -> Result<u32> {
+    Ok(std::fs::metadata(p)
+        .with_context(|| format!("stat {}", p.display()))?
+        .mode()
+        & 0o7777)
+}
+
+#[test]
+fn pins_are_root_only() -> Result<()> {
+    privileged!("pins_are_root_only");
+    let pods = two_pods()?;
+    let agent = agent_with(&pods, &[])?;
+    let dir = agent.pin_dir().to_path_buf();
+    let bpffs = dir.parent().context("pin dir has a parent")?;
+    ensure!(
+        mode(bpffs)? & 0o077 == 0,
+        "{} is mode {:o}: other users can reach the pins",
+        bpffs.display(),
+        mode(bpffs)?
+    );
+    ensure!(mode(&dir)? == 0o700, "pin dir mode {:o}", mode(&dir)?);
+    let mut pins = 0;
+    for sub in ["maps", "progs", "links"] {
+        for e in std::fs::read_dir(dir.join(sub))? {
+            let p = e?.path();
+            let md = std::fs::metadata(&p)?;
+            ensure!(
+                md.uid() == 0 && md.mode() & 0o077 == 0,
+                "{} is uid {} mode {:o}",
+                p.display(),
+                md.uid(),
+                md.mode() & 0o7777
+            );
+            pins += 1;
+        }
+    }
+    ensure!(pins >= 9, "only {pins} pins");
+    // Another user can neither list the pins nor open one.
+    let control = dir.join("maps").join("BYPASS_CONTROL");
+    let out = Command::new("/bin/sh")
+        .arg("-c")
+        .arg(format!(
+            "ls {} >/dev/null 2>&1 && echo listed; cat {} >/dev/null 2>&1 && echo opened; echo done",
+            dir.display(),
+            control.display()
+        ))
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .context("run a shell as nobody")?;
+    let seen = String::from_utf8_lossy(&out.stdout);
+    ensure!(seen.trim() == "done", "nobody could: {seen}");
+    Ok(())
+}
+
+#[test]
+fn only_pod_to_pod_connections_are_inserted() -> Result<()> {
+    privileged!("only_pod_to_pod_connections_are_inserted");
+    let pods = two_pods()?;
+    // Both pods also hold an address outside the pod CIDRs, on-link to each other.
+    let outside = pods.outside_cidr_v4();
+    let a_out = outside.replace(".0/24", ".1");
+    let b_out = outside.replace(".0/24", ".2");
+    pods.a.add_addr(&format!("{a_out}/24"))?;
+    pods.b.add_addr(&format!("{b_out}/24"))?;
+    let agent = agent_with(&pods, &[])?;
+    let args: Vec<String> = ["--case", "duplex", "--bytes", "1M"]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+    for (name, listen_pod, listen, connect_pod, connect) in [
+        (
+            "loopback inside pod a",
+            &pods.a,
+            "127.0.0.1:5601",
+            &pods.a,
+            "127.0.0.1:5601",
+        ),
+        (
+            "pod a to pod b over addresses outside the pod CIDRs",
+            &pods.b,
+            &*format!("{b_out}:5602"),
+            &pods.a,
+            &*format!("{b_out}:5602"),
+        ),
+    ] {
+        let before = agent.status()?;
+        let server = ProbeServer::start(listen_pod, listen.parse()?, &args)?;
+        let client = probe_client(connect_pod, connect.parse()?, &args)?;
+        let server = server.wait()?;
+        let after = agent.status()?;
+        let grew = |k: &str| num(&after, k) - num(&before, k);
+        ensure!(
+            client["ok"] == true && server["ok"] == true,
+            "{name}: {client} {server}"
+        );
+        ensure!(
+            grew("sockets_inserted") == 0 && grew("redirected_bytes") == 0,
+            "{name}: inserted: {before} -> {after}"
+        );
+        ensure!(
+            grew("sockets_skipped") == 2,
+            "{name}: not seen as skipped: {after}"
+        );
+    }
+    Ok(())
+}
+
+/// A socket in another network namespace takes a live pod connection's addresses and
+/// ports. Any pod can make such a namespace where unprivileged user namespaces are
+/// allowed; there it holds copies of the victim pods' addresses on its loopback and
+/// connects from the victim client's exact address and port to the victim server's:
+/// the same 4-tuple, on both sides. Meanwhile the victim's server has 4 MiB redirected
+/// to it and not read yet. Then the victim client sends 4 MiB more and the victim
+/// server reads: it must get all 8 MiB, in order, still redirected (the veths idle);
+/// the attacker's server, whose client sent nothing, must read nothing.
+fn attacker_takes_the_tuple(v6: bool, port: u16) -> Result<()> {
+    let pods = two_pods()?;
+    let agent = agent_with(&pods, &[])?;
+    let (a, b) = if v6 {
+        (IpAddr::V6(pods.a.ipv6()), IpAddr::V6(pods.b.ipv6()))
+    } else {
+        (IpAddr::V4(pods.a.ipv4()), IpAddr::V4(pods.b.ipv4()))
+    };
+    let server_end = SocketAddr::new(b, port);
+    let client_end = SocketAddr::new(a, port + 30_000);
+    let steps = Steps::new(&pods, "attack")?;
+    let before = agent.stats()?;
+    let wire0 = pods.wire_bytes()?;
+
+    let victim_server = ProbeServer::start(
+        &pods.b,
+        server_end,
+        &strings(&["--case", "hold", "--go-file", &steps.arg("read")]),
+    )?;
+    let victim_client = spawn_probe_client(
+        &pods.a,
+        server_end,
+        &strings(&[
+            "--case",
+            "hold",
+            "--bytes",
+            "4M",
+            "--bind",
+            &client_end.to_string(),
+            "--mark-file",
+            &steps.arg("half-sent"),
+            "--go-file",
+            &steps.arg("send-more"),
+        ]),
+    )?;
+    steps.wait("half-sent")?;
+    let mid = agent.stats()?;
+    ensure!(
+        grew(&before, &mid, |s| s.counters.redirected_bytes) >= 4 << 20,
+        "the victim's first 4 MiB were not redirected: {mid:?}"
+    );
+
+    let x = pods.private_namespace("x")?;
+    let host_len = if v6 { "128" } else { "32" };
+    for ip in [a, b] {
+        x.ip(&["addr", "add", &format!("{ip}/{host_len}"), "dev", "lo"])?;
+    }
+    let attacker_server = ProbeServer::start(&x, server_end, &strings(&["--case", "hold"]))?;
+    let attacker_client = spawn_probe_client(
+        &x,
+        server_end,
+        &strings(&[
+            "--case",
+            "hold",
+            "--bytes",
+            "0",
+            "--bind",
+            &client_end.to_string(),
+            "--mark-file",
+            &steps.arg("attacker-connected"),
+            "--go-file",
+            &steps.arg("send-more"),
+        ]),
+    )?;
+    steps.wait("attacker-connected")?;
+    let attacked = agent.stats()?;
+    steps.touch("send-more")?;
+    steps.touch("read")?;
+    let vc = probe_report(victim_client)?;
+    let vs = victim_server.wait()?;
+    let ac = probe_report(attacker_client)?;
+    let attacker = attacker_server.wait()?;
+    let after = agent.stats()?;
+    let wire = pods.wire_bytes()? - wire0;
+    eprintln!(
+        "attacker namespace on {server_end} <- {client_end}: victim client {vc}, server {vs}; \
+         attacker client {ac}, server {attacker}; wire {wire} B; inserted +{} (attacker's \
+         +{}), redirected +{} B, passed +{} B",
+        grew(&before, &after, |s| s.counters.sockets_inserted),
+        grew(&mid, &attacked, |s| s.counters.sockets_inserted),
+        grew(&before, &after, |s| s.counters.redirected_bytes),
+        grew(&before, &after, |s| s.counters.passed_bytes),
+    );
+    ensure!(
+        vs["ok"] == true && num(&vs, "received") == 8 << 20,
+        "the victim lost, reordered or never got bytes: {vs}"
+    );
+    ensure!(
+        num(&attacker, "received") == 0 && attacker["ok"] == true,
+        "the attacker's socket read bytes it was never sent: {attacker}"
+    );
+    ensure!(
+        wire < (8 << 20) / 100,
+        "the victim's connection was pushed onto TCP: {wire} B on the veths"
+    );
+    Ok(())
+}
+
+#[test]
+fn attacker_namespace_cannot_take_or_receive_a_pod_connection() -> Result<()> {
+    privileged!("attacker_namespace_cannot_take_or_receive_a_pod_connection");
+    attacker_takes_the_tuple(false, 5610)
+}
+
+#[test]
+fn attacker_namespace_cannot_take_or_receive_a_pod_connection_ipv6() -> Result<()> {
+    privileged!("attacker_namespace_cannot_take_or_receive_a_pod_connection_ipv6");
+    attacker_takes_the_tuple(true, 5611)
+}
+
+/// The victim of a forgery: a server in pod b that sends 1 MiB, and a client in pod a
+/// bound to `client_end` that writes its own sequence numbers to `seq` in `steps`
+/// once connected. The handshake's last ACK (flags ACK alone) to the server port is
+/// dropped until `held` is removed: the client is established, the server waits in
+/// SYN_RECV and sends its SYN-ACK again. `before`: the agent's status before.
+struct Victim<'a> {
+    held: iptables::Inserted<'a>,
+    before: testbed::AgentStatus,
+    server: ProbeServer,
+    victim: testbed::PodChild,
+}
+
+fn held_victim<'a>(
+    pods: &'a testbed::TwoPods,
+    agent: &testbed::Agent,
+    steps: &Steps,
+    port: u16,
+    client_end: SocketAddr,
+) -> Result<Victim<'a>> {
+    let server_end = pods.b.v4_addr(port);
+    let port_arg = port.to_string();
+    let held = iptables::insert(
+        pods.b.netns(),
+        iptables::Family::V4,
+        &[
+            "INPUT",
+            "-p",
+            "tcp",
+            "--dport",
+            &port_arg,
+            "--tcp-flags",
+            "SYN,ACK,FIN,RST",
+            "ACK",
+            "-j",
+            "DROP",
+        ],
+    )?;
+    let before = agent.stats()?;
+    let server = ProbeServer::start(
+        &pods.b,
+        server_end,
+        &strings(&["--case", "forge", "--bytes", "1M"]),
+    )?;
+    let victim = spawn_probe_client(
+        &pods.a,
+        server_end,
+        &strings(&[
+            "--case",
+            "forge",
+            "--bytes",
+            "1M",
+            "--bind",
+            &client_end.to_string(),
+            "--mark-file",
+            &steps.arg("seq"),
+        ]),
+    )?;
+    Ok(Victim {
+        held,
+        before,
+        server,
+        victim,
+    })
+}
+
+/// Waits for the attacker's `mark` in `steps`, then lets the victim server's held
+/// handshake finish. When the mark never came, fails with what the attacker (`what`)
+/// said: it never connected.
+fn attacker_connected(
+    steps: &Steps,
+    mark: &str,
+    held: iptables::Inserted<'_>,
+    mut attacker: testbed::PodChild,
+    what: &str,
+) -> Result<testbed::PodChild> {
+    let marked = steps.wait(mark);
+    held.remove()?;
+    if let Err(e) = marked {
+        attacker.kill();
+        let out = attacker.wait_output(Duration::from_secs(5))?;
+        anyhow::bail!(
+            "{e:#}: the {what} never connected: {} {}",
+            String::from_utf8_lossy(&out.stdout).trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(attacker)
+}
+
+/// Another namespace forges the victim client's end with TCP_REPAIR: a socket bound to
+/// the client's address and port, "connected" to the server's with the client's own
+/// sequence numbers (what such a namespace could guess: they are a keyed hash of the
+/// addresses plus a clock), established without a packet. It is made while the victim
+/// server's handshake is held open (its last ACK dropped in the server's namespace),
+/// so the server pairs only after the forgery exists. The victim client must still get
+/// every byte the server sends, redirected, and the forger must read nothing.
+#[test]
+fn forged_repair_socket_cannot_pose_as_a_pods_client() -> Result<()> {
+    privileged!(
+        "forged_repair_socket_cannot_pose_as_a_pods_client",
+        testbed::require::preflight_iptables
+    );
+    let pods = two_pods()?;
+    let agent = agent_with(&pods, &[])?;
+    let port = 5614u16;
+    let server_end = pods.b.v4_addr(port);
+    let client_end = SocketAddr::new(IpAddr::V4(pods.a.ipv4()), port + 30_000);
+    let steps = Steps::new(&pods, "forge")?;
+    let x = pods.private_namespace("x")?;
+    for ip in [pods.a.ipv4(), pods.b.ipv4()] {
+        x.ip(&["addr", "add", &format!("{ip}/32"), "dev", "lo"])?;
+    }
+    let Victim {
+        held,
+        before,
+        server,
+        victim,
+    } = held_victim(&pods, &agent, &steps, port, client_end)?;
+    let forger = spawn_probe_client(
+        &x,
+        server_end,
+        &strings(&[
+            "--case",
+            "forge-attacker",
+            "--bind",
+            &client_end.to_string(),
+            "--go-file",
+            &steps.arg("seq"),
+            "--mark-file",
+            &steps.arg("forged"),
+        ]),
+    )?;
+    let forged = steps.wait("forged");
+    held.remove()?;
+    forged?;
+    let v = probe_report(victim)?;
+    let f = probe_report(forger)?;
+    let s = server.wait()?;
+    let after = agent.stats()?;
+    eprintln!(
+        "victim {v}, forger {f}, server {s}; inserted +{}, paired +{}, redirected +{} B",
+        grew(&before, &after, |s| s.counters.sockets_inserted),
+        grew(&before, &after, |s| s.counters.paired_pod),
+        grew(&before, &after, |s| s.counters.redirected_bytes)
+    );
+    ensure!(
+        num(&f, "received") == 0,
+        "the forged socket read the victim server's bytes: {f}"
+    );
+    ensure!(
+        v["ok"] == true && num(&v, "received") == 1 << 20,
+        "the victim client lost bytes: {v}"
+    );
+    ensure!(
+        grew(&before, &after, |s| s.counters.paired_pod) == 1
+            && grew(&before, &after, |s| s.counters.redirected_bytes) >= 1 << 20,
+        "the victim's connection was not paired and redirected: {after:?}"
+    );
+    Ok(())
+}
+
+/// Another pod forges the victim client's end with a handshake of its own, so that it
+/// is established by a real SYN-ACK: in a user and network namespace it makes itself
+/// (`CAP_NET_ADMIN` and `CAP_NET_RAW` there, root mapped to an unprivileged uid, what a
+/// pod gets with user namespaces), holding copies of the victim pods' addresses, it
+/// presets its initial sequence number to the victim client's (`TCP_REPAIR` on the
+/// unconnected socket), binds the client's address and port, connects, and answers its
+/// own SYN with a SYN-ACK crafted as the victim server's. As in
+/// [`forged_repair_socket_cannot_pose_as_a_pods_client`], the victim server's handshake
+/// is held open until the forgery exists; the victim client must still get every byte
+/// the server sends, redirected, and the forger must read nothing.
+#[test]
+fn forged_handshake_cannot_pose_as_a_pods_client() -> Result<()> {
+    privileged!(
+        "forged_handshake_cannot_pose_as_a_pods_client",
+        testbed::require::preflight_iptables
+    );
+    let pods = two_pods()?;
+    let agent = agent_with(&pods, &[])?;
+    let port = 5615u16;
+    let server_end = pods.b.v4_addr(port);
+    let client_end = SocketAddr::new(IpAddr::V4(pods.a.ipv4()), port + 30_000);
+    let steps = Steps::new(&pods, "forge-handshake")?;
+    // The forger writes its mark as its unprivileged outside uid.
+    steps.open_to_all()?;
+    // In the pods' cgroup, so the programs see its sockets; it leaves the host's
+    // network namespace for its own before it makes any.
+    let x = pods.host_network("forger")?;
+    let Victim {
+        held,
+        before,
+        server,
+        victim,
+    } = held_victim(&pods, &agent, &steps, port, client_end)?;
+    let forger = spawn_probe_client(
+        &x,
+        server_end,
+        &strings(&[
+            "--case",
+            "forge-handshake",
+            "--bind",
+            &client_end.to_string(),
+            "--go-file",
+            &steps.arg("seq"),
+            "--mark-file",
+            &steps.arg("forged"),
+            "--wait-file",
+            &steps.arg("victim-done"),
+        ]),
+    )?;
+    let forger = attacker_connected(&steps, "forged", held, forger, "forger")?;
+    // The server sends everything (redirected or not) before its FIN, which the victim
+    // reads last: once the victim is done, all the forger could get is queued to it.
+    let v = probe_report(victim)?;
+    steps.touch("victim-done")?;
+    let f = probe_report(forger)?;
+    let s = server.wait()?;
+    let after = agent.stats()?;
+    eprintln!(
+        "victim {v}, forger {f}, server {s}; inserted +{}, paired +{}, redirected +{} B",
+        grew(&before, &after, |s| s.counters.sockets_inserted),
+        grew(&before, &after, |s| s.counters.paired_pod),
+        grew(&before, &after, |s| s.counters.redirected_bytes)
+    );
+    ensure!(
+        num(&f, "received") == 0,
+        "the forged socket read the victim server's bytes: {f}"
+    );
+    ensure!(
+        v["ok"] == true && num(&v, "received") == 1 << 20,
+        "the victim client lost bytes: {v}"
+    );
+    ensure!(
+        grew(&before, &after, |s| s.counters.paired_pod) == 1
+            && grew(&before, &after, |s| s.counters.redirected_bytes) >= 1 << 20,
+        "the victim's connection was not paired and redirected: {after:?}"
+    );
+    Ok(())
+}
+
+/// With bridge, flannel or kubenet CNIs the node's gateway address (the bridge's) lies
+/// inside the pod CIDR. A host process (a kubelet probe, a hostNetwork pod) that talks
+/// to a pod from that address must not make the host's network namespace look like a
+/// pod's, and the host's own loopback connections are never touched; nor is any socket
+/// of the host's namespace inserted.
+#[test]
+fn host_loopback_never_bypassed_via_gateway() -> Result<()> {
+    privileged!("host_loopback_never_bypassed_via_gateway");
+    let pods = two_pods()?;
+    let gateway = pods.pod_cidr_v4().replace(".0/24", ".254");
+    // On the bridge in the host's namespace; gone with the bridge.
+    cmd::ip(&[
+        "addr",
+        "add",
+        &format!("{gateway}/24"),
+        "dev",
+        pods.bridge().name(),
+    ])?;
+    let agent = agent_with(&pods, &[])?;
+    let host = pods.host_network("h")?;
+    let before = agent.stats()?;
+    let duplex = |bytes: &str| strings(&["--case", "duplex", "--bytes", bytes]);
+
+    // The host talks to pod b from the gateway address.
+    let server = ProbeServer::start(&pods.b, pods.b.v4_addr(5612), &duplex("1M"))?;
+    let mut args = duplex("1M");
+    args.extend(strings(&["--bind", &format!("{gateway}:0")]));
+    let c1 = probe_client(&host, pods.b.v4_addr(5612), &args)?;
+    let s1 = server.wait()?;
+    // Then host loopback, in the same host cgroup.
+    let lo: SocketAddr = "127.0.0.1:5613".parse()?;
+    let server = ProbeServer::start(&host, lo, &duplex("4M"))?;
+    let c2 = probe_client(&host, lo, &duplex("4M"))?;
+    let s2 = server.wait()?;
+    let after = agent.stats()?;
+    let g = |f: fn(&testbed::AgentStatus) -> u64| grew(&before, &after, f);
+    eprintln!(
+        "host via gateway {gateway}: inserted +{}, paired_loopback +{}, redirected +{} B, \
+         redirected loopback +{} B",
+        g(|s| s.counters.sockets_inserted),
+        g(|s| s.counters.paired_loopback),
+        g(|s| s.counters.redirected_bytes),
+        g(|s| s.counters.redirected_bytes_loopback)
+    );
+    ensure!(
+        c1["ok"] == true && s1["ok"] == true && c2["ok"] == true && s2["ok"] == true,
+        "bytes lost: {c1} {s1} {c2} {s2}"
+    );
+    ensure!(
+        g(|s| s.counters.paired_loopback) == 0 && g(|s| s.counters.redirected_bytes_loopback) == 0,
+        "the host's loopback was paired"
+    );
+    ensure!(
+        g(|s| s.counters.sockets_inserted) == 0 && g(|s| s.counters.redirected_bytes) == 0,
+        "a socket of the host's namespace was inserted or redirected"
+    );
+    Ok(())
+}
+
+/// How a pod loses its network in [`network_loss_cuts_bypassed_connections`].
+#[derive(Clone, Copy, Debug)]
+enum Loss {
+    /// `ip link set eth0 down` inside the pod.
+    InterfaceDown,
+    /// The host end of its veth deleted (the pod's `eth0` goes with it).
+    VethDeleted,
+}
+
+/// A pod whose network goes down or away loses its bypassed connections too: once the
+/// agent sees the pod's address without an owner, the connection is cut, and the
+/// client's next bytes take TCP (where the CNI decides: nowhere while the link is
+/// down). With the interface up again, TCP delivers them, byte-exact, over the veth.
+fn network_loss_cuts_bypassed_connections(loss: Loss, port: u16) -> Result<()> {
+    let pods = two_pods()?;
+    let agent = agent_with(&pods, &[])?;
+    let a = IpAddr::V4(pods.a.ipv4());
+    let steps = Steps::new(&pods, "loss")?;
+    let chunk = 64 * 1024u64;
+    let before = agent.stats()?;
+    ensure!(
+        before.address_owners.iter().any(|o| o.address == a),
+        "pod a's address has no owner at start: {:?}",
+        before.address_owners
+    );
+    let HoldPair {
+        server,
+        client,
+        redirected: mid,
+    } = hold_pair(&pods, &agent, &steps, port, chunk)?;
+    match loss {
+        Loss::InterfaceDown => {
+            pods.a.ip(&["link", "set", "eth0", "down"])?;
+        }
+        Loss::VethDeleted => {
+            cmd::ip(&["link", "delete", pods.a.veth().host()])?;
+        }
+    }
+    agent.wait_for(
+        Duration::from_secs(30),
+        "pod a's address to lose its owner",
+        |s| !s.address_owners.iter().any(|o| o.address == a),
+    )?;
+    steps.touch("more")?;
+    let cut = agent.wait_for(
+        Duration::from_secs(30),
+        "the second chunk to take TCP",
+        |s| grew(&mid, s, |s| s.counters.passed_bytes) > 0,
+    )?;
+    eprintln!(
+        "{loss:?}: redirected +{} B after the loss, passed +{} B, cut seen +{}",
+        grew(&mid, &cut, |s| s.counters.redirected_bytes),
+        grew(&mid, &cut, |s| s.counters.passed_bytes),
+        grew(&mid, &cut, |s| s.counters.cut_seen)
+    );
+    ensure!(
+        grew(&mid, &cut, |s| s.counters.redirected_bytes) == 0,
+        "bytes were still redirected after pod a lost its network: {cut:?}"
+    );
+    ensure!(
+        grew(&mid, &cut, |s| s.counters.cut_seen) >= 1,
+        "no socket saw its connection cut: {cut:?}"
+    );
+    if let Loss::InterfaceDown = loss {
+        let wire0 = pods.wire_bytes()?;
+        pods.a.ip(&["link", "set", "eth0", "up"])?;
+        let c = probe_report(client)?;
+        let s = server.wait()?;
+        let wire = pods.wire_bytes()? - wire0;
+        ensure!(
+            s["ok"] == true && num(&s, "received") == 2 * chunk,
+            "the server lost or reordered bytes once the link was up: {s} (client {c})"
+        );
+        ensure!(
+            wire >= chunk,
+            "the second chunk did not cross the veth: {wire} B"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn interface_down_cuts_bypassed_connections() -> Result<()> {
+    privileged!("interface_down_cuts_bypassed_connections");
+    network_loss_cuts_bypassed_connections(Loss::InterfaceDown, 5620)
+}
+
+#[test]
+fn veth_deleted_cuts_bypassed_connections() -> Result<()> {
+    privileged!("veth_deleted_cuts_bypassed_connections");
+    network_loss_cuts_bypassed_connections(Loss::VethDeleted, 5621)
+}
+
+/// A pod posing, from its own address, as the server of another pod's connection: a
+/// third pod (its address a pod address, its namespace its own) learns the victim's two
+/// initial sequence numbers, presets its socket's to the victim server's, connects to
+/// the victim client's end (what it sends there is dropped in its namespace), and
+/// crafts the victim client's SYN and ACK: a simultaneous open, which reaches
+/// `PASSIVE_ESTABLISHED` without a listener. The victim server's handshake is held
+/// open meanwhile. The victim client must still read exactly what its server sends,
+/// none of the 4 KiB the poser writes.
+#[test]
+fn simultaneous_open_cannot_pose_as_a_pods_server() -> Result<()> {
+    privileged!(
+        "simultaneous_open_cannot_pose_as_a_pods_server",
+        testbed::require::preflight_iptables
+    );
+    let pods = two_pods()?;
+    let c = pods.third_pod("c", 7)?;
+    let cidr = pods.outside_cidr_v4();
+    let agent = agent_with(&pods, &["--pod-cidr", &cidr])?;
+    let c_ip = IpAddr::V4(c.ipv4());
+    agent.wait_for(Duration::from_secs(30), "pod c's address owned", |s| {
+        s.address_owners.iter().any(|o| o.address == c_ip)
+    })?;
+    let port = 5616u16;
+    let client_end = SocketAddr::new(IpAddr::V4(pods.a.ipv4()), port + 30_000);
+    let steps = Steps::new(&pods, "pose-server")?;
+    let client_port = client_end.port().to_string();
+    let client_ip = pods.a.ipv4().to_string();
+    // Whatever the poser sends to the victim client's end stays in its namespace.
+    let _dropped = iptables::insert(
+        c.netns(),
+        iptables::Family::V4,
+        &[
+            "OUTPUT",
+            "-p",
+            "tcp",
+            "-d",
+            &client_ip,
+            "--dport",
+            &client_port,
+            "-j",
+            "DROP",
+        ],
+    )?;
+    let Victim {
+        held,
+        before,
+        server,
+        victim,
+    } = held_victim(&pods, &agent, &steps, port, client_end)?;
+    let poser = spawn_probe_client(
+        &c,
+        client_end,
+        &strings(&[
+            "--case",
+            "pose-server",
+            "--bind",
+            &SocketAddr::new(c_ip, 5617).to_string(),
+            "--go-file",
+            &steps.arg("seq"),
+            "--mark-file",
+            &steps.arg("posed"),
+            "--wait-file",
+            &steps.arg("victim-done"),
+        ]),
+    )?;
+    let poser = attacker_connected(&steps, "posed", held, poser, "poser")?;
+    let v = probe_report(victim)?;
+    steps.touch("victim-done")?;
+    let p = probe_report(poser)?;
+    let s = server.wait()?;
+    let after = agent.stats()?;
+    eprintln!(
+        "victim {v}, poser {p}, server {s}; inserted +{}, paired +{} pod +{} translated, \
+         redirected +{} B",
+        grew(&before, &after, |s| s.counters.sockets_inserted),
+        grew(&before, &after, |s| s.counters.paired_pod),
+        grew(&before, &after, |s| s.counters.paired_translated),
+        grew(&before, &after, |s| s.counters.redirected_bytes)
+    );
+    ensure!(
+        v["ok"] == true && num(&v, "received") == 1 << 20,
+        "the victim client read bytes its server never sent, or lost some: {v}"
+    );
+    ensure!(
+        grew(&before, &after, |s| s.counters.paired_translated) == 0,
+        "the poser was paired with the victim client: {after:?}"
+    );
+    Ok(())
+}
+
+/// A loopback address is another host in every namespace, so a server on loopback is
+/// never the owner of the address another pod's client dialled. Pod a's client, bound
+/// to its pod address, dials 127.0.0.1:P, which its own OUTPUT DNAT sends to pod b;
+/// pod b's PREROUTING DNAT lands it on its 127.0.0.1:Q (both with `route_localnet`).
+/// The client's destination and the server's address are the same bytes (127.0.0.1),
+/// but no packet for pod b's loopback ever left pod a: a pod holding a listener on
+/// loopback, fed a handshake crafted with a victim's numbers, looks exactly like this
+/// server. Not paired (`pair_unreachable`), byte-exact on TCP. Fails on the first
+/// version of the reachability check, which took equal addresses as proof.
+#[test]
+fn a_loopback_server_in_another_pod_is_never_paired() -> Result<()> {
+    privileged!("a_loopback_server_in_another_pod_is_never_paired");
+    let pods = two_pods()?;
+    let (dial, hop, land): (SocketAddr, SocketAddr, SocketAddr) = (
+        "127.0.0.1:5631".parse()?,
+        pods.b.v4_addr(5632),
+        "127.0.0.1:5633".parse()?,
+    );
+    for (pod, rule) in [
+        (
+            &pods.a,
+            format!(
+                "-t nat -A OUTPUT -d {} -p tcp --dport {} -j DNAT --to-destination {hop}",
+                dial.ip(),
+                dial.port()
+            ),
+        ),
+        (
+            &pods.b,
+            format!(
+                "-t nat -A PREROUTING -d {} -p tcp --dport {} -j DNAT --to-destination {land}",
+                hop.ip(),
+                hop.port()
+            ),
+        ),
+    ] {
+        cmd::ip(&[
+            "netns",
+            "exec",
+            pod.netns().name(),
+            "sysctl",
+            "-qw",
+            "net.ipv4.conf.all.route_localnet=1",
+        ])?;
+        let args: Vec<String> = rule.split(' ').map(str::to_owned).collect();
+        iptables::run(pod.netns(), iptables::Family::V4, &args)?;
+    }
+    let agent = agent_with(&pods, &[])?;
+    let duplex = |bytes: &str| strings(&["--case", "duplex", "--bytes", bytes]);
+    // Pod b's namespace becomes known as a pod's (its loopback sockets qualify) once
+    // a socket there is established on its pod address.
+    let warm = pods.b.v4_addr(5634);
+    let server = ProbeServer::start(&pods.b, warm, &duplex("64K"))?;
+    let c0 = probe_client(&pods.a, warm, &duplex("64K"))?;
+    let s0 = server.wait()?;
+    ensure!(c0["ok"] == true && s0["ok"] == true, "warm-up: {c0} {s0}");
+    let before = agent.stats()?;
+    let server = ProbeServer::start(&pods.b, land, &duplex("1M"))?;
+    let mut args = duplex("1M");
+    let bind = pods.a.v4_addr(0);
+    args.extend(strings(&["--bind", &bind.to_string()]));
+    let client = probe_client(&pods.a, dial, &args)?;
+    let server = server.wait()?;
+    let after = agent.stats()?;
+    let g = |f: fn(&testbed::AgentStatus) -> u64| grew(&before, &after, f);
+    eprintln!(
+        "client {client}, server {server}; inserted +{}, paired translated +{}, unreachable +{}, redirected +{} B",
+        g(|s| s.counters.sockets_inserted),
+        g(|s| s.counters.paired_translated),
+        g(|s| s.counters.pair_unreachable),
+        g(|s| s.counters.redirected_bytes)
+    );
+    ensure!(
+        client["ok"] == true && server["ok"] == true,
+        "not byte-exact: {client} {server}"
+    );
+    ensure!(
+        g(|s| s.counters.paired_translated) == 0 && g(|s| s.counters.redirected_bytes) == 0,
+        "pod b's loopback server was paired with pod a's client: {after:?}"
+    );
+    ensure!(
+        g(|s| s.counters.pair_unreachable) == 1,
+        "the loopback server should be refused as unreachable once: {after:?}"
+    );
+    Ok(())
+}

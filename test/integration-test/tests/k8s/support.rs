@@ -1,0 +1,158 @@
+//! What the Kubernetes tests share: the label and annotation keys, the agent's options
+//! in Kubernetes mode, and its maps and toggle state read through `status`, polled
+//! until they match the API.
+
+use std::{
+    collections::BTreeSet,
+    net::{IpAddr, TcpListener},
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Result, bail};
+use testbed::{Agent, AgentOpts, AgentStatus, TwoPods};
+
+use super::cluster::{Cluster, PodOpts};
+
+/// "Within a second": how long a change in the API may take to reach the maps.
+pub const PROPAGATION: Duration = Duration::from_secs(1);
+/// The node label that switches the bypass on and off.
+pub const LABEL: &str = "bypass.dev/enabled";
+/// The pod annotation and namespace label that opt out.
+pub const EXCLUDE: &str = "bypass.dev/exclude";
+
+/// The agent in Kubernetes mode on `node`, with the cluster's admin credentials and
+/// its metrics on `metrics_port`.
+pub fn start_agent(
+    c: &Cluster,
+    pods: &TwoPods,
+    node: &str,
+    metrics_port: u16,
+    extra: &[&str],
+) -> Result<Agent> {
+    Agent::start(&kube_agent_opts(
+        pods,
+        node,
+        &c.env.kubeconfig(),
+        metrics_port,
+        extra,
+    ))
+}
+
+/// A free TCP port on 127.0.0.1 (for the agent's metrics).
+pub fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Agent options for Kubernetes mode: no `--pod-cidr`, everything from the API.
+pub fn kube_agent_opts(
+    pods: &TwoPods,
+    node: &str,
+    kubeconfig: &Path,
+    metrics_port: u16,
+    extra: &[&str],
+) -> AgentOpts {
+    let mut opts = pods.agent_opts();
+    opts.pod_cidrs.clear();
+    opts.extra_args = [
+        "--node-name".to_owned(),
+        node.to_owned(),
+        "--kubeconfig".to_owned(),
+        kubeconfig.display().to_string(),
+        "--metrics-addr".to_owned(),
+        format!("127.0.0.1:{metrics_port}"),
+    ]
+    .into_iter()
+    .chain(extra.iter().map(|s| (*s).to_owned()))
+    .collect();
+    opts
+}
+
+/// The strings of `list`, as a set.
+pub fn strings(list: &[&str]) -> BTreeSet<String> {
+    list.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// The addresses of `list`, as a set (unparsable entries left out).
+pub fn addrs(list: &[&str]) -> BTreeSet<IpAddr> {
+    list.iter().filter_map(|s| s.parse().ok()).collect()
+}
+
+/// A list of `status` as a set (the maps have no order).
+pub fn set<T: Ord + Clone>(list: &[T]) -> BTreeSet<T> {
+    list.iter().cloned().collect()
+}
+
+/// The agent's maps and toggle state, read from its pins by `bypass-agent status`.
+pub fn seen(pin_dir: &Path) -> Result<AgentStatus> {
+    Ok(serde_json::from_value(testbed::agent::status_json(
+        pin_dir,
+    )?)?)
+}
+
+/// Polls `status` until `ok` holds; fails after `timeout`. Returns how long it took.
+pub fn wait_for(
+    pin_dir: &Path,
+    timeout: Duration,
+    what: &str,
+    ok: impl Fn(&AgentStatus) -> bool,
+) -> Result<Duration> {
+    let started = Instant::now();
+    loop {
+        let s = seen(pin_dir)?;
+        if ok(&s) {
+            let took = started.elapsed();
+            eprintln!("  {what}: {took:.0?}");
+            return Ok(took);
+        }
+        if started.elapsed() > timeout {
+            bail!("{what}: not within {timeout:?}; the agent has {s:#?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits [`PROPAGATION`] at most until the pod addresses are `want`.
+pub fn wait_addrs(pin_dir: &Path, what: &str, want: &BTreeSet<IpAddr>) -> Result<Duration> {
+    wait_for(pin_dir, PROPAGATION, what, |s| {
+        set(&s.pod_addresses) == *want
+    })
+}
+
+/// Waits [`PROPAGATION`] at most until the Service CIDRs are `want`.
+pub fn wait_service_cidrs(pin_dir: &Path, what: &str, want: &BTreeSet<String>) -> Result<Duration> {
+    wait_for(pin_dir, PROPAGATION, what, |s| {
+        set(&s.service_cidrs) == *want
+    })
+}
+
+/// Lines of the agent's log that contain every one of `words`.
+pub fn log_lines(agent: &Agent, words: &[&str]) -> usize {
+    agent
+        .stderr()
+        .lines()
+        .filter(|l| words.iter().all(|w| l.contains(w)))
+        .count()
+}
+
+/// A node name of this test run.
+/// Node `node` with no pod CIDRs, namespace `bk-apps`, and pods `a` and `b` there with
+/// the IPv4 addresses of the two pods: the cluster side of the plain two-pod tests.
+pub fn node_with_pods_a_b(c: &Cluster, pods: &TwoPods, node: &str) -> Result<()> {
+    c.node(node, &[], &[])?;
+    c.namespace("bk-apps", &[])?;
+    for (name, pod) in [("a", &pods.a), ("b", &pods.b)] {
+        let ip = pod.ipv4().to_string();
+        c.pod("bk-apps", name, node, &[&ip], PodOpts::default())?;
+    }
+    Ok(())
+}
+
+pub fn node_name(pods: &TwoPods, what: &str) -> String {
+    format!("bk-{}-{what}", pods.tag())
+}
+
+/// The repository's `deploy/`.
+pub fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
+}

@@ -1,0 +1,19 @@
+//! The privileged tests, one binary with a module per topic (aya's
+//! `test/integration-test` layout): `cargo xtask test` runs it one test at a time, since
+//! the tests share kernel state (bpffs, cgroups, network namespaces).
+
+mod support;
+
+mod apps;
+mod bad_input;
+mod datapath;
+mod detach;
+mod isolation;
+mod k8s;
+mod limits;
+mod mesh;
+mod queue_bound;
+mod restart;
+mod small_messages;
+mod socket_semantics;
+mod tcp_semantics;

@@ -1,0 +1,327 @@
+//! Helpers shared by the privileged tests: one measured exchange between the two pods
+//! (`exchange`), `bypass-probe` (one TCP behaviour, observed by the application) run
+//! inside the pods, an agent with extra flags, and counter deltas.
+
+pub mod exchange;
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use bypass_common::Stat;
+use nix::{
+    sys::signal::{Signal, kill},
+    unistd::Pid,
+};
+use serde_json::Value;
+use testbed::{Agent, AgentOpts, AgentStatus, Place, PodChild, TwoPods, names, spawn_in};
+
+/// Ends the test, passing, when [`testbed::preflight`] (or the check given) says this machine cannot run a
+/// privileged test (never under `CI=true`: there the missing capability or tool is the
+/// error).
+macro_rules! privileged {
+    ($name:literal) => {
+        privileged!($name, testbed::preflight)
+    };
+    // With a stricter check, such as `testbed::require::preflight_iptables`.
+    ($name:literal, $check:path) => {
+        if !$check($name)? {
+            return Ok(());
+        }
+    };
+}
+pub(crate) use privileged;
+
+/// The prefix of everything these tests create (namespaces, bridge, cgroups, pins), so
+/// they never meet another engineer's or suite's resources on a shared machine.
+pub const PREFIX: &str = "br";
+
+/// The two pods, named under [`PREFIX`].
+pub fn two_pods() -> Result<TwoPods> {
+    // Only the first call in a process sets it; every later one agrees.
+    names::set_prefix(PREFIX).map_err(anyhow::Error::msg)?;
+    TwoPods::new()
+}
+
+/// How long one probe side may run.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The probe binary: `$BYPASS_PROBE_BIN`, else `bypass-probe` next to the test
+/// binary's directory (`cargo xtask test` builds testbed's tools first).
+pub fn probe_bin() -> Result<PathBuf> {
+    testbed::tools::tool_bin("bypass-probe", "BYPASS_PROBE_BIN")
+}
+
+/// A probe server in a pod.
+pub struct ProbeServer {
+    child: PodChild,
+    ready: PathBuf,
+}
+
+impl ProbeServer {
+    /// Starts `bypass-probe server --listen ADDR <args>` in `pod` (or any [`Place`])
+    /// and waits until it listens.
+    pub fn start(pod: &impl Place, listen: SocketAddr, args: &[String]) -> Result<Self> {
+        let label: String = pod
+            .label()
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        let ready = std::env::temp_dir().join(format!(
+            "{}-probe-{}",
+            names::resource(&names::unique_tag(), &label),
+            listen.port()
+        ));
+        let _ = std::fs::remove_file(&ready);
+        let mut cmd = Command::new(probe_bin()?);
+        cmd.arg("server")
+            .arg("--listen")
+            .arg(listen.to_string())
+            .arg("--ready-file")
+            .arg(&ready)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let child = spawn_in(pod, cmd)?.wait_ready(
+            &ready,
+            &format!("bypass-probe server on {listen}"),
+            Duration::from_secs(10),
+        )?;
+        Ok(Self { child, ready })
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.pid()
+    }
+
+    /// Waits for its report.
+    pub fn wait(self) -> Result<Value> {
+        let _ = std::fs::remove_file(&self.ready);
+        report("server", self.child.wait_output(PROBE_TIMEOUT)?)
+    }
+}
+
+/// Runs `bypass-probe client --connect ADDR <args>` in `pod` to completion.
+pub fn probe_client(pod: &impl Place, connect: SocketAddr, args: &[String]) -> Result<Value> {
+    report(
+        "client",
+        spawn_probe_client(pod, connect, args)?.wait_output(PROBE_TIMEOUT)?,
+    )
+}
+
+/// Starts `bypass-probe client --connect ADDR <args>` in `pod`; see [`probe_report`].
+pub fn spawn_probe_client(
+    pod: &impl Place,
+    connect: SocketAddr,
+    args: &[String],
+) -> Result<PodChild> {
+    let mut cmd = Command::new(probe_bin()?);
+    cmd.arg("client")
+        .arg("--connect")
+        .arg(connect.to_string())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    spawn_in(pod, cmd)
+}
+
+/// The report of a probe started with [`spawn_probe_client`], once it exits.
+pub fn probe_report(child: PodChild) -> Result<Value> {
+    report("client", child.wait_output(PROBE_TIMEOUT)?)
+}
+
+/// Server in pod b, client in pod a, same arguments; `(client, server)` reports.
+pub fn probe_pair(pods: &TwoPods, port: u16, args: &[&str]) -> Result<(Value, Value)> {
+    let args: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
+    let server = ProbeServer::start(&pods.b, pods.b.v4_addr(port), &args)?;
+    let client = probe_client(&pods.a, pods.b.v4_addr(port), &args)?;
+    Ok((client, server.wait()?))
+}
+
+fn report(role: &str, out: std::process::Output) -> Result<Value> {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!(
+            "bypass-probe {role} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .with_context(|| format!("bypass-probe {role} printed no report"))?;
+    serde_json::from_str(line).with_context(|| format!("bypass-probe {role} report: {line}"))
+}
+
+/// A JSON field as u64 (0 when absent).
+pub fn num(v: &Value, field: &str) -> u64 {
+    v.get(field).and_then(Value::as_u64).unwrap_or(0)
+}
+
+/// The agent on `pods` with extra `run` flags.
+pub fn agent_with(pods: &TwoPods, extra: &[&str]) -> Result<Agent> {
+    let opts = AgentOpts {
+        extra_args: extra.iter().map(|s| (*s).to_owned()).collect(),
+        ..pods.agent_opts()
+    };
+    Agent::start(&opts)
+}
+
+/// Growth of a counter between two readings.
+pub fn grew(before: &AgentStatus, after: &AgentStatus, f: impl Fn(&AgentStatus) -> u64) -> u64 {
+    f(after).saturating_sub(f(before))
+}
+
+/// Every counter that grew between two readings, `name +n`, for messages.
+pub fn growth(before: &AgentStatus, after: &AgentStatus) -> String {
+    let grown: Vec<String> = Stat::ALL
+        .iter()
+        .filter_map(|&stat| {
+            let n = grew(before, after, |s| s.counters.get(stat));
+            (n > 0).then(|| format!("{} +{n}", stat.name()))
+        })
+        .collect();
+    if grown.is_empty() {
+        "no counter grew".to_owned()
+    } else {
+        grown.join(", ")
+    }
+}
+
+/// Whether the agent's log shows `needle` within 30 s (its stderr is read by a thread,
+/// so a line can lag the state it reports; and a status read may show the previous
+/// agent's pinned datapath attached before this agent has even loaded, which under
+/// emulation takes seconds).
+pub fn wait_for_log(agent: &Agent, needle: &str) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if agent.stderr().contains(needle) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// SIGKILL to a process we started, then waits until it is gone (a zombie counts: its
+/// files, and so the agent's pin directory lock, are released at exit).
+pub fn sigkill(pid: u32) -> Result<()> {
+    let child = Pid::from_raw(i32::try_from(pid).context("pid out of range")?);
+    kill(child, Signal::SIGKILL).context("kill -9")?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // The state is the field after the parenthesised command name.
+        let state = stat
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().next());
+        if matches!(state, None | Some("Z" | "X")) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("pid {pid} still alive 10 s after SIGKILL");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Files a test uses to step probes, in a directory removed on drop.
+pub struct Steps {
+    dir: PathBuf,
+}
+
+impl Steps {
+    pub fn new(pods: &TwoPods, what: &str) -> Result<Self> {
+        let dir = std::env::temp_dir().join(format!("{}-{what}", pods.tag()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+        Ok(Self { dir })
+    }
+
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    pub fn arg(&self, name: &str) -> String {
+        self.file(name).display().to_string()
+    }
+
+    /// Lets every user create step files here (mode 1777, as /tmp): for a tool that
+    /// runs as an unprivileged uid outside its own user namespace.
+    pub fn open_to_all(&self) -> Result<()> {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o1777))
+            .with_context(|| format!("chmod {}", self.dir.display()))
+    }
+
+    pub fn touch(&self, name: &str) -> Result<()> {
+        std::fs::write(self.file(name), b"").context("touch")
+    }
+
+    pub fn wait(&self, name: &str) -> Result<()> {
+        wait_file(&self.file(name))
+    }
+}
+
+impl Drop for Steps {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Waits at most 30 s until `p` exists.
+pub fn wait_file(p: &Path) -> Result<()> {
+    testbed::steps::wait_file(p, Duration::from_secs(30))
+}
+
+/// A `hold` connection from pod a to pod b on `port`, its first chunk sent and
+/// redirected: the server reads and verifies everything; the client has sent `chunk`
+/// bytes (marked `sent` in `steps`) and sends `chunk` more once `more` is touched.
+/// Returns the server, the client, and the agent's status once the first chunk was
+/// redirected.
+pub struct HoldPair {
+    pub server: ProbeServer,
+    pub client: PodChild,
+    pub redirected: AgentStatus,
+}
+
+pub fn hold_pair(
+    pods: &TwoPods,
+    agent: &Agent,
+    steps: &Steps,
+    port: u16,
+    chunk: u64,
+) -> Result<HoldPair> {
+    let before = agent.stats()?;
+    let hold = ["--case".to_owned(), "hold".to_owned()];
+    let server = ProbeServer::start(&pods.b, pods.b.v4_addr(port), &hold)?;
+    let mut args = hold.to_vec();
+    args.extend([
+        "--bytes".to_owned(),
+        chunk.to_string(),
+        "--mark-file".to_owned(),
+        steps.arg("sent"),
+        "--go-file".to_owned(),
+        steps.arg("more"),
+    ]);
+    let client = spawn_probe_client(&pods.a, pods.b.v4_addr(port), &args)?;
+    steps.wait("sent")?;
+    let redirected =
+        agent.wait_for(Duration::from_secs(30), "the first chunk redirected", |s| {
+            grew(&before, s, |s| s.counters.redirected_bytes) >= chunk
+        })?;
+    Ok(HoldPair {
+        server,
+        client,
+        redirected,
+    })
+}
