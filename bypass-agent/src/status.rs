@@ -304,6 +304,63 @@ mod tests {
         assert_eq!(v["features"]["queue_bound"], true);
     }
 
+    /// The keys `status --json` prints at the top, in order, as the catalogue lists
+    /// them (`Report::KEYS`, the counters flattened among them).
+    fn catalogue_keys() -> Vec<&'static str> {
+        Report::KEYS
+            .iter()
+            .flat_map(|k| {
+                if k.flatten {
+                    k.keys.iter().map(|c| c.name).collect()
+                } else {
+                    vec![k.name]
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn json_keys_follow_the_catalogue() {
+        let text = serde_json::to_string_pretty(&sample()).unwrap();
+        let top: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("  \""))
+            .filter_map(|l| l.split_once('"').map(|(k, _)| k))
+            .collect();
+        assert_eq!(top, catalogue_keys());
+        let features: Vec<&str> = Features::KEYS.iter().map(|k| k.name).collect();
+        assert_eq!(
+            features,
+            sample().features.list().map(|(k, _)| k).to_vec(),
+            "list() follows KEYS"
+        );
+    }
+
+    #[test]
+    fn text_has_every_key() {
+        let r = Report {
+            queue_bound_off: Some("off".into()),
+            refused: Some("refused".into()),
+            ..sample()
+        };
+        let text = render_text(&r);
+        let mut shown: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        let mut want: Vec<&str> = catalogue_keys()
+            .into_iter()
+            .filter(|k| *k != "features")
+            .chain(Features::KEYS.iter().map(|k| k.name))
+            .collect();
+        shown.sort_unstable();
+        want.sort_unstable();
+        assert_eq!(
+            shown, want,
+            "status's text shows each key of the catalogue once"
+        );
+    }
+
     #[test]
     fn json_reads_back() {
         let r = sample();

@@ -50,6 +50,17 @@ macro_rules! counters {
 
         #[cfg(feature = "report")]
         impl Counters {
+            /// Its keys, a counter each with its help, in [`Stat`] order.
+            pub const KEYS: &'static [crate::status::Key] = &[$(
+                crate::status::Key {
+                    name: stringify!($field),
+                    doc: &[$help],
+                    flatten: false,
+                    keys: &[],
+                    each: false,
+                },
+            )*];
+
             /// Sets one counter.
             pub fn set(&mut self, stat: Stat, v: u64) {
                 match stat {
