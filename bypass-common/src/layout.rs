@@ -91,6 +91,8 @@ pub struct KernelField {
     /// The read-only global ([`globals`]) the agent loads it into; `None`: the programs
     /// do not read it.
     pub global: Option<&'static str>,
+    /// Its doc comment, a line each.
+    pub doc: &'static [&'static str],
 }
 
 /// Declares [`KernelLayout`] and its catalogue [`KernelLayout::FIELDS`] from one list
@@ -119,6 +121,7 @@ macro_rules! kernel_fields {
                     required: $required,
                     source: $source,
                     global: $global,
+                    doc: &[$($doc),*],
                 },
             )*];
 
