@@ -227,7 +227,7 @@ pub fn check(opts: &CheckOpts) -> Result<(), AgentError> {
 fn gather(opts: &CheckOpts) -> Report {
     let kernel = datapath::kernel_release();
     let mut items = feature_items(&preflight::probe_all());
-    items.push(match crate::probe::Probe::detect() {
+    items.push(match crate::probe::detect() {
         Ok(p) if p.read_guard => item(
             "read guard",
             Level::Ok,

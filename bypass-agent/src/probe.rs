@@ -2,7 +2,8 @@
 //! without attaching anything.
 
 use bypass_common::names::READ_HOOKS;
-use serde::{Deserialize, Serialize};
+/// What `probe` prints.
+pub use bypass_common::status::KernelProbe as Probe;
 
 use crate::{
     cli::ProbeOpts,
@@ -10,43 +11,28 @@ use crate::{
     error::AgentError,
 };
 
-/// What `probe` prints.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct Probe {
-    /// Whether splice and zero-copy receive of a bypassed socket are guarded (the
-    /// kernel runs BPF trampolines).
-    pub read_guard: bool,
-    /// How a bypassed socket's reads are seen: `tracepoint` (sock_recv_length) or
-    /// `trampolines` (tcp_bpf_recvmsg's entry and return).
-    pub read_hook: String,
-    /// Whether `run` bypasses on this kernel without `--allow-unguarded`.
-    pub bypass_by_default: bool,
+/// Detects this kernel's support as `run` does.
+pub fn detect() -> Result<Probe, AgentError> {
+    Ok(from_plan(&LoadPlan::detect()?))
 }
 
-impl Probe {
-    /// Detects this kernel's support as `run` does.
-    pub fn detect() -> Result<Self, AgentError> {
-        Ok(Self::from_plan(&LoadPlan::detect()?))
-    }
-
-    fn from_plan(plan: &LoadPlan) -> Self {
-        let read_guard = plan.hooks.guard == ReadGuard::Guard;
-        Self {
-            read_guard,
-            read_hook: if plan.hooks.read == READ_HOOKS.as_slice() {
-                "tracepoint"
-            } else {
-                "trampolines"
-            }
-            .to_owned(),
-            bypass_by_default: read_guard,
+fn from_plan(plan: &LoadPlan) -> Probe {
+    let read_guard = plan.hooks.guard == ReadGuard::Guard;
+    Probe {
+        read_guard,
+        read_hook: if plan.hooks.read == READ_HOOKS.as_slice() {
+            "tracepoint"
+        } else {
+            "trampolines"
         }
+        .to_owned(),
+        bypass_by_default: read_guard,
     }
 }
 
 /// Detects the kernel's support as `run` does and prints it.
 pub fn probe(opts: &ProbeOpts) -> Result<(), AgentError> {
-    let found = Probe::detect()?;
+    let found = detect()?;
     if opts.json {
         return crate::print_json(&found, "the probe");
     }

@@ -4,163 +4,16 @@
 use std::net::IpAddr;
 
 use bypass_common::Stat;
-use serde::{Deserialize, Serialize};
+pub use bypass_common::status::{
+    AddressOwner, AddressRefusals, Features, Report, queue_bound_off_reason,
+};
 
 use crate::{
     cli::StatusOpts,
-    datapath::{Counters, PinLayout, PinnedView},
+    datapath::{PinLayout, PinnedView},
     error::AgentError,
-    toggle::{EnabledBy, LabelValue, Recorded},
+    toggle::Recorded,
 };
-
-/// The report, as printed (`status --json`), and as read back by the testbed. Fields
-/// missing from the input read as their defaults.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Report {
-    /// sock_ops attached and redirects allowed.
-    pub attached: bool,
-    /// Sockets in the SockHash now.
-    pub sockets: usize,
-    /// Connecting sockets waiting for their peer to pair (removed when paired or
-    /// closed).
-    pub connectors: usize,
-    /// Paired connections (removed when the connecting socket closes).
-    pub links: usize,
-    /// Bound, in bytes, on a peer's ingress queue (0: none).
-    pub max_queued_bytes: u32,
-    /// Size under which a stream of sends takes the TCP path (0: never).
-    pub small_stream_bytes: u32,
-    /// The running kernel's release.
-    pub kernel: String,
-    /// What the loaded programs do on this kernel.
-    pub features: Features,
-    /// Why the queue bound is off, when it is.
-    pub queue_bound_off: Option<String>,
-    /// Counters.
-    #[serde(flatten)]
-    pub counters: Counters,
-    /// Pod CIDRs in the trie.
-    pub pod_cidrs: Vec<String>,
-    /// Exact pod addresses.
-    pub pod_addresses: Vec<IpAddr>,
-    /// Addresses never treated as a pod's (opted out), whatever CIDR holds them.
-    pub excluded_addresses: Vec<IpAddr>,
-    /// Service (ClusterIP) CIDRs.
-    pub service_cidrs: Vec<String>,
-    /// Service backends on this node's pods, `SERVICE_IP:PORT=POD_IP:PORT`: the only
-    /// servers a translated connection from another pod is paired with.
-    #[serde(default)]
-    pub service_backends: Vec<String>,
-    /// Ports left alone.
-    pub skip_ports: Vec<u16>,
-    /// Kubernetes mode: where the on/off state came from (`label` or `default`); null
-    /// in standalone mode, or before a valid decision.
-    pub enabled_by: Option<EnabledBy>,
-    /// Kubernetes mode: what the node label held (`absent`, `true`, `false`,
-    /// `invalid`); null in standalone mode.
-    pub label_value: Option<LabelValue>,
-    /// The pin directory read.
-    pub pin_dir: String,
-    /// Other sock_ops/sk_msg programs loaded on this node (Merbridge, Kmesh, ...).
-    pub other_programs: Vec<String>,
-    /// Why `insert_failures` is not zero: a full SockHash, or another program holding
-    /// the sockets in its own sockmap.
-    pub insert_failures_cause: Option<String>,
-    /// Why the agent does not bypass this node, when it refuses to.
-    #[serde(default)]
-    pub refused: Option<String>,
-    /// SockHash capacity (`--max-sockets` of the loaded datapath).
-    pub max_sockets: Option<u32>,
-    /// Seconds until the heartbeat lapses and sock_ops stops inserting (0: lapsed: no
-    /// agent tends this datapath).
-    pub heartbeat_seconds_left: u64,
-    /// Which namespace may use a pod address (`--netns-owners`): `observe` or `any`.
-    pub netns_owners: String,
-    /// Each pod address the agent observed with its owning network namespace.
-    pub address_owners: Vec<AddressOwner>,
-    /// Pod addresses that sockets were refused for, with how often, by kind.
-    pub refusals: Vec<AddressRefusals>,
-}
-
-/// A pod address and the cookie of the network namespace that owns it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AddressOwner {
-    /// The address.
-    pub address: IpAddr,
-    /// The namespace's cookie (`SO_NETNS_COOKIE`).
-    pub netns: u64,
-}
-
-/// How often sockets were refused for one pod address.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AddressRefusals {
-    /// The address.
-    pub address: IpAddr,
-    /// Sockets of another namespace that used it while a pod owned it.
-    pub foreign_namespace: u64,
-    /// Pairings refused: accepted sockets whose client on it had other sequence
-    /// numbers, or accepted sockets on it that are no backend of the address their
-    /// client dialled.
-    pub pairing: u64,
-}
-
-/// What the loaded programs guarantee on this kernel. Every one holds on every kernel
-/// the agent loads on but FIONREAD, which counts redirected bytes only where the
-/// kernel's sockmap keeps its queue length; the others can be off only because a hook
-/// is not attached (after `uninstall`) or the bound was set to 0.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Features {
-    /// What waits for a reader is bounded (`--max-queued-bytes`, or its own fixed
-    /// receive buffer); past it, its peer sends by TCP until it has caught up.
-    pub queue_bound: bool,
-    /// A peer's SO_RCVLOWAT / SO_PEEK_OFF keep redirects away from it.
-    pub receive_options: bool,
-    /// `TCP_ULP` (kTLS) refused on bypassed sockets; MPTCP subflows never inserted.
-    pub ulp_guard: bool,
-    /// Bytes are read in the order they were sent: a direction goes back from TCP to
-    /// redirects only once its peer has read every TCP byte with no reader inside.
-    pub order: bool,
-    /// The read guard is attached: a splice or zero-copy receive never misses a
-    /// redirected byte.
-    pub read_guard: bool,
-    /// FIONREAD (`ioctl(SIOCINQ)`) counts redirected bytes: kernels whose sockmap keeps
-    /// its queue length (`sk_psock.msg_tot_len`, not 6.1); elsewhere it reports only
-    /// what came by TCP.
-    pub fionread: bool,
-}
-
-impl Features {
-    /// From the recorded feature bits, whether the setsockopt hook and the read guard
-    /// are attached, and the bound in force.
-    pub fn from_bits(bits: u32, sockopt_hook: bool, read_guard: bool, max_queued: u32) -> Self {
-        Self {
-            queue_bound: max_queued != 0,
-            receive_options: sockopt_hook,
-            ulp_guard: sockopt_hook,
-            order: true,
-            read_guard,
-            fionread: bits & bypass_common::layout::features::NO_QUEUE_FIELD == 0,
-        }
-    }
-
-    /// `(name, on)` pairs, for text and metrics.
-    pub fn list(&self) -> [(&'static str, bool); 6] {
-        [
-            ("queue_bound", self.queue_bound),
-            ("receive_options", self.receive_options),
-            ("ulp_guard", self.ulp_guard),
-            ("order", self.order),
-            ("read_guard", self.read_guard),
-            ("fionread", self.fionread),
-        ]
-    }
-}
-
-/// Why the queue bound is off, when it is.
-pub fn queue_bound_off_reason(max_queued: u32) -> Option<&'static str> {
-    (max_queued == 0).then_some("--max-queued-bytes 0 (no bound)")
-}
 
 /// Reads the pins and builds the report.
 pub fn read(layout: &PinLayout) -> Result<Report, AgentError> {
@@ -366,6 +219,11 @@ pub fn status(opts: StatusOpts) -> Result<(), AgentError> {
 
 #[cfg(test)]
 mod tests {
+    use bypass_common::{
+        Counters,
+        status::{EnabledBy, LabelValue},
+    };
+
     use super::*;
 
     fn sample() -> Report {
@@ -444,6 +302,63 @@ mod tests {
         assert_eq!(v["enabled_by"], "label");
         assert_eq!(v["label_value"], "true");
         assert_eq!(v["features"]["queue_bound"], true);
+    }
+
+    /// The keys `status --json` prints at the top, in order, as the catalogue lists
+    /// them (`Report::KEYS`, the counters flattened among them).
+    fn catalogue_keys() -> Vec<&'static str> {
+        Report::KEYS
+            .iter()
+            .flat_map(|k| {
+                if k.flatten {
+                    k.keys.iter().map(|c| c.name).collect()
+                } else {
+                    vec![k.name]
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn json_keys_follow_the_catalogue() {
+        let text = serde_json::to_string_pretty(&sample()).unwrap();
+        let top: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("  \""))
+            .filter_map(|l| l.split_once('"').map(|(k, _)| k))
+            .collect();
+        assert_eq!(top, catalogue_keys());
+        let features: Vec<&str> = Features::KEYS.iter().map(|k| k.name).collect();
+        assert_eq!(
+            features,
+            sample().features.list().map(|(k, _)| k).to_vec(),
+            "list() follows KEYS"
+        );
+    }
+
+    #[test]
+    fn text_has_every_key() {
+        let r = Report {
+            queue_bound_off: Some("off".into()),
+            refused: Some("refused".into()),
+            ..sample()
+        };
+        let text = render_text(&r);
+        let mut shown: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        let mut want: Vec<&str> = catalogue_keys()
+            .into_iter()
+            .filter(|k| *k != "features")
+            .chain(Features::KEYS.iter().map(|k| k.name))
+            .collect();
+        shown.sort_unstable();
+        want.sort_unstable();
+        assert_eq!(
+            shown, want,
+            "status's text shows each key of the catalogue once"
+        );
     }
 
     #[test]

@@ -5,17 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
-
-/// Where the on/off decision came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum EnabledBy {
-    /// The node label, with a valid value.
-    Label,
-    /// `--default-enabled`: the node has no such label.
-    Default,
-}
+pub use bypass_common::status::{EnabledBy, LabelValue};
 
 /// A decision: on or off, and why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,29 +92,13 @@ pub fn action(attached: bool, decision: &Result<Decision, BadLabelValue>) -> Act
     }
 }
 
-/// What the node label held, as recorded for `status`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LabelValue {
-    /// No such label on the node.
-    Absent,
-    /// `"true"`.
-    True,
-    /// `"false"`.
-    False,
-    /// Anything else (the value itself is in the log).
-    Invalid,
-}
-
-impl LabelValue {
-    /// The label value as found on a node's labels.
-    pub fn of(labels: Option<&BTreeMap<String, String>>, key: &str) -> Self {
-        match labels.and_then(|l| l.get(key)).map(|v| parse_value(v)) {
-            None => Self::Absent,
-            Some(Some(true)) => Self::True,
-            Some(Some(false)) => Self::False,
-            Some(None) => Self::Invalid,
-        }
+/// The label value as found on a node's labels.
+pub fn label_value(labels: Option<&BTreeMap<String, String>>, key: &str) -> LabelValue {
+    match labels.and_then(|l| l.get(key)).map(|v| parse_value(v)) {
+        None => LabelValue::Absent,
+        Some(Some(true)) => LabelValue::True,
+        Some(Some(false)) => LabelValue::False,
+        Some(None) => LabelValue::Invalid,
     }
 }
 
@@ -296,11 +270,11 @@ mod tests {
     #[test]
     fn label_value_of() {
         let l = labels(&[(KEY, "true"), ("b", "false"), ("c", "maybe")]);
-        assert_eq!(LabelValue::of(Some(&l), KEY), LabelValue::True);
-        assert_eq!(LabelValue::of(Some(&l), "b"), LabelValue::False);
-        assert_eq!(LabelValue::of(Some(&l), "c"), LabelValue::Invalid);
-        assert_eq!(LabelValue::of(Some(&l), "d"), LabelValue::Absent);
-        assert_eq!(LabelValue::of(None, KEY), LabelValue::Absent);
+        assert_eq!(label_value(Some(&l), KEY), LabelValue::True);
+        assert_eq!(label_value(Some(&l), "b"), LabelValue::False);
+        assert_eq!(label_value(Some(&l), "c"), LabelValue::Invalid);
+        assert_eq!(label_value(Some(&l), "d"), LabelValue::Absent);
+        assert_eq!(label_value(None, KEY), LabelValue::Absent);
     }
 
     #[test]

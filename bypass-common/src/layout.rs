@@ -38,70 +38,241 @@ pub mod globals {
     pub const HOST_NETNS: &str = "BYPASS_HOST_NETNS";
 }
 
-/// Byte offsets of the kernel fields the programs read, and the one kernel size they
-/// use. A `struct sock` sits at offset 0 of `struct tcp_sock` (inside
-/// `inet_connection_sock`, itself at offset 0), so the socket offsets are offsets into
-/// the TCP socket too.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct KernelLayout {
+/// Where the value of a [`KernelLayout`] field comes from in the running kernel's BTF.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The byte offset of `member` in `struct strukt` (looking into anonymous structs
+    /// and unions, as C does); where that struct has no such member, the offset of the
+    /// `or` pair's.
+    Member {
+        /// The struct.
+        strukt: &'static str,
+        /// The member.
+        member: &'static str,
+        /// Where the member lies on other kernels.
+        or: Option<(&'static str, &'static str)>,
+    },
+    /// The value of enumerator `value` of `enum name`, a bit number below 64.
+    Bit {
+        /// The enum.
+        name: &'static str,
+        /// The enumerator.
+        value: &'static str,
+    },
+    /// [`message_cost`] of `struct strukt`'s size
+    /// ([`crate::names::DEFAULT_MSG_COST`] where BTF lacks it).
+    MessageCost {
+        /// The struct.
+        strukt: &'static str,
+    },
+}
+
+impl Source {
+    /// A member of a struct, found nowhere else.
+    pub const fn member(strukt: &'static str, member: &'static str) -> Self {
+        Self::Member {
+            strukt,
+            member,
+            or: None,
+        }
+    }
+}
+
+/// One field of [`KernelLayout`], as the catalogue lists it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelField {
+    /// Its name in [`KernelLayout`].
+    pub name: &'static str,
+    /// Whether every load needs it ([`KernelLayout::has_required`]); an optional one
+    /// that is missing turns off what needs it.
+    pub required: bool,
+    /// Where its value comes from.
+    pub source: Source,
+    /// The read-only global ([`globals`]) the agent loads it into; `None`: the programs
+    /// do not read it.
+    pub global: Option<&'static str>,
+    /// Its doc comment, a line each.
+    pub doc: &'static [&'static str],
+}
+
+/// Declares [`KernelLayout`] and its catalogue [`KernelLayout::FIELDS`] from one list
+/// of `doc name { required: bool, source: Source, global: Option<&str> };`, in the
+/// order the BTF is read and the load digested.
+macro_rules! kernel_fields {
+    ($( $(#[doc = $doc:expr])* $field:ident {
+        required: $required:expr,
+        source: $source:expr,
+        global: $global:expr $(,)?
+    }; )*) => {
+        /// Byte offsets of the kernel fields the programs read, and the one kernel size
+        /// they use. A `struct sock` sits at offset 0 of `struct tcp_sock` (inside
+        /// `inet_connection_sock`, itself at offset 0), so the socket offsets are offsets
+        /// into the TCP socket too. 0: unknown (not in this kernel's BTF).
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+        pub struct KernelLayout {
+            $( $(#[doc = $doc])* pub $field: u32, )*
+        }
+
+        impl KernelLayout {
+            /// Every field, in the catalogue's order.
+            pub const FIELDS: [KernelField; [$(stringify!($field)),*].len()] = [$(
+                KernelField {
+                    name: stringify!($field),
+                    required: $required,
+                    source: $source,
+                    global: $global,
+                    doc: &[$($doc),*],
+                },
+            )*];
+
+            /// The fields' values, in [`KernelLayout::FIELDS`] order.
+            pub const fn values(&self) -> [u32; Self::FIELDS.len()] {
+                [$(self.$field),*]
+            }
+
+            /// The fields themselves, in [`KernelLayout::FIELDS`] order.
+            pub fn fields(&self) -> [&u32; Self::FIELDS.len()] {
+                [$(&self.$field),*]
+            }
+
+            /// The fields, mutable, in [`KernelLayout::FIELDS`] order.
+            pub fn fields_mut(&mut self) -> [&mut u32; Self::FIELDS.len()] {
+                [$(&mut self.$field),*]
+            }
+        }
+    };
+}
+
+kernel_fields! {
     /// `struct sock`, `sk_rcvlowat` (SO_RCVLOWAT), read typed at insertion.
-    pub sk_rcvlowat: u32,
+    sk_rcvlowat {
+        required: true,
+        source: Source::member("sock", "sk_rcvlowat"),
+        global: Some(globals::OFF_SK_RCVLOWAT),
+    };
     /// `struct sock`, `sk_peek_off` (SO_PEEK_OFF; -1 when unset), read typed at
     /// insertion.
-    pub sk_peek_off: u32,
+    sk_peek_off {
+        required: true,
+        source: Source::member("sock", "sk_peek_off"),
+        global: Some(globals::OFF_SK_PEEK_OFF),
+    };
     /// `struct inet_connection_sock`, `icsk_ulp_ops` (an upper-layer protocol such as
     /// MPTCP's subflow or kTLS), read typed at insertion and on every send.
-    pub icsk_ulp_ops: u32,
+    icsk_ulp_ops {
+        required: true,
+        source: Source::member("inet_connection_sock", "icsk_ulp_ops"),
+        global: Some(globals::OFF_ICSK_ULP_OPS),
+    };
     /// `struct tcp_sock`, `write_seq` (the end of what the application queued), read
     /// typed at insertion and on every send: a direction redirects only while its peer
     /// has read up to it.
-    pub tcp_write_seq: u32,
+    tcp_write_seq {
+        required: true,
+        source: Source::member("tcp_sock", "write_seq"),
+        global: Some(globals::OFF_TCP_WRITE_SEQ),
+    };
     /// `struct tcp_sock`, `fastopen_req`, read typed at insertion: set while a TCP Fast
     /// Open `sendto`/`write` connects, which then sends its data by plain TCP after the
     /// socket was inserted (net/ipv4/tcp.c, tcp_sendmsg_fastopen).
-    pub tcp_fastopen_req: u32,
+    tcp_fastopen_req {
+        required: true,
+        source: Source::member("tcp_sock", "fastopen_req"),
+        global: Some(globals::OFF_TCP_FASTOPEN_REQ),
+    };
     /// `struct tcp_sock`, `copied_seq` (how far the application has read what came by
     /// TCP), read typed when the last reader leaves `tcp_bpf_recvmsg`.
-    pub tcp_copied_seq: u32,
+    tcp_copied_seq {
+        required: true,
+        source: Source::member("tcp_sock", "copied_seq"),
+        global: Some(globals::OFF_TCP_COPIED_SEQ),
+    };
     /// `struct sock`, `sk_rcvbuf`, read typed with [`KernelLayout::sk_userlocks`] for a
     /// reader's bound.
-    pub sk_rcvbuf: u32,
+    sk_rcvbuf {
+        required: true,
+        source: Source::member("sock", "sk_rcvbuf"),
+        global: Some(globals::OFF_SK_RCVBUF),
+    };
     /// `struct sock`, `sk_userlocks` (a byte since Linux 6.x; 0 where it is a bitfield,
     /// and then a fixed receive buffer is not seen: the global bound applies).
-    pub sk_userlocks: u32,
+    sk_userlocks {
+        required: false,
+        source: Source::member("sock", "sk_userlocks"),
+        global: Some(globals::OFF_SK_USERLOCKS),
+    };
     /// `struct socket`, `sk`: the read guard finds the socket of a file through it.
-    pub socket_sk: u32,
+    socket_sk {
+        required: true,
+        source: Source::member("socket", "sk"),
+        global: Some(globals::OFF_SOCKET_SK),
+    };
     /// `struct sk_psock`, `msg_tot_len`: not read by the programs; present where the
     /// kernel's FIONREAD counts redirected bytes (the sockmap FIONREAD fix,
     /// net/core/skmsg.c), which `status` reports.
-    pub psock_msg_tot_len: u32,
+    psock_msg_tot_len {
+        required: false,
+        source: Source::member("sk_psock", "msg_tot_len"),
+        global: None,
+    };
     /// Kernel memory a waiting message holds besides its bytes ([`message_cost`]).
-    pub msg_cost: u32,
+    msg_cost {
+        required: false,
+        source: Source::MessageCost { strukt: "sk_msg" },
+        global: Some(globals::MSG_COST),
+    };
     /// `struct sock`, `sk_flags`, read typed at insertion for
-    /// [`KernelLayout::sock_zerocopy`] (0: not read).
-    pub sk_flags: u32,
+    /// [`KernelLayout::sock_zerocopy`] (0: not read). It is `__sk_common.skc_flags`
+    /// (struct sock_common, at offset 0 of struct sock) on recent kernels, a member of
+    /// struct sock on older ones.
+    sk_flags {
+        required: false,
+        source: Source::Member {
+            strukt: "sock_common",
+            member: "skc_flags",
+            or: Some(("sock", "sk_flags")),
+        },
+        global: Some(globals::OFF_SK_FLAGS),
+    };
     /// The bit of `SOCK_ZEROCOPY` in `sk_flags` (`enum sock_flags`): set by SO_ZEROCOPY
     /// and inherited by a listener's accepted sockets, which are then never inserted
     /// (a socket in a sockmap gives MSG_ZEROCOPY no completion notifications).
-    pub sock_zerocopy: u32,
+    sock_zerocopy {
+        required: false,
+        source: Source::Bit {
+            name: "sock_flags",
+            value: "SOCK_ZEROCOPY",
+        },
+        global: Some(globals::SOCK_ZEROCOPY),
+    };
 }
 
 impl KernelLayout {
-    /// The fields every load needs.
+    /// The fields every load needs ([`KernelField::required`]).
     pub const fn has_required(&self) -> bool {
-        self.sk_rcvlowat != 0
-            && self.sk_peek_off != 0
-            && self.icsk_ulp_ops != 0
-            && self.tcp_write_seq != 0
-            && self.tcp_fastopen_req != 0
-            && self.tcp_copied_seq != 0
-            && self.sk_rcvbuf != 0
-            && self.socket_sk != 0
+        let values = self.values();
+        let mut i = 0;
+        while i < values.len() {
+            if Self::FIELDS[i].required && values[i] == 0 {
+                return false;
+            }
+            i += 1;
+        }
+        true
     }
 
     /// FIONREAD on a bypassed socket counts its redirected bytes too.
     pub const fn fionread_counts_ingress(&self) -> bool {
         self.psock_msg_tot_len != 0
+    }
+
+    /// Each read-only global the programs read and the field loaded into it, in
+    /// [`KernelLayout::FIELDS`] order.
+    pub fn globals(&self) -> impl Iterator<Item = (&'static str, &u32)> {
+        Self::FIELDS
+            .iter()
+            .zip(self.fields())
+            .filter_map(|(f, v)| Some((f.global?, v)))
     }
 }
 
@@ -160,33 +331,30 @@ pub mod features {
 /// A 64-bit digest of what a load fixed in the globals, so a restarted agent adopts a
 /// pinned datapath only if it was loaded the same way.
 pub const fn digest(layout: &KernelLayout, features: u32, host_netns: u64) -> u64 {
-    let words = [
-        layout.sk_rcvlowat as u64,
-        layout.sk_peek_off as u64,
-        layout.icsk_ulp_ops as u64,
-        layout.tcp_write_seq as u64,
-        layout.tcp_fastopen_req as u64,
-        layout.tcp_copied_seq as u64,
-        layout.sk_rcvbuf as u64,
-        layout.sk_userlocks as u64,
-        layout.socket_sk as u64,
-        layout.msg_cost as u64,
-        layout.sk_flags as u64,
-        layout.sock_zerocopy as u64,
-        (features & features::PROGRAM_BITS) as u64,
-        host_netns,
-    ];
     let mut h = 0xcbf2_9ce4_8422_2325_u64;
+    // Every field loaded into a global, in the catalogue's order, then the features
+    // the programs look at and the host namespace.
+    let values = layout.values();
     let mut i = 0;
-    while i < words.len() {
-        h = (h ^ words[i]).wrapping_mul(0x100_0000_01b3);
+    while i < values.len() {
+        if KernelLayout::FIELDS[i].global.is_some() {
+            h = fnv_word(h, values[i] as u64);
+        }
         i += 1;
     }
-    h
+    h = fnv_word(h, (features & features::PROGRAM_BITS) as u64);
+    fnv_word(h, host_netns)
+}
+
+/// One 64-bit word into an FNV-1a-style digest (the word as one unit, not its bytes).
+const fn fnv_word(h: u64, word: u64) -> u64 {
+    (h ^ word).wrapping_mul(0x100_0000_01b3)
 }
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
+
     use super::*;
 
     #[test]
@@ -218,6 +386,50 @@ mod tests {
         assert_eq!(slab_size(1), 8);
         assert_eq!(slab_size(17), 32);
         assert_eq!(message_cost(712), 1024 + 4096, "a slab object and a page");
+    }
+
+    #[test]
+    fn digest_is_stable() {
+        // What the digest was before the catalogue: a restarted agent compares it with
+        // the one it pinned, so it must not change with the code's shape.
+        let l = KernelLayout {
+            sk_rcvlowat: 1,
+            sk_peek_off: 2,
+            icsk_ulp_ops: 3,
+            tcp_write_seq: 4,
+            tcp_fastopen_req: 5,
+            tcp_copied_seq: 6,
+            sk_rcvbuf: 7,
+            sk_userlocks: 8,
+            socket_sk: 9,
+            psock_msg_tot_len: 10,
+            msg_cost: 11,
+            sk_flags: 12,
+            sock_zerocopy: 13,
+        };
+        assert_eq!(digest(&l, 0xff, 0x1234_5678_9abc), 0xd56a_e6c1_cb30_6e3e);
+    }
+
+    #[test]
+    fn catalogue_names_its_fields_and_globals() {
+        let mut l = KernelLayout::default();
+        for (i, v) in l.fields_mut().into_iter().enumerate() {
+            *v = i as u32 + 1;
+        }
+        for (f, v) in KernelLayout::FIELDS.iter().zip(l.values()) {
+            assert!(v != 0, "{}", f.name);
+        }
+        assert_eq!(l.sk_rcvlowat, 1);
+        assert_eq!(KernelLayout::FIELDS[0].name, "sk_rcvlowat");
+        assert_eq!(l.sock_zerocopy as usize, KernelLayout::FIELDS.len());
+        let globals: std::vec::Vec<_> = l.globals().map(|(g, _)| g).collect();
+        assert_eq!(
+            globals.len(),
+            KernelLayout::FIELDS.len() - 1,
+            "all but msg_tot_len"
+        );
+        assert!(globals.iter().all(|g| g.starts_with("BYPASS_")));
+        assert!(!globals.contains(&globals::FEATURES));
     }
 
     #[test]

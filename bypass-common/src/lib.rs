@@ -2,8 +2,9 @@
 //! program names, pin sub-paths, the socket key layout, address encoding, stats slots,
 //! the control words and the globals fixed at load.
 //!
-//! `no_std` so the eBPF crate can use it; the `std` feature adds pure std helpers, and
-//! `user` adds those and the `aya::Pod` impls.
+//! `no_std` so the eBPF crate can use it; the `std` feature adds pure std helpers,
+//! `report` adds those and the agent's reports as serde types ([`status`]), and `user`
+//! adds those and the `aya::Pod` impls.
 #![no_std]
 
 pub mod addr;
@@ -16,13 +17,15 @@ pub mod names;
 pub mod size;
 pub mod state;
 pub mod stats;
+#[cfg(feature = "report")]
+pub mod status;
 
 pub use addr::{IpKey, ip_key, mapped_v4};
 pub use kernel::{KernelVersion, MIN_KERNEL};
 pub use key::{Endpoint, SockKey};
 pub use layout::KernelLayout;
 pub use state::{Connector, Link, SockState};
-#[cfg(feature = "user")]
+#[cfg(feature = "report")]
 pub use stats::Counters;
 pub use stats::Stat;
 

@@ -1,6 +1,6 @@
 //! The datapath's counters, listed once: the slots of the per-CPU counter array
 //! [`crate::names::MAP_STATS`] ([`Stat`], which the kernel programs add to) and, with the
-//! `user` feature, their sums as the agent reports them (`Counters`, whose fields are
+//! `report` feature, their sums as the agent reports them (`Counters`, whose fields are
 //! the counters' names in `status --json` and `/metrics`). A counter added to the one
 //! list below exists everywhere.
 
@@ -38,7 +38,7 @@ macro_rules! counters {
         }
 
         /// Counter values summed over CPUs, one field per [`Stat`] under its name.
-        #[cfg(feature = "user")]
+        #[cfg(feature = "report")]
         #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
         pub struct Counters {
             $(
@@ -48,8 +48,19 @@ macro_rules! counters {
             )*
         }
 
-        #[cfg(feature = "user")]
+        #[cfg(feature = "report")]
         impl Counters {
+            /// Its keys, a counter each with its help, in [`Stat`] order.
+            pub const KEYS: &'static [crate::status::Key] = &[$(
+                crate::status::Key {
+                    name: stringify!($field),
+                    doc: &[$help],
+                    flatten: false,
+                    keys: &[],
+                    each: false,
+                },
+            )*];
+
             /// Sets one counter.
             pub fn set(&mut self, stat: Stat, v: u64) {
                 match stat {
@@ -250,7 +261,7 @@ mod tests {
         assert_eq!(Stat::PassedBytes.hop_family(), None);
     }
 
-    #[cfg(feature = "user")]
+    #[cfg(feature = "report")]
     #[test]
     fn counters_fields_follow_the_catalogue() {
         let mut c = Counters::default();

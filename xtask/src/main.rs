@@ -7,6 +7,7 @@ mod build;
 mod cluster;
 mod cmd;
 mod demo;
+mod docs;
 mod image;
 mod oci;
 mod render;
@@ -42,6 +43,9 @@ enum Task {
     Bench(bench::Args),
     /// The README's kernel table, from the `cargo xtask test --kernel NAME` results.
     KernelTable,
+    /// The lists in the docs that a catalogue of bypass-common knows (status keys and
+    /// counters, kernel needs and fields); `--check` fails if one is stale.
+    Docs(docs::Args),
     /// A one-node Kubernetes on this machine (root): etcd, kube-apiserver, controllers,
     /// scheduler, kubelet, kube-proxy, containerd; `down` leaves nothing behind.
     Cluster {
@@ -75,6 +79,7 @@ fn main() -> ExitCode {
         Task::Demo(args) => demo::run(&args),
         Task::Bench(args) => bench::run(&args),
         Task::KernelTable => vm::table::run(),
+        Task::Docs(args) => docs::run(&args),
         Task::Cluster { action } => cluster::run(&action),
         Task::Image(args) => image::run(&args),
         Task::RenderDeploy(args) => render::run(&args),

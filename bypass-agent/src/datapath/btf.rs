@@ -4,7 +4,7 @@
 //! bytes (the format is include/uapi/linux/btf.h); only the header, struct/union
 //! members and the string table are interpreted, every other kind is skipped by size.
 
-use bypass_common::KernelLayout;
+use bypass_common::{KernelLayout, layout::Source};
 use thiserror::Error;
 
 /// Where the running kernel publishes its BTF.
@@ -289,60 +289,57 @@ impl Btf {
         None
     }
 
-    /// The offsets the datapath needs; a field this kernel lacks stays 0 (unknown), and
-    /// its absence is reported.
+    /// The offsets the datapath needs ([`KernelLayout::FIELDS`]); a field this kernel
+    /// lacks stays 0 (unknown), and its absence is reported.
     pub fn kernel_layout(&self) -> (KernelLayout, Vec<BtfError>) {
         let mut missing = Vec::new();
-        let mut get = |s: &str, m: &str| {
-            self.member_offset(s, m).unwrap_or_else(|e| {
-                missing.push(e);
-                0
-            })
-        };
-        let mut layout = KernelLayout {
-            sk_rcvlowat: get("sock", "sk_rcvlowat"),
-            sk_peek_off: get("sock", "sk_peek_off"),
-            icsk_ulp_ops: get("inet_connection_sock", "icsk_ulp_ops"),
-            tcp_write_seq: get("tcp_sock", "write_seq"),
-            tcp_fastopen_req: get("tcp_sock", "fastopen_req"),
-            tcp_copied_seq: get("tcp_sock", "copied_seq"),
-            sk_rcvbuf: get("sock", "sk_rcvbuf"),
-            // A bitfield before Linux 6.x: then not read (NotByteAligned, reported).
-            sk_userlocks: get("sock", "sk_userlocks"),
-            socket_sk: get("socket", "sk"),
-            psock_msg_tot_len: get("sk_psock", "msg_tot_len"),
-            msg_cost: 0,
-            sk_flags: 0,
-            sock_zerocopy: 0,
-        };
-        // `sk_flags` is `__sk_common.skc_flags` (struct sock_common, at offset 0 of
-        // struct sock) on recent kernels, a member of struct sock on older ones.
-        layout.sk_flags = self
-            .member_offset("sock_common", "skc_flags")
-            .or_else(|_| self.member_offset("sock", "sk_flags"))
-            .unwrap_or_else(|e| {
-                missing.push(e);
-                0
-            });
-        match self.enum_value("sock_flags", "SOCK_ZEROCOPY") {
-            Some(bit) if (0..64).contains(&bit) => layout.sock_zerocopy = bit as u32,
-            _ => {
-                // Without the bit the flag is not read.
-                layout.sk_flags = 0;
-                missing.push(BtfError::NoMember {
-                    strukt: "enum sock_flags".into(),
-                    member: "SOCK_ZEROCOPY".into(),
-                });
-            }
+        let mut no_zerocopy_bit = false;
+        let mut layout = KernelLayout::default();
+        for (field, slot) in KernelLayout::FIELDS.iter().zip(layout.fields_mut()) {
+            *slot = match self.resolve(field.source) {
+                Ok(v) => v,
+                Err((e, fallback)) => {
+                    no_zerocopy_bit |= field.name == "sock_zerocopy";
+                    missing.push(e);
+                    fallback
+                }
+            };
         }
-        layout.msg_cost = match self.struct_size("sk_msg") {
-            Ok(size) => bypass_common::layout::message_cost(size),
-            Err(e) => {
-                missing.push(e);
-                bypass_common::names::DEFAULT_MSG_COST
-            }
-        };
+        if no_zerocopy_bit {
+            // Without the bit the flag is not read.
+            layout.sk_flags = 0;
+        }
         (layout, missing)
+    }
+
+    /// The value of one catalogue field on this kernel, or why it is missing and the
+    /// value it takes then.
+    fn resolve(&self, source: Source) -> Result<u32, (BtfError, u32)> {
+        match source {
+            // A bitfield (`sk_userlocks` before Linux 6.x) is NotByteAligned: not read.
+            Source::Member { strukt, member, or } => {
+                let first = self.member_offset(strukt, member);
+                match (first, or) {
+                    (Err(_), Some((strukt, member))) => self.member_offset(strukt, member),
+                    (first, _) => first,
+                }
+                .map_err(|e| (e, 0))
+            }
+            Source::Bit { name, value } => match self.enum_value(name, value) {
+                Some(bit) if (0..64).contains(&bit) => Ok(bit as u32),
+                _ => Err((
+                    BtfError::NoMember {
+                        strukt: format!("enum {name}"),
+                        member: value.into(),
+                    },
+                    0,
+                )),
+            },
+            Source::MessageCost { strukt } => self
+                .struct_size(strukt)
+                .map(bypass_common::layout::message_cost)
+                .map_err(|e| (e, bypass_common::names::DEFAULT_MSG_COST)),
+        }
     }
 }
 

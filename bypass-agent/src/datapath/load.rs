@@ -41,22 +41,15 @@ fn load_with(
 ) -> Result<Ebpf, AgentError> {
     let l = &plan.layout;
     let program_features = plan.features & features::PROGRAM_BITS;
-    let mut ebpf = EbpfLoader::new()
+    let mut loader = EbpfLoader::new();
+    loader
         .map_max_entries(MAP_SOCKETS, config.max_sockets)
         .map_max_entries(MAP_CONNECTORS, config.max_sockets)
-        .map_max_entries(MAP_LINKS, config.max_sockets)
-        .override_global(globals::OFF_SK_RCVLOWAT, &l.sk_rcvlowat, true)
-        .override_global(globals::OFF_SK_PEEK_OFF, &l.sk_peek_off, true)
-        .override_global(globals::OFF_ICSK_ULP_OPS, &l.icsk_ulp_ops, true)
-        .override_global(globals::OFF_TCP_WRITE_SEQ, &l.tcp_write_seq, true)
-        .override_global(globals::OFF_TCP_FASTOPEN_REQ, &l.tcp_fastopen_req, true)
-        .override_global(globals::OFF_TCP_COPIED_SEQ, &l.tcp_copied_seq, true)
-        .override_global(globals::OFF_SK_RCVBUF, &l.sk_rcvbuf, true)
-        .override_global(globals::OFF_SK_USERLOCKS, &l.sk_userlocks, true)
-        .override_global(globals::OFF_SOCKET_SK, &l.socket_sk, true)
-        .override_global(globals::MSG_COST, &l.msg_cost, true)
-        .override_global(globals::OFF_SK_FLAGS, &l.sk_flags, true)
-        .override_global(globals::SOCK_ZEROCOPY, &l.sock_zerocopy, true)
+        .map_max_entries(MAP_LINKS, config.max_sockets);
+    for (global, value) in l.globals() {
+        loader.override_global(global, value, true);
+    }
+    let mut ebpf = loader
         .override_global(globals::FEATURES, &program_features, true)
         .override_global(globals::HOST_NETNS, &plan.host_netns, true)
         .load(object::BYTES)

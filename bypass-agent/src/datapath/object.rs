@@ -32,6 +32,23 @@ mod tests {
         assert_ne!(fingerprint(), 0);
     }
 
+    /// Every read-only global the agent sets at load ([`bypass_common::KernelLayout`]'s
+    /// catalogue, the features, the host namespace) is a symbol of the object: its name
+    /// is in the object's string table.
+    #[test]
+    fn object_declares_every_global() {
+        use bypass_common::{KernelLayout, layout::globals};
+        let has = |name: &str| BYTES.windows(name.len()).any(|w| w == name.as_bytes());
+        let layout = KernelLayout::default();
+        for name in layout
+            .globals()
+            .map(|(g, _)| g)
+            .chain([globals::FEATURES, globals::HOST_NETNS])
+        {
+            assert!(has(name), "global {name} is not in the object");
+        }
+    }
+
     /// The embedded object declares every map and program `bypass_common::names`
     /// names, each program of the type its use needs: a name changed on one side only
     /// fails here, not at load on a node. Parsing needs no privileges.

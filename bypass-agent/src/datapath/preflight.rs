@@ -4,10 +4,9 @@
 //! 9 and RHCOS: 5.14) runs the agent and one without them is refused in one line naming
 //! what it lacks, before any verifier log.
 //!
-//! Upstream, everything is there from `bypass_common::MIN_KERNEL` on (sock_ops may call
-//! `bpf_get_netns_cookie` from 5.15, `sock_ops_func_proto` in net/core/filter.c); the
-//! rest is older: sockmap and sk_msg (4.17), socket-local storage (5.2), cgroup
-//! setsockopt hooks (5.3), `bpf_skc_to_tcp_sock` (5.9).
+//! What is probed, why, and the upstream release of each is the catalogue
+//! [`bypass_common::kernel::NEEDS`]; everything is there from
+//! [`bypass_common::MIN_KERNEL`] on.
 //!
 //! The probes are aya's (`BPF_MAP_CREATE`, and libbpf's helper probe: a two-instruction
 //! program whose verifier log names an unknown helper); [`missing`] is the pure part.
@@ -17,106 +16,41 @@ use aya::{
     programs::ProgramType,
     sys::{BpfHelper, is_helper_supported, is_map_supported, is_program_supported},
 };
+use bypass_common::kernel::{Helper, MapKind, ProgramKind};
+pub use bypass_common::kernel::{NEEDS, Need, Probe};
 
 use crate::error::AgentError;
 
-/// How a need is probed.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Probe {
-    /// `/sys/kernel/btf/vmlinux` exists.
-    Btf,
-    /// A map of this type can be created.
-    Map(MapType),
-    /// A program of this type can be loaded.
-    Program(ProgramType),
-    /// A program of this type may call this helper.
-    Helper(ProgramType, BpfHelper),
+/// aya's name of a map type.
+fn map_type(kind: MapKind) -> MapType {
+    match kind {
+        MapKind::SockHash => MapType::SockHash,
+        MapKind::SkStorage => MapType::SkStorage,
+        MapKind::LruHash => MapType::LruHash,
+        MapKind::LpmTrie => MapType::LpmTrie,
+    }
 }
 
-/// One thing the datapath needs from the kernel.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Need {
-    /// What it is, as the refusal names it.
-    pub what: &'static str,
-    /// What the datapath does with it.
-    pub why: &'static str,
-    /// How it is probed.
-    pub probe: Probe,
+/// aya's name of a program type.
+fn program_type(kind: ProgramKind) -> ProgramType {
+    match kind {
+        ProgramKind::SockOps => ProgramType::SockOps,
+        ProgramKind::SkMsg => ProgramType::SkMsg,
+        ProgramKind::CgroupSockopt => ProgramType::CgroupSockopt,
+    }
 }
 
-/// Everything the programs use, in the order a refusal lists it.
-pub const NEEDS: [Need; 14] = [
-    Need {
-        what: "BTF (/sys/kernel/btf/vmlinux, CONFIG_DEBUG_INFO_BTF)",
-        why: "the programs' reads of socket fields are checked against it",
-        probe: Probe::Btf,
-    },
-    Need {
-        what: "sockmap (BPF_MAP_TYPE_SOCKHASH, CONFIG_BPF_STREAM_PARSER)",
-        why: "sockets are redirected through a SockHash",
-        probe: Probe::Map(MapType::SockHash),
-    },
-    Need {
-        what: "socket-local storage (BPF_MAP_TYPE_SK_STORAGE)",
-        why: "each socket's state lives there",
-        probe: Probe::Map(MapType::SkStorage),
-    },
-    Need {
-        what: "LRU hash maps",
-        why: "pairing entries and pod namespaces live there",
-        probe: Probe::Map(MapType::LruHash),
-    },
-    Need {
-        what: "LPM trie maps",
-        why: "pod and Service CIDRs are matched there",
-        probe: Probe::Map(MapType::LpmTrie),
-    },
-    Need {
-        what: "sock_ops programs (CONFIG_CGROUP_BPF)",
-        why: "established connections are inserted by one",
-        probe: Probe::Program(ProgramType::SockOps),
-    },
-    Need {
-        what: "sk_msg programs (CONFIG_NET_SOCK_MSG)",
-        why: "every send of an inserted socket goes through one",
-        probe: Probe::Program(ProgramType::SkMsg),
-    },
-    Need {
-        what: "cgroup setsockopt programs",
-        why: "TCP_ULP is refused and receive options recorded by one",
-        probe: Probe::Program(ProgramType::CgroupSockopt),
-    },
-    Need {
-        what: "bpf_get_netns_cookie in sock_ops (Linux 5.15, or backported)",
-        why: "every bypass key carries the socket's network namespace",
-        probe: Probe::Helper(ProgramType::SockOps, BpfHelper::BPF_FUNC_get_netns_cookie),
-    },
-    Need {
-        what: "bpf_sk_storage_get in sock_ops",
-        why: "an inserted socket's state is kept in its storage",
-        probe: Probe::Helper(ProgramType::SockOps, BpfHelper::BPF_FUNC_sk_storage_get),
-    },
-    Need {
-        what: "bpf_skc_to_tcp_sock in sock_ops (Linux 5.9)",
-        why: "the socket's own fields are read typed at insertion",
-        probe: Probe::Helper(ProgramType::SockOps, BpfHelper::BPF_FUNC_skc_to_tcp_sock),
-    },
-    Need {
-        what: "bpf_sock_hash_update in sock_ops",
-        why: "sockets are inserted with it",
-        probe: Probe::Helper(ProgramType::SockOps, BpfHelper::BPF_FUNC_sock_hash_update),
-    },
-    Need {
-        what: "bpf_ktime_get_ns in sock_ops",
-        why: "the agent's heartbeat is checked against it",
-        probe: Probe::Helper(ProgramType::SockOps, BpfHelper::BPF_FUNC_ktime_get_ns),
-    },
-    Need {
-        what: "bpf_msg_redirect_hash in sk_msg",
-        why: "messages are redirected with it",
-        probe: Probe::Helper(ProgramType::SkMsg, BpfHelper::BPF_FUNC_msg_redirect_hash),
-    },
-];
+/// aya's name of a helper.
+fn helper(h: Helper) -> BpfHelper {
+    match h {
+        Helper::GetNetnsCookie => BpfHelper::BPF_FUNC_get_netns_cookie,
+        Helper::SkStorageGet => BpfHelper::BPF_FUNC_sk_storage_get,
+        Helper::SkcToTcpSock => BpfHelper::BPF_FUNC_skc_to_tcp_sock,
+        Helper::SockHashUpdate => BpfHelper::BPF_FUNC_sock_hash_update,
+        Helper::KtimeGetNs => BpfHelper::BPF_FUNC_ktime_get_ns,
+        Helper::MsgRedirectHash => BpfHelper::BPF_FUNC_msg_redirect_hash,
+    }
+}
 
 /// What a probe found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,9 +67,13 @@ pub enum Found {
 pub fn probe(p: Probe) -> Found {
     let answer = match p {
         Probe::Btf => Ok(std::path::Path::new(super::btf::VMLINUX_BTF).exists()),
-        Probe::Map(t) => is_map_supported(t).map_err(|e| crate::error::chain(&e)),
-        Probe::Program(t) => is_program_supported(t).map_err(|e| crate::error::chain(&e)),
-        Probe::Helper(t, h) => is_helper_supported(t, h).map_err(|e| crate::error::chain(&e)),
+        Probe::Map(t) => is_map_supported(map_type(t)).map_err(|e| crate::error::chain(&e)),
+        Probe::Program(t) => {
+            is_program_supported(program_type(t)).map_err(|e| crate::error::chain(&e))
+        }
+        Probe::Helper(t, h) => {
+            is_helper_supported(program_type(t), helper(h)).map_err(|e| crate::error::chain(&e))
+        }
     };
     match answer {
         Ok(true) => Found::Yes,
@@ -190,7 +128,7 @@ mod tests {
             .iter()
             .map(|n| {
                 let f = match n.probe {
-                    Probe::Helper(_, BpfHelper::BPF_FUNC_get_netns_cookie) => Found::No,
+                    Probe::Helper(_, Helper::GetNetnsCookie) => Found::No,
                     Probe::Btf => Found::Unknown("EPERM".into()),
                     _ => Found::Yes,
                 };
@@ -208,6 +146,15 @@ mod tests {
         );
         assert!(!e.contains('\n'), "one line: {e}");
         assert!(refusal("6.18", &[]).is_none());
+        // The words a 5.10 kernel gets, as the kernel matrix records them.
+        assert_eq!(
+            e,
+            "kernel 5.10.0-46-amd64 lacks what the datapath needs: it has no \
+             bpf_get_netns_cookie in sock_ops (Linux 5.15, or backported), and every bypass \
+             key carries the socket's network namespace: run the agent on a kernel with them \
+             (Linux >= 5.15 upstream, or one that backports them, such as RHEL 9's 5.14), or \
+             keep it off this node (the chart's nodeSelector/affinity)"
+        );
     }
 
     #[test]

@@ -47,7 +47,7 @@ use crate::{
     error::AgentError,
     metrics::{ErrorKind, Telemetry},
     sync::{self, Policy, Rejection, RejectionKind, Statics},
-    toggle::{self, Action, EnabledBy, LabelValue, Recorded},
+    toggle::{self, Action, EnabledBy, Recorded},
 };
 
 /// Which watcher an event came from.
@@ -669,7 +669,7 @@ impl Reconciler<'_> {
         }
         let recorded = Recorded {
             enabled_by: self.enabled_by,
-            label: LabelValue::of(labels, key),
+            label: toggle::label_value(labels, key),
             synced: true,
         };
         if let Err(e) = dp.set_agent_state(recorded.encode()) {

@@ -116,7 +116,7 @@ impl AgentOpts {
 
 /// `status --json`, typed: the agent's own report, so the testbed reads what the agent
 /// writes.
-pub type AgentStatus = bypass_agent::status::Report;
+pub type AgentStatus = bypass_common::status::Report;
 
 /// How a stopped agent exited.
 #[derive(Debug)]
@@ -316,7 +316,7 @@ impl Drop for Agent {
 }
 
 /// What `bypass-agent probe` finds on this kernel.
-pub type KernelProbe = bypass_agent::probe::Probe;
+pub type KernelProbe = bypass_common::status::KernelProbe;
 
 /// `bypass-agent probe --json`: whether this kernel has the read guard, so whether the
 /// agent bypasses on it without `--allow-unguarded`.

@@ -14,7 +14,7 @@ use nix::{
 
 /// The mount point of the first `fstype` mount in a mountinfo text: the agent's own
 /// parser.
-pub use bypass_agent::datapath::find_mount;
+pub use bypass_common::mountinfo::find_mount;
 
 /// Where cgroup2 is mounted here (`/sys/fs/cgroup` or, on hybrid hosts,
 /// `/sys/fs/cgroup/unified`).

@@ -297,6 +297,19 @@ Filename: pool/main/b/busybox/e.deb\nSHA256: ee\n";
     }
 
     #[test]
+    fn only_kernels_below_the_minimum_expect_a_refusal() {
+        use bypass_common::{KernelVersion, MIN_KERNEL};
+        for k in KERNELS {
+            let mut numbers = k.name.split(['.', '-']).map(|n| n.parse::<u32>());
+            let (Some(Ok(major)), Some(Ok(minor))) = (numbers.next(), numbers.next()) else {
+                panic!("kernel {} is not named major.minor", k.name);
+            };
+            let below = KernelVersion { major, minor } < MIN_KERNEL;
+            assert_eq!(below, k.expect == Expect::Refuses, "kernel {}", k.name);
+        }
+    }
+
+    #[test]
     fn every_kernel_is_findable_and_unique() {
         for k in KERNELS {
             assert_eq!(find(k.name), Some(k));
