@@ -149,15 +149,7 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
         return Err(Skip::NotOurs);
     }
     let key = key::from_sock_ops(ctx.ops, netns).ok_or(Skip::NotOurs)?;
-    // A connecting socket is established by the SYN-ACK it received; one in TCP_REPAIR
-    // mode is established with no packet at all, with whatever sequence numbers its
-    // owner set (net/ipv4/tcp_input.c, bpf_skops_established: no skb). Such a socket
-    // could pose as a pod's client with the numbers of a handshake it never took part
-    // in (another namespace's CAP_NET_ADMIN is enough): never insert it.
-    // SAFETY: context field load.
-    if active && unsafe { read_volatile(addr_of!((*ctx.ops).skb_tcp_flags)) } & TCP_FLAG_SYN == 0 {
-        return Err(Skip::Ineligible);
-    }
+    check_handshake(ctx, active)?;
     let (snd_nxt, rcv_nxt) = key::sequence(ctx.ops);
     let local_pod = is_pod_address(&key.local_ip);
     let owned = local_pod && owns(&key.local_ip, netns);
@@ -357,6 +349,21 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// Step of [`try_insert`]: a connecting socket must have been established by a SYN-ACK.
+#[inline(always)]
+fn check_handshake(ctx: &SockOpsContext, active: bool) -> Result<(), Skip> {
+    // A connecting socket is established by the SYN-ACK it received; one in TCP_REPAIR
+    // mode is established with no packet at all, with whatever sequence numbers its
+    // owner set (net/ipv4/tcp_input.c, bpf_skops_established: no skb). Such a socket
+    // could pose as a pod's client with the numbers of a handshake it never took part
+    // in (another namespace's CAP_NET_ADMIN is enough): never insert it.
+    // SAFETY: context field load.
+    if active && unsafe { read_volatile(addr_of!((*ctx.ops).skb_tcp_flags)) } & TCP_FLAG_SYN == 0 {
+        return Err(Skip::Ineligible);
     }
     Ok(())
 }
