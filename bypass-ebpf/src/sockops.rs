@@ -224,12 +224,7 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
     let client = if active {
         None
     } else {
-        let client = find_client(&key, snd_nxt, rcv_nxt).ok_or(Skip::Ineligible)?;
-        if !reachable(&client.key, &key) {
-            refused(&key.local_ip, refusal::PAIRING);
-            return Err(Skip::Unreachable);
-        }
-        Some(client)
+        Some(proven_client(&key, snd_nxt, rcv_nxt)?)
     };
     // SAFETY: context field load.
     let sk = unsafe { read_volatile(addr_of!((*ctx.ops).__bindgen_anon_2.sk)) };
@@ -263,24 +258,7 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
     state.done_msgs = 0;
     state.tcp_run = 0;
     state.cookie = cookie;
-    // The state callback withdraws what the socket published when it closes, so the
-    // maps cannot fill with dead sockets (include/uapi/linux/bpf.h,
-    // BPF_SOCK_OPS_STATE_CB).
-    if ctx
-        .set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32)
-        .is_err()
-    {
-        return Err(Skip::Failed);
-    }
-    // Never replaces: a key names one socket.
-    // SAFETY: the context pointer is valid for the program's run.
-    if BYPASS_SOCKETS
-        .update(&mut state.key, unsafe { &mut *ctx.ops }, BPF_NOEXIST.into())
-        .is_err()
-    {
-        return Err(Skip::Failed);
-    }
-    state.flags |= flags::INSERTED;
+    insert_socket(ctx, state)?;
     match client {
         None => {
             state.link = state.key;
@@ -365,6 +343,46 @@ fn check_handshake(ctx: &SockOpsContext, active: bool) -> Result<(), Skip> {
     if active && unsafe { read_volatile(addr_of!((*ctx.ops).skb_tcp_flags)) } & TCP_FLAG_SYN == 0 {
         return Err(Skip::Ineligible);
     }
+    Ok(())
+}
+
+/// Step of [`try_insert`], accepting side only: its client, proven by the crossed
+/// sequence numbers and able to have reached it.
+#[inline(always)]
+fn proven_client(key: &SockKey, snd_nxt: u32, rcv_nxt: u32) -> Result<Client, Skip> {
+    let client = find_client(key, snd_nxt, rcv_nxt).ok_or(Skip::Ineligible)?;
+    if !reachable(&client.key, key) {
+        refused(&key.local_ip, refusal::PAIRING);
+        return Err(Skip::Unreachable);
+    }
+    Ok(client)
+}
+
+/// Step of [`try_insert`]: asks for the state callback and inserts the socket into the
+/// SockHash under its key.
+// Keys are passed by reference to the socket's storage on purpose: by value they would
+// be copied onto the 512-byte BPF stack.
+#[allow(clippy::needless_borrows_for_generic_args)]
+#[inline(always)]
+fn insert_socket(ctx: &SockOpsContext, state: &mut SockState) -> Result<(), Skip> {
+    // The state callback withdraws what the socket published when it closes, so the
+    // maps cannot fill with dead sockets (include/uapi/linux/bpf.h,
+    // BPF_SOCK_OPS_STATE_CB).
+    if ctx
+        .set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32)
+        .is_err()
+    {
+        return Err(Skip::Failed);
+    }
+    // Never replaces: a key names one socket.
+    // SAFETY: the context pointer is valid for the program's run.
+    if BYPASS_SOCKETS
+        .update(&mut state.key, unsafe { &mut *ctx.ops }, BPF_NOEXIST.into())
+        .is_err()
+    {
+        return Err(Skip::Failed);
+    }
+    state.flags |= flags::INSERTED;
     Ok(())
 }
 
