@@ -226,38 +226,7 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
     } else {
         Some(proven_client(&key, snd_nxt, rcv_nxt)?)
     };
-    // SAFETY: context field load.
-    let sk = unsafe { read_volatile(addr_of!((*ctx.ops).__bindgen_anon_2.sk)) };
-    if sk.is_null() {
-        return Err(Skip::Failed);
-    }
-    // SAFETY: the helper takes the program's context.
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.ops.cast()) };
-    // SAFETY: `sk` is this program's context socket, checked non-null above.
-    let Some(state) = (unsafe { sock_state(sk, true) }) else {
-        return Err(Skip::Failed);
-    };
-    // SAFETY: non-null storage of this socket, sized for a `SockState`; written field by
-    // field (a whole `SockState` on the stack would not fit beside the rest). A
-    // connection established again on the same socket (after a disconnect) starts
-    // afresh (but for `readers`: a reader of the old connection may still be inside).
-    let state = unsafe { &mut *state };
-    state.key = key;
-    state.side = side::NONE;
-    state.tx_mode = tx_mode::UNDECIDED;
-    state.small_run = 0;
-    state.rx_tcp = u32::from(options_need_tcp(own.rcvlowat, own.peek_off));
-    state.flags &= !flags::RX_FROZEN;
-    // Nothing read yet: copied_seq is rcv_nxt.
-    state.copied_last = u64::from(rcv_nxt);
-    state.tcp_total = 0;
-    state.read_total = 0;
-    state.tx_msgs = 0;
-    state.cp_msgs = 0;
-    state.cp_redir = 0;
-    state.done_msgs = 0;
-    state.tcp_run = 0;
-    state.cookie = cookie;
+    let (state, cookie) = fresh_state(ctx, key, &own, rcv_nxt)?;
     insert_socket(ctx, state)?;
     match client {
         None => {
@@ -384,6 +353,52 @@ fn insert_socket(ctx: &SockOpsContext, state: &mut SockState) -> Result<(), Skip
     }
     state.flags |= flags::INSERTED;
     Ok(())
+}
+
+/// Step of [`try_insert`]: the socket's storage, set for a new connection; returns it
+/// with the socket's cookie.
+// The key by value, moved into the storage as before this step had a name: by reference
+// LLVM compiles sock_ops differently (another stack layout), a change to make on purpose.
+#[inline(always)]
+fn fresh_state(
+    ctx: &SockOpsContext,
+    key: SockKey,
+    own: &kernel::Own,
+    rcv_nxt: u32,
+) -> Result<(&'static mut SockState, u64), Skip> {
+    // SAFETY: context field load.
+    let sk = unsafe { read_volatile(addr_of!((*ctx.ops).__bindgen_anon_2.sk)) };
+    if sk.is_null() {
+        return Err(Skip::Failed);
+    }
+    // SAFETY: the helper takes the program's context.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.ops.cast()) };
+    // SAFETY: `sk` is this program's context socket, checked non-null above.
+    let Some(state) = (unsafe { sock_state(sk, true) }) else {
+        return Err(Skip::Failed);
+    };
+    // SAFETY: non-null storage of this socket, sized for a `SockState`; written field by
+    // field (a whole `SockState` on the stack would not fit beside the rest). A
+    // connection established again on the same socket (after a disconnect) starts
+    // afresh (but for `readers`: a reader of the old connection may still be inside).
+    let state = unsafe { &mut *state };
+    state.key = key;
+    state.side = side::NONE;
+    state.tx_mode = tx_mode::UNDECIDED;
+    state.small_run = 0;
+    state.rx_tcp = u32::from(options_need_tcp(own.rcvlowat, own.peek_off));
+    state.flags &= !flags::RX_FROZEN;
+    // Nothing read yet: copied_seq is rcv_nxt.
+    state.copied_last = u64::from(rcv_nxt);
+    state.tcp_total = 0;
+    state.read_total = 0;
+    state.tx_msgs = 0;
+    state.cp_msgs = 0;
+    state.cp_redir = 0;
+    state.done_msgs = 0;
+    state.tcp_run = 0;
+    state.cookie = cookie;
+    Ok((state, cookie))
 }
 
 /// Whether the agent's heartbeat (`control::SLOT_HEARTBEAT`) is still ahead of
