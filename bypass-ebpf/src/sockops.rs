@@ -178,45 +178,10 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
         }
         return Err(Skip::Foreign);
     }
-    // A socket that already sent data by TCP (TCP Fast Open with data in the SYN) must
-    // stay there: its later bytes would overtake those on the wire.
-    // SAFETY: context field load.
-    if unsafe { read_volatile(addr_of!((*ctx.ops).data_segs_out)) } != 0 {
-        return Err(Skip::Ineligible);
-    }
+    check_nothing_sent(ctx)?;
     let own = kernel::own(ctx.ops).ok_or(Skip::Failed)?;
-    // Bytes already queued to TCP and not sent yet (a TCP Fast Open client's first
-    // write without a cookie waits for the handshake's end) go by TCP too: later
-    // redirected bytes would overtake them.
-    // A TCP Fast Open send that is connecting goes on in plain tcp_sendmsg once the
-    // handshake ends, with its data (net/ipv4/tcp.c, tcp_sendmsg_fastopen): those bytes
-    // never pass sk_msg, so this socket must never redirect after them.
-    if own.write_seq != snd_nxt || own.fastopen {
-        return Err(Skip::Ineligible);
-    }
-    // A zero-copy sender (SO_ZEROCOPY, or a listener's inherited) keeps TCP's own send
-    // path: a socket in a sockmap copies every send into an sk_msg and gives
-    // MSG_ZEROCOPY no completion notifications.
-    if own.zerocopy {
-        return Err(Skip::Ineligible);
-    }
-    // An upper-layer protocol (an MPTCP subflow) owns the byte stream: never redirect
-    // around it.
-    if own.ulp {
-        return Err(Skip::Ulp);
-    }
-    // A socket its owner connected that comes here as an accepting one did a
-    // simultaneous open: no listener chose its initial sequence number, its owner may
-    // have (TCP_REPAIR), and it could pose as the server of a handshake it never took
-    // part in. Never a server.
-    if !active {
-        // SAFETY: context field load.
-        let sk = unsafe { read_volatile(addr_of!((*ctx.ops).__bindgen_anon_2.sk)) };
-        // SAFETY: `sk` is this program's context socket, checked non-null first.
-        if sk.is_null() || unsafe { crate::maps::active_open(sk, false) } {
-            return Err(Skip::Ineligible);
-        }
-    }
+    check_send_path(&own, snd_nxt)?;
+    check_no_simultaneous_open(ctx, active)?;
     // The accepting side is established after its client (the client's callback runs
     // before it acknowledges the SYN-ACK, net/ipv4/tcp_input.c, tcp_finish_connect).
     // One with no client here (a pod on another node, a masqueraded client) could never
@@ -399,6 +364,64 @@ fn fresh_state(
     state.tcp_run = 0;
     state.cookie = cookie;
     Ok((state, cookie))
+}
+
+/// Step of [`try_insert`]: the socket has sent no data by TCP yet.
+#[inline(always)]
+fn check_nothing_sent(ctx: &SockOpsContext) -> Result<(), Skip> {
+    // A socket that already sent data by TCP (TCP Fast Open with data in the SYN) must
+    // stay there: its later bytes would overtake those on the wire.
+    // SAFETY: context field load.
+    if unsafe { read_volatile(addr_of!((*ctx.ops).data_segs_out)) } != 0 {
+        return Err(Skip::Ineligible);
+    }
+    Ok(())
+}
+
+/// Step of [`try_insert`]: nothing of the socket's own keeps it on TCP's send path (bytes
+/// queued, a Fast Open send, zero-copy, an upper-layer protocol).
+#[inline(always)]
+fn check_send_path(own: &kernel::Own, snd_nxt: u32) -> Result<(), Skip> {
+    // Bytes already queued to TCP and not sent yet (a TCP Fast Open client's first
+    // write without a cookie waits for the handshake's end) go by TCP too: later
+    // redirected bytes would overtake them.
+    // A TCP Fast Open send that is connecting goes on in plain tcp_sendmsg once the
+    // handshake ends, with its data (net/ipv4/tcp.c, tcp_sendmsg_fastopen): those bytes
+    // never pass sk_msg, so this socket must never redirect after them.
+    if own.write_seq != snd_nxt || own.fastopen {
+        return Err(Skip::Ineligible);
+    }
+    // A zero-copy sender (SO_ZEROCOPY, or a listener's inherited) keeps TCP's own send
+    // path: a socket in a sockmap copies every send into an sk_msg and gives
+    // MSG_ZEROCOPY no completion notifications.
+    if own.zerocopy {
+        return Err(Skip::Ineligible);
+    }
+    // An upper-layer protocol (an MPTCP subflow) owns the byte stream: never redirect
+    // around it.
+    if own.ulp {
+        return Err(Skip::Ulp);
+    }
+    Ok(())
+}
+
+/// Step of [`try_insert`]: an accepting socket was not connected by its owner (a
+/// simultaneous open).
+#[inline(always)]
+fn check_no_simultaneous_open(ctx: &SockOpsContext, active: bool) -> Result<(), Skip> {
+    // A socket its owner connected that comes here as an accepting one did a
+    // simultaneous open: no listener chose its initial sequence number, its owner may
+    // have (TCP_REPAIR), and it could pose as the server of a handshake it never took
+    // part in. Never a server.
+    if !active {
+        // SAFETY: context field load.
+        let sk = unsafe { read_volatile(addr_of!((*ctx.ops).__bindgen_anon_2.sk)) };
+        // SAFETY: `sk` is this program's context socket, checked non-null first.
+        if sk.is_null() || unsafe { crate::maps::active_open(sk, false) } {
+            return Err(Skip::Ineligible);
+        }
+    }
+    Ok(())
 }
 
 /// Whether the agent's heartbeat (`control::SLOT_HEARTBEAT`) is still ahead of
