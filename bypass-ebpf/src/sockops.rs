@@ -156,9 +156,7 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
     if owned {
         learn_netns(netns, &key.local_ip);
     }
-    if skipped_port(key.local_port) || skipped_port(key.remote_port) {
-        return Err(Skip::Port);
-    }
+    check_ports(&key)?;
     // The remote end of a connecting socket may also be a Service address that a DNAT
     // will land on a local pod.
     if !(local_pod || loopback_in_pod(&key.local_ip, netns))
@@ -168,16 +166,7 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
     {
         return Err(Skip::Ineligible);
     }
-    // Only the namespace that owns a pod address speaks for it: another one holding a
-    // copy of the address (and of the ports and sequence numbers of a pod's
-    // handshake, even after a handshake of its own) is never inserted, so it can
-    // neither publish itself as a pod's client nor pair as its server.
-    if local_pod && !owned {
-        if owner_of(&key.local_ip).is_some() {
-            refused(&key.local_ip, refusal::FOREIGN);
-        }
-        return Err(Skip::Foreign);
-    }
+    check_local_owner(&key, local_pod, owned)?;
     check_nothing_sent(ctx)?;
     let own = kernel::own(ctx.ops).ok_or(Skip::Failed)?;
     check_send_path(&own, snd_nxt)?;
@@ -420,6 +409,32 @@ fn check_no_simultaneous_open(ctx: &SockOpsContext, active: bool) -> Result<(), 
         if sk.is_null() || unsafe { crate::maps::active_open(sk, false) } {
             return Err(Skip::Ineligible);
         }
+    }
+    Ok(())
+}
+
+/// Step of [`try_insert`]: neither port is in the skip list.
+#[inline(always)]
+fn check_ports(key: &SockKey) -> Result<(), Skip> {
+    if skipped_port(key.local_port) || skipped_port(key.remote_port) {
+        return Err(Skip::Port);
+    }
+    Ok(())
+}
+
+/// Step of [`try_insert`]: a local pod address is owned by the socket's namespace
+/// (`owned`, as [`owns`] found it).
+#[inline(always)]
+fn check_local_owner(key: &SockKey, local_pod: bool, owned: bool) -> Result<(), Skip> {
+    // Only the namespace that owns a pod address speaks for it: another one holding a
+    // copy of the address (and of the ports and sequence numbers of a pod's
+    // handshake, even after a handshake of its own) is never inserted, so it can
+    // neither publish itself as a pod's client nor pair as its server.
+    if local_pod && !owned {
+        if owner_of(&key.local_ip).is_some() {
+            refused(&key.local_ip, refusal::FOREIGN);
+        }
+        return Err(Skip::Foreign);
     }
     Ok(())
 }
