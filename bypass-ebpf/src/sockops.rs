@@ -29,7 +29,7 @@ use aya_ebpf::{
     programs::SockOpsContext,
 };
 use bypass_common::{
-    Connector, IpKey, SockKey, SockState, Stat,
+    Connector, IpKey, Link, SockKey, SockState, Stat,
     addr::{is_loopback, key_bytes},
     control, refusal,
     state::{flags, hop, is_other_end, link_state, options_need_tcp, rx, side},
@@ -235,19 +235,8 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
             };
             // Without a link (no room) the pair takes TCP; the socket stays inserted.
             if let (Ok(()), Some(l)) = (linked, BYPASS_LINKS.get_ptr_mut(&client.key)) {
-                // The client may have asked for a receive option between our read of
-                // its connector and the link's insert: it wrote the connector then, and
-                // finds the link from now on. A fully ordered atomic between our insert
-                // and our read of the connector (see sockopt::record_rx_tcp).
-                // SAFETY: a live map value; or-ing 0 changes nothing.
-                unsafe { atomic::or_u64(addr_of_mut!((*l).state), 0) };
-                if connector_rx_tcp(&client.key) {
-                    // SAFETY: a live map value; only its client's flag is or-ed.
-                    unsafe { atomic::or_u64(addr_of_mut!((*l).rx_flags[0]), rx::OPTION) };
-                }
-                if let Some(stat) = Stat::paired(kind) {
-                    stats::add(stat, 1);
-                }
+                // SAFETY: the pair's entry in the links map, just found.
+                unsafe { confirm_link(l, &client.key, kind) };
             }
         }
     }
@@ -437,6 +426,29 @@ fn check_local_owner(key: &SockKey, local_pod: bool, owned: bool) -> Result<(), 
         return Err(Skip::Foreign);
     }
     Ok(())
+}
+
+/// Step of [`try_insert`] once the pair's link is in the links map: the client's receive
+/// option is carried over, and the pair counted.
+///
+/// # Safety
+///
+/// `l` must be a live value of the links map (`BYPASS_LINKS`).
+#[inline(always)]
+unsafe fn confirm_link(l: *mut Link, client: &SockKey, kind: u32) {
+    // The client may have asked for a receive option between our read of
+    // its connector and the link's insert: it wrote the connector then, and
+    // finds the link from now on. A fully ordered atomic between our insert
+    // and our read of the connector (see sockopt::record_rx_tcp).
+    // SAFETY: a live map value; or-ing 0 changes nothing.
+    unsafe { atomic::or_u64(addr_of_mut!((*l).state), 0) };
+    if connector_rx_tcp(client) {
+        // SAFETY: a live map value; only its client's flag is or-ed.
+        unsafe { atomic::or_u64(addr_of_mut!((*l).rx_flags[0]), rx::OPTION) };
+    }
+    if let Some(stat) = Stat::paired(kind) {
+        stats::add(stat, 1);
+    }
 }
 
 /// Whether the agent's heartbeat (`control::SLOT_HEARTBEAT`) is still ahead of
