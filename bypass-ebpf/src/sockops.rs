@@ -136,6 +136,13 @@ struct Client {
     rx_limit: u32,
 }
 
+/// Inserts an established socket whose two ends can be local pods, and publishes it
+/// (a client's [`Connector`]) or pairs it (a server's [`Link`]). Its steps are
+/// `#[inline(always)]` functions that compile to the same sock_ops instructions as the
+/// code they hold did inline (checked with llvm-objdump when they were named); what is
+/// still written out here (the pod-address checks, the connector, the link) compiled to
+/// another program when moved into a function, so it stays until a change of the
+/// program is made on purpose (the stack is near its 512 bytes).
 // Keys are passed by reference to the socket's storage on purpose: by value they would
 // be copied onto the 512-byte BPF stack.
 #[allow(clippy::needless_borrows_for_generic_args)]
@@ -258,90 +265,30 @@ fn check_handshake(ctx: &SockOpsContext, active: bool) -> Result<(), Skip> {
     Ok(())
 }
 
-/// Step of [`try_insert`], accepting side only: its client, proven by the crossed
-/// sequence numbers and able to have reached it.
+/// Step of [`try_insert`]: neither port is in the skip list.
 #[inline(always)]
-fn proven_client(key: &SockKey, snd_nxt: u32, rcv_nxt: u32) -> Result<Client, Skip> {
-    let client = find_client(key, snd_nxt, rcv_nxt).ok_or(Skip::Ineligible)?;
-    if !reachable(&client.key, key) {
-        refused(&key.local_ip, refusal::PAIRING);
-        return Err(Skip::Unreachable);
+fn check_ports(key: &SockKey) -> Result<(), Skip> {
+    if skipped_port(key.local_port) || skipped_port(key.remote_port) {
+        return Err(Skip::Port);
     }
-    Ok(client)
-}
-
-/// Step of [`try_insert`]: asks for the state callback and inserts the socket into the
-/// SockHash under its key.
-// Keys are passed by reference to the socket's storage on purpose: by value they would
-// be copied onto the 512-byte BPF stack.
-#[allow(clippy::needless_borrows_for_generic_args)]
-#[inline(always)]
-fn insert_socket(ctx: &SockOpsContext, state: &mut SockState) -> Result<(), Skip> {
-    // The state callback withdraws what the socket published when it closes, so the
-    // maps cannot fill with dead sockets (include/uapi/linux/bpf.h,
-    // BPF_SOCK_OPS_STATE_CB).
-    if ctx
-        .set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32)
-        .is_err()
-    {
-        return Err(Skip::Failed);
-    }
-    // Never replaces: a key names one socket.
-    // SAFETY: the context pointer is valid for the program's run.
-    if BYPASS_SOCKETS
-        .update(&mut state.key, unsafe { &mut *ctx.ops }, BPF_NOEXIST.into())
-        .is_err()
-    {
-        return Err(Skip::Failed);
-    }
-    state.flags |= flags::INSERTED;
     Ok(())
 }
 
-/// Step of [`try_insert`]: the socket's storage, set for a new connection; returns it
-/// with the socket's cookie.
-// The key by value, moved into the storage as before this step had a name: by reference
-// LLVM compiles sock_ops differently (another stack layout), a change to make on purpose.
+/// Step of [`try_insert`]: a local pod address is owned by the socket's namespace
+/// (`owned`, as [`owns`] found it).
 #[inline(always)]
-fn fresh_state(
-    ctx: &SockOpsContext,
-    key: SockKey,
-    own: &kernel::Own,
-    rcv_nxt: u32,
-) -> Result<(&'static mut SockState, u64), Skip> {
-    // SAFETY: context field load.
-    let sk = unsafe { read_volatile(addr_of!((*ctx.ops).__bindgen_anon_2.sk)) };
-    if sk.is_null() {
-        return Err(Skip::Failed);
+fn check_local_owner(key: &SockKey, local_pod: bool, owned: bool) -> Result<(), Skip> {
+    // Only the namespace that owns a pod address speaks for it: another one holding a
+    // copy of the address (and of the ports and sequence numbers of a pod's
+    // handshake, even after a handshake of its own) is never inserted, so it can
+    // neither publish itself as a pod's client nor pair as its server.
+    if local_pod && !owned {
+        if owner_of(&key.local_ip).is_some() {
+            refused(&key.local_ip, refusal::FOREIGN);
+        }
+        return Err(Skip::Foreign);
     }
-    // SAFETY: the helper takes the program's context.
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.ops.cast()) };
-    // SAFETY: `sk` is this program's context socket, checked non-null above.
-    let Some(state) = (unsafe { sock_state(sk, true) }) else {
-        return Err(Skip::Failed);
-    };
-    // SAFETY: non-null storage of this socket, sized for a `SockState`; written field by
-    // field (a whole `SockState` on the stack would not fit beside the rest). A
-    // connection established again on the same socket (after a disconnect) starts
-    // afresh (but for `readers`: a reader of the old connection may still be inside).
-    let state = unsafe { &mut *state };
-    state.key = key;
-    state.side = side::NONE;
-    state.tx_mode = tx_mode::UNDECIDED;
-    state.small_run = 0;
-    state.rx_tcp = u32::from(options_need_tcp(own.rcvlowat, own.peek_off));
-    state.flags &= !flags::RX_FROZEN;
-    // Nothing read yet: copied_seq is rcv_nxt.
-    state.copied_last = u64::from(rcv_nxt);
-    state.tcp_total = 0;
-    state.read_total = 0;
-    state.tx_msgs = 0;
-    state.cp_msgs = 0;
-    state.cp_redir = 0;
-    state.done_msgs = 0;
-    state.tcp_run = 0;
-    state.cookie = cookie;
-    Ok((state, cookie))
+    Ok(())
 }
 
 /// Step of [`try_insert`]: the socket has sent no data by TCP yet.
@@ -402,29 +349,89 @@ fn check_no_simultaneous_open(ctx: &SockOpsContext, active: bool) -> Result<(), 
     Ok(())
 }
 
-/// Step of [`try_insert`]: neither port is in the skip list.
+/// Step of [`try_insert`], accepting side only: its client, proven by the crossed
+/// sequence numbers and able to have reached it.
 #[inline(always)]
-fn check_ports(key: &SockKey) -> Result<(), Skip> {
-    if skipped_port(key.local_port) || skipped_port(key.remote_port) {
-        return Err(Skip::Port);
+fn proven_client(key: &SockKey, snd_nxt: u32, rcv_nxt: u32) -> Result<Client, Skip> {
+    let client = find_client(key, snd_nxt, rcv_nxt).ok_or(Skip::Ineligible)?;
+    if !reachable(&client.key, key) {
+        refused(&key.local_ip, refusal::PAIRING);
+        return Err(Skip::Unreachable);
     }
-    Ok(())
+    Ok(client)
 }
 
-/// Step of [`try_insert`]: a local pod address is owned by the socket's namespace
-/// (`owned`, as [`owns`] found it).
+/// Step of [`try_insert`]: the socket's storage, set for a new connection; returns it
+/// with the socket's cookie.
+// The key by value, moved into the storage as before this step had a name: by reference
+// LLVM compiles sock_ops differently (another stack layout), a change to make on purpose.
 #[inline(always)]
-fn check_local_owner(key: &SockKey, local_pod: bool, owned: bool) -> Result<(), Skip> {
-    // Only the namespace that owns a pod address speaks for it: another one holding a
-    // copy of the address (and of the ports and sequence numbers of a pod's
-    // handshake, even after a handshake of its own) is never inserted, so it can
-    // neither publish itself as a pod's client nor pair as its server.
-    if local_pod && !owned {
-        if owner_of(&key.local_ip).is_some() {
-            refused(&key.local_ip, refusal::FOREIGN);
-        }
-        return Err(Skip::Foreign);
+fn fresh_state(
+    ctx: &SockOpsContext,
+    key: SockKey,
+    own: &kernel::Own,
+    rcv_nxt: u32,
+) -> Result<(&'static mut SockState, u64), Skip> {
+    // SAFETY: context field load.
+    let sk = unsafe { read_volatile(addr_of!((*ctx.ops).__bindgen_anon_2.sk)) };
+    if sk.is_null() {
+        return Err(Skip::Failed);
     }
+    // SAFETY: the helper takes the program's context.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.ops.cast()) };
+    // SAFETY: `sk` is this program's context socket, checked non-null above.
+    let Some(state) = (unsafe { sock_state(sk, true) }) else {
+        return Err(Skip::Failed);
+    };
+    // SAFETY: non-null storage of this socket, sized for a `SockState`; written field by
+    // field (a whole `SockState` on the stack would not fit beside the rest). A
+    // connection established again on the same socket (after a disconnect) starts
+    // afresh (but for `readers`: a reader of the old connection may still be inside).
+    let state = unsafe { &mut *state };
+    state.key = key;
+    state.side = side::NONE;
+    state.tx_mode = tx_mode::UNDECIDED;
+    state.small_run = 0;
+    state.rx_tcp = u32::from(options_need_tcp(own.rcvlowat, own.peek_off));
+    state.flags &= !flags::RX_FROZEN;
+    // Nothing read yet: copied_seq is rcv_nxt.
+    state.copied_last = u64::from(rcv_nxt);
+    state.tcp_total = 0;
+    state.read_total = 0;
+    state.tx_msgs = 0;
+    state.cp_msgs = 0;
+    state.cp_redir = 0;
+    state.done_msgs = 0;
+    state.tcp_run = 0;
+    state.cookie = cookie;
+    Ok((state, cookie))
+}
+
+/// Step of [`try_insert`]: asks for the state callback and inserts the socket into the
+/// SockHash under its key.
+// Keys are passed by reference to the socket's storage on purpose: by value they would
+// be copied onto the 512-byte BPF stack.
+#[allow(clippy::needless_borrows_for_generic_args)]
+#[inline(always)]
+fn insert_socket(ctx: &SockOpsContext, state: &mut SockState) -> Result<(), Skip> {
+    // The state callback withdraws what the socket published when it closes, so the
+    // maps cannot fill with dead sockets (include/uapi/linux/bpf.h,
+    // BPF_SOCK_OPS_STATE_CB).
+    if ctx
+        .set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32)
+        .is_err()
+    {
+        return Err(Skip::Failed);
+    }
+    // Never replaces: a key names one socket.
+    // SAFETY: the context pointer is valid for the program's run.
+    if BYPASS_SOCKETS
+        .update(&mut state.key, unsafe { &mut *ctx.ops }, BPF_NOEXIST.into())
+        .is_err()
+    {
+        return Err(Skip::Failed);
+    }
+    state.flags |= flags::INSERTED;
     Ok(())
 }
 
