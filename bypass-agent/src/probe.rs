@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     cli::ProbeOpts,
-    datapath::{LoadPlan, ReadGuard},
+    datapath::{HostFacts, ReadGuard},
     error::AgentError,
 };
 
@@ -26,14 +26,14 @@ pub struct Probe {
 impl Probe {
     /// Detects this kernel's support as `run` does.
     pub fn detect() -> Result<Self, AgentError> {
-        Ok(Self::from_plan(&LoadPlan::detect()?))
+        Ok(Self::from_facts(&HostFacts::detect()?))
     }
 
-    fn from_plan(plan: &LoadPlan) -> Self {
-        let read_guard = plan.hooks.guard == ReadGuard::Guard;
+    fn from_facts(facts: &HostFacts) -> Self {
+        let read_guard = facts.hooks.guard == ReadGuard::Guard;
         Self {
             read_guard,
-            read_hook: if plan.hooks.read == READ_HOOKS.as_slice() {
+            read_hook: if facts.hooks.read == READ_HOOKS.as_slice() {
                 "tracepoint"
             } else {
                 "trampolines"

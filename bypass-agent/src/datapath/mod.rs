@@ -54,7 +54,7 @@ pub use heartbeat::{DEFAULT_TTL_SECS as DEFAULT_HEARTBEAT_SECS, remaining as hea
 pub use host::{kernel_release, netns_cookie, tcp_rmem_max};
 pub use maps::{Identity, Pairings, PinnedView, PodMaps, count_keys as count_sockets};
 pub use pins::PinLayout;
-pub use plan::{LoadPlan, ReadGuard};
+pub use plan::{HostFacts, ReadGuard};
 use tracing::{info, warn};
 
 use crate::error::AgentError;
@@ -140,8 +140,8 @@ impl Datapath {
     /// attached yet: see [`Datapath::attach`]; an adopted one keeps its state.
     pub fn load(config: &Config) -> Result<Self, AgentError> {
         let (cgroup, pins, lock) = prepare(config)?;
-        let plan = LoadPlan::detect()?;
-        let identity = identity(config, &cgroup, &plan)?;
+        let facts = HostFacts::detect()?;
+        let identity = identity(config, &cgroup, &facts)?;
 
         let origin = adopt::adopt_or_release(&pins, config, identity)?;
         let adopt = origin == Origin::Adopted;
@@ -149,7 +149,7 @@ impl Datapath {
         let ebpf = if adopt {
             None
         } else {
-            Some(load::load_fresh(&pins, config, identity, plan)?)
+            Some(load::load_fresh(&pins, config, identity, facts)?)
         };
         let guard = pins::PinGuard::new(pins.clone(), !adopt);
         let sockets: SockHash<MapData, SockKey> =
@@ -416,10 +416,10 @@ fn prepare(config: &Config) -> Result<(File, PinLayout, lock::PinDirLock), Agent
 }
 
 /// Step of [`Datapath::load`]: what a pinned datapath must match to be adopted, this
-/// build loaded as `plan` says on this cgroup.
-fn identity(config: &Config, cgroup: &File, plan: &LoadPlan) -> Result<Identity, AgentError> {
+/// build loaded with this host's `facts` on this cgroup.
+fn identity(config: &Config, cgroup: &File, facts: &HostFacts) -> Result<Identity, AgentError> {
     Ok(Identity {
-        object: object::fingerprint() ^ plan.digest(),
+        object: object::fingerprint() ^ facts.digest(),
         cgroup: cgroup
             .metadata()
             .map_err(|source| AgentError::Io {
@@ -521,7 +521,7 @@ fn write_refusal(
     config: &Config,
 ) -> Result<Option<&'static str>, AgentError> {
     // What the pinned programs were loaded with (an adopted datapath: the previous
-    // agent's load, same build and same host, so the same plan).
+    // agent's load, same build and same host, so the same facts).
     let unguarded = control.features()? & bypass_common::layout::features::NO_READ_GUARD != 0;
     let refused = (unguarded && !config.allow_unguarded).then_some(REFUSED_UNGUARDED);
     control.set_refused(refused.is_some())?;
