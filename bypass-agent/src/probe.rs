@@ -7,20 +7,20 @@ pub use bypass_common::status::KernelProbe as Probe;
 
 use crate::{
     cli::ProbeOpts,
-    datapath::{LoadPlan, ReadGuard},
+    datapath::{HostFacts, ReadGuard},
     error::AgentError,
 };
 
 /// Detects this kernel's support as `run` does.
 pub fn detect() -> Result<Probe, AgentError> {
-    Ok(from_plan(&LoadPlan::detect()?))
+    Ok(from_facts(&HostFacts::detect()?))
 }
 
-fn from_plan(plan: &LoadPlan) -> Probe {
-    let read_guard = plan.hooks.guard == ReadGuard::Guard;
+fn from_facts(facts: &HostFacts) -> Probe {
+    let read_guard = facts.hooks.guard == ReadGuard::Guard;
     Probe {
         read_guard,
-        read_hook: if plan.hooks.read == READ_HOOKS.as_slice() {
+        read_hook: if facts.hooks.read == READ_HOOKS.as_slice() {
             "tracepoint"
         } else {
             "trampolines"

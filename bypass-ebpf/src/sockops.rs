@@ -29,7 +29,7 @@ use aya_ebpf::{
     programs::SockOpsContext,
 };
 use bypass_common::{
-    Connector, IpKey, SockKey, SockState, Stat,
+    Connector, IpKey, Link, SockKey, SockState, Stat,
     addr::{is_loopback, key_bytes},
     control, refusal,
     state::{flags, hop, is_other_end, link_state, options_need_tcp, rx, side},
@@ -136,6 +136,13 @@ struct Client {
     rx_limit: u32,
 }
 
+/// Inserts an established socket whose two ends can be local pods, and publishes it
+/// (a client's [`Connector`]) or pairs it (a server's [`Link`]). Its steps are
+/// `#[inline(always)]` functions that compile to the same sock_ops instructions as the
+/// code they hold did inline (checked with llvm-objdump when they were named); what is
+/// still written out here (the pod-address checks, the connector, the link) compiled to
+/// another program when moved into a function, so it stays until a change of the
+/// program is made on purpose (the stack is near its 512 bytes).
 // Keys are passed by reference to the socket's storage on purpose: by value they would
 // be copied onto the 512-byte BPF stack.
 #[allow(clippy::needless_borrows_for_generic_args)]
@@ -149,24 +156,14 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
         return Err(Skip::NotOurs);
     }
     let key = key::from_sock_ops(ctx.ops, netns).ok_or(Skip::NotOurs)?;
-    // A connecting socket is established by the SYN-ACK it received; one in TCP_REPAIR
-    // mode is established with no packet at all, with whatever sequence numbers its
-    // owner set (net/ipv4/tcp_input.c, bpf_skops_established: no skb). Such a socket
-    // could pose as a pod's client with the numbers of a handshake it never took part
-    // in (another namespace's CAP_NET_ADMIN is enough): never insert it.
-    // SAFETY: context field load.
-    if active && unsafe { read_volatile(addr_of!((*ctx.ops).skb_tcp_flags)) } & TCP_FLAG_SYN == 0 {
-        return Err(Skip::Ineligible);
-    }
+    check_handshake(ctx, active)?;
     let (snd_nxt, rcv_nxt) = key::sequence(ctx.ops);
     let local_pod = is_pod_address(&key.local_ip);
     let owned = local_pod && owns(&key.local_ip, netns);
     if owned {
         learn_netns(netns, &key.local_ip);
     }
-    if skipped_port(key.local_port) || skipped_port(key.remote_port) {
-        return Err(Skip::Port);
-    }
+    check_ports(&key)?;
     // The remote end of a connecting socket may also be a Service address that a DNAT
     // will land on a local pod.
     if !(local_pod || loopback_in_pod(&key.local_ip, netns))
@@ -176,55 +173,11 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
     {
         return Err(Skip::Ineligible);
     }
-    // Only the namespace that owns a pod address speaks for it: another one holding a
-    // copy of the address (and of the ports and sequence numbers of a pod's
-    // handshake, even after a handshake of its own) is never inserted, so it can
-    // neither publish itself as a pod's client nor pair as its server.
-    if local_pod && !owned {
-        if owner_of(&key.local_ip).is_some() {
-            refused(&key.local_ip, refusal::FOREIGN);
-        }
-        return Err(Skip::Foreign);
-    }
-    // A socket that already sent data by TCP (TCP Fast Open with data in the SYN) must
-    // stay there: its later bytes would overtake those on the wire.
-    // SAFETY: context field load.
-    if unsafe { read_volatile(addr_of!((*ctx.ops).data_segs_out)) } != 0 {
-        return Err(Skip::Ineligible);
-    }
+    check_local_owner(&key, local_pod, owned)?;
+    check_nothing_sent(ctx)?;
     let own = kernel::own(ctx.ops).ok_or(Skip::Failed)?;
-    // Bytes already queued to TCP and not sent yet (a TCP Fast Open client's first
-    // write without a cookie waits for the handshake's end) go by TCP too: later
-    // redirected bytes would overtake them.
-    // A TCP Fast Open send that is connecting goes on in plain tcp_sendmsg once the
-    // handshake ends, with its data (net/ipv4/tcp.c, tcp_sendmsg_fastopen): those bytes
-    // never pass sk_msg, so this socket must never redirect after them.
-    if own.write_seq != snd_nxt || own.fastopen {
-        return Err(Skip::Ineligible);
-    }
-    // A zero-copy sender (SO_ZEROCOPY, or a listener's inherited) keeps TCP's own send
-    // path: a socket in a sockmap copies every send into an sk_msg and gives
-    // MSG_ZEROCOPY no completion notifications.
-    if own.zerocopy {
-        return Err(Skip::Ineligible);
-    }
-    // An upper-layer protocol (an MPTCP subflow) owns the byte stream: never redirect
-    // around it.
-    if own.ulp {
-        return Err(Skip::Ulp);
-    }
-    // A socket its owner connected that comes here as an accepting one did a
-    // simultaneous open: no listener chose its initial sequence number, its owner may
-    // have (TCP_REPAIR), and it could pose as the server of a handshake it never took
-    // part in. Never a server.
-    if !active {
-        // SAFETY: context field load.
-        let sk = unsafe { read_volatile(addr_of!((*ctx.ops).__bindgen_anon_2.sk)) };
-        // SAFETY: `sk` is this program's context socket, checked non-null first.
-        if sk.is_null() || unsafe { crate::maps::active_open(sk, false) } {
-            return Err(Skip::Ineligible);
-        }
-    }
+    check_send_path(&own, snd_nxt)?;
+    check_no_simultaneous_open(ctx, active)?;
     // The accepting side is established after its client (the client's callback runs
     // before it acknowledges the SYN-ACK, net/ipv4/tcp_input.c, tcp_finish_connect).
     // One with no client here (a pod on another node, a masqueraded client) could never
@@ -232,63 +185,10 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
     let client = if active {
         None
     } else {
-        let client = find_client(&key, snd_nxt, rcv_nxt).ok_or(Skip::Ineligible)?;
-        if !reachable(&client.key, &key) {
-            refused(&key.local_ip, refusal::PAIRING);
-            return Err(Skip::Unreachable);
-        }
-        Some(client)
+        Some(proven_client(&key, snd_nxt, rcv_nxt)?)
     };
-    // SAFETY: context field load.
-    let sk = unsafe { read_volatile(addr_of!((*ctx.ops).__bindgen_anon_2.sk)) };
-    if sk.is_null() {
-        return Err(Skip::Failed);
-    }
-    // SAFETY: the helper takes the program's context.
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.ops.cast()) };
-    // SAFETY: `sk` is this program's context socket, checked non-null above.
-    let Some(state) = (unsafe { sock_state(sk, true) }) else {
-        return Err(Skip::Failed);
-    };
-    // SAFETY: non-null storage of this socket, sized for a `SockState`; written field by
-    // field (a whole `SockState` on the stack would not fit beside the rest). A
-    // connection established again on the same socket (after a disconnect) starts
-    // afresh (but for `readers`: a reader of the old connection may still be inside).
-    let state = unsafe { &mut *state };
-    state.key = key;
-    state.side = side::NONE;
-    state.tx_mode = tx_mode::UNDECIDED;
-    state.small_run = 0;
-    state.rx_tcp = u32::from(options_need_tcp(own.rcvlowat, own.peek_off));
-    state.flags &= !flags::RX_FROZEN;
-    // Nothing read yet: copied_seq is rcv_nxt.
-    state.copied_last = u64::from(rcv_nxt);
-    state.tcp_total = 0;
-    state.read_total = 0;
-    state.tx_msgs = 0;
-    state.cp_msgs = 0;
-    state.cp_redir = 0;
-    state.done_msgs = 0;
-    state.tcp_run = 0;
-    state.cookie = cookie;
-    // The state callback withdraws what the socket published when it closes, so the
-    // maps cannot fill with dead sockets (include/uapi/linux/bpf.h,
-    // BPF_SOCK_OPS_STATE_CB).
-    if ctx
-        .set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32)
-        .is_err()
-    {
-        return Err(Skip::Failed);
-    }
-    // Never replaces: a key names one socket.
-    // SAFETY: the context pointer is valid for the program's run.
-    if BYPASS_SOCKETS
-        .update(&mut state.key, unsafe { &mut *ctx.ops }, BPF_NOEXIST.into())
-        .is_err()
-    {
-        return Err(Skip::Failed);
-    }
-    state.flags |= flags::INSERTED;
+    let (state, cookie) = fresh_state(ctx, key, &own, rcv_nxt)?;
+    insert_socket(ctx, state)?;
     match client {
         None => {
             state.link = state.key;
@@ -342,23 +242,220 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
             };
             // Without a link (no room) the pair takes TCP; the socket stays inserted.
             if let (Ok(()), Some(l)) = (linked, BYPASS_LINKS.get_ptr_mut(&client.key)) {
-                // The client may have asked for a receive option between our read of
-                // its connector and the link's insert: it wrote the connector then, and
-                // finds the link from now on. A fully ordered atomic between our insert
-                // and our read of the connector (see sockopt::record_rx_tcp).
-                // SAFETY: a live map value; or-ing 0 changes nothing.
-                unsafe { atomic::or_u64(addr_of_mut!((*l).state), 0) };
-                if connector_rx_tcp(&client.key) {
-                    // SAFETY: a live map value; only its client's flag is or-ed.
-                    unsafe { atomic::or_u64(addr_of_mut!((*l).rx_flags[0]), rx::OPTION) };
-                }
-                if let Some(stat) = Stat::paired(kind) {
-                    stats::add(stat, 1);
-                }
+                // SAFETY: the pair's entry in the links map, just found.
+                unsafe { confirm_link(l, &client.key, kind) };
             }
         }
     }
     Ok(())
+}
+
+/// Step of [`try_insert`]: a connecting socket must have been established by a SYN-ACK.
+#[inline(always)]
+fn check_handshake(ctx: &SockOpsContext, active: bool) -> Result<(), Skip> {
+    // A connecting socket is established by the SYN-ACK it received; one in TCP_REPAIR
+    // mode is established with no packet at all, with whatever sequence numbers its
+    // owner set (net/ipv4/tcp_input.c, bpf_skops_established: no skb). Such a socket
+    // could pose as a pod's client with the numbers of a handshake it never took part
+    // in (another namespace's CAP_NET_ADMIN is enough): never insert it.
+    // SAFETY: context field load.
+    if active && unsafe { read_volatile(addr_of!((*ctx.ops).skb_tcp_flags)) } & TCP_FLAG_SYN == 0 {
+        return Err(Skip::Ineligible);
+    }
+    Ok(())
+}
+
+/// Step of [`try_insert`]: neither port is in the skip list.
+#[inline(always)]
+fn check_ports(key: &SockKey) -> Result<(), Skip> {
+    if skipped_port(key.local_port) || skipped_port(key.remote_port) {
+        return Err(Skip::Port);
+    }
+    Ok(())
+}
+
+/// Step of [`try_insert`]: a local pod address is owned by the socket's namespace
+/// (`owned`, as [`owns`] found it).
+#[inline(always)]
+fn check_local_owner(key: &SockKey, local_pod: bool, owned: bool) -> Result<(), Skip> {
+    // Only the namespace that owns a pod address speaks for it: another one holding a
+    // copy of the address (and of the ports and sequence numbers of a pod's
+    // handshake, even after a handshake of its own) is never inserted, so it can
+    // neither publish itself as a pod's client nor pair as its server.
+    if local_pod && !owned {
+        if owner_of(&key.local_ip).is_some() {
+            refused(&key.local_ip, refusal::FOREIGN);
+        }
+        return Err(Skip::Foreign);
+    }
+    Ok(())
+}
+
+/// Step of [`try_insert`]: the socket has sent no data by TCP yet.
+#[inline(always)]
+fn check_nothing_sent(ctx: &SockOpsContext) -> Result<(), Skip> {
+    // A socket that already sent data by TCP (TCP Fast Open with data in the SYN) must
+    // stay there: its later bytes would overtake those on the wire.
+    // SAFETY: context field load.
+    if unsafe { read_volatile(addr_of!((*ctx.ops).data_segs_out)) } != 0 {
+        return Err(Skip::Ineligible);
+    }
+    Ok(())
+}
+
+/// Step of [`try_insert`]: nothing of the socket's own keeps it on TCP's send path (bytes
+/// queued, a Fast Open send, zero-copy, an upper-layer protocol).
+#[inline(always)]
+fn check_send_path(own: &kernel::Own, snd_nxt: u32) -> Result<(), Skip> {
+    // Bytes already queued to TCP and not sent yet (a TCP Fast Open client's first
+    // write without a cookie waits for the handshake's end) go by TCP too: later
+    // redirected bytes would overtake them.
+    // A TCP Fast Open send that is connecting goes on in plain tcp_sendmsg once the
+    // handshake ends, with its data (net/ipv4/tcp.c, tcp_sendmsg_fastopen): those bytes
+    // never pass sk_msg, so this socket must never redirect after them.
+    if own.write_seq != snd_nxt || own.fastopen {
+        return Err(Skip::Ineligible);
+    }
+    // A zero-copy sender (SO_ZEROCOPY, or a listener's inherited) keeps TCP's own send
+    // path: a socket in a sockmap copies every send into an sk_msg and gives
+    // MSG_ZEROCOPY no completion notifications.
+    if own.zerocopy {
+        return Err(Skip::Ineligible);
+    }
+    // An upper-layer protocol (an MPTCP subflow) owns the byte stream: never redirect
+    // around it.
+    if own.ulp {
+        return Err(Skip::Ulp);
+    }
+    Ok(())
+}
+
+/// Step of [`try_insert`]: an accepting socket was not connected by its owner (a
+/// simultaneous open).
+#[inline(always)]
+fn check_no_simultaneous_open(ctx: &SockOpsContext, active: bool) -> Result<(), Skip> {
+    // A socket its owner connected that comes here as an accepting one did a
+    // simultaneous open: no listener chose its initial sequence number, its owner may
+    // have (TCP_REPAIR), and it could pose as the server of a handshake it never took
+    // part in. Never a server.
+    if !active {
+        // SAFETY: context field load.
+        let sk = unsafe { read_volatile(addr_of!((*ctx.ops).__bindgen_anon_2.sk)) };
+        // SAFETY: `sk` is this program's context socket, checked non-null first.
+        if sk.is_null() || unsafe { crate::maps::active_open(sk, false) } {
+            return Err(Skip::Ineligible);
+        }
+    }
+    Ok(())
+}
+
+/// Step of [`try_insert`], accepting side only: its client, proven by the crossed
+/// sequence numbers and able to have reached it.
+#[inline(always)]
+fn proven_client(key: &SockKey, snd_nxt: u32, rcv_nxt: u32) -> Result<Client, Skip> {
+    let client = find_client(key, snd_nxt, rcv_nxt).ok_or(Skip::Ineligible)?;
+    if !reachable(&client.key, key) {
+        refused(&key.local_ip, refusal::PAIRING);
+        return Err(Skip::Unreachable);
+    }
+    Ok(client)
+}
+
+/// Step of [`try_insert`]: the socket's storage, set for a new connection; returns it
+/// with the socket's cookie.
+// The key by value, moved into the storage as before this step had a name: by reference
+// LLVM compiles sock_ops differently (another stack layout), a change to make on purpose.
+#[inline(always)]
+fn fresh_state(
+    ctx: &SockOpsContext,
+    key: SockKey,
+    own: &kernel::Own,
+    rcv_nxt: u32,
+) -> Result<(&'static mut SockState, u64), Skip> {
+    // SAFETY: context field load.
+    let sk = unsafe { read_volatile(addr_of!((*ctx.ops).__bindgen_anon_2.sk)) };
+    if sk.is_null() {
+        return Err(Skip::Failed);
+    }
+    // SAFETY: the helper takes the program's context.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.ops.cast()) };
+    // SAFETY: `sk` is this program's context socket, checked non-null above.
+    let Some(state) = (unsafe { sock_state(sk, true) }) else {
+        return Err(Skip::Failed);
+    };
+    // SAFETY: non-null storage of this socket, sized for a `SockState`; written field by
+    // field (a whole `SockState` on the stack would not fit beside the rest). A
+    // connection established again on the same socket (after a disconnect) starts
+    // afresh (but for `readers`: a reader of the old connection may still be inside).
+    let state = unsafe { &mut *state };
+    state.key = key;
+    state.side = side::NONE;
+    state.tx_mode = tx_mode::UNDECIDED;
+    state.small_run = 0;
+    state.rx_tcp = u32::from(options_need_tcp(own.rcvlowat, own.peek_off));
+    state.flags &= !flags::RX_FROZEN;
+    // Nothing read yet: copied_seq is rcv_nxt.
+    state.copied_last = u64::from(rcv_nxt);
+    state.tcp_total = 0;
+    state.read_total = 0;
+    state.tx_msgs = 0;
+    state.cp_msgs = 0;
+    state.cp_redir = 0;
+    state.done_msgs = 0;
+    state.tcp_run = 0;
+    state.cookie = cookie;
+    Ok((state, cookie))
+}
+
+/// Step of [`try_insert`]: asks for the state callback and inserts the socket into the
+/// SockHash under its key.
+// Keys are passed by reference to the socket's storage on purpose: by value they would
+// be copied onto the 512-byte BPF stack.
+#[allow(clippy::needless_borrows_for_generic_args)]
+#[inline(always)]
+fn insert_socket(ctx: &SockOpsContext, state: &mut SockState) -> Result<(), Skip> {
+    // The state callback withdraws what the socket published when it closes, so the
+    // maps cannot fill with dead sockets (include/uapi/linux/bpf.h,
+    // BPF_SOCK_OPS_STATE_CB).
+    if ctx
+        .set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32)
+        .is_err()
+    {
+        return Err(Skip::Failed);
+    }
+    // Never replaces: a key names one socket.
+    // SAFETY: the context pointer is valid for the program's run.
+    if BYPASS_SOCKETS
+        .update(&mut state.key, unsafe { &mut *ctx.ops }, BPF_NOEXIST.into())
+        .is_err()
+    {
+        return Err(Skip::Failed);
+    }
+    state.flags |= flags::INSERTED;
+    Ok(())
+}
+
+/// Step of [`try_insert`] once the pair's link is in the links map: the client's receive
+/// option is carried over, and the pair counted.
+///
+/// # Safety
+///
+/// `l` must be a live value of the links map (`BYPASS_LINKS`).
+#[inline(always)]
+unsafe fn confirm_link(l: *mut Link, client: &SockKey, kind: u32) {
+    // The client may have asked for a receive option between our read of
+    // its connector and the link's insert: it wrote the connector then, and
+    // finds the link from now on. A fully ordered atomic between our insert
+    // and our read of the connector (see sockopt::record_rx_tcp).
+    // SAFETY: a live map value; or-ing 0 changes nothing.
+    unsafe { atomic::or_u64(addr_of_mut!((*l).state), 0) };
+    if connector_rx_tcp(client) {
+        // SAFETY: a live map value; only its client's flag is or-ed.
+        unsafe { atomic::or_u64(addr_of_mut!((*l).rx_flags[0]), rx::OPTION) };
+    }
+    if let Some(stat) = Stat::paired(kind) {
+        stats::add(stat, 1);
+    }
 }
 
 /// Whether the agent's heartbeat (`control::SLOT_HEARTBEAT`) is still ahead of

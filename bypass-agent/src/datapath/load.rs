@@ -1,4 +1,4 @@
-//! A fresh load of the embedded object: the globals set from the [`LoadPlan`], maps
+//! A fresh load of the embedded object: the globals set from the [`HostFacts`], maps
 //! and programs pinned, sk_msg attached to the SockHash, the tracing programs attached
 //! and their links pinned, the identity recorded.
 
@@ -17,7 +17,7 @@ use bypass_common::{
 };
 use tracing::warn;
 
-use super::{Config, Identity, LoadPlan, PinLayout, maps, object, pins};
+use super::{Config, HostFacts, Identity, PinLayout, maps, object, pins};
 use crate::error::{AgentError, chain};
 
 /// Loads the embedded object, attaches sk_msg to the SockHash and the tracing programs
@@ -27,20 +27,20 @@ pub(super) fn load_fresh(
     pins: &PinLayout,
     config: &Config,
     identity: Identity,
-    plan: LoadPlan,
+    facts: HostFacts,
 ) -> Result<Ebpf, AgentError> {
     raise_memlock();
-    load_with(pins, config, identity, plan)
+    load_with(pins, config, identity, facts)
 }
 
 fn load_with(
     pins: &PinLayout,
     config: &Config,
     identity: Identity,
-    plan: LoadPlan,
+    facts: HostFacts,
 ) -> Result<Ebpf, AgentError> {
-    let l = &plan.layout;
-    let program_features = plan.features & features::PROGRAM_BITS;
+    let l = &facts.layout;
+    let program_features = facts.features & features::PROGRAM_BITS;
     let mut loader = EbpfLoader::new();
     loader
         .map_max_entries(MAP_SOCKETS, config.max_sockets)
@@ -51,7 +51,7 @@ fn load_with(
     }
     let mut ebpf = loader
         .override_global(globals::FEATURES, &program_features, true)
-        .override_global(globals::HOST_NETNS, &plan.host_netns, true)
+        .override_global(globals::HOST_NETNS, &facts.host_netns, true)
         .load(object::BYTES)
         .map_err(classify_load_error)?;
     let guard = pins::PinGuard::new(pins.clone(), true);
@@ -62,7 +62,7 @@ fn load_with(
     let mut control = maps::Control::new(take_map(&mut ebpf, MAP_CONTROL)?)?;
     control.set_enabled(false)?;
     control.set_identity(identity)?;
-    control.set_features(plan.features)?;
+    control.set_features(facts.features)?;
 
     let sockets: SockHash<&MapData, SockKey> = SockHash::try_from(
         ebpf.map(MAP_SOCKETS)
@@ -96,7 +96,7 @@ fn load_with(
         what: "describe its functions for the tracing programs (BTF)",
         source: Box::new(e),
     })?;
-    for hook in plan.hooks.all() {
+    for hook in facts.hooks.all() {
         match attach_hook(&mut ebpf, pins, &btf, &kernel_btf, *hook) {
             Ok(()) => {}
             // The splice watch (kernels without a read guard, `--allow-unguarded`) is a

@@ -54,7 +54,7 @@ pub use heartbeat::{DEFAULT_TTL_SECS as DEFAULT_HEARTBEAT_SECS, remaining as hea
 pub use host::{kernel_release, netns_cookie, tcp_rmem_max};
 pub use maps::{Identity, Pairings, PinnedView, PodMaps, count_keys as count_sockets};
 pub use pins::PinLayout;
-pub use plan::{LoadPlan, ReadGuard};
+pub use plan::{HostFacts, ReadGuard};
 use tracing::{info, warn};
 
 use crate::error::AgentError;
@@ -139,24 +139,9 @@ impl Datapath {
     /// this cgroup, or loads the embedded object and pins it. A fresh load is not
     /// attached yet: see [`Datapath::attach`]; an adopted one keeps its state.
     pub fn load(config: &Config) -> Result<Self, AgentError> {
-        fs::ensure_pin_dir_not_mount_root(&config.pin_dir)?;
-        preflight::check(&host::kernel_release())?;
-        let cgroup = fs::open_cgroup2_dir(&config.cgroup)?;
-        fs::ensure_bpffs(&config.pin_dir)?;
-        let pins = PinLayout::new(&config.pin_dir);
-        let lock = lock::PinDirLock::acquire(&config.pin_dir)?;
-        let plan = LoadPlan::detect()?;
-        let identity = Identity {
-            object: object::fingerprint() ^ plan.digest(),
-            cgroup: cgroup
-                .metadata()
-                .map_err(|source| AgentError::Io {
-                    action: "stat",
-                    path: config.cgroup.clone(),
-                    source,
-                })?
-                .ino(),
-        };
+        let (cgroup, pins, lock) = prepare(config)?;
+        let facts = HostFacts::detect()?;
+        let identity = identity(config, &cgroup, &facts)?;
 
         let origin = adopt::adopt_or_release(&pins, config, identity)?;
         let adopt = origin == Origin::Adopted;
@@ -164,91 +149,27 @@ impl Datapath {
         let ebpf = if adopt {
             None
         } else {
-            Some(load::load_fresh(&pins, config, identity, plan)?)
+            Some(load::load_fresh(&pins, config, identity, facts)?)
         };
         let guard = pins::PinGuard::new(pins.clone(), !adopt);
         let sockets: SockHash<MapData, SockKey> =
             SockHash::try_from(maps::open_pinned(&pins, MAP_SOCKETS)?)
                 .map_err(|e| AgentError::bpf(format!("open map {MAP_SOCKETS}"), e))?;
-        let pod_maps = PodMaps::new(
-            maps::open_pinned(&pins, MAP_POD_CIDRS)?,
-            maps::open_pinned(&pins, MAP_POD_ADDRS)?,
-            maps::open_pinned(&pins, MAP_EXCLUDED_ADDRS)?,
-            maps::open_pinned(&pins, MAP_SERVICE_CIDRS)?,
-            maps::open_pinned(&pins, MAP_SERVICE_BACKENDS)?,
-        )?;
+        let pod_maps = open_pod_maps(&pins)?;
         // Every start (adopting too) writes the skip list asked for.
         maps::SkipPorts::new(maps::open_pinned(&pins, MAP_SKIP_PORTS)?)?.set(&config.skip_ports)?;
         let stats = maps::Stats::new(maps::open_pinned(&pins, MAP_STATS)?)?;
-        // Full maps are only visible as a growing counter: a thread watches it.
-        let pressure = maps::Stats::new(maps::open_pinned(&pins, MAP_STATS)?)
-            .and_then(|s| {
-                pressure::Watcher::start(s, config.max_sockets).map_err(|source| AgentError::Io {
-                    action: "start the map pressure thread",
-                    path: pins.map(MAP_STATS),
-                    source,
-                })
-            })
-            .inspect_err(|e| warn!(error = %e, "no warnings about full maps"))
-            .ok();
+        let pressure = watch_pressure(&pins, config.max_sockets)?;
         let mut control = maps::Control::new(maps::open_pinned(&pins, MAP_CONTROL)?)?;
-        let pairings = Pairings::new(
-            maps::open_pinned(&pins, MAP_CONNECTORS)?,
-            maps::open_pinned(&pins, MAP_LINKS)?,
-            maps::open_pinned(&pins, MAP_CUT)?,
-        )?;
-        // Every start (adopting too) writes the bound and the small-stream size asked
-        // for.
-        let max_queued = config.max_queued_bytes;
-        if max_queued == 0 {
-            warn!(
-                "--max-queued-bytes 0: no bound on what waits for a reader; a peer that stops \
-                 reading lets its sender queue kernel memory (the kernel charges the ingress \
-                 queue to no socket buffer)"
-            );
-        }
-        control.set_max_queued(max_queued)?;
-        let small_stream = config.small_stream_bytes;
-        control.set_small_stream(small_stream)?;
-        control.set_leave_after(bypass_common::names::DEFAULT_LEAVE_AFTER)?;
-        // Connections paired while any namespace could use a pod address may have been
-        // paired with one that does not own it: switching the rule on cuts them all
-        // (they finish on TCP).
-        if adopt && config.netns_owners && control.owners_off()? {
-            let mut p = Pairings::new(
-                maps::open_pinned(&pins, MAP_CONNECTORS)?,
-                maps::open_pinned(&pins, MAP_LINKS)?,
-                maps::open_pinned(&pins, MAP_CUT)?,
-            )?;
-            let n = p.cut_all()?;
-            if n > 0 {
-                control.bump_cut_generation()?;
-            }
-            info!(
-                connections = n,
-                "--netns-owners=observe after any: every bypassed connection cut"
-            );
-        }
-        control.set_owners_off(!config.netns_owners)?;
+        let pairings = open_pairings(&pins)?;
+        write_limits(&mut control, config)?;
+        write_owner_rule(&mut control, &pins, config, adopt)?;
         let owners = maps::OwnerMap::new(maps::open_pinned(&pins, MAP_NETNS_OWNERS)?)?;
-        // What the pinned programs were loaded with (an adopted datapath: the previous
-        // agent's load, same build and same host, so the same plan).
-        let unguarded = control.features()? & bypass_common::layout::features::NO_READ_GUARD != 0;
-        let refused = (unguarded && !config.allow_unguarded).then_some(REFUSED_UNGUARDED);
-        control.set_refused(refused.is_some())?;
+        let refused = write_refusal(&mut control, config)?;
         let leaver = leaver::Leaver::start(&pins)?;
-        let sockops = SockOps::from_pin(pins.prog(PROG_SOCKOPS))
-            .map_err(|e| AgentError::bpf(format!("open pinned program {PROG_SOCKOPS}"), e))?;
-        let sockopt = CgroupSockopt::from_pin(
-            pins.prog(PROG_SOCKOPT),
-            aya::programs::CgroupSockoptAttachType::Set,
-        )
-        .map_err(|e| AgentError::bpf(format!("open pinned program {PROG_SOCKOPT}"), e))?;
+        let (sockops, sockopt) = open_programs(&pins)?;
         let (sockops_link, sockopt_link) = if adopt {
-            (
-                PinnedLink::from_pin(pins.link(PIN_LINK_SOCKOPS)).ok(),
-                PinnedLink::from_pin(pins.link(PIN_LINK_SOCKOPT)).ok(),
-            )
+            pinned_links(&pins)
         } else {
             (None, None)
         };
@@ -259,8 +180,8 @@ impl Datapath {
         )?;
         guard.disarm();
         info!(pin_dir = %config.pin_dir.display(), ?origin, attached = sockops_link.is_some(),
-            max_sockets = config.max_sockets, max_queued_bytes = max_queued,
-            small_stream_bytes = small_stream,
+            max_sockets = config.max_sockets, max_queued_bytes = config.max_queued_bytes,
+            small_stream_bytes = config.small_stream_bytes,
             kernel = %host::kernel_release(), "datapath ready");
         Ok(Self {
             sockops_link,
@@ -481,6 +402,152 @@ pub const REFUSED_UNGUARDED: &str = "no read guard on this kernel (it refuses BP
     programs): a program that reads a bypassed socket with splice(2) (Go's io.Copy between \
     connections, HAProxy's splice options) could miss redirected bytes; pass \
     --allow-unguarded to bypass anyway, where no workload splices";
+
+/// Step of [`Datapath::load`]: checks the kernel and the pin directory, opens the
+/// cgroup, and takes the pin directory's lock.
+fn prepare(config: &Config) -> Result<(File, PinLayout, lock::PinDirLock), AgentError> {
+    fs::ensure_pin_dir_not_mount_root(&config.pin_dir)?;
+    preflight::check(&host::kernel_release())?;
+    let cgroup = fs::open_cgroup2_dir(&config.cgroup)?;
+    fs::ensure_bpffs(&config.pin_dir)?;
+    let pins = PinLayout::new(&config.pin_dir);
+    let lock = lock::PinDirLock::acquire(&config.pin_dir)?;
+    Ok((cgroup, pins, lock))
+}
+
+/// Step of [`Datapath::load`]: what a pinned datapath must match to be adopted, this
+/// build loaded with this host's `facts` on this cgroup.
+fn identity(config: &Config, cgroup: &File, facts: &HostFacts) -> Result<Identity, AgentError> {
+    Ok(Identity {
+        object: object::fingerprint() ^ facts.digest(),
+        cgroup: cgroup
+            .metadata()
+            .map_err(|source| AgentError::Io {
+                action: "stat",
+                path: config.cgroup.clone(),
+                source,
+            })?
+            .ino(),
+    })
+}
+
+/// Step of [`Datapath::load`]: the pinned address maps.
+fn open_pod_maps(pins: &PinLayout) -> Result<PodMaps, AgentError> {
+    PodMaps::new(
+        maps::open_pinned(pins, MAP_POD_CIDRS)?,
+        maps::open_pinned(pins, MAP_POD_ADDRS)?,
+        maps::open_pinned(pins, MAP_EXCLUDED_ADDRS)?,
+        maps::open_pinned(pins, MAP_SERVICE_CIDRS)?,
+        maps::open_pinned(pins, MAP_SERVICE_BACKENDS)?,
+    )
+}
+
+/// Step of [`Datapath::load`]: the pinned pairing maps (connectors, links, cut).
+fn open_pairings(pins: &PinLayout) -> Result<Pairings, AgentError> {
+    Pairings::new(
+        maps::open_pinned(pins, MAP_CONNECTORS)?,
+        maps::open_pinned(pins, MAP_LINKS)?,
+        maps::open_pinned(pins, MAP_CUT)?,
+    )
+}
+
+/// Step of [`Datapath::load`]: the thread that warns of full maps, if it starts (a
+/// failure to start it is logged, not returned).
+fn watch_pressure(
+    pins: &PinLayout,
+    max_sockets: u32,
+) -> Result<Option<pressure::Watcher>, AgentError> {
+    // Full maps are only visible as a growing counter: a thread watches it.
+    let map = maps::open_pinned(pins, MAP_STATS)?;
+    Ok(maps::Stats::new(map)
+        .and_then(|s| {
+            pressure::Watcher::start(s, max_sockets).map_err(|source| AgentError::Io {
+                action: "start the map pressure thread",
+                path: pins.map(MAP_STATS),
+                source,
+            })
+        })
+        .inspect_err(|e| warn!(error = %e, "no warnings about full maps"))
+        .ok())
+}
+
+/// Step of [`Datapath::load`]: the bound on queued bytes, the small-stream size and the
+/// leave delay into the control map.
+fn write_limits(control: &mut maps::Control, config: &Config) -> Result<(), AgentError> {
+    // Every start (adopting too) writes the bound and the small-stream size asked
+    // for.
+    let max_queued = config.max_queued_bytes;
+    if max_queued == 0 {
+        warn!(
+            "--max-queued-bytes 0: no bound on what waits for a reader; a peer that stops \
+             reading lets its sender queue kernel memory (the kernel charges the ingress \
+             queue to no socket buffer)"
+        );
+    }
+    control.set_max_queued(max_queued)?;
+    control.set_small_stream(config.small_stream_bytes)?;
+    control.set_leave_after(bypass_common::names::DEFAULT_LEAVE_AFTER)
+}
+
+/// Step of [`Datapath::load`]: whether a pod address may be used only by the namespace
+/// that owns it, into the control map; switched on over an adopted datapath, it first
+/// cuts every bypassed connection.
+fn write_owner_rule(
+    control: &mut maps::Control,
+    pins: &PinLayout,
+    config: &Config,
+    adopt: bool,
+) -> Result<(), AgentError> {
+    // Connections paired while any namespace could use a pod address may have been
+    // paired with one that does not own it: switching the rule on cuts them all
+    // (they finish on TCP).
+    if adopt && config.netns_owners && control.owners_off()? {
+        let n = open_pairings(pins)?.cut_all()?;
+        if n > 0 {
+            control.bump_cut_generation()?;
+        }
+        info!(
+            connections = n,
+            "--netns-owners=observe after any: every bypassed connection cut"
+        );
+    }
+    control.set_owners_off(!config.netns_owners)
+}
+
+/// Step of [`Datapath::load`]: why this agent refuses to bypass the node, if it does,
+/// also written into the control map.
+fn write_refusal(
+    control: &mut maps::Control,
+    config: &Config,
+) -> Result<Option<&'static str>, AgentError> {
+    // What the pinned programs were loaded with (an adopted datapath: the previous
+    // agent's load, same build and same host, so the same facts).
+    let unguarded = control.features()? & bypass_common::layout::features::NO_READ_GUARD != 0;
+    let refused = (unguarded && !config.allow_unguarded).then_some(REFUSED_UNGUARDED);
+    control.set_refused(refused.is_some())?;
+    Ok(refused)
+}
+
+/// Step of [`Datapath::load`]: the pinned sock_ops and setsockopt programs.
+fn open_programs(pins: &PinLayout) -> Result<(SockOps, CgroupSockopt), AgentError> {
+    let sockops = SockOps::from_pin(pins.prog(PROG_SOCKOPS))
+        .map_err(|e| AgentError::bpf(format!("open pinned program {PROG_SOCKOPS}"), e))?;
+    let sockopt = CgroupSockopt::from_pin(
+        pins.prog(PROG_SOCKOPT),
+        aya::programs::CgroupSockoptAttachType::Set,
+    )
+    .map_err(|e| AgentError::bpf(format!("open pinned program {PROG_SOCKOPT}"), e))?;
+    Ok((sockops, sockopt))
+}
+
+/// Step of [`Datapath::load`] when adopting: the pinned sock_ops and setsockopt links,
+/// those that are there.
+fn pinned_links(pins: &PinLayout) -> (Option<PinnedLink>, Option<PinnedLink>) {
+    (
+        PinnedLink::from_pin(pins.link(PIN_LINK_SOCKOPS)).ok(),
+        PinnedLink::from_pin(pins.link(PIN_LINK_SOCKOPT)).ok(),
+    )
+}
 
 /// Pins `link` at `path`.
 fn pin_link(link: FdLink, path: &std::path::Path) -> Result<PinnedLink, AgentError> {

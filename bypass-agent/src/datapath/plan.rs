@@ -72,9 +72,11 @@ fn tcp_peek_off() -> bool {
     rc == 0
 }
 
-/// What a load fixes in the programs' read-only globals, found on this host.
+/// What a load takes from this host, found on it: what it fixes in the programs'
+/// read-only globals, and which tracing programs it attaches. Its [`HostFacts::digest`]
+/// is part of the identity a pinned datapath is adopted by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LoadPlan {
+pub struct HostFacts {
     /// Kernel field offsets, from BTF.
     pub layout: KernelLayout,
     /// [`features`] bits: what the programs do, and why an optional part is off.
@@ -85,7 +87,7 @@ pub struct LoadPlan {
     pub hooks: Hooks,
 }
 
-impl LoadPlan {
+impl HostFacts {
     /// Reads this host: BTF offsets (those every load needs must be there), the host
     /// namespace, how FIONREAD behaves.
     pub fn detect() -> Result<Self, AgentError> {

@@ -103,6 +103,21 @@ pub fn up(layout: &Layout) -> Result<PathBuf> {
         if cg.is_unified() { "v2" } else { "v1" },
         cg.driver()
     );
+    make_dirs(layout)?;
+    change_host(layout)?;
+    let admin = write_credentials(layout)?;
+    let etcd = start_etcd(layout, &bins)?;
+    start_api_server(layout, &bins, &etcd)?;
+    start_containerd(layout, cg)?;
+    start_controllers(layout, &bins, &admin)?;
+    start_kube_proxy(layout, &bins, &admin)?;
+    start_kubelet(layout, &bins, cg, &admin)?;
+    wait_node_ready(layout)?;
+    Ok(admin)
+}
+
+/// Step of [`up`]: the directories of the cluster's state.
+fn make_dirs(layout: &Layout) -> Result<()> {
     for d in [
         layout.pki(),
         layout.logs(),
@@ -112,6 +127,12 @@ pub fn up(layout: &Layout) -> Result<PathBuf> {
     ] {
         std::fs::create_dir_all(&d).with_context(|| format!("create {}", d.display()))?;
     }
+    Ok(())
+}
+
+/// Step of [`up`]: the host changes the node needs (forwarding, a shared bpffs, the
+/// node's link), after writing down what [`down`] restores.
+fn change_host(layout: &Layout) -> Result<()> {
     // What down restores: ip_forward, and the cni-* namespaces that were not ours.
     let before_netns = host::cni_netns();
     let made_run_containerd = if Path::new("/run/containerd").exists() {
@@ -135,7 +156,12 @@ pub fn up(layout: &Layout) -> Result<PathBuf> {
                 .collect::<String>()
         ),
     )?;
-    host::add_node_link()?;
+    host::add_node_link()
+}
+
+/// Step of [`up`]: the PKI, the admission configuration and the admin kubeconfig;
+/// returns the kubeconfig's path.
+fn write_credentials(layout: &Layout) -> Result<PathBuf> {
     pki::make(&layout.pki())?;
     std::fs::write(layout.admission_config(), config::admission_config())?;
     let admin = layout.admin_kubeconfig();
@@ -143,12 +169,16 @@ pub fn up(layout: &Layout) -> Result<PathBuf> {
         &admin,
         config::kubeconfig(&config::api_server_url(), &layout.pki(), "admin"),
     )?;
+    Ok(admin)
+}
 
-    let logs = layout.logs();
-    let pids = layout.pids();
-    let p = |f: &str| layout.pki().join(f).display().to_string();
+/// The path of the PKI file `f`, as a daemon's argument.
+fn pki_file(layout: &Layout, f: &str) -> String {
+    layout.pki().join(f).display().to_string()
+}
 
-    // etcd
+/// Step of [`up`]: etcd on two free ports; returns its client URL.
+fn start_etcd(layout: &Layout, bins: &bins::Bins) -> Result<String> {
     let (etcd_client, etcd_peer) = (free_port()?, free_port()?);
     let client = format!("http://127.0.0.1:{etcd_client}");
     let peer = format!("http://127.0.0.1:{etcd_peer}");
@@ -166,16 +196,22 @@ pub fn up(layout: &Layout) -> Result<PathBuf> {
             "--unsafe-no-fsync=true".into(),
             "--log-level=warn".into(),
         ],
-        &logs,
-        &pids,
+        &layout.logs(),
+        &layout.pids(),
     )?;
+    Ok(client)
+}
 
-    // kube-apiserver on the node address.
+/// Step of [`up`]: kube-apiserver on the node address, on etcd at `etcd`; returns once
+/// it is ready.
+fn start_api_server(layout: &Layout, bins: &bins::Bins, etcd: &str) -> Result<()> {
+    let p = |f: &str| pki_file(layout, f);
+    let logs = layout.logs();
     procs::spawn(
         "kube-apiserver",
         &bins.get("kube-apiserver"),
         &[
-            format!("--etcd-servers={client}"),
+            format!("--etcd-servers={etcd}"),
             format!("--bind-address={NODE_IP}"),
             format!("--advertise-address={NODE_IP}"),
             format!("--secure-port={}", config::API_PORT),
@@ -203,7 +239,7 @@ pub fn up(layout: &Layout) -> Result<PathBuf> {
             "--profiling=false".into(),
         ],
         &logs,
-        &pids,
+        &layout.pids(),
     )?;
     wait_for(
         "kube-apiserver /readyz",
@@ -211,9 +247,13 @@ pub fn up(layout: &Layout) -> Result<PathBuf> {
         procs::POLL,
         || cmd::output(kubectl(layout)?.args(["get", "--raw", "/readyz"])).map(drop),
     )
-    .with_context(|| procs::tail(&logs.join("kube-apiserver.log"), 15))?;
+    .with_context(|| procs::tail(&logs.join("kube-apiserver.log"), 15))
+}
 
-    // containerd, then the sandbox image.
+/// Step of [`up`]: containerd with its configuration and the CNI's, then the sandbox
+/// image imported.
+fn start_containerd(layout: &Layout, cg: CgroupLayout) -> Result<()> {
+    let logs = layout.logs();
     let status = std::fs::read_to_string("/proc/self/status")?;
     let restrict_oom = !config::has_capability(&status, config::CAP_SYS_RESOURCE);
     if restrict_oom {
@@ -235,16 +275,19 @@ pub fn up(layout: &Layout) -> Result<PathBuf> {
             layout.containerd_config().display().to_string(),
         ],
         &logs,
-        &pids,
+        &layout.pids(),
     )?;
     wait_for("containerd", Duration::from_secs(60), procs::POLL, || {
         cmd::output(ctr(layout).args(["version"])).map(drop)
     })
     .with_context(|| procs::tail(&logs.join("containerd.log"), 15))?;
     let pause_tar = build_pause(&layout.var.join("pause"))?;
-    import_image(layout, &pause_tar)?;
+    import_image(layout, &pause_tar)
+}
 
-    // The controllers, kube-proxy, kubelet.
+/// Step of [`up`]: kube-controller-manager and kube-scheduler.
+fn start_controllers(layout: &Layout, bins: &bins::Bins, admin: &Path) -> Result<()> {
+    let (logs, pids) = (layout.logs(), layout.pids());
     procs::spawn(
         "kube-controller-manager",
         &bins.get("kube-controller-manager"),
@@ -253,8 +296,11 @@ pub fn up(layout: &Layout) -> Result<PathBuf> {
             "--leader-elect=false".into(),
             "--secure-port=0".into(),
             "--use-service-account-credentials=false".into(),
-            format!("--root-ca-file={}", p("ca.crt")),
-            format!("--service-account-private-key-file={}", p("sa.key")),
+            format!("--root-ca-file={}", pki_file(layout, "ca.crt")),
+            format!(
+                "--service-account-private-key-file={}",
+                pki_file(layout, "sa.key")
+            ),
             format!("--service-cluster-ip-range={}", config::SERVICE_CIDR),
             "--controllers=*,-nodeipam,-csrsigning,-csrapproving,-csrcleaner".into(),
         ],
@@ -272,18 +318,28 @@ pub fn up(layout: &Layout) -> Result<PathBuf> {
         &logs,
         &pids,
     )?;
+    Ok(())
+}
+
+/// Step of [`up`]: kube-proxy with its configuration.
+fn start_kube_proxy(layout: &Layout, bins: &bins::Bins, admin: &Path) -> Result<()> {
     let proxy_config = layout.var.join("kube-proxy.yaml");
     std::fs::write(
         &proxy_config,
-        config::kube_proxy_config(&admin, free_port()?, free_port()?),
+        config::kube_proxy_config(admin, free_port()?, free_port()?),
     )?;
     procs::spawn(
         "kube-proxy",
         &bins.get("kube-proxy"),
         &[format!("--config={}", proxy_config.display())],
-        &logs,
-        &pids,
+        &layout.logs(),
+        &layout.pids(),
     )?;
+    Ok(())
+}
+
+/// Step of [`up`]: kubelet with its configuration.
+fn start_kubelet(layout: &Layout, bins: &bins::Bins, cg: CgroupLayout, admin: &Path) -> Result<()> {
     let kubelet_config = layout.var.join("kubelet.yaml");
     std::fs::write(
         &kubelet_config,
@@ -300,9 +356,14 @@ pub fn up(layout: &Layout) -> Result<PathBuf> {
             format!("--node-ip={}", config::node_ips()),
             "--v=1".into(),
         ],
-        &logs,
-        &pids,
+        &layout.logs(),
+        &layout.pids(),
     )?;
+    Ok(())
+}
+
+/// Step of [`up`]: waits for the node to be Ready and for the default ServiceAccount.
+fn wait_node_ready(layout: &Layout) -> Result<()> {
     wait_for(
         &format!("node {NODE_NAME} Ready"),
         Duration::from_secs(180),
@@ -322,15 +383,14 @@ pub fn up(layout: &Layout) -> Result<PathBuf> {
             }
         },
     )
-    .with_context(|| procs::tail(&logs.join("kubelet.log"), 20))?;
+    .with_context(|| procs::tail(&layout.logs().join("kubelet.log"), 20))?;
     // Pods need their namespace's default ServiceAccount (the controller-manager's).
     wait_for(
         "the default ServiceAccount",
         Duration::from_secs(60),
         procs::POLL,
         || cmd::output(kubectl(layout)?.args(["get", "serviceaccount", "default"])).map(drop),
-    )?;
-    Ok(admin)
+    )
 }
 
 /// Stops the cluster and takes back every change; safe to run when nothing is up.
