@@ -14,7 +14,7 @@ pub mod error;
 pub mod k8s;
 mod metrics;
 pub mod nodes;
-mod others;
+mod other_programs;
 pub mod owners;
 pub mod prepare;
 pub mod probe;
