@@ -6,6 +6,7 @@ pub mod client;
 mod controller;
 pub mod node_status;
 pub mod owner;
+mod watch;
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
@@ -151,7 +152,7 @@ async fn run_async(
         match client::preflight(&client, &settings.node).await? {
             client::Preflight::Ok => break,
             client::Preflight::Retry(why) => {
-                let delay = controller::retry_delay(attempt);
+                let delay = client::retry_delay(attempt);
                 warn!(error = %why, retry_in = ?delay, "the API server does not answer; retrying");
                 attempt += 1;
                 tokio::select! {
