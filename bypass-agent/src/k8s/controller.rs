@@ -1,26 +1,26 @@
-//! The reconcile loop: the watches ([`super::watch`]) feed one loop that, on every
-//! change, computes the desired map contents and toggle state with the pure core
-//! (`sync`, `toggle`) and applies the difference to the datapath. While the API server
-//! is away the stores, and so the datapath, stay as they were.
+//! The controller loop: the watches ([`super::watch`]) feed the reconciler
+//! ([`super::reconcile`]). Every wake-up (a watch event, the resync tick, the tick of
+//! the pod network namespace owners) is one full, level-triggered pass; a burst of
+//! events is coalesced into one. While the API server is away the stores, and so the
+//! datapath, stay as they were.
 
-use std::{collections::BTreeSet, future::Future, sync::Arc};
+use std::{future::Future, sync::Arc};
 
 use futures::{FutureExt as _, StreamExt as _};
-use k8s_openapi::api::core::v1::Node;
-use kube::{Client, runtime::reflector::ObjectRef};
-use tracing::{debug, error, info, warn};
+use kube::Client;
+use tracing::{info, warn};
 
 use super::{
     Settings,
-    watch::{Listed, Stores, WatchState, Watches},
+    reconcile::Reconciler,
+    watch::{WatchState, Watches},
 };
 use crate::{
-    apply,
     datapath::Datapath,
     error::AgentError,
     metrics::{ErrorKind, Telemetry},
-    sync::{self, Policy, Rejection, RejectionKind, Statics},
-    toggle::{self, Action, EnabledBy, LabelValue, Recorded},
+    sync::Statics,
+    toggle::Recorded,
 };
 
 /// Runs until `shutdown` completes. Errors only when the datapath itself fails in a
@@ -41,26 +41,13 @@ pub async fn run(
         mut policies,
     } = Watches::new(&client, &node);
     let mut state = WatchState::new(telemetry.clone(), &statics);
-    let mut ctl = Reconciler {
-        policy: Policy {
-            node: node.clone(),
-            exclude_annotation: settings.exclude_annotation.clone(),
-            exclude_namespace_label: settings.exclude_namespace_label.clone(),
-            include_namespace_label: settings.include_namespace_label.clone(),
-        },
-        settings,
-        statics,
-        telemetry,
-        reported: BTreeSet::new(),
-        last_bad_label: None,
-        // An adopted datapath keeps what the previous agent decided until the first pass.
-        enabled_by: dp
-            .agent_state()
-            .ok()
-            .and_then(Recorded::decode)
-            .and_then(|r| r.enabled_by),
-        node_seen: None,
-    };
+    // An adopted datapath keeps what the previous agent decided until the first pass.
+    let enabled_by = dp
+        .agent_state()
+        .ok()
+        .and_then(Recorded::decode)
+        .and_then(|r| r.enabled_by);
+    let mut ctl = Reconciler::new(settings, statics, telemetry.clone(), enabled_by);
     // A periodic pass repairs drift (an entry removed behind the agent's back) and
     // retries failed map updates.
     let mut resync = tokio::time::interval(settings.resync);
@@ -96,11 +83,11 @@ pub async fn run(
         }
         // Every wake-up (event or resync tick) is a full, level-triggered pass.
         if state.listed.core() {
-            if !ctl.telemetry.health.ready() {
+            if !telemetry.health.ready() {
                 info!("node, pods and namespaces listed; reconciling");
             }
-            ctl.telemetry.health.set_synced(true);
-            ctl.telemetry.agent.synced.set(1);
+            telemetry.health.set_synced(true);
+            telemetry.agent.synced.set(1);
             ctl.reconcile(&stores, &state.listed, dp);
             ctl.cut_policy_changes(&stores, &mut state.policy_changed, dp);
             if let Some(p) = publisher.as_deref_mut() {
@@ -111,225 +98,8 @@ pub async fn run(
         if let Some(w) = owners.as_mut()
             && let Err(e) = w.pass(dp)
         {
-            ctl.telemetry.agent.error(ErrorKind::MapUpdate);
+            telemetry.agent.error(ErrorKind::MapUpdate);
             warn!(error = %e, "reading the pod network namespaces failed; retrying");
-        }
-    }
-}
-
-struct Reconciler<'a> {
-    policy: Policy,
-    settings: &'a Settings,
-    statics: Statics,
-    telemetry: Arc<Telemetry>,
-    /// Rejections already logged and counted.
-    reported: BTreeSet<Rejection>,
-    /// The bad node label value already logged and counted.
-    last_bad_label: Option<String>,
-    /// Where the current on/off state came from.
-    enabled_by: Option<EnabledBy>,
-    /// Whether the node was in the store at the last reconcile (for logging changes).
-    node_seen: Option<bool>,
-}
-
-impl Reconciler<'_> {
-    /// Cuts the bypassed connections of pods in namespaces whose NetworkPolicies
-    /// changed: they continue on TCP, where the CNI enforces the policies.
-    fn cut_policy_changes(
-        &mut self,
-        stores: &Stores,
-        changed: &mut BTreeSet<String>,
-        dp: &mut Datapath,
-    ) {
-        if changed.is_empty() {
-            return;
-        }
-        let pods = stores.pods.state();
-        let addrs = sync::addrs_in_namespaces(pods.iter().map(AsRef::as_ref), changed);
-        if addrs.is_empty() {
-            changed.clear();
-            return;
-        }
-        match dp.cut_links(&addrs) {
-            Ok(n) => {
-                info!(namespaces = ?changed, connections = n,
-                    "NetworkPolicies changed: these namespaces' pods' bypassed connections moved to TCP");
-                changed.clear();
-            }
-            Err(e) => {
-                self.telemetry.agent.error(ErrorKind::MapUpdate);
-                error!(error = %e, "could not cut the connections of pods whose NetworkPolicies changed; retrying on the next pass");
-            }
-        }
-    }
-
-    /// Makes the maps and the toggle match the stores. Failures are logged and counted;
-    /// the next pass retries.
-    fn reconcile(&mut self, stores: &Stores, listed: &Listed, dp: &mut Datapath) {
-        let metrics = self.telemetry.agent.clone();
-        metrics.reconciles.inc();
-        let node = stores.nodes.get(&ObjectRef::new(&self.policy.node));
-        if self.node_seen != Some(node.is_some()) {
-            if node.is_none() {
-                warn!(node = %self.policy.node,
-                    "node not found in the API: --default-enabled decides");
-            }
-            self.node_seen = Some(node.is_some());
-        }
-        let pods = stores.pods.state();
-        let namespaces = stores.namespaces.state();
-        let service_cidrs = stores.service_cidrs.state();
-        let mut desired = sync::desired(
-            pods.iter().map(AsRef::as_ref),
-            namespaces.iter().map(AsRef::as_ref),
-            listed
-                .service_cidrs_known()
-                .then(|| service_cidrs.iter().map(AsRef::as_ref)),
-            &self.policy,
-            &self.statics,
-        );
-        if listed.backends_known() {
-            let services = stores.services.state();
-            let slices = stores.endpoint_slices.state();
-            let mut backends = self.statics.service_backends.clone();
-            backends.extend(sync::service_backends(
-                services.iter().map(AsRef::as_ref),
-                slices.iter().map(AsRef::as_ref),
-                &desired.addrs,
-            ));
-            desired.service_backends = Some(backends);
-        } else if listed.backends_forbidden() {
-            desired.service_backends = Some(self.statics.service_backends.clone());
-        }
-        for r in sync::new_rejections(&self.reported, &desired.rejections) {
-            metrics.error(match r.kind {
-                RejectionKind::PodAddress => ErrorKind::PodAddress,
-                RejectionKind::OptOutValue => ErrorKind::OptOutValue,
-                // Its own kind, `service_cidr`; the log line names the ServiceCIDR.
-                RejectionKind::ServiceCidr => ErrorKind::ServiceCidr,
-            });
-            warn!(kind = r.kind.as_str(), object = %r.object, field = %r.field, value = %r.value,
-                "rejected: {}", r.reason);
-        }
-        self.reported = desired.rejections.clone();
-        metrics
-            .pods_tracked
-            .set(i64::try_from(desired.pods_tracked).unwrap_or(i64::MAX));
-
-        let maps = dp.pod_maps();
-        let plan = sync::plan(&apply::current(maps), &desired);
-        if !plan.is_empty() {
-            debug!(?plan, "applying");
-        }
-        let failed = apply::apply(maps, &plan, |e| {
-            metrics.error(ErrorKind::MapUpdate);
-            error!(error = %e, "map update failed; retrying on the next pass");
-        });
-        // Connections already established with a pod that just opted out leave the
-        // bypass too (each side's next send takes TCP).
-        if !plan.add_excluded.is_empty() {
-            let newly: BTreeSet<std::net::IpAddr> = plan.add_excluded.iter().copied().collect();
-            match dp.cut_links(&newly) {
-                Ok(0) => {}
-                Ok(n) => info!(connections = n, "opted-out pods' connections moved to TCP"),
-                Err(e) => {
-                    metrics.error(ErrorKind::MapUpdate);
-                    error!(error = %e, "could not end opted-out pods' links");
-                }
-            }
-        }
-        if !plan.is_empty() {
-            info!(
-                added_cidrs = plan.add_cidrs.len(),
-                removed_cidrs = plan.remove_cidrs.len(),
-                added_addrs = plan.add_addrs.len(),
-                removed_addrs = plan.remove_addrs.len(),
-                added_excluded = plan.add_excluded.len(),
-                removed_excluded = plan.remove_excluded.len(),
-                added_service_cidrs = ?plan.add_service_cidrs.iter().map(ToString::to_string).collect::<Vec<_>>(),
-                removed_service_cidrs = ?plan.remove_service_cidrs.iter().map(ToString::to_string).collect::<Vec<_>>(),
-                added_service_backends = plan.add_service_backends.len(),
-                removed_service_backends = plan.remove_service_backends.len(),
-                failed,
-                pods_tracked = desired.pods_tracked,
-                pods = ?desired.pods,
-                "maps updated"
-            );
-        }
-        self.toggle(dp, node.as_deref());
-    }
-
-    /// What this node's status object should say now.
-    fn node_status(&self, dp: &Datapath) -> super::node_status::NodeStatus {
-        let features = dp.features();
-        let why_off = match self.enabled_by {
-            Some(toggle::EnabledBy::Label) => {
-                format!("node label {}=false", self.settings.node_label)
-            }
-            Some(toggle::EnabledBy::Default) => format!(
-                "no node label {} and --default-enabled=false",
-                self.settings.node_label
-            ),
-            None => "not decided yet".to_owned(),
-        };
-        super::loaded_status(
-            &self.policy.node,
-            dp.is_attached(),
-            dp.refused(),
-            &features,
-            &why_off,
-        )
-    }
-
-    /// Applies what the node label means.
-    fn toggle(&mut self, dp: &mut Datapath, node: Option<&Node>) {
-        let metrics = self.telemetry.agent.clone();
-        let labels = node.and_then(|n| n.metadata.labels.as_ref());
-        let key = &self.settings.node_label;
-        let attached = dp.is_attached();
-        let decision = toggle::decide(
-            &self.policy.node,
-            labels,
-            key,
-            self.settings.default_enabled,
-            attached,
-        );
-        match &decision {
-            Ok(d) => {
-                self.last_bad_label = None;
-                self.enabled_by = Some(d.by);
-            }
-            Err(bad) => {
-                if self.last_bad_label.as_deref() != Some(bad.value.as_str()) {
-                    metrics.error(ErrorKind::LabelValue);
-                    warn!(node = %bad.node, key = %bad.key, value = %bad.value, "{bad}");
-                    self.last_bad_label = Some(bad.value.clone());
-                }
-            }
-        }
-        let result = match toggle::action(attached, &decision) {
-            Action::Attach => dp
-                .attach()
-                .map(|()| info!(by = ?self.enabled_by, "bypass on")),
-            Action::Detach => dp
-                .detach()
-                .map(|()| info!(by = ?self.enabled_by, "bypass off")),
-            Action::Keep => Ok(()),
-        };
-        match result {
-            Ok(()) => self.telemetry.health.set_settled(true),
-            Err(e) => {
-                metrics.error(ErrorKind::Toggle);
-                error!(error = %e, "switching the bypass failed; retrying on the next pass");
-            }
-        }
-        let recorded = Recorded {
-            enabled_by: self.enabled_by,
-            label: LabelValue::of(labels, key),
-            synced: true,
-        };
-        if let Err(e) = dp.set_agent_state(recorded.encode()) {
-            warn!(error = %e, "recording the toggle state for `status`");
         }
     }
 }

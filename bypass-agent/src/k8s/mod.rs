@@ -1,11 +1,17 @@
 //! `run --node-name`: the agent as a Kubernetes node agent. Pod CIDRs come from the
 //! Node, pod addresses from the Pods scheduled on it, the on/off switch from a Node
 //! label; the watchers only feed the pure core (`sync`, `toggle`).
+//!
+//! `client` connects and checks at start; `watch` turns API events into stores,
+//! `reconcile` makes the datapath match them, `controller` is the loop that joins the
+//! two; `node_status` publishes what the node does, `owner` asks at exit whether the
+//! DaemonSet is gone.
 
 pub mod client;
 mod controller;
 pub mod node_status;
 pub mod owner;
+mod reconcile;
 mod watch;
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
