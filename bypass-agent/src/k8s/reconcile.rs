@@ -19,7 +19,7 @@ use crate::{
     apply,
     datapath::Datapath,
     metrics::{ErrorKind, Telemetry},
-    sync::{self, Policy, Rejection, RejectionKind, Statics},
+    sync::{self, Desired, Policy, Rejection, RejectionKind, Statics},
     toggle::{self, Action, EnabledBy, LabelValue, Recorded},
 };
 
@@ -98,8 +98,15 @@ impl<'a> Reconciler<'a> {
     /// Makes the maps and the toggle match the stores. Failures are logged and counted;
     /// the next pass retries.
     pub(super) fn reconcile(&mut self, stores: &Stores, listed: &Listed, dp: &mut Datapath) {
-        let metrics = self.telemetry.agent.clone();
-        metrics.reconciles.inc();
+        self.telemetry.agent.reconciles.inc();
+        let node = self.node(stores);
+        let desired = self.desired(stores, listed);
+        self.apply_maps(&desired, dp);
+        self.toggle(dp, node.as_deref());
+    }
+
+    /// This node, from its store; its absence is logged when it starts.
+    fn node(&mut self, stores: &Stores) -> Option<Arc<Node>> {
         let node = stores.nodes.get(&ObjectRef::new(&self.policy.node));
         if self.node_seen != Some(node.is_some()) {
             if node.is_none() {
@@ -108,6 +115,15 @@ impl<'a> Reconciler<'a> {
             }
             self.node_seen = Some(node.is_some());
         }
+        node
+    }
+
+    /// What the maps should hold, from the stores (the pure core, `sync`): the Service
+    /// CIDRs once the ServiceCIDRs are known, the Service backends once the Services and
+    /// EndpointSlices are (`--service-backend` alone when RBAC forbids them). New
+    /// rejections are logged and counted, each once; the tracked pods are gauged.
+    fn desired(&mut self, stores: &Stores, listed: &Listed) -> Desired {
+        let metrics = &self.telemetry.agent;
         let pods = stores.pods.state();
         let namespaces = stores.namespaces.state();
         let service_cidrs = stores.service_cidrs.state();
@@ -147,9 +163,15 @@ impl<'a> Reconciler<'a> {
         metrics
             .pods_tracked
             .set(i64::try_from(desired.pods_tracked).unwrap_or(i64::MAX));
+        desired
+    }
 
+    /// Takes the maps from what they hold to `desired` (`sync::plan`, `apply`), and moves
+    /// the connections of pods that just opted out to TCP.
+    fn apply_maps(&self, desired: &Desired, dp: &mut Datapath) {
+        let metrics = &self.telemetry.agent;
         let maps = dp.pod_maps();
-        let plan = sync::plan(&apply::current(maps), &desired);
+        let plan = sync::plan(&apply::current(maps), desired);
         if !plan.is_empty() {
             debug!(?plan, "applying");
         }
@@ -188,7 +210,6 @@ impl<'a> Reconciler<'a> {
                 "maps updated"
             );
         }
-        self.toggle(dp, node.as_deref());
     }
 
     /// What this node's status object should say now.
@@ -213,16 +234,14 @@ impl<'a> Reconciler<'a> {
         )
     }
 
-    /// Applies what the node label means.
-    fn toggle(&mut self, dp: &mut Datapath, node: Option<&Node>) {
-        let metrics = self.telemetry.agent.clone();
-        let labels = node.and_then(|n| n.metadata.labels.as_ref());
-        let key = &self.settings.node_label;
-        let attached = dp.is_attached();
+    /// What the node label asks of a datapath that is `attached` or not (the pure
+    /// core, `toggle`), remembering where the decision came from; a bad value is logged
+    /// and counted once.
+    fn toggle_action(&mut self, node: Option<&Node>, attached: bool) -> Action {
         let decision = toggle::decide(
             &self.policy.node,
-            labels,
-            key,
+            node.and_then(|n| n.metadata.labels.as_ref()),
+            &self.settings.node_label,
             self.settings.default_enabled,
             attached,
         );
@@ -233,13 +252,18 @@ impl<'a> Reconciler<'a> {
             }
             Err(bad) => {
                 if self.last_bad_label.as_deref() != Some(bad.value.as_str()) {
-                    metrics.error(ErrorKind::LabelValue);
+                    self.telemetry.agent.error(ErrorKind::LabelValue);
                     warn!(node = %bad.node, key = %bad.key, value = %bad.value, "{bad}");
                     self.last_bad_label = Some(bad.value.clone());
                 }
             }
         }
-        let result = match toggle::action(attached, &decision) {
+        toggle::action(attached, &decision)
+    }
+
+    /// Applies what the node label means, and records it for `status`.
+    fn toggle(&mut self, dp: &mut Datapath, node: Option<&Node>) {
+        let result = match self.toggle_action(node, dp.is_attached()) {
             Action::Attach => dp
                 .attach()
                 .map(|()| info!(by = ?self.enabled_by, "bypass on")),
@@ -251,13 +275,16 @@ impl<'a> Reconciler<'a> {
         match result {
             Ok(()) => self.telemetry.health.set_settled(true),
             Err(e) => {
-                metrics.error(ErrorKind::Toggle);
+                self.telemetry.agent.error(ErrorKind::Toggle);
                 error!(error = %e, "switching the bypass failed; retrying on the next pass");
             }
         }
         let recorded = Recorded {
             enabled_by: self.enabled_by,
-            label: LabelValue::of(labels, key),
+            label: LabelValue::of(
+                node.and_then(|n| n.metadata.labels.as_ref()),
+                &self.settings.node_label,
+            ),
             synced: true,
         };
         if let Err(e) = dp.set_agent_state(recorded.encode()) {
