@@ -9,6 +9,8 @@
 
 pub mod client;
 mod controller;
+#[cfg(test)]
+mod fixtures;
 pub mod node_status;
 pub mod owner;
 mod reconcile;

@@ -292,3 +292,334 @@ impl<'a> Reconciler<'a> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::{net::IpAddr, path::Path, time::Duration};
+
+    use futures::StreamExt as _;
+    use serde_json::{Value, json};
+    use tokio::sync::mpsc;
+
+    use super::*;
+    use crate::{
+        backend::Backend,
+        cidr::Cidr,
+        datapath::PinLayout,
+        k8s::{
+            fixtures::{Answer, ApiServer},
+            watch::{WatchState, Watches},
+        },
+        metrics::ErrorLabels,
+    };
+
+    const NODE: &str = "node-a";
+    const NODE_SELECTOR: &str = "fieldSelector=metadata.name%3Dnode-a";
+    const POD_SELECTOR: &str = "fieldSelector=spec.nodeName%3Dnode-a";
+
+    fn settings() -> Settings {
+        Settings {
+            node: NODE.into(),
+            kubeconfig: None,
+            node_label: "bypass.dev/enabled".into(),
+            default_enabled: false,
+            exclude_annotation: "bypass.dev/exclude".into(),
+            exclude_namespace_label: "bypass.dev/exclude".into(),
+            include_namespace_label: None,
+            metrics_addrs: Vec::new(),
+            resync: Duration::from_secs(60),
+            pod: None,
+        }
+    }
+
+    /// `--service-cidr 10.100.0.0/16 --service-backend 10.96.0.20:443=10.244.1.8:8443`.
+    fn statics() -> Statics {
+        Statics {
+            service_cidrs: [cidr("10.100.0.0/16")].into(),
+            service_backends: [backend("10.96.0.20:443", "10.244.1.8:8443")].into(),
+            ..Statics::default()
+        }
+    }
+
+    fn cidr(s: &str) -> Cidr {
+        s.parse().unwrap()
+    }
+
+    fn backend(vip: &str, target: &str) -> Backend {
+        Backend::new(vip.parse().unwrap(), target.parse().unwrap())
+    }
+
+    fn ips(list: &[&str]) -> BTreeSet<IpAddr> {
+        list.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    fn node(labels: Value) -> Value {
+        json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": { "name": NODE, "labels": labels },
+            // Never used: only Pod objects make addresses a pod's.
+            "spec": { "podCIDRs": ["10.244.1.0/24"] },
+        })
+    }
+
+    fn namespace(name: &str, labels: Value) -> Value {
+        json!({
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": { "name": name, "labels": labels },
+        })
+    }
+
+    /// A running pod of this node with addresses `ips`.
+    fn pod(namespace: &str, name: &str, ips: &[&str]) -> Value {
+        let pod_ips: Vec<Value> = ips.iter().map(|ip| json!({ "ip": ip })).collect();
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": { "namespace": namespace, "name": name },
+            "spec": { "nodeName": NODE, "containers": [{ "name": "app" }] },
+            "status": { "phase": "Running", "podIPs": pod_ips },
+        })
+    }
+
+    fn service_cidr(name: &str, cidrs: &[&str]) -> Value {
+        json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+            "metadata": { "name": name },
+            "spec": { "cidrs": cidrs },
+        })
+    }
+
+    /// Service `default/web`, ClusterIP 10.96.0.10, port 80 named `http`.
+    fn service() -> Value {
+        json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": { "namespace": "default", "name": "web" },
+            "spec": {
+                "clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10"],
+                "ports": [{ "name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080 }],
+            },
+        })
+    }
+
+    /// Its slice: one endpoint on this node's `default/web`, one on another node.
+    fn endpoint_slice() -> Value {
+        json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {
+                "namespace": "default", "name": "web-x7k2p",
+                "labels": { "kubernetes.io/service-name": "web" },
+            },
+            "addressType": "IPv4",
+            "endpoints": [{ "addresses": ["10.244.1.7"] }, { "addresses": ["10.244.2.3"] }],
+            "ports": [{ "name": "http", "port": 8080, "protocol": "TCP" }],
+        })
+    }
+
+    /// The mock API server with the node's routes; the Service side is the caller's.
+    fn api_server(node: Value, pods: Vec<Value>) -> ApiServer {
+        ApiServer::default()
+            .route("/api/v1/nodes", &[NODE_SELECTOR], Answer::List(vec![node]))
+            .route("/api/v1/pods", &[POD_SELECTOR], Answer::List(pods))
+            .route(
+                "/api/v1/namespaces",
+                &[],
+                Answer::List(vec![
+                    namespace("default", json!({})),
+                    namespace("quiet", json!({ "bypass.dev/exclude": "true" })),
+                ]),
+            )
+    }
+
+    fn telemetry() -> Arc<Telemetry> {
+        Arc::new(Telemetry::new(PinLayout::new(Path::new(
+            "/nonexistent/bypass-test",
+        ))))
+    }
+
+    fn errors(telemetry: &Telemetry, kind: ErrorKind) -> u64 {
+        telemetry
+            .agent
+            .errors
+            .get_or_create(&ErrorLabels { kind })
+            .get()
+    }
+
+    /// Feeds the watch events to `state` until everything the first pass reads is
+    /// known: the node, pods and namespaces listed, the ServiceCIDRs listed or known not
+    /// to come, the Service backends listed or forbidden. Fails on a request the mock
+    /// API server does not expect.
+    async fn until_known(
+        watches: &mut Watches,
+        state: &mut WatchState,
+        unexpected: &mut mpsc::UnboundedReceiver<String>,
+    ) {
+        let known = |l: &Listed| {
+            l.core() && l.service_cidrs_known() && (l.backends_known() || l.backends_forbidden())
+        };
+        while !known(&state.listed) {
+            tokio::select! {
+                item = watches.events.next() => state.note(item.expect("the watches never end")),
+                Some(request) = unexpected.recv() => panic!("unexpected request: {request}"),
+            }
+        }
+        assert_eq!(unexpected.try_recv().ok(), None);
+    }
+
+    #[tokio::test]
+    async fn the_api_objects_become_the_desired_maps_and_toggle() {
+        let mut opted_out = pod("default", "opted", &["10.244.1.9"]);
+        opted_out["metadata"]["annotations"] = json!({ "bypass.dev/exclude": "true" });
+        let mut host = pod("default", "host", &["192.168.0.5"]);
+        host["spec"]["hostNetwork"] = json!(true);
+        let mut finished = pod("default", "done", &["10.244.1.11"]);
+        finished["status"]["phase"] = json!("Succeeded");
+        let pods = vec![
+            pod("default", "web", &["10.244.1.7"]),
+            pod("default", "db", &["10.244.1.8", "fd00::8"]),
+            opted_out,
+            pod("quiet", "app", &["10.244.1.10"]),
+            host,
+            finished,
+            pod("default", "bad", &["10.244.1.300"]),
+        ];
+        let (client, mut unexpected) =
+            api_server(node(json!({ "bypass.dev/enabled": "true" })), pods)
+                .route(
+                    "/apis/networking.k8s.io/v1/servicecidrs",
+                    &[],
+                    Answer::List(vec![
+                        service_cidr("kubernetes", &["10.96.0.0/16", "fd00:96::/112"]),
+                        service_cidr("extra", &["10.97.0.0/16", "10.98.0.1/16"]),
+                    ]),
+                )
+                .route("/api/v1/services", &[], Answer::List(vec![service()]))
+                .route(
+                    "/apis/discovery.k8s.io/v1/endpointslices",
+                    &[],
+                    Answer::List(vec![endpoint_slice()]),
+                )
+                .start();
+        let telemetry = telemetry();
+        let settings = settings();
+        let mut watches = Watches::new(&client, NODE);
+        let mut state = WatchState::new(telemetry.clone(), &statics());
+        until_known(&mut watches, &mut state, &mut unexpected).await;
+
+        let mut reconciler = Reconciler::new(&settings, statics(), telemetry.clone(), None);
+        let desired = reconciler.desired(&watches.stores, &state.listed);
+        assert_eq!(
+            desired.cidrs,
+            BTreeSet::new(),
+            "the node's podCIDRs are not used"
+        );
+        assert_eq!(desired.addrs, ips(&["10.244.1.7", "10.244.1.8", "fd00::8"]));
+        assert_eq!(
+            desired.excluded,
+            ips(&["10.244.1.9", "10.244.1.10", "192.168.0.5"]),
+            "opted out by annotation, by namespace label, on the host network"
+        );
+        assert_eq!(
+            desired.service_cidrs,
+            Some(
+                [
+                    "10.96.0.0/16",
+                    "fd00:96::/112",
+                    "10.97.0.0/16",
+                    "10.100.0.0/16"
+                ]
+                .map(cidr)
+                .into()
+            )
+        );
+        assert_eq!(
+            desired.service_backends,
+            Some(
+                [
+                    backend("10.96.0.10:80", "10.244.1.7:8080"),
+                    backend("10.96.0.20:443", "10.244.1.8:8443"),
+                ]
+                .into()
+            ),
+            "the endpoint on this node's pod, and --service-backend"
+        );
+        assert_eq!(desired.pods_tracked, 2);
+        let rejected: Vec<(&str, &str)> = desired
+            .rejections
+            .iter()
+            .map(|r| (r.object.as_str(), r.value.as_str()))
+            .collect();
+        assert_eq!(
+            rejected,
+            [
+                ("pod default/bad", "10.244.1.300"),
+                ("servicecidr extra", "10.98.0.1/16")
+            ]
+        );
+        // A standing rejection is counted once, not on every pass.
+        reconciler.desired(&watches.stores, &state.listed);
+        assert_eq!(errors(&telemetry, ErrorKind::PodAddress), 1);
+        assert_eq!(errors(&telemetry, ErrorKind::ServiceCidr), 1);
+        assert_eq!(telemetry.agent.pods_tracked.get(), 2);
+
+        let node = reconciler.node(&watches.stores);
+        assert!(node.is_some(), "this node, from its store");
+        assert_eq!(
+            reconciler.toggle_action(node.as_deref(), false),
+            Action::Attach
+        );
+        assert_eq!(
+            reconciler.toggle_action(node.as_deref(), true),
+            Action::Keep
+        );
+        assert_eq!(reconciler.enabled_by, Some(EnabledBy::Label));
+    }
+
+    #[tokio::test]
+    async fn a_missing_api_and_forbidden_backends_leave_the_flags_alone() {
+        let (client, mut unexpected) = api_server(
+            node(json!({})),
+            vec![pod("default", "web", &["10.244.1.7"])],
+        )
+        .route(
+            "/apis/networking.k8s.io/v1/servicecidrs",
+            &[],
+            Answer::Status(404),
+        )
+        .route("/api/v1/services", &[], Answer::List(vec![service()]))
+        .route(
+            "/apis/discovery.k8s.io/v1/endpointslices",
+            &[],
+            Answer::Status(403),
+        )
+        .start();
+        let telemetry = telemetry();
+        let settings = settings();
+        let mut watches = Watches::new(&client, NODE);
+        let mut state = WatchState::new(telemetry.clone(), &statics());
+        until_known(&mut watches, &mut state, &mut unexpected).await;
+        assert!(state.listed.backends_forbidden());
+
+        let mut reconciler = Reconciler::new(&settings, statics(), telemetry.clone(), None);
+        let desired = reconciler.desired(&watches.stores, &state.listed);
+        assert_eq!(desired.addrs, ips(&["10.244.1.7"]));
+        assert_eq!(
+            desired.service_cidrs,
+            Some(statics().service_cidrs),
+            "no ServiceCIDR API: --service-cidr alone"
+        );
+        assert_eq!(
+            desired.service_backends,
+            Some(statics().service_backends),
+            "EndpointSlices forbidden: --service-backend alone, not what the map held"
+        );
+        assert_eq!(errors(&telemetry, ErrorKind::Forbidden), 1);
+        assert_eq!(errors(&telemetry, ErrorKind::Watch), 1, "the missing API");
+
+        // No label: --default-enabled=false decides.
+        let node = reconciler.node(&watches.stores);
+        assert_eq!(
+            reconciler.toggle_action(node.as_deref(), true),
+            Action::Detach
+        );
+        assert_eq!(reconciler.enabled_by, Some(EnabledBy::Default));
+    }
+}
