@@ -446,7 +446,8 @@ mod tests {
     /// Feeds the watch events to `state` until everything the first pass reads is
     /// known: the node, pods and namespaces listed, the ServiceCIDRs listed or known not
     /// to come, the Service backends listed or forbidden. Fails on a request the mock
-    /// API server does not expect.
+    /// API server does not expect, and (rather than hang) when the listings never
+    /// complete: the mock answers at once, so the bound is never what ends a good run.
     async fn until_known(
         watches: &mut Watches,
         state: &mut WatchState,
@@ -455,12 +456,17 @@ mod tests {
         let known = |l: &Listed| {
             l.core() && l.service_cidrs_known() && (l.backends_known() || l.backends_forbidden())
         };
-        while !known(&state.listed) {
-            tokio::select! {
-                item = watches.events.next() => state.note(item.expect("the watches never end")),
-                Some(request) = unexpected.recv() => panic!("unexpected request: {request}"),
+        let listing = async {
+            while !known(&state.listed) {
+                tokio::select! {
+                    item = watches.events.next() => state.note(item.expect("the watches never end")),
+                    Some(request) = unexpected.recv() => panic!("unexpected request: {request}"),
+                }
             }
-        }
+        };
+        tokio::time::timeout(Duration::from_secs(30), listing)
+            .await
+            .expect("the listings never completed");
         assert_eq!(unexpected.try_recv().ok(), None);
     }
 
