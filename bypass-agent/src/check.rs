@@ -258,7 +258,7 @@ fn gather(opts: &CheckOpts) -> Report {
         shared_mount(&mountinfo, &opts.bpffs),
         &opts.bpffs,
     ));
-    let others = crate::others::list();
+    let others = crate::other_programs::list();
     items.push(if others.is_empty() {
         item("other sockmap owners", Level::Ok, "none")
     } else {

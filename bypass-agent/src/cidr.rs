@@ -1,4 +1,6 @@
-//! Pod CIDRs: parsing and validation (pure), and their form as LPM trie keys.
+//! CIDRs, the pod CIDRs (`--pod-cidr`) and the Service CIDRs (`--service-cidr`, the
+//! ServiceCIDR objects) alike: parsing and validation (pure), and their form as LPM trie
+//! keys.
 
 use std::{
     fmt,
@@ -8,9 +10,10 @@ use std::{
 
 use bypass_common::addr::{ip_key, key_bytes, trie_prefix_len};
 
-/// A pod CIDR such as `10.244.1.0/24` or `fd00:10:244:1::/64`, host bits zero.
+/// A CIDR such as `10.244.1.0/24` or `fd00:10:244:1::/64`, host bits zero: a pod CIDR
+/// or a Service CIDR.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PodCidr {
+pub struct Cidr {
     addr: IpAddr,
     prefix: u8,
 }
@@ -42,12 +45,12 @@ pub enum CidrError {
     },
 }
 
-impl PodCidr {
+impl Cidr {
     /// Builds a CIDR, rejecting host bits. An IPv6 network inside the IPv4-mapped range
     /// (`::ffff:0:0/96`, prefix 96 or more) is the IPv4 network it maps
     /// (`::ffff:10.0.0.0/104` is `10.0.0.0/8`): the trie keys IPv4 in that mapped form,
     /// so both spellings are one key, and the CIDR read back from the trie
-    /// ([`PodCidr::from_trie_key`]) must equal the one written. A network with a
+    /// ([`Cidr::from_trie_key`]) must equal the one written. A network with a
     /// shorter prefix never has a mapped address once its host bits are zero (the
     /// `ffff` lies past its prefix); it stays IPv6, and where it contains the mapped
     /// range (`::/80`, `::/0`) it covers every IPv4 address too, as the trie sees them.
@@ -84,7 +87,7 @@ impl PodCidr {
         )
     }
 
-    /// The CIDR of an LPM trie key, the inverse of [`PodCidr::trie_key`]; `None` for a
+    /// The CIDR of an LPM trie key, the inverse of [`Cidr::trie_key`]; `None` for a
     /// key no CIDR makes (a prefix over 128, bits set past it).
     pub fn from_trie_key(len: u32, bytes: [u8; 16]) -> Option<Self> {
         Self::new(IpAddr::V6(Ipv6Addr::from(bytes)), u8::try_from(len).ok()?).ok()
@@ -114,7 +117,7 @@ fn mask(addr: IpAddr, prefix: u8) -> IpAddr {
     }
 }
 
-impl FromStr for PodCidr {
+impl FromStr for Cidr {
     type Err = CidrError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -134,7 +137,7 @@ impl FromStr for PodCidr {
     }
 }
 
-impl fmt::Display for PodCidr {
+impl fmt::Display for Cidr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.addr, self.prefix)
     }
@@ -146,9 +149,9 @@ mod tests {
 
     #[test]
     fn parses_both_families() {
-        let v4: PodCidr = "10.244.1.0/24".parse().unwrap();
+        let v4: Cidr = "10.244.1.0/24".parse().unwrap();
         assert_eq!(v4.to_string(), "10.244.1.0/24");
-        let v6: PodCidr = "fd00:10:244:1::/64".parse().unwrap();
+        let v6: Cidr = "fd00:10:244:1::/64".parse().unwrap();
         assert_eq!(v6.to_string(), "fd00:10:244:1::/64");
         assert_eq!(v6.trie_key().0, 64);
         assert_eq!(v4.trie_key().0, 96 + 24);
@@ -166,7 +169,7 @@ mod tests {
             ("fd00::1/64", "did you mean fd00::/64"),
         ];
         for (input, want) in cases {
-            let err = input.parse::<PodCidr>().unwrap_err().to_string();
+            let err = input.parse::<Cidr>().unwrap_err().to_string();
             assert!(err.contains(want), "{input}: {err}");
             assert!(err.contains(input.split('/').next().unwrap()), "{err}");
         }
@@ -174,9 +177,9 @@ mod tests {
 
     #[test]
     fn edge_prefixes() {
-        assert_eq!("0.0.0.0/0".parse::<PodCidr>().unwrap().trie_key().0, 96);
-        assert_eq!("10.0.0.1/32".parse::<PodCidr>().unwrap().trie_key().0, 128);
-        assert_eq!("::/0".parse::<PodCidr>().unwrap().trie_key().0, 0);
+        assert_eq!("0.0.0.0/0".parse::<Cidr>().unwrap().trie_key().0, 96);
+        assert_eq!("10.0.0.1/32".parse::<Cidr>().unwrap().trie_key().0, 128);
+        assert_eq!("::/0".parse::<Cidr>().unwrap().trie_key().0, 0);
     }
 
     #[test]
@@ -187,20 +190,20 @@ mod tests {
             ("::ffff:10.244.1.0/120", "10.244.1.0/24"),
             ("::ffff:10.1.2.3/128", "10.1.2.3/32"),
         ] {
-            let c: PodCidr = mapped.parse().unwrap();
+            let c: Cidr = mapped.parse().unwrap();
             assert_eq!(c, v4.parse().unwrap(), "{mapped}");
             assert_eq!(c.to_string(), v4);
-            assert_eq!(c.trie_key(), v4.parse::<PodCidr>().unwrap().trie_key());
+            assert_eq!(c.trie_key(), v4.parse::<Cidr>().unwrap().trie_key());
         }
         // Host bits are judged on the form written, and the fix names that form.
-        let err = "::ffff:10.0.0.1/104".parse::<PodCidr>().unwrap_err();
+        let err = "::ffff:10.0.0.1/104".parse::<Cidr>().unwrap_err();
         assert!(
             err.to_string().contains("did you mean ::ffff:10.0.0.0/104"),
             "{err}"
         );
         // A shorter prefix cannot hold the mapped range's ffff: it is host bits.
         assert!(matches!(
-            "::ffff:0:0/95".parse::<PodCidr>(),
+            "::ffff:0:0/95".parse::<Cidr>(),
             Err(CidrError::HostBits { .. })
         ));
     }
@@ -221,18 +224,18 @@ mod tests {
             "::ffff:10.0.0.0/104",
             "::ffff:0:0/96",
         ] {
-            let c: PodCidr = s.parse().unwrap();
+            let c: Cidr = s.parse().unwrap();
             let (len, bytes) = c.trie_key();
-            assert_eq!(PodCidr::from_trie_key(len, bytes), Some(c), "{s}");
+            assert_eq!(Cidr::from_trie_key(len, bytes), Some(c), "{s}");
         }
-        assert!("::/80".parse::<PodCidr>().unwrap().addr.is_ipv6());
-        assert_eq!(PodCidr::from_trie_key(129, [0; 16]), None);
-        assert_eq!(PodCidr::from_trie_key(8, [0xff; 16]), None);
+        assert!("::/80".parse::<Cidr>().unwrap().addr.is_ipv6());
+        assert_eq!(Cidr::from_trie_key(129, [0; 16]), None);
+        assert_eq!(Cidr::from_trie_key(8, [0xff; 16]), None);
     }
 
     #[test]
     fn v4_trie_key_is_mapped() {
-        let (len, bytes) = "10.244.0.0/16".parse::<PodCidr>().unwrap().trie_key();
+        let (len, bytes) = "10.244.0.0/16".parse::<Cidr>().unwrap().trie_key();
         assert_eq!(len, 112);
         assert_eq!(&bytes[10..14], &[0xff, 0xff, 10, 244]);
     }

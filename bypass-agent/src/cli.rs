@@ -11,7 +11,7 @@ use bypass_common::names::{
 use bypass_common::size::{SizeError, parse_size};
 use clap::{Args, Parser, Subcommand};
 
-use crate::cidr::PodCidr;
+use crate::cidr::Cidr;
 
 /// Same-node TCP bypass: pod-to-pod sockets talk socket to socket.
 #[derive(Debug, Parser)]
@@ -140,7 +140,7 @@ pub struct RunOpts {
     /// A pod CIDR (repeatable): connections whose two ends are inside pod CIDRs or are
     /// pod addresses are bypassed. IPv4 and IPv6.
     #[arg(long = "pod-cidr", value_name = "CIDR")]
-    pub pod_cidrs: Vec<PodCidr>,
+    pub pod_cidrs: Vec<Cidr>,
     /// A single pod address (repeatable).
     #[arg(long = "pod-ip", value_name = "ADDR")]
     pub pod_ips: Vec<std::net::IpAddr>,
@@ -148,7 +148,7 @@ pub struct RunOpts {
     /// it is watched, so that when kube-proxy's DNAT lands it on a pod of this node the
     /// two sockets are paired and bypassed.
     #[arg(long = "service-cidr", value_name = "CIDR")]
-    pub service_cidrs: Vec<PodCidr>,
+    pub service_cidrs: Vec<Cidr>,
     /// A Service address and port and one backend of it on this node's pods,
     /// `SERVICE_IP:PORT=POD_IP:PORT` (repeatable). A connection whose client dialled
     /// another address than its server's is paired across pods only to a backend of

@@ -11,15 +11,15 @@ pub mod cidr;
 pub mod cli;
 pub mod datapath;
 pub mod error;
+#[cfg(any(test, feature = "fuzz"))]
+pub mod fuzz_properties;
 pub mod k8s;
 mod metrics;
 pub mod nodes;
-mod others;
+mod other_programs;
 pub mod owners;
 pub mod prepare;
 pub mod probe;
-#[cfg(any(test, feature = "fuzz"))]
-pub mod props;
 pub mod run;
 pub(crate) mod runtime;
 pub mod status;

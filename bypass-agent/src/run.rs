@@ -60,7 +60,7 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
             None => datapath::find_cgroup2_mount()?,
         },
     };
-    for other in crate::others::list() {
+    for other in crate::other_programs::list() {
         tracing::warn!(
             program = %other,
             "another program's {} program is loaded: sockets its sockmap holds cannot join ours (insert_failures, see status)",

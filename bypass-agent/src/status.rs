@@ -27,8 +27,8 @@ pub fn read(layout: &PinLayout) -> Result<Report, AgentError> {
     let max_sockets = aya::maps::MapInfo::from_pin(layout.map(bypass_common::names::MAP_SOCKETS))
         .ok()
         .map(|i| i.max_entries());
-    let others = crate::others::list();
-    let insert_failures_cause = crate::others::insert_failure_cause(
+    let others = crate::other_programs::list();
+    let insert_failures_cause = crate::other_programs::insert_failure_cause(
         counters.get(Stat::InsertFailures),
         sockets,
         max_sockets,

@@ -117,6 +117,12 @@ pub enum Preflight {
     Retry(String),
 }
 
+/// How long to wait between start-up checks while the API server does not answer (and
+/// between probes of an API the agent can do without).
+pub fn retry_delay(attempt: u32) -> Duration {
+    Duration::from_millis(500u64.saturating_mul(1 << attempt.min(6))).min(Duration::from_secs(30))
+}
+
 /// Checks that the node exists and that the agent may get, list and watch what it
 /// needs. A definite answer (404, 403, 401) is an error; no answer is [`Preflight::Retry`].
 pub async fn preflight(client: &Client, node: &str) -> Result<Preflight, AgentError> {
@@ -207,6 +213,15 @@ mod tests {
         );
         assert_eq!(classify(&api(422, "bad")), Failure::Other("bad".into()));
         assert_eq!(classify(&api(403, "")), Failure::Forbidden("Reason".into()));
+    }
+
+    #[test]
+    fn retry_delay_grows_and_caps() {
+        assert_eq!(retry_delay(0), Duration::from_millis(500));
+        assert_eq!(retry_delay(1), Duration::from_secs(1));
+        assert_eq!(retry_delay(5), Duration::from_secs(16));
+        assert_eq!(retry_delay(6), Duration::from_secs(30));
+        assert_eq!(retry_delay(60), Duration::from_secs(30));
     }
 
     #[test]

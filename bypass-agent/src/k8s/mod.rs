@@ -1,11 +1,20 @@
 //! `run --node-name`: the agent as a Kubernetes node agent. Pod CIDRs come from the
 //! Node, pod addresses from the Pods scheduled on it, the on/off switch from a Node
 //! label; the watchers only feed the pure core (`sync`, `toggle`).
+//!
+//! `client` connects and checks at start; `watch` turns API events into stores,
+//! `reconcile` makes the datapath match them, `controller` is the loop that joins the
+//! two; `node_status` publishes what the node does, `owner` asks at exit whether the
+//! DaemonSet is gone.
 
 pub mod client;
 mod controller;
+#[cfg(test)]
+mod fixtures;
 pub mod node_status;
 pub mod owner;
+mod reconcile;
+mod watch;
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
@@ -151,7 +160,7 @@ async fn run_async(
         match client::preflight(&client, &settings.node).await? {
             client::Preflight::Ok => break,
             client::Preflight::Retry(why) => {
-                let delay = controller::retry_delay(attempt);
+                let delay = client::retry_delay(attempt);
                 warn!(error = %why, retry_in = ?delay, "the API server does not answer; retrying");
                 attempt += 1;
                 tokio::select! {
@@ -244,4 +253,88 @@ async fn run_async(
     }
     drop(dp);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use hyper::{Method, header::CONTENT_TYPE};
+
+    use super::{
+        fixtures::{json_response, mock_client, status_response},
+        node_status::{NodeStatus, Owner, State},
+        *,
+    };
+
+    fn status(state: State) -> NodeStatus {
+        NodeStatus {
+            node: "node-a".into(),
+            state,
+            reason: String::new(),
+            kernel: "6.1.0".into(),
+            guarantees: vec!["ulp_guard".into()],
+            without: Vec::new(),
+            version: "0.1.0".into(),
+        }
+    }
+
+    /// The node status goes out by server-side apply, owned by the DaemonSet; each
+    /// change once, a failed write again on the next pass.
+    #[tokio::test]
+    async fn the_node_status_is_applied_once_per_change_and_retried_after_a_failure() {
+        let (client, mut handle) = mock_client();
+        let api_server = tokio::spawn(async move {
+            let mut states = Vec::new();
+            for code in [500, 200, 200] {
+                let (request, send) = handle.next_request().await.expect("a request");
+                assert_eq!(request.method(), Method::PATCH);
+                assert_eq!(
+                    request.uri().path(),
+                    "/api/v1/namespaces/bypass-system/configmaps/bypass-node-node-a"
+                );
+                let query: Vec<&str> = request.uri().query().unwrap_or("").split('&').collect();
+                assert!(
+                    query.contains(&"fieldManager=bypass-agent") && query.contains(&"force=true"),
+                    "{query:?}"
+                );
+                assert_eq!(
+                    request.headers()[CONTENT_TYPE],
+                    "application/apply-patch+yaml"
+                );
+                let body: serde_json::Value =
+                    serde_json::from_slice(&request.into_body().collect_bytes().await.unwrap())
+                        .unwrap();
+                assert_eq!(body["metadata"]["ownerReferences"][0]["uid"], "u-1");
+                assert_eq!(
+                    body["metadata"]["labels"]["bypass.dev/state"],
+                    body["data"]["state"]
+                );
+                states.push(body["data"]["state"].as_str().unwrap().to_owned());
+                send.send_response(if code == 200 {
+                    json_response(200, &body)
+                } else {
+                    status_response(code)
+                });
+            }
+            // Nothing more until the agent lets go of its client.
+            assert!(handle.next_request().await.is_none(), "a write too many");
+            states
+        });
+        let mut publisher = Publisher {
+            client,
+            namespace: "bypass-system".into(),
+            owner: Some(Owner {
+                kind: "DaemonSet".into(),
+                name: "bypass-agent".into(),
+                uid: "u-1".into(),
+            }),
+            last: None,
+            warned: false,
+        };
+        publisher.update(status(State::Bypassing)).await; // 500
+        publisher.update(status(State::Bypassing)).await; // retried
+        publisher.update(status(State::Bypassing)).await; // unchanged: not written
+        publisher.update(status(State::Off)).await;
+        drop(publisher);
+        assert_eq!(api_server.await.unwrap(), ["bypassing", "bypassing", "off"]);
+    }
 }

@@ -171,7 +171,7 @@ impl Collector for DatapathCollector {
                     .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX)),
             )?;
         }
-        let others = crate::others::list();
+        let others = crate::other_programs::list();
         let mut family = enc.encode_descriptor(
             "bypass_other_programs",
             "Another program's sock_ops or sk_msg program loaded on this node (always 1): sockets its sockmap holds cannot join ours",

@@ -224,7 +224,7 @@ mod tests {
     fn only_pod_addresses_are_owned() {
         let pods = PodAddresses {
             addrs: BTreeSet::from([IpAddr::V4(Ipv4Addr::new(192, 168, 9, 9))]),
-            cidrs: vec![crate::cidr::PodCidr::new(v4(0), 24).unwrap().trie_key()],
+            cidrs: vec![crate::cidr::Cidr::new(v4(0), 24).unwrap().trie_key()],
             excluded: BTreeSet::from([v4(7)]),
         };
         assert!(pods.contains(v4(200)) && pods.contains(IpAddr::V4(Ipv4Addr::new(192, 168, 9, 9))));

@@ -58,7 +58,7 @@ impl Watcher {
             cidrs: maps
                 .cidrs()
                 .iter()
-                .map(crate::cidr::PodCidr::trie_key)
+                .map(crate::cidr::Cidr::trie_key)
                 .collect(),
             excluded: maps.excluded(),
         };

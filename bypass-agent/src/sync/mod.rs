@@ -19,7 +19,7 @@ use k8s_openapi::api::{
     networking::v1::ServiceCIDR,
 };
 
-use crate::{backend::Backend, cidr::PodCidr, toggle};
+use crate::{backend::Backend, cidr::Cidr, toggle};
 
 pub mod backends;
 
@@ -52,11 +52,11 @@ pub const BANDWIDTH_ANNOTATIONS: [&str; 2] = [
 #[derive(Debug, Clone, Default)]
 pub struct Statics {
     /// `--pod-cidr`.
-    pub cidrs: BTreeSet<PodCidr>,
+    pub cidrs: BTreeSet<Cidr>,
     /// `--pod-ip`.
     pub addrs: BTreeSet<IpAddr>,
     /// `--service-cidr`.
-    pub service_cidrs: BTreeSet<PodCidr>,
+    pub service_cidrs: BTreeSet<Cidr>,
     /// `--service-backend`.
     pub service_backends: BTreeSet<Backend>,
 }
@@ -148,7 +148,7 @@ impl fmt::Display for Rejection {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Desired {
     /// Pod CIDRs: `--pod-cidr` (never the node's `spec.podCIDRs`).
-    pub cidrs: BTreeSet<PodCidr>,
+    pub cidrs: BTreeSet<Cidr>,
     /// Exact addresses: every address of every eligible pod, and `--pod-ip`.
     pub addrs: BTreeSet<IpAddr>,
     /// Addresses that are never a pod's whatever CIDR holds them: every address of a
@@ -158,7 +158,7 @@ pub struct Desired {
     /// Service CIDRs: `--service-cidr` and the `spec.cidrs` of every ServiceCIDR object;
     /// `None` while the objects are not known yet, which leaves the trie as it is (an
     /// adopted datapath keeps the previous agent's until the first listing).
-    pub service_cidrs: Option<BTreeSet<PodCidr>>,
+    pub service_cidrs: Option<BTreeSet<Cidr>>,
     /// Service backends on this node's pods: `--service-backend`, and in Kubernetes
     /// mode those of the Services and EndpointSlices; `None` while they are not known
     /// yet, which leaves the map as it is.
@@ -176,9 +176,9 @@ pub struct Desired {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Plan {
     /// CIDRs to insert.
-    pub add_cidrs: Vec<PodCidr>,
+    pub add_cidrs: Vec<Cidr>,
     /// CIDRs to remove.
-    pub remove_cidrs: Vec<PodCidr>,
+    pub remove_cidrs: Vec<Cidr>,
     /// Addresses to insert.
     pub add_addrs: Vec<IpAddr>,
     /// Addresses to remove.
@@ -188,9 +188,9 @@ pub struct Plan {
     /// Excluded addresses to remove.
     pub remove_excluded: Vec<IpAddr>,
     /// Service CIDRs to insert.
-    pub add_service_cidrs: Vec<PodCidr>,
+    pub add_service_cidrs: Vec<Cidr>,
     /// Service CIDRs to remove.
-    pub remove_service_cidrs: Vec<PodCidr>,
+    pub remove_service_cidrs: Vec<Cidr>,
     /// Service backends to insert.
     pub add_service_backends: Vec<Backend>,
     /// Service backends to remove.
@@ -217,13 +217,13 @@ impl Plan {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Current {
     /// The pod CIDR trie.
-    pub cidrs: BTreeSet<PodCidr>,
+    pub cidrs: BTreeSet<Cidr>,
     /// The pod address map.
     pub addrs: BTreeSet<IpAddr>,
     /// The excluded address map.
     pub excluded: BTreeSet<IpAddr>,
     /// The Service CIDR trie.
-    pub service_cidrs: BTreeSet<PodCidr>,
+    pub service_cidrs: BTreeSet<Cidr>,
     /// The Service backend map.
     pub service_backends: BTreeSet<Backend>,
 }
@@ -332,7 +332,7 @@ impl Desired {
 pub fn service_cidr_ranges(
     sc: &ServiceCIDR,
     rejections: &mut BTreeSet<Rejection>,
-) -> BTreeSet<PodCidr> {
+) -> BTreeSet<Cidr> {
     let values = sc
         .spec
         .as_ref()
@@ -340,7 +340,7 @@ pub fn service_cidr_ranges(
         .map_or(&[][..], Vec::as_slice);
     let mut out = BTreeSet::new();
     for value in values {
-        match value.parse::<PodCidr>() {
+        match value.parse::<Cidr>() {
             Ok(cidr) => {
                 out.insert(cidr);
             }

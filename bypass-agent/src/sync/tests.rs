@@ -42,7 +42,7 @@ fn ips(list: &[&str]) -> BTreeSet<IpAddr> {
     list.iter().map(|s| s.parse().unwrap()).collect()
 }
 
-fn cidrs(list: &[&str]) -> BTreeSet<PodCidr> {
+fn cidrs(list: &[&str]) -> BTreeSet<Cidr> {
     list.iter().map(|s| s.parse().unwrap()).collect()
 }
 
@@ -307,11 +307,8 @@ fn plan_adds_and_removes() {
         ),
         &want,
     );
-    assert_eq!(p.add_cidrs, vec!["fd00::/64".parse::<PodCidr>().unwrap()]);
-    assert_eq!(
-        p.remove_cidrs,
-        vec!["10.0.0.0/8".parse::<PodCidr>().unwrap()]
-    );
+    assert_eq!(p.add_cidrs, vec!["fd00::/64".parse::<Cidr>().unwrap()]);
+    assert_eq!(p.remove_cidrs, vec!["10.0.0.0/8".parse::<Cidr>().unwrap()]);
     assert_eq!(p.add_addrs, vec!["10.244.1.2".parse::<IpAddr>().unwrap()]);
     assert_eq!(
         p.remove_addrs,
@@ -351,11 +348,11 @@ fn plan_keeps_mapped_cidrs_read_back_from_the_trie() {
         service_cidrs: Some(services.clone()),
         ..Desired::default()
     };
-    let read_back = |set: &BTreeSet<PodCidr>| -> BTreeSet<PodCidr> {
+    let read_back = |set: &BTreeSet<Cidr>| -> BTreeSet<Cidr> {
         set.iter()
             .map(|c| {
                 let (len, bytes) = c.trie_key();
-                PodCidr::from_trie_key(len, bytes).unwrap()
+                Cidr::from_trie_key(len, bytes).unwrap()
             })
             .collect()
     };
@@ -516,11 +513,11 @@ fn plan_moves_service_cidrs() {
     let p = plan(&current(&[], &[], &["10.96.0.0/12", "10.7.0.0/16"]), &want);
     assert_eq!(
         p.add_service_cidrs,
-        vec!["10.0.0.0/24".parse::<PodCidr>().unwrap()]
+        vec!["10.0.0.0/24".parse::<Cidr>().unwrap()]
     );
     assert_eq!(
         p.remove_service_cidrs,
-        vec!["10.7.0.0/16".parse::<PodCidr>().unwrap()]
+        vec!["10.7.0.0/16".parse::<Cidr>().unwrap()]
     );
     assert!(p.add_cidrs.is_empty() && p.remove_cidrs.is_empty());
     assert!(!p.is_empty());

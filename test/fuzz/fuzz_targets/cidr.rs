@@ -1,4 +1,5 @@
-//! The pod CIDR parser on arbitrary bytes (`bypass_agent::props::cidr_parse`).
+//! The CIDR parser (pod and Service CIDRs) on arbitrary bytes
+//! (`bypass_agent::fuzz_properties::cidr_parse`).
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| bypass_agent::props::cidr_parse(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| bypass_agent::fuzz_properties::cidr_parse(data));

@@ -10,7 +10,7 @@ use aya::maps::{
 use bypass_common::{IpKey, addr::ip_from_key, ip_key, key::ServiceBackend, names};
 
 use super::open_err;
-use crate::{backend::Backend, cidr::PodCidr, error::AgentError};
+use crate::{backend::Backend, cidr::Cidr, error::AgentError};
 
 /// The address maps: pod CIDRs, exact pod addresses, excluded addresses, Service
 /// (ClusterIP) CIDRs, Service backends.
@@ -58,7 +58,7 @@ impl PodMaps {
     }
 
     /// Adds a Service (ClusterIP) CIDR.
-    pub fn insert_service_cidr(&mut self, cidr: &PodCidr) -> Result<(), AgentError> {
+    pub fn insert_service_cidr(&mut self, cidr: &Cidr) -> Result<(), AgentError> {
         trie_insert(
             &mut self.services,
             cidr,
@@ -68,12 +68,12 @@ impl PodMaps {
     }
 
     /// Removes a Service CIDR.
-    pub fn remove_service_cidr(&mut self, cidr: &PodCidr) -> Result<(), AgentError> {
+    pub fn remove_service_cidr(&mut self, cidr: &Cidr) -> Result<(), AgentError> {
         trie_remove(&mut self.services, cidr, "Service")
     }
 
     /// The Service CIDRs in the trie now.
-    pub fn service_cidrs(&self) -> BTreeSet<PodCidr> {
+    pub fn service_cidrs(&self) -> BTreeSet<Cidr> {
         trie_cidrs(&self.services)
     }
 
@@ -115,12 +115,12 @@ impl PodMaps {
     }
 
     /// Adds a pod CIDR.
-    pub fn insert_cidr(&mut self, cidr: &PodCidr) -> Result<(), AgentError> {
+    pub fn insert_cidr(&mut self, cidr: &Cidr) -> Result<(), AgentError> {
         trie_insert(&mut self.cidrs, cidr, "pod", names::MAP_POD_CIDRS)
     }
 
     /// Removes a pod CIDR.
-    pub fn remove_cidr(&mut self, cidr: &PodCidr) -> Result<(), AgentError> {
+    pub fn remove_cidr(&mut self, cidr: &Cidr) -> Result<(), AgentError> {
         trie_remove(&mut self.cidrs, cidr, "pod")
     }
 
@@ -135,7 +135,7 @@ impl PodMaps {
     }
 
     /// The CIDRs in the trie now.
-    pub fn cidrs(&self) -> BTreeSet<PodCidr> {
+    pub fn cidrs(&self) -> BTreeSet<Cidr> {
         trie_cidrs(&self.cidrs)
     }
 
@@ -187,21 +187,21 @@ impl AddrSet {
 
 type Trie = LpmTrie<MapData, [u8; 16], u8>;
 
-fn trie_insert(trie: &mut Trie, cidr: &PodCidr, what: &str, map: &str) -> Result<(), AgentError> {
+fn trie_insert(trie: &mut Trie, cidr: &Cidr, what: &str, map: &str) -> Result<(), AgentError> {
     let (len, bytes) = cidr.trie_key();
     trie.insert(&Key::new(len, bytes), 1, 0)
         .map_err(|e| AgentError::bpf(format!("add {what} CIDR {cidr} to {map}"), e))
 }
 
-fn trie_remove(trie: &mut Trie, cidr: &PodCidr, what: &str) -> Result<(), AgentError> {
+fn trie_remove(trie: &mut Trie, cidr: &Cidr, what: &str) -> Result<(), AgentError> {
     let (len, bytes) = cidr.trie_key();
     trie.remove(&Key::new(len, bytes))
         .map_err(|e| AgentError::bpf(format!("remove {what} CIDR {cidr}"), e))
 }
 
-fn trie_cidrs(trie: &Trie) -> BTreeSet<PodCidr> {
+fn trie_cidrs(trie: &Trie) -> BTreeSet<Cidr> {
     trie.keys()
         .filter_map(Result::ok)
-        .filter_map(|k| PodCidr::from_trie_key(k.prefix_len(), k.data()))
+        .filter_map(|k| Cidr::from_trie_key(k.prefix_len(), k.data()))
         .collect()
 }

@@ -14,7 +14,7 @@ use k8s_openapi::api::{
 use serde::Deserialize;
 
 use crate::{
-    cidr::{CidrError, PodCidr},
+    cidr::{Cidr, CidrError},
     sync::{self, Policy, Statics},
 };
 
@@ -25,10 +25,10 @@ pub fn cidr_parse(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    match text.parse::<PodCidr>() {
+    match text.parse::<Cidr>() {
         Ok(c) => {
             let printed = c.to_string();
-            assert_eq!(printed.parse::<PodCidr>(), Ok(c), "{text:?} -> {printed}");
+            assert_eq!(printed.parse::<Cidr>(), Ok(c), "{text:?} -> {printed}");
             let (len, bytes) = c.trie_key();
             assert!(len <= 128, "{printed}: trie prefix {len}");
             let (addr, prefix) = printed
@@ -53,7 +53,7 @@ pub fn cidr_parse(data: &[u8]) {
         }
         Err(CidrError::HostBits { canonical, .. }) => {
             assert!(
-                canonical.parse::<PodCidr>().is_ok(),
+                canonical.parse::<Cidr>().is_ok(),
                 "{text:?}: suggested {canonical}, which is rejected"
             );
         }
@@ -110,7 +110,7 @@ pub fn reconcile(data: &[u8]) {
         include_namespace_label: None,
     };
     let cidrs =
-        |v: &[String]| -> BTreeSet<PodCidr> { v.iter().filter_map(|s| s.parse().ok()).collect() };
+        |v: &[String]| -> BTreeSet<Cidr> { v.iter().filter_map(|s| s.parse().ok()).collect() };
     let statics = Statics {
         cidrs: cidrs(&input.static_cidrs),
         addrs: input.static_addrs.iter().copied().collect(),

@@ -63,7 +63,7 @@ fn ours(name: &str) -> bool {
 }
 
 /// The other programs among `(id, name, program type)` (pure).
-pub fn others(programs: &[(u32, String, u32)]) -> Vec<OtherProgram> {
+pub fn not_ours(programs: &[(u32, String, u32)]) -> Vec<OtherProgram> {
     programs
         .iter()
         .filter_map(|(id, name, ty)| {
@@ -95,7 +95,7 @@ pub fn list() -> Vec<OtherProgram> {
             )
         })
         .collect();
-    others(&programs)
+    not_ours(&programs)
 }
 
 /// Why inserts failed (pure). Without another sk_msg program on the node the kernel
@@ -147,7 +147,7 @@ mod tests {
 
     #[test]
     fn names_the_other_programs_and_their_owners() {
-        let o = others(&progs());
+        let o = not_ours(&progs());
         let shown: Vec<String> = o.iter().map(ToString::to_string).collect();
         assert_eq!(
             shown,
@@ -167,7 +167,7 @@ mod tests {
 
     #[test]
     fn insert_failures_are_told_apart() {
-        let o = others(&progs());
+        let o = not_ours(&progs());
         assert_eq!(insert_failure_cause(0, 10, Some(10), &o), None);
         let other = insert_failure_cause(3, 2, Some(10), &o).unwrap();
         assert!(

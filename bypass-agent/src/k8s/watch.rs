@@ -1,0 +1,462 @@
+//! The watches: six reflectors (this Node, the Pods on it, all Namespaces, all
+//! ServiceCIDRs, all Services, all EndpointSlices) merged into one stream of events, and
+//! the NetworkPolicy watch; and what those events say ([`WatchState`]): which resources
+//! are listed, which cannot be and why, which namespaces' NetworkPolicies changed. While
+//! the API server is away the watchers retry with backoff and the stores stay as they
+//! were; on return the watchers relist.
+//!
+//! ServiceCIDRs are optional: the first three must be listed before the first pass,
+//! ServiceCIDRs never hold it up. Where the API is missing (Kubernetes < 1.33) or RBAC
+//! forbids it, one warning says so and the Service CIDR trie holds `--service-cidr`
+//! alone; a probe keeps retrying quietly (at most every 30 s) and starts the watch once
+//! it succeeds, so granting RBAC later is picked up without a restart.
+//!
+//! Services and EndpointSlices never hold up the first pass either: until both are
+//! listed the Service backend map stays as it is (empty on a fresh datapath, so a
+//! connection translated to a pod of this node takes TCP); a Forbidden watch of them is
+//! warned about once, naming the RBAC that fixes it, the map then holds
+//! `--service-backend` alone (never what an earlier agent wrote), and the watcher keeps
+//! retrying.
+
+use std::{collections::BTreeSet, sync::Arc};
+
+use futures::{
+    StreamExt as _,
+    stream::{BoxStream, SelectAll},
+};
+use k8s_openapi::api::{
+    core::v1::{Namespace, Node, Pod, Service},
+    discovery::v1::EndpointSlice,
+    networking::v1::{NetworkPolicy, ServiceCIDR},
+};
+use kube::{
+    Api, Client,
+    api::ListParams,
+    runtime::{
+        WatchStreamExt as _,
+        reflector::{self, Store},
+        watcher,
+    },
+};
+use tracing::{debug, error, info, warn};
+
+use super::client::{Failure, classify, retry_delay};
+use crate::{
+    metrics::{ErrorKind, Telemetry},
+    sync::Statics,
+};
+
+/// Which watcher an event came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Source {
+    Node = 0,
+    Pods = 1,
+    Namespaces = 2,
+    ServiceCidrs = 3,
+    Services = 4,
+    EndpointSlices = 5,
+}
+
+/// How many [`Source`]s there are.
+const SOURCES: usize = 6;
+
+impl Source {
+    fn resource(self) -> &'static str {
+        match self {
+            Self::Node => "nodes",
+            Self::Pods => "pods",
+            Self::Namespaces => "namespaces",
+            Self::ServiceCidrs => "servicecidrs",
+            Self::Services => "services",
+            Self::EndpointSlices => "endpointslices",
+        }
+    }
+
+    /// Whether it feeds the Service backends (and so is not needed to start).
+    fn backends(self) -> bool {
+        matches!(self, Self::Services | Self::EndpointSlices)
+    }
+}
+
+/// Which sources have completed a listing, and what is known of the ServiceCIDRs.
+#[derive(Debug, Default)]
+pub(super) struct Listed {
+    /// By `Source as usize`.
+    done: [bool; SOURCES],
+    /// Why the ServiceCIDRs cannot be listed, once warned about; cleared by a listing.
+    service_cidrs_unavailable: Option<Unavailable>,
+    /// By `Source as usize`: a Forbidden watch of Services or EndpointSlices warned
+    /// about; cleared by a listing.
+    forbidden_warned: [bool; SOURCES],
+}
+
+/// Why the agent gets no ServiceCIDRs from the API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unavailable {
+    /// 404: no `networking.k8s.io/v1` ServiceCIDR (Kubernetes < 1.33).
+    NoApi,
+    /// 403: RBAC.
+    Forbidden,
+    /// Any other failure before the first listing.
+    Failed,
+}
+
+impl Listed {
+    /// The node, its pods and the namespaces are listed: reconciling may start.
+    pub(super) fn core(&self) -> bool {
+        self.done[..3].iter().all(|d| *d)
+    }
+
+    /// The ServiceCIDRs are known: listed, or known not to come (the flags alone).
+    pub(super) fn service_cidrs_known(&self) -> bool {
+        self.done[Source::ServiceCidrs as usize] || self.service_cidrs_unavailable.is_some()
+    }
+
+    /// The Services and EndpointSlices are listed: the Service backends are known.
+    pub(super) fn backends_known(&self) -> bool {
+        self.done[Source::Services as usize] && self.done[Source::EndpointSlices as usize]
+    }
+
+    /// RBAC forbids listing the Services or the EndpointSlices (not listed before): the
+    /// map then holds `--service-backend` alone, never what an earlier agent wrote (an
+    /// address it named may be another pod's by now).
+    pub(super) fn backends_forbidden(&self) -> bool {
+        [Source::Services, Source::EndpointSlices]
+            .iter()
+            .any(|s| self.forbidden_warned[*s as usize] && !self.done[*s as usize])
+    }
+}
+
+/// A NetworkPolicy event: the namespace of a policy that changed (created, modified,
+/// deleted, or seen again by a relist), none for the first listing, or an error.
+pub(super) type PolicyItem = Result<Option<String>, watcher::Error>;
+
+/// The NetworkPolicy watch. Policies of the first listing are not changes (the
+/// connections established before were allowed by them); any event after is.
+fn watch_policies(api: Api<NetworkPolicy>) -> BoxStream<'static, PolicyItem> {
+    let mut listed = false;
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .map(move |e| {
+            Ok(match e? {
+                watcher::Event::Apply(p) | watcher::Event::Delete(p) => p.metadata.namespace,
+                watcher::Event::InitApply(p) if listed => p.metadata.namespace,
+                watcher::Event::InitDone => {
+                    listed = true;
+                    None
+                }
+                watcher::Event::Init | watcher::Event::InitApply(_) => None,
+            })
+        })
+        .boxed()
+}
+
+/// One item of the merged watch streams: an event (whether it completed a listing), or
+/// an error.
+pub(super) type Item = (Source, Result<bool, watcher::Error>);
+
+fn watch<K>(
+    source: Source,
+    api: Api<K>,
+    config: watcher::Config,
+) -> (Store<K>, BoxStream<'static, Item>)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = reflector::store();
+    let stream = reflector::reflector(writer, watcher(api, config).default_backoff())
+        .map(move |r| (source, r.map(|e| matches!(e, watcher::Event::InitDone))))
+        .boxed();
+    (store, stream)
+}
+
+/// The ServiceCIDR watch, behind a probe: a one-item list, retried with
+/// [`retry_delay`] until it succeeds, each failure an item (so a missing API or RBAC is
+/// warned about once by [`WatchState::note`], not by the watcher on every retry), and
+/// then the reflector.
+fn watch_service_cidrs(api: Api<ServiceCIDR>) -> (Store<ServiceCIDR>, BoxStream<'static, Item>) {
+    let probe_api = api.clone();
+    let probe = futures::stream::unfold(0u32, move |attempt| {
+        let api = probe_api.clone();
+        async move {
+            if attempt > 0 {
+                tokio::time::sleep(retry_delay(attempt - 1)).await;
+            }
+            match api.list(&ListParams::default().limit(1)).await {
+                Ok(_) => None,
+                Err(e) => Some((
+                    (
+                        Source::ServiceCidrs,
+                        Err(watcher::Error::InitialListFailed(e)),
+                    ),
+                    attempt.saturating_add(1),
+                )),
+            }
+        }
+    });
+    let (store, watch) = watch(Source::ServiceCidrs, api, watcher::Config::default());
+    (store, probe.chain(watch).boxed())
+}
+
+/// What the reflectors hold: the objects the reconciler reads.
+pub(super) struct Stores {
+    /// This node (field selector `metadata.name`).
+    pub(super) nodes: Store<Node>,
+    /// The pods scheduled on it (field selector `spec.nodeName`).
+    pub(super) pods: Store<Pod>,
+    pub(super) namespaces: Store<Namespace>,
+    pub(super) service_cidrs: Store<ServiceCIDR>,
+    pub(super) services: Store<Service>,
+    pub(super) endpoint_slices: Store<EndpointSlice>,
+}
+
+/// The running watches of node `node`: the stores, the merged stream of their events
+/// (never ends while the client lives) and the NetworkPolicy events. Nothing is asked
+/// of the API server until the streams are polled.
+pub(super) struct Watches {
+    pub(super) stores: Stores,
+    pub(super) events: SelectAll<BoxStream<'static, Item>>,
+    pub(super) policies: BoxStream<'static, PolicyItem>,
+}
+
+impl Watches {
+    pub(super) fn new(client: &Client, node: &str) -> Self {
+        let (nodes, node_events) = watch(
+            Source::Node,
+            Api::<Node>::all(client.clone()),
+            watcher::Config::default().fields(&format!("metadata.name={node}")),
+        );
+        let (pods, pod_events) = watch(
+            Source::Pods,
+            Api::<Pod>::all(client.clone()),
+            watcher::Config::default().fields(&format!("spec.nodeName={node}")),
+        );
+        let (namespaces, ns_events) = watch(
+            Source::Namespaces,
+            Api::<Namespace>::all(client.clone()),
+            watcher::Config::default(),
+        );
+        let policies = watch_policies(Api::<NetworkPolicy>::all(client.clone()));
+        let (service_cidrs, sc_events) =
+            watch_service_cidrs(Api::<ServiceCIDR>::all(client.clone()));
+        let (services, svc_events) = watch(
+            Source::Services,
+            Api::<Service>::all(client.clone()),
+            watcher::Config::default(),
+        );
+        let (endpoint_slices, slice_events) = watch(
+            Source::EndpointSlices,
+            Api::<EndpointSlice>::all(client.clone()),
+            watcher::Config::default(),
+        );
+        let events = futures::stream::select_all([
+            node_events,
+            pod_events,
+            ns_events,
+            sc_events,
+            svc_events,
+            slice_events,
+        ]);
+        Self {
+            stores: Stores {
+                nodes,
+                pods,
+                namespaces,
+                service_cidrs,
+                services,
+                endpoint_slices,
+            },
+            events,
+            policies,
+        }
+    }
+}
+
+/// What the watch events have said so far: the listings done, and the namespaces whose
+/// NetworkPolicies changed since the last pass. Errors are logged and counted as they
+/// come (the watchers retry by themselves with backoff); a missing API or RBAC the agent
+/// can do without is warned about once.
+pub(super) struct WatchState {
+    /// Listings done, and the ServiceCIDR availability.
+    pub(super) listed: Listed,
+    /// Namespaces whose NetworkPolicies changed since the last pass.
+    pub(super) policy_changed: BTreeSet<String>,
+    /// Whether a failing NetworkPolicy watch was warned about (cleared by an event).
+    policy_warned: bool,
+    telemetry: Arc<Telemetry>,
+    /// `--service-cidr`, named when the ServiceCIDRs cannot be listed.
+    service_cidr_flags: Vec<String>,
+}
+
+impl WatchState {
+    pub(super) fn new(telemetry: Arc<Telemetry>, statics: &Statics) -> Self {
+        Self {
+            listed: Listed::default(),
+            policy_changed: BTreeSet::new(),
+            policy_warned: false,
+            telemetry,
+            service_cidr_flags: statics
+                .service_cidrs
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+        }
+    }
+
+    /// Records a NetworkPolicy event; a failing watch is warned about once.
+    pub(super) fn note_policy(&mut self, item: PolicyItem) {
+        match item {
+            Ok(Some(ns)) => {
+                self.policy_warned = false;
+                self.policy_changed.insert(ns);
+            }
+            Ok(None) => self.policy_warned = false,
+            Err(e) => {
+                self.telemetry.agent.error(ErrorKind::Watch);
+                if !self.policy_warned {
+                    self.policy_warned = true;
+                    warn!(resource = "networkpolicies", error = %crate::error::chain(&e),
+                        "watching NetworkPolicies failed (RBAC: list and watch networkpolicies, see deploy/rbac.yaml); retrying: until it works, a policy change does not move established bypassed connections back to the CNI");
+                }
+            }
+        }
+    }
+
+    /// Records one watch item: a completed listing, or an error (logged and counted;
+    /// the watcher retries by itself with backoff).
+    pub(super) fn note(&mut self, (source, item): Item) {
+        match item {
+            Ok(true) => {
+                debug!(resource = source.resource(), "listed");
+                self.listed.done[source as usize] = true;
+                if std::mem::take(&mut self.listed.forbidden_warned[source as usize]) {
+                    info!(
+                        resource = source.resource(),
+                        "listed: Service backends come from the API"
+                    );
+                }
+                if source == Source::ServiceCidrs
+                    && self.listed.service_cidrs_unavailable.take().is_some()
+                {
+                    info!("ServiceCIDRs listed: Service CIDRs come from the API again");
+                }
+            }
+            Ok(false) => {}
+            Err(e) => {
+                let inner = match &e {
+                    watcher::Error::InitialListFailed(k)
+                    | watcher::Error::WatchStartFailed(k)
+                    | watcher::Error::WatchFailed(k) => Some(classify(k)),
+                    _ => None,
+                };
+                if source == Source::ServiceCidrs {
+                    self.service_cidrs_failed(inner, &e);
+                } else if let (true, Some(Failure::Forbidden(detail))) = (source.backends(), &inner)
+                {
+                    // The agent works without them: once, not on every retry.
+                    if !std::mem::replace(&mut self.listed.forbidden_warned[source as usize], true)
+                    {
+                        self.telemetry.agent.error(ErrorKind::Forbidden);
+                        warn!(resource = source.resource(), %detail,
+                            "the API server forbids watching {}: until it allows it, connections translated to a Service backend on this node are not bypassed (they take TCP); apply deploy/rbac.yaml (list, watch on services and discovery.k8s.io endpointslices)",
+                            source.resource());
+                    }
+                } else if let Some(Failure::Forbidden(detail)) = inner {
+                    self.telemetry.agent.error(ErrorKind::Forbidden);
+                    error!(resource = source.resource(), %detail,
+                        "the API server forbids watching {}: apply deploy/rbac.yaml (get, list, watch on nodes, pods, namespaces); keeping the datapath as it is",
+                        source.resource());
+                } else {
+                    self.telemetry.agent.error(ErrorKind::Watch);
+                    warn!(resource = source.resource(), error = %crate::error::chain(&e),
+                        "watch failed; retrying with backoff, keeping the datapath as it is");
+                }
+            }
+        }
+    }
+
+    /// A failed ServiceCIDR list or watch. A missing API or RBAC is warned about once
+    /// (the watcher retries quietly); the trie then holds `--service-cidr` alone, or,
+    /// if the objects were listed before, keeps what they gave.
+    fn service_cidrs_failed(&mut self, failure: Option<Failure>, e: &watcher::Error) {
+        let why = match &failure {
+            Some(Failure::NotFound(_)) => Unavailable::NoApi,
+            Some(Failure::Forbidden(_)) => Unavailable::Forbidden,
+            _ => Unavailable::Failed,
+        };
+        let flags = &self.service_cidr_flags;
+        let repeat = self.listed.service_cidrs_unavailable == Some(why);
+        if why == Unavailable::Failed {
+            // Like the other watchers: every failure is logged and counted.
+            self.telemetry.agent.error(ErrorKind::Watch);
+            warn!(resource = "servicecidrs", error = %crate::error::chain(e), service_cidrs = ?flags,
+                "watch failed; retrying with backoff; Service CIDRs: --service-cidr and what was listed before");
+        } else if !repeat {
+            let detail = match &failure {
+                Some(Failure::NotFound(d) | Failure::Forbidden(d)) => d.as_str(),
+                _ => "",
+            };
+            if why == Unavailable::Forbidden {
+                self.telemetry.agent.error(ErrorKind::Forbidden);
+                warn!(resource = "servicecidrs", %detail, service_cidrs = ?flags,
+                    "the API server forbids listing ServiceCIDRs: Service CIDRs come from --service-cidr alone; apply deploy/rbac.yaml (list, watch on networking.k8s.io servicecidrs)");
+            } else {
+                self.telemetry.agent.error(ErrorKind::Watch);
+                warn!(resource = "servicecidrs", %detail, service_cidrs = ?flags,
+                    "the API server has no networking.k8s.io/v1 ServiceCIDR (Kubernetes < 1.33): Service CIDRs come from --service-cidr alone; set it to the cluster's service range (kube-apiserver --service-cluster-ip-range)");
+            }
+        }
+        // A definite answer replaces "failed"; "failed" never hides a definite answer.
+        if why != Unavailable::Failed || self.listed.service_cidrs_unavailable.is_none() {
+            self.listed.service_cidrs_unavailable = Some(why);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn service_cidrs_never_hold_up_the_first_pass() {
+        let mut l = Listed::default();
+        assert!(!l.core() && !l.service_cidrs_known());
+        l.done[..3].fill(true);
+        assert!(l.core(), "ServiceCIDRs are not needed to start");
+        assert!(!l.service_cidrs_known(), "not listed: leave the trie alone");
+        l.service_cidrs_unavailable = Some(Unavailable::Forbidden);
+        assert!(l.service_cidrs_known(), "forbidden: the flags alone");
+        l.service_cidrs_unavailable = None;
+        l.done[Source::ServiceCidrs as usize] = true;
+        assert!(l.service_cidrs_known());
+    }
+
+    #[test]
+    fn services_and_endpointslices_never_hold_up_the_first_pass() {
+        let mut l = Listed::default();
+        l.done[..3].fill(true);
+        assert!(l.core() && !l.backends_known());
+        l.done[Source::Services as usize] = true;
+        assert!(!l.backends_known(), "both are needed");
+        l.done[Source::EndpointSlices as usize] = true;
+        assert!(l.backends_known());
+        assert!(Source::Services.backends() && Source::EndpointSlices.backends());
+        assert!(!Source::Pods.backends() && !Source::ServiceCidrs.backends());
+    }
+
+    #[test]
+    fn forbidden_backends_fall_back_to_the_flags_alone() {
+        let mut l = Listed::default();
+        assert!(!l.backends_forbidden(), "not known yet: the map stays");
+        l.forbidden_warned[Source::EndpointSlices as usize] = true;
+        assert!(l.backends_forbidden(), "forbidden: the flags alone");
+        l.done[Source::EndpointSlices as usize] = true;
+        assert!(!l.backends_forbidden(), "listed before: the store's");
+    }
+}
