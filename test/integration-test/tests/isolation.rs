@@ -342,6 +342,38 @@ fn attacker_connected(
     Ok(attacker)
 }
 
+/// The end of a forgery: the forger (report `f`) read nothing, the victim client
+/// (report `v`) got the server's 1 MiB, and its connection was paired and redirected
+/// between `before` and `after`.
+fn victim_kept_every_byte(
+    before: &testbed::AgentStatus,
+    after: &testbed::AgentStatus,
+    v: &serde_json::Value,
+    f: &serde_json::Value,
+    s: &dyn std::fmt::Display,
+) -> Result<()> {
+    eprintln!(
+        "victim {v}, forger {f}, server {s}; inserted +{}, paired +{}, redirected +{} B",
+        grew(before, after, |s| s.counters.sockets_inserted),
+        grew(before, after, |s| s.counters.paired_pod),
+        grew(before, after, |s| s.counters.redirected_bytes)
+    );
+    ensure!(
+        num(f, "received") == 0,
+        "the forged socket read the victim server's bytes: {f}"
+    );
+    ensure!(
+        v["ok"] == true && num(v, "received") == 1 << 20,
+        "the victim client lost bytes: {v}"
+    );
+    ensure!(
+        grew(before, after, |s| s.counters.paired_pod) == 1
+            && grew(before, after, |s| s.counters.redirected_bytes) >= 1 << 20,
+        "the victim's connection was not paired and redirected: {after:?}"
+    );
+    Ok(())
+}
+
 /// Another namespace forges the victim client's end with TCP_REPAIR: a socket bound to
 /// the client's address and port, "connected" to the server's with the client's own
 /// sequence numbers (what such a namespace could guess: they are a keyed hash of the
@@ -391,27 +423,7 @@ fn forged_repair_socket_cannot_pose_as_a_pods_client() -> Result<()> {
     let v = probe_report(victim)?;
     let f = probe_report(forger)?;
     let s = server.wait()?;
-    let after = agent.stats()?;
-    eprintln!(
-        "victim {v}, forger {f}, server {s}; inserted +{}, paired +{}, redirected +{} B",
-        grew(&before, &after, |s| s.counters.sockets_inserted),
-        grew(&before, &after, |s| s.counters.paired_pod),
-        grew(&before, &after, |s| s.counters.redirected_bytes)
-    );
-    ensure!(
-        num(&f, "received") == 0,
-        "the forged socket read the victim server's bytes: {f}"
-    );
-    ensure!(
-        v["ok"] == true && num(&v, "received") == 1 << 20,
-        "the victim client lost bytes: {v}"
-    );
-    ensure!(
-        grew(&before, &after, |s| s.counters.paired_pod) == 1
-            && grew(&before, &after, |s| s.counters.redirected_bytes) >= 1 << 20,
-        "the victim's connection was not paired and redirected: {after:?}"
-    );
-    Ok(())
+    victim_kept_every_byte(&before, &agent.stats()?, &v, &f, &s)
 }
 
 /// Another pod forges the victim client's end with a handshake of its own, so that it
@@ -470,27 +482,7 @@ fn forged_handshake_cannot_pose_as_a_pods_client() -> Result<()> {
     steps.touch("victim-done")?;
     let f = probe_report(forger)?;
     let s = server.wait()?;
-    let after = agent.stats()?;
-    eprintln!(
-        "victim {v}, forger {f}, server {s}; inserted +{}, paired +{}, redirected +{} B",
-        grew(&before, &after, |s| s.counters.sockets_inserted),
-        grew(&before, &after, |s| s.counters.paired_pod),
-        grew(&before, &after, |s| s.counters.redirected_bytes)
-    );
-    ensure!(
-        num(&f, "received") == 0,
-        "the forged socket read the victim server's bytes: {f}"
-    );
-    ensure!(
-        v["ok"] == true && num(&v, "received") == 1 << 20,
-        "the victim client lost bytes: {v}"
-    );
-    ensure!(
-        grew(&before, &after, |s| s.counters.paired_pod) == 1
-            && grew(&before, &after, |s| s.counters.redirected_bytes) >= 1 << 20,
-        "the victim's connection was not paired and redirected: {after:?}"
-    );
-    Ok(())
+    victim_kept_every_byte(&before, &agent.stats()?, &v, &f, &s)
 }
 
 /// With bridge, flannel or kubenet CNIs the node's gateway address (the bridge's) lies
