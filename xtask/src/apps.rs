@@ -10,7 +10,8 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{cmd, workspace};
+use crate::workspace;
+use kube_testenv::cmd;
 
 /// The sources, under the workspace root.
 const SOURCES: &str = "test/testbed/apps";

@@ -15,7 +15,8 @@ use std::{path::Path, process::Command};
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{build, cluster, cmd, image, setup, workspace};
+use crate::{build, cluster, image, setup, workspace};
+use kube_testenv::cmd;
 
 /// The bench package; its binary is `bypass-bench`.
 const BENCH: &str = "bypass-bench";

@@ -6,10 +6,10 @@ use std::path::PathBuf;
 use anyhow::{Context as _, Result, bail};
 
 use crate::{
-    cmd,
     setup::{self, Tools},
     workspace,
 };
+use kube_testenv::cmd;
 
 /// Options of `cargo xtask build`, shared by the tasks that build first.
 #[derive(Debug, Clone, clap::Args)]

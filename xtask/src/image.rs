@@ -13,7 +13,8 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{build, cluster, cmd, setup, workspace};
+use crate::{build, cluster, setup, workspace};
+use kube_testenv::cmd;
 
 /// The version the images are tagged with (the workspace's).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

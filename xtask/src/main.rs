@@ -5,7 +5,6 @@ mod apps;
 mod bench;
 mod build;
 mod cluster;
-mod cmd;
 mod demo;
 mod docs;
 mod image;

@@ -14,7 +14,8 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{build, cmd, setup, workspace};
+use crate::{build, setup, workspace};
+use kube_testenv::cmd;
 use summary::Counts;
 
 /// Arguments of `cargo xtask test`.

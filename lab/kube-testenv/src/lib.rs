@@ -17,6 +17,7 @@
 
 mod binaries;
 pub mod chart;
+pub mod cmd;
 pub mod deploy;
 mod env;
 pub mod http;
@@ -24,6 +25,7 @@ mod kubectl;
 mod pki;
 mod state;
 mod wait;
+pub mod workspace;
 
 use std::process::Command;
 

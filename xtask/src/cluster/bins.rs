@@ -11,7 +11,7 @@ use std::{
 
 use anyhow::{Context as _, Result};
 
-use crate::cmd;
+use kube_testenv::cmd;
 
 /// The components built here besides `kube-env`'s two, by command package.
 pub const COMPONENTS: [&str; 5] = [

@@ -22,9 +22,10 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{cmd, setup};
+use crate::setup;
 use cgroups::CgroupLayout;
 use config::{Layout, NODE_IP, NODE_NAME};
+use kube_testenv::cmd;
 use kube_testenv::wait_for;
 
 /// The pin directory of `deploy/`'s DaemonSet: `down` removes what an agent left there.

@@ -11,7 +11,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use super::fetch::Unpacked;
-use crate::cmd;
+use kube_testenv::cmd;
 
 /// Builds (or reuses) the initramfs for `k` from `busybox`, the `modules` `/init` loads
 /// before it can mount the host's root, and `init`; returns its path.

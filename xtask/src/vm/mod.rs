@@ -25,8 +25,9 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use serde_json::{Value, json};
 
-use crate::{build, cmd, setup::Tools, test::summary::Counts, workspace};
+use crate::{build, setup::Tools, test::summary::Counts, workspace};
 pub use catalog::KERNELS;
+use kube_testenv::cmd;
 
 /// The privileged test binary (`test/integration-test/tests/privileged.rs`), which a VM
 /// runs.
