@@ -8,7 +8,6 @@ mod cluster;
 mod demo;
 mod docs;
 mod image;
-mod oci;
 mod render;
 mod setup;
 mod test;

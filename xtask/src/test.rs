@@ -145,7 +145,7 @@ fn cluster_tests(
     harness: &[String],
     total: &mut Counts,
 ) -> Result<()> {
-    use crate::cluster;
+    use kube_testenv::cluster;
     if !nix::unistd::geteuid().is_root() {
         bail!(
             "the cluster tests run kubelet and containerd: run `cargo xtask test --cluster` as root"
@@ -163,8 +163,8 @@ fn cluster_tests(
     eprintln!("test: cluster up in {:.0?}", started.elapsed());
     let result = (|| -> Result<()> {
         let test_tools = crate::image::build_test_tools(tools)?;
-        let out = workspace::target_dir()?.join(crate::image::IMAGES_DIR);
-        for t in crate::image::build_all(agent, &test_tools, &out)? {
+        let out = workspace::target_dir()?.join(kube_testenv::image::IMAGES_DIR);
+        for t in kube_testenv::image::build_all(agent, &test_tools, &out)? {
             cluster::import_image(&layout, &t)?;
         }
         let bins = cluster::bins::ensure()?;

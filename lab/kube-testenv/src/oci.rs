@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result};
 use serde_json::{Value, json};
 
-use kube_testenv::cmd;
+use crate::cmd;
 
 /// `application/vnd.oci.image.index.v1+json`.
 pub const INDEX: &str = "application/vnd.oci.image.index.v1+json";

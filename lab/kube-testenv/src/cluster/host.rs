@@ -12,7 +12,7 @@ use anyhow::{Context as _, Result};
 use bypass_common::mountinfo::mounts;
 
 use super::config::{BRIDGE, NODE_IP, NODE_IP6, NODE_LINK};
-use kube_testenv::cmd;
+use crate::cmd;
 
 const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
 
