@@ -101,7 +101,7 @@ fn source_tag(dir: &Path) -> Result<u64> {
             bytes.extend_from_slice(out.as_bytes());
         }
     }
-    Ok(crate::vm::cache_tag(&bytes))
+    Ok(kernel_matrix::cache_tag(&bytes))
 }
 
 /// Every file under `dir`, sorted.

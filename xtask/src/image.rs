@@ -68,7 +68,7 @@ pub fn build_test_tools(tools: &setup::Tools) -> Result<Vec<PathBuf>> {
 /// The agent as an OCI image index for amd64 (`agent`, built here) and arm64 (cross
 /// built), each image with its SBOM, in the OCI layout `dir`.
 pub fn build_oci(tools: &setup::Tools, agent: &Path, dir: &Path) -> Result<()> {
-    use crate::vm::arch;
+    use kernel_matrix::arch;
     let cross = arch::of("arm64")
         .and_then(|a| a.cross)
         .context("no arm64 cross toolchain described")?;

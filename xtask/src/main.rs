@@ -11,7 +11,6 @@ mod image;
 mod render;
 mod setup;
 mod test;
-mod vm;
 mod workspace;
 
 use std::process::ExitCode;
@@ -76,7 +75,7 @@ fn main() -> ExitCode {
         Task::Test(args) => test::run(&args),
         Task::Demo(args) => demo::run(&args),
         Task::Bench(args) => bench::run(&args),
-        Task::KernelTable => vm::table::run(),
+        Task::KernelTable => kernel_matrix::table::run(),
         Task::Docs(args) => docs::run(&args),
         Task::Cluster { action } => cluster::run(&action),
         Task::Image(args) => image::run(&args),

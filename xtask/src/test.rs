@@ -4,8 +4,6 @@
 //! M failed` and fails on any failure. Privileged tests never skip: without root the
 //! task fails.
 
-pub mod summary;
-
 use std::{
     io::{BufRead as _, BufReader, Write as _},
     path::Path,
@@ -15,8 +13,8 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use crate::{build, setup, workspace};
+use kernel_matrix::Counts;
 use kube_testenv::cmd;
-use summary::Counts;
 
 /// Arguments of `cargo xtask test`.
 #[derive(Debug, Clone, clap::Args)]
@@ -56,7 +54,7 @@ pub fn run(args: &Args) -> Result<()> {
     let tools = setup::ensure(setup::Scope::All)?;
     let agent = build::build_agent(&tools, &args.build)?;
     if let Some(kernel) = &args.kernel {
-        return crate::vm::run(&tools, &agent, kernel, &args.harness).1;
+        return kernel_matrix::run(&tools, &agent, kernel, &args.harness).1;
     }
     if args.cluster {
         let mut counts = Counts::default();
@@ -121,8 +119,8 @@ pub fn run(args: &Args) -> Result<()> {
     // NAME`); a filtered run is about the host's tests.
     if root && !args.no_kernels && args.harness.is_empty() {
         println!("test: host and cluster {counts}");
-        for kernel in crate::vm::EVERY_RUN {
-            let (c, verdict) = crate::vm::run(&tools, &agent, kernel, &args.harness);
+        for kernel in kernel_matrix::EVERY_RUN {
+            let (c, verdict) = kernel_matrix::run(&tools, &agent, kernel, &args.harness);
             counts.passed += c.passed;
             counts.failed += c.failed;
             if let Err(e) = verdict {

@@ -92,7 +92,7 @@ impl Cross {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vm::catalog::KERNELS;
+    use crate::catalog::KERNELS;
 
     #[test]
     fn every_kernel_has_its_arch() {
