@@ -37,10 +37,6 @@ mod state;
 mod wait;
 pub mod workspace;
 
-use std::process::Command;
-
-use anyhow::{Context as _, Result, bail};
-
 pub use binaries::{
     Binaries, KUBE_VERSION, STAGING_VERSION, build_go_mod, cache_dir, ensure_binaries, go_command,
     go_tool,
@@ -50,18 +46,3 @@ pub use kubectl::{KUBECONFIG_ENV, KUBECTL_ENV, Kubectl, env_path, veth_bytes};
 pub use pki::{ca, service_account_key, signed};
 pub use state::{default_dir, down, up};
 pub use wait::{retry, wait_for};
-
-/// Runs `cmd` quietly; its stdout, or an error naming `what` with its status and stderr.
-pub fn run(cmd: &mut Command, what: &str) -> Result<String> {
-    let out = cmd
-        .output()
-        .with_context(|| format!("{what}: could not start {:?}", cmd.get_program()))?;
-    if !out.status.success() {
-        bail!(
-            "{what} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
