@@ -10,7 +10,8 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{cmd, workspace};
+use crate::workspace;
+use kube_testenv::cmd;
 
 /// The sources, under the workspace root.
 const SOURCES: &str = "test/testbed/apps";
@@ -100,7 +101,7 @@ fn source_tag(dir: &Path) -> Result<u64> {
             bytes.extend_from_slice(out.as_bytes());
         }
     }
-    Ok(crate::vm::cache_tag(&bytes))
+    Ok(kernel_matrix::cache_tag(&bytes))
 }
 
 /// Every file under `dir`, sorted.

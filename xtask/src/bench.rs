@@ -15,7 +15,9 @@ use std::{path::Path, process::Command};
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{build, cluster, cmd, image, setup, workspace};
+use crate::{build, image, setup, workspace};
+use kube_testenv::cluster;
+use kube_testenv::cmd;
 
 /// The bench package; its binary is `bypass-bench`.
 const BENCH: &str = "bypass-bench";
@@ -126,8 +128,8 @@ fn on_cluster(tools: &setup::Tools, agent: &Path, bench: &mut Command) -> Result
     };
     let result = (|| -> Result<()> {
         let test_tools = image::build_test_tools(tools)?;
-        let out = workspace::target_dir()?.join(image::IMAGES_DIR);
-        for t in image::build_all(agent, &test_tools, &out)? {
+        let out = workspace::target_dir()?.join(kube_testenv::image::IMAGES_DIR);
+        for t in kube_testenv::image::build_all(agent, &test_tools, &out)? {
             cluster::import_image(&layout, &t)?;
         }
         let bins = cluster::bins::ensure()?;

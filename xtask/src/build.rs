@@ -6,10 +6,10 @@ use std::path::PathBuf;
 use anyhow::{Context as _, Result, bail};
 
 use crate::{
-    cmd,
     setup::{self, Tools},
     workspace,
 };
+use kube_testenv::cmd;
 
 /// Options of `cargo xtask build`, shared by the tasks that build first.
 #[derive(Debug, Clone, clap::Args)]
@@ -175,6 +175,28 @@ fn linker_var(target: &str) -> String {
         "CARGO_TARGET_{}_LINKER",
         target.to_ascii_uppercase().replace(['-', '.'], "_")
     )
+}
+
+/// What the kernel matrix builds: with the pinned toolchain and setup's tools.
+impl kernel_matrix::Build for Tools {
+    fn test_tools(&self) -> Result<()> {
+        build_test_tools(self, false)?;
+        crate::apps::build("debug").map(drop)
+    }
+
+    fn cargo(&self) -> Result<std::process::Command> {
+        Tools::cargo(self)
+    }
+
+    fn cross(
+        &self,
+        cross: &kernel_matrix::arch::Cross,
+        debug: bool,
+        bins: &[(&str, &str)],
+    ) -> Result<Vec<PathBuf>> {
+        setup::ensure_cross(cross.rust_target)?;
+        build_cross(self, &Options { debug }, cross.rust_target, cross.gcc, bins)
+    }
 }
 
 #[cfg(test)]

@@ -3,7 +3,8 @@
 
 use anyhow::Result;
 
-use crate::{build, cmd, setup, workspace};
+use crate::{build, setup, workspace};
+use kube_testenv::cmd;
 
 /// Arguments of `cargo xtask demo`.
 #[derive(Debug, Clone, clap::Args)]

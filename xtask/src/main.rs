@@ -5,15 +5,12 @@ mod apps;
 mod bench;
 mod build;
 mod cluster;
-mod cmd;
 mod demo;
 mod docs;
 mod image;
-mod oci;
 mod render;
 mod setup;
 mod test;
-mod vm;
 mod workspace;
 
 use std::process::ExitCode;
@@ -78,7 +75,7 @@ fn main() -> ExitCode {
         Task::Test(args) => test::run(&args),
         Task::Demo(args) => demo::run(&args),
         Task::Bench(args) => bench::run(&args),
-        Task::KernelTable => vm::table::run(),
+        Task::KernelTable => kernel_matrix::table::run(),
         Task::Docs(args) => docs::run(&args),
         Task::Cluster { action } => cluster::run(&action),
         Task::Image(args) => image::run(&args),

@@ -2,9 +2,9 @@
 //! or with `--check` fails naming every file that differs.
 
 use anyhow::{Result, bail};
-use kube_testenv::chart;
+use kube_testenv::{chart, cluster};
 
-use crate::{cluster, workspace};
+use crate::workspace;
 
 /// Arguments of `cargo xtask render-deploy`.
 #[derive(Debug, Clone, clap::Args)]

@@ -4,8 +4,6 @@
 //! M failed` and fails on any failure. Privileged tests never skip: without root the
 //! task fails.
 
-pub mod summary;
-
 use std::{
     io::{BufRead as _, BufReader, Write as _},
     path::Path,
@@ -14,8 +12,9 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{build, cmd, setup, workspace};
-use summary::Counts;
+use crate::{build, setup, workspace};
+use kernel_matrix::Counts;
+use kube_testenv::cmd;
 
 /// Arguments of `cargo xtask test`.
 #[derive(Debug, Clone, clap::Args)]
@@ -55,7 +54,7 @@ pub fn run(args: &Args) -> Result<()> {
     let tools = setup::ensure(setup::Scope::All)?;
     let agent = build::build_agent(&tools, &args.build)?;
     if let Some(kernel) = &args.kernel {
-        return crate::vm::run(&tools, &agent, kernel, &args.harness).1;
+        return kernel_matrix::run(&tools, &agent, kernel, &args.harness).1;
     }
     if args.cluster {
         let mut counts = Counts::default();
@@ -120,8 +119,8 @@ pub fn run(args: &Args) -> Result<()> {
     // NAME`); a filtered run is about the host's tests.
     if root && !args.no_kernels && args.harness.is_empty() {
         println!("test: host and cluster {counts}");
-        for kernel in crate::vm::EVERY_RUN {
-            let (c, verdict) = crate::vm::run(&tools, &agent, kernel, &args.harness);
+        for kernel in kernel_matrix::EVERY_RUN {
+            let (c, verdict) = kernel_matrix::run(&tools, &agent, kernel, &args.harness);
             counts.passed += c.passed;
             counts.failed += c.failed;
             if let Err(e) = verdict {
@@ -144,7 +143,7 @@ fn cluster_tests(
     harness: &[String],
     total: &mut Counts,
 ) -> Result<()> {
-    use crate::cluster;
+    use kube_testenv::cluster;
     if !nix::unistd::geteuid().is_root() {
         bail!(
             "the cluster tests run kubelet and containerd: run `cargo xtask test --cluster` as root"
@@ -162,8 +161,8 @@ fn cluster_tests(
     eprintln!("test: cluster up in {:.0?}", started.elapsed());
     let result = (|| -> Result<()> {
         let test_tools = crate::image::build_test_tools(tools)?;
-        let out = workspace::target_dir()?.join(crate::image::IMAGES_DIR);
-        for t in crate::image::build_all(agent, &test_tools, &out)? {
+        let out = workspace::target_dir()?.join(kube_testenv::image::IMAGES_DIR);
+        for t in kube_testenv::image::build_all(agent, &test_tools, &out)? {
             cluster::import_image(&layout, &t)?;
         }
         let bins = cluster::bins::ensure()?;

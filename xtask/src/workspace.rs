@@ -1,40 +1,24 @@
 //! Where things are: the workspace root, the pinned toolchain, the target directory, and
 //! the `cargo` command that every task runs (in the root, with our tools first on PATH).
 
-use std::{
-    ffi::OsString,
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::{ffi::OsString, path::PathBuf, process::Command};
 
 use anyhow::{Context as _, Result, anyhow, bail};
 
-use crate::cmd;
+pub use kube_testenv::workspace::{AGENT, INTEGRATION_TEST, TESTBED, root, target_dir};
 
-/// The agent package; its binary has the same name.
-pub const AGENT: &str = "bypass-agent";
 /// The kernel programs: built for the BPF target only (through the agent's build script),
 /// so host-target tasks leave it out.
 pub const EBPF: &str = "bypass-ebpf";
 /// The bench's minimal reference programs: BPF target only too (through the bench's
 /// build script).
 pub const MINIMAL_EBPF: &str = "bypass-minimal-ebpf";
-/// The privileged tests (tests only: the tools they run are built from [`TESTBED`]).
-pub const INTEGRATION_TEST: &str = "integration-test";
-/// The testbed library and the tools the tests and the bench run.
-pub const TESTBED: &str = "testbed";
 /// The tools of [`TESTBED`] that the privileged tests look for next to their own
 /// executable: cargo builds only the tested package's binaries, so the runner builds
 /// these in the same profile first.
 pub const TEST_TOOLS: [&str; 3] = ["bypass-peer", "bypass-probe", "bypass-proxy"];
 /// `cargo xtask demo`'s package; its binary has the same name.
 pub const DEMO: &str = "bypass-demo";
-
-/// The workspace root: the parent of this crate's directory.
-pub fn root() -> &'static Path {
-    let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    manifest_dir.parent().unwrap_or(manifest_dir)
-}
 
 /// The toolchain pinned in `rust-toolchain.toml`, which rustc and bpf-linker share.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,22 +89,6 @@ pub fn prepend_path(dirs: &[PathBuf]) -> Result<OsString> {
     let rest = std::env::split_paths(&current).filter(|p| !dirs.contains(p));
     std::env::join_paths(dirs.iter().cloned().chain(rest))
         .context("a tool directory contains ':' and cannot go on PATH")
-}
-
-/// The cargo target directory, as `cargo metadata` reports it (honours CARGO_TARGET_DIR
-/// and `.cargo/config.toml`).
-pub fn target_dir() -> Result<PathBuf> {
-    let json = cmd::output(Command::new("cargo").current_dir(root()).args([
-        "metadata",
-        "--format-version=1",
-        "--no-deps",
-    ]))?;
-    let meta: serde_json::Value =
-        serde_json::from_str(&json).context("`cargo metadata` printed invalid JSON")?;
-    meta.get("target_directory")
-        .and_then(|dir| dir.as_str())
-        .map(PathBuf::from)
-        .ok_or_else(|| anyhow!("`cargo metadata` has no target_directory"))
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::run;
+use crate::cmd;
 
 /// The Kubernetes release the API server is built from.
 pub const KUBE_VERSION: &str = "v1.35.4";
@@ -96,7 +96,7 @@ pub fn ensure_binaries() -> Result<Binaries> {
         src.join("go.mod"),
         "module bypass.local/kubebuild\n\ngo 1.25.0\n",
     )?;
-    let info = run(
+    let info = cmd::output_named(
         &mut go_cmd(&[
             "mod",
             "download",
@@ -119,7 +119,7 @@ pub fn ensure_binaries() -> Result<Binaries> {
         src.join("tools.go"),
         "//go:build tools\n\npackage kubebuild\n\nimport (\n\t_ \"go.etcd.io/etcd/server/v3\"\n\t_ \"k8s.io/kubernetes/cmd/kube-apiserver\"\n)\n",
     )?;
-    run(&mut go_cmd(&["mod", "tidy"]), "go mod tidy")?;
+    cmd::output_named(&mut go_cmd(&["mod", "tidy"]), "go mod tidy")?;
     for (pkg, dest) in [
         ("go.etcd.io/etcd/server/v3", &bins.etcd),
         ("k8s.io/kubernetes/cmd/kube-apiserver", &bins.kube_apiserver),
@@ -127,7 +127,7 @@ pub fn ensure_binaries() -> Result<Binaries> {
         // Build beside, then rename: a concurrent user never sees half a binary.
         let tmp = dest.with_extension(format!("tmp{}", std::process::id()));
         let tmp_s = tmp.to_string_lossy().into_owned();
-        run(
+        cmd::output_named(
             &mut go_cmd(&["build", "-o", &tmp_s, pkg]),
             &format!("go build {pkg}"),
         )?;

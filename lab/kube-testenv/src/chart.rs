@@ -25,7 +25,7 @@ pub const HEADER: &str = "# Rendered from deploy/chart/bypass-agent with deploy/
 
 /// `helm template` of the chart with `deploy/values.yaml`, as text.
 pub fn render(helm: &Path, repo: &Path) -> Result<String> {
-    crate::run(
+    crate::cmd::output_named(
         Command::new(helm)
             .args(["template", RELEASE])
             .arg(repo.join(CHART))

@@ -1,33 +1,41 @@
+//! The Kubernetes lab: the one-node cluster, the API-server test env and the offline
+//! images, with the command runner xtask, the testbed and the lab crates share.
+//!
 //! A real kube-apiserver with its etcd on loopback, for `cargo xtask kube-env up|down`
 //! and for the agent's Kubernetes tests. Both binaries are built once from the Go module
 //! proxy and cached; certificates (a CA, the serving certificate, client certificates)
 //! and the service-account key are made with `openssl`; an admin kubeconfig is written.
 //! No controller-manager, scheduler or kubelet runs: tests set status themselves.
 //!
-//! For the one-node cluster of `cargo xtask cluster` (which has them all): [`Kubectl`]
-//! with the admin kubeconfig, the agent of `deploy/` on it ([`deploy`]), and polling
-//! until a check passes ([`wait_for`]), shared by xtask, the cluster tests and the bench.
+//! [`cluster`]: the one-node cluster of `cargo xtask cluster` (which has them all);
+//! [`image`] and [`oci`]: the agent and test images of `cargo xtask image`, assembled
+//! with no registry. For that cluster: [`Kubectl`] with the admin kubeconfig, the agent
+//! of `deploy/` on it ([`deploy`]), and polling until a check passes ([`wait_for`]),
+//! shared by xtask, the cluster tests and the bench.
 //!
 //! [`http`]: one GET with hyper's HTTP/1 client, plain or over TLS, for the API server
-//! and for the agent's metrics server in the tests.
+//! and for the agent's metrics server in the tests. [`cmd`]: runs child processes and
+//! names the command in every failure. [`workspace`]: the workspace root and target
+//! directory.
 //!
-//! Only `std`, `anyhow`, `serde_json` and that HTTP client (hyper, tokio, rustls with
-//! ring), so xtask (which installs the eBPF toolchain the other crates need) and the
-//! tests can use it cheaply.
+//! Only `std`, `anyhow`, `serde_json`, `nix`, bypass-common's std helpers and that HTTP
+//! client (hyper, tokio, rustls with ring), so xtask (which installs the eBPF toolchain
+//! the other crates need) and the tests can use it cheaply.
 
 mod binaries;
 pub mod chart;
+pub mod cluster;
+pub mod cmd;
 pub mod deploy;
 mod env;
 pub mod http;
+pub mod image;
 mod kubectl;
+pub mod oci;
 mod pki;
 mod state;
 mod wait;
-
-use std::process::Command;
-
-use anyhow::{Context as _, Result, bail};
+pub mod workspace;
 
 pub use binaries::{
     Binaries, KUBE_VERSION, STAGING_VERSION, build_go_mod, cache_dir, ensure_binaries, go_command,
@@ -38,18 +46,3 @@ pub use kubectl::{KUBECONFIG_ENV, KUBECTL_ENV, Kubectl, env_path, veth_bytes};
 pub use pki::{ca, service_account_key, signed};
 pub use state::{default_dir, down, up};
 pub use wait::{retry, wait_for};
-
-/// Runs `cmd` quietly; its stdout, or an error naming `what` with its status and stderr.
-pub fn run(cmd: &mut Command, what: &str) -> Result<String> {
-    let out = cmd
-        .output()
-        .with_context(|| format!("{what}: could not start {:?}", cmd.get_program()))?;
-    if !out.status.success() {
-        bail!(
-            "{what} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}

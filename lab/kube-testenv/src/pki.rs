@@ -4,10 +4,10 @@ use std::{path::Path, process::Command};
 
 use anyhow::{Context as _, Result};
 
-use crate::run;
+use crate::cmd;
 
 fn openssl(dir: &Path, args: &[&str]) -> Result<()> {
-    run(
+    cmd::output_named(
         Command::new("openssl").args(args).current_dir(dir),
         &format!("openssl {}", args.first().copied().unwrap_or("")),
     )

@@ -81,7 +81,7 @@ impl Nat {
 /// start and list the `nat` table.
 pub fn missing() -> Option<String> {
     for f in [Family::V4, Family::V6] {
-        match cmd::run(f.program(), &["-w", "-t", "nat", "-L", "-n"]) {
+        match cmd::run_program(f.program(), &["-w", "-t", "nat", "-L", "-n"]) {
             Ok(_) => {}
             Err(e) => {
                 return Some(format!(

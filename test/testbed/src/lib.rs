@@ -33,7 +33,6 @@ pub mod agent;
 pub mod apps;
 pub mod bpf;
 pub mod cgroup;
-pub mod cmd;
 pub mod iptables;
 pub mod link;
 pub mod mapkeys;
@@ -50,6 +49,8 @@ pub mod topology;
 
 pub use agent::{Agent, AgentExit, AgentOpts, AgentStatus, KernelProbe, kernel_probe};
 pub use cgroup::CgroupGuard;
+/// The command runner (`ip`, helper tools): kube-testenv's, the one xtask and the lab share.
+pub use kube_testenv::cmd;
 pub use link::{Bridge, LinkCounters, Veth};
 pub use netns::Netns;
 pub use peer::Report;

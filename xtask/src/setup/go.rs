@@ -11,7 +11,7 @@ use std::{
 
 use anyhow::{Context as _, Result, anyhow, bail};
 
-use crate::cmd;
+use kube_testenv::cmd;
 
 /// The oldest Go that builds the pinned Kubernetes release (its `go.mod` says `go 1.25.0`).
 pub const MIN: GoVersion = GoVersion(1, 25, 0);

@@ -4,7 +4,7 @@ use std::process::Command;
 
 use anyhow::{Result, bail};
 
-use crate::cmd;
+use kube_testenv::cmd;
 
 /// Each package the project needs, with what it is for.
 pub const PACKAGES: &[(&str, &str)] = &[

@@ -4,7 +4,8 @@ use std::{path::PathBuf, process::Command};
 
 use anyhow::{Result, bail};
 
-use crate::{cmd, workspace::ToolchainSpec};
+use crate::workspace::ToolchainSpec;
+use kube_testenv::cmd;
 
 /// An installed toolchain.
 pub struct Toolchain {

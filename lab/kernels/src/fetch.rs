@@ -11,7 +11,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use super::catalog::{self, Kernel, Mirrors};
-use crate::cmd;
+use kube_testenv::cmd;
 
 /// An unpacked kernel package.
 #[derive(Debug, Clone)]

@@ -8,7 +8,7 @@ use anyhow::{Context as _, Result, bail};
 use serde_json::Value;
 
 use super::{KERNELS, results_dir};
-use crate::workspace;
+use kube_testenv::workspace;
 
 const START: &str = "<!-- kernel-table:start (cargo xtask kernel-table) -->";
 const END: &str = "<!-- kernel-table:end -->";

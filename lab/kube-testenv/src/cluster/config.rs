@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use super::cgroups::CgroupLayout;
 
 /// The node's name, as kubelet registers it (the one the tests and the bench label).
-pub const NODE_NAME: &str = kube_testenv::deploy::NODE;
+pub const NODE_NAME: &str = crate::deploy::NODE;
 /// The node's address: on a port-less bridge of our own (this kernel may lack dummy links), so pods (through the bridge) and
 /// hostNetwork pods reach the API server through the `kubernetes` Service.
 pub const NODE_IP: &str = "10.123.0.1";

@@ -11,13 +11,12 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use super::fetch::Unpacked;
-use crate::cmd;
+use kube_testenv::cmd;
 
 /// Builds (or reuses) the initramfs for `k` from `busybox`, the `modules` `/init` loads
 /// before it can mount the host's root, and `init`; returns its path.
 pub fn build(k: &Unpacked, busybox: &Path, modules: &[&str], init: &str) -> Result<PathBuf> {
-    let tag =
-        crate::vm::cache_tag(format!("{init}\n{modules:?}\n{}", busybox.display()).as_bytes());
+    let tag = crate::cache_tag(format!("{init}\n{modules:?}\n{}", busybox.display()).as_bytes());
     let out = k.root.join(format!("initramfs-{tag:016x}.cpio.gz"));
     if out.exists() {
         return Ok(out);

@@ -7,8 +7,9 @@ use std::path::Path;
 use anyhow::{Result, bail};
 use serde_json::Value;
 
-use super::{arch::Cross, guest};
-use crate::{build, setup, setup::Tools, workspace};
+use kube_testenv::workspace;
+
+use crate::{Build, arch::Cross, guest};
 
 /// Bytes each way: a few MiB, a few seconds under emulation.
 pub const BYTES: u64 = 4 << 20;
@@ -20,23 +21,16 @@ const SMOKE: (&str, &str) = (workspace::TESTBED, "bypass-smoke");
 /// `host_agent` was built in) and returns the run script and `(name, binary)` of what
 /// it runs.
 pub fn prepare(
-    tools: &Tools,
+    build: &dyn Build,
     host_agent: &Path,
     cross: &Cross,
     modules: &Path,
 ) -> Result<(String, Vec<(String, String)>)> {
-    setup::ensure_cross(cross.rust_target)?;
     let debug = host_agent
         .parent()
         .and_then(Path::file_name)
         .is_some_and(|p| p == "debug");
-    let bins = build::build_cross(
-        tools,
-        &build::Options { debug },
-        cross.rust_target,
-        cross.gcc,
-        &[(workspace::AGENT, workspace::AGENT), SMOKE],
-    )?;
+    let bins = build.cross(cross, debug, &[(workspace::AGENT, workspace::AGENT), SMOKE])?;
     let [agent, smoke] = bins.as_slice() else {
         bail!("expected two binaries from the cross build, got {bins:?}");
     };

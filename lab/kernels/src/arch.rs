@@ -6,7 +6,7 @@
 /// One guest architecture.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Arch {
-    /// Debian's name (`amd64`, `arm64`), as in [`super::catalog::Kernel::arch`].
+    /// Debian's name (`amd64`, `arm64`), as in each kernel's `arch` in [`crate::KERNELS`].
     pub debian: &'static str,
     /// The emulator binary.
     pub qemu: &'static str,
@@ -92,7 +92,7 @@ impl Cross {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vm::catalog::KERNELS;
+    use crate::catalog::KERNELS;
 
     #[test]
     fn every_kernel_has_its_arch() {

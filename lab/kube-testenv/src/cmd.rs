@@ -1,5 +1,8 @@
-//! Runs child processes: echoes each command line (on stderr, like cargo, so a task's
-//! stdout carries only its result), and names the command in every failure.
+//! The one command runner of xtask, the testbed and the lab crates: runs child
+//! processes, echoes each command line of a task (on stderr, like cargo, so a task's
+//! stdout carries only its result), and names the command in every failure. The
+//! flavours differ only in how the failure names it: [`output`] by its command line,
+//! [`output_named`] by what it was for, [`run_program`] by program and arguments.
 
 use std::{
     ffi::OsStr,
@@ -46,16 +49,66 @@ pub fn output(cmd: &mut Command) -> Result<String> {
 /// Runs `cmd` quietly and returns its raw stdout; fails with its stderr unless it exits
 /// with 0.
 pub fn output_bytes(cmd: &mut Command) -> Result<Vec<u8>> {
-    let out = cmd
-        .output()
-        .with_context(|| format!("could not start `{}`", display(cmd)))?;
+    match quiet(cmd) {
+        Ok(stdout) => Ok(stdout),
+        Err(Quiet::Start(e)) => {
+            Err(e).with_context(|| format!("could not start `{}`", display(cmd)))
+        }
+        Err(Quiet::Failed(status, stderr)) => {
+            bail!("`{}` failed: {status}\n{}", display(cmd), stderr.trim_end())
+        }
+    }
+}
+
+/// Runs `cmd` quietly; its stdout, or an error naming `what` with its status and stderr.
+pub fn output_named(cmd: &mut Command, what: &str) -> Result<String> {
+    match quiet(cmd) {
+        Ok(stdout) => Ok(String::from_utf8_lossy(&stdout).into_owned()),
+        Err(Quiet::Start(e)) => {
+            Err(e).with_context(|| format!("{what}: could not start {:?}", cmd.get_program()))
+        }
+        Err(Quiet::Failed(status, stderr)) => bail!("{what} failed ({status}): {}", stderr.trim()),
+    }
+}
+
+/// Runs `program args...` quietly, returns its stdout; fails with the command and its
+/// stderr.
+pub fn run_program(program: &str, args: &[&str]) -> Result<String> {
+    match quiet(Command::new(program).args(args)) {
+        Ok(stdout) => Ok(String::from_utf8_lossy(&stdout).into_owned()),
+        Err(Quiet::Start(e)) => {
+            Err(e).with_context(|| format!("cannot run {program} (is it installed and on PATH?)"))
+        }
+        Err(Quiet::Failed(status, stderr)) => bail!(
+            "`{program} {}` failed ({status}): {}",
+            args.join(" "),
+            stderr.trim()
+        ),
+    }
+}
+
+/// Runs `ip args...`.
+pub fn ip(args: &[&str]) -> Result<String> {
+    run_program("ip", args)
+}
+
+/// Whether `program` can be started (it exits, whatever its status).
+pub fn available(program: &str, probe_arg: &str) -> bool {
+    Command::new(program).arg(probe_arg).output().is_ok()
+}
+
+/// Why a quiet run failed: it did not start, or it exited with `status` (and stderr).
+enum Quiet {
+    Start(std::io::Error),
+    Failed(ExitStatus, String),
+}
+
+/// Runs `cmd` with its output captured; its stdout if it exits with 0.
+fn quiet(cmd: &mut Command) -> std::result::Result<Vec<u8>, Quiet> {
+    let out = cmd.output().map_err(Quiet::Start)?;
     if !out.status.success() {
-        bail!(
-            "`{}` failed: {}\n{}",
-            display(cmd),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim_end()
-        );
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        return Err(Quiet::Failed(out.status, stderr));
     }
     Ok(out.stdout)
 }
@@ -116,5 +169,15 @@ mod tests {
             display(&cmd),
             r"BYPASS_AGENT_BIN=/t/bypass-agent cargo test -- 'name with space' 'it'\''s'"
         );
+    }
+
+    #[test]
+    fn failure_shows_command_and_stderr() {
+        let err = run_program("sh", &["-c", "echo boom >&2; exit 3"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("sh -c") && err.contains("boom"), "{err}");
+        assert_eq!(run_program("sh", &["-c", "echo hi"]).unwrap(), "hi\n");
+        assert!(run_program("/nonexistent/tool", &[]).is_err());
     }
 }

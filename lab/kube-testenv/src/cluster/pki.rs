@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::Result;
 
 use super::config::{KUBERNETES_SERVICE_IP, NODE_IP, NODE_NAME};
-use kube_testenv::{ca, service_account_key, signed};
+use crate::{ca, service_account_key, signed};
 
 /// Makes every certificate under `dir` (which must exist).
 pub fn make(dir: &Path) -> Result<()> {

@@ -1,4 +1,4 @@
-//! `cargo xtask cluster up|down`: a one-node Kubernetes on this machine from the parts
+//! The one-node cluster of `cargo xtask cluster up|down`: a one-node Kubernetes on this machine from the parts
 //! operators run. etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet
 //! and kube-proxy (iptables mode) built from one `k8s.io/kubernetes` module and cached;
 //! containerd 1.6, runc and the CNI bridge/host-local/portmap plugins from Debian, with
@@ -17,47 +17,17 @@ use std::{
     net::TcpListener,
     path::{Path, PathBuf},
     process::Command,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{cmd, setup};
+use crate::{cmd, wait_for};
 use cgroups::CgroupLayout;
 use config::{Layout, NODE_IP, NODE_NAME};
-use kube_testenv::wait_for;
 
 /// The pin directory of `deploy/`'s DaemonSet: `down` removes what an agent left there.
 pub const AGENT_PIN_DIR: &str = "/sys/fs/bpf/bypass";
-
-/// Options of `cargo xtask cluster`.
-#[derive(Debug, Clone, clap::Subcommand)]
-pub enum Action {
-    /// Build what is missing, start the node, wait until it is Ready; prints the admin
-    /// kubeconfig path.
-    Up,
-    /// Stop every daemon and pod and take back every change made to the host.
-    Down,
-}
-
-/// `cargo xtask cluster up|down`.
-pub fn run(action: &Action) -> Result<()> {
-    let layout = Layout::default();
-    match action {
-        Action::Up => {
-            setup::ensure_cluster()?;
-            let started = Instant::now();
-            let kubeconfig = up(&layout)?;
-            eprintln!(
-                "cluster: node {NODE_NAME} Ready in {:.0?}",
-                started.elapsed()
-            );
-            println!("{}", kubeconfig.display());
-            Ok(())
-        }
-        Action::Down => down(&layout),
-    }
-}
 
 /// A free TCP port on 127.0.0.1.
 fn free_port() -> Result<u16> {
@@ -68,7 +38,7 @@ fn free_port() -> Result<u16> {
 /// `kubectl` of the cluster's version with the admin kubeconfig.
 pub fn kubectl(layout: &Layout) -> Result<Command> {
     let bins = bins::ensure()?;
-    Ok(kube_testenv::Kubectl::new(bins.get("kubectl"), layout.admin_kubeconfig()).cmd())
+    Ok(crate::Kubectl::new(bins.get("kubectl"), layout.admin_kubeconfig()).cmd())
 }
 
 /// `ctr` on the cluster's containerd, Kubernetes namespace.

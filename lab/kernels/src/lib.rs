@@ -6,6 +6,9 @@
 //! `cargo xtask kernel-table` turns into the README's table. A kernel of another
 //! architecture (arm64) boots in that architecture's qemu and runs the smoke test, built
 //! for it, instead of the privileged tests (see `smoke`).
+//!
+//! What a run needs built (the test tools, the cross-built agent) comes from the caller
+//! through [`Build`]: xtask owns the toolchain and the cargo builds.
 
 pub mod arch;
 mod catalog;
@@ -13,6 +16,7 @@ mod fetch;
 mod guest;
 mod initramfs;
 mod smoke;
+pub mod summary;
 pub mod table;
 
 use std::{
@@ -25,8 +29,10 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use serde_json::{Value, json};
 
-use crate::{build, cmd, setup::Tools, test::summary::Counts, workspace};
+use kube_testenv::{cmd, workspace};
+
 pub use catalog::KERNELS;
+pub use summary::Counts;
 
 /// The privileged test binary (`test/integration-test/tests/privileged.rs`), which a VM
 /// runs.
@@ -64,6 +70,24 @@ pub fn vm_harness(harness: &[String]) -> Vec<String> {
 /// The kernels every `cargo xtask test` boots after the host's tests: the one most
 /// operators run, and the refusal below the minimum.
 pub const EVERY_RUN: [&str; 2] = ["6.1", "5.10"];
+
+/// What a VM run needs built, which the caller provides (xtask: the pinned toolchain,
+/// with setup's tools on PATH).
+pub trait Build {
+    /// Builds the tools the privileged tests run and the apps suite's programs, in the
+    /// debug profile, where the tests look for them.
+    fn test_tools(&self) -> Result<()>;
+    /// `cargo` in the workspace root, with the toolchain's tools on PATH.
+    fn cargo(&self) -> Result<Command>;
+    /// Installs `cross`'s toolchain if missing and builds `bins` (`(package, binary)`)
+    /// for it, in the debug or release profile; returns the binaries, in order.
+    fn cross(
+        &self,
+        cross: &arch::Cross,
+        debug: bool,
+        bins: &[(&str, &str)],
+    ) -> Result<Vec<PathBuf>>;
+}
 
 /// How long one VM may run.
 const TIMEOUT: Duration = Duration::from_secs(60 * 60);
@@ -138,8 +162,13 @@ impl Outcome {
 /// Runs the privileged tests (or the refusal check) on kernel `name`.
 /// Returns the counts (the refusal and the smoke test count as one test each) and the
 /// verdict; a run that could not start is a failed one.
-pub fn run(tools: &Tools, agent: &Path, name: &str, harness: &[String]) -> (Counts, Result<()>) {
-    match run_once(tools, agent, name, harness) {
+pub fn run(
+    build: &dyn Build,
+    agent: &Path,
+    name: &str,
+    harness: &[String],
+) -> (Counts, Result<()>) {
+    match run_once(build, agent, name, harness) {
         Ok(done) => done,
         Err(e) => (
             Counts {
@@ -161,7 +190,7 @@ fn hidden_in_guest(path: &Path) -> Option<&'static str> {
 }
 
 fn run_once(
-    tools: &Tools,
+    build: &dyn Build,
     agent: &Path,
     name: &str,
     harness: &[String],
@@ -207,12 +236,12 @@ fn run_once(
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     let script = dir.join("run.sh");
     let (text, tests) = if let Some(cross) = &cross {
-        smoke::prepare(tools, agent, cross, &unpacked.modules)?
+        smoke::prepare(build, agent, cross, &unpacked.modules)?
     } else {
         let tests = if k.expect == catalog::Expect::Refuses {
             Vec::new()
         } else {
-            test_binaries(tools)?
+            test_binaries(build)?
         };
         let env: Vec<(String, String)> = ["CI", "RUST_BACKTRACE"]
             .iter()
@@ -389,11 +418,10 @@ fn boot(
 
 /// `(name, executable)` of the privileged test binary, built first, with the testbed's
 /// tools it runs beside it (the guest sees the host's target directory).
-fn test_binaries(tools: &Tools) -> Result<Vec<(String, String)>> {
-    build::build_test_tools(tools, false)?;
+fn test_binaries(build: &dyn Build) -> Result<Vec<(String, String)>> {
     // The apps suite's programs too: a guest runs what the host last built.
-    crate::apps::build("debug")?;
-    let mut cargo = tools.cargo()?;
+    build.test_tools()?;
+    let mut cargo = build.cargo()?;
     cargo.args([
         "test",
         "--package",

@@ -51,7 +51,7 @@ pub fn tools_go() -> String {
 
 /// Builds what is missing (minutes the first time), then returns the binaries.
 pub fn ensure() -> Result<Bins> {
-    let base = kube_testenv::ensure_binaries()?;
+    let base = crate::ensure_binaries()?;
     let dir = base
         .kube_apiserver
         .parent()
@@ -66,13 +66,13 @@ pub fn ensure() -> Result<Bins> {
     if missing.is_empty() {
         return Ok(bins);
     }
-    let go = kube_testenv::go_tool()?;
-    let src = kube_testenv::cache_dir().join("src");
-    let go_cmd = |args: &[&str]| kube_testenv::go_command(&go, &src, args);
+    let go = crate::go_tool()?;
+    let src = crate::cache_dir().join("src");
+    let go_cmd = |args: &[&str]| crate::go_command(&go, &src, args);
     eprintln!(
         "cluster: building {} {} (minutes the first time)",
         missing.join(", "),
-        kube_testenv::KUBE_VERSION
+        crate::KUBE_VERSION
     );
     let started = Instant::now();
     std::fs::write(src.join("tools.go"), tools_go())
@@ -111,12 +111,12 @@ pub fn ensure_kubeconform() -> Result<PathBuf> {
 
 /// `go install package@version` into the cache's `<name>-<version>/` unless there.
 fn go_install(name: &str, package: &str, version: &str) -> Result<PathBuf> {
-    let dir = kube_testenv::cache_dir().join(format!("{name}-{version}"));
+    let dir = crate::cache_dir().join(format!("{name}-{version}"));
     let bin = dir.join(name);
     if bin.is_file() {
         return Ok(bin);
     }
-    let go = kube_testenv::go_tool()?;
+    let go = crate::go_tool()?;
     eprintln!("cluster: building {name} {version} (a few minutes the first time)");
     let started = Instant::now();
     std::fs::create_dir_all(&dir)?;
