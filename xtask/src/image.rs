@@ -20,7 +20,7 @@ pub struct Args {
     #[arg(long, num_args = 2, value_names = ["IMAGE", "DIR"])]
     pub rootfs: Option<Vec<String>>,
     /// Write the agent image for amd64 and arm64 (cross-built) as one OCI image index,
-    /// each with an SPDX SBOM, into the OCI layout DIR (see `oci.rs`).
+    /// each with an SPDX SBOM, into the OCI layout DIR (see `lab/kube-testenv/src/oci.rs`).
     #[arg(long, value_name = "DIR")]
     pub oci: Option<PathBuf>,
 }
