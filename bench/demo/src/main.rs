@@ -18,7 +18,7 @@ use nix::{
 use testbed::{
     Agent, ClientArgs, PeerServer, Report, ServerArgs, TwoPods,
     peer::parse_size,
-    peers::{run_client, set_peer_program},
+    pod_peers::{run_client, set_peer_program},
     require,
 };
 

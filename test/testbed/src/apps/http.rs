@@ -67,7 +67,7 @@ pub fn curl_download(on: On<'_>, url: &str, timeout: Duration) -> Result<Downloa
     parse_write_out(&out).with_context(|| format!("curl's --write-out: {out}"))
 }
 
-/// The three numbers of [`WRITE_OUT`].
+/// The three numbers of `WRITE_OUT`.
 pub fn parse_write_out(text: &str) -> Result<DownloadReport> {
     let mut f = text.split_whitespace();
     let mut next = |name: &str| f.next().with_context(|| format!("no {name}"));

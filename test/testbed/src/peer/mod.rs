@@ -1,7 +1,7 @@
 //! The `bypass-peer` TCP tool as a library: a client and a server that move a
 //! deterministic pattern each way and verify every byte in order, or ping-pong small
 //! messages and time them. The binary (`src/bin/bypass-peer.rs`) only parses options;
-//! [`crate::pods`] runs it inside pods and parses its [`Report`].
+//! [`crate::pod_peers`] runs it inside pods and parses its [`Report`].
 
 pub mod cli;
 pub mod client;

@@ -94,7 +94,7 @@ pub struct ConnOutcome {
     /// Ping-pong round trips, nanoseconds.
     pub rtts_ns: Vec<u64>,
     /// `EAGAIN`s a blocking read returned before its timeout (see
-    /// [`super::io::PatientReader`]).
+    /// `PatientReader`).
     pub spurious_eagain: u64,
 }
 
