@@ -297,8 +297,11 @@ pub struct Connector {
     pub rx_tcp: u64,
     /// Its receive bound ([`receive_bound`]) when it was inserted.
     pub rx_limit: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// Zero when published; set to 1, once and for good, by the first accepting socket
+    /// that could have been its server (every other check passed) but whose sequence
+    /// numbers do not cross with it: no socket is paired with it after that
+    /// ([`pairing`]).
+    pub spent: u32,
 }
 
 const _: () = assert!(core::mem::size_of::<Connector>() == 80);
@@ -392,6 +395,35 @@ const fn key_eq(a: &SockKey, b: &SockKey) -> bool {
 #[inline(always)]
 pub const fn is_other_end(connector: &Connector, snd_nxt: u32, rcv_nxt: u32) -> bool {
     connector.snd_nxt == rcv_nxt && connector.rcv_nxt == snd_nxt
+}
+
+/// What an accepting socket that passed every other check (its address its own, no
+/// simultaneous open, its client able to reach it) does with the [`Connector`] on its
+/// client's end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pairing {
+    /// Its other end ([`is_other_end`]): paired.
+    Pair,
+    /// Not its other end: refused, and the connector is spent ([`Connector::spent`]).
+    Spend,
+    /// The connector was spent by an earlier socket: refused, nothing compared.
+    Spent,
+}
+
+/// What an accepting socket established with `snd_nxt` and `rcv_nxt` (having passed
+/// every other check) does with `connector`. A client's record is tried by at most one
+/// socket whose numbers are wrong: the real server is established within microseconds
+/// of its client, so a wrong guess first is a SNAT onto the client's end or a pod
+/// trying numbers, which could otherwise try again for as long as the client lives.
+#[inline(always)]
+pub const fn pairing(connector: &Connector, snd_nxt: u32, rcv_nxt: u32) -> Pairing {
+    if connector.spent != 0 {
+        Pairing::Spent
+    } else if is_other_end(connector, snd_nxt, rcv_nxt) {
+        Pairing::Pair
+    } else {
+        Pairing::Spend
+    }
 }
 
 /// Whether a socket's receive options keep redirects away from it: the ingress queue is

@@ -74,6 +74,24 @@ fn pairing_needs_crossed_sequence_numbers() {
 }
 
 #[test]
+fn one_wrong_guess_spends_the_connector() {
+    let c = Connector {
+        snd_nxt: 1001,
+        rcv_nxt: 5001,
+        ..Connector::default()
+    };
+    assert_eq!(pairing(&c, 5001, 1001), Pairing::Pair);
+    assert_eq!(pairing(&c, 5002, 1001), Pairing::Spend);
+    let spent = Connector { spent: 1, ..c };
+    assert_eq!(
+        pairing(&spent, 5001, 1001),
+        Pairing::Spent,
+        "the exact numbers after a wrong guess"
+    );
+    assert_eq!(pairing(&spent, 5002, 1001), Pairing::Spent);
+}
+
+#[test]
 fn hop_kinds() {
     let client = key(1, 2, 10);
     let server = key(2, 1, 20);
