@@ -15,7 +15,7 @@
 //! to be a pod's), and translated (iptables REDIRECT to a sidecar, kube-proxy's DNAT),
 //! where the client's destination is not where the connection landed.
 
-use core::ptr::{addr_of, addr_of_mut, read_volatile, write_volatile};
+use core::ptr::{addr_of, addr_of_mut, read_volatile};
 
 use aya_ebpf::{
     bindings::{
@@ -32,7 +32,9 @@ use bypass_common::{
     Connector, IpKey, Link, SockKey, SockState, Stat,
     addr::{is_loopback, key_bytes},
     control, refusal,
-    state::{Pairing, flags, hop, is_other_end, link_state, options_need_tcp, pairing, rx, side},
+    state::{
+        self, Pairing, flags, hop, is_other_end, link_state, options_need_tcp, pairing, rx, side,
+    },
     tx_mode,
 };
 
@@ -472,24 +474,34 @@ fn proven_client(key: &SockKey, snd_nxt: u32, rcv_nxt: u32) -> Result<Client, Sk
     let ptr = BYPASS_CONNECTORS
         .get_ptr_mut(key.remote_end())
         .ok_or(Skip::Ineligible)?;
-    // SAFETY: a live map value, read in place.
+    // SAFETY: a live map value, read in place (connectors live in an LRU map, whose
+    // elements are reused at once: what is read here is checked again on the copy).
     let connector = unsafe { &*ptr };
     if !reachable(&connector.key, key) {
         refused(&key.local_ip, refusal::PAIRING);
         return Err(Skip::Unreachable);
     }
-    match pairing(connector, snd_nxt, rcv_nxt) {
+    // The claim, before any comparison: one fetching atomic or, so of the sockets that
+    // get here at once on several CPUs, one finds the connector unclaimed and is the
+    // only one compared. Only while the element is still this end's connector: one
+    // reused meanwhile for another end is left alone (one reused for a later client on
+    // this end, between the check and the claim, is claimed: that client takes TCP).
+    if !connector.key.local_end().same(&key.remote_end()) {
+        stats::add(Stat::PairRejected, 1);
+        return Err(Skip::Ineligible);
+    }
+    // SAFETY: a live map value; `rx_limit` starts an aligned 64-bit word whose second
+    // half is `spent` (asserted beside `Connector`).
+    let old = unsafe {
+        atomic::or_u64(
+            addr_of_mut!((*ptr).rx_limit).cast::<u64>(),
+            state::SPENT_IN_WORD,
+        )
+    };
+    match pairing(old & state::SPENT_IN_WORD != 0, connector, snd_nxt, rcv_nxt) {
         Pairing::Pair => {}
         verdict => {
-            // Spent only while the element is still this end's connector: one reused
-            // meanwhile for another end is left alone (one reused for a later client on
-            // this end, in the instructions between the check and the write, is spent:
-            // that client takes TCP).
-            if verdict == Pairing::Spend && connector.key.local_end().same(&key.remote_end()) {
-                // SAFETY: a live map value; one aligned 32-bit store (BPF_STX_MEM with
-                // BPF_W, one machine store once JITed, e.g. arch/x86/net/bpf_jit_comp.c,
-                // emit_stx), never seen torn.
-                unsafe { write_volatile(addr_of_mut!((*ptr).spent), 1) };
+            if verdict == Pairing::Spend {
                 stats::add(Stat::PairSpent, 1);
             }
             stats::add(Stat::PairRejected, 1);
@@ -514,18 +526,19 @@ fn proven_client(key: &SockKey, snd_nxt: u32, rcv_nxt: u32) -> Result<Client, Sk
         rx_tcp: connector.rx_tcp,
         rx_limit: connector.rx_limit,
     };
-    // A connector is published under its own local end: one that names another was
-    // read while its element was being reused.
-    if !client.key.local_end().same(&key.remote_end()) {
+    // The copy is the proven client's only if it names this end, the live element
+    // still carries the sequence numbers compared, and its connection could reach this
+    // socket (the reachability above was read from the element before the copy).
+    // SAFETY: as above.
+    if !client.key.local_end().same(&key.remote_end())
+        || !is_other_end(unsafe { &*ptr }, snd_nxt, rcv_nxt)
+    {
         stats::add(Stat::PairRejected, 1);
         return Err(Skip::Ineligible);
     }
-    // Connectors live in an LRU map, whose elements are reused at once: the fields
-    // copied above are the proven client's only if the sequence numbers still are.
-    // SAFETY: as above.
-    if !is_other_end(unsafe { &*ptr }, snd_nxt, rcv_nxt) {
-        stats::add(Stat::PairRejected, 1);
-        return Err(Skip::Ineligible);
+    if !reachable(&client.key, key) {
+        refused(&key.local_ip, refusal::PAIRING);
+        return Err(Skip::Unreachable);
     }
     Ok(client)
 }
