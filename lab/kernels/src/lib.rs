@@ -144,7 +144,12 @@ impl Outcome {
                 self.status = Some(status.clone());
             }
         } else if let Some(c) = after(guest::EXIT) {
-            self.exit = c.trim().parse().ok();
+            // The kernel's own console lines can land between the code and its newline
+            // (the power-off right after it: "BYPASS-VM-EXIT 0[ 1345.78] sysrq: Power
+            // Off"): the code is the digits that follow the marker.
+            let c = c.trim_start();
+            let digits = c.find(|ch: char| !ch.is_ascii_digit()).unwrap_or(c.len());
+            self.exit = c[..digits].parse().ok();
         } else if let Some(t) = line
             .strip_prefix("test ")
             .and_then(|l| l.strip_suffix(" ... FAILED"))
@@ -519,6 +524,13 @@ mod tests {
         assert_eq!(o.status, Some(json!({"attached": true})));
         o.line(&format!("{} 0", guest::EXIT));
         assert_eq!(o.exit, Some(0));
+        // As a CI run printed it, the power-off message inside the line.
+        o.line(&format!("{} 0[ 1345.789638] sysrq: Power Off", guest::EXIT));
+        assert_eq!(o.exit, Some(0));
+        o.line(&format!("{} 101", guest::EXIT));
+        assert_eq!(o.exit, Some(101));
+        o.line(&format!("{} [ 1.0] x", guest::EXIT));
+        assert_eq!(o.exit, None);
     }
 
     #[test]
