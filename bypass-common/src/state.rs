@@ -297,9 +297,27 @@ pub struct Connector {
     pub rx_tcp: u64,
     /// Its receive bound ([`receive_bound`]) when it was inserted.
     pub rx_limit: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// Zero when published. The first accepting socket that could have been its server
+    /// (every other check passed) claims it, setting [`SPENT_IN_WORD`] in the 64-bit
+    /// word it makes with [`Connector::rx_limit`] by one fetching atomic or, before any
+    /// comparison: only the claimant that found it clear compares its sequence numbers
+    /// ([`pairing`]), so sockets on several CPUs at once still get one comparison.
+    pub spent: u32,
 }
+
+/// [`Connector::spent`] as a bit of the 64-bit word at [`Connector::rx_limit`] (the
+/// kernel crate has fetching atomics on 64-bit words only): the low bit of `spent`.
+pub const SPENT_IN_WORD: u64 = if cfg!(target_endian = "little") {
+    1 << 32
+} else {
+    1
+};
+
+// `rx_limit` and `spent` make one aligned 64-bit word, `spent` its second half.
+const _: () = assert!(core::mem::offset_of!(Connector, rx_limit) % 8 == 0);
+const _: () = assert!(
+    core::mem::offset_of!(Connector, spent) == core::mem::offset_of!(Connector, rx_limit) + 4
+);
 
 const _: () = assert!(core::mem::size_of::<Connector>() == 80);
 
@@ -392,6 +410,43 @@ const fn key_eq(a: &SockKey, b: &SockKey) -> bool {
 #[inline(always)]
 pub const fn is_other_end(connector: &Connector, snd_nxt: u32, rcv_nxt: u32) -> bool {
     connector.snd_nxt == rcv_nxt && connector.rcv_nxt == snd_nxt
+}
+
+/// What an accepting socket that passed every other check (its address its own, no
+/// simultaneous open, its client able to reach it) does with the [`Connector`] on its
+/// client's end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pairing {
+    /// Its other end ([`is_other_end`]): paired.
+    Pair,
+    /// Not its other end: refused; its claim has spent the connector
+    /// ([`Connector::spent`]).
+    Spend,
+    /// An earlier socket claimed the connector (a wrong one, or its real server):
+    /// refused, nothing compared.
+    Spent,
+}
+
+/// What an accepting socket established with `snd_nxt` and `rcv_nxt` (having passed
+/// every other check) does with `connector`, which it has just claimed: `claimed_before`
+/// is whether [`SPENT_IN_WORD`] was already set when it did. A client's record is
+/// compared once: the real server is established within microseconds of its client, so
+/// a wrong socket first is a SNAT onto the client's end or a pod trying numbers, which
+/// could otherwise try again for as long as the client lives.
+#[inline(always)]
+pub const fn pairing(
+    claimed_before: bool,
+    connector: &Connector,
+    snd_nxt: u32,
+    rcv_nxt: u32,
+) -> Pairing {
+    if claimed_before {
+        Pairing::Spent
+    } else if is_other_end(connector, snd_nxt, rcv_nxt) {
+        Pairing::Pair
+    } else {
+        Pairing::Spend
+    }
 }
 
 /// Whether a socket's receive options keep redirects away from it: the ingress queue is

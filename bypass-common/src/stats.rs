@@ -161,6 +161,12 @@ counters! {
     /// address, and this server's is no backend of it on this node (a pod posing as the
     /// server of a connection its packets could never reach).
     PairUnreachable = 29, pair_unreachable, "Accepted sockets not paired: the server is no backend of the address its client dialled";
+    /// Connecting sockets that can no longer be paired: the first accepting socket that
+    /// could have been their server (every other check passed) claimed them and failed
+    /// the sequence-number check ([`crate::state::Pairing::Spend`]), so no later one is
+    /// compared. Each such socket also counts as [`Stat::PairRejected`], as does every
+    /// later socket refused for it.
+    PairSpent = 30, pair_spent, "Clients no longer paired: an accepted socket that could reach them failed the sequence-number check first";
 }
 
 /// The counter of each [`crate::state::hop`] kind in a family of counters kept per kind

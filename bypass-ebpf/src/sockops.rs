@@ -32,7 +32,9 @@ use bypass_common::{
     Connector, IpKey, Link, SockKey, SockState, Stat,
     addr::{is_loopback, key_bytes},
     control, refusal,
-    state::{flags, hop, is_other_end, link_state, options_need_tcp, rx, side},
+    state::{
+        self, Pairing, flags, hop, is_other_end, link_state, options_need_tcp, pairing, rx, side,
+    },
     tx_mode,
 };
 
@@ -204,7 +206,7 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
                     cookie,
                     rx_tcp: u64::from(state.rx_tcp),
                     rx_limit: own.rx_limit,
-                    reserved: 0,
+                    spent: 0,
                 },
                 BPF_ANY.into(),
             );
@@ -219,8 +221,8 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
             // not yet fully closed keeps its place: this one takes TCP). The connector
             // stays until its socket closes: a later accepting socket that claims the
             // same client end (a SNAT onto it) is then told apart by its sequence
-            // numbers and counted. Each side has read nothing yet, so its copied_seq is
-            // its rcv_nxt at establishment.
+            // numbers and counted (it spends the connector; this link stays). Each side
+            // has read nothing yet, so its copied_seq is its rcv_nxt at establishment.
             let option = |t: u64| if t != 0 { rx::OPTION } else { 0 };
             let Some(new) = BYPASS_SCRATCH.get_ptr_mut(0) else {
                 return Ok(());
@@ -349,18 +351,6 @@ fn check_no_simultaneous_open(ctx: &SockOpsContext, active: bool) -> Result<(), 
     Ok(())
 }
 
-/// Step of [`try_insert`], accepting side only: its client, proven by the crossed
-/// sequence numbers and able to have reached it.
-#[inline(always)]
-fn proven_client(key: &SockKey, snd_nxt: u32, rcv_nxt: u32) -> Result<Client, Skip> {
-    let client = find_client(key, snd_nxt, rcv_nxt).ok_or(Skip::Ineligible)?;
-    if !reachable(&client.key, key) {
-        refused(&key.local_ip, refusal::PAIRING);
-        return Err(Skip::Unreachable);
-    }
-    Ok(client)
-}
-
 /// Step of [`try_insert`]: the socket's storage, set for a new connection; returns it
 /// with the socket's cookie.
 // The key by value, moved into the storage as before this step had a name: by reference
@@ -470,17 +460,54 @@ fn heartbeat_alive() -> bool {
     control::heartbeat_alive(deadline, unsafe { bpf_ktime_get_ns() })
 }
 
-/// The connecting socket on the accepting socket's remote end whose initial sequence
-/// numbers cross with its own.
+/// Step of [`try_insert`], accepting side only: its client, the connecting socket on
+/// its remote end that could have reached it and whose initial sequence numbers cross
+/// with its own. The first socket that gets this far with numbers that do not cross
+/// spends the connector ([`Pairing::Spend`]): no later one is paired with it, so a pod
+/// cannot try numbers for as long as the client lives. It comes after every other check
+/// (this socket's own, made before this step, and reachability here): a socket refused
+/// for another reason spends nothing.
+// The key by reference on purpose: by value it would be copied onto the BPF stack.
+#[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
-fn find_client(key: &SockKey, snd_nxt: u32, rcv_nxt: u32) -> Option<Client> {
-    let ptr = BYPASS_CONNECTORS.get_ptr(key.remote_end())?;
-    // SAFETY: a live map value, read in place.
+fn proven_client(key: &SockKey, snd_nxt: u32, rcv_nxt: u32) -> Result<Client, Skip> {
+    let ptr = BYPASS_CONNECTORS
+        .get_ptr_mut(key.remote_end())
+        .ok_or(Skip::Ineligible)?;
+    // SAFETY: a live map value, read in place (connectors live in an LRU map, whose
+    // elements are reused at once: what is read here is checked again on the copy).
     let connector = unsafe { &*ptr };
-    if !is_other_end(connector, snd_nxt, rcv_nxt) {
+    if !reachable(&connector.key, key) {
+        refused(&key.local_ip, refusal::PAIRING);
+        return Err(Skip::Unreachable);
+    }
+    // The claim, before any comparison: one fetching atomic or, so of the sockets that
+    // get here at once on several CPUs, one finds the connector unclaimed and is the
+    // only one compared. Only while the element is still this end's connector: one
+    // reused meanwhile for another end is left alone (one reused for a later client on
+    // this end, between the check and the claim, is claimed: that client takes TCP).
+    if !connector.key.local_end().same(&key.remote_end()) {
         stats::add(Stat::PairRejected, 1);
-        refused(&key.remote_ip, refusal::PAIRING);
-        return None;
+        return Err(Skip::Ineligible);
+    }
+    // SAFETY: a live map value; `rx_limit` starts an aligned 64-bit word whose second
+    // half is `spent` (asserted beside `Connector`).
+    let old = unsafe {
+        atomic::or_u64(
+            addr_of_mut!((*ptr).rx_limit).cast::<u64>(),
+            state::SPENT_IN_WORD,
+        )
+    };
+    match pairing(old & state::SPENT_IN_WORD != 0, connector, snd_nxt, rcv_nxt) {
+        Pairing::Pair => {}
+        verdict => {
+            if verdict == Pairing::Spend {
+                stats::add(Stat::PairSpent, 1);
+            }
+            stats::add(Stat::PairRejected, 1);
+            refused(&key.remote_ip, refusal::PAIRING);
+            return Err(Skip::Ineligible);
+        }
     }
     // A client on a pod address must still be in the namespace that owns it: one that
     // published itself before its namespace lost the address (its network cut, the
@@ -490,7 +517,7 @@ fn find_client(key: &SockKey, snd_nxt: u32, rcv_nxt: u32) -> Option<Client> {
     if !is_loopback(&connector.key.local_ip) && !owns(&connector.key.local_ip, connector.key.netns)
     {
         stats::add(Stat::ForeignNetns, 1);
-        return None;
+        return Err(Skip::Ineligible);
     }
     let client = Client {
         key: connector.key,
@@ -499,20 +526,21 @@ fn find_client(key: &SockKey, snd_nxt: u32, rcv_nxt: u32) -> Option<Client> {
         rx_tcp: connector.rx_tcp,
         rx_limit: connector.rx_limit,
     };
-    // A connector is published under its own local end: one that names another was
-    // read while its element was being reused.
-    if !client.key.local_end().same(&key.remote_end()) {
-        stats::add(Stat::PairRejected, 1);
-        return None;
-    }
-    // Connectors live in an LRU map, whose elements are reused at once: the fields
-    // copied above are the proven client's only if the sequence numbers still are.
+    // The copy is the proven client's only if it names this end, the live element
+    // still carries the sequence numbers compared, and its connection could reach this
+    // socket (the reachability above was read from the element before the copy).
     // SAFETY: as above.
-    if !is_other_end(unsafe { &*ptr }, snd_nxt, rcv_nxt) {
+    if !client.key.local_end().same(&key.remote_end())
+        || !is_other_end(unsafe { &*ptr }, snd_nxt, rcv_nxt)
+    {
         stats::add(Stat::PairRejected, 1);
-        return None;
+        return Err(Skip::Ineligible);
     }
-    Some(client)
+    if !reachable(&client.key, key) {
+        refused(&key.local_ip, refusal::PAIRING);
+        return Err(Skip::Unreachable);
+    }
+    Ok(client)
 }
 
 /// Whether the packets of `client`'s connection could have reached `server`, so that

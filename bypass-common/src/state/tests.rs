@@ -74,6 +74,42 @@ fn pairing_needs_crossed_sequence_numbers() {
 }
 
 #[test]
+fn one_wrong_guess_spends_the_connector() {
+    let c = Connector {
+        snd_nxt: 1001,
+        rcv_nxt: 5001,
+        ..Connector::default()
+    };
+    assert_eq!(pairing(false, &c, 5001, 1001), Pairing::Pair);
+    assert_eq!(pairing(false, &c, 5002, 1001), Pairing::Spend);
+    assert_eq!(
+        pairing(true, &c, 5001, 1001),
+        Pairing::Spent,
+        "the exact numbers after another claim"
+    );
+    assert_eq!(pairing(true, &c, 5002, 1001), Pairing::Spent);
+}
+
+#[test]
+fn the_spent_bit_is_spent_in_the_word() {
+    // The word at rx_limit, as the kernel's atomic or sees it, read back as the struct.
+    let mut c = Connector {
+        rx_limit: 0x1234_5678,
+        ..Connector::default()
+    };
+    let off = core::mem::offset_of!(Connector, rx_limit);
+    // SAFETY: `off` is 8-aligned and in bounds (the const assertions beside Connector).
+    let word = unsafe {
+        &mut *(core::ptr::addr_of_mut!(c)
+            .cast::<u8>()
+            .add(off)
+            .cast::<u64>())
+    };
+    *word |= SPENT_IN_WORD;
+    assert_eq!((c.rx_limit, c.spent), (0x1234_5678, 1));
+}
+
+#[test]
 fn hop_kinds() {
     let client = key(1, 2, 10);
     let server = key(2, 1, 20);

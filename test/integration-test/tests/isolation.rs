@@ -485,6 +485,110 @@ fn forged_handshake_cannot_pose_as_a_pods_client() -> Result<()> {
     victim_kept_every_byte(&before, &agent.stats()?, &v, &f, &s)
 }
 
+/// One wrong guess spends a client's record. Pod a's victim client (bound to
+/// `client_end`) dials pod b, whose server is held in SYN_RECV (its last ACK dropped),
+/// so the client is published and no server has claimed it yet. Meanwhile pod a's
+/// second connection, to another port of pod b, is SNATed onto the victim's end: its
+/// accepting socket in pod b could have been the victim's server (pod b owns the
+/// address the victim dialled, no simultaneous open, no skipped port) but its sequence
+/// numbers do not cross: refused, and the victim's record spent (`pair_spent`). Then
+/// the held handshake ends and the victim's own server presents the exact numbers, as
+/// a pod that guessed right on its second try would: refused without a comparison. Both
+/// connections byte-exact on TCP. On the datapath before `pair_spent` the second
+/// candidate was paired (`paired_pod` +1, the server's bytes redirected).
+#[test]
+fn one_wrong_guess_spends_a_clients_record() -> Result<()> {
+    privileged!(
+        "one_wrong_guess_spends_a_clients_record",
+        testbed::require::preflight_iptables
+    );
+    const PORT: u16 = 5618;
+    const SNAT_PORT: u16 = 5619;
+    let pods = two_pods()?;
+    let client_end = SocketAddr::new(IpAddr::V4(pods.a.ipv4()), PORT + 30_000);
+    // Pod a's connections to SNAT_PORT leave from the victim's end.
+    iptables::apply(
+        pods.a.netns(),
+        iptables::Family::V4,
+        &[strings(&[
+            "-t",
+            "nat",
+            "-A",
+            "POSTROUTING",
+            "-p",
+            "tcp",
+            "-d",
+            &pods.b.ipv4().to_string(),
+            "--dport",
+            &SNAT_PORT.to_string(),
+            "-j",
+            "SNAT",
+            "--to-source",
+            &client_end.to_string(),
+        ])],
+    )?;
+    let agent = agent_with(&pods, &[])?;
+    let steps = Steps::new(&pods, "spend")?;
+    let Victim {
+        held,
+        before,
+        server,
+        victim,
+    } = held_victim(&pods, &agent, &steps, PORT, client_end)?;
+    // The victim client is established (it wrote its numbers): published, unclaimed.
+    steps.wait("seq")?;
+    let guess = testbed::ClientArgs {
+        stream_base: 2,
+        ..testbed::ClientArgs::bulk(256 << 10)
+    };
+    let guess_server = testbed::PeerServer::start(&pods.b, pods.b.v4_addr(SNAT_PORT), 1)?;
+    let gc = testbed::run_client(&pods.a, pods.b.v4_addr(SNAT_PORT), &guess)?;
+    let gs = guess_server.wait()?;
+    let mid = agent.stats()?;
+    held.remove()?;
+    let v = probe_report(victim)?;
+    let s = server.wait()?;
+    let after = agent.stats()?;
+    let g =
+        |from: &testbed::AgentStatus, f: fn(&testbed::AgentStatus) -> u64| grew(from, &after, f);
+    eprintln!(
+        "victim {v}, server {s}; wrong guess: client {gc:?}, server {gs:?}; spent +{} \
+         (+{} by the wrong guess), rejected +{} (+{} by the wrong guess), paired +{} pod \
+         +{} translated, redirected +{} B",
+        g(&before, |s| s.counters.pair_spent),
+        grew(&before, &mid, |s| s.counters.pair_spent),
+        g(&before, |s| s.counters.pair_rejected),
+        grew(&before, &mid, |s| s.counters.pair_rejected),
+        g(&before, |s| s.counters.paired_pod),
+        g(&before, |s| s.counters.paired_translated),
+        g(&before, |s| s.counters.redirected_bytes)
+    );
+    ensure!(
+        gc.ok && gs.ok && gs.bytes_received == guess.send && gc.bytes_received == guess.recv,
+        "the SNATed connection lost bytes: {gc:#?} {gs:#?}"
+    );
+    ensure!(
+        v["ok"] == true && num(&v, "received") == 1 << 20,
+        "the victim client lost bytes: {v}"
+    );
+    ensure!(
+        grew(&before, &mid, |s| s.counters.pair_spent) == 1
+            && grew(&before, &mid, |s| s.counters.pair_rejected) >= 1,
+        "the wrong guess did not spend the victim's record: {mid:?}"
+    );
+    ensure!(
+        g(&before, |s| s.counters.paired_pod) == 0
+            && g(&before, |s| s.counters.paired_translated) == 0
+            && g(&before, |s| s.counters.redirected_bytes) == 0,
+        "the exact numbers after a wrong guess were paired: {after:?}"
+    );
+    ensure!(
+        g(&mid, |s| s.counters.pair_rejected) >= 1 && g(&mid, |s| s.counters.pair_spent) == 0,
+        "the exact numbers after a wrong guess were not refused as spent: {after:?}"
+    );
+    Ok(())
+}
+
 /// With bridge, flannel or kubenet CNIs the node's gateway address (the bridge's) lies
 /// inside the pod CIDR. A host process (a kubelet probe, a hostNetwork pod) that talks
 /// to a pod from that address must not make the host's network namespace look like a
