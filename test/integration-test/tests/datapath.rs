@@ -8,7 +8,8 @@ use crate::support::privileged;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use crate::support::exchange::{
-    MIB64, assert_bypassed, assert_byte_exact, exchange, exchange_bypassed, exchange_exact,
+    ABOVE_PAYLOAD, MIB64, assert_bypassed, assert_byte_exact, exchange, exchange_bypassed,
+    exchange_exact,
 };
 use anyhow::{Result, ensure};
 use testbed::{Agent, AgentOpts, ClientArgs, TwoPods};
@@ -17,7 +18,7 @@ use testbed::{Agent, AgentOpts, ClientArgs, TwoPods};
 fn ipv4_64mib_each_way_bypassed() -> Result<()> {
     privileged!("ipv4_64mib_each_way_bypassed");
     let pods = TwoPods::new()?;
-    let agent = Agent::start(&pods.agent_opts())?;
+    let agent = Agent::start(&pods.agent_opts().max_queued(ABOVE_PAYLOAD))?;
     let args = ClientArgs::bulk(MIB64);
     exchange_bypassed(&pods, &agent, pods.b.v4_addr(5001), &args)
 }
@@ -26,7 +27,7 @@ fn ipv4_64mib_each_way_bypassed() -> Result<()> {
 fn ipv6_64mib_each_way_bypassed() -> Result<()> {
     privileged!("ipv6_64mib_each_way_bypassed");
     let pods = TwoPods::new()?;
-    let agent = Agent::start(&pods.agent_opts())?;
+    let agent = Agent::start(&pods.agent_opts().max_queued(ABOVE_PAYLOAD))?;
     let args = ClientArgs::bulk(MIB64);
     exchange_bypassed(&pods, &agent, pods.b.v6_addr(5002), &args)
 }
@@ -35,7 +36,7 @@ fn ipv6_64mib_each_way_bypassed() -> Result<()> {
 fn dual_stack_listener_ipv4_client_bypassed() -> Result<()> {
     privileged!("dual_stack_listener_ipv4_client_bypassed");
     let pods = TwoPods::new()?;
-    let agent = Agent::start(&pods.agent_opts())?;
+    let agent = Agent::start(&pods.agent_opts().max_queued(ABOVE_PAYLOAD))?;
     let args = ClientArgs::bulk(MIB64).greeted();
     // [::]:port accepts IPv4 as ::ffff:a.b.c.d; the key encoding must meet the client's.
     let listen = SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 5003);
@@ -92,7 +93,7 @@ fn pod_ip_alone_redirects() -> Result<()> {
     let opts = AgentOpts {
         pod_cidrs: Vec::new(),
         pod_ips: vec![pods.a.ipv4().to_string(), pods.b.ipv4().to_string()],
-        ..pods.agent_opts()
+        ..pods.agent_opts().max_queued(ABOVE_PAYLOAD)
     };
     let agent = Agent::start(&opts)?;
     let st = agent.stats()?;

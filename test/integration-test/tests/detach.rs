@@ -3,6 +3,7 @@
 //! attached. Also when the receivers have not read anything yet, so the redirected
 //! bytes still sit in their queues when the later ones start arriving by TCP.
 
+use crate::support::exchange::ABOVE_PAYLOAD;
 use crate::support::privileged;
 
 use std::time::{Duration, Instant};
@@ -18,7 +19,7 @@ use testbed::{
 fn sigterm_mid_stream_loses_nothing() -> Result<()> {
     privileged!("sigterm_mid_stream_loses_nothing");
     let pods = TwoPods::new()?;
-    let mut agent = Agent::start(&pods.agent_opts())?;
+    let mut agent = Agent::start(&pods.agent_opts().max_queued(ABOVE_PAYLOAD))?;
     ensure!(
         sockops_attached(pods.cgroup())? == 1,
         "agent not attached to the test cgroup"
@@ -115,7 +116,7 @@ fn sigterm_mid_stream_loses_nothing() -> Result<()> {
 fn sigterm_with_unread_redirected_bytes_keeps_order() -> Result<()> {
     privileged!("sigterm_with_unread_redirected_bytes_keeps_order");
     let pods = TwoPods::new()?;
-    let mut agent = Agent::start(&pods.agent_opts())?;
+    let mut agent = Agent::start(&pods.agent_opts().max_queued(ABOVE_PAYLOAD))?;
     // The server reads nothing for 2 s: what the clients send meanwhile piles up in
     // the server sockets' ingress queues.
     let args = ClientArgs {

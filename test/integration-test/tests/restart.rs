@@ -5,6 +5,7 @@
 //! redirects switched off so they finish by TCP; new ones get the new); `uninstall`
 //! turns redirects off and removes every pin and attachment.
 
+use crate::support::exchange::ABOVE_PAYLOAD;
 use crate::support::privileged;
 
 use std::{
@@ -72,11 +73,14 @@ fn ensure_exact(client: &Report, server: &Report, args: &ClientArgs) -> Result<(
     Ok(())
 }
 
+/// The agent's options with `extra`, and a queue bound out of the streams' reach (they
+/// assert every byte redirected: [`ABOVE_PAYLOAD`]).
 fn opts(pods: &TwoPods, extra: &[&str]) -> AgentOpts {
     AgentOpts {
         extra_args: extra.iter().map(|s| (*s).to_owned()).collect(),
         ..pods.agent_opts()
     }
+    .max_queued(ABOVE_PAYLOAD)
 }
 
 #[test]

@@ -112,6 +112,13 @@ impl AgentOpts {
         a.extend(self.extra_args.iter().cloned());
         a
     }
+
+    /// These options with `--max-queued-bytes bound` added.
+    pub fn max_queued(mut self, bound: &str) -> Self {
+        self.extra_args
+            .extend(["--max-queued-bytes".to_owned(), bound.to_owned()]);
+        self
+    }
 }
 
 /// `status --json`, typed: the agent's own report, so the testbed reads what the agent

@@ -15,7 +15,9 @@ use super::{
     cluster::{Cluster, PodOpts},
     support::{EXCLUDE, addrs, free_port, node_name, seen, set, start_agent, wait_addrs},
 };
-use crate::support::exchange::{assert_byte_exact, exchange, exchange_bypassed, exchange_exact};
+use crate::support::exchange::{
+    ABOVE_PAYLOAD, assert_byte_exact, exchange, exchange_bypassed, exchange_exact,
+};
 
 /// Growth of the counters over `f`, with the wire bytes the pods put on the veths.
 fn measured<T>(
@@ -66,7 +68,13 @@ pub fn k8s_opt_outs_hold_by_traffic() -> Result<()> {
         },
     )?;
     let port = free_port()?;
-    let agent = start_agent(&c, &pods, &node, port, &[])?;
+    let agent = start_agent(
+        &c,
+        &pods,
+        &node,
+        port,
+        &["--max-queued-bytes", ABOVE_PAYLOAD],
+    )?;
     let pin = agent.pin_dir().to_path_buf();
     wait_addrs(&pin, "pod a in, opted-out b out", &addrs(&[&a4]))?;
     let bulk = ClientArgs::bulk(8 << 20);

@@ -21,6 +21,7 @@ use super::support::{
     APP_PORT, INBOUND_PORT, OUTBOUND_PORT, PROXY_MARK, any, grew, growth, ip_of, loopback,
     nat_tables, vip_in,
 };
+use crate::support::exchange::ABOVE_PAYLOAD;
 use crate::support::exchange::{Exchange, assert_byte_exact, exchange};
 
 /// Pod a's capture: its app's connections to the app port go to the outbound sidecar.
@@ -130,7 +131,7 @@ pub fn sidecar_chain(family: Family) -> Result<()> {
     let pods = TwoPods::new()?;
     capture_outbound(&pods, family)?;
     capture_inbound(&pods, family)?;
-    let agent = Agent::start(&pods.agent_opts())?;
+    let agent = Agent::start(&pods.agent_opts().max_queued(ABOVE_PAYLOAD))?;
     let b_app = SocketAddr::new(ip_of(&pods.b, family), APP_PORT);
     let outbound = outbound_sidecar(&pods, family, b_app)?;
     let inbound = inbound_sidecar(&pods, family)?;
@@ -170,7 +171,7 @@ pub fn sidecar_chain_short_connections_exact() -> Result<()> {
     let pods = TwoPods::new()?;
     capture_outbound(&pods, Family::V4)?;
     capture_inbound(&pods, Family::V4)?;
-    let agent = Agent::start(&pods.agent_opts())?;
+    let agent = Agent::start(&pods.agent_opts().max_queued(ABOVE_PAYLOAD))?;
     let b_app = pods.b.v4_addr(APP_PORT);
     let _outbound = outbound_sidecar(&pods, Family::V4, b_app)?;
     let _inbound = inbound_sidecar(&pods, Family::V4)?;
@@ -242,7 +243,7 @@ pub fn egress_to_outside_address_first_hop_normal_path() -> Result<()> {
     // The app needs a route to dial it; the REDIRECT then keeps it on the node.
     pods.a.add_route(&pods.outside_cidr_v4())?;
     capture_outbound(&pods, Family::V4)?;
-    let agent = Agent::start(&pods.agent_opts())?;
+    let agent = Agent::start(&pods.agent_opts().max_queued(ABOVE_PAYLOAD))?;
     let b_app = pods.b.v4_addr(APP_PORT);
     let _outbound = outbound_sidecar(&pods, Family::V4, b_app)?;
     let args = ClientArgs::bulk(8 << 20);

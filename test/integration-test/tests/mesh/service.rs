@@ -11,6 +11,7 @@ use testbed::{
 };
 
 use super::support::{agent_with, any, grew, growth, ip_of, nat_tables, vip_in};
+use crate::support::exchange::ABOVE_PAYLOAD;
 use crate::support::exchange::{Exchange, assert_byte_exact, ensure_one_exact, exchange};
 
 /// A ClusterIP Service, kube-proxy style, in pod a's nat table.
@@ -65,6 +66,8 @@ fn service_agent(
             svc_cidr,
             "--service-backend",
             &format!("{vip}={backend}"),
+            "--max-queued-bytes",
+            ABOVE_PAYLOAD,
         ],
     )
 }
@@ -230,7 +233,15 @@ pub fn clusterip_dnat_to_other_node_stays_on_normal_path() -> Result<()> {
         Family::V4,
         &iptables::kube_proxy_rules(&cluster_ip(&pods, vip, backend)),
     )?;
-    let agent = agent_with(&pods, &["--service-cidr", &svc_cidr])?;
+    let agent = agent_with(
+        &pods,
+        &[
+            "--service-cidr",
+            &svc_cidr,
+            "--max-queued-bytes",
+            ABOVE_PAYLOAD,
+        ],
+    )?;
     let args = ClientArgs::bulk(8 << 20);
     let before = agent.stats()?;
     let wire0 = pods.a.counters()?.rx_bytes + node.counters()?.rx_bytes;
@@ -310,7 +321,12 @@ pub fn output_dnat(family: Family, to_self: bool) -> Result<()> {
     // Into another pod the translation is paired only to a backend of the VIP; into
     // the client's own namespace always.
     let backend = format!("{vip}={target}");
-    let mut flags = vec!["--service-cidr", &svc_cidr];
+    let mut flags = vec![
+        "--service-cidr",
+        &svc_cidr,
+        "--max-queued-bytes",
+        ABOVE_PAYLOAD,
+    ];
     if !to_self {
         flags.extend(["--service-backend", &backend]);
     }
