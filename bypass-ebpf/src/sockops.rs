@@ -488,7 +488,9 @@ fn proven_client(key: &SockKey, snd_nxt: u32, rcv_nxt: u32) -> Result<Client, Sk
     // check and the claim (for another end, or for a later client on this end) is
     // claimed, and spent: that record's client takes TCP. One reused after the claim
     // has its bit cleared by the new record's write, which the reload after the copy
-    // sees.
+    // sees if that write is complete and nothing claimed the new record meanwhile (the
+    // reload checks that a claim is there, not whose): docs/guarantees.md gives the
+    // odds of what is left.
     if !connector.key.local_end().same(&key.remote_end()) {
         stats::add(Stat::PairRejected, 1);
         return Err(Skip::Ineligible);
