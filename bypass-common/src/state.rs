@@ -301,7 +301,9 @@ pub struct Connector {
     /// (every other check passed) claims it, setting [`SPENT_IN_WORD`] in the 64-bit
     /// word it makes with [`Connector::rx_limit`] by one fetching atomic or, before any
     /// comparison: only the claimant that found it clear compares its sequence numbers
-    /// ([`pairing`]), so sockets on several CPUs at once still get one comparison.
+    /// ([`pairing`]), so sockets on several CPUs at once still get one comparison. The
+    /// claimant reads the word again after its checks and is refused when the bit is
+    /// clear (the element was reused for a new record after its claim).
     pub spent: u32,
 }
 
@@ -404,9 +406,12 @@ const fn key_eq(a: &SockKey, b: &SockKey) -> bool {
 /// Whether an accepting socket, established with `snd_nxt` and `rcv_nxt` (nothing sent
 /// or received yet but the handshake), is the other end of `connector`. NAT rewrites
 /// addresses and ports, not sequence numbers, so the two sides' initial sequence numbers
-/// (random 32-bit each, and secret: another namespace never sees them) must cross over;
-/// a socket that merely shares the client's address and port (a source port reused
-/// towards another destination, another namespace's socket) does not.
+/// (32 bits each, never seen by another namespace) must cross over; a socket that
+/// merely shares the client's address and port (a source port reused towards another
+/// destination, another namespace's socket) does not. They are not secret from a
+/// namespace that can hold the same addresses: the kernel hashes addresses and ports
+/// under one host-wide key plus a clock (net/core/secure_seq.c), so only the clock is
+/// left to guess; hence one comparison per client record ([`pairing`]).
 #[inline(always)]
 pub const fn is_other_end(connector: &Connector, snd_nxt: u32, rcv_nxt: u32) -> bool {
     connector.snd_nxt == rcv_nxt && connector.rcv_nxt == snd_nxt

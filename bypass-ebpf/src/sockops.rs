@@ -484,8 +484,13 @@ fn proven_client(key: &SockKey, snd_nxt: u32, rcv_nxt: u32) -> Result<Client, Sk
     // The claim, before any comparison: one fetching atomic or, so of the sockets that
     // get here at once on several CPUs, one finds the connector unclaimed and is the
     // only one compared. Only while the element is still this end's connector: one
-    // reused meanwhile for another end is left alone (one reused for a later client on
-    // this end, between the check and the claim, is claimed: that client takes TCP).
+    // reused for another end before this check is left alone. One reused between this
+    // check and the claim (for another end, or for a later client on this end) is
+    // claimed, and spent: that record's client takes TCP. One reused after the claim
+    // has its bit cleared by the new record's write, which the reload after the copy
+    // sees if that write is complete and nothing claimed the new record meanwhile (the
+    // reload checks that a claim is there, not whose): docs/guarantees.md gives the
+    // odds of what is left.
     if !connector.key.local_end().same(&key.remote_end()) {
         stats::add(Stat::PairRejected, 1);
         return Err(Skip::Ineligible);
@@ -512,8 +517,8 @@ fn proven_client(key: &SockKey, snd_nxt: u32, rcv_nxt: u32) -> Result<Client, Sk
     // A client on a pod address must still be in the namespace that owns it: one that
     // published itself before its namespace lost the address (its network cut, the
     // address contested) is not paired. (A connecting socket is inserted only on a pod
-    // address or on loopback inside a pod.) Read in place, not copied onto the stack;
-    // an element reused meanwhile fails the checks below.
+    // address or on loopback inside a pod.) Read in place, not copied onto the stack
+    // (the stack is at its limit); an element reused meanwhile fails the checks below.
     if !is_loopback(&connector.key.local_ip) && !owns(&connector.key.local_ip, connector.key.netns)
     {
         stats::add(Stat::ForeignNetns, 1);
@@ -539,6 +544,15 @@ fn proven_client(key: &SockKey, snd_nxt: u32, rcv_nxt: u32) -> Result<Client, Sk
     if !reachable(&client.key, key) {
         refused(&key.local_ip, refusal::PAIRING);
         return Err(Skip::Unreachable);
+    }
+    // Still the record this socket claimed: an element reused after the claim, and
+    // written whole by a new connector (`spent` clear), would otherwise give the new
+    // record a second comparison.
+    // SAFETY: as for the claim.
+    let word = unsafe { atomic::load_ordered(addr_of_mut!((*ptr).rx_limit).cast::<u64>()) };
+    if word & state::SPENT_IN_WORD == 0 {
+        stats::add(Stat::PairRejected, 1);
+        return Err(Skip::Ineligible);
     }
     Ok(client)
 }
