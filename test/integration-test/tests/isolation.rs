@@ -510,22 +510,7 @@ fn one_wrong_guess_spends_a_clients_record() -> Result<()> {
     iptables::apply(
         pods.a.netns(),
         iptables::Family::V4,
-        &[strings(&[
-            "-t",
-            "nat",
-            "-A",
-            "POSTROUTING",
-            "-p",
-            "tcp",
-            "-d",
-            &pods.b.ipv4().to_string(),
-            "--dport",
-            &SNAT_PORT.to_string(),
-            "-j",
-            "SNAT",
-            "--to-source",
-            &client_end.to_string(),
-        ])],
+        &iptables::snat_onto(IpAddr::V4(pods.b.ipv4()), SNAT_PORT, client_end),
     )?;
     let agent = agent_with(&pods, &[])?;
     let steps = Steps::new(&pods, "spend")?;

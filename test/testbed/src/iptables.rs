@@ -124,6 +124,18 @@ pub fn sidecar_outbound(app_port: u16, mark: u32, proxy_port: u16) -> Vec<Rule> 
     .0]
 }
 
+/// A source NAT onto `source`: connections from the pod to `dst` port `dport` leave
+/// from `source` (an address and port of the pod), as a SNAT or a masquerade that
+/// collides with a live connection's end would make them.
+pub fn snat_onto(dst: std::net::IpAddr, dport: u16, source: std::net::SocketAddr) -> Vec<Rule> {
+    vec![
+        nat(&format!(
+            "-A POSTROUTING -p tcp -d {dst} --dport {dport} -j SNAT --to-source {source}"
+        ))
+        .0,
+    ]
+}
+
 /// The sidecar's inbound capture: connections arriving for `app_port` are redirected to
 /// the proxy on `proxy_port` (REDIRECT in PREROUTING keeps the pod address, changes the
 /// port).

@@ -16,7 +16,7 @@ use super::{
     support::{EXCLUDE, addrs, free_port, node_name, seen, set, start_agent, wait_addrs},
 };
 use crate::support::exchange::{
-    ABOVE_PAYLOAD, assert_byte_exact, exchange, exchange_bypassed, exchange_exact,
+    BOUND_ABOVE_PAYLOAD, assert_byte_exact, exchange, exchange_bypassed, exchange_exact,
 };
 
 /// Growth of the counters over `f`, with the wire bytes the pods put on the veths.
@@ -68,13 +68,7 @@ pub fn k8s_opt_outs_hold_by_traffic() -> Result<()> {
         },
     )?;
     let port = free_port()?;
-    let agent = start_agent(
-        &c,
-        &pods,
-        &node,
-        port,
-        &["--max-queued-bytes", ABOVE_PAYLOAD],
-    )?;
+    let agent = start_agent(&c, &pods, &node, port, &BOUND_ABOVE_PAYLOAD)?;
     let pin = agent.pin_dir().to_path_buf();
     wait_addrs(&pin, "pod a in, opted-out b out", &addrs(&[&a4]))?;
     let bulk = ClientArgs::bulk(8 << 20);

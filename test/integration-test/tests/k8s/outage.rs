@@ -22,7 +22,7 @@ use super::{
         start_agent, wait_addrs, wait_for,
     },
 };
-use crate::support::exchange::{ABOVE_PAYLOAD, exchange_bypassed};
+use crate::support::exchange::{BOUND_ABOVE_PAYLOAD, exchange_bypassed};
 
 pub fn k8s_api_server_outage_keeps_datapath_then_resyncs() -> Result<()> {
     let pods = TwoPods::new()?;
@@ -38,13 +38,7 @@ pub fn k8s_api_server_outage_keeps_datapath_then_resyncs() -> Result<()> {
         PodOpts::default(),
     )?;
     let port = free_port()?;
-    let agent = start_agent(
-        &c,
-        &pods,
-        &node,
-        port,
-        &["--max-queued-bytes", ABOVE_PAYLOAD],
-    )?;
+    let agent = start_agent(&c, &pods, &node, port, &BOUND_ABOVE_PAYLOAD)?;
     let pin = agent.pin_dir().to_path_buf();
     let before = addrs(&[&a4, &b4, "10.66.0.60"]);
     wait_addrs(&pin, "addresses in", &before)?;

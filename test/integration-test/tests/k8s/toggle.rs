@@ -21,7 +21,7 @@ use super::{
         wait_addrs, wait_for,
     },
 };
-use crate::support::exchange::{ABOVE_PAYLOAD, exchange_bypassed, exchange_exact};
+use crate::support::exchange::{BOUND_ABOVE_PAYLOAD, exchange_bypassed, exchange_exact};
 
 pub fn k8s_traffic_from_pod_objects_and_label_toggle_lose_no_byte() -> Result<()> {
     let pods = TwoPods::new()?;
@@ -39,13 +39,7 @@ pub fn k8s_traffic_from_pod_objects_and_label_toggle_lose_no_byte() -> Result<()
     c.pod("bk-apps", "a", &node, &[&a4, &a6], PodOpts::default())?;
     c.pod("bk-apps", "b", &node, &[&b4, &b6], PodOpts::default())?;
     let port = free_port()?;
-    let agent = start_agent(
-        &c,
-        &pods,
-        &node,
-        port,
-        &["--max-queued-bytes", ABOVE_PAYLOAD],
-    )?;
+    let agent = start_agent(&c, &pods, &node, port, &BOUND_ABOVE_PAYLOAD)?;
     let pin = agent.pin_dir().to_path_buf();
     wait_addrs(
         &pin,

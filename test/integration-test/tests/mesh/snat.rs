@@ -1,7 +1,10 @@
 //! A source NAT onto the address and port of another live connection: the accepting
 //! side's candidate fails the sequence-number check, normal path, byte-exact.
 
-use std::time::{Duration, Instant};
+use std::{
+    net::IpAddr,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Result, ensure};
 use testbed::{
@@ -27,25 +30,7 @@ pub fn snat_onto_a_live_source_port_is_rejected() -> Result<()> {
     iptables::apply(
         pods.a.netns(),
         Family::V4,
-        &[[
-            "-t",
-            "nat",
-            "-A",
-            "POSTROUTING",
-            "-p",
-            "tcp",
-            "-d",
-            &pods.b.ipv4().to_string(),
-            "--dport",
-            &PORT_2.to_string(),
-            "-j",
-            "SNAT",
-            "--to-source",
-            &source.to_string(),
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect::<Vec<_>>()],
+        &iptables::snat_onto(IpAddr::V4(pods.b.ipv4()), PORT_2, source),
     )?;
     let agent = Agent::start(&pods.agent_opts())?;
 

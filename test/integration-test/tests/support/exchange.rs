@@ -168,6 +168,9 @@ pub fn ensure_one_exact(client: &Report, server: &Report, args: &ClientArgs) -> 
 /// assertion measures.
 pub const ABOVE_PAYLOAD: &str = "256M";
 
+/// The agent's arguments for [`ABOVE_PAYLOAD`].
+pub const BOUND_ABOVE_PAYLOAD: [&str; 2] = ["--max-queued-bytes", ABOVE_PAYLOAD];
+
 /// The bytes went socket to socket: the wire carried under 1% of the payload, the
 /// redirected counter grew by at least the payload, two sockets were inserted per
 /// connection and none failed. Holds only for greeted connections
