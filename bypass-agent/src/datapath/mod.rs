@@ -279,6 +279,8 @@ impl Datapath {
     /// now on (a peer reads what was already redirected to it first), and no new socket
     /// is inserted. Sockets already in the map stay until they close, and so does the
     /// setsockopt hook that keeps upper-layer protocols off them.
+    /// The log line says how many bytes were redirected in all, read once redirects are
+    /// off (`redirected_bytes`): what a sender sends from then on goes by TCP.
     pub fn detach(&mut self) -> Result<(), AgentError> {
         self.control.set_enabled(false)?;
         if let Some(link) = self.sockops_link.take() {
@@ -288,7 +290,12 @@ impl Datapath {
                 source: e,
             })?;
             drop(link);
-            info!(cgroup = %self.cgroup_path.display(), "bypass detached");
+            let redirected = self.counters().map(|c| c.redirected_bytes).ok();
+            info!(
+                cgroup = %self.cgroup_path.display(),
+                redirected_bytes = redirected,
+                "bypass detached"
+            );
         }
         Ok(())
     }

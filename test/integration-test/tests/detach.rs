@@ -9,7 +9,7 @@ use crate::support::privileged;
 use std::time::{Duration, Instant};
 
 use crate::support::{Steps, hold_pair, probe_report};
-use anyhow::{Result, bail, ensure};
+use anyhow::{Context as _, Result, bail, ensure};
 use testbed::{
     Agent, ClientArgs, PeerClient, PeerServer, ServerArgs, TwoPods,
     bpf::{sockops_attached, sockopt_attached},
@@ -19,7 +19,10 @@ use testbed::{
 fn sigterm_mid_stream_loses_nothing() -> Result<()> {
     privileged!("sigterm_mid_stream_loses_nothing");
     let pods = TwoPods::new()?;
-    let mut agent = Agent::start(&pods.agent_opts().max_queued(ABOVE_PAYLOAD))?;
+    let mut opts = pods.agent_opts().max_queued(ABOVE_PAYLOAD);
+    // Its detach line says how much was redirected once redirects were off.
+    opts.extra_args.push("--log-json".to_owned());
+    let mut agent = Agent::start(&opts)?;
     ensure!(
         sockops_attached(pods.cgroup())? == 1,
         "agent not attached to the test cgroup"
@@ -62,7 +65,13 @@ fn sigterm_mid_stream_loses_nothing() -> Result<()> {
         "bytes took TCP before the stop: {at_stop:?}"
     );
     let wire_at_stop = pods.wire_bytes()?;
-    agent.stop_cleanly("agent")?;
+    let exit = agent.stop_cleanly("agent")?;
+    let redirected = exit.redirected_at_detach().with_context(|| {
+        format!(
+            "no `bypass detached` line with redirected_bytes: {}",
+            exit.stderr
+        )
+    })?;
 
     // Nothing pinned, nothing attached, right after the exit.
     ensure!(
@@ -85,7 +94,8 @@ fn sigterm_mid_stream_loses_nothing() -> Result<()> {
     let server = server.wait()?;
     let wire_after = pods.wire_bytes()?.saturating_sub(wire_at_stop);
     eprintln!(
-        "redirected before stop {} B of {payload} B; wire after stop {wire_after} B; EAGAIN {}+{}",
+        "redirected {} B when the stop was sent, {redirected} B in all, of {payload} B; \
+         wire after the stop was sent {wire_after} B; EAGAIN {}+{}",
         at_stop.counters.redirected_bytes, client.spurious_eagain, server.spurious_eagain
     );
     ensure!(client.ok, "client failures: {:#?}", client.failures);
@@ -103,10 +113,13 @@ fn sigterm_mid_stream_loses_nothing() -> Result<()> {
         server.bytes_sent == each && client.bytes_received == each,
         "s2c totals"
     );
-    // What was not redirected before the stop went by TCP after it.
-    let rest = payload - at_stop.counters.redirected_bytes.min(payload);
+    // What was not redirected before the redirects went off, nor sent by TCP before
+    // the stop was sent, went by TCP after it (the wire also carries headers). The
+    // counters are read just after the switch: a message being redirected on another
+    // CPU then may not be counted yet (a write is 16 KiB here; a MiB of slack).
+    let rest = payload.saturating_sub(redirected + at_stop.counters.passed_bytes);
     ensure!(
-        wire_after >= rest / 2,
+        wire_after + (1 << 20) >= rest,
         "only {wire_after} B on the wire after the stop, {rest} B were left to send"
     );
     Ok(())

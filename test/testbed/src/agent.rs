@@ -134,6 +134,18 @@ pub struct AgentExit {
     pub stderr: String,
 }
 
+impl AgentExit {
+    /// The `redirected_bytes` of its `bypass detached` line (an agent run with
+    /// `--log-json`): every byte redirected before its redirects went off.
+    pub fn redirected_at_detach(&self) -> Option<u64> {
+        self.stderr
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|v| v["fields"]["message"] == "bypass detached")
+            .and_then(|v| v["fields"]["redirected_bytes"].as_u64())
+    }
+}
+
 /// A running `bypass-agent run`.
 pub struct Agent {
     child: Child,
