@@ -21,8 +21,7 @@ use super::support::{
     APP_PORT, INBOUND_PORT, OUTBOUND_PORT, PROXY_MARK, any, grew, growth, ip_of, loopback,
     nat_tables, vip_in,
 };
-use crate::support::exchange::ABOVE_PAYLOAD;
-use crate::support::exchange::{Exchange, assert_byte_exact, exchange};
+use crate::support::exchange::{ABOVE_PAYLOAD, Exchange, assert_byte_exact, exchange};
 
 /// Pod a's capture: its app's connections to the app port go to the outbound sidecar.
 fn capture_outbound(pods: &TwoPods, family: Family) -> Result<()> {

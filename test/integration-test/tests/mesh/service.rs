@@ -11,8 +11,9 @@ use testbed::{
 };
 
 use super::support::{agent_with, any, grew, growth, ip_of, nat_tables, vip_in};
-use crate::support::exchange::ABOVE_PAYLOAD;
-use crate::support::exchange::{Exchange, assert_byte_exact, ensure_one_exact, exchange};
+use crate::support::exchange::{
+    ABOVE_PAYLOAD, Exchange, assert_byte_exact, ensure_one_exact, exchange,
+};
 
 /// A ClusterIP Service, kube-proxy style, in pod a's nat table.
 pub fn cluster_ip(pods: &TwoPods, vip: SocketAddr, backend: SocketAddr) -> ClusterIp {

@@ -4,7 +4,6 @@
 use std::{net::SocketAddr, time::Instant};
 
 use anyhow::{Result, ensure};
-use bypass_common::Stat;
 use testbed::{
     Agent, AgentStatus, ClientArgs, PeerServer, Report, ServerArgs, TwoPods, run_client,
 };
@@ -33,17 +32,6 @@ impl Exchange {
     /// Growth of a counter.
     pub fn grew(&self, f: impl Fn(&AgentStatus) -> u64) -> u64 {
         f(&self.after).saturating_sub(f(&self.before))
-    }
-
-    /// Every counter that grew, as `name +n`, for failure messages.
-    pub fn counters_grown(&self) -> String {
-        Stat::ALL
-            .iter()
-            .map(|&s| (s, self.grew(|st| st.counters.get(s))))
-            .filter(|&(_, n)| n > 0)
-            .map(|(s, n)| format!("{} +{n}", s.name()))
-            .collect::<Vec<_>>()
-            .join(", ")
     }
 }
 
@@ -197,7 +185,7 @@ pub fn assert_bypassed(x: &Exchange, args: &ClientArgs) -> Result<()> {
         x.wire * 100 < payload,
         "wire carried {} B of a {payload} B payload (>= 1%): not bypassed; counters: {}",
         x.wire,
-        x.counters_grown()
+        super::growth(&x.before, &x.after)
     );
     ensure!(
         x.grew(|s| s.counters.redirected_bytes) >= payload,
