@@ -92,6 +92,20 @@ pub trait Build {
 /// How long one VM may run.
 const TIMEOUT: Duration = Duration::from_secs(60 * 60);
 
+/// How long the guest's watchdog may report a CPU stuck before the run is ended: a
+/// kernel that spins this long will not recover, and waiting for [`TIMEOUT`] only hides
+/// the stacks the console printed under an hour of repeats.
+const LOCKUP_LIMIT_SECS: u64 = 120;
+
+/// The seconds of a soft-lockup report (`watchdog: BUG: soft lockup - CPU#1 stuck for
+/// 26s! [comm:pid]`), or `None` for any other line.
+fn lockup_secs(line: &str) -> Option<u64> {
+    let rest = &line[line.find("BUG: soft lockup")?..];
+    let after = &rest[rest.find("stuck for ")? + "stuck for ".len()..];
+    let digits = after.find(|c: char| !c.is_ascii_digit())?;
+    after[..digits].parse().ok()
+}
+
 /// A cache tag for `bytes` (`DefaultHasher` may change between Rust versions: that
 /// only rebuilds what the tag names).
 pub fn cache_tag(bytes: &[u8]) -> u64 {
@@ -367,7 +381,9 @@ fn boot(
     .arg(initrd)
     .arg("-append")
     .arg(format!(
-        "console={} quiet panic=-1 {cmdline} bypass_cmd={}",
+        // loglevel=5, not quiet: a lockup's or a warning's stack is printed at the
+        // default level, which quiet hides; on a lockup, every CPU's backtrace.
+        "console={} loglevel=5 panic=-1 softlockup_all_cpu_backtrace=1 {cmdline} bypass_cmd={}",
         a.console,
         script.display()
     ))
@@ -407,6 +423,13 @@ fn boot(
                 let clean: String = line.chars().filter(|c| !c.is_control()).collect();
                 writeln!(out, "{clean}")?;
                 outcome.line(&clean);
+                if lockup_secs(&clean).is_some_and(|s| s >= LOCKUP_LIMIT_SECS) {
+                    let _ = child.kill();
+                    bail!(
+                        "the guest kernel locked up ({clean}); killed it: the stacks are in the \
+                         console above, from the first 'soft lockup' line"
+                    );
+                }
             }
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
@@ -512,6 +535,18 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn a_soft_lockup_line_gives_its_seconds() {
+        let l = "[ 3441.125686] watchdog: BUG: soft lockup - CPU#1 stuck for 2660s! [mesh::skip_port:9983]";
+        assert_eq!(lockup_secs(l), Some(2660));
+        assert_eq!(
+            lockup_secs("watchdog: BUG: soft lockup - CPU#0 stuck for 22s! [a:1]"),
+            Some(22)
+        );
+        assert_eq!(lockup_secs("test mesh::x ... ok"), None);
+        assert_eq!(lockup_secs("BUG: soft lockup - CPU#0 stuck for s!"), None);
+    }
 
     #[test]
     fn the_smoke_line_carries_the_status() {
