@@ -8,6 +8,12 @@ use std::{
 
 use anyhow::{Result, bail};
 
+/// How long a tool in a pod waits for the test's next step file: a net for a test that
+/// died without killing its tools (they are killed when the test drops them), never a
+/// pace. Under emulation (kernel 6.1, one TCG thread) the setup between two steps of
+/// `restart::sigkill_mid_100_streams_then_restart_adopts` took over a minute.
+pub const STEP_WAIT: Duration = Duration::from_secs(600);
+
 /// Waits at most `within` until `path` exists.
 pub fn wait_file(path: &Path, within: Duration) -> Result<()> {
     let deadline = Instant::now() + within;

@@ -351,7 +351,7 @@ fn victim_sequence(go: &std::path::Path) -> Result<(u32, u32)> {
 /// appeared: whatever was queued before it has been read. Bytes read, and the read
 /// error that ended it early, if one did.
 fn read_until_stopped(s: &mut TcpStream, stop: &std::path::Path) -> Result<(u64, Option<String>)> {
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + testbed::steps::STEP_WAIT;
     let mut buf = vec![0u8; 64 * 1024];
     let mut received = 0u64;
     loop {
@@ -365,8 +365,9 @@ fn read_until_stopped(s: &mut TcpStream, stop: &std::path::Path) -> Result<(u64,
                 }
                 ensure!(
                     Instant::now() < deadline,
-                    "{} did not appear within 60 s",
-                    stop.display()
+                    "{} did not appear within {:?}",
+                    stop.display(),
+                    testbed::steps::STEP_WAIT
                 );
             }
             Err(e) => return Ok((received, Some(e.to_string()))),

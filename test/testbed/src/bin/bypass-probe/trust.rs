@@ -32,9 +32,9 @@ pub struct Steps<'a> {
     pub bytes: u64,
 }
 
-/// Waits at most 60 s until `path` exists.
+/// Waits until `path` exists (at most [`testbed::steps::STEP_WAIT`]).
 pub fn wait_file(path: &Path) -> Result<()> {
-    testbed::steps::wait_file(path, Duration::from_secs(60))
+    testbed::steps::wait_file(path, testbed::steps::STEP_WAIT)
 }
 
 pub(crate) fn wait_opt(path: Option<&Path>) -> Result<()> {
