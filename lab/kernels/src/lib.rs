@@ -1,11 +1,12 @@
 //! `cargo xtask test --kernel NAME`: the privileged tests on another kernel, booted in
-//! qemu (TCG, one thread for both vCPUs; `BYPASS_VM_ACCEL=kvm` where KVM runs a guest) from a Debian kernel package, with the
-//! host's filesystem shared read-only (9p) under a tmpfs overlay, so the guest runs the
-//! very binaries the host built. The serial console carries the results back; they are
-//! counted like the host run's and kept in `results/kernels/NAME.json`, which
-//! `cargo xtask kernel-table` turns into the README's table. A kernel of another
-//! architecture (arm64) boots in that architecture's qemu and runs the smoke test, built
-//! for it, instead of the privileged tests (see `smoke`).
+//! qemu (TCG, one thread for both vCPUs; `BYPASS_VM_ACCEL=kvm` where KVM runs a guest)
+//! from a Debian kernel package, with the host's filesystem shared read-only (9p) under
+//! a tmpfs overlay, so the guest runs the very binaries the host built. The serial
+//! console carries the results back; they are counted like the host run's and kept in
+//! `results/kernels/NAME.json`, which `cargo xtask kernel-table` turns into the
+//! README's table. A kernel of another architecture (arm64) boots in that
+//! architecture's qemu and runs the smoke test, built for it, instead of the privileged
+//! tests (see `smoke`).
 //!
 //! What a run needs built (the test tools, the cross-built agent) comes from the caller
 //! through [`Build`]: xtask owns the toolchain and the cargo builds.
@@ -368,9 +369,9 @@ fn boot(
     // the same address, and the stale translation traps again, forever (kernel 6.1,
     // two of three full runs: both CPUs at security_mmap_file+0x0 in asm_exc_int3;
     // the memory holds the new CALL). A real CPU refetches the instruction. One thread
-    // keeps qemu's code invalidation in step with every vCPU, about 1.3 times slower
-    // (`-- mesh::` on 6.1: 213 s against 164 s). `BYPASS_VM_ACCEL=tcg,thread=multi`
-    // chooses the faster one.
+    // keeps qemu's code invalidation in step with every vCPU, about 1.45 times slower
+    // (the whole 6.1 run: 1717 s and 1773 s against 1193 s). `BYPASS_VM_ACCEL=
+    // tcg,thread=multi` chooses the faster one.
     let accel = match std::env::var("BYPASS_VM_ACCEL") {
         Ok(accel) if a.cross.is_none() || accel.starts_with("tcg") => accel,
         _ => "tcg,thread=single".to_owned(),
