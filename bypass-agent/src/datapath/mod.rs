@@ -576,8 +576,16 @@ impl Drop for Datapath {
         if let Err(e) = self.detach() {
             warn!(error = %e, "detach on shutdown");
         }
+        // Releasing a trampoline link (the read guard's) waits for an RCU tasks grace
+        // period, one link after another (kernel/trace/ftrace.c, ftrace_shutdown under
+        // direct_mutex): seconds on a busy node, so the line says how long it took.
+        let started = std::time::Instant::now();
         match pins::remove_all(&self.pins) {
-            Ok(removed) => info!(pins = removed.len(), "removed pins"),
+            Ok(removed) => info!(
+                pins = removed.len(),
+                millis = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                "removed pins"
+            ),
             Err(e) => warn!(error = %e, "removing pins on shutdown"),
         }
     }
