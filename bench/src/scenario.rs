@@ -7,7 +7,7 @@
 //! Pure: the port plan ([`Chain`]), the hop counters of `bypass-agent status --json`
 //! and their deltas. I/O: [`Setup`] writes the rules (built by `testbed::iptables`, as
 //! the mesh tests do) into the pods' namespaces, where they vanish with them, and runs
-//! the `bypass-proxy` sidecars (`testbed::Proxy`, killed on drop).
+//! the `bypass-test-tool proxy` sidecars (`testbed::Proxy`, killed on drop).
 
 use std::{
     collections::BTreeMap,
@@ -257,7 +257,7 @@ pub fn missing(scenario: Scenario) -> Vec<String> {
         m.push(why);
     }
     if scenario == Scenario::Mesh
-        && let Err(e) = testbed::proxy::proxy_bin()
+        && let Err(e) = testbed::tools::test_tool()
     {
         m.push(format!("{e:#}"));
     }

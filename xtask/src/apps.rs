@@ -1,7 +1,7 @@
 //! The apps suite's own programs (`test/testbed/apps/`): the Go module's commands built with
 //! `go build`, the Java server with `javac`, the Node.js script copied, all into
 //! `<target>/<profile>/apps/`, where the tests look beside their own executable (as for
-//! testbed's tools). Skipped when a stamp of the sources says the build is current.
+//! testbed's test tool). Skipped when a stamp of the sources says the build is current.
 
 use std::{
     path::{Path, PathBuf},

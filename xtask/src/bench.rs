@@ -1,8 +1,9 @@
 //! `cargo xtask bench`: setup and build, then `bypass-bench run` (package `bypass-bench`,
 //! in `bench/`) against the built agent. Results go to `results/latest/`: the table,
 //! `bench.json` with every raw sample, and `plot.svg`. `--scenario mesh` (also builds
-//! the sidecar proxy `bypass-proxy`) and `--scenario clusterip` run the same sweep
-//! through a sidecar chain or a ClusterIP DNAT into `results/latest-<scenario>/`.
+//! the test tool, whose `proxy` is the sidecar proxy) and `--scenario clusterip` run the
+//! same sweep through a sidecar chain or a ClusterIP DNAT into
+//! `results/latest-<scenario>/`.
 //! `--scenario cluster` runs it between two real pods of the one-node cluster: it brings
 //! the cluster up if it is not (and down afterwards), loads the images of `cargo xtask
 //! image` (the test image carries qperf), and hands `kubectl` to the bench, which
@@ -21,8 +22,6 @@ use kube_testenv::cmd;
 
 /// The bench package; its binary is `bypass-bench`.
 const BENCH: &str = "bypass-bench";
-/// The sidecar proxy of the mesh scenario, a binary of `testbed`.
-const PROXY: &str = "bypass-proxy";
 /// Where the apps scenario finds the suite's built programs (testbed's
 /// `apps::bins::APPS_DIR_ENV`; xtask does not link testbed).
 const APPS_DIR_ENV: &str = "BYPASS_APPS_DIR";
@@ -82,7 +81,8 @@ pub fn run(args: &Args) -> Result<()> {
     let mut cargo = tools.cargo()?;
     cargo.env("BYPASS_AGENT_BIN", &agent);
     if args.scenario == Scenario::Mesh {
-        cargo.env("BYPASS_PROXY_BIN", build_proxy(&tools)?);
+        // Release: the proxies' cost is part of what the mesh scenario measures.
+        cargo.env(workspace::TEST_TOOL_ENV, image::build_test_tool(&tools)?);
     }
     if args.scenario == Scenario::Apps {
         let dir = crate::apps::build("release")?;
@@ -127,9 +127,9 @@ fn on_cluster(tools: &setup::Tools, agent: &Path, bench: &mut Command) -> Result
         true
     };
     let result = (|| -> Result<()> {
-        let test_tools = image::build_test_tools(tools)?;
+        let test_tool = image::build_test_tool(tools)?;
         let out = workspace::target_dir()?.join(kube_testenv::image::IMAGES_DIR);
-        for t in kube_testenv::image::build_all(agent, &test_tools, &out)? {
+        for t in kube_testenv::image::build_all(agent, &test_tool, &out)? {
             cluster::import_image(&layout, &t)?;
         }
         let bins = cluster::bins::ensure()?;
@@ -144,24 +144,4 @@ fn on_cluster(tools: &setup::Tools, agent: &Path, bench: &mut Command) -> Result
         return down;
     }
     result
-}
-
-/// Builds `bypass-proxy` (release: the proxies' cost is part of what the mesh scenario
-/// measures) and returns its path.
-fn build_proxy(tools: &setup::Tools) -> Result<std::path::PathBuf> {
-    let mut cargo = tools.cargo()?;
-    cargo.args([
-        "build",
-        "--release",
-        "--package",
-        workspace::TESTBED,
-        "--bin",
-        PROXY,
-    ]);
-    cmd::run(&mut cargo)?;
-    let proxy = workspace::target_dir()?.join("release").join(PROXY);
-    proxy
-        .metadata()
-        .with_context(|| format!("the build succeeded but {} is missing", proxy.display()))?;
-    Ok(proxy)
 }

@@ -63,29 +63,28 @@ pub fn build_agent(tools: &Tools, opts: &Options) -> Result<PathBuf> {
     Ok(agent)
 }
 
-/// Builds the tools of `testbed` the privileged tests and the test image run
-/// ([`workspace::TEST_TOOLS`]), in release or in the dev profile, and returns their paths.
-/// The tests look for them next to their own executable, and cargo builds only the
-/// tested package's binaries for its tests: whoever runs `integration-test` builds these
-/// first, in the tests' profile (`cargo test` uses the dev profile).
-pub fn build_test_tools(tools: &Tools, release: bool) -> Result<Vec<PathBuf>> {
+/// Builds the test tool of `testbed` ([`workspace::TEST_TOOL`]) that the privileged
+/// tests, the test image and the bench run, in release or in the dev profile, and
+/// returns its path. The tests look for it next to their own executable, and cargo
+/// builds only the tested package's binaries for its tests: whoever runs
+/// `integration-test` builds it first, in the tests' profile (`cargo test` uses the dev
+/// profile).
+pub fn build_test_tool(tools: &Tools, release: bool) -> Result<PathBuf> {
     let mut cargo = tools.cargo()?;
-    cargo.args(["build", "--package", workspace::TESTBED]);
-    for t in workspace::TEST_TOOLS {
-        cargo.args(["--bin", t]);
-    }
+    cargo
+        .args(["build", "--package", workspace::TESTBED])
+        .args(["--bin", workspace::TEST_TOOL]);
     if release {
         cargo.arg("--release");
     }
     cmd::run(&mut cargo)?;
-    let dir = workspace::target_dir()?.join(if release { "release" } else { "debug" });
-    let bins: Vec<PathBuf> = workspace::TEST_TOOLS.iter().map(|t| dir.join(t)).collect();
-    for b in &bins {
-        if !b.is_file() {
-            bail!("the build succeeded but {} is missing", b.display());
-        }
+    let bin = workspace::target_dir()?
+        .join(if release { "release" } else { "debug" })
+        .join(workspace::TEST_TOOL);
+    if !bin.is_file() {
+        bail!("the build succeeded but {} is missing", bin.display());
     }
-    Ok(bins)
+    Ok(bin)
 }
 
 /// `cargo fmt --check`, and clippy with warnings denied on the whole workspace: the host
@@ -180,7 +179,7 @@ fn linker_var(target: &str) -> String {
 /// What the kernel matrix builds: with the pinned toolchain and setup's tools.
 impl kernel_matrix::Build for Tools {
     fn test_tools(&self) -> Result<()> {
-        build_test_tools(self, false)?;
+        build_test_tool(self, false)?;
         crate::apps::build("debug").map(drop)
     }
 

@@ -1,4 +1,4 @@
-//! `cargo xtask image`: builds the agent (and the test tools) and hands them to
+//! `cargo xtask image`: builds the agent (and the test tool) and hands them to
 //! [`kube_testenv::image`], which assembles the images with no registry; loads them into
 //! the cluster's containerd when it is up.
 
@@ -36,16 +36,16 @@ pub fn run(args: &Args) -> Result<()> {
         };
         return match which {
             "agent" => agent_rootfs(&agent, &dir),
-            "test" => test_rootfs(&build_test_tools(&tools)?, &dir),
+            "test" => test_rootfs(&build_test_tool(&tools)?, &dir),
             other => bail!("--rootfs {other}: the images are `agent` and `test`"),
         };
     }
     if let Some(dir) = &args.oci {
         return build_oci(&tools, &agent, dir);
     }
-    let tools_bins = build_test_tools(&tools)?;
+    let test_tool = build_test_tool(&tools)?;
     let out = workspace::target_dir()?.join(IMAGES_DIR);
-    let tarballs = build_all(&agent, &tools_bins, &out)?;
+    let tarballs = build_all(&agent, &test_tool, &out)?;
     let layout = cluster::config::Layout::default();
     if layout.containerd_socket().exists() {
         for t in &tarballs {
@@ -60,9 +60,10 @@ pub fn run(args: &Args) -> Result<()> {
     Ok(())
 }
 
-/// Builds the peer tools the test image carries (`testbed`'s binaries, release).
-pub fn build_test_tools(tools: &setup::Tools) -> Result<Vec<PathBuf>> {
-    build::build_test_tools(tools, true)
+/// Builds the test tool (`testbed`'s binary) in release: what the test image carries and
+/// the bench's mesh scenario runs.
+pub fn build_test_tool(tools: &setup::Tools) -> Result<PathBuf> {
+    build::build_test_tool(tools, true)
 }
 
 /// The agent as an OCI image index for amd64 (`agent`, built here) and arm64 (cross

@@ -1,6 +1,6 @@
 //! `cargo xtask test`: setup and build, the unit tests of the host crates, then the
 //! privileged tests of `integration-test` one at a time (they share kernel state) against
-//! the built agent, with the tools of `testbed` built beside them; ends with `N passed,
+//! the built agent, with the test tool of `testbed` built beside them; ends with `N passed,
 //! M failed` and fails on any failure. Privileged tests never skip: without root the
 //! task fails.
 
@@ -81,9 +81,9 @@ pub fn run(args: &Args) -> Result<()> {
         // rather than inside the first test.
         kube_testenv::ensure_binaries()
             .context("build kube-apiserver and etcd for the Kubernetes tests")?;
-        // The tools the tests run, where they look for them (next to the test binaries).
-        build::build_test_tools(&tools, false)?;
-        // The apps suite's own programs (Go, Java, Node), beside those tools.
+        // The tool the tests run, where they look for it (next to the test binaries).
+        build::build_test_tool(&tools, false)?;
+        // The apps suite's own programs (Go, Java, Node), beside that tool.
         crate::apps::build("debug")?;
         let mut privileged = privileged_tests(tools.cargo()?, &agent, &args.harness);
         let before = counts;
@@ -160,9 +160,9 @@ fn cluster_tests(
     };
     eprintln!("test: cluster up in {:.0?}", started.elapsed());
     let result = (|| -> Result<()> {
-        let test_tools = crate::image::build_test_tools(tools)?;
+        let test_tool = crate::image::build_test_tool(tools)?;
         let out = workspace::target_dir()?.join(kube_testenv::image::IMAGES_DIR);
-        for t in kube_testenv::image::build_all(agent, &test_tools, &out)? {
+        for t in kube_testenv::image::build_all(agent, &test_tool, &out)? {
             cluster::import_image(&layout, &t)?;
         }
         let bins = cluster::bins::ensure()?;
@@ -247,7 +247,7 @@ fn leftover_pins(
 }
 
 /// `cargo test -p integration-test -- --test-threads=1` against `agent` (the testbed's
-/// tools built first: [`build::build_test_tools`]).
+/// test tool built first: [`build::build_test_tool`]).
 fn privileged_tests(mut cargo: Command, agent: &Path, harness: &[String]) -> Command {
     cargo
         .env("BYPASS_AGENT_BIN", agent)

@@ -5,7 +5,9 @@ use std::{ffi::OsString, path::PathBuf, process::Command};
 
 use anyhow::{Context as _, Result, anyhow, bail};
 
-pub use kube_testenv::workspace::{AGENT, INTEGRATION_TEST, TESTBED, root, target_dir};
+pub use kube_testenv::workspace::{
+    AGENT, INTEGRATION_TEST, TEST_TOOL, TEST_TOOL_ENV, TESTBED, root, target_dir,
+};
 
 /// The kernel programs: built for the BPF target only (through the agent's build script),
 /// so host-target tasks leave it out.
@@ -13,10 +15,6 @@ pub const EBPF: &str = "bypass-ebpf";
 /// The bench's minimal reference programs: BPF target only too (through the bench's
 /// build script).
 pub const MINIMAL_EBPF: &str = "bypass-minimal-ebpf";
-/// The tools of [`TESTBED`] that the privileged tests look for next to their own
-/// executable: cargo builds only the tested package's binaries, so the runner builds
-/// these in the same profile first.
-pub const TEST_TOOLS: [&str; 3] = ["bypass-peer", "bypass-probe", "bypass-proxy"];
 /// `cargo xtask demo`'s package; its binary has the same name.
 pub const DEMO: &str = "bypass-demo";
 

@@ -5,7 +5,8 @@
 //! gain); a table of what moved where and how fast, and the agent's status. Everything
 //! it creates is removed on exit.
 //!
-//! `bypass-demo peer ...` is `bypass-peer ...`: the demo starts itself as its peers.
+//! `bypass-demo peer ...` is `bypass-test-tool peer ...`: the demo starts itself as its
+//! peers.
 
 use std::{process::ExitCode, time::Duration};
 

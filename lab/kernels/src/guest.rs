@@ -65,8 +65,8 @@ pub struct Smoke<'a> {
     pub modules: &'a str,
     /// The agent binary, built for the guest.
     pub agent: &'a str,
-    /// The `bypass-smoke` binary, built for the guest.
-    pub smoke: &'a str,
+    /// The test tool (`bypass-test-tool`, whose `smoke` runs), built for the guest.
+    pub tool: &'a str,
     /// The program interpreter the binaries name, and the file (of the host's cross
     /// libc) to link it to.
     pub loader: (&'a str, &'a str),
@@ -77,7 +77,8 @@ pub struct Smoke<'a> {
 }
 
 /// The smoke run's script (busybox sh): the guest's program interpreter linked to the
-/// host's cross libc, then `bypass-smoke`, whose JSON line goes out after [`SMOKE`].
+/// host's cross libc, then the test tool's `smoke`, whose JSON line goes out after
+/// [`SMOKE`].
 pub fn smoke_script(r: &Smoke<'_>) -> String {
     let mut s = preamble(r.modules);
     // The kernel's module requests (request_module) would start the host's modprobe,
@@ -91,10 +92,10 @@ pub fn smoke_script(r: &Smoke<'_>) -> String {
     );
     s += &format!("export BYPASS_AGENT_BIN={}\n", quote(r.agent));
     s += &format!(
-        "{} --bytes {} > /tmp/smoke.json\ncode=$?\n\
+        "{} smoke --bytes {} > /tmp/smoke.json\ncode=$?\n\
          echo \"{SMOKE} $(tr -d '\\n' < /tmp/smoke.json)\"\n\
          exit $code\n",
-        quote(r.smoke),
+        quote(r.tool),
         r.bytes
     );
     s
@@ -237,7 +238,7 @@ mod tests {
         let s = smoke_script(&Smoke {
             modules: "/m",
             agent: "/t/aarch64/release/bypass-agent",
-            smoke: "/t/aarch64/release/bypass-smoke",
+            tool: "/t/aarch64/release/bypass-test-tool",
             loader: (
                 "/lib/ld-linux-aarch64.so.1",
                 "/usr/aarch64-linux-gnu/lib/ld-linux-aarch64.so.1",
@@ -249,14 +250,16 @@ mod tests {
             "ln -sf '/usr/aarch64-linux-gnu/lib/ld-linux-aarch64.so.1' '/lib/ld-linux-aarch64.so.1'"
         ));
         assert!(s.contains("export BYPASS_AGENT_BIN='/t/aarch64/release/bypass-agent'"));
-        assert!(s.contains("'/t/aarch64/release/bypass-smoke' --bytes 4096 > /tmp/smoke.json"));
+        assert!(s.contains(
+            "'/t/aarch64/release/bypass-test-tool' smoke --bytes 4096 > /tmp/smoke.json"
+        ));
         assert!(
             s.contains(&format!(
                 "echo \"{SMOKE} $(tr -d '\\n' < /tmp/smoke.json)\""
             )),
             "{s}"
         );
-        assert!(s.find("ln -sf") < s.find("bypass-smoke'"));
+        assert!(s.find("ln -sf") < s.find("bypass-test-tool' smoke"));
     }
 
     #[test]

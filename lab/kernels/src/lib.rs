@@ -133,7 +133,7 @@ pub struct Outcome {
     pub failed: Vec<String>,
     /// Names of passed tests.
     pub passed: Vec<String>,
-    /// `bypass-smoke`'s result line, on a foreign architecture.
+    /// The smoke test's result line (`bypass-test-tool smoke`), on a foreign architecture.
     pub smoke: Option<Value>,
 }
 
@@ -296,7 +296,7 @@ fn run_once(
             outcome.counts.failed += 1;
             outcome
                 .failed
-                .push(if smoke { "bypass-smoke" } else { "refusal" }.to_owned());
+                .push(if smoke { smoke::NAME } else { "refusal" }.to_owned());
         }
     } else if result.is_err() && outcome.counts.failed == 0 {
         // The run failed without a failed test (no boot, no status, no test ran).

@@ -1,6 +1,6 @@
-//! A foreign architecture's run (`Expect::Smoke`): the agent and `bypass-smoke` built
-//! for it, the script that runs them in the guest, and the judgement of the one JSON
-//! line `bypass-smoke` prints there (bytes exact, redirected bytes grown).
+//! A foreign architecture's run (`Expect::Smoke`): the agent and the test tool built for
+//! it, the script that runs them in the guest (the tool's `smoke`), and the judgement of
+//! the one JSON line the smoke test prints there (bytes exact, redirected bytes grown).
 
 use std::path::Path;
 
@@ -14,10 +14,12 @@ use crate::{Build, arch::Cross, guest};
 /// Bytes each way: a few MiB, a few seconds under emulation.
 pub const BYTES: u64 = 4 << 20;
 
-/// The smoke program: its package and binary.
-const SMOKE: (&str, &str) = (workspace::TESTBED, "bypass-smoke");
+/// The test tool, whose `smoke` the guest runs: its package and binary.
+const TOOL: (&str, &str) = (workspace::TESTBED, workspace::TEST_TOOL);
+/// The smoke test's name where the run is recorded (`tests`, `failed_tests`).
+pub const NAME: &str = "bypass-test-tool smoke";
 
-/// Builds the agent and `bypass-smoke` for `cross` (in the profile the host's agent at
+/// Builds the agent and the test tool for `cross` (in the profile the host's agent at
 /// `host_agent` was built in) and returns the run script and `(name, binary)` of what
 /// it runs.
 pub fn prepare(
@@ -30,30 +32,30 @@ pub fn prepare(
         .parent()
         .and_then(Path::file_name)
         .is_some_and(|p| p == "debug");
-    let bins = build.cross(cross, debug, &[(workspace::AGENT, workspace::AGENT), SMOKE])?;
-    let [agent, smoke] = bins.as_slice() else {
+    let bins = build.cross(cross, debug, &[(workspace::AGENT, workspace::AGENT), TOOL])?;
+    let [agent, tool] = bins.as_slice() else {
         bail!("expected two binaries from the cross build, got {bins:?}");
     };
-    let (agent, smoke) = (agent.display().to_string(), smoke.display().to_string());
+    let (agent, tool) = (agent.display().to_string(), tool.display().to_string());
     let script = guest::smoke_script(&guest::Smoke {
         modules: &modules.display().to_string(),
         agent: &agent,
-        smoke: &smoke,
+        tool: &tool,
         loader: (cross.loader, &cross.loader_file()),
         libdir: cross.libdir,
         bytes: BYTES,
     });
-    Ok((script, vec![(SMOKE.1.to_owned(), smoke)]))
+    Ok((script, vec![(NAME.to_owned(), tool)]))
 }
 
 /// Whether the smoke run passed: a result line, the agent loaded, every byte exact both
 /// ways, redirected bytes grown, the script's exit 0.
 pub fn judge(smoke: Option<&Value>, exit: Option<i32>) -> Result<()> {
     let Some(s) = smoke else {
-        bail!("bypass-smoke printed no result (run script exit {exit:?}; see the console above)");
+        bail!("{NAME} printed no result (run script exit {exit:?}; see the console above)");
     };
     if let Some(e) = s["error"].as_str() {
-        bail!("bypass-smoke failed: {e}");
+        bail!("{NAME} failed: {e}");
     }
     if s["status"].is_null() {
         bail!("the agent did not load (no status)");
@@ -75,7 +77,7 @@ pub fn judge(smoke: Option<&Value>, exit: Option<i32>) -> Result<()> {
     }
     if s["pass"] != true || exit != Some(0) {
         bail!(
-            "bypass-smoke did not pass (exit {exit:?}; agent exit {}, warnings {})",
+            "{NAME} did not pass (exit {exit:?}; agent exit {}, warnings {})",
             s["agent_exit"],
             s["agent_warnings"]
         );

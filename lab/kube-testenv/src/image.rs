@@ -1,4 +1,4 @@
-//! The images of `cargo xtask image`: the agent's image and the tests' peer-tool image (also the
+//! The images of `cargo xtask image`: the agent's image and the tests' test-tool image (also the
 //! cluster bench's: it carries the host's qperf), assembled with
 //! no registry: a root filesystem of the release binaries and exactly the shared
 //! libraries they link (from `ldd`), packed as a docker-archive tarball (one layer,
@@ -22,8 +22,10 @@ pub const AGENT_IMAGE: &str = "bypass-agent";
 /// The tag of a second agent image (same binary, another image id): what the rolling
 /// update test moves the DaemonSet to.
 pub const ROLLOUT_TAG_SUFFIX: &str = "-rollout";
-/// The peer-tool image of the cluster tests.
+/// The test-tool image of the cluster tests.
 pub const TEST_IMAGE: &str = "bypass-test";
+/// Where the test image carries the test tool ([`workspace::TEST_TOOL`]).
+pub const TEST_TOOL_PATH: &str = "/usr/local/bin/bypass-test-tool";
 /// Where the tarballs are written (under the target directory).
 pub const IMAGES_DIR: &str = "images";
 /// busybox applets linked in the test image (a shell and what the tests run in pods;
@@ -35,9 +37,9 @@ pub const BUSYBOX_APPLETS: [&str; 11] = [
 /// link, and the package that installs each: the cluster bench runs qperf in pods.
 pub const HOST_TOOLS: [(&str, &str); 1] = [("/usr/bin/qperf", "qperf")];
 
-/// Writes the agent tarballs (and the rollout twin) and the test tarball into `out`;
-/// returns their paths.
-pub fn build_all(agent: &Path, test_tools: &[PathBuf], out: &Path) -> Result<Vec<PathBuf>> {
+/// Writes the agent tarballs (and the rollout twin) and the test tarball (with
+/// `test_tool`) into `out`; returns their paths.
+pub fn build_all(agent: &Path, test_tool: &Path, out: &Path) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(out).with_context(|| format!("create {}", out.display()))?;
     let mut tarballs = Vec::new();
     let staging = out.join("rootfs-agent");
@@ -58,7 +60,7 @@ pub fn build_all(agent: &Path, test_tools: &[PathBuf], out: &Path) -> Result<Vec
         tarballs.push(tar);
     }
     let staging = out.join("rootfs-test");
-    test_rootfs(test_tools, &staging)?;
+    test_rootfs(test_tool, &staging)?;
     let spec = ImageSpec {
         name: format!("{TEST_IMAGE}:{VERSION}"),
         entrypoint: vec![],
@@ -84,9 +86,9 @@ pub fn agent_rootfs(agent: &Path, dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The test image's root filesystem: busybox (a shell and a few applets), the peer
-/// tools and the host's qperf ([`HOST_TOOLS`]), with their libraries.
-pub fn test_rootfs(tools: &[PathBuf], dir: &Path) -> Result<()> {
+/// The test image's root filesystem: busybox (a shell and a few applets), the test tool
+/// (at [`TEST_TOOL_PATH`]) and the host's qperf ([`HOST_TOOLS`]), with their libraries.
+pub fn test_rootfs(test_tool: &Path, dir: &Path) -> Result<()> {
     fresh_dir(dir)?;
     let busybox = Path::new("/bin/busybox");
     if !busybox.is_file() {
@@ -97,10 +99,7 @@ pub fn test_rootfs(tools: &[PathBuf], dir: &Path) -> Result<()> {
         std::os::unix::fs::symlink("busybox", dir.join("bin").join(applet))
             .with_context(|| format!("link {applet}"))?;
     }
-    for t in tools {
-        let name = t.file_name().context("tool without a name")?;
-        install_with_libs(t, &dir.join("usr/local/bin").join(name), dir)?;
-    }
+    install_with_libs(test_tool, &in_root(dir, TEST_TOOL_PATH), dir)?;
     for (tool, package) in HOST_TOOLS {
         let path = Path::new(tool);
         if !path.is_file() {
@@ -108,8 +107,7 @@ pub fn test_rootfs(tools: &[PathBuf], dir: &Path) -> Result<()> {
                 "{tool} is missing: `apt-get install -y {package}` (the test image carries it for `cargo xtask bench --scenario cluster`)"
             );
         }
-        let rel = path.strip_prefix("/").unwrap_or(path);
-        install_with_libs(path, &dir.join(rel), dir)?;
+        install_with_libs(path, &in_root(dir, tool), dir)?;
     }
     std::fs::create_dir_all(dir.join("tmp"))?;
     Ok(())
@@ -342,11 +340,16 @@ fn install_with_libs(binary: &Path, dest: &Path, root: &Path) -> Result<()> {
     // A static binary: ldd says "not a dynamic executable" and fails.
     if out.status.success() {
         for lib in ldd_paths(&text)? {
-            let rel = lib.strip_prefix("/").unwrap_or(&lib);
-            copy(&lib, &root.join(rel))?;
+            copy(&lib, &in_root(root, &lib))?;
         }
     }
     Ok(())
+}
+
+/// The absolute `path` under the root filesystem `root`.
+fn in_root(root: &Path, path: impl AsRef<Path>) -> PathBuf {
+    let path = path.as_ref();
+    root.join(path.strip_prefix("/").unwrap_or(path))
 }
 
 /// The files of `ldd` output (pure): `name => /path (addr)` and `/path (addr)` lines;
@@ -512,6 +515,18 @@ mod tests {
         assert!(file.contains("COPY --from=build /out/rootfs/ /"));
         assert!(file.contains("ENTRYPOINT [\"/usr/local/bin/bypass-agent\"]"));
         assert!(file.contains("CMD [\"run\"]"));
+    }
+
+    #[test]
+    fn the_test_image_carries_the_test_tool_under_its_name() {
+        assert_eq!(
+            Path::new(TEST_TOOL_PATH).file_name(),
+            Some(std::ffi::OsStr::new(workspace::TEST_TOOL))
+        );
+        assert_eq!(
+            in_root(Path::new("/r"), TEST_TOOL_PATH),
+            Path::new("/r/usr/local/bin/bypass-test-tool")
+        );
     }
 
     #[test]

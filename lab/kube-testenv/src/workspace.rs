@@ -16,6 +16,14 @@ pub const AGENT: &str = "bypass-agent";
 pub const INTEGRATION_TEST: &str = "integration-test";
 /// The testbed library and the tools the tests and the bench run.
 pub const TESTBED: &str = "testbed";
+/// [`TESTBED`]'s one binary, the test tool, with subcommands `peer`, `probe`, `proxy`
+/// and `smoke`: the privileged tests (on the host and in the kernel VMs) and the bench
+/// run it, the cluster's test image carries it at `/usr/local/bin/bypass-test-tool`,
+/// and a foreign architecture's VM runs its `smoke`.
+pub const TEST_TOOL: &str = "bypass-test-tool";
+/// The variable that names the test tool's path (else the tests look beside their own
+/// executable).
+pub const TEST_TOOL_ENV: &str = "BYPASS_TEST_TOOL_BIN";
 
 /// The workspace root: two levels above this crate's directory (`lab/kube-testenv`).
 pub fn root() -> &'static Path {

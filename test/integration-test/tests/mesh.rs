@@ -18,8 +18,8 @@
 //!   maps empty afterwards; egress to an outside address: that hop not watched;
 //!   loopback bypassed only once the namespace is known as a pod's.
 //!
-//! The proxies are `bypass-proxy` (src/bin/bypass-proxy.rs); the rules come from
-//! `testbed::iptables` and vanish with the namespaces.
+//! The proxies are `bypass-test-tool proxy` (testbed's src/bin/bypass-test-tool/proxy.rs);
+//! the rules come from `testbed::iptables` and vanish with the namespaces.
 
 use crate::support::privileged;
 

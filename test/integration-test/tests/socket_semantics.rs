@@ -4,8 +4,8 @@
 //!
 //! On TCP a blocking `recv` never returns `EAGAIN` (only a non-blocking one, or one whose
 //! `SO_RCVTIMEO` expired, may). On a socket in a sockmap it can, and no BPF program can
-//! change that path. `bypass-peer` retries such reads and counts them, so the bytes are
-//! still checked end to end here and everywhere else.
+//! change that path. The peer (`bypass-test-tool peer`) retries such reads and counts
+//! them, so the bytes are still checked end to end here and everywhere else.
 //!
 //! The pattern that shows it: the client sends its request, half-closes
 //! (`shutdown(SHUT_WR)`) and blocks reading the reply, which the server sends 20 ms

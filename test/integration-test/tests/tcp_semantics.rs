@@ -1,9 +1,9 @@
 //! The TCP semantics matrix: each behaviour an application can observe, run once on the
 //! normal path and once bypassed, between the same two pods, with the same
-//! `bypass-probe` case; the observations must be the same. Where this kernel's sockmap
-//! differs and the datapath cannot avoid it, the test pins the documented difference
-//! (named `..._known_difference`), so a kernel that fixes it shows up as a failure to
-//! update docs/limitations.md.
+//! `bypass-test-tool probe` case; the observations must be the same. Where this kernel's
+//! sockmap differs and the datapath cannot avoid it, the test pins the documented
+//! difference (named `..._known_difference`), so a kernel that fixes it shows up as a
+//! failure to update docs/limitations.md.
 
 use crate::support::privileged;
 

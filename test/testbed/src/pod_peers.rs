@@ -1,5 +1,6 @@
-//! Running `bypass-peer` inside pods: a server that signals when it listens, clients
-//! that run to completion or in the background, and their JSON reports parsed.
+//! Running the peer (`bypass-test-tool peer`) inside pods: a server that signals when it
+//! listens, clients that run to completion or in the background, and their JSON reports
+//! parsed.
 
 use std::{
     net::SocketAddr,
@@ -22,17 +23,11 @@ use crate::{
 /// Default limit for a peer run.
 pub const PEER_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// The peer binary: `$BYPASS_PEER_BIN`, else `bypass-peer` next to the running
-/// executable ([`crate::tools::tool_bin`]).
-pub fn peer_bin() -> Result<PathBuf> {
-    crate::tools::tool_bin("bypass-peer", "BYPASS_PEER_BIN")
-}
-
-/// A program that acts as `bypass-peer` when given these leading arguments.
+/// A program that acts as the peer when given these leading arguments.
 static PEER_PROGRAM: OnceLock<(PathBuf, Vec<String>)> = OnceLock::new();
 
-/// Runs peers as `program leading_args...` from now on, instead of the `bypass-peer`
-/// binary (`bypass-demo` runs itself with `peer`, so it needs no second binary).
+/// Runs peers as `program leading_args...` from now on, instead of the test tool's
+/// `peer` (`bypass-demo` runs itself with `peer`, so it needs no second binary).
 /// Only the first call counts.
 pub fn set_peer_program(program: PathBuf, leading_args: Vec<String>) {
     let _ = PEER_PROGRAM.set((program, leading_args));
@@ -45,10 +40,10 @@ pub fn peer_command() -> Result<Command> {
         cmd.args(leading);
         return Ok(cmd);
     }
-    Ok(Command::new(peer_bin()?))
+    crate::tools::test_tool_command("peer")
 }
 
-/// Options of `bypass-peer server`.
+/// Options of the peer's `server`.
 #[derive(Clone, Debug)]
 pub struct ServerArgs {
     /// Exit after this many connections (0: never, and no final report).
@@ -73,7 +68,7 @@ impl ServerArgs {
     }
 }
 
-/// A `bypass-peer server` running in a pod.
+/// A peer server running in a pod.
 #[derive(Debug)]
 pub struct PeerServer {
     child: PodChild,
@@ -112,7 +107,7 @@ impl PeerServer {
             .stderr(Stdio::piped());
         let child = spawn_in_on_cpus(pod, cmd, &args.cpus)?.wait_ready(
             &ready,
-            &format!("bypass-peer server on {listen}"),
+            &format!("peer server on {listen}"),
             Duration::from_secs(10),
         )?;
         Ok(Self { child, ready })
@@ -135,7 +130,7 @@ impl PeerServer {
     }
 }
 
-/// A `bypass-peer client` running in a pod in the background.
+/// A peer client running in a pod in the background.
 #[derive(Debug)]
 pub struct PeerClient {
     child: PodChild,
@@ -185,7 +180,7 @@ fn parse_report(role: &str, out: Output) -> Result<Report> {
     let stderr = String::from_utf8_lossy(&out.stderr);
     // Shown with the test's output (cargo test keeps it unless the test fails).
     for l in stderr.lines().filter(|l| !l.trim().is_empty()) {
-        eprintln!("[bypass-peer {role}] {l}");
+        eprintln!("[peer {role}] {l}");
     }
     let line = stdout
         .lines()
@@ -193,9 +188,9 @@ fn parse_report(role: &str, out: Output) -> Result<Report> {
         .find(|l| l.trim_start().starts_with('{'));
     match line {
         Some(l) => serde_json::from_str(l)
-            .with_context(|| format!("bypass-peer {role} printed a bad report: {l}")),
+            .with_context(|| format!("peer {role} printed a bad report: {l}")),
         None => bail!(
-            "bypass-peer {role} exited ({}) without a report: {}",
+            "peer {role} exited ({}) without a report: {}",
             out.status,
             stderr.trim()
         ),

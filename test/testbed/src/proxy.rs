@@ -1,11 +1,11 @@
-//! Running `bypass-proxy` (the sidecar-like proxy of the mesh tests) inside a pod, as a
-//! guard: started, ready once it printed its listening line, killed on drop.
+//! Running the proxy (`bypass-test-tool proxy`, the sidecar-like proxy of the mesh
+//! tests) inside a pod, as a guard: started, ready once it printed its listening line,
+//! killed on drop.
 
 use std::{
     io::{BufRead as _, BufReader},
     net::SocketAddr,
-    path::PathBuf,
-    process::{Command, Stdio},
+    process::Stdio,
     sync::mpsc,
     time::Duration,
 };
@@ -20,13 +20,11 @@ use crate::{
 /// How long `start` waits for the listening line.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The proxy binary: `$BYPASS_PROXY_BIN`, else `bypass-proxy` next to the running
-/// executable ([`crate::tools::tool_bin`]).
-pub fn proxy_bin() -> Result<PathBuf> {
-    crate::tools::tool_bin("bypass-proxy", "BYPASS_PROXY_BIN")
-}
+/// How the proxy's one line on stdout starts once it listens (`LISTENING ADDR:PORT
+/// upstream ADDR:PORT`).
+pub const LISTENING: &str = "bypass-test-tool proxy listening on";
 
-/// Options of `bypass-proxy`.
+/// Options of the proxy.
 #[derive(Clone, Debug)]
 pub struct ProxyOpts {
     /// `--listen`.
@@ -53,7 +51,7 @@ impl ProxyOpts {
         }
     }
 
-    /// The command line after the program name.
+    /// The command line after the subcommand.
     pub fn args(&self) -> Vec<String> {
         let mut a = vec![
             "--listen".to_owned(),
@@ -71,7 +69,7 @@ impl ProxyOpts {
     }
 }
 
-/// A `bypass-proxy` running in a pod; killed on drop.
+/// A proxy running in a pod; killed on drop.
 #[derive(Debug)]
 pub struct Proxy {
     child: PodChild,
@@ -81,14 +79,14 @@ pub struct Proxy {
 impl Proxy {
     /// Starts the proxy in `pod` and waits until it listens.
     pub fn start(pod: &Pod, opts: &ProxyOpts) -> Result<Self> {
-        let mut cmd = Command::new(proxy_bin()?);
+        let mut cmd = crate::tools::test_tool_command("proxy")?;
         cmd.args(opts.args())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let mut child = spawn_in_on_cpus(pod, cmd, &opts.cpus)?;
         let (stderr, _) = Gathered::start(child.inner().stderr.take());
-        let stdout = child.inner().stdout.take().context("bypass-proxy stdout")?;
+        let stdout = child.inner().stdout.take().context("proxy stdout")?;
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             let mut line = String::new();
@@ -97,21 +95,21 @@ impl Proxy {
         });
         let proxy = Self { child, stderr };
         match rx.recv_timeout(READY_TIMEOUT) {
-            Ok(Ok(line)) if line.starts_with("bypass-proxy listening on") => Ok(proxy),
+            Ok(Ok(line)) if line.starts_with(LISTENING) => Ok(proxy),
             Ok(Ok(line)) => {
                 // Give its stderr reader a moment to catch the reason.
                 std::thread::sleep(Duration::from_millis(50));
                 bail!(
-                    "bypass-proxy {} in pod {} did not start (stdout {:?}): {}",
+                    "proxy {} in pod {} did not start (stdout {:?}): {}",
                     opts.args().join(" "),
                     pod.name(),
                     line.trim(),
                     proxy.stderr().trim()
                 )
             }
-            Ok(Err(e)) => Err(e).context("read bypass-proxy stdout"),
+            Ok(Err(e)) => Err(e).context("read the proxy's stdout"),
             Err(_) => bail!(
-                "bypass-proxy in pod {} did not listen within {READY_TIMEOUT:?}",
+                "the proxy in pod {} did not listen within {READY_TIMEOUT:?}",
                 pod.name()
             ),
         }

@@ -1,14 +1,29 @@
-//! Finding the testbed's tools (`bypass-peer`, `bypass-probe`, `bypass-proxy`, and the
-//! apps suite's programs in `apps/`): an environment variable names one, else it sits
-//! next to the running executable (or next to its `deps/` directory, for cargo's test
-//! binaries).
+//! Finding the testbed's tools (the test tool `bypass-test-tool`, whose subcommands are
+//! the peer, the probe, the proxy and the smoke test, and the apps suite's programs in
+//! `apps/`): an environment variable names one, else it sits next to the running
+//! executable (or next to its `deps/` directory, for cargo's test binaries).
 
-use std::path::PathBuf;
+use std::{path::PathBuf, process::Command};
 
 use anyhow::{Context as _, Result, bail};
+pub use kube_testenv::workspace::{TEST_TOOL, TEST_TOOL_ENV};
+
+/// The test tool: `$BYPASS_TEST_TOOL_BIN` if set, else `bypass-test-tool` beside the
+/// running executable.
+pub fn test_tool() -> Result<PathBuf> {
+    tool_bin(TEST_TOOL, TEST_TOOL_ENV)
+}
+
+/// A command that runs the test tool's `subcommand` (`peer`, `probe`, `proxy`, `smoke`),
+/// its own arguments to follow.
+pub fn test_tool_command(subcommand: &str) -> Result<Command> {
+    let mut cmd = Command::new(test_tool()?);
+    cmd.arg(subcommand);
+    Ok(cmd)
+}
 
 /// The tool `name`: `$env` if set, else `name` beside the running executable.
-pub fn tool_bin(name: &str, env: &str) -> Result<PathBuf> {
+fn tool_bin(name: &str, env: &str) -> Result<PathBuf> {
     if let Some(p) = std::env::var_os(env) {
         return Ok(PathBuf::from(p));
     }

@@ -12,7 +12,7 @@ use kube_testenv::Kubectl;
 
 /// The node's address (metrics listen there).
 pub const NODE_IP: &str = "10.123.0.1";
-/// The test image (peer tools).
+/// The test image (the test tool, whose `peer` the tests run).
 pub const TEST_IMAGE: &str = "bypass-test:0.1.0";
 /// The server port of the test pods.
 pub const PORT: u16 = 8080;

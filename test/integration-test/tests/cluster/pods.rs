@@ -1,6 +1,6 @@
 //! The tests' pods: a namespace per test (deleted on drop), pods of the test image
-//! serving or running `bypass-peer`, the bytes on a pod's host veth, and `bypass-peer
-//! client` runs inside a pod with their reports.
+//! serving or running the peer (`bypass-test-tool peer`, at [`TEST_TOOL_PATH`]), the
+//! bytes on a pod's host veth, and peer client runs inside a pod with their reports.
 
 use std::{
     process::{Child, Command, Output, Stdio},
@@ -8,6 +8,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, ensure};
+use kube_testenv::image::TEST_TOOL_PATH;
 
 use crate::kube::{PORT, TEST_IMAGE, apply, k, kubectl, wait_for};
 
@@ -49,14 +50,14 @@ impl Namespace {
         Ok(ns)
     }
 
-    /// A pod of the test image running `bypass-peer server` on [`PORT`], Ready, with
+    /// A pod of the test image running the peer's `server` on [`PORT`], Ready, with
     /// `annotations`; returns it.
     pub fn server_pod(&self, name: &str, annotations: &[(&str, &str)]) -> Result<Pod> {
         self.pod(
             name,
             annotations,
             &format!(
-                "[\"/usr/local/bin/bypass-peer\", \"server\", \"--listen\", \"0.0.0.0:{PORT}\", \"--idle-timeout\", \"120\"]"
+                "[\"{TEST_TOOL_PATH}\", \"peer\", \"server\", \"--listen\", \"0.0.0.0:{PORT}\", \"--idle-timeout\", \"120\"]"
             ),
         )
     }
@@ -130,10 +131,11 @@ impl Pod {
         kube_testenv::veth_bytes(&kubectl()?.host_veth(&self.ns, &self.name)?)
     }
 
-    /// `bypass-peer client` to `target`, `bytes` each way, then `extra` arguments.
+    /// The peer's `client` to `target`, `bytes` each way, then `extra` arguments.
     fn peer_client(&self, target: &str, bytes: &str, extra: &[&str]) -> Command {
         let mut args = vec![
-            "/usr/local/bin/bypass-peer",
+            TEST_TOOL_PATH,
+            "peer",
             "client",
             "--connect",
             target,
@@ -147,7 +149,7 @@ impl Pod {
     }
 }
 
-/// The JSON report of one `bypass-peer client` run.
+/// The JSON report of one peer client run.
 pub fn report(out: &Output) -> Result<serde_json::Value> {
     let text = String::from_utf8_lossy(&out.stdout);
     let line = text
@@ -156,7 +158,7 @@ pub fn report(out: &Output) -> Result<serde_json::Value> {
         .find(|l| l.trim_start().starts_with('{'))
         .with_context(|| {
             format!(
-                "bypass-peer printed no report (status {}): {text}\n{}",
+                "the peer printed no report (status {}): {text}\n{}",
                 out.status,
                 String::from_utf8_lossy(&out.stderr)
             )
@@ -174,13 +176,13 @@ fn byte_exact(out: &Output) -> Result<serde_json::Value> {
     Ok(r)
 }
 
-/// `bypass-peer client` in `client` to `target`, `bytes` each way; the report of a
+/// The peer's `client` in `client` to `target`, `bytes` each way; the report of a
 /// byte-exact run, or an error.
 pub fn exchange(client: &Pod, target: &str, bytes: &str) -> Result<serde_json::Value> {
     byte_exact(&client.peer_client(target, bytes, &[]).output()?)
 }
 
-/// A `bypass-peer client` left running (rate-limited) until [`Running::finish`].
+/// A peer client left running (rate-limited) until [`Running::finish`].
 pub struct Running {
     child: Option<Child>,
 }

@@ -1,6 +1,6 @@
 //! Helpers shared by the privileged tests: one measured exchange between the two pods
-//! (`exchange`), `bypass-probe` (one TCP behaviour, observed by the application) run
-//! inside the pods, an agent with extra flags, and counter deltas.
+//! (`exchange`), the probe (`bypass-test-tool probe`: one TCP behaviour, observed by the
+//! application) run inside the pods, an agent with extra flags, and counter deltas.
 
 pub mod exchange;
 
@@ -51,10 +51,10 @@ pub fn two_pods() -> Result<TwoPods> {
 /// under one TCG thread took longer than 120 s for ten thousand connections).
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// The probe binary: `$BYPASS_PROBE_BIN`, else `bypass-probe` next to the test
-/// binary's directory (`cargo xtask test` builds testbed's tools first).
-pub fn probe_bin() -> Result<PathBuf> {
-    testbed::tools::tool_bin("bypass-probe", "BYPASS_PROBE_BIN")
+/// The probe: the test tool's `probe` (`$BYPASS_TEST_TOOL_BIN`, else next to the test
+/// binary's directory: `cargo xtask test` builds testbed's tool first).
+pub fn probe_command() -> Result<Command> {
+    testbed::tools::test_tool_command("probe")
 }
 
 /// A probe server in a pod.
@@ -64,8 +64,8 @@ pub struct ProbeServer {
 }
 
 impl ProbeServer {
-    /// Starts `bypass-probe server --listen ADDR <args>` in `pod` (or any [`Place`])
-    /// and waits until it listens.
+    /// Starts `bypass-test-tool probe server --listen ADDR <args>` in `pod` (or any
+    /// [`Place`]) and waits until it listens.
     pub fn start(pod: &impl Place, listen: SocketAddr, args: &[String]) -> Result<Self> {
         let label: String = pod
             .label()
@@ -78,7 +78,7 @@ impl ProbeServer {
             listen.port()
         ));
         let _ = std::fs::remove_file(&ready);
-        let mut cmd = Command::new(probe_bin()?);
+        let mut cmd = probe_command()?;
         cmd.arg("server")
             .arg("--listen")
             .arg(listen.to_string())
@@ -90,7 +90,7 @@ impl ProbeServer {
             .stderr(Stdio::piped());
         let child = spawn_in(pod, cmd)?.wait_ready(
             &ready,
-            &format!("bypass-probe server on {listen}"),
+            &format!("probe server on {listen}"),
             Duration::from_secs(10),
         )?;
         Ok(Self { child, ready })
@@ -108,7 +108,7 @@ impl ProbeServer {
     }
 }
 
-/// Runs `bypass-probe client --connect ADDR <args>` in `pod` to completion.
+/// Runs `bypass-test-tool probe client --connect ADDR <args>` in `pod` to completion.
 pub fn probe_client(pod: &impl Place, connect: SocketAddr, args: &[String]) -> Result<Value> {
     report(
         "client",
@@ -116,13 +116,14 @@ pub fn probe_client(pod: &impl Place, connect: SocketAddr, args: &[String]) -> R
     )
 }
 
-/// Starts `bypass-probe client --connect ADDR <args>` in `pod`; see [`probe_report`].
+/// Starts `bypass-test-tool probe client --connect ADDR <args>` in `pod`; see
+/// [`probe_report`].
 pub fn spawn_probe_client(
     pod: &impl Place,
     connect: SocketAddr,
     args: &[String],
 ) -> Result<PodChild> {
-    let mut cmd = Command::new(probe_bin()?);
+    let mut cmd = probe_command()?;
     cmd.arg("client")
         .arg("--connect")
         .arg(connect.to_string())
@@ -150,7 +151,7 @@ fn report(role: &str, out: std::process::Output) -> Result<Value> {
     let stdout = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
         bail!(
-            "bypass-probe {role} failed ({}): {}",
+            "probe {role} failed ({}): {}",
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         );
@@ -159,8 +160,8 @@ fn report(role: &str, out: std::process::Output) -> Result<Value> {
         .lines()
         .rev()
         .find(|l| l.trim_start().starts_with('{'))
-        .with_context(|| format!("bypass-probe {role} printed no report"))?;
-    serde_json::from_str(line).with_context(|| format!("bypass-probe {role} report: {line}"))
+        .with_context(|| format!("probe {role} printed no report"))?;
+    serde_json::from_str(line).with_context(|| format!("probe {role} report: {line}"))
 }
 
 /// A JSON field as u64 (0 when absent).

@@ -1,5 +1,5 @@
-//! What the semantics matrix shares: one run of a `bypass-probe` case with the counter
-//! growth meanwhile, the case on both paths, and the comparison of their reports.
+//! What the semantics matrix shares: one run of a `bypass-test-tool probe` case with the
+//! counter growth meanwhile, the case on both paths, and the comparison of their reports.
 
 use anyhow::{Result, ensure};
 use serde_json::Value;

@@ -1,5 +1,5 @@
-//! The `bypass-peer` command line: options parsed by clap, then the client or server
-//! run and its report printed.
+//! The peer's command line (`bypass-test-tool peer`, `bypass-demo peer`): options parsed
+//! by clap, then the client or server run and its report printed.
 
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 
@@ -7,9 +7,11 @@ use clap::{Parser, Subcommand};
 
 use super::{client, server};
 
+/// A TCP client and server that move a checked byte pattern each way (or ping-pong and
+/// time small messages) and print one JSON report.
 #[derive(Debug, Parser)]
-#[command(name = "bypass-peer", about)]
-struct Cli {
+#[command(name = "peer")]
+pub struct Cli {
     #[command(subcommand)]
     command: Cmd,
 }
@@ -47,24 +49,29 @@ enum Cmd {
     },
 }
 
-/// Runs `bypass-peer` with `args` (the first one is the program name), as the binary
-/// does; `bypass-demo` calls it to act as its own peer.
+/// Parses `args` (the first one is the program name) and [`run`]s the peer:
+/// `bypass-demo` calls it to act as its own peer.
 pub fn main_from<I, T>(args: I) -> ExitCode
 where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    let cli = match Cli::try_parse_from(args) {
-        Ok(cli) => cli,
+    match Cli::try_parse_from(args) {
+        Ok(cli) => run(cli),
         Err(e) => {
             let _ = e.print();
-            return if e.use_stderr() {
+            if e.use_stderr() {
                 ExitCode::from(2)
             } else {
                 ExitCode::SUCCESS
-            };
+            }
         }
-    };
+    }
+}
+
+/// Runs the client or the server the command line names and prints its report; exits
+/// 0 only when every byte was right (`bypass-test-tool peer` calls it once parsed).
+pub fn run(cli: Cli) -> ExitCode {
     let report = match cli.command {
         Cmd::Server {
             listen,
@@ -84,7 +91,7 @@ where
                 Ok(Some(r)) => r,
                 Ok(None) => return ExitCode::SUCCESS,
                 Err(e) => {
-                    eprintln!("bypass-peer: error: cannot listen on {listen}: {e}");
+                    eprintln!("bypass-test-tool peer: error: cannot listen on {listen}: {e}");
                     return ExitCode::from(2);
                 }
             }
@@ -97,7 +104,7 @@ where
     } else {
         for f in &report.failures {
             eprintln!(
-                "bypass-peer: stream {} {} {}: {}",
+                "bypass-test-tool peer: stream {} {} {}: {}",
                 f.stream, f.direction, f.kind, f.detail
             );
         }

@@ -1,5 +1,6 @@
-//! `bypass-peer client`: opens connections (some at a time), sends the header and its
-//! pattern right after connect, verifies what comes back and the server's verdict.
+//! `bypass-test-tool peer client`: opens connections (some at a time), sends the header
+//! and its pattern right after connect, verifies what comes back and the server's
+//! verdict.
 
 use std::{
     io::{Read, Write},
@@ -19,8 +20,8 @@ use super::{
     wire::{Header, Mode, Trailer, Verdict},
 };
 
-/// Options of `bypass-peer client`: parsed from its command line by the peer, and
-/// rendered back into one ([`ClientArgs::args`]) by the tests that spawn it.
+/// Options of `bypass-test-tool peer client`: parsed from its command line by the peer,
+/// and rendered back into one ([`ClientArgs::args`]) by the tests that spawn it.
 #[derive(Clone, Debug, PartialEq, Eq, clap::Args)]
 pub struct ClientArgs {
     /// Bytes sent on each connection (K, M, G suffixes).

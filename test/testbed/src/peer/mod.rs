@@ -1,7 +1,7 @@
-//! The `bypass-peer` TCP tool as a library: a client and a server that move a
-//! deterministic pattern each way and verify every byte in order, or ping-pong small
-//! messages and time them. The binary (`src/bin/bypass-peer.rs`) only parses options;
-//! [`crate::pod_peers`] runs it inside pods and parses its [`Report`].
+//! The peer TCP tool as a library: a client and a server that move a deterministic
+//! pattern each way and verify every byte in order, or ping-pong small messages and time
+//! them. The test tool's `peer` subcommand (`src/bin/bypass-test-tool/peer.rs`) only
+//! parses options; [`crate::pod_peers`] runs it inside pods and parses its [`Report`].
 
 pub mod cli;
 pub mod client;
@@ -139,11 +139,11 @@ mod tests {
             idle_timeout_secs: 0,
             greet: true,
         };
-        let argv = std::iter::once("bypass-peer".to_owned()).chain(want.args());
+        let argv = std::iter::once("peer".to_owned()).chain(want.args());
         assert_eq!(Line::try_parse_from(argv).unwrap().args, want);
         // Defaults agree too: an empty command line is `ClientArgs::default()`.
         assert_eq!(
-            Line::try_parse_from(["bypass-peer"]).unwrap().args,
+            Line::try_parse_from(["peer"]).unwrap().args,
             client::ClientArgs::default()
         );
     }

@@ -1,4 +1,4 @@
-//! The JSON report `bypass-peer` prints on stdout when it is done, and the per
+//! The JSON report the peer prints on stdout when it is done, and the per
 //! connection outcome it is built from.
 
 use serde::{Deserialize, Serialize};

@@ -1,5 +1,6 @@
-//! `bypass-peer server`: accepts connections, serves each as its header asks (send the
-//! requested pattern while verifying the client's, or echo), and answers with a verdict.
+//! `bypass-test-tool peer server`: accepts connections, serves each as its header asks
+//! (send the requested pattern while verifying the client's, or echo), and answers with
+//! a verdict.
 
 use std::{
     io::{Read, Write},
@@ -87,7 +88,7 @@ pub fn run(opts: &ServerOpts) -> std::io::Result<Option<Report>> {
 pub fn print_report(r: &Report) {
     match serde_json::to_string(r) {
         Ok(s) => println!("{s}"),
-        Err(e) => eprintln!("bypass-peer: cannot encode report: {e}"),
+        Err(e) => eprintln!("bypass-test-tool peer: cannot encode report: {e}"),
     }
 }
 

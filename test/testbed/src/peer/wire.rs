@@ -1,4 +1,4 @@
-//! What `bypass-peer` client and server say to each other besides the pattern: the
+//! What the peer's client and server say to each other besides the pattern: the
 //! request header the client sends right after connect, and the verdict trailer the
 //! server sends last.
 //!

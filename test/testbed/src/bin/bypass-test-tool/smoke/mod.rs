@@ -1,10 +1,10 @@
-//! `bypass-smoke`: the agent's smoke test on a machine with nothing but the kernel, the
-//! agent and this binary (a VM of another architecture, where the host's `ip` does not
-//! run). Two "pods" — network namespaces joined by a veth pair, made by this program
-//! itself — each in its own child cgroup of the cgroup the agent attaches to; the
-//! testbed's peer (this binary, `bypass-smoke peer ...`) moves `--bytes` each way, every
-//! byte checked; prints one JSON line: both reports, the agent's status after, and the
-//! growth of its redirected bytes. Exits 0 only when the bytes were exact and the
+//! `bypass-test-tool smoke`: the agent's smoke test on a machine with nothing but the
+//! kernel, the agent and this binary (a VM of another architecture, where the host's `ip`
+//! does not run). Two "pods" — network namespaces joined by a veth pair, made by this
+//! program itself — each in its own child cgroup of the cgroup the agent attaches to; the
+//! testbed's peer (this binary, `bypass-test-tool peer ...`) moves `--bytes` each way,
+//! every byte checked; prints one JSON line: both reports, the agent's status after, and
+//! the growth of its redirected bytes. Exits 0 only when the bytes were exact and the
 //! growth is above zero. Needs root, a cgroup2 mount and `BYPASS_AGENT_BIN`.
 
 mod iface;
@@ -20,7 +20,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-use clap::Parser;
+use clap::Args;
 use serde_json::{Value, json};
 use testbed::{Agent, AgentOpts, CgroupGuard, Place, PodChild, Report, spawn_in};
 
@@ -32,10 +32,13 @@ const IFNAME: &str = "eth0";
 const PORT: u16 = 5000;
 /// How long one transfer may take under emulation.
 const TRANSFER_TIMEOUT: Duration = Duration::from_secs(300);
+/// The start of the names of the run's cgroup, pin directory and ready file, followed by
+/// this process's id (results/kernels/ records the pin directory).
+const NAME: &str = "bypass-smoke";
 
-#[derive(Debug, Parser)]
-#[command(name = "bypass-smoke", about)]
-struct Cli {
+/// The agent's smoke test: two namespaces, a checked transfer each way, one JSON line.
+#[derive(Debug, Args)]
+pub struct Cli {
     /// Bytes each way.
     #[arg(long, default_value_t = 4 << 20)]
     bytes: u64,
@@ -63,11 +66,8 @@ impl Place for Pod {
     }
 }
 
-fn main() -> ExitCode {
-    if std::env::args().nth(1).is_some_and(|a| a == "peer") {
-        return testbed::peer::cli::main_from(std::env::args_os().skip(1));
-    }
-    let cli = Cli::parse();
+/// Runs the smoke test and prints its verdict; exits 0 only when it passed.
+pub fn main(cli: Cli) -> ExitCode {
     match run(&cli) {
         Ok(verdict) => {
             println!("{verdict}");
@@ -86,7 +86,7 @@ fn main() -> ExitCode {
 
 fn run(cli: &Cli) -> Result<Value> {
     let tag = std::process::id();
-    let parent = CgroupGuard::create(&format!("bypass-smoke-{tag}"))?;
+    let parent = CgroupGuard::create(&format!("{NAME}-{tag}"))?;
     let a = pod(&parent, "a")?;
     let b = pod(&parent, "b")?;
     netlink::add_veth(IFNAME, a.netns.as_raw_fd(), IFNAME, b.netns.as_raw_fd())?;
@@ -95,7 +95,7 @@ fn run(cli: &Cli) -> Result<Value> {
     let mut agent = Agent::start(&AgentOpts {
         pod_cidrs: vec![POD_CIDR.to_owned()],
         cgroup: parent.path().to_path_buf(),
-        pin_dir: PathBuf::from(format!("/sys/fs/bpf/bypass-smoke-{tag}")),
+        pin_dir: PathBuf::from(format!("/sys/fs/bpf/{NAME}-{tag}")),
         allow_unguarded: true,
         ..AgentOpts::default()
     })?;
@@ -140,7 +140,7 @@ fn pod(parent: &CgroupGuard, label: &str) -> Result<Pod> {
     })
 }
 
-/// This binary as the testbed's peer.
+/// This binary as the testbed's peer (its `peer` subcommand).
 fn peer() -> Result<Command> {
     let mut cmd = Command::new(std::env::current_exe().context("find this executable")?);
     cmd.arg("peer")
@@ -153,7 +153,7 @@ fn peer() -> Result<Command> {
 /// A server in `b`, a client in `a`, `bytes` each way; their reports.
 fn transfer(a: &Pod, b: &Pod, bytes: u64) -> Result<(Report, Report)> {
     let listen = SocketAddr::from((ADDR_B, PORT));
-    let ready = std::env::temp_dir().join(format!("bypass-smoke-{}-ready", std::process::id()));
+    let ready = std::env::temp_dir().join(format!("{NAME}-{}-ready", std::process::id()));
     let _ = std::fs::remove_file(&ready);
     let mut cmd = peer()?;
     cmd.args([

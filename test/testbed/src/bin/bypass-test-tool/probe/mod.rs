@@ -1,8 +1,9 @@
-//! `bypass-probe`: one TCP behaviour at a time, observed from the application, so a test
-//! can run the same case with and without the bypass and compare. A server and a client
-//! agree on a case by name; each prints one JSON object of what it saw. Payload bytes
-//! are the testbed's pattern (stream 0, or the connection's index), verified in order
-//! by the reader.
+//! `bypass-test-tool probe`: one TCP behaviour at a time, observed from the application,
+//! so a test can run the same case with and without the bypass and compare. A server and
+//! a client agree on a case by name; each prints one JSON object of what it saw. Payload
+//! bytes are the testbed's pattern (stream 0, or the connection's index), verified in
+//! order by the reader. One file per case (or family of cases); this one parses the
+//! command line and dispatches.
 
 use std::{
     net::{SocketAddr, TcpListener},
@@ -11,7 +12,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Subcommand, ValueEnum};
 use nix::sys::socket::{Backlog, listen as listen_backlog};
 use serde_json::Value;
 use testbed::peer::{parse_size, pattern::Direction};
@@ -38,9 +39,10 @@ mod trust;
 mod waitall;
 mod zerocopy;
 
-#[derive(Debug, Parser)]
-#[command(name = "bypass-probe", about)]
-struct Cli {
+/// One TCP behaviour at a time, observed from the application: a server and a client
+/// agree on a case; each prints one JSON object of what it saw.
+#[derive(Debug, Args)]
+pub struct Cli {
     #[command(subcommand)]
     role: Role,
 }
@@ -137,7 +139,7 @@ enum Case {
     Zerocopy,
 }
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Args)]
 struct Common {
     /// The case.
     #[arg(long, value_enum)]
@@ -231,8 +233,9 @@ enum Role {
     },
 }
 
-fn main() -> ExitCode {
-    let out = match Cli::parse().role {
+/// Runs the side the command line names and prints its report.
+pub fn main(cli: Cli) -> ExitCode {
+    let out = match cli.role {
         Role::Server {
             listen,
             ready_file,
@@ -246,7 +249,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("bypass-probe: error: {e:#}");
+            eprintln!("bypass-test-tool probe: error: {e:#}");
             ExitCode::FAILURE
         }
     }

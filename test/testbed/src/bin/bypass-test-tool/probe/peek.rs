@@ -11,7 +11,7 @@ use nix::sys::socket::{MsgFlags, recv};
 use serde_json::{Value, json};
 use testbed::peer::pattern::{Direction, Pattern};
 
-use crate::{
+use super::{
     Common,
     sock::{sleep_ms, wait_closed, wait_readable},
 };
@@ -75,7 +75,7 @@ pub fn late_offset_server(s: TcpStream) -> Result<Value> {
     let set = if rc == 0 {
         "ok".to_owned()
     } else {
-        crate::sock::errno_name(&std::io::Error::last_os_error())
+        super::sock::errno_name(&std::io::Error::last_os_error())
     };
     let mut p1 = [0u8; 40];
     let mut p2 = [0u8; 40];

@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use testbed::peer::pattern::{Direction, Pattern};
 
-use crate::{Common, sock::drain};
+use super::{Common, sock::drain};
 
 /// `SO_EE_ORIGIN_ZEROCOPY` (include/uapi/linux/errqueue.h).
 const ORIGIN_ZEROCOPY: u8 = 5;

@@ -17,7 +17,7 @@ use anyhow::{Context as _, Result};
 use serde_json::{Value, json};
 use testbed::peer::pattern::{Direction, Pattern, Verifier};
 
-use crate::{
+use super::{
     Common,
     sock::{drain, sleep_ms},
     trust::{mark, wait_file},

@@ -10,7 +10,7 @@ use anyhow::{Context as _, Result, bail};
 use nix::sys::socket::{MsgFlags, recv, send};
 use serde_json::{Value, json};
 
-use crate::sock::{errno_name, sleep_ms, wait_closed};
+use super::sock::{errno_name, sleep_ms, wait_closed};
 
 pub fn server(mut s: TcpStream) -> Result<Value> {
     // The client sends "ab", then "c" with MSG_OOB, then "de".

@@ -18,7 +18,7 @@ use nix::{
 use serde_json::{Value, json};
 use testbed::peer::pattern::{Direction, Pattern, Verifier};
 
-use crate::{
+use super::{
     Common,
     sock::{drain, poll_in, send_pattern, sleep_ms, wait_closed},
 };

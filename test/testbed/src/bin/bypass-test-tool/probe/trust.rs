@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use socket2::{Domain, Protocol, SockAddr, SockAddrStorage, SockRef, Socket, Type};
 use testbed::peer::pattern::{Direction, Pattern, Verifier};
 
-use crate::sock::{errno_name, recv_waitall, wait_acked};
+use super::sock::{errno_name, recv_waitall, wait_acked};
 
 /// What the trust cases take from the command line.
 pub struct Steps<'a> {

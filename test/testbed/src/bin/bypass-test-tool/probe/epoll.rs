@@ -11,7 +11,7 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 use serde_json::{Value, json};
 use testbed::peer::pattern::{Direction, Pattern};
 
-use crate::{Common, sock::sleep_ms};
+use super::{Common, sock::sleep_ms};
 
 pub fn server(mut s: TcpStream) -> Result<Value> {
     let ep = new_epoll()?;

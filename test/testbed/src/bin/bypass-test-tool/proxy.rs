@@ -1,9 +1,9 @@
-//! `bypass-proxy`: a sidecar-like TCP proxy, the stand-in for Envoy in the mesh tests
-//! (`tests/mesh.rs`) and in `cargo xtask bench --scenario mesh`.
+//! `bypass-test-tool proxy`: a sidecar-like TCP proxy, the stand-in for Envoy in the mesh
+//! tests (`tests/mesh.rs`) and in `cargo xtask bench --scenario mesh`.
 //!
 //! ```text
-//! bypass-proxy --listen ADDR:PORT --upstream ADDR:PORT
-//!              [--mark N] [--upstream-bind ADDR:PORT] [--buffer BYTES]
+//! bypass-test-tool proxy --listen ADDR:PORT --upstream ADDR:PORT
+//!                        [--mark N] [--upstream-bind ADDR:PORT] [--buffer BYTES]
 //! ```
 //!
 //! | option            | meaning                                                                  |
@@ -15,8 +15,9 @@
 //! | `--upstream-bind` | local address (and port, if not 0) of upstream sockets, `SO_REUSEADDR`   |
 //! | `--buffer`        | bytes per read, each direction of each connection [default: 256K]         |
 //!
-//! Once listening it prints exactly one line on stdout, `bypass-proxy listening on
-//! ADDR:PORT upstream ADDR:PORT`, and flushes it; errors go to stderr. It runs until
+//! Once listening it prints exactly one line on stdout, `bypass-test-tool proxy listening
+//! on ADDR:PORT upstream ADDR:PORT` ([`LISTENING`], what `testbed::Proxy` waits for), and
+//! flushes it; errors go to stderr. It runs until
 //! killed. Each accepted connection gets one upstream connection and two threads, one
 //! per direction, copying with plain `read`/`write`: `splice(2)` from a socket misses
 //! bytes that sk_msg redirected to its ingress queue (they are not on the TCP receive
@@ -36,17 +37,14 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use clap::Parser;
+use clap::Args;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use socket2::{Domain, SockAddr, Socket, Type};
-use testbed::peer::parse_size;
+use testbed::{peer::parse_size, proxy::LISTENING};
 
-#[derive(Debug, Parser)]
-#[command(
-    name = "bypass-proxy",
-    about = "A sidecar-like TCP proxy for the mesh tests"
-)]
-struct Cli {
+/// A sidecar-like TCP proxy for the mesh tests.
+#[derive(Debug, Args)]
+pub struct Cli {
     /// Address to accept on.
     #[arg(long, value_name = "ADDR:PORT")]
     listen: SocketAddr,
@@ -82,12 +80,12 @@ fn parse_mark(s: &str) -> Result<u32, String> {
     parsed.map_err(|_| format!("'{s}' is not a mark: write a number such as 1337 or 0x539"))
 }
 
-fn main() -> ExitCode {
-    let cli = Cli::parse();
+/// Proxies until killed; exits 2 if it cannot start.
+pub fn main(cli: Cli) -> ExitCode {
     match run(&cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("bypass-proxy: error: {e:#}");
+            eprintln!("bypass-test-tool proxy: error: {e:#}");
             ExitCode::from(2)
         }
     }
@@ -105,11 +103,7 @@ fn run(cli: &Cli) -> Result<()> {
     });
     {
         let mut out = std::io::stdout().lock();
-        writeln!(
-            out,
-            "bypass-proxy listening on {bound} upstream {}",
-            up.addr
-        )?;
+        writeln!(out, "{LISTENING} {bound} upstream {}", up.addr)?;
         out.flush()?;
     }
     loop {
@@ -118,7 +112,7 @@ fn run(cli: &Cli) -> Result<()> {
             Err(e) if e.kind() == ErrorKind::Interrupted => continue,
             Err(e) => {
                 // EMFILE and friends: say so, back off, keep serving.
-                eprintln!("bypass-proxy: accept: {e}");
+                eprintln!("bypass-test-tool proxy: accept: {e}");
                 std::thread::sleep(std::time::Duration::from_millis(10));
                 continue;
             }
@@ -126,7 +120,7 @@ fn run(cli: &Cli) -> Result<()> {
         let up = Arc::clone(&up);
         std::thread::spawn(move || {
             if let Err(e) = serve(client, &up) {
-                eprintln!("bypass-proxy: connection from {from}: {e:#}");
+                eprintln!("bypass-test-tool proxy: connection from {from}: {e:#}");
             }
         });
     }

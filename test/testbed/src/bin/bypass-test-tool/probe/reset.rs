@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use socket2::SockRef;
 use testbed::peer::pattern::{Direction, Verifier};
 
-use crate::sock::{errno_name, send_pattern, sleep_ms};
+use super::sock::{errno_name, send_pattern, sleep_ms};
 
 /// Reads late, after the RST: what data, then which errors.
 pub fn server(mut s: TcpStream) -> Result<Value> {

@@ -6,7 +6,7 @@ use anyhow::Result;
 use serde_json::{Value, json};
 use testbed::peer::pattern::{Direction, Pattern};
 
-use crate::{
+use super::{
     Common,
     sock::{fionread, sleep_ms, wait_closed, wait_readable},
 };

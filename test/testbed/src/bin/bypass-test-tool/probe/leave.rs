@@ -14,7 +14,7 @@ use anyhow::{Context as _, Result, ensure};
 use serde_json::{Value, json};
 use testbed::peer::pattern::{Direction, Verifier};
 
-use crate::trust::{Steps, Writer, mark, read_into, report, wait_opt};
+use super::trust::{Steps, Writer, mark, read_into, report, wait_opt};
 
 pub fn client(mut s: TcpStream, st: &Steps<'_>) -> Result<Value> {
     s.set_nodelay(true)?;

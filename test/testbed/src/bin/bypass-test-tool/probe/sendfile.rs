@@ -7,7 +7,7 @@ use nix::sys::sendfile::sendfile;
 use serde_json::{Value, json};
 use testbed::peer::pattern::{Direction, Pattern};
 
-use crate::{Common, sock::drain};
+use super::{Common, sock::drain};
 
 pub fn server(mut s: TcpStream, c: &Common) -> Result<Value> {
     let r = drain(&mut s, c.chunk, 0, Direction::ClientToServer, 0)?;
@@ -15,7 +15,7 @@ pub fn server(mut s: TcpStream, c: &Common) -> Result<Value> {
 }
 
 pub fn client(s: &TcpStream, c: &Common) -> Result<Value> {
-    let path = std::env::temp_dir().join(format!("bypass-probe-{}", std::process::id()));
+    let path = std::env::temp_dir().join(format!("bypass-test-tool-probe-{}", std::process::id()));
     let mut data = vec![0u8; usize::try_from(c.bytes)?];
     Pattern::new(0, Direction::ClientToServer).fill(&mut data);
     std::fs::write(&path, &data)?;

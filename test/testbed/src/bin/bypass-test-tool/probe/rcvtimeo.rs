@@ -9,7 +9,7 @@ use std::{
 use anyhow::Result;
 use serde_json::{Value, json};
 
-use crate::sock::{errno_name, wait_closed};
+use super::sock::{errno_name, wait_closed};
 
 pub fn server(mut s: TcpStream) -> Result<Value> {
     s.set_read_timeout(Some(Duration::from_millis(200)))?;

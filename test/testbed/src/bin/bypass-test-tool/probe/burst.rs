@@ -13,7 +13,7 @@ use anyhow::{Context as _, Result, bail};
 use serde_json::{Value, json};
 use testbed::peer::pattern::Direction;
 
-use crate::{
+use super::{
     Common,
     sock::{drain, send_pattern},
 };

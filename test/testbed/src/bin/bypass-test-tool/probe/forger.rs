@@ -54,7 +54,7 @@ pub fn enter_own_namespaces() -> Result<bool> {
             let code = match map_ids(me, &ready_r) {
                 Ok(()) => 0,
                 Err(e) => {
-                    eprintln!("bypass-probe: id-mapping helper: {e:#}");
+                    eprintln!("bypass-test-tool probe: id-mapping helper: {e:#}");
                     1
                 }
             };

@@ -6,7 +6,7 @@ use anyhow::Result;
 use serde_json::{Value, json};
 use testbed::peer::pattern::Direction;
 
-use crate::{
+use super::{
     Common,
     sock::{drain_exact, send_pattern},
 };

@@ -10,7 +10,7 @@ use anyhow::Result;
 use serde_json::{Value, json};
 use testbed::peer::pattern::Direction;
 
-use crate::{
+use super::{
     Common,
     sock::{drain, errno_name, send_pattern},
 };

@@ -11,7 +11,7 @@ use nix::sys::socket::setsockopt;
 use serde_json::{Value, json};
 use testbed::peer::pattern::{Direction, Pattern};
 
-use crate::{
+use super::{
     Common,
     sock::{RcvLowat, poll_in, sleep_ms, wait_closed},
 };

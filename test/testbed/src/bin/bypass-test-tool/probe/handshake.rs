@@ -24,7 +24,7 @@ use serde_json::{Value, json};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use testbed::peer::pattern::{Direction, Pattern, Verifier};
 
-use crate::{
+use super::{
     forger,
     trust::{Steps, wait_file},
 };
