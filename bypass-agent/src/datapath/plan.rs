@@ -135,7 +135,14 @@ fn detect_hooks() -> Result<Hooks, AgentError> {
         .type_id(btf::KIND_TYPEDEF, "btf_trace_sock_recv_length")
         .is_some();
     let trampolines = match b.type_id(btf::KIND_FUNC, "tcp_recvmsg") {
-        Some(id) => rawlink::trampolines_load(id).unwrap_or(false),
+        Some(id) => rawlink::trampolines_load_retried(id).unwrap_or_else(|e| {
+            tracing::warn!(
+                error = %e,
+                "loading a test fentry program failed, and not as a refusal (EPERM): \
+                 taken as a kernel without BPF trampolines"
+            );
+            false
+        }),
         None => false,
     };
     if trampolines && b.func_params("tcp_bpf_recvmsg") != Some(TCP_BPF_RECVMSG_PARAMS) {

@@ -37,6 +37,31 @@ pub fn trampolines_load(btf_id: u32) -> std::io::Result<bool> {
     }
 }
 
+/// How many times [`trampolines_load_retried`] tries a load that fails for a moment.
+const PROBE_TRIES: usize = 5;
+
+/// [`trampolines_load`], tried again while it fails for a moment (EAGAIN: the verifier
+/// was interrupted, or a transient allocation failure; EINTR).
+pub fn trampolines_load_retried(btf_id: u32) -> std::io::Result<bool> {
+    retry_transient(PROBE_TRIES, || trampolines_load(btf_id))
+}
+
+/// Calls `f` until it answers other than EAGAIN or EINTR, at most `tries` times; its
+/// last answer.
+fn retry_transient<T>(
+    tries: usize,
+    mut f: impl FnMut() -> std::io::Result<T>,
+) -> std::io::Result<T> {
+    let mut last = f();
+    for _ in 1..tries {
+        match &last {
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EINTR)) => last = f(),
+            _ => break,
+        }
+    }
+    last
+}
+
 /// Attaches program `prog` to cgroup `cgroup` for `attach_type` as a bpf_link and pins
 /// the link at `path`; the attachment lives as long as the pin (or an open fd).
 pub fn create_pinned(
@@ -55,4 +80,37 @@ pub fn create_pinned(
     rawbpf::obj_pin(link.as_fd(), path).map_err(|e| AgentError::bpf(what(), e))?;
     drop(link);
     PinnedLink::from_pin(path).map_err(|e| AgentError::bpf(what(), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `retry_transient(5, f)` where `f`'s n-th call fails with `errnos[n]` (the last
+    /// one for later calls; 0: it succeeds): the answer's errno (0: success) and how
+    /// many calls were made.
+    fn run(errnos: &[i32]) -> (i32, usize) {
+        let mut calls = 0;
+        let r = retry_transient(5, || {
+            let e = errnos[calls.min(errnos.len() - 1)];
+            calls += 1;
+            match e {
+                0 => Ok(()),
+                e => Err(std::io::Error::from_raw_os_error(e)),
+            }
+        });
+        (r.err().and_then(|e| e.raw_os_error()).unwrap_or(0), calls)
+    }
+
+    #[test]
+    fn transient_failures_are_tried_again_others_answer_at_once() {
+        assert_eq!(
+            run(&[libc::EAGAIN, libc::EAGAIN, 0]),
+            (0, 3),
+            "EAGAIN twice, then the answer"
+        );
+        assert_eq!(run(&[libc::EINVAL]), (libc::EINVAL, 1));
+        assert_eq!(run(&[libc::EINTR]), (libc::EINTR, 5), "given up after 5");
+        assert_eq!(run(&[0]), (0, 1));
+    }
 }
