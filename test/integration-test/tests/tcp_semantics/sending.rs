@@ -15,13 +15,22 @@ pub fn blocking_reader_and_writer_threads_on_one_socket() -> Result<()> {
     same(
         &tcp,
         &bypass,
-        &["sent", "received", "ok", "spurious_eagain"],
-        &["sent", "received", "ok", "spurious_eagain"],
+        &["sent", "received", "ok"],
+        &["sent", "received", "ok"],
     )?;
     ensure!(
-        num(&bypass.client, "spurious_eagain") == 0,
-        "{:?}",
-        bypass.client
+        num(&tcp.client, "spurious_eagain") + num(&tcp.server, "spurious_eagain") == 0,
+        "plain TCP returned EAGAIN to a blocking read: the test itself is wrong: {tcp:?}"
+    );
+    // Bypassed, the blocked reader can be woken by its own socket's writer (its send
+    // freeing memory wakes the socket's waiters) and return EAGAIN once, every byte
+    // still in order: docs/limitations.md, "Blocking recv can return EAGAIN"
+    // (tcp_bpf_recvmsg waits once). Fresh-clone CI of 0d104fd saw it once in the
+    // 6.1 VM; every other run saw none.
+    eprintln!(
+        "bypassed: EAGAIN to a blocking read {} (client) + {} (server)",
+        num(&bypass.client, "spurious_eagain"),
+        num(&bypass.server, "spurious_eagain")
     );
     Ok(())
 }
