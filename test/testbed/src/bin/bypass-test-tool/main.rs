@@ -13,7 +13,6 @@
 //! own executable); the cluster's test image carries it at
 //! `/usr/local/bin/bypass-test-tool`.
 
-mod peer;
 mod probe;
 mod proxy;
 mod smoke;
@@ -26,7 +25,8 @@ use clap::Parser;
 #[derive(Debug, Parser)]
 #[command(name = "bypass-test-tool")]
 enum Tool {
-    Peer(peer::Cli),
+    // The peer is a library (`testbed::peer`, which `bypass-demo` runs too).
+    Peer(testbed::peer::cli::Cli),
     Probe(probe::Cli),
     Proxy(proxy::Cli),
     Smoke(smoke::Cli),
@@ -34,7 +34,7 @@ enum Tool {
 
 fn main() -> ExitCode {
     match Tool::parse() {
-        Tool::Peer(cli) => peer::main(cli),
+        Tool::Peer(cli) => testbed::peer::cli::run(cli),
         Tool::Probe(cli) => probe::main(cli),
         Tool::Proxy(cli) => proxy::main(cli),
         Tool::Smoke(cli) => smoke::main(cli),
