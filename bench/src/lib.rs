@@ -10,6 +10,7 @@
 //! runs the sweep between two real pods of the one-node cluster instead. [`apps`] runs
 //! real applications (`testbed::apps`) between the pods instead of qperf, on the same
 //! path switching, into its own results and tables.
+//! [`demo`] is the bench at small scale, with a verdict on whether the bypass bypassed.
 //! [`wakeups`] is a research probe of small-message streams.
 
 // Unit tests may unwrap: a panic is their failure report.
@@ -17,6 +18,7 @@
 
 pub mod apps;
 pub mod cluster;
+pub mod demo;
 pub mod driver;
 pub mod env;
 pub mod floor;

@@ -1,5 +1,6 @@
 //! `bypass-bench`: parses the command line and hands it to the library. `run` is the
-//! bench (`cargo xtask bench` builds and starts it); `apps` is its real-application
+//! bench (`cargo xtask bench` builds and starts it); `demo` is the bench at small scale
+//! (`cargo xtask demo`); `apps` is its real-application
 //! scenario (`cargo xtask bench --scenario apps`); `report` redoes the tables (and plot)
 //! from a saved `bench.json` of either; `floor` and `floor-peer` are the Unix-socket
 //! floor's two processes, started by `run`.
@@ -8,7 +9,7 @@ use std::{path::PathBuf, process::ExitCode};
 
 use anyhow::{Context as _, Result, bail};
 use bench::{
-    apps, driver,
+    apps, demo, driver,
     model::{Config, Placement, SIZES, Scenario, Test},
     report,
 };
@@ -99,6 +100,18 @@ enum Cmd {
         /// results/latest-<scenario>].
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Where raw tool output is appended (git-ignored).
+        #[arg(long, default_value = "results/raw")]
+        raw: PathBuf,
+    },
+    /// The demo (root; `cargo xtask demo`): the bench at small scale, as a first look.
+    /// qperf at 64 B and 16 KiB and sockperf at 64 B between two pods, with the bypass
+    /// and on the normal TCP path, same-CPU then cross-CPU, one repetition (about a
+    /// minute); then what moved where. Fails when the bypass did not bypass.
+    Demo {
+        /// Where the table and JSON go.
+        #[arg(long, default_value = "results/raw/demo")]
+        out: PathBuf,
         /// Where raw tool output is appended (git-ignored).
         #[arg(long, default_value = "results/raw")]
         raw: PathBuf,
@@ -288,6 +301,27 @@ fn real_main() -> Result<()> {
             for w in written {
                 println!("wrote {}", w.display());
             }
+            Ok(())
+        }
+        Cmd::Demo { out, raw } => {
+            let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+            let results = demo::run(&workspace, &raw)?;
+            let written = driver::write_outputs(&results, &out)?;
+            println!("{}", report::render(&results));
+            println!("{}", demo::moved(&results));
+            for w in written {
+                println!("wrote {}", w.display());
+            }
+            let problems = demo::problems(&results);
+            if !problems.is_empty() {
+                bail!(
+                    "the bypass did not do its job in this run:\n  {}",
+                    problems.join("\n  ")
+                );
+            }
+            println!(
+                "every run went the way its path says: the bypassed runs redirected their bytes, the TCP runs put theirs on the veths"
+            );
             Ok(())
         }
         Cmd::Apps {

@@ -124,6 +124,44 @@ pub struct Sample {
     /// Bytes the datapath let take TCP during the run (bypass only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub passed_bytes: Option<u64>,
+    /// Connections of the run that left the SockHash as small-message streams (bypass
+    /// only; their bytes took TCP from then on, by design).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub small_streams: Option<u64>,
+}
+
+impl Sample {
+    /// What the agent counted over the run, where it was read (bypass).
+    pub fn counted(&self) -> Option<Counted> {
+        Some(Counted {
+            redirected: self.redirected_bytes?,
+            passed: self.passed_bytes.unwrap_or(0),
+            small_streams: self.small_streams.unwrap_or(0),
+        })
+    }
+}
+
+/// What the agent counted (at one moment, or over a run).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counted {
+    /// Bytes it redirected.
+    pub redirected: u64,
+    /// Bytes it let take TCP.
+    pub passed: u64,
+    /// Connections that left the SockHash as streams of small messages (plain TCP from
+    /// then on, by design: `--small-stream-bytes`).
+    pub small_streams: u64,
+}
+
+impl Counted {
+    /// What grew from `before` to `self`.
+    pub fn since(self, before: Self) -> Self {
+        Self {
+            redirected: self.redirected.saturating_sub(before.redirected),
+            passed: self.passed.saturating_sub(before.passed),
+            small_streams: self.small_streams.saturating_sub(before.small_streams),
+        }
+    }
 }
 
 /// One ping-pong run with latency percentiles (sockperf, or the floor's own).
@@ -318,7 +356,7 @@ pub struct Results {
     pub percentiles: Vec<PctSample>,
     /// Agent probes, in the order taken.
     pub agent: Vec<AgentProbe>,
-    /// The agent's counters over each bypassed block (scenario runs only).
+    /// The agent's counters over each bypassed block.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hops: Vec<HopSample>,
     /// The programs' own cost per block (`bpf_stats`).

@@ -232,13 +232,12 @@ pub fn hop_problems(
         Some(_) => {}
     };
     match scenario {
-        Scenario::Default => {}
+        Scenario::Default | Scenario::Cluster => want("paired_pod", connections),
         Scenario::Mesh => {
             want("paired_translated", 2 * connections);
             want("paired_loopback", connections);
         }
         Scenario::Clusterip => want("paired_translated", connections),
-        Scenario::Cluster => want("paired_pod", connections),
     }
     if let Some(v) = get("pair_rejected")
         && v > 0
@@ -583,6 +582,11 @@ mod tests {
         r.insert("pair_rejected".into(), 2);
         assert!(hop_problems(Scenario::Clusterip, 8, &r)[0].contains("pair_rejected"));
         assert!(hop_problems(Scenario::Clusterip, 1, &BTreeMap::new())[0].contains("no paired"));
+        // Pod to pod: every measured connection is a pod-to-pod pair at least.
+        let mut pods = BTreeMap::from([("paired_pod".to_owned(), 3)]);
+        assert!(hop_problems(Scenario::Default, 3, &pods).is_empty());
+        pods.insert("paired_pod".into(), 2);
+        assert!(hop_problems(Scenario::Default, 3, &pods)[0].contains("paired_pod = 2"));
     }
 
     #[test]

@@ -20,8 +20,6 @@ use crate::{build, image, setup, workspace};
 use kube_testenv::cluster;
 use kube_testenv::cmd;
 
-/// The bench package; its binary is `bypass-bench`.
-const BENCH: &str = "bypass-bench";
 /// Where the apps scenario finds the suite's built programs (testbed's
 /// `apps::bins::APPS_DIR_ENV`; xtask does not link testbed).
 const APPS_DIR_ENV: &str = "BYPASS_APPS_DIR";
@@ -78,8 +76,7 @@ pub struct Args {
 pub fn run(args: &Args) -> Result<()> {
     let tools = setup::ensure(setup::Scope::All)?;
     let agent = build::build_agent(&tools, &args.build)?;
-    let mut cargo = tools.cargo()?;
-    cargo.env("BYPASS_AGENT_BIN", &agent);
+    let mut cargo = bench_command(&tools, &agent)?;
     if args.scenario == Scenario::Mesh {
         // Release: the proxies' cost is part of what the mesh scenario measures.
         cargo.env(workspace::TEST_TOOL_ENV, image::build_test_tool(&tools)?);
@@ -88,7 +85,6 @@ pub fn run(args: &Args) -> Result<()> {
         let dir = crate::apps::build("release")?;
         cargo.env(APPS_DIR_ENV, dir);
     }
-    cargo.args(["run", "--release", "--package", BENCH, "--bin", BENCH, "--"]);
     // The apps scenario is its own subcommand: its options are not the sweep's.
     cargo.arg(if args.scenario == Scenario::Apps {
         "apps"
@@ -106,6 +102,22 @@ pub fn run(args: &Args) -> Result<()> {
         return on_cluster(&tools, &agent, &mut cargo);
     }
     cmd::run(&mut cargo)
+}
+
+/// `cargo run` of the bench's binary in release against `agent`, up to its subcommand
+/// (`cargo xtask demo` runs it too).
+pub fn bench_command(tools: &setup::Tools, agent: &Path) -> Result<Command> {
+    let mut cargo = tools.cargo()?;
+    cargo.env("BYPASS_AGENT_BIN", agent).args([
+        "run",
+        "--release",
+        "--package",
+        workspace::BENCH,
+        "--bin",
+        workspace::BENCH,
+        "--",
+    ]);
+    Ok(cargo)
 }
 
 /// Runs `bench` (the bench's cargo command) against the one-node cluster: up if it is

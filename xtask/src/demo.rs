@@ -1,9 +1,9 @@
-//! `cargo xtask demo`: setup and build, then the `bypass-demo` binary (package
-//! `bypass-demo`, in `bench/demo/`), which shows the bypass at work against the built agent.
+//! `cargo xtask demo`: setup and build, then `bypass-bench demo` (package `bypass-bench`,
+//! in `bench/`): the bench at small scale, against the built agent.
 
 use anyhow::Result;
 
-use crate::{build, setup, workspace};
+use crate::{bench, build, setup};
 use kube_testenv::cmd;
 
 /// Arguments of `cargo xtask demo`.
@@ -11,7 +11,7 @@ use kube_testenv::cmd;
 pub struct Args {
     #[command(flatten)]
     pub build: build::Options,
-    /// Given to `bypass-demo`.
+    /// Given to `bypass-bench demo` (see `bypass-bench demo --help`).
     #[arg(last = true)]
     pub demo: Vec<String>,
 }
@@ -21,18 +21,8 @@ pub fn run(args: &Args) -> Result<()> {
     let tools = setup::ensure(setup::Scope::All)?;
     let agent = build::build_agent(&tools, &args.build)?;
     cmd::run(
-        tools
-            .cargo()?
-            .env("BYPASS_AGENT_BIN", &agent)
-            .args([
-                "run",
-                "--release",
-                "--package",
-                workspace::DEMO,
-                "--bin",
-                workspace::DEMO,
-                "--",
-            ])
+        bench::bench_command(&tools, &agent)?
+            .arg("demo")
             .args(&args.demo),
     )
 }

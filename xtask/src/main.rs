@@ -33,7 +33,7 @@ enum Task {
     Build(build::Args),
     /// Unit tests, then the privileged integration tests (root) against the built agent.
     Test(test::Args),
-    /// Run the `bypass-demo` binary against the built agent.
+    /// The demo: the bench at small scale (`bypass-bench demo`) against the built agent.
     Demo(demo::Args),
     /// The bench (root): bypass vs normal path vs Unix-socket floor; writes results/latest
     /// (`--scenario mesh|clusterip`: through a sidecar chain or a ClusterIP DNAT).

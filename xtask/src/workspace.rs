@@ -15,8 +15,9 @@ pub const EBPF: &str = "bypass-ebpf";
 /// The bench's minimal reference programs: BPF target only too (through the bench's
 /// build script).
 pub const MINIMAL_EBPF: &str = "bypass-minimal-ebpf";
-/// `cargo xtask demo`'s package; its binary has the same name.
-pub const DEMO: &str = "bypass-demo";
+/// The bench's package (`cargo xtask bench` and `cargo xtask demo`); its binary has the
+/// same name.
+pub const BENCH: &str = "bypass-bench";
 
 /// The toolchain pinned in `rust-toolchain.toml`, which rustc and bpf-linker share.
 #[derive(Debug, Clone, PartialEq, Eq)]

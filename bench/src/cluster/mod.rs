@@ -25,6 +25,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
+use bypass_common::Stat;
 pub use kube_testenv::{
     KUBECONFIG_ENV, KUBECTL_ENV,
     deploy::{NODE, NODE_LABEL, label_arg},
@@ -42,7 +43,7 @@ use crate::{
         record_hops, record_qperf,
     },
     env,
-    model::{Path, Placement, Results, Scenario},
+    model::{Counted, Path, Placement, Results, Scenario},
     qperf, scenario,
 };
 
@@ -206,12 +207,17 @@ impl Run<'_> {
     }
 
     /// `(redirected_bytes, passed_bytes)` of the agent, in a bypassed block.
-    fn stats(&self, path: Path) -> Option<(u64, u64)> {
+    fn stats(&self, path: Path) -> Option<Counted> {
         if path != Path::Bypass {
             return None;
         }
         let c = self.counters().ok()?;
-        Some((*c.get("redirected_bytes")?, *c.get("passed_bytes")?))
+        let get = |stat: Stat| c.get(stat.name()).copied();
+        Some(Counted {
+            redirected: get(Stat::RedirectedBytes)?,
+            passed: get(Stat::PassedBytes)?,
+            small_streams: get(Stat::SmallStreams).unwrap_or(0),
+        })
     }
 
     fn qperf(&mut self, rep: u32, p: &Placement, path: Path, size: u32) -> Result<()> {

@@ -66,7 +66,7 @@ struct Run<'a> {
     setup: Setup,
     pods: TwoPods,
     server_ip: IpAddr,
-    /// Counters when the current bypassed block began (scenario runs).
+    /// Counters when the current bypassed block began.
     block_start: Option<std::collections::BTreeMap<String, u64>>,
     /// The programs' `bpf_stats` when the current block began.
     progs_start: Option<Vec<(Prog, ProgRef, progstats::Counts)>>,

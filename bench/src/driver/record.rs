@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use crate::{
-    model::{HopSample, Path, Placement, Results, Sample, Scenario, Test},
+    model::{Counted, HopSample, Path, Placement, Results, Sample, Scenario, Test},
     qperf, scenario,
 };
 
@@ -14,23 +14,20 @@ use crate::{
 pub(crate) struct Observed {
     /// Bytes on the pods' veths.
     pub(crate) wire: Option<u64>,
-    /// (redirected, passed) bytes the agent counted.
-    pub(crate) delta: Option<(u64, u64)>,
+    /// What the agent counted.
+    pub(crate) delta: Option<Counted>,
 }
 
 impl Observed {
-    /// What grew between `before` and `after`, each (wire bytes, (redirected, passed)
-    /// bytes) where they could be read.
+    /// What grew between `before` and `after`, each (wire bytes, agent counters) where
+    /// they could be read.
     pub(crate) fn between(
-        before: (Option<u64>, Option<(u64, u64)>),
-        after: (Option<u64>, Option<(u64, u64)>),
+        before: (Option<u64>, Option<Counted>),
+        after: (Option<u64>, Option<Counted>),
     ) -> Self {
         Self {
             wire: before.0.zip(after.0).map(|(a, b)| b.saturating_sub(a)),
-            delta: before
-                .1
-                .zip(after.1)
-                .map(|(a, b)| (b.0.saturating_sub(a.0), b.1.saturating_sub(a.1))),
+            delta: before.1.zip(after.1).map(|(a, b)| b.since(a)),
         }
     }
 }
@@ -86,7 +83,7 @@ fn record_qperf_output(
     let Observed { wire, delta } = observed;
     let payload = r.bw_bytes_per_sec.unwrap_or(0.0) * f64::from(secs);
     if let Some(w) = wire
-        && let Some(problem) = wire_problem(path, w, payload, delta.map(|d| d.1))
+        && let Some(problem) = wire_problem(path, w, payload, delta)
     {
         results.warnings.push(format!("{what}: {problem}"));
     }
@@ -103,8 +100,9 @@ fn record_qperf_output(
             size,
             value,
             wire_bytes: wire,
-            redirected_bytes: delta.map(|d| d.0),
-            passed_bytes: delta.map(|d| d.1),
+            redirected_bytes: delta.map(|d| d.redirected),
+            passed_bytes: delta.map(|d| d.passed),
+            small_streams: delta.map(|d| d.small_streams),
         });
     }
     format!(
@@ -162,13 +160,23 @@ pub(crate) fn record_hops(
 
 /// What is wrong when a run's bytes on the wire contradict its path (pure): a bypassed
 /// run puts only handshakes and ACK-less FINs on the wire, a default run puts every
-/// payload byte there. `payload`: the bytes `tcp_bw` moved; `passed`: the bytes the
-/// datapath chose to send by TCP (a small-message stream), on the wire on purpose.
-pub fn wire_problem(path: Path, wire: u64, payload: f64, passed: Option<u64>) -> Option<String> {
+/// payload byte there. `payload`: the bytes `tcp_bw` moved; `counted`: what the agent
+/// counted over the run, where the bytes it chose to send by TCP and a connection that
+/// left the SockHash as a small-message stream put bytes on the wire on purpose.
+pub fn wire_problem(
+    path: Path,
+    wire: u64,
+    payload: f64,
+    counted: Option<Counted>,
+) -> Option<String> {
     let w = wire as f64;
-    let passed = passed.map_or(0.0, |p| p as f64);
+    let c = counted.unwrap_or_default();
+    let passed = c.passed as f64;
     let redirected = (payload - passed).max(0.0);
     match path {
+        // Once a connection left the SockHash as a small-message stream its bytes take
+        // TCP, as designed.
+        Path::Bypass if c.small_streams > 0 => None,
         Path::Bypass if w > 0.05 * redirected + 2.0 * passed && w > 1e6 => {
             Some(format!("{w:.0} bytes on the wire although bypassed"))
         }
@@ -183,16 +191,32 @@ pub fn wire_problem(path: Path, wire: u64, payload: f64, passed: Option<u64>) ->
 mod tests {
     use super::*;
 
+    fn counted(redirected: u64, passed: u64, small_streams: u64) -> Option<Counted> {
+        Some(Counted {
+            redirected,
+            passed,
+            small_streams,
+        })
+    }
+
     #[test]
     fn wire_problem_by_path() {
         // Bypassed: handshakes only, or bytes the datapath passed on purpose, are fine.
-        assert_eq!(wire_problem(Path::Bypass, 4_000, 1e9, Some(0)), None);
         assert_eq!(
-            wire_problem(Path::Bypass, 3_000_000, 1e9, Some(2_000_000)),
+            wire_problem(Path::Bypass, 4_000, 1e9, counted(1e9 as u64, 0, 0)),
             None
         );
-        let p = wire_problem(Path::Bypass, 900_000_000, 1e9, Some(0)).unwrap();
+        assert_eq!(
+            wire_problem(Path::Bypass, 3_000_000, 1e9, counted(0, 2_000_000, 0)),
+            None
+        );
+        let p = wire_problem(Path::Bypass, 900_000_000, 1e9, counted(0, 0, 0)).unwrap();
         assert!(p.contains("although bypassed"), "{p}");
+        // A connection that left as a small-message stream takes TCP from then on.
+        assert_eq!(
+            wire_problem(Path::Bypass, 900_000_000, 1e9, counted(4_000, 0, 1)),
+            None
+        );
         // The normal path carries every payload byte.
         assert_eq!(wire_problem(Path::Default, 2_000_000_000, 1e9, None), None);
         let p = wire_problem(Path::Default, 1_000, 1e9, None).unwrap();
@@ -201,10 +225,13 @@ mod tests {
 
     #[test]
     fn observed_is_what_grew() {
-        let o = Observed::between((Some(100), Some((10, 20))), (Some(150), Some((15, 20))));
+        let o = Observed::between(
+            (Some(100), counted(10, 20, 1)),
+            (Some(150), counted(15, 20, 3)),
+        );
         assert_eq!(o.wire, Some(50));
-        assert_eq!(o.delta, Some((5, 0)));
-        let o = Observed::between((None, Some((10, 20))), (Some(150), None));
+        assert_eq!(o.delta, counted(5, 0, 2));
+        let o = Observed::between((None, counted(10, 20, 0)), (Some(150), None));
         assert_eq!((o.wire, o.delta), (None, None));
     }
 

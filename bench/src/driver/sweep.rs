@@ -2,14 +2,18 @@
 //! path (attach or detach first), with the agent probed and the programs' cost and the
 //! hop counters recorded around each block.
 
-use std::{process::Stdio, time::Duration};
+use std::{
+    net::SocketAddr,
+    process::Stdio,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context as _, Result, bail};
-use testbed::{PodChild, spawn_in_on_cpus};
+use testbed::{PodChild, apps::listening::is_listening, spawn_in_on_cpus};
 
 use super::{ProgRef, Run, paths_of, progress, qperf_port, record_hops, sockperf_port};
 use crate::{
-    model::{Config, Path, Placement, ProbePhase, Prog, ProgSample, Scenario},
+    model::{Config, Path, Placement, ProbePhase, Prog, ProgSample},
     qperf, scenario, sockperf,
 };
 
@@ -25,22 +29,31 @@ impl Run<'_> {
         cpus.sort_unstable();
         cpus.dedup();
         let mut servers = Vec::new();
+        let mut addrs = Vec::new();
         for cpu in cpus {
-            for mut cmd in [
-                qperf::server_command(qperf_port(cpu)),
-                sockperf::server_command(self.setup.listen, sockperf_port(cpu)),
+            let (qperf_at, sockperf_at) = (qperf_port(cpu), sockperf_port(cpu));
+            // qperf listens on the wildcard address (of IPv6, dual-stack, or of IPv4);
+            // sockperf on the address it is given.
+            let wildcard = vec![
+                SocketAddr::from(([0u16; 8], qperf_at)),
+                SocketAddr::from(([0u8; 4], qperf_at)),
+            ];
+            for (mut cmd, at) in [
+                (qperf::server_command(qperf_at), wildcard),
+                (
+                    sockperf::server_command(self.setup.listen, sockperf_at),
+                    vec![SocketAddr::new(self.setup.listen, sockperf_at)],
+                ),
             ] {
                 cmd.stdin(Stdio::null())
                     .stdout(Stdio::null())
                     .stderr(Stdio::null());
                 servers.push(spawn_in_on_cpus(&self.pods.b, cmd, &[cpu])?);
+                addrs.push(at);
             }
         }
-        std::thread::sleep(Duration::from_millis(300));
-        for s in &mut servers {
-            if let Some(st) = s.try_wait()? {
-                bail!("a bench server exited at start ({st}); is the port taken?");
-            }
+        for (server, at) in servers.iter_mut().zip(&addrs) {
+            wait_listening(server, at)?;
         }
         Ok(servers)
     }
@@ -161,16 +174,16 @@ impl Run<'_> {
         Ok(scenario::counters_of(&agent.status()?))
     }
 
-    /// At the start of a bypassed block of a scenario run: remember the counters.
+    /// At the start of a bypassed block: remember the counters.
     fn hops_begin(&mut self, path: Path) -> Result<()> {
         self.block_start = None;
-        if path == Path::Bypass && self.results.config.scenario != Scenario::Default {
+        if path == Path::Bypass {
             self.block_start = Some(self.counters()?);
         }
         Ok(())
     }
 
-    /// At the end of a bypassed block of a scenario run: record how the counters grew
+    /// At the end of a bypassed block: record how the counters grew
     /// and warn when a hop was not paired.
     fn hops_end(&mut self, rep: u32, p: &Placement, cfg: &Config) -> Result<()> {
         let Some(before) = self.block_start.take() else {
@@ -195,5 +208,32 @@ impl Run<'_> {
         );
         progress(&line);
         Ok(())
+    }
+}
+
+/// How long a bench server may take to listen: a net for a server that never does (its
+/// port taken, its binary broken); the wait ends as soon as the socket is there.
+const LISTEN_WAIT: Duration = Duration::from_secs(60);
+
+/// Waits until `server` listens on one of `addrs` (in its pod's tables), or fails when
+/// it exits first or never does.
+fn wait_listening(server: &mut PodChild, addrs: &[SocketAddr]) -> Result<()> {
+    let pid = server.pid();
+    let deadline = Instant::now() + LISTEN_WAIT;
+    loop {
+        if let Some(st) = server.try_wait()? {
+            bail!("a bench server exited at start ({st}); is {addrs:?} taken?");
+        }
+        let mut listens = false;
+        for &addr in addrs {
+            listens |= is_listening(pid, addr)?;
+        }
+        if listens {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("a bench server (pid {pid}) did not listen on {addrs:?} within {LISTEN_WAIT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }

@@ -11,7 +11,7 @@ use testbed::{Agent, AgentOpts, TwoPods};
 
 use crate::{
     minimal::Minimal,
-    model::{AgentProbe, Path, ProbePhase},
+    model::{AgentProbe, Counted, Path, ProbePhase},
     procfs,
 };
 
@@ -138,13 +138,17 @@ impl PathSwitch {
     /// The bytes the pods put on their veths so far, and the agent's (redirected,
     /// passed) bytes when it runs, each where it could be read: the two ends of an
     /// [`Observed`](super::Observed).
-    pub(crate) fn wire_and_stats(&self, pods: &TwoPods) -> (Option<u64>, Option<(u64, u64)>) {
+    pub(crate) fn wire_and_stats(&self, pods: &TwoPods) -> (Option<u64>, Option<Counted>) {
         let wire = pods.wire_bytes().ok();
         let stats = self
             .agent
             .as_ref()
             .and_then(|a| a.stats().ok())
-            .map(|s| (s.counters.redirected_bytes, s.counters.passed_bytes));
+            .map(|s| Counted {
+                redirected: s.counters.redirected_bytes,
+                passed: s.counters.passed_bytes,
+                small_streams: s.counters.small_streams,
+            });
         (wire, stats)
     }
 }

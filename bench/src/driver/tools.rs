@@ -15,7 +15,7 @@ use super::{
 };
 use crate::{
     floor::FloorResult,
-    model::{Path, PctSample, Placement, Sample, Test},
+    model::{Counted, Path, PctSample, Placement, Sample, Test},
     qperf, sockperf,
 };
 
@@ -59,7 +59,7 @@ impl Run<'_> {
         Ok(None)
     }
 
-    fn wire_and_stats(&self) -> (Option<u64>, Option<(u64, u64)>) {
+    fn wire_and_stats(&self) -> (Option<u64>, Option<Counted>) {
         self.paths.wire_and_stats(&self.pods)
     }
 
@@ -168,6 +168,7 @@ impl Run<'_> {
                     wire_bytes: None,
                     redirected_bytes: None,
                     passed_bytes: None,
+                    small_streams: None,
                 });
             }
         }

@@ -94,15 +94,14 @@ pub(super) fn pinning(scenario: Scenario, p: &Placement) -> Option<String> {
 /// What a scenario's bypassed connection should pair, per measured connection.
 fn hop_expectation(scenario: Scenario) -> &'static str {
     match scenario {
-        Scenario::Default => "",
+        Scenario::Default | Scenario::Cluster => {
+            "expected per measured connection: at least 1 pod-to-pod pair (qperf's control connections are pairs too)"
+        }
         Scenario::Mesh => {
             "expected per measured connection: 2 translated pairs (client->sidecar A, sidecar A->sidecar B), 1 loopback pair (sidecar B->server)"
         }
         Scenario::Clusterip => {
             "expected per measured connection: at least 1 translated pair (qperf's control connections go through the VIP too)"
-        }
-        Scenario::Cluster => {
-            "expected per measured connection: at least 1 pod-to-pod pair (qperf's control connections are pairs too)"
         }
     }
 }
@@ -115,7 +114,7 @@ pub(super) fn fmt_per_conn(v: Option<f64>) -> String {
     v.map_or_else(|| "-".into(), |v| format!("{v:.2}"))
 }
 
-/// The hop section of the text report (scenario runs).
+/// The hop section of the text report.
 fn render_hops(o: &mut String, r: &Results) {
     if r.hops.is_empty() {
         return;

@@ -13,15 +13,20 @@ use nix::sys::statfs::{
 
 use crate::error::AgentError;
 
+/// This process's `/proc/self/mountinfo`.
+fn read_mountinfo() -> Result<String, AgentError> {
+    const MOUNTINFO: &str = "/proc/self/mountinfo";
+    std::fs::read_to_string(MOUNTINFO).map_err(|source| AgentError::Io {
+        action: "read",
+        path: MOUNTINFO.into(),
+        source,
+    })
+}
+
 /// Where cgroup2 is mounted on this machine (`/sys/fs/cgroup` on unified hosts,
 /// `/sys/fs/cgroup/unified` on hybrid ones).
 pub fn find_cgroup2_mount() -> Result<PathBuf, AgentError> {
-    let text =
-        std::fs::read_to_string("/proc/self/mountinfo").map_err(|source| AgentError::Io {
-            action: "read",
-            path: "/proc/self/mountinfo".into(),
-            source,
-        })?;
+    let text = read_mountinfo()?;
     find_mount(&text, "cgroup2").ok_or(AgentError::NoCgroup2Mount)
 }
 
@@ -133,12 +138,7 @@ pub fn ensure_pin_dir_not_mount_root(pin_dir: &Path) -> Result<(), AgentError> {
     if dir == Path::new(CONVENTIONAL_BPFFS) {
         return Err(refused());
     }
-    let text =
-        std::fs::read_to_string("/proc/self/mountinfo").map_err(|source| AgentError::Io {
-            action: "read",
-            path: "/proc/self/mountinfo".into(),
-            source,
-        })?;
+    let text = read_mountinfo()?;
     if is_mount_root(&text, &dir) {
         return Err(refused());
     }
@@ -280,11 +280,14 @@ mod tests {
         assert_eq!(cgroup2_in(dir, &children, |_| false), None);
     }
 
+    /// Why `open_cgroup2_dir` refuses `dir`.
+    fn cgroup_error(dir: &str) -> String {
+        open_cgroup2_dir(Path::new(dir)).unwrap_err().to_string()
+    }
+
     #[test]
     fn missing_cgroup_path_is_named() {
-        let err = open_cgroup2_dir(Path::new("/nonexistent/cg"))
-            .unwrap_err()
-            .to_string();
+        let err = cgroup_error("/nonexistent/cg");
         assert!(
             err.contains("/nonexistent/cg") && err.contains("--cgroup"),
             "{err}"
@@ -293,9 +296,7 @@ mod tests {
 
     #[test]
     fn non_cgroup_path_is_named() {
-        let err = open_cgroup2_dir(Path::new("/proc"))
-            .unwrap_err()
-            .to_string();
+        let err = cgroup_error("/proc");
         assert!(err.contains("not a cgroup v2 directory"), "{err}");
     }
 }

@@ -448,11 +448,14 @@ mod tests {
     /// to come, the Service backends listed or forbidden. Fails on a request the mock
     /// API server does not expect, and (rather than hang) when the listings never
     /// complete: the mock answers at once, so the bound is never what ends a good run.
+    /// Returns the watches and their state, with [`Telemetry`] `telemetry`.
     async fn until_known(
-        watches: &mut Watches,
-        state: &mut WatchState,
+        client: &kube::Client,
+        telemetry: &Arc<Telemetry>,
         unexpected: &mut mpsc::UnboundedReceiver<String>,
-    ) {
+    ) -> (Watches, WatchState) {
+        let mut watches = Watches::new(client, NODE);
+        let mut state = WatchState::new(telemetry.clone(), &statics());
         let known = |l: &Listed| {
             l.core() && l.service_cidrs_known() && (l.backends_known() || l.backends_forbidden())
         };
@@ -468,6 +471,7 @@ mod tests {
             .await
             .expect("the listings never completed");
         assert_eq!(unexpected.try_recv().ok(), None);
+        (watches, state)
     }
 
     #[tokio::test]
@@ -506,9 +510,7 @@ mod tests {
                 .start();
         let telemetry = telemetry();
         let settings = settings();
-        let mut watches = Watches::new(&client, NODE);
-        let mut state = WatchState::new(telemetry.clone(), &statics());
-        until_known(&mut watches, &mut state, &mut unexpected).await;
+        let (watches, state) = until_known(&client, &telemetry, &mut unexpected).await;
 
         let mut reconciler = Reconciler::new(&settings, statics(), telemetry.clone(), None);
         let desired = reconciler.desired(&watches.stores, &state.listed);
@@ -599,9 +601,7 @@ mod tests {
         .start();
         let telemetry = telemetry();
         let settings = settings();
-        let mut watches = Watches::new(&client, NODE);
-        let mut state = WatchState::new(telemetry.clone(), &statics());
-        until_known(&mut watches, &mut state, &mut unexpected).await;
+        let (watches, state) = until_known(&client, &telemetry, &mut unexpected).await;
         assert!(state.listed.backends_forbidden());
 
         let mut reconciler = Reconciler::new(&settings, statics(), telemetry.clone(), None);

@@ -292,24 +292,26 @@ fn deb_packages(files: &[PathBuf], arch: &str) -> Vec<oci::Package> {
     out
 }
 
+/// `tar` writing the archive `out` with every entry owned by 0 at time 0 (the same
+/// bytes from the same files), entries from `dir`.
+fn reproducible_tar(out: &Path, dir: &Path) -> Command {
+    let mut tar = Command::new("tar");
+    tar.args([
+        "--owner=0",
+        "--group=0",
+        "--numeric-owner",
+        "--mtime=@0",
+        "-cf",
+    ])
+    .arg(out)
+    .arg("-C")
+    .arg(dir);
+    tar
+}
+
 /// A reproducible layer tarball of `rootfs` (sorted, owner 0, time 0).
 fn tar_layer(rootfs: &Path, out: &Path) -> Result<()> {
-    cmd::output(
-        Command::new("tar")
-            .args([
-                "--sort=name",
-                "--owner=0",
-                "--group=0",
-                "--numeric-owner",
-                "--mtime=@0",
-                "-cf",
-            ])
-            .arg(out)
-            .arg("-C")
-            .arg(rootfs)
-            .arg("."),
-    )
-    .map(drop)
+    cmd::output(reproducible_tar(out, rootfs).args(["--sort=name", "."])).map(drop)
 }
 
 fn fresh_dir(dir: &Path) -> Result<()> {
@@ -457,24 +459,11 @@ pub fn docker_archive(rootfs: &Path, spec: &ImageSpec, out: &Path) -> Result<()>
         work.join("manifest.json"),
         manifest_json(&spec.name, &config_digest, &layer_digest),
     )?;
-    cmd::output(
-        Command::new("tar")
-            .args([
-                "--owner=0",
-                "--group=0",
-                "--numeric-owner",
-                "--mtime=@0",
-                "-cf",
-            ])
-            .arg(out)
-            .arg("-C")
-            .arg(&work)
-            .args([
-                "manifest.json".to_owned(),
-                format!("{config_digest}.json"),
-                format!("{layer_digest}/layer.tar"),
-            ]),
-    )?;
+    cmd::output(reproducible_tar(out, &work).args([
+        "manifest.json".to_owned(),
+        format!("{config_digest}.json"),
+        format!("{layer_digest}/layer.tar"),
+    ]))?;
     std::fs::remove_dir_all(&work)?;
     Ok(())
 }

@@ -7,6 +7,7 @@ mod support;
 mod apps;
 mod bad_input;
 mod datapath;
+mod demo;
 mod detach;
 mod isolation;
 mod k8s;

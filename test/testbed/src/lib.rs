@@ -1,7 +1,7 @@
 //! `testbed`: a same-node testbed for the bypass datapath, and the tools the privileged
-//! tests (`integration-test`), the demo and the bench run: this crate's one binary,
-//! `bypass-test-tool` (`src/bin/bypass-test-tool/`), with subcommands `peer`, `probe`,
-//! `proxy` and `smoke` ([`tools`] finds it).
+//! tests (`integration-test`) and the bench (the demo among its runs) use: this crate's
+//! one binary, `bypass-test-tool` (`src/bin/bypass-test-tool/`), with subcommands
+//! `peer`, `probe`, `proxy` and `smoke` ([`tools`] finds it).
 //!
 //! Two network namespaces ("pods") on a bridge, each in its own child cgroup under a
 //! parent test cgroup; the agent attached to the parent; processes started inside a

@@ -6,7 +6,6 @@ use std::{
     net::SocketAddr,
     path::PathBuf,
     process::{Command, Output, Stdio},
-    sync::OnceLock,
     time::Duration,
 };
 
@@ -23,23 +22,9 @@ use crate::{
 /// Default limit for a peer run.
 pub const PEER_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// A program that acts as the peer when given these leading arguments.
-static PEER_PROGRAM: OnceLock<(PathBuf, Vec<String>)> = OnceLock::new();
-
-/// Runs peers as `program leading_args...` from now on, instead of the test tool's
-/// `peer` (`bypass-demo` runs itself with `peer`, so it needs no second binary).
-/// Only the first call counts.
-pub fn set_peer_program(program: PathBuf, leading_args: Vec<String>) {
-    let _ = PEER_PROGRAM.set((program, leading_args));
-}
-
-/// A `Command` that runs the peer, before its `server`/`client` argument.
+/// A `Command` that runs the peer (the test tool's `peer`), before its
+/// `server`/`client` argument.
 pub fn peer_command() -> Result<Command> {
-    if let Some((program, leading)) = PEER_PROGRAM.get() {
-        let mut cmd = Command::new(program);
-        cmd.args(leading);
-        return Ok(cmd);
-    }
     crate::tools::test_tool_command("peer")
 }
 

@@ -1,4 +1,4 @@
-//! The peer's command line (`bypass-test-tool peer`, `bypass-demo peer`): options parsed
+//! The peer's command line (`bypass-test-tool peer`): options parsed
 //! by clap, then the client or server run and its report printed.
 
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
@@ -47,26 +47,6 @@ enum Cmd {
         #[command(flatten)]
         args: client::ClientArgs,
     },
-}
-
-/// Parses `args` (the first one is the program name) and [`run`]s the peer:
-/// `bypass-demo` calls it to act as its own peer.
-pub fn main_from<I, T>(args: I) -> ExitCode
-where
-    I: IntoIterator<Item = T>,
-    T: Into<std::ffi::OsString> + Clone,
-{
-    match Cli::try_parse_from(args) {
-        Ok(cli) => run(cli),
-        Err(e) => {
-            let _ = e.print();
-            if e.use_stderr() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::SUCCESS
-            }
-        }
-    }
 }
 
 /// Runs the client or the server the command line names and prints its report; exits

@@ -25,7 +25,7 @@ use clap::Parser;
 #[derive(Debug, Parser)]
 #[command(name = "bypass-test-tool")]
 enum Tool {
-    // The peer is a library (`testbed::peer`, which `bypass-demo` runs too).
+    // The peer is a library (`testbed::peer`), its parser and run used as they are.
     Peer(testbed::peer::cli::Cli),
     Probe(probe::Cli),
     Proxy(proxy::Cli),

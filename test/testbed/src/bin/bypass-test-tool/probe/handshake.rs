@@ -227,40 +227,10 @@ pub fn forge_handshake(connect: SocketAddr, bind: SocketAddr, st: &Steps<'_>) ->
     let (snd, rcv) = victim_sequence(go)?;
     let (client_isn, server_isn) = (snd.wrapping_sub(1), rcv.wrapping_sub(1));
 
-    let s = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
-    // On a closed socket the send queue's sequence is `write_seq`, which connect keeps
-    // as the initial sequence number when it is set (net/ipv4/tcp.c, tcp_setsockopt;
-    // net/ipv4/tcp_ipv4.c, tcp_v4_connect). Repair is off again before connecting, so
-    // the connect is an ordinary one.
-    set(&s, Repair, &1)?;
-    set(&s, RepairQueue, &TCP_SEND_QUEUE)?;
-    set(&s, QueueSeq, &client_isn)?;
-    set(&s, Repair, &REPAIR_OFF_NO_WP)?;
-    s.bind(&SockAddr::from(bind))
-        .with_context(|| format!("bind {bind}"))?;
-    s.set_nonblocking(true)?;
-    match s.connect(&SockAddr::from(connect)) {
-        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
-        Ok(()) => bail!("connected at once to {connect}: it should be unreachable here"),
-        Err(e) => return Err(e).with_context(|| format!("connect {connect}")),
-    }
+    let s = connect_with_isn(client_isn, bind, connect)?;
     let packet = forger::syn_ack(server, client, server_isn, snd);
     forger::send_raw(&packet, *client.ip())?;
-    let mut fds = [PollFd::new(s.as_fd(), PollFlags::POLLOUT)];
-    let ready = poll(&mut fds, PollTimeout::from(10_000u16)).context("poll")?;
-    ensure!(
-        ready == 1,
-        "the crafted SYN-ACK did not establish the socket"
-    );
-    if let Some(e) = s.take_error()? {
-        return Err(e).context("connect with the crafted SYN-ACK");
-    }
-    if let Some(m) = st.mark {
-        std::fs::write(m, b"").with_context(|| format!("write {}", m.display()))?;
-    }
-
-    let mut s: TcpStream = s.into();
-    s.set_nonblocking(false)?;
+    let mut s = established(s, "the crafted SYN-ACK", st)?;
     s.set_read_timeout(Some(Duration::from_millis(100)))?;
     let (received, error) = read_until_stopped(&mut s, stop)?;
     if let Some(e) = error {
@@ -269,6 +239,45 @@ pub fn forge_handshake(connect: SocketAddr, bind: SocketAddr, st: &Steps<'_>) ->
     Ok(
         json!({"received": received, "isn": client_isn, "server_isn": server_isn, "user_namespace": user_namespace}),
     )
+}
+
+/// A non-blocking TCP socket bound to `bind` whose connect to `connect` has begun (and
+/// cannot complete by itself: nothing answers there) with `isn` as its initial sequence
+/// number. On a closed socket the send queue's sequence is `write_seq`, which connect
+/// keeps as the initial sequence number when it is set (net/ipv4/tcp.c,
+/// tcp_setsockopt; net/ipv4/tcp_ipv4.c, tcp_v4_connect). Repair is off again before
+/// connecting, so the connect is an ordinary one.
+fn connect_with_isn(isn: u32, bind: SocketAddr, connect: SocketAddr) -> Result<Socket> {
+    let s = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
+    set(&s, Repair, &1)?;
+    set(&s, RepairQueue, &TCP_SEND_QUEUE)?;
+    set(&s, QueueSeq, &isn)?;
+    set(&s, Repair, &REPAIR_OFF_NO_WP)?;
+    s.bind(&SockAddr::from(bind))
+        .with_context(|| format!("bind {bind}"))?;
+    s.set_nonblocking(true)?;
+    match s.connect(&SockAddr::from(connect)) {
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => Ok(s),
+        Ok(()) => bail!("connected at once to {connect}: it should be unreachable here"),
+        Err(e) => Err(e).with_context(|| format!("connect {connect}")),
+    }
+}
+
+/// `s`, whose connect `by` (the crafted segments) completes, once it has: checked,
+/// the mark file written, blocking again.
+fn established(s: Socket, by: &str, st: &Steps<'_>) -> Result<TcpStream> {
+    let mut fds = [PollFd::new(s.as_fd(), PollFlags::POLLOUT)];
+    let ready = poll(&mut fds, PollTimeout::from(10_000u16)).context("poll")?;
+    ensure!(ready == 1, "{by} did not establish the socket");
+    if let Some(e) = s.take_error()? {
+        return Err(e).with_context(|| format!("connect with {by}"));
+    }
+    if let Some(m) = st.mark {
+        std::fs::write(m, b"").with_context(|| format!("write {}", m.display()))?;
+    }
+    let s: TcpStream = s.into();
+    s.set_nonblocking(false)?;
+    Ok(s)
 }
 
 /// pose-server, client only (the attacker, in a pod of its own, root there): the victim
@@ -289,19 +298,7 @@ pub fn pose_server(connect: SocketAddr, bind: SocketAddr, st: &Steps<'_>) -> Res
     let (snd, rcv) = victim_sequence(go)?;
     let (client_isn, server_isn) = (snd.wrapping_sub(1), rcv.wrapping_sub(1));
 
-    let s = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
-    set(&s, Repair, &1)?;
-    set(&s, RepairQueue, &TCP_SEND_QUEUE)?;
-    set(&s, QueueSeq, &server_isn)?;
-    set(&s, Repair, &REPAIR_OFF_NO_WP)?;
-    s.bind(&SockAddr::from(bind))
-        .with_context(|| format!("bind {bind}"))?;
-    s.set_nonblocking(true)?;
-    match s.connect(&SockAddr::from(connect)) {
-        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
-        Ok(()) => bail!("connected at once to {connect}: it should be unreachable here"),
-        Err(e) => return Err(e).with_context(|| format!("connect {connect}")),
-    }
+    let s = connect_with_isn(server_isn, bind, connect)?;
     // The crossed SYN, then the ACK of the SYN-ACK the socket answers it with; both
     // are delivered here in the order sent.
     forger::send_raw(
@@ -312,20 +309,7 @@ pub fn pose_server(connect: SocketAddr, bind: SocketAddr, st: &Steps<'_>) -> Res
         &forger::segment(victim, me, snd, rcv, forger::ACK),
         *me.ip(),
     )?;
-    let mut fds = [PollFd::new(s.as_fd(), PollFlags::POLLOUT)];
-    let ready = poll(&mut fds, PollTimeout::from(10_000u16)).context("poll")?;
-    ensure!(
-        ready == 1,
-        "the crafted handshake did not establish the socket"
-    );
-    if let Some(e) = s.take_error()? {
-        return Err(e).context("simultaneous open with the crafted segments");
-    }
-    if let Some(m) = st.mark {
-        std::fs::write(m, b"").with_context(|| format!("write {}", m.display()))?;
-    }
-    let mut s: TcpStream = s.into();
-    s.set_nonblocking(false)?;
+    let mut s = established(s, "the crafted handshake (a simultaneous open)", st)?;
     s.write_all(&[0xAA; 4096]).context("write")?;
     s.set_read_timeout(Some(Duration::from_millis(100)))?;
     let (received, error) = read_until_stopped(&mut s, stop)?;
