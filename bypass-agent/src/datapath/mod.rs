@@ -151,6 +151,7 @@ impl Datapath {
         } else {
             Some(load::load_fresh(&pins, config, identity, facts)?)
         };
+        load::release_freed_heap();
         let guard = pins::PinGuard::new(pins.clone(), !adopt);
         let sockets: SockHash<MapData, SockKey> =
             SockHash::try_from(maps::open_pinned(&pins, MAP_SOCKETS)?)
