@@ -114,12 +114,12 @@ pub fn problems(r: &Results) -> Vec<String> {
 /// each path, summed over the qperf runs.
 pub fn moved(r: &Results) -> String {
     let mut o = String::from("what moved where (the qperf runs above, summed):\n");
+    // One qperf run gives a sample per test; count each run once, by its tcp_bw sample
+    // (or its only one).
+    let last_test = r.config.tests.last().copied();
     for p in &r.config.placements {
         let mut wire = BTreeMap::new();
         let (mut redirected, mut small_streams) = (0, 0);
-        // One qperf run gives a sample per test; count each run once, by its tcp_bw
-        // sample (or its only one).
-        let last_test = r.config.tests.last().copied();
         for s in r
             .samples
             .iter()

@@ -206,7 +206,8 @@ impl Run<'_> {
         Ok(None)
     }
 
-    /// `(redirected_bytes, passed_bytes)` of the agent, in a bypassed block.
+    /// What the agent has counted (redirected and passed bytes, small-message streams
+    /// that left), in a bypassed block.
     fn stats(&self, path: Path) -> Option<Counted> {
         if path != Path::Bypass {
             return None;

@@ -183,8 +183,8 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// At the end of a bypassed block: record how the counters grew
-    /// and warn when a hop was not paired.
+    /// At the end of a bypassed block: record how the counters grew and warn when a hop
+    /// was not paired.
     fn hops_end(&mut self, rep: u32, p: &Placement, cfg: &Config) -> Result<()> {
         let Some(before) = self.block_start.take() else {
             return Ok(());

@@ -135,8 +135,8 @@ impl PathSwitch {
         Ok(())
     }
 
-    /// The bytes the pods put on their veths so far, and the agent's (redirected,
-    /// passed) bytes when it runs, each where it could be read: the two ends of an
+    /// The bytes the pods put on their veths so far, and what the agent has counted
+    /// when it runs, each where it could be read: the two ends of an
     /// [`Observed`](super::Observed).
     pub(crate) fn wire_and_stats(&self, pods: &TwoPods) -> (Option<u64>, Option<Counted>) {
         let wire = pods.wire_bytes().ok();
