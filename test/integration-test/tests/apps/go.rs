@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use anyhow::{Result, ensure};
+use anyhow::{Result, bail, ensure};
 use testbed::apps::{
     Gate, Listening,
     go::{self, GrpcCheck, HttpCheck, Relay, StreamCheck, StreamReport},
@@ -51,10 +51,13 @@ pub fn stream_exact(
     let mark = bed.mark()?;
     let report = check.run_gated(bed.a(), &gate, || bed.wait_paired(&mark, hops))?;
     let delta = bed.since(&mark)?;
-    for s in servers {
+    for s in servers.iter_mut() {
         s.server().ensure_running()?;
     }
-    ensure_exact(what, &report, check.bytes, &delta)?;
+    if let Err(e) = ensure_exact(what, &report, check.bytes, &delta) {
+        let logs: Vec<String> = servers.iter_mut().map(|s| s.server().described()).collect();
+        bail!("{e:#}\n{}", logs.join("\n"));
+    }
     Ok((report, delta))
 }
 

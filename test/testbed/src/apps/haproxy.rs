@@ -57,13 +57,18 @@ pub fn start(
     Listening::start(on, cmd, dir, "haproxy", listen)
 }
 
-/// The configuration: TCP mode, one frontend, one backend server.
+/// The configuration: TCP mode, one frontend, one backend server; a line per
+/// connection in its log (`option tcplog`: times, bytes and how it ended), which a
+/// failing test quotes.
 fn config(listen: SocketAddr, backend: SocketAddr, splice: Splice) -> String {
     format!(
         "global
     maxconn 1000
+    log stderr format raw local0 info
 defaults
     mode tcp
+    log global
+    option tcplog
     timeout connect 10s
     timeout client 60s
     timeout server 60s

@@ -60,6 +60,11 @@ impl AppServer {
         text.get(start..).unwrap_or(&text).trim().to_owned()
     }
 
+    /// What it is, where, and what it logged so far: for a failure to quote.
+    pub fn described(&self) -> String {
+        format!("{} logged:\n{}", self.what, self.log())
+    }
+
     /// Fails, with its log, if it has exited.
     pub fn ensure_running(&mut self) -> Result<()> {
         if let Some(st) = self.child.try_wait()? {
