@@ -31,6 +31,10 @@ pub mod globals {
     pub const SOCK_ZEROCOPY: &str = "BYPASS_SOCK_ZEROCOPY";
     /// [`super::KernelLayout::msg_cost`].
     pub const MSG_COST: &str = "BYPASS_MSG_COST";
+    /// [`super::KernelLayout::sk_prot`].
+    pub const OFF_SK_PROT: &str = "BYPASS_OFF_SK_PROT";
+    /// [`super::KernelLayout::proto_memory_allocated`].
+    pub const OFF_PROTO_MEMORY_ALLOCATED: &str = "BYPASS_OFF_PROTO_MEMORY_ALLOCATED";
     /// [`Features`](super::features) bits.
     pub const FEATURES: &str = "BYPASS_FEATURES";
     /// Cookie of the host's network namespace (the agent's own): sockets there (the
@@ -245,6 +249,24 @@ kernel_fields! {
         },
         global: Some(globals::SOCK_ZEROCOPY),
     };
+    /// `struct sock_common`, `skc_prot` (`sk_prot`: the socket's protocol, at offset 0
+    /// of struct sock), read typed on every send for
+    /// [`KernelLayout::proto_memory_allocated`] (0: not read).
+    sk_prot {
+        required: false,
+        source: Source::member("sock_common", "skc_prot"),
+        global: Some(globals::OFF_SK_PROT),
+    };
+    /// `struct proto`, `memory_allocated`: the pages TCP sockets hold on the node
+    /// (`tcp_memory_allocated`, what `tcp_mem` limits), read typed on every send: near
+    /// `tcp_mem`'s first threshold a redirect may be refused memory, and the kernel then
+    /// fails the send (`crate::control::SLOT_TCP_MEM_TIGHT`). 0: not read, and sends
+    /// redirect whatever the memory.
+    proto_memory_allocated {
+        required: false,
+        source: Source::member("proto", "memory_allocated"),
+        global: Some(globals::OFF_PROTO_MEMORY_ALLOCATED),
+    };
 }
 
 impl KernelLayout {
@@ -390,8 +412,9 @@ mod tests {
 
     #[test]
     fn digest_is_stable() {
-        // What the digest was before the catalogue: a restarted agent compares it with
-        // the one it pinned, so it must not change with the code's shape.
+        // A restarted agent compares the digest with the one it pinned, so it must not
+        // change with the code's shape (only with the fields: this value since
+        // `sk_prot` and `proto_memory_allocated` were added).
         let l = KernelLayout {
             sk_rcvlowat: 1,
             sk_peek_off: 2,
@@ -406,8 +429,10 @@ mod tests {
             msg_cost: 11,
             sk_flags: 12,
             sock_zerocopy: 13,
+            sk_prot: 14,
+            proto_memory_allocated: 15,
         };
-        assert_eq!(digest(&l, 0xff, 0x1234_5678_9abc), 0xd56a_e6c1_cb30_6e3e);
+        assert_eq!(digest(&l, 0xff, 0x1234_5678_9abc), 0xe042_596f_8651_897d);
     }
 
     #[test]
@@ -421,7 +446,10 @@ mod tests {
         }
         assert_eq!(l.sk_rcvlowat, 1);
         assert_eq!(KernelLayout::FIELDS[0].name, "sk_rcvlowat");
-        assert_eq!(l.sock_zerocopy as usize, KernelLayout::FIELDS.len());
+        assert_eq!(
+            l.proto_memory_allocated as usize,
+            KernelLayout::FIELDS.len()
+        );
         let globals: std::vec::Vec<_> = l.globals().map(|(g, _)| g).collect();
         assert_eq!(
             globals.len(),

@@ -107,6 +107,14 @@ pub mod control {
     /// pod's. Non-zero (`--netns-owners=any`): any namespace but the node's own may use
     /// a pod address.
     pub const SLOT_OWNERS_OFF: u32 = 13;
+    /// Pages of TCP memory on the node (`tcp_memory_allocated`) from which sends take
+    /// the TCP path ([`memory_tight`]); 0, as a fresh load leaves it: never. A redirect
+    /// charges the receiving socket (net/ipv4/tcp_bpf.c, bpf_tcp_ingress); above
+    /// `tcp_mem`'s first threshold, under memory pressure (the node's or the socket's
+    /// memory cgroup's), that charge can be refused, and the kernel then fails the
+    /// *sender's* `send` with `ENOMEM` where TCP would make it wait. The agent writes
+    /// [`tcp_mem_tight`] of that threshold, and again at each heartbeat.
+    pub const SLOT_TCP_MEM_TIGHT: u32 = 14;
     /// Number of slots.
     pub const SLOTS: u32 = 16;
 
@@ -135,6 +143,41 @@ pub mod control {
         }
     }
 
+    /// Default pages of TCP memory each CPU may hold without counting them in the
+    /// node's total (`SK_MEMORY_PCPU_RESERVE`, 1 MiB, net/core/sock.c, Linux ≥ 6.0; the
+    /// default of `net.core.mem_pcpu_rsv` since 6.9).
+    pub const PCPU_RESERVE_PAGES: u64 = 256;
+
+    /// Pages one redirected message may be charged: up to `MAX_MSG_FRAGS` (17)
+    /// scatterlist pieces of up to 32 KiB each (include/linux/skmsg.h).
+    pub const MSG_MAX_PAGES: u64 = 17 * 8;
+
+    /// [`SLOT_TCP_MEM_TIGHT`] for `tcp_mem`'s first threshold `low` (pages, the first
+    /// number of `/proc/sys/net/ipv4/tcp_mem`) on a node of `cpus` CPUs, each of which
+    /// may hold `pcpu_reserve` pages uncounted: below it by an eighth, or by what the
+    /// CPUs may hold uncounted and fold in at once with a message each, if that is more
+    /// (the kernel compares the folded total, net/core/sock.c,
+    /// `__sk_mem_raise_allocated`). At least 1 page, at most `u32::MAX`.
+    pub const fn tcp_mem_tight(low: u64, cpus: u64, pcpu_reserve: u64) -> u32 {
+        let hidden = cpus.saturating_mul(pcpu_reserve.saturating_add(MSG_MAX_PAGES));
+        let margin = if low / 8 > hidden { low / 8 } else { hidden };
+        let t = low.saturating_sub(margin);
+        if t == 0 {
+            1
+        } else if t > u32::MAX as u64 {
+            u32::MAX
+        } else {
+            t as u32
+        }
+    }
+
+    /// Whether a send with `allocated` pages of TCP memory on the node takes the TCP
+    /// path under `threshold` ([`SLOT_TCP_MEM_TIGHT`]; 0: never).
+    #[inline(always)]
+    pub const fn memory_tight(allocated: i64, threshold: u32) -> bool {
+        threshold != 0 && allocated >= threshold as i64
+    }
+
     /// Value of [`SLOT_ENABLED`]: redirects allowed.
     pub const ENABLED: u32 = 1;
     /// Value of [`SLOT_ENABLED`]: every send takes the TCP path.
@@ -158,6 +201,27 @@ mod control_tests {
         // A fresh load leaves 0: nothing is inserted before the agent beats.
         assert!(!heartbeat_alive(0, 0));
         assert_eq!(heartbeat_deadline(u64::MAX, 60), u32::MAX);
+    }
+
+    #[test]
+    fn memory_is_tight_below_tcp_mems_first_threshold() {
+        // This host's tcp_mem: 287901 383868 575802, 2 CPUs: an eighth below.
+        let t = tcp_mem_tight(287_901, 2, PCPU_RESERVE_PAGES);
+        assert_eq!(t, 287_901 - 35_987);
+        assert!(!memory_tight(i64::from(t) - 1, t));
+        assert!(memory_tight(i64::from(t), t));
+        // What the CPUs may hold uncounted, where that is more than an eighth.
+        assert_eq!(tcp_mem_tight(4096, 2, 256), 4096 - 2 * (256 + 136));
+        assert_eq!(tcp_mem_tight(287_901, 256, 256), 287_901 - 256 * 392);
+        assert_eq!(tcp_mem_tight(287_901, 2, 100_000), 287_901 - 2 * 100_136);
+        // 0 in the slot (a fresh load, or no threshold read): never tight.
+        assert!(!memory_tight(i64::MAX, 0));
+        // A threshold at or below the margin still leaves a page; a huge one saturates.
+        assert_eq!(tcp_mem_tight(0, 2, 256), 1);
+        assert_eq!(tcp_mem_tight(1, 2, 256), 1);
+        assert_eq!(tcp_mem_tight(u64::MAX, 1, 256), u32::MAX);
+        assert_eq!(tcp_mem_tight(1 << 20, u64::MAX, 256), 1);
+        assert!(!memory_tight(-5, 1));
     }
 }
 

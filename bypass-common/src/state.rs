@@ -581,6 +581,13 @@ pub enum PassReason {
     NoPeer,
     /// The peer's read guard or a leave came in while this message was being claimed.
     Raced,
+    /// The node's TCP memory is near `tcp_mem`'s first threshold
+    /// ([`crate::control::SLOT_TCP_MEM_TIGHT`]): a redirect could be refused memory,
+    /// and the kernel would fail the send; TCP makes it wait instead. It does not count
+    /// towards leaving the SockHash (a node-wide spike would otherwise push every busy
+    /// connection out for good); the direction comes back once memory is below the
+    /// threshold and the peer has read what came by TCP.
+    MemoryTight,
 }
 
 impl PassReason {

@@ -167,6 +167,10 @@ counters! {
     /// compared. Each such socket also counts as [`Stat::PairRejected`], as does every
     /// later socket refused for it.
     PairSpent = 30, pair_spent, "Clients no longer paired: an accepted socket that could reach them failed the sequence-number check first";
+    /// Sends that took TCP because the node's TCP memory was near `tcp_mem`'s first
+    /// threshold ([`crate::control::SLOT_TCP_MEM_TIGHT`]): there the kernel may refuse
+    /// a redirect memory and fail the send with `ENOMEM`, where TCP makes it wait.
+    MemoryTight = 31, memory_tight, "Sends that took TCP because the node's TCP memory was near tcp_mem's first threshold";
 }
 
 /// The counter of each [`crate::state::hop`] kind in a family of counters kept per kind

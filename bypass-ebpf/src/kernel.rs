@@ -45,6 +45,10 @@ static BYPASS_OFF_SK_FLAGS: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static BYPASS_SOCK_ZEROCOPY: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
+static BYPASS_OFF_SK_PROT: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static BYPASS_OFF_PROTO_MEMORY_ALLOCATED: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
 static BYPASS_FEATURES: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static BYPASS_HOST_NETNS: Global<u64> = Global::new(0);
@@ -198,6 +202,37 @@ pub(crate) fn sending(sk: *mut bpf_sock) -> Option<Sending> {
             write_seq: field::<u32>(tp, BYPASS_OFF_TCP_WRITE_SEQ.load()),
             ulp: field::<u64>(tp, BYPASS_OFF_ICSK_ULP_OPS.load()) != 0,
         })
+    }
+}
+
+/// The pages of TCP memory the node holds (`*sk->sk_prot->memory_allocated`, the
+/// counter `tcp_mem` limits: the same for every TCP socket), read typed through the
+/// sk_msg context's socket; `None` where the agent found no such fields.
+#[inline(always)]
+pub(crate) fn tcp_memory_allocated(sk: *mut bpf_sock) -> Option<i64> {
+    let prot_at = BYPASS_OFF_SK_PROT.load();
+    let allocated_at = BYPASS_OFF_PROTO_MEMORY_ALLOCATED.load();
+    if prot_at == 0 || allocated_at == 0 {
+        return None;
+    }
+    // SAFETY: the context's non-null socket.
+    let tp = unsafe { tcp_sock(sk) };
+    if tp.is_null() {
+        return None;
+    }
+    // SAFETY: typed loads, each at an offset the verifier checks against the kernel's
+    // BTF: `struct sock_common`'s `skc_prot` (a `struct proto *`), that struct's
+    // `memory_allocated` (an `atomic_long_t *`), and its `counter`, at offset 0.
+    unsafe {
+        let prot = field::<*const u8>(tp, prot_at);
+        if prot.is_null() {
+            return None;
+        }
+        let allocated = field::<*const u8>(prot, allocated_at);
+        if allocated.is_null() {
+            return None;
+        }
+        Some(field::<i64>(allocated, 0))
     }
 }
 

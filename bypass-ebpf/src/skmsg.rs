@@ -1,7 +1,8 @@
 //! sk_msg: runs on every send of a socket in the SockHash. Redirects the message to the
 //! peer socket's ingress queue when the connection is paired, the bypass is on, the
 //! peer reads in a way that sees that queue, has read every byte this socket sent by
-//! TCP, and has room under its bound; otherwise the message takes the normal TCP path.
+//! TCP, and has room under its bound, and the node's TCP memory is not near its limit;
+//! otherwise the message takes the normal TCP path.
 //! The decision is made afresh on every send (`bypass_common::state::PassReason` says
 //! which ones hold). It never drops: every path returns SK_PASS, and
 //! `bpf_msg_redirect_hash` changes nothing when the peer is missing
@@ -43,8 +44,10 @@ pub fn bypass_skmsg(ctx: SkMsgContext) -> u32 {
         Err(reason) => {
             stats::add(Stat::PassedMessages, 1);
             stats::add(Stat::PassedBytes, size);
-            if reason == PassReason::QueueFull {
-                stats::add(Stat::QueueLimited, 1);
+            match reason {
+                PassReason::QueueFull => stats::add(Stat::QueueLimited, 1),
+                PassReason::MemoryTight => stats::add(Stat::MemoryTight, 1),
+                _ => {}
             }
         }
     }
@@ -190,6 +193,14 @@ fn checked(
     let own = kernel::sending(sk).ok_or(PassReason::Unpaired)?;
     if own.ulp {
         return Err(PassReason::Ulp);
+    }
+    // Near tcp_mem's first threshold the redirect's charge on the peer may be refused,
+    // and the kernel would fail this send (ENOMEM); TCP makes it wait instead.
+    let tight = control_word(control::SLOT_TCP_MEM_TIGHT);
+    if tight != 0
+        && kernel::tcp_memory_allocated(sk).is_some_and(|a| control::memory_tight(a, tight))
+    {
+        return Err(PassReason::MemoryTight);
     }
     // Every byte this socket sent by TCP must be read before a redirected one can be:
     // the peer reads its ingress queue first. (Also bytes that reached TCP past sk_msg:

@@ -448,7 +448,7 @@ mod tests {
                 ..KernelLayout::default()
             }
         );
-        assert_eq!(missing.1.len(), 13);
+        assert_eq!(missing.1.len(), KernelLayout::FIELDS.len());
     }
 
     #[test]
@@ -464,5 +464,10 @@ mod tests {
         );
         assert!(layout.sk_flags != 0, "{missing:?}");
         assert_eq!(layout.sock_zerocopy, 18, "SOCK_ZEROCOPY since Linux 4.14");
+        // The node's TCP memory counter, through the socket's protocol.
+        assert!(
+            layout.sk_prot != 0 && layout.proto_memory_allocated != 0,
+            "{missing:?}"
+        );
     }
 }

@@ -49,8 +49,10 @@ pub fn period(ttl: u32) -> Duration {
     Duration::from_millis((u64::from(ttl) * 1000 / 3).max(500))
 }
 
-/// Writes a deadline `ttl` seconds from now.
+/// Writes a deadline `ttl` seconds from now, and the TCP memory threshold again (the
+/// sysctl may have changed; [`super::tcp_mem`]: a failure to read it was told at start).
 pub fn beat(control: &mut Control, ttl: u32) -> Result<(), AgentError> {
+    let _ = super::tcp_mem::refresh(control);
     control.set_heartbeat(control::heartbeat_deadline(now_ns()?, ttl))
 }
 

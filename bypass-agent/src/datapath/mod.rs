@@ -19,6 +19,7 @@ pub mod preflight;
 mod pressure;
 mod rawbpf;
 mod rawlink;
+mod tcp_mem;
 mod worker;
 
 use std::{
@@ -479,8 +480,8 @@ fn watch_pressure(
         .ok())
 }
 
-/// Step of [`Datapath::load`]: the bound on queued bytes, the small-stream size and the
-/// leave delay into the control map.
+/// Step of [`Datapath::load`]: the bound on queued bytes, the small-stream size, the
+/// leave delay and the TCP memory threshold ([`tcp_mem`]) into the control map.
 fn write_limits(control: &mut maps::Control, config: &Config) -> Result<(), AgentError> {
     // Every start (adopting too) writes the bound and the small-stream size asked
     // for.
@@ -494,7 +495,15 @@ fn write_limits(control: &mut maps::Control, config: &Config) -> Result<(), Agen
     }
     control.set_max_queued(max_queued)?;
     control.set_small_stream(config.small_stream_bytes)?;
-    control.set_leave_after(bypass_common::names::DEFAULT_LEAVE_AFTER)
+    control.set_leave_after(bypass_common::names::DEFAULT_LEAVE_AFTER)?;
+    if let Err(e) = tcp_mem::refresh(control) {
+        warn!(
+            error = %e,
+            "sends redirect whatever the node's TCP memory: near tcp_mem's limit the \
+             kernel may then fail a bypassed send with ENOMEM"
+        );
+    }
+    Ok(())
 }
 
 /// Step of [`Datapath::load`]: whether a pod address may be used only by the namespace

@@ -4,13 +4,15 @@
 //! interval however many fail; and once the connections close, new ones are bypassed
 //! again (their address entries went with them); `status` says the failures come from a
 //! full SockHash. Another program's sk_msg program loaded on the node (Merbridge's
-//! `mb_msg_redir` here) is named by `status` with its owner.
+//! `mb_msg_redir` here) is named by `status` with its owner. Near the node's TCP memory
+//! limit (`net.ipv4.tcp_mem`) a writer's sends take TCP and wait as TCP's do, never
+//! failing with `ENOMEM`.
 
 use crate::support::privileged;
 
 use std::time::Duration;
 
-use crate::support::{agent_with, num, two_pods, wait_for_log};
+use crate::support::{agent_with, num, probe_pair, two_pods, wait_for_log};
 use anyhow::{Result, ensure};
 use testbed::{Agent, ClientArgs, PeerClient, PeerServer, Report, TwoPods};
 
@@ -176,5 +178,114 @@ fn another_programs_sk_msg_is_named_with_its_owner() -> Result<()> {
     let text = agent.status_text()?;
     ensure!(text.contains("Merbridge"), "{text}");
     drop(merbridge);
+    Ok(())
+}
+
+/// `net.ipv4.tcp_mem` set for a test; the node's own put back when dropped (the sysctl
+/// is one for the whole node, not per network namespace).
+struct TcpMem {
+    saved: String,
+}
+
+impl TcpMem {
+    const PATH: &str = "/proc/sys/net/ipv4/tcp_mem";
+
+    fn set(pages: &str) -> Result<Self> {
+        let saved = std::fs::read_to_string(Self::PATH)?;
+        std::fs::write(Self::PATH, pages)?;
+        Ok(Self { saved })
+    }
+}
+
+impl Drop for TcpMem {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::write(Self::PATH, self.saved.trim()) {
+            eprintln!(
+                "could not put {} back to {}: {e}",
+                Self::PATH,
+                self.saved.trim()
+            );
+        }
+    }
+}
+
+/// A sysctl's first number (`/proc/sys/...`), if it has one.
+fn sysctl_first(path: &str) -> Option<u64> {
+    std::fs::read_to_string(path)
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Pages of TCP memory the node holds now (`/proc/net/sockstat`, `TCP: ... mem N`).
+fn tcp_pages_now() -> Result<u64> {
+    let text = std::fs::read_to_string("/proc/net/sockstat")?;
+    text.lines()
+        .find(|l| l.starts_with("TCP:"))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no TCP memory in /proc/net/sockstat: {text}"))
+}
+
+/// `tcp_mem` whose first threshold the agent turns into one `room` pages above what
+/// the node holds now (as the agent does: `control::tcp_mem_tight` with the node's
+/// CPUs and per-CPU reserve), with pressure just past it and refusals past a fair
+/// share of a limit far above.
+fn tcp_mem_with_room(room: u64) -> Result<String> {
+    let cpus = nix::unistd::sysconf(nix::unistd::SysconfVar::_NPROCESSORS_CONF)?
+        .and_then(|n| u64::try_from(n).ok())
+        .unwrap_or(1);
+    let reserve = sysctl_first("/proc/sys/net/core/mem_pcpu_rsv")
+        .unwrap_or(bypass_common::control::PCPU_RESERVE_PAGES);
+    let want = tcp_pages_now()? + room;
+    let mut low = want;
+    while u64::from(bypass_common::control::tcp_mem_tight(low, cpus, reserve)) < want {
+        low += 64;
+    }
+    Ok(format!("{low} {} {}", low + 1, (4 * low).max(65536)))
+}
+
+#[test]
+fn near_the_tcp_memory_limit_sends_wait_never_fail() -> Result<()> {
+    privileged!("near_the_tcp_memory_limit_sends_wait_never_fail");
+    let pods = two_pods()?;
+    // The agent's threshold 8 MiB above the node's TCP memory now; pressure just past
+    // tcp_mem's first threshold, and refusals past a fair share of at least 256 MiB,
+    // which a reader holding many MiB redirected to it exceeds. A redirect charges that
+    // reader, and a refused charge fails the writer's send (ENOMEM): the datapath must
+    // send by TCP before that.
+    let _mem = TcpMem::set(&tcp_mem_with_room(2048)?)?;
+    let agent = agent_with(&pods, &["--max-queued-bytes", "64M"])?;
+    let before = agent.status()?;
+    // A non-blocking writer floods for 3 s a reader that reads nothing for 4 s (then
+    // drains): any write error fails the probe.
+    let (c, s) = probe_pair(
+        &pods,
+        5504,
+        &["--case", "flood", "--secs", "3", "--hold-ms", "4000"],
+    )?;
+    let after = agent.status()?;
+    let grew = |key: &str| num(&after, key) - num(&before, key);
+    let accepted = num(&c, "accepted");
+    ensure!(
+        s["ok"] == true && num(&s, "received") == accepted,
+        "bytes lost or reordered: client {c}, server {s}"
+    );
+    ensure!(
+        num(&c, "eagain") > 0,
+        "the writer never waited as TCP makes it: {c}"
+    );
+    // Redirected while there was room, then by TCP.
+    ensure!(
+        grew("redirected_bytes") > 0 && grew("memory_tight") > 0,
+        "not redirected below the threshold and by TCP above it: {before} -> {after}"
+    );
+    eprintln!(
+        "near tcp_mem: {accepted} B accepted, {} B redirected, {} sends by TCP for memory",
+        grew("redirected_bytes"),
+        grew("memory_tight")
+    );
     Ok(())
 }

@@ -138,6 +138,12 @@ impl Control {
         Ok(self.get(control::SLOT_OWNERS_OFF)? != 0)
     }
 
+    /// Sets the pages of TCP memory from which sends take TCP
+    /// (`control::SLOT_TCP_MEM_TIGHT`; 0: never).
+    pub fn set_tcp_mem_tight(&mut self, pages: u32) -> Result<(), AgentError> {
+        self.set(control::SLOT_TCP_MEM_TIGHT, pages)
+    }
+
     /// Sets the heartbeat deadline (`control::SLOT_HEARTBEAT`).
     pub fn set_heartbeat(&mut self, deadline: u32) -> Result<(), AgentError> {
         self.set(control::SLOT_HEARTBEAT, deadline)
