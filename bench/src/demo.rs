@@ -6,9 +6,9 @@
 //! After the bench's table it says what moved where, and it fails when the bypass did
 //! not bypass ([`problems`], pure): a measurement missing, a bypassed run that
 //! redirected nothing or put its bytes on the veths (unless its connection left the
-//! SockHash as a stream of small messages, which the agent counts: by design, those
-//! take TCP), a normal-path run that did not, a bypassed block whose connections the
-//! agent did not pair.
+//! SockHash, which the agent counts: by design, a stream of small messages or a reader
+//! that stays behind its bound takes TCP), a normal-path run that did not, a bypassed
+//! block whose connections the agent did not pair.
 
 use std::{collections::BTreeMap, fmt::Write as _, path::Path as FsPath};
 
@@ -119,7 +119,7 @@ pub fn moved(r: &Results) -> String {
     let last_test = r.config.tests.last().copied();
     for p in &r.config.placements {
         let mut wire = BTreeMap::new();
-        let (mut redirected, mut small_streams) = (0, 0);
+        let (mut redirected, mut left) = (0, 0);
         for s in r
             .samples
             .iter()
@@ -127,7 +127,7 @@ pub fn moved(r: &Results) -> String {
         {
             *wire.entry(s.path).or_insert(0) += s.wire_bytes.unwrap_or(0);
             redirected += s.redirected_bytes.unwrap_or(0);
-            small_streams += s.small_streams.unwrap_or(0);
+            left += s.left.unwrap_or(0);
         }
         let paired = counter(r, &p.name, Stat::PairedPod);
         let _ = writeln!(
@@ -137,11 +137,12 @@ pub fn moved(r: &Results) -> String {
             bytes(redirected),
             bytes(wire.get(&Path::Bypass).copied().unwrap_or(0))
         );
-        if small_streams > 0 {
+        if left > 0 {
             let _ = writeln!(
                 o,
-                "  {:<9}           {small_streams} of them left the bypass for TCP as a stream of small \
-                 messages (by design: --small-stream-bytes; their bytes are on the veths)",
+                "  {:<9}           {left} of them left the bypass for TCP (by design: a stream \
+                 of small messages, or a reader that stayed behind its bound; their bytes are on \
+                 the veths)",
                 ""
             );
         }
@@ -208,7 +209,7 @@ mod tests {
                             wire_bytes: Some(wire),
                             redirected_bytes: (path == Path::Bypass).then_some(redirected),
                             passed_bytes: (path == Path::Bypass).then_some(0),
-                            small_streams: (path == Path::Bypass).then_some(0),
+                            left: (path == Path::Bypass).then_some(0),
                         });
                     }
                 }
@@ -274,7 +275,7 @@ mod tests {
     }
 
     #[test]
-    fn a_small_message_stream_that_left_is_by_design() {
+    fn a_connection_that_left_is_by_design() {
         let mut r = good();
         for s in r
             .samples
@@ -282,12 +283,12 @@ mod tests {
             .filter(|s| s.path == Path::Bypass && s.size == 64)
         {
             s.wire_bytes = Some(20_000_000);
-            s.small_streams = Some(1);
+            s.left = Some(1);
         }
         assert_eq!(problems(&r), Vec::<String>::new());
         let text = moved(&r);
         assert!(
-            text.contains("1 of them left the bypass for TCP as a stream of small messages"),
+            text.contains("1 of them left the bypass for TCP (by design"),
             "{text}"
         );
     }

@@ -124,10 +124,16 @@ pub struct Sample {
     /// Bytes the datapath let take TCP during the run (bypass only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub passed_bytes: Option<u64>,
-    /// Connections of the run that left the SockHash as small-message streams (bypass
-    /// only; their bytes took TCP from then on, by design).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub small_streams: Option<u64>,
+    /// Connections of the run that started to leave the SockHash, for any reason (a
+    /// stream of small messages, a reader behind its bound for `--leave-after` bytes;
+    /// bypass only; their bytes took TCP from then on, by design). Read before as
+    /// `small_streams` (those that left as small-message streams only).
+    #[serde(
+        default,
+        alias = "small_streams",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub left: Option<u64>,
 }
 
 impl Sample {
@@ -136,7 +142,7 @@ impl Sample {
         Some(Counted {
             redirected: self.redirected_bytes?,
             passed: self.passed_bytes.unwrap_or(0),
-            small_streams: self.small_streams.unwrap_or(0),
+            left: self.left.unwrap_or(0),
         })
     }
 }
@@ -148,9 +154,9 @@ pub struct Counted {
     pub redirected: u64,
     /// Bytes it let take TCP.
     pub passed: u64,
-    /// Connections that left the SockHash as streams of small messages (plain TCP from
-    /// then on, by design: `--small-stream-bytes`).
-    pub small_streams: u64,
+    /// Connections that started to leave the SockHash, for any reason (plain TCP from
+    /// then on, by design: `--small-stream-bytes`, a reader behind its bound).
+    pub left: u64,
 }
 
 impl Counted {
@@ -159,7 +165,7 @@ impl Counted {
         Self {
             redirected: self.redirected.saturating_sub(before.redirected),
             passed: self.passed.saturating_sub(before.passed),
-            small_streams: self.small_streams.saturating_sub(before.small_streams),
+            left: self.left.saturating_sub(before.left),
         }
     }
 }

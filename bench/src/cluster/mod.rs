@@ -217,7 +217,7 @@ impl Run<'_> {
         Some(Counted {
             redirected: get(Stat::RedirectedBytes)?,
             passed: get(Stat::PassedBytes)?,
-            small_streams: get(Stat::SmallStreams).unwrap_or(0),
+            left: get(Stat::LeaveRequests).unwrap_or(0),
         })
     }
 

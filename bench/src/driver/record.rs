@@ -102,7 +102,7 @@ fn record_qperf_output(
             wire_bytes: wire,
             redirected_bytes: delta.map(|d| d.redirected),
             passed_bytes: delta.map(|d| d.passed),
-            small_streams: delta.map(|d| d.small_streams),
+            left: delta.map(|d| d.left),
         });
     }
     format!(
@@ -162,7 +162,7 @@ pub(crate) fn record_hops(
 /// run puts only handshakes and ACK-less FINs on the wire, a default run puts every
 /// payload byte there. `payload`: the bytes `tcp_bw` moved; `counted`: what the agent
 /// counted over the run, where the bytes it chose to send by TCP and a connection that
-/// left the SockHash as a small-message stream put bytes on the wire on purpose.
+/// left the SockHash (any reason) put bytes on the wire on purpose.
 pub fn wire_problem(
     path: Path,
     wire: u64,
@@ -174,9 +174,9 @@ pub fn wire_problem(
     let passed = c.passed as f64;
     let redirected = (payload - passed).max(0.0);
     match path {
-        // Once a connection left the SockHash as a small-message stream its bytes take
-        // TCP, as designed.
-        Path::Bypass if c.small_streams > 0 => None,
+        // Once a connection left the SockHash (a small-message stream, a reader behind
+        // its bound for --leave-after bytes) its bytes take TCP, as designed.
+        Path::Bypass if c.left > 0 => None,
         Path::Bypass if w > 0.05 * redirected + 2.0 * passed && w > 1e6 => {
             Some(format!("{w:.0} bytes on the wire although bypassed"))
         }
@@ -191,11 +191,11 @@ pub fn wire_problem(
 mod tests {
     use super::*;
 
-    fn counted(redirected: u64, passed: u64, small_streams: u64) -> Option<Counted> {
+    fn counted(redirected: u64, passed: u64, left: u64) -> Option<Counted> {
         Some(Counted {
             redirected,
             passed,
-            small_streams,
+            left,
         })
     }
 
@@ -212,7 +212,7 @@ mod tests {
         );
         let p = wire_problem(Path::Bypass, 900_000_000, 1e9, counted(0, 0, 0)).unwrap();
         assert!(p.contains("although bypassed"), "{p}");
-        // A connection that left as a small-message stream takes TCP from then on.
+        // A connection that left the SockHash takes TCP from then on.
         assert_eq!(
             wire_problem(Path::Bypass, 900_000_000, 1e9, counted(4_000, 0, 1)),
             None

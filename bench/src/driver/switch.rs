@@ -147,7 +147,7 @@ impl PathSwitch {
             .map(|s| Counted {
                 redirected: s.counters.redirected_bytes,
                 passed: s.counters.passed_bytes,
-                small_streams: s.counters.small_streams,
+                left: s.counters.leave_requests,
             });
         (wire, stats)
     }

@@ -168,7 +168,7 @@ impl Run<'_> {
                     wire_bytes: None,
                     redirected_bytes: None,
                     passed_bytes: None,
-                    small_streams: None,
+                    left: None,
                 });
             }
         }

@@ -27,7 +27,7 @@ pub(crate) fn sample_results() -> Results {
                     wire_bytes: None,
                     redirected_bytes: None,
                     passed_bytes: None,
-                    small_streams: None,
+                    left: None,
                 });
                 samples.push(Sample {
                     rep,
@@ -39,7 +39,7 @@ pub(crate) fn sample_results() -> Results {
                     wire_bytes: None,
                     redirected_bytes: None,
                     passed_bytes: None,
-                    small_streams: None,
+                    left: None,
                 });
             }
         }

@@ -2,8 +2,8 @@
 //! the README's first command runs it, against the built agent. Its verdict must be
 //! clean on a working bypass, and what it prints must be what happened: the connections
 //! paired and bytes redirected by the agent's own counters, the bypassed bytes off the
-//! pods' veths (but for a small-message stream that left the SockHash, by design) and
-//! the normal path's on them.
+//! pods' veths (but for a connection that left the SockHash, by design: a small-message
+//! stream, a reader behind its bound) and the normal path's on them.
 
 use anyhow::{Context as _, Result, ensure};
 use bench::model::{Path, Test};
@@ -34,6 +34,7 @@ fn demo_bypasses_and_says_so() -> Result<()> {
         results.config.placements
     );
     let secs = f64::from(results.config.qperf_secs);
+    let mut stayed_anywhere = false;
     for p in &results.config.placements {
         let of = |path: Path| {
             results
@@ -41,17 +42,19 @@ fn demo_bypasses_and_says_so() -> Result<()> {
                 .iter()
                 .filter(move |s| s.placement == p.name && s.path == path && s.test == Test::TcpBw)
         };
-        // A stream of 16 KiB writes is never a small-message stream; a 64-byte one may
-        // leave the SockHash for TCP (by design, counted) when its reader lags.
-        for s in of(Path::Bypass).filter(|s| s.size >= 256) {
-            ensure!(
-                s.small_streams == Some(0),
-                "{}: a {} B stream left as small: {s:?}",
-                p.name,
-                s.size
-            );
+        // Every bypassed stream says whether its connection left the SockHash (by design,
+        // counted: a 64-byte stream whose reader lags leaves as a small-message stream, a
+        // stream whose reader stays behind its bound leaves past --leave-after).
+        ensure!(
+            of(Path::Bypass).all(|s| s.left.is_some()),
+            "{}: a bypassed run without the agent's count of departures",
+            p.name
+        );
+        let stayed = || of(Path::Bypass).filter(|s| s.left == Some(0));
+        if stayed().next().is_none() {
+            continue;
         }
-        let stayed = || of(Path::Bypass).filter(|s| s.small_streams == Some(0));
+        stayed_anywhere = true;
         // What the agent says it redirected covers what qperf says it streamed.
         let streamed: f64 = stayed().map(|s| s.value * secs).sum();
         let redirected = bench::demo::counter(&results, &p.name, Stat::RedirectedBytesPod);
@@ -71,6 +74,11 @@ fn demo_bypasses_and_says_so() -> Result<()> {
             p.name,
         );
     }
+    ensure!(
+        stayed_anywhere,
+        "no bypassed stream stayed in the SockHash: {:?}",
+        results.samples
+    );
     // The table and the summary a user reads show both paths.
     let table = bench::report::render(&results);
     let moved = bench::demo::moved(&results);
