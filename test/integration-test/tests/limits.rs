@@ -106,7 +106,7 @@ fn full_sockhash_falls_back_counts_and_warns() -> Result<()> {
         num(&st, "sockets") == 0 && num(&st, "connectors") == 0 && num(&st, "links") == 0,
         "maps not empty after every connection closed: {st}"
     );
-    let args = ClientArgs::bulk(8 << 20);
+    let args = ClientArgs::bulk(8 << 20).greeted();
     let before = agent.status()?;
     let addr = pods.b.v4_addr(5503);
     let server = PeerServer::start(&pods.b, addr, 1)?;

@@ -251,7 +251,7 @@ fn upgrade_replaces_programs_old_connections_finish() -> Result<()> {
     );
 
     // New connections are the new programs' alone: the fresh maps count only them.
-    let fresh = ClientArgs::bulk(16 << 20);
+    let fresh = ClientArgs::bulk(16 << 20).greeted();
     let addr = pods.b.v4_addr(5303);
     let server = PeerServer::start(&pods.b, addr, 1)?;
     let client = run_client(&pods.a, addr, &fresh)?;
@@ -453,7 +453,7 @@ fn sigterm_then_restart_adopts_and_redirects() -> Result<()> {
         second.stderr()
     );
     let before = num(&second.status()?, "redirected_bytes");
-    let args = ClientArgs::bulk(4 << 20);
+    let args = ClientArgs::bulk(4 << 20).greeted();
     let addr = pods.b.v4_addr(5309);
     let server = PeerServer::start(&pods.b, addr, 1)?;
     let client = run_client(&pods.a, addr, &args)?;
@@ -485,7 +485,7 @@ fn mapped_pod_cidrs_survive_a_restart() -> Result<()> {
     let redirected = |agent: &Agent, port: u16, when: &str| -> Result<()> {
         let before = num(&agent.status()?, "redirected_bytes");
         let wire0 = pods.wire_bytes()?;
-        let args = ClientArgs::bulk(4 << 20);
+        let args = ClientArgs::bulk(4 << 20).greeted();
         let addr = pods.b.v4_addr(port);
         let server = PeerServer::start(&pods.b, addr, 1)?;
         let client = run_client(&pods.a, addr, &args)?;
