@@ -283,8 +283,10 @@ fn near_the_tcp_memory_limit_sends_wait_never_fail() -> Result<()> {
         "not redirected below the threshold and by TCP above it: {before} -> {after}"
     );
     eprintln!(
-        "near tcp_mem: {accepted} B accepted, {} B redirected, {} sends by TCP for memory",
+        "near tcp_mem: {accepted} B accepted, {} B redirected, {} B by TCP as sk_msg saw \
+         them, {} sends by TCP for memory",
         grew("redirected_bytes"),
+        grew("passed_bytes"),
         grew("memory_tight")
     );
     Ok(())
