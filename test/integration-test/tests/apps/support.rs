@@ -210,11 +210,8 @@ impl Delta {
     /// byte of the payload must have gone one of the two ways, or the connection left
     /// the SockHash, after which its bytes take plain TCP where no program sees them
     /// (the workload's own check vouches for them). The TCP way is the larger of what
-    /// sk_msg counted and what the veths carried: after a non-blocking send by TCP fails
-    /// part-way (the send buffer full), the kernel sends the next messages by TCP
-    /// without running sk_msg until one goes whole (net/ipv4/tcp_bpf.c,
-    /// `tcp_bpf_send_verdict` keeps `psock->eval` at `__SK_PASS` when the push fails),
-    /// so no counter sees those bytes; the wire does (docs/limitations.md).
+    /// sk_msg counted and what the veths carried: the kernel sends some messages by TCP
+    /// without running sk_msg (docs/limitations.md, "passed_bytes misses some TCP sends").
     pub fn expect_bypassed(&self, workload: &str, connections: u64, payload: u64) -> Result<()> {
         eprintln!("{workload}: {}", self.summary());
         if !self.measured {
