@@ -8,6 +8,7 @@
 #![no_std]
 
 pub mod addr;
+pub mod checks;
 pub mod kernel;
 pub mod key;
 pub mod layout;
@@ -115,6 +116,9 @@ pub mod control {
     /// *sender's* `send` with `ENOMEM` where TCP would make it wait. The agent writes
     /// [`tcp_mem_tight`] of that threshold, and again at each heartbeat.
     pub const SLOT_TCP_MEM_TIGHT: u32 = 14;
+    /// The kernel self-test's results ([`crate::checks::Results`]), written by the
+    /// agent for `status`; 0: none ran.
+    pub const SLOT_CHECKS: u32 = 15;
     /// Number of slots.
     pub const SLOTS: u32 = 16;
 

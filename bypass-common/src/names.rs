@@ -162,6 +162,9 @@ pub const PROG_READ_GUARD: &str = "bypass_read_guard";
 pub const PROG_MMAP_GUARD: &str = "bypass_mmap_guard";
 /// Where the read guard cannot run: a process calls `splice(2)`.
 pub const PROG_SPLICE_SEEN: &str = "bypass_splice_seen";
+/// The FIONREAD compensation (where the kernel self-test found FIONREAD wrong): the
+/// answer of `ioctl(SIOCINQ)` on a socket in the SockHash, corrected as it returns.
+pub const PROG_FIONREAD: &str = "bypass_fionread";
 
 /// Publishing reads, where the kernel runs no BPF trampolines but has the
 /// `sock_recv_length` tracepoint.
@@ -232,6 +235,21 @@ pub const WATCH_HOOKS: [Hook; 1] = [Hook {
     kind: HookKind::Syscall,
     target: "splice",
 }];
+
+/// The FIONREAD compensation, where it runs: the return of `sk_ioctl` (Linux >= 6.5),
+/// or of `tcp_ioctl` before (both put the answer at the user pointer they take third).
+pub const FIONREAD_HOOKS: [Hook; 2] = [
+    Hook {
+        program: PROG_FIONREAD,
+        kind: HookKind::Exit,
+        target: "sk_ioctl",
+    },
+    Hook {
+        program: PROG_FIONREAD,
+        kind: HookKind::Exit,
+        target: "tcp_ioctl",
+    },
+];
 
 /// Default pin directory on bpffs.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/bypass";

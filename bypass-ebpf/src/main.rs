@@ -16,6 +16,7 @@
 #![allow(internal_features)]
 
 mod atomic;
+mod fionread;
 mod guard;
 mod kernel;
 mod key;

@@ -17,7 +17,7 @@ use bypass_common::{
 };
 use tracing::warn;
 
-use super::{Config, HostFacts, Identity, PinLayout, maps, object, pins};
+use super::{Config, HostFacts, Identity, PinLayout, maps, object, pins, rawbpf};
 use crate::error::{AgentError, chain};
 
 /// Loads the embedded object, attaches sk_msg to the SockHash and the tracing programs
@@ -48,30 +48,38 @@ pub(super) fn release_freed_heap() {
     }
 }
 
+/// The embedded object loaded with the globals this host's `facts` fix (kernel field
+/// offsets, feature bits, the host's namespace) and the maps `--max-sockets` sizes
+/// sized to `max_sockets`; nothing pinned, no program loaded yet.
+pub(super) fn load_object(max_sockets: u32, facts: &HostFacts) -> Result<Ebpf, AgentError> {
+    let l = &facts.layout;
+    let program_features = facts.features & features::PROGRAM_BITS;
+    let mut loader = EbpfLoader::new();
+    loader
+        .map_max_entries(MAP_SOCKETS, max_sockets)
+        .map_max_entries(MAP_CONNECTORS, max_sockets)
+        .map_max_entries(MAP_LINKS, max_sockets);
+    for (global, value) in l.globals() {
+        loader.override_global(global, value, true);
+    }
+    let ebpf = loader
+        .override_global(globals::FEATURES, &program_features, true)
+        .override_global(globals::HOST_NETNS, &facts.host_netns, true)
+        .load(object::BYTES)
+        .map_err(classify_load_error)?;
+    // The loader holds the kernel's BTF that aya parsed in `EbpfLoader::new` (about
+    // 17 MB of heap); the tracing programs parse it again, so it goes first.
+    drop(loader);
+    Ok(ebpf)
+}
+
 fn load_with(
     pins: &PinLayout,
     config: &Config,
     identity: Identity,
     facts: HostFacts,
 ) -> Result<Ebpf, AgentError> {
-    let l = &facts.layout;
-    let program_features = facts.features & features::PROGRAM_BITS;
-    let mut loader = EbpfLoader::new();
-    loader
-        .map_max_entries(MAP_SOCKETS, config.max_sockets)
-        .map_max_entries(MAP_CONNECTORS, config.max_sockets)
-        .map_max_entries(MAP_LINKS, config.max_sockets);
-    for (global, value) in l.globals() {
-        loader.override_global(global, value, true);
-    }
-    let mut ebpf = loader
-        .override_global(globals::FEATURES, &program_features, true)
-        .override_global(globals::HOST_NETNS, &facts.host_netns, true)
-        .load(object::BYTES)
-        .map_err(classify_load_error)?;
-    // The loader holds the kernel's BTF that aya parsed in `EbpfLoader::new` (about
-    // 17 MB of heap); the tracing programs below parse it again, so it goes first.
-    drop(loader);
+    let mut ebpf = load_object(config.max_sockets, &facts)?;
     let guard = pins::PinGuard::new(pins.clone(), true);
     pins.create_dirs()?;
     for name in PINNED_MAPS.iter().filter(|&&n| n != MAP_CONTROL) {
@@ -82,22 +90,7 @@ fn load_with(
     control.set_identity(identity)?;
     control.set_features(facts.features)?;
 
-    let sockets: SockHash<&MapData, SockKey> = SockHash::try_from(
-        ebpf.map(MAP_SOCKETS)
-            .ok_or_else(|| missing("map", MAP_SOCKETS))?,
-    )
-    .map_err(|e| AgentError::bpf(format!("open map {MAP_SOCKETS}"), e))?;
-    let sockets_fd = sockets
-        .fd()
-        .try_clone()
-        .map_err(|e| AgentError::bpf("dup the SockHash fd", e))?;
-    let skmsg: &mut SkMsg = program(&mut ebpf, PROG_SKMSG)?;
-    skmsg
-        .load()
-        .map_err(|e| AgentError::bpf(format!("load {PROG_SKMSG}"), e))?;
-    skmsg
-        .attach(&sockets_fd)
-        .map_err(|e| AgentError::bpf(format!("attach {PROG_SKMSG} to {MAP_SOCKETS}"), e))?;
+    let skmsg = attach_skmsg(&mut ebpf)?;
     skmsg
         .pin(pins.prog(PROG_SKMSG))
         .map_err(|e| AgentError::bpf(format!("pin {PROG_SKMSG}"), e))?;
@@ -106,17 +99,10 @@ fn load_with(
     }
     // Attached now, before any socket can be inserted (sock_ops attaches later): they
     // act on inserted sockets only.
-    let btf = Btf::from_sys_fs().map_err(|e| AgentError::KernelSupport {
-        what: "describe its functions for the tracing programs (BTF)",
-        source: Box::new(e),
-    })?;
-    let kernel_btf = super::btf::Btf::vmlinux().map_err(|e| AgentError::KernelSupport {
-        what: "describe its functions for the tracing programs (BTF)",
-        source: Box::new(e),
-    })?;
+    let btfs = Btfs::read()?;
     for hook in facts.hooks.all() {
-        match attach_hook(&mut ebpf, pins, &btf, &kernel_btf, *hook) {
-            Ok(()) => {}
+        match attach_hook(&mut ebpf, &btfs, *hook) {
+            Ok(link) => link.pin(&pins.link(hook.program))?,
             // The splice watch (kernels without a read guard, `--allow-unguarded`) is a
             // best effort: without it, splicers are not learned, which is what
             // `--allow-unguarded` accepts.
@@ -135,6 +121,73 @@ fn load_with(
         .map_err(|e| AgentError::bpf(format!("pin map {MAP_CONTROL} at {}", path.display()), e))?;
     guard.disarm();
     Ok(ebpf)
+}
+
+/// Loads sk_msg and attaches it to the SockHash of `ebpf` (the attachment lives as
+/// long as `ebpf`).
+pub(super) fn attach_skmsg(ebpf: &mut Ebpf) -> Result<&mut SkMsg, AgentError> {
+    let sockets: SockHash<&MapData, SockKey> = SockHash::try_from(
+        ebpf.map(MAP_SOCKETS)
+            .ok_or_else(|| missing("map", MAP_SOCKETS))?,
+    )
+    .map_err(|e| AgentError::bpf(format!("open map {MAP_SOCKETS}"), e))?;
+    let sockets_fd = sockets
+        .fd()
+        .try_clone()
+        .map_err(|e| AgentError::bpf("dup the SockHash fd", e))?;
+    let skmsg: &mut SkMsg = program(ebpf, PROG_SKMSG)?;
+    skmsg
+        .load()
+        .map_err(|e| AgentError::bpf(format!("load {PROG_SKMSG}"), e))?;
+    skmsg
+        .attach(&sockets_fd)
+        .map_err(|e| AgentError::bpf(format!("attach {PROG_SKMSG} to {MAP_SOCKETS}"), e))?;
+    Ok(skmsg)
+}
+
+/// The kernel's BTF, as aya and as our reader parse it, for attaching tracing programs.
+pub(super) struct Btfs {
+    aya: Btf,
+    kernel: super::btf::Btf,
+}
+
+impl Btfs {
+    /// Reads `/sys/kernel/btf/vmlinux`.
+    pub(super) fn read() -> Result<Self, AgentError> {
+        let err = |e: Box<dyn std::error::Error + Send + Sync>| AgentError::KernelSupport {
+            what: "describe its functions for the tracing programs (BTF)",
+            source: e,
+        };
+        Ok(Self {
+            aya: Btf::from_sys_fs().map_err(|e| err(Box::new(e)))?,
+            kernel: super::btf::Btf::vmlinux().map_err(|e| err(Box::new(e)))?,
+        })
+    }
+}
+
+/// A tracing program's attachment: dropped, it detaches; pinned, it stays.
+pub(super) enum HookLink {
+    /// One aya made.
+    Fd(FdLink),
+    /// One made with bpf(2) (fmod_ret, which aya does not load).
+    Raw(std::os::fd::OwnedFd),
+}
+
+impl HookLink {
+    /// Pins it at `path` (the link keeps the program attached after the agent exits,
+    /// for the next agent).
+    pub(super) fn pin(self, path: &std::path::Path) -> Result<(), AgentError> {
+        let err = |e: &dyn std::fmt::Display| AgentError::Bpf {
+            action: format!("pin a link at {}", path.display()),
+            source: e.to_string().into(),
+        };
+        match self {
+            HookLink::Fd(link) => link.pin(path).map(drop).map_err(|e| err(&e)),
+            HookLink::Raw(fd) => {
+                rawbpf::obj_pin(std::os::fd::AsFd::as_fd(&fd), path).map_err(|e| err(&e))
+            }
+        }
+    }
 }
 
 /// Loads program `name` (sock_ops or setsockopt) and pins it.
@@ -157,16 +210,14 @@ fn load_and_pin(ebpf: &mut Ebpf, pins: &PinLayout, name: &str) -> Result<(), Age
     }
 }
 
-/// Loads the tracing program of `hook`, attaches it to its kernel function and pins
-/// the link (the link keeps it attached after the agent exits, for the next agent).
-fn attach_hook(
+/// Loads the tracing program of `hook` and attaches it to its kernel function.
+pub(super) fn attach_hook(
     ebpf: &mut Ebpf,
-    pins: &PinLayout,
-    btf: &Btf,
-    kernel_btf: &super::btf::Btf,
+    btfs: &Btfs,
     hook: Hook,
-) -> Result<(), AgentError> {
+) -> Result<HookLink, AgentError> {
     let name = hook.program;
+    let btf = &btfs.aya;
     let load_err = |e: aya::programs::ProgramError| {
         AgentError::bpf(format!("attach {name} to the kernel's {}", hook.target), e)
     };
@@ -184,13 +235,14 @@ fn attach_hook(
             p.take_link(id).map_err(load_err)?.into()
         }
         HookKind::Guard => {
-            let id = kernel_btf
+            let id = btfs
+                .kernel
                 .type_id(super::btf::KIND_FUNC, hook.target)
                 .ok_or_else(|| AgentError::KernelSupport {
                     what: "show its security functions in BTF for the read guard",
                     source: format!("no function {} in the kernel's BTF", hook.target).into(),
                 })?;
-            return super::fmodret::attach_pinned(ebpf, name, hook.target, id, &pins.link(name));
+            return super::fmodret::attach(ebpf, name, hook.target, id).map(HookLink::Raw);
         }
         HookKind::TracePoint => {
             let p: &mut BtfTracePoint = program(ebpf, name)?;
@@ -206,15 +258,12 @@ fn attach_hook(
                 .map_err(load_err)?;
             p.take_link(id).map_err(load_err)?.try_into().map_err(
                 |e: aya::programs::links::LinkError| {
-                    AgentError::bpf(format!("pin the link of {name}"), e)
+                    AgentError::bpf(format!("the link of {name}"), e)
                 },
             )?
         }
     };
-    let path = pins.link(name);
-    link.pin(&path)
-        .map_err(|e| AgentError::bpf(format!("pin the link of {name} at {}", path.display()), e))?;
-    Ok(())
+    Ok(HookLink::Fd(link))
 }
 
 fn missing(kind: &'static str, name: &str) -> AgentError {

@@ -98,7 +98,8 @@ mod tests {
             .iter()
             .chain(&names::READ_TRAMPOLINE_HOOKS)
             .chain(&names::GUARD_HOOKS)
-            .chain(&names::WATCH_HOOKS);
+            .chain(&names::WATCH_HOOKS)
+            .chain(&names::FIONREAD_HOOKS);
         let mut hooked = Vec::new();
         for hook in hooks {
             let s = section(hook.program);
@@ -128,6 +129,7 @@ mod tests {
             names::PROG_READ_GUARD,
             names::PROG_MMAP_GUARD,
             names::PROG_SPLICE_SEEN,
+            names::PROG_FIONREAD,
         ] {
             assert!(hooked.contains(&prog), "program {prog} is in no hook list");
         }

@@ -33,6 +33,9 @@ pub struct Hooks {
     pub read: &'static [Hook],
     /// The read guard, or the splice watch.
     pub guard: ReadGuard,
+    /// The FIONREAD compensation, where the kernel self-test found it needed and
+    /// working.
+    pub fionread: Option<&'static Hook>,
 }
 
 impl Hooks {
@@ -42,7 +45,7 @@ impl Hooks {
             ReadGuard::Guard => &GUARD_HOOKS,
             ReadGuard::Watch => &WATCH_HOOKS,
         };
-        self.read.iter().chain(guard.iter())
+        self.read.iter().chain(guard.iter()).chain(self.fionread)
     }
 }
 
@@ -89,15 +92,13 @@ pub struct HostFacts {
 
 impl HostFacts {
     /// Reads this host: BTF offsets (those every load needs must be there), the host
-    /// namespace, how FIONREAD behaves.
+    /// namespace, which hooks run. What the kernel self-test finds comes on top
+    /// ([`HostFacts::with_checks`]).
     pub fn detect() -> Result<Self, AgentError> {
         let layout = kernel_layout()?;
         let host_netns = host::netns_cookie()?;
         let hooks = detect_hooks()?;
         let mut f = 0;
-        if !layout.fionread_counts_ingress() {
-            f |= features::NO_QUEUE_FIELD;
-        }
         f |= match hooks.guard {
             ReadGuard::Guard => features::GUARD_FMOD_RET,
             ReadGuard::Watch => features::NO_READ_GUARD,
@@ -111,6 +112,20 @@ impl HostFacts {
             host_netns,
             hooks,
         })
+    }
+
+    /// These facts with what the kernel self-test found: its feature bits, and the
+    /// FIONREAD compensation's hook where it runs.
+    pub fn with_checks(mut self, verdict: &super::kernel_check::Verdict) -> Self {
+        self.features |= verdict.features;
+        let compensated =
+            verdict.features & (features::FIONREAD_ADD_TCP | features::FIONREAD_ADD_INGRESS) != 0;
+        self.hooks.fionread = if compensated {
+            super::kernel_check::fionread_hook()
+        } else {
+            None
+        };
+        self
     }
 
     /// Digest of what the programs were loaded with.
@@ -172,7 +187,11 @@ fn detect_hooks() -> Result<Hooks, AgentError> {
         );
         ReadGuard::Watch
     };
-    Ok(Hooks { read, guard })
+    Ok(Hooks {
+        read,
+        guard,
+        fionread: None,
+    })
 }
 
 /// The running kernel's layout of the fields the programs read. Those every load needs

@@ -377,7 +377,7 @@ pub type KernelProbe = bypass_common::status::KernelProbe;
 /// `bypass-agent probe --json`: whether this kernel has the read guard, so whether the
 /// agent bypasses on it without `--allow-unguarded`.
 pub fn kernel_probe() -> Result<KernelProbe> {
-    let out = run_agent(&["probe", "--json"], Duration::from_secs(60))?;
+    let out = run_agent(&["probe", "--json"], Duration::from_secs(600))?;
     ensure!(
         out.status.success(),
         "bypass-agent probe failed: {}",

@@ -159,6 +159,21 @@ impl Control {
         self.get(control::SLOT_AGENT_STATE)
     }
 
+    /// Records the kernel self-test's results.
+    pub fn set_checks(
+        &mut self,
+        results: bypass_common::checks::Results,
+    ) -> Result<(), AgentError> {
+        self.set(control::SLOT_CHECKS, results.0)
+    }
+
+    /// The kernel self-test's results recorded by the agent (none: no self-test ran).
+    pub fn checks(&self) -> Result<bypass_common::checks::Results, AgentError> {
+        Ok(bypass_common::checks::Results(
+            self.get(control::SLOT_CHECKS)?,
+        ))
+    }
+
     /// Sets the agent's own state word.
     pub fn set_agent_state(&mut self, v: u32) -> Result<(), AgentError> {
         self.set(control::SLOT_AGENT_STATE, v)

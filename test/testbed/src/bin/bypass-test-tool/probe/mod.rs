@@ -26,6 +26,7 @@ mod forger;
 mod halfclose;
 mod handshake;
 mod leave;
+mod mixed;
 mod oob;
 mod peek;
 mod rcvlowat;
@@ -66,6 +67,9 @@ enum Case {
     PeekOffLate,
     /// FIONREAD once everything sent has arrived.
     Fionread,
+    /// Redirected and TCP bytes waiting at once, across a fallback to TCP and back:
+    /// FIONREAD, poll and edge-triggered epoll at each step (see `mixed.rs`).
+    Mixed,
     /// SO_RCVLOWAT 1000 with 500 bytes, then 600 more: readiness and the first read.
     Rcvlowat,
     /// recv(MSG_WAITALL) of 2000 bytes sent as 1000 + 1000, 100 ms apart.
@@ -290,6 +294,7 @@ fn server(listen: SocketAddr, ready: Option<PathBuf>, c: &Common) -> Result<Valu
         Case::Peek => peek::server(s),
         Case::PeekOffLate => peek::late_offset_server(s),
         Case::Fionread => fionread::server(s),
+        Case::Mixed => mixed::server(s, c),
         Case::Rcvlowat => rcvlowat::server(s),
         Case::Waitall => waitall::server(s),
         Case::Rcvtimeo => rcvtimeo::server(s),
@@ -353,6 +358,7 @@ fn client(connect: SocketAddr, c: &Common) -> Result<Value> {
         Case::Reset => reset::client(s),
         Case::Peek | Case::PeekOffLate => peek::client(s, c),
         Case::Fionread => fionread::client(s, c),
+        Case::Mixed => mixed::client(s, c),
         Case::Rcvlowat => rcvlowat::client(s, c),
         Case::Waitall => waitall::client(s, c),
         Case::Rcvtimeo => rcvtimeo::client(s),
