@@ -47,11 +47,30 @@ pub mod globals {
     pub const SOCK_DONE: &str = "BYPASS_SOCK_DONE";
     /// [`super::KernelLayout::sock_urginline`].
     pub const SOCK_URGINLINE: &str = "BYPASS_SOCK_URGINLINE";
+    /// The build's number, for [`crate::control::SLOT_HOOKS_OWNER`]: [`super::build_id`] of
+    /// the object's fingerprint.
+    pub const BUILD: &str = "BYPASS_BUILD";
     /// [`Features`](super::features) bits.
     pub const FEATURES: &str = "BYPASS_FEATURES";
     /// Cookie of the host's network namespace (the agent's own): sockets there (the
     /// node's processes, hostNetwork pods) are never touched.
     pub const HOST_NETNS: &str = "BYPASS_HOST_NETNS";
+}
+
+/// The layout of every pinned map (names, kinds, key and value types, sizes, the
+/// meaning of each control slot and counter): a build adopts a pinned datapath of
+/// another build only when both have this number, and then replaces its programs in
+/// place. Bumped with any change that an older build's programs, still running on
+/// established sockets, would misread; docs/upgrades.md says which releases share one.
+/// v0.1.0 had none (1 here).
+pub const LAYOUT_VERSION: u32 = 2;
+
+/// The number a build's tracing programs compare with
+/// [`crate::control::SLOT_HOOKS_OWNER`], from its object's 64-bit fingerprint: never 0
+/// (0 in the slot means no build's programs act).
+pub const fn build_id(fingerprint: u64) -> u32 {
+    let id = (fingerprint ^ (fingerprint >> 32)) as u32;
+    if id == 0 { 1 } else { id }
 }
 
 /// Where the value of a [`KernelLayout`] field comes from in the running kernel's BTF.

@@ -79,12 +79,14 @@ pub const MAP_GUARDING: &str = "BYPASS_GUARDING";
 /// Socket-local storage (`u8`, unused) of every socket sock_ops saw connect
 /// (`BPF_SOCK_OPS_TCP_CONNECT_CB`): such a socket reaching `PASSIVE_ESTABLISHED` did a
 /// simultaneous open, with sequence numbers its owner may have chosen (`TCP_REPAIR`),
-/// and is never inserted as a server. Only the programs use it (not pinned).
+/// and is never inserted as a server.
 pub const MAP_ACTIVE_OPEN: &str = "BYPASS_ACTIVE_OPEN";
 
-/// Every map the agent pins, [`MAP_CONTROL`] last (its pin marks a complete datapath).
-/// ([`MAP_SOCK_STATE`] is not pinned: only the programs use it.)
-pub const PINNED_MAPS: [&str; 17] = [
+/// Every map the agent pins, [`MAP_CONTROL`] last (its pin marks a complete datapath):
+/// every map that holds state, so that another build of the same layout adopts them
+/// all, its programs reading what the established sockets' state says (the programs'
+/// per-CPU scratch space alone is not pinned).
+pub const PINNED_MAPS: [&str; 21] = [
     MAP_SOCKETS,
     MAP_POD_CIDRS,
     MAP_POD_ADDRS,
@@ -101,6 +103,10 @@ pub const PINNED_MAPS: [&str; 17] = [
     MAP_NETNS_OWNERS,
     MAP_REFUSALS,
     MAP_SERVICE_BACKENDS,
+    MAP_SOCK_STATE,
+    MAP_ACTIVE_OPEN,
+    MAP_VERDICTS,
+    MAP_GUARDING,
     MAP_CONTROL,
 ];
 

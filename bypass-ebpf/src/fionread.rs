@@ -47,7 +47,12 @@ pub fn bypass_fionread(ctx: FExitContext) -> i32 {
     let sk: *mut c_void = ctx.arg(0);
     let cmd: u32 = ctx.arg(1);
     let arg: u64 = ctx.arg(2);
-    if cmd != SIOCINQ || !matches!(ctx.ret::<i32>(), Ok(0)) || sk.is_null() || arg == 0 {
+    if cmd != SIOCINQ
+        || !matches!(ctx.ret::<i32>(), Ok(0))
+        || sk.is_null()
+        || arg == 0
+        || !kernel::hooks_active()
+    {
         return 0;
     }
     // Only sockets this datapath inserted: another program's sockmap is its own.

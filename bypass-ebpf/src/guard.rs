@@ -139,6 +139,9 @@ pub fn bypass_mmap_guard(ctx: LsmContext) -> i32 {
 /// are unread or on their way, that this thread's call must fail with `err`.
 #[inline(always)]
 fn decide(f: *mut file, bit: u64, err: i32) {
+    if !kernel::hooks_active() {
+        return;
+    }
     // SAFETY: the traced function's file argument.
     let Some(state) = (unsafe { file_state(f) }) else {
         return;
@@ -167,7 +170,7 @@ fn decide(f: *mut file, bit: u64, err: i32) {
 /// At the return of the call: its decision, if any, goes.
 #[inline(always)]
 fn forget() {
-    if !guarding() {
+    if !guarding() || !kernel::hooks_active() {
         return;
     }
     if BYPASS_VERDICTS.remove(&thread()).is_ok()
@@ -188,7 +191,7 @@ fn guarding() -> bool {
 /// else 0.
 #[inline(always)]
 fn apply(f: *mut file) -> i32 {
-    if !guarding() {
+    if !guarding() || !kernel::hooks_active() {
         return 0;
     }
     match BYPASS_VERDICTS.get_ptr(&thread()) {
@@ -280,6 +283,9 @@ pub fn bypass_splice_seen(_ctx: TracePointContext) -> u32 {
     // socket gets no redirected bytes (recv::publish). The splice itself cannot be
     // refused here, so a socket first read with recv and then spliced while redirected
     // bytes wait for it can miss them: docs/limitations.md's limitation for such kernels.
+    if !kernel::hooks_active() {
+        return 0;
+    }
     // SAFETY: no arguments.
     let tgid = (unsafe { bpf_get_current_pid_tgid() } >> 32) as u32;
     if BYPASS_SPLICERS.get_ptr(&tgid).is_none() {

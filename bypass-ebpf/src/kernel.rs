@@ -63,12 +63,25 @@ static BYPASS_SOCK_URGINLINE: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static BYPASS_FEATURES: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
+static BYPASS_BUILD: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
 static BYPASS_HOST_NETNS: Global<u64> = Global::new(0);
 
 /// Whether the kernel honours `SO_PEEK_OFF` on TCP (`layout::features::TCP_PEEK_OFF`).
 #[inline(always)]
 pub(crate) fn tcp_peek_off() -> bool {
     BYPASS_FEATURES.load() & bypass_common::layout::features::TCP_PEEK_OFF != 0
+}
+
+/// Whether this build's tracing programs are the ones that act
+/// (`bypass_common::control::SLOT_HOOKS_OWNER`): while another build's are attached
+/// beside them, during an upgrade or a rollback, only the named build's read, guard and
+/// count.
+#[inline(always)]
+pub(crate) fn hooks_active() -> bool {
+    crate::maps::BYPASS_CONTROL
+        .get(bypass_common::control::SLOT_HOOKS_OWNER)
+        .is_some_and(|owner| *owner == BYPASS_BUILD.load())
 }
 
 /// Whether the [`bypass_common::layout::features`] bit `bit` was loaded on.

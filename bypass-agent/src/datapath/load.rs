@@ -48,6 +48,12 @@ pub(super) fn release_freed_heap() {
     }
 }
 
+/// This build's number for the tracing programs' owner slot
+/// ([`bypass_common::control::SLOT_HOOKS_OWNER`]), from the embedded object.
+pub(super) fn build_id() -> u32 {
+    bypass_common::layout::build_id(object::fingerprint())
+}
+
 /// The embedded object loaded with the globals this host's `facts` fix (kernel field
 /// offsets, feature bits, the host's namespace) and the maps `--max-sockets` sizes
 /// sized to `max_sockets`; nothing pinned, no program loaded yet.
@@ -62,9 +68,11 @@ pub(super) fn load_object(max_sockets: u32, facts: &HostFacts) -> Result<Ebpf, A
     for (global, value) in l.globals() {
         loader.override_global(global, value, true);
     }
+    let build = build_id();
     let ebpf = loader
         .override_global(globals::FEATURES, &program_features, true)
         .override_global(globals::HOST_NETNS, &facts.host_netns, true)
+        .override_global(globals::BUILD, &build, true)
         .load(object::BYTES)
         .map_err(classify_load_error)?;
     // The loader holds the kernel's BTF that aya parsed in `EbpfLoader::new` (about
@@ -89,6 +97,9 @@ fn load_with(
     control.set_enabled(false)?;
     control.set_identity(identity)?;
     control.set_features(facts.features)?;
+    control.set_layout(bypass_common::layout::LAYOUT_VERSION)?;
+    // Before the tracing programs are attached: they act only for the build named here.
+    control.set_hooks_owner(build_id())?;
 
     let skmsg = attach_skmsg(&mut ebpf)?;
     skmsg

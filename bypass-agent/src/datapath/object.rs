@@ -58,17 +58,7 @@ mod tests {
         use bypass_common::names::{self, HookKind};
 
         let obj = Object::parse(BYTES).unwrap();
-        let unpinned = [
-            names::MAP_SOCK_STATE,
-            names::MAP_VERDICTS,
-            names::MAP_GUARDING,
-            names::MAP_ACTIVE_OPEN,
-        ];
-        let named: Vec<&str> = names::PINNED_MAPS
-            .iter()
-            .chain(&unpinned)
-            .copied()
-            .collect();
+        let named: Vec<&str> = names::PINNED_MAPS.to_vec();
         for map in &named {
             assert!(
                 obj.maps.contains_key(*map),

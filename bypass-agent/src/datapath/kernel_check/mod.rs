@@ -315,6 +315,7 @@ fn configure(ebpf: &mut Ebpf) -> Result<(), AgentError> {
         (control::SLOT_SMALL_STREAM, 0),
         (control::SLOT_LEAVE_AFTER, 0),
         (control::SLOT_OWNERS_OFF, 1),
+        (control::SLOT_HOOKS_OWNER, load::build_id()),
         (
             control::SLOT_HEARTBEAT,
             control::heartbeat_deadline(now, 3600),
