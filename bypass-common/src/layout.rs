@@ -37,6 +37,8 @@ pub mod globals {
     pub const OFF_PROTO_MEMORY_ALLOCATED: &str = "BYPASS_OFF_PROTO_MEMORY_ALLOCATED";
     /// [`super::KernelLayout::sk_user_data`].
     pub const OFF_SK_USER_DATA: &str = "BYPASS_OFF_SK_USER_DATA";
+    /// [`super::KernelLayout::sk_backlog`].
+    pub const OFF_SK_BACKLOG: &str = "BYPASS_OFF_SK_BACKLOG";
     /// [`super::KernelLayout::tcp_rcv_nxt`].
     pub const OFF_TCP_RCV_NXT: &str = "BYPASS_OFF_TCP_RCV_NXT";
     /// [`super::KernelLayout::tcp_urg_data`].
@@ -250,6 +252,17 @@ kernel_fields! {
         source: Source::member("sock", "sk_user_data"),
         global: Some(globals::OFF_SK_USER_DATA),
     };
+    /// `struct sock`, `sk_backlog`, whose first member is `rmem_alloc` (`sk_rmem_alloc`:
+    /// what the socket's receive queues hold, redirected bytes counted at their size,
+    /// net/ipv4/tcp_bpf.c, bpf_tcp_ingress), read typed by the FIONREAD compensation as
+    /// a ceiling on the redirected bytes it adds: the accounting it starts from errs
+    /// high for FIONREAD (an urgent byte TCP skips moves `copied_seq` with no read
+    /// returning it).
+    sk_backlog {
+        required: false,
+        source: Source::member("sock", "sk_backlog"),
+        global: Some(globals::OFF_SK_BACKLOG),
+    };
     /// `struct tcp_sock`, `rcv_nxt` (the end of what came by TCP), read typed by the
     /// FIONREAD compensation for the bytes waiting in the TCP receive queue.
     tcp_rcv_nxt {
@@ -359,6 +372,7 @@ impl KernelLayout {
     /// reads is known.
     pub const fn fionread_fields(&self) -> bool {
         self.sk_user_data != 0
+            && self.sk_backlog != 0
             && self.tcp_rcv_nxt != 0
             && self.tcp_urg_data != 0
             && self.tcp_urg_seq != 0
@@ -482,6 +496,7 @@ mod tests {
         l.socket_sk = 11;
         assert!(l.has_required(), "sk_userlocks is optional");
         assert!(!l.fionread_fields());
+        l.sk_backlog = 11;
         l.sk_user_data = 12;
         l.tcp_rcv_nxt = 13;
         l.tcp_urg_data = 14;
@@ -521,6 +536,7 @@ mod tests {
             sk_userlocks: 8,
             socket_sk: 9,
             sk_user_data: 10,
+            sk_backlog: 21,
             tcp_rcv_nxt: 11,
             tcp_urg_data: 12,
             tcp_urg_seq: 13,
@@ -532,7 +548,7 @@ mod tests {
             sock_done: 19,
             sock_urginline: 20,
         };
-        assert_eq!(digest(&l, 0xff, 0x1234_5678_9abc), 0x4187_aac5_35fa_b7b3);
+        assert_eq!(digest(&l, 0xff, 0x1234_5678_9abc), 0xd9f1_8156_788e_ba04);
     }
 
     #[test]

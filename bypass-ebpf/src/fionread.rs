@@ -9,8 +9,10 @@
 //! - [`features::FIONREAD_ADD_INGRESS`]: kernels before that series answer with
 //!   `tcp_ioctl` alone, so bytes redirected and not read yet are missing: what the
 //!   socket's peer redirected to it less what it read out of its ingress queue is added
-//!   (`bypass_common::state::ingress_read`).
+//!   (`bypass_common::state::ingress_read`), at most what its receive queues hold.
 //!
+//! Not compensated: io_uring's `SOCKET_URING_OP_SIOCINQ` (Linux 6.7), which calls the
+//! protocol's ioctl directly.
 //! It runs when the call that put the answer in the caller's memory returns (`sk_ioctl`
 //! since Linux 6.5, `tcp_ioctl` before: both take the user pointer third and return
 //! 0), and writes the corrected answer over it with `bpf_probe_write_user`, which a
@@ -79,7 +81,10 @@ pub fn bypass_fionread(ctx: FExitContext) -> i32 {
         missing += u64::from(q.tcp_inq);
     }
     if kernel::feature(features::FIONREAD_ADD_INGRESS) {
-        missing += unread_redirected(state);
+        // The accounting errs high here (a byte TCP skipped, an urgent one, moved
+        // copied_seq with no read returning it): never more than the receive queues
+        // hold, which counts redirected bytes at their size.
+        missing += unread_redirected(state).min(u64::from(q.rmem_alloc));
     }
     if missing == 0 {
         return 0;

@@ -51,6 +51,8 @@ static BYPASS_OFF_PROTO_MEMORY_ALLOCATED: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static BYPASS_OFF_SK_USER_DATA: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
+static BYPASS_OFF_SK_BACKLOG: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
 static BYPASS_OFF_TCP_RCV_NXT: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static BYPASS_OFF_TCP_URG_DATA: Global<u32> = Global::new(0);
@@ -318,6 +320,9 @@ pub(crate) struct Queued {
     /// `tcp_inq`: what came by TCP and was not read yet, the FIN not counted, up to an
     /// urgent byte not read inline.
     pub(crate) tcp_inq: u32,
+    /// `sk_rmem_alloc`: what the receive queues hold (redirected bytes at their size,
+    /// TCP's at their buffers' size), never below 0.
+    pub(crate) rmem_alloc: u32,
 }
 
 /// `tcp_inq` of the socket at `tp` (include/net/tcp.h), for an established socket.
@@ -327,11 +332,13 @@ pub(crate) struct Queued {
 /// fields are known (the agent loads it only then).
 #[inline(always)]
 unsafe fn tcp_inq(tp: *const u8) -> u32 {
-    // SAFETY: typed loads at offsets the verifier checks against the kernel's BTF.
-    let (rcv_nxt, copied, urg_data, urg_seq, flags) = unsafe {
+    // SAFETY: typed loads at offsets the verifier checks against the kernel's BTF. No
+    // socket lock is held (tcp_inq runs under one): copied_seq is read first, so a read
+    // moving it in between makes the difference smaller, never wrap (checked below).
+    let (copied, rcv_nxt, urg_data, urg_seq, flags) = unsafe {
         (
-            field::<u32>(tp, BYPASS_OFF_TCP_RCV_NXT.load()),
             field::<u32>(tp, BYPASS_OFF_TCP_COPIED_SEQ.load()),
+            field::<u32>(tp, BYPASS_OFF_TCP_RCV_NXT.load()),
             field::<u16>(tp, BYPASS_OFF_TCP_URG_DATA.load()),
             field::<u32>(tp, BYPASS_OFF_TCP_URG_SEQ.load()),
             field::<u64>(tp, BYPASS_OFF_SK_FLAGS.load()),
@@ -344,6 +351,9 @@ unsafe fn tcp_inq(tp: *const u8) -> u32 {
         || before(urg_seq, copied)
         || !before(urg_seq, rcv_nxt)
     {
+        if before(rcv_nxt, copied) {
+            return 0;
+        }
         let answer = rcv_nxt.wrapping_sub(copied);
         if answer != 0 && bit(BYPASS_SOCK_DONE.load()) {
             answer - 1
@@ -351,6 +361,7 @@ unsafe fn tcp_inq(tp: *const u8) -> u32 {
             answer
         }
     } else {
+        // urg_seq lies between copied_seq and rcv_nxt here.
         urg_seq.wrapping_sub(copied)
     }
 }
@@ -372,6 +383,7 @@ pub(crate) unsafe fn queued(sk: *mut c_void) -> Option<Queued> {
         Some(Queued {
             psock: field::<u64>(tp, BYPASS_OFF_SK_USER_DATA.load()) & SK_USER_DATA_PSOCK != 0,
             tcp_inq: tcp_inq(tp),
+            rmem_alloc: field::<i32>(tp, BYPASS_OFF_SK_BACKLOG.load()).max(0) as u32,
         })
     }
 }

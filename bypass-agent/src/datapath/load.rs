@@ -93,13 +93,20 @@ fn load_with(
     for name in PINNED_MAPS.iter().filter(|&&n| n != MAP_CONTROL) {
         pin_map(&ebpf, pins, name)?;
     }
-    let mut control = maps::Control::new(take_map(&mut ebpf, MAP_CONTROL)?)?;
-    control.set_enabled(false)?;
-    control.set_identity(identity)?;
-    control.set_features(facts.features)?;
-    control.set_layout(bypass_common::layout::LAYOUT_VERSION)?;
     // Before the tracing programs are attached: they act only for the build named here.
-    control.set_hooks_owner(build_id())?;
+    // Written through the loaded map, which stays in the object until they are: the read
+    // guard's fmod_ret programs are relocated against the object's maps
+    // (fmodret::relocated), the control map among them.
+    {
+        let map = ebpf
+            .map_mut(MAP_CONTROL)
+            .ok_or_else(|| missing("map", MAP_CONTROL))?;
+        let mut words: aya::maps::Array<&mut MapData, u32> = aya::maps::Array::try_from(map)
+            .map_err(|e| AgentError::bpf(format!("open map {MAP_CONTROL}"), e))?;
+        words
+            .set(bypass_common::control::SLOT_HOOKS_OWNER, build_id(), 0)
+            .map_err(|e| AgentError::bpf(format!("write map {MAP_CONTROL}"), e))?;
+    }
 
     let skmsg = attach_skmsg(&mut ebpf)?;
     skmsg
@@ -125,6 +132,11 @@ fn load_with(
             Err(e) => return Err(e),
         }
     }
+    let mut control = maps::Control::new(take_map(&mut ebpf, MAP_CONTROL)?)?;
+    control.set_enabled(false)?;
+    control.set_identity(identity)?;
+    control.set_features(facts.features)?;
+    control.set_layout(bypass_common::layout::LAYOUT_VERSION)?;
     // The control map is pinned last: its pin marks a complete datapath.
     let path = pins.map(MAP_CONTROL);
     control

@@ -62,7 +62,10 @@ fn demo_bypasses_and_says_so() -> Result<()> {
         );
         let stayed = || of(Path::Bypass).filter(|s| s.left == Some(0));
         if stayed().next().is_none() {
-            eprintln!("{}: every bypassed stream left the SockHash (counted)", p.name);
+            eprintln!(
+                "{}: every bypassed stream left the SockHash (counted)",
+                p.name
+            );
             continue;
         }
         // What the agent says it redirected covers what qperf says it streamed.

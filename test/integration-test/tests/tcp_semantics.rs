@@ -62,6 +62,12 @@ fn mixed_reader_sees_what_tcp_shows() -> Result<()> {
 }
 
 #[test]
+fn fionread_after_urgent_bytes() -> Result<()> {
+    privileged!("fionread_after_urgent_bytes");
+    reading::fionread_after_urgent_bytes()
+}
+
+#[test]
 fn fionread_counts_queued_bytes() -> Result<()> {
     privileged!("fionread_counts_queued_bytes");
     reading::fionread_counts_queued_bytes()

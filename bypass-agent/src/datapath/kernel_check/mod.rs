@@ -31,8 +31,8 @@ use bypass_common::{
     control, ip_key,
     layout::features,
     names::{
-        FIONREAD_HOOKS, HookKind, MAP_CONTROL, MAP_POD_ADDRS, MAP_POD_NETNS, MAP_STATS,
-        PROG_SOCKOPS, PROG_SOCKOPT,
+        FIONREAD_HOOKS, HookKind, MAP_CONTROL, MAP_NETNS_OWNERS, MAP_POD_ADDRS, MAP_POD_NETNS,
+        MAP_STATS, PROG_SOCKOPS, PROG_SOCKOPT,
     },
 };
 use tracing::{info, warn};
@@ -301,8 +301,8 @@ impl scenarios::Counted for StatsView<'_> {
 }
 
 /// The checks' datapath's control words and maps: redirects on, a heartbeat an hour
-/// ahead, the checks' bound, no small-stream rule, no leaving, any namespace may use the
-/// pod address, and this thread's namespace recorded as the pod's.
+/// ahead, the checks' bound, no small-stream rule, no leaving, and this thread's
+/// namespace recorded as the pod's and as the only owner of its address.
 fn configure(ebpf: &mut Ebpf) -> Result<(), AgentError> {
     let netns = host::netns_cookie()?;
     let map_err = |name: &str, e: aya::maps::MapError| AgentError::bpf(format!("write {name}"), e);
@@ -314,7 +314,7 @@ fn configure(ebpf: &mut Ebpf) -> Result<(), AgentError> {
         (control::SLOT_MAX_QUEUED, scenarios::BOUND),
         (control::SLOT_SMALL_STREAM, 0),
         (control::SLOT_LEAVE_AFTER, 0),
-        (control::SLOT_OWNERS_OFF, 1),
+        (control::SLOT_OWNERS_OFF, 0),
         (control::SLOT_HOOKS_OWNER, load::build_id()),
         (
             control::SLOT_HEARTBEAT,
@@ -335,7 +335,16 @@ fn configure(ebpf: &mut Ebpf) -> Result<(), AgentError> {
         HashMap::try_from(map_mut(ebpf, MAP_POD_NETNS)?).map_err(|e| map_err(MAP_POD_NETNS, e))?;
     namespaces
         .insert(netns, pod, 0)
-        .map_err(|e| map_err(MAP_POD_NETNS, e))
+        .map_err(|e| map_err(MAP_POD_NETNS, e))?;
+    // The pod address is owned by this thread's namespace alone: another namespace in
+    // the agent's cgroup (a standalone agent in the cgroup root, where pods' namespaces
+    // live too) that uses it is refused, so none is taken for the checks' pod.
+    let mut owners: HashMap<&mut aya::maps::MapData, IpKey, u64> =
+        HashMap::try_from(map_mut(ebpf, MAP_NETNS_OWNERS)?)
+            .map_err(|e| map_err(MAP_NETNS_OWNERS, e))?;
+    owners
+        .insert(pod, netns, 0)
+        .map_err(|e| map_err(MAP_NETNS_OWNERS, e))
 }
 
 /// `CLOCK_MONOTONIC` in nanoseconds, what `bpf_ktime_get_ns` reads.

@@ -48,6 +48,21 @@ pub fn fionread_counts_queued_bytes() -> Result<()> {
     Ok(())
 }
 
+/// Urgent bytes that came by TCP after redirected ones were read: once every byte is read,
+/// FIONREAD says 0 as on TCP (TCP skips an urgent byte by moving `copied_seq`, which the
+/// read accounting counts as read from the TCP queue: the FIONREAD compensation of 6.1
+/// caps what it adds by what the receive queues hold).
+pub fn fionread_after_urgent_bytes() -> Result<()> {
+    let pods = two_pods()?;
+    let (tcp, bypass) = both(&pods, 5441, &["--case", "urgent"])?;
+    ensure!(
+        tcp.server["stream"] == "abdeabdeabde",
+        "TCP itself: {}",
+        tcp.server
+    );
+    same(&tcp, &bypass, &[], &["stream", "fionread_end"])
+}
+
 /// What the agent's kernel self-test found for check `name`.
 fn outcome<'a>(checks: &'a [bypass_common::status::KernelCheck], name: &str) -> &'a str {
     checks

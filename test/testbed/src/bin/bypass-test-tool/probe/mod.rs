@@ -37,6 +37,7 @@ mod slow;
 mod sock;
 mod splice;
 mod trust;
+mod urgent;
 mod waitall;
 mod zerocopy;
 
@@ -92,6 +93,9 @@ enum Case {
     SpliceAfterClose,
     /// MSG_OOB: one urgent byte between normal data.
     Oob,
+    /// Urgent bytes by TCP after redirected bytes were read: FIONREAD and SO_PEEK_OFF
+    /// once every byte was read (see `urgent.rs`).
+    Urgent,
     /// --connections connections, --concurrency at a time; both sides write --bytes
     /// right after connect/accept, then read the other's.
     Burst,
@@ -303,6 +307,7 @@ fn server(listen: SocketAddr, ready: Option<PathBuf>, c: &Common) -> Result<Valu
         Case::Sendfile => sendfile::server(s, c),
         Case::SpliceSend => splice::send_server(s, c),
         Case::Oob => oob::server(s),
+        Case::Urgent => urgent::server(s),
         Case::SpliceRecv => splice::recv_server(s),
         Case::SpliceAfterClose => splice::recv_after_close_server(s),
         Case::Hold | Case::ConnectWrite => trust::hold_server(s, &c.steps()),
@@ -369,6 +374,7 @@ fn client(connect: SocketAddr, c: &Common) -> Result<Value> {
         Case::SpliceRecv => splice::recv_client(s, c),
         Case::SpliceAfterClose => splice::recv_after_close_client(s, c),
         Case::Oob => oob::client(s),
+        Case::Urgent => urgent::client(s),
         Case::Hold => trust::hold_client(s, &c.steps()),
         Case::Forge => handshake::forge_victim(s, &c.steps()),
         Case::WaitallAfterBound => trust::waitall_client(s, &c.steps()),
