@@ -263,6 +263,13 @@ fn chart_lints_renders_deploy_and_passes_the_schema_check() -> Result<()> {
         bad.is_err_and(|e| e.to_string().contains("maxSockets")),
         "the schema took maxSockets=1"
     );
+    // The chart declares the cluster versions it runs on, and helm refuses others.
+    let old = helm(&["template", "x", &chart_dir, "--kube-version", "1.29.9"]);
+    ensure!(
+        old.is_err_and(|e| e.to_string().contains("kubeVersion")),
+        "the chart installs on Kubernetes 1.29"
+    );
+    helm(&["template", "x", &chart_dir, "--kube-version", "1.30.0"])?;
 
     // deploy/ is the chart rendered.
     let helm_bin = kube_testenv::env_path("BYPASS_HELM", kube::FIX)?;
