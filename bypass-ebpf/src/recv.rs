@@ -67,7 +67,8 @@ pub fn bypass_read_enter(ctx: FEntryContext) -> i32 {
 #[fexit(function = "tcp_bpf_recvmsg")]
 pub fn bypass_read_exit(ctx: FExitContext) -> i32 {
     // int tcp_bpf_recvmsg(struct sock *sk, struct msghdr *msg, size_t len, int flags,
-    // int *addr_len) since Linux 5.19 (the agent refuses the older signature).
+    // int *addr_len) since Linux 5.19, without addr_len once struct proto's recvmsg lost
+    // it (7.2, 7.3): flags fourth in both (the agent refuses the older signature).
     if !kernel::hooks_active() {
         return 0;
     }

@@ -18,6 +18,12 @@ mod pins;
 mod plan;
 pub mod preflight;
 mod pressure;
+
+/// When the full-map warning is logged (`insert_failures` polled every `POLL`, at most
+/// one warning per `WARN_EVERY`), for the tests that watch it.
+pub mod insert_failure_warning {
+    pub use super::pressure::{POLL, WARN_EVERY};
+}
 mod rawbpf;
 mod rawlink;
 mod tcp_mem;

@@ -134,8 +134,12 @@ impl HostFacts {
     }
 }
 
-/// `tcp_bpf_recvmsg(sk, msg, len, flags, addr_len)`, Linux >= 5.19.
-const TCP_BPF_RECVMSG_PARAMS: u32 = 5;
+/// The parameter counts of a `tcp_bpf_recvmsg` that takes its flags fourth, which the
+/// return program reads (its return value comes from `bpf_get_func_ret`, whatever the
+/// count): `(sk, msg, len, flags, addr_len)` from Linux 5.19, and `(sk, msg, len,
+/// flags)` once `struct proto`'s `recvmsg` lost `addr_len` (include/net/sock.h; Debian's
+/// 7.2 and 7.3 kernels, not 6.12). Before 5.19 it took `nonblock` fourth, six in all.
+const TCP_BPF_RECVMSG_PARAMS: [u32; 2] = [4, 5];
 
 /// Which tracing programs this kernel runs: where BPF trampolines load, the entry and
 /// return of `tcp_bpf_recvmsg` and the read guard (fmod_ret on `security_*`
@@ -160,11 +164,17 @@ fn detect_hooks() -> Result<Hooks, AgentError> {
         }),
         None => false,
     };
-    if trampolines && b.func_params("tcp_bpf_recvmsg") != Some(TCP_BPF_RECVMSG_PARAMS) {
+    if trampolines
+        && !b
+            .func_params("tcp_bpf_recvmsg")
+            .is_some_and(|n| TCP_BPF_RECVMSG_PARAMS.contains(&n))
+    {
         return Err(AgentError::KernelSupport {
             what: "count a bypassed socket's reads (tcp_bpf_recvmsg takes its flags \
                    fourth since Linux 5.19; this kernel's is older)",
-            source: "tcp_bpf_recvmsg does not take (sk, msg, len, flags, addr_len)".into(),
+            source: "tcp_bpf_recvmsg takes neither (sk, msg, len, flags, addr_len) nor \
+                     (sk, msg, len, flags)"
+                .into(),
         });
     }
     let read: &'static [Hook] = match (trampolines, has_tracepoint) {

@@ -45,4 +45,4 @@ pub use env::{GET_TIMEOUT, KubeEnv, READY_TIMEOUT};
 pub use kubectl::{KUBECONFIG_ENV, KUBECTL_ENV, Kubectl, env_path, veth_bytes};
 pub use pki::{ca, service_account_key, signed};
 pub use state::{default_dir, down, up};
-pub use wait::{retry, wait_for};
+pub use wait::{NET, retry, wait_for};

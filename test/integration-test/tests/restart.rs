@@ -34,7 +34,7 @@ fn wait_status(
     what: &str,
     done: impl Fn(&serde_json::Value) -> bool,
 ) -> Result<serde_json::Value> {
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + testbed::steps::NET;
     loop {
         let s = status_json(pin_dir)?;
         if done(&s) {
@@ -218,7 +218,7 @@ fn upgrade_replaces_programs_old_connections_finish() -> Result<()> {
     );
     // The log line comes at load; the new programs' attachment (and the old ones'
     // release) follows within moments.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let deadline = std::time::Instant::now() + testbed::steps::NET;
     let attached = loop {
         let now = (
             sockops_attached(pods.cgroup())?,
@@ -291,10 +291,7 @@ fn uninstall_removes_every_pin_and_attachment() -> Result<()> {
 
     let wire0 = pods.wire_bytes()?;
     let pin_dir = opts.pin_dir.display().to_string();
-    let out = run_agent(
-        &["uninstall", "--pin-dir", &pin_dir],
-        Duration::from_secs(30),
-    )?;
+    let out = run_agent(&["uninstall", "--pin-dir", &pin_dir], testbed::steps::NET)?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     ensure!(
         out.status.success(),
@@ -360,10 +357,7 @@ fn uninstall_removes_every_pin_and_attachment() -> Result<()> {
         sockops_attached(pods.cgroup())? == 0 && sockopt_attached(pods.cgroup())? == 0,
         "sock_ops or setsockopt still attached after uninstall"
     );
-    let again = run_agent(
-        &["uninstall", "--pin-dir", &pin_dir],
-        Duration::from_secs(30),
-    )?;
+    let again = run_agent(&["uninstall", "--pin-dir", &pin_dir], testbed::steps::NET)?;
     ensure!(
         again.status.success() && String::from_utf8_lossy(&again.stdout).contains("nothing pinned"),
         "a second uninstall: {}",
@@ -419,7 +413,7 @@ fn lapsed_heartbeat_stops_new_inserts_of_a_datapath_left_pinned() -> Result<()> 
             "--pin-dir",
             &opts.pin_dir.display().to_string(),
         ],
-        Duration::from_secs(30),
+        testbed::steps::NET,
     )?;
     ensure!(out.status.success(), "uninstall failed");
     Ok(())

@@ -53,7 +53,7 @@ pub fn snat_onto_a_live_source_port_is_rejected() -> Result<()> {
     )?;
     let client1 = PeerClient::spawn(&pods.a, pods.a.v4_addr(FRONT_PORT), &long)?;
     // Wait until connection 1's proxy-to-b hop is in the map.
-    let deadline = Instant::now() + Duration::from_secs(3);
+    let deadline = Instant::now() + testbed::steps::NET;
     while keys_with_port(&agent, SOURCE_PORT)?.len() < 2 {
         ensure!(
             Instant::now() < deadline,
