@@ -153,7 +153,7 @@ impl Datapath {
         let facts = HostFacts::detect()?;
         // Before anything is adopted or loaded: what this kernel does decides how the
         // datapath is loaded (a pinned one loaded otherwise is replaced).
-        let checks = kernel_check::run(&facts, &config.cgroup);
+        let checks = kernel_check::run_once_per_boot(&facts, &config.cgroup);
         let facts = facts.with_checks(&checks);
         let identity = identity(config, &cgroup, &facts)?;
 

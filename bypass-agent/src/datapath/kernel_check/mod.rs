@@ -123,6 +123,87 @@ impl Verdict {
     }
 }
 
+/// Where an agent keeps this boot's self-test result: every agent started in the same
+/// boot of the same build on the same host facts reuses it (the kernel does not change
+/// under a running system; a test suite starts hundreds of agents, each would otherwise
+/// load the object twice). `/run` is a tmpfs, gone with the boot, and in a container the
+/// container's own, gone with it.
+pub const CACHE: &str = "/run/bypass/kernel-checks.json";
+
+/// One boot's self-test result, as [`CACHE`] holds it.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Cached {
+    /// `/proc/sys/kernel/random/boot_id`.
+    boot: String,
+    /// The object's fingerprint and the host facts' digest it ran with.
+    build: u64,
+    facts: u64,
+    /// Catalogue size, so a cache of another catalogue is never read as this one's.
+    checks: usize,
+    results: u32,
+    features: u32,
+    failures: Vec<(usize, String)>,
+}
+
+/// [`run`], or this boot's result of it for this build and these facts ([`CACHE`]);
+/// a result that cannot be read or written is run again or not kept, never an error.
+pub fn run_once_per_boot(facts: &HostFacts, fallback: &Path) -> Verdict {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|b| b.trim().to_owned())
+        .unwrap_or_default();
+    let key = (
+        boot,
+        super::object::fingerprint(),
+        facts.digest(),
+        CHECKS.len(),
+    );
+    let cached = std::fs::read(CACHE)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Cached>(&b).ok())
+        .filter(|c| !key.0.is_empty() && (c.boot.clone(), c.build, c.facts, c.checks) == key);
+    if let Some(c) = cached {
+        info!(
+            cache = CACHE,
+            failed = c.failures.len(),
+            "kernel self-test: this boot's result for this build, reused"
+        );
+        for (i, seen) in &c.failures {
+            warn!(check = CHECKS[*i].name, what = CHECKS[*i].what, seen = %seen,
+                "kernel self-test: this kernel does not answer as TCP does");
+        }
+        return Verdict {
+            results: Results(c.results),
+            features: c.features,
+            failures: c.failures,
+        };
+    }
+    let verdict = run(facts, fallback);
+    let c = Cached {
+        boot: key.0,
+        build: key.1,
+        facts: key.2,
+        checks: key.3,
+        results: verdict.results.0,
+        features: verdict.features,
+        failures: verdict.failures.clone(),
+    };
+    if let Err(e) = store(&c) {
+        info!(cache = CACHE, error = %e, "kernel self-test result not kept: the next start runs it again");
+    }
+    verdict
+}
+
+/// Writes `c` to [`CACHE`] whole (a temporary file renamed over it).
+fn store(c: &Cached) -> std::io::Result<()> {
+    let path = Path::new(CACHE);
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
+    std::fs::write(&tmp, serde_json::to_vec(c).map_err(std::io::Error::other)?)?;
+    std::fs::rename(&tmp, path)
+}
+
 /// Runs the self-test on this kernel with `facts` (the programs as the datapath loads
 /// them), the checks' programs attached to the agent's own cgroup (or `fallback`, an
 /// ancestor of it, where its own is not mounted). Logs what failed.
