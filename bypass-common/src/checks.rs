@@ -54,9 +54,13 @@ pub const SPLICE_REFUSED: usize = 9;
 pub const MMAP_REFUSED: usize = 10;
 /// The checks' own bytes were redirected (else nothing above was checked).
 pub const REDIRECTS: usize = 11;
+/// `recv(MSG_OOB)` with redirected bytes waiting answers as TCP does, consuming none.
+pub const RECV_OOB: usize = 12;
+/// `recv(MSG_TRUNC)` with redirected bytes waiting is refused before it consumes any.
+pub const RECV_TRUNC: usize = 13;
 
 /// Every check, in the order they run (a check's index is its place here).
-pub const CHECKS: [Check; 12] = [
+pub const CHECKS: [Check; 14] = [
     Check {
         name: "fionread_redirected",
         what: "FIONREAD counts bytes redirected to a socket and not read yet",
@@ -121,6 +125,18 @@ pub const CHECKS: [Check; 12] = [
                back from TCP",
         needed: Needed::Bypass,
     },
+    Check {
+        name: "recv_oob",
+        what: "recv(MSG_OOB) with no urgent byte and redirected bytes waiting fails with \
+               EINVAL, as TCP does, and consumes none of them",
+        needed: Needed::Guarded,
+    },
+    Check {
+        name: "recv_trunc",
+        what: "recv(MSG_TRUNC) with redirected bytes waiting is refused (EOPNOTSUPP) \
+               before it consumes any; they are then read as sent",
+        needed: Needed::Guarded,
+    },
 ];
 
 /// The FIONREAD checks, which the FIONREAD compensation
@@ -129,7 +145,7 @@ pub const CHECKS: [Check; 12] = [
 pub const FIONREAD: [usize; 3] = [FIONREAD_REDIRECTED, FIONREAD_TCP, FIONREAD_MIXED];
 
 /// The read guard's checks: run only where the read guard is attached.
-pub const READ_GUARD: [usize; 2] = [SPLICE_REFUSED, MMAP_REFUSED];
+pub const READ_GUARD: [usize; 4] = [SPLICE_REFUSED, MMAP_REFUSED, RECV_OOB, RECV_TRUNC];
 
 /// The check named `name`.
 pub fn index(name: &str) -> Option<usize> {
@@ -275,6 +291,8 @@ mod tests {
             (SPLICE_REFUSED, "splice_refused"),
             (MMAP_REFUSED, "mmap_refused"),
             (REDIRECTS, "redirects"),
+            (RECV_OOB, "recv_oob"),
+            (RECV_TRUNC, "recv_trunc"),
         ];
         for (i, n) in names {
             assert_eq!(CHECKS[i].name, n);

@@ -166,6 +166,13 @@ pub const PROG_MMAP_EXIT: &str = "bypass_mmap_exit";
 pub const PROG_READ_GUARD: &str = "bypass_read_guard";
 /// The mapping guard: the mapping's check (`security_mmap_file`) likewise.
 pub const PROG_MMAP_GUARD: &str = "bypass_mmap_guard";
+/// A receive with `MSG_OOB` or `MSG_TRUNC` starts (`sock_recvmsg`): the guard decides.
+pub const PROG_RECV_ENTER: &str = "bypass_recv_enter";
+/// That receive returns: its decision goes.
+pub const PROG_RECV_EXIT: &str = "bypass_recv_exit";
+/// The receive guard: the receive's permission check (`security_socket_recvmsg`) fails
+/// as its entry decided.
+pub const PROG_RECV_GUARD: &str = "bypass_recv_guard";
 /// Where the read guard cannot run: a process calls `splice(2)`.
 pub const PROG_SPLICE_SEEN: &str = "bypass_splice_seen";
 /// The FIONREAD compensation (where the kernel self-test found FIONREAD wrong): the
@@ -202,7 +209,7 @@ pub const READ_TRAMPOLINE_HOOKS: [Hook; 2] = [
 /// before it reaches `splice_file_to_pipe`), by a program that may read the socket's
 /// storage; the check's fmod_ret program, which may not (`bpf_sk_storage_get` is not
 /// allowed to it), only applies it.
-pub const GUARD_HOOKS: [Hook; 6] = [
+pub const GUARD_HOOKS: [Hook; 9] = [
     Hook {
         program: PROG_SPLICE_EXIT,
         kind: HookKind::Exit,
@@ -212,6 +219,11 @@ pub const GUARD_HOOKS: [Hook; 6] = [
         program: PROG_MMAP_EXIT,
         kind: HookKind::Exit,
         target: "vm_mmap_pgoff",
+    },
+    Hook {
+        program: PROG_RECV_EXIT,
+        kind: HookKind::Exit,
+        target: "sock_recvmsg",
     },
     Hook {
         program: PROG_READ_GUARD,
@@ -224,6 +236,11 @@ pub const GUARD_HOOKS: [Hook; 6] = [
         target: "security_mmap_file",
     },
     Hook {
+        program: PROG_RECV_GUARD,
+        kind: HookKind::Guard,
+        target: "security_socket_recvmsg",
+    },
+    Hook {
         program: PROG_SPLICE_ENTER,
         kind: HookKind::Entry,
         target: "do_splice",
@@ -232,6 +249,11 @@ pub const GUARD_HOOKS: [Hook; 6] = [
         program: PROG_MMAP_ENTER,
         kind: HookKind::Entry,
         target: "vm_mmap_pgoff",
+    },
+    Hook {
+        program: PROG_RECV_ENTER,
+        kind: HookKind::Entry,
+        target: "sock_recvmsg",
     },
 ];
 

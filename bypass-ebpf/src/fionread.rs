@@ -123,7 +123,7 @@ pub fn bypass_fionread(ctx: FExitContext) -> i32 {
 // The key by reference on purpose: by value it would be copied onto the BPF stack.
 #[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
-fn unread_redirected(state: &mut SockState) -> u64 {
+pub(crate) fn unread_redirected(state: &mut SockState) -> u64 {
     // SAFETY: fields of live socket storage; readers may run at once.
     let read = unsafe {
         ingress_read(

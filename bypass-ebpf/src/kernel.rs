@@ -323,7 +323,16 @@ pub(crate) struct Queued {
     /// `sk_rmem_alloc`: what the receive queues hold (redirected bytes at their size,
     /// TCP's at their buffers' size), never below 0.
     pub(crate) rmem_alloc: u32,
+    /// What `recv(MSG_OOB)` would get from TCP now: `Err(EINVAL)` when no urgent byte
+    /// is to be read (tcp_recv_urg, net/ipv4/tcp.c: inline, none, or already read),
+    /// `Ok(())` when one is or may be.
+    pub(crate) urgent: Result<(), i32>,
 }
+
+/// `TCP_URG_READ` (include/net/tcp.h): the urgent byte was read.
+const TCP_URG_READ: u16 = 0x0400;
+/// `EINVAL`.
+const EINVAL: i32 = 22;
 
 /// `tcp_inq` of the socket at `tp` (include/net/tcp.h), for an established socket.
 ///
@@ -380,10 +389,18 @@ pub(crate) unsafe fn queued(sk: *mut c_void) -> Option<Queued> {
     }
     // SAFETY: typed loads at offsets the verifier checks against the kernel's BTF.
     unsafe {
+        let urg_data = field::<u16>(tp, BYPASS_OFF_TCP_URG_DATA.load());
+        let flags = field::<u64>(tp, BYPASS_OFF_SK_FLAGS.load());
+        let inline = flags & (1u64 << (BYPASS_SOCK_URGINLINE.load() & 63)) != 0;
         Some(Queued {
             psock: field::<u64>(tp, BYPASS_OFF_SK_USER_DATA.load()) & SK_USER_DATA_PSOCK != 0,
             tcp_inq: tcp_inq(tp),
             rmem_alloc: field::<i32>(tp, BYPASS_OFF_SK_BACKLOG.load()).max(0) as u32,
+            urgent: if inline || urg_data == 0 || urg_data & TCP_URG_READ != 0 {
+                Err(EINVAL)
+            } else {
+                Ok(())
+            },
         })
     }
 }

@@ -120,6 +120,9 @@ mod tests {
             names::PROG_MMAP_GUARD,
             names::PROG_SPLICE_SEEN,
             names::PROG_FIONREAD,
+            names::PROG_RECV_ENTER,
+            names::PROG_RECV_EXIT,
+            names::PROG_RECV_GUARD,
         ] {
             assert!(hooked.contains(&prog), "program {prog} is in no hook list");
         }

@@ -75,6 +75,8 @@ pub fn run(counted: &dyn Counted, guard: bool) -> Observed {
     if guard {
         seen[checks::SPLICE_REFUSED] = Some(ctx.splice_refused());
         seen[checks::MMAP_REFUSED] = Some(ctx.mmap_refused());
+        seen[checks::RECV_OOB] = Some(ctx.recv_oob());
+        seen[checks::RECV_TRUNC] = Some(ctx.recv_trunc());
     }
     seen[checks::REDIRECTS] = Some(ctx.redirects());
     Observed(seen)
@@ -454,6 +456,56 @@ impl Ctx<'_> {
         (got == data)
             .then_some(())
             .ok_or_else(|| "the read after the refused mmap got other bytes".into())
+    }
+
+    fn recv_oob(&mut self) -> Seen {
+        let mut p = self.pair()?;
+        let data = self.next_payload(1000);
+        self.send_redirected(&mut p, &data)?;
+        let mut buf = [0u8; 4];
+        match recv(
+            p.server.as_raw_fd(),
+            &mut buf,
+            MsgFlags::MSG_OOB | MsgFlags::MSG_DONTWAIT,
+        ) {
+            Err(Errno::EINVAL) => {}
+            other => {
+                return Err(format!(
+                    "recv(MSG_OOB) with no urgent byte and 1000 redirected bytes waiting \
+                     returned {other:?}, not EINVAL"
+                ));
+            }
+        }
+        let got = read_n(&mut p.server, 1000)?;
+        (got == data)
+            .then_some(())
+            .ok_or_else(|| "recv(MSG_OOB) consumed redirected bytes".into())
+    }
+
+    fn recv_trunc(&mut self) -> Seen {
+        let mut p = self.pair()?;
+        let data = self.next_payload(1000);
+        self.send_redirected(&mut p, &data)?;
+        // SAFETY: a null buffer with MSG_TRUNC: TCP discards without writing.
+        let n = unsafe {
+            libc::recv(
+                p.server.as_raw_fd(),
+                std::ptr::null_mut(),
+                100,
+                libc::MSG_TRUNC | libc::MSG_DONTWAIT,
+            )
+        };
+        let errno = Errno::last();
+        if n != -1 || errno != Errno::EOPNOTSUPP {
+            return Err(format!(
+                "recv(MSG_TRUNC) with 1000 redirected bytes waiting returned {n} ({errno}), \
+                 not EOPNOTSUPP"
+            ));
+        }
+        let got = read_n(&mut p.server, 1000)?;
+        (got == data)
+            .then_some(())
+            .ok_or_else(|| "recv(MSG_TRUNC) consumed redirected bytes".into())
     }
 
     /// The checks' bytes were redirected and a direction came back from TCP.
