@@ -55,6 +55,25 @@ pub fn run(workspace: &FsPath, raw_dir: &FsPath) -> Result<Results> {
     })
 }
 
+/// The line the demo opens and closes with: whether the agent had to be allowed an
+/// unguarded datapath to bypass on this kernel (the demo runs it with
+/// `--allow-unguarded`, as the tests do), and why (pure).
+pub fn guard_line(probe: &testbed::KernelProbe) -> String {
+    if probe.bypass_by_default && probe.refusal.is_none() {
+        return "agent run as a user runs it: this kernel has the read guard, the agent \
+                bypasses without --allow-unguarded"
+            .to_owned();
+    }
+    format!(
+        "agent run WITH --allow-unguarded: started as a user starts it, the agent would not \
+         bypass this node ({})",
+        probe
+            .refusal
+            .as_deref()
+            .unwrap_or("probe: bypass_by_default false")
+    )
+}
+
 /// The paths the demo compares.
 const PATHS: [Path; 2] = [Path::Bypass, Path::Default];
 
@@ -222,6 +241,28 @@ mod tests {
             });
         }
         r
+    }
+
+    #[test]
+    fn the_demo_says_when_it_allowed_an_unguarded_datapath() {
+        let mut probe = testbed::KernelProbe {
+            read_guard: false,
+            read_hook: "tracepoint".to_owned(),
+            bypass_by_default: false,
+            kernel_checks: Vec::new(),
+            fionread_compensation: String::new(),
+            refusal: Some("no read guard on this kernel".to_owned()),
+        };
+        let line = guard_line(&probe);
+        assert!(
+            line.starts_with("agent run WITH --allow-unguarded"),
+            "{line}"
+        );
+        assert!(line.contains("no read guard on this kernel"), "{line}");
+        probe.read_guard = true;
+        probe.bypass_by_default = true;
+        probe.refusal = None;
+        assert!(!guard_line(&probe).contains("WITH"));
     }
 
     #[test]

@@ -305,6 +305,10 @@ fn real_main() -> Result<()> {
         }
         Cmd::Demo { out, raw } => {
             let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+            // The demo runs the agent with --allow-unguarded, as the tests do: it says
+            // whether that mattered here, first and last.
+            let guard = demo::guard_line(&testbed::kernel_probe()?);
+            println!("{guard}");
             let results = demo::run(&workspace, &raw)?;
             let written = driver::write_outputs(&results, &out)?;
             println!("{}", report::render(&results));
@@ -322,6 +326,7 @@ fn real_main() -> Result<()> {
             println!(
                 "every run went the way its path says: the bypassed runs redirected their bytes, the TCP runs put theirs on the veths"
             );
+            println!("{guard}");
             Ok(())
         }
         Cmd::Apps {

@@ -23,12 +23,15 @@ pub const VALUES: &str = "deploy/values.yaml";
 /// What every rendered file starts with.
 pub const HEADER: &str = "# Rendered from deploy/chart/bypass-agent with deploy/values.yaml by `cargo xtask render-deploy`:\n# edit the chart or the values, not this file.\n";
 
-/// `helm template` of the chart with `deploy/values.yaml`, as text.
+/// `helm template` of the chart with `deploy/values.yaml`, as text, for the Kubernetes
+/// release the tests run ([`crate::KUBE_VERSION`]; alone, `helm template` assumes
+/// v1.20.0, which the chart's `kubeVersion` refuses).
 pub fn render(helm: &Path, repo: &Path) -> Result<String> {
     crate::cmd::output_named(
         Command::new(helm)
             .args(["template", RELEASE])
             .arg(repo.join(CHART))
+            .args(["--kube-version", crate::KUBE_VERSION])
             .args(["--namespace", NAMESPACE, "--values"])
             .arg(repo.join(VALUES)),
         "helm template",

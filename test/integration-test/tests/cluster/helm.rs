@@ -258,7 +258,15 @@ fn chart_lints_renders_deploy_and_passes_the_schema_check() -> Result<()> {
     let lint = helm(&["lint", "--strict", &chart_dir])?;
     ensure!(lint.contains("0 chart(s) failed"), "{lint}");
     // The schema refuses what the agent would.
-    let bad = helm(&["template", "x", &chart_dir, "--set", "maxSockets=1"]);
+    let bad = helm(&[
+        "template",
+        "x",
+        &chart_dir,
+        "--kube-version",
+        kube_testenv::KUBE_VERSION,
+        "--set",
+        "maxSockets=1",
+    ]);
     ensure!(
         bad.is_err_and(|e| e.to_string().contains("maxSockets")),
         "the schema took maxSockets=1"
@@ -309,7 +317,16 @@ fn chart_lints_renders_deploy_and_passes_the_schema_check() -> Result<()> {
             ],
         ),
     ] {
-        let mut args = vec!["template", "bypass", chart_dir.as_str(), "-n", AGENT_NS];
+        // As for the cluster the tests run (helm template alone assumes v1.20.0).
+        let mut args = vec![
+            "template",
+            "bypass",
+            chart_dir.as_str(),
+            "-n",
+            AGENT_NS,
+            "--kube-version",
+            kube_testenv::KUBE_VERSION,
+        ];
         for s in &sets {
             args.extend(["--set", s]);
         }
