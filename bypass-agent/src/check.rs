@@ -61,9 +61,45 @@ pub struct Report {
     pub kernel: String,
     /// Every finding.
     pub items: Vec<Item>,
-    /// Whether the agent can run here (no [`Level::Fail`]).
+    /// Whether the agent can run here (no [`Level::Fail`] but the bypass's).
     pub runs: bool,
+    /// Whether `run` (with `--allow-unguarded` if asked) bypasses this node.
+    pub bypasses: bool,
 }
+
+/// The finding that decides whether `run` bypasses this node (pure): `refusal` is why
+/// it would not by default, `allowed_refusal` why it would not even with
+/// `--allow-unguarded`, and `allow_unguarded` whether this check judges as with it.
+pub fn bypass_item(
+    refusal: Option<&str>,
+    allowed_refusal: Option<&str>,
+    allow_unguarded: bool,
+) -> Item {
+    match (refusal, allowed_refusal) {
+        (None, _) => item(BYPASS, Level::Ok, "`run` bypasses this node"),
+        (Some(why), None) if allow_unguarded => item(
+            BYPASS,
+            Level::Warn,
+            format!("`run` bypasses this node only because of --allow-unguarded: {why}"),
+        ),
+        (Some(why), None) => item(
+            BYPASS,
+            Level::Fail,
+            format!(
+                "`run` does not bypass this node: {why} (the chart: allowUnguarded=true; \
+                 check with --allow-unguarded to judge as it)"
+            ),
+        ),
+        (Some(_), Some(why)) => item(
+            BYPASS,
+            Level::Fail,
+            format!("`run` does not bypass this node, with or without --allow-unguarded: {why}"),
+        ),
+    }
+}
+
+/// The name of [`bypass_item`]'s finding.
+pub const BYPASS: &str = "bypass";
 
 /// Whether the agent can run given `items` (pure).
 pub fn verdict(items: &[Item]) -> bool {
@@ -213,14 +249,14 @@ pub fn check(opts: &CheckOpts) -> Result<(), AgentError> {
         }
         println!(
             "{}",
-            if report.runs {
-                "the agent can run on this node"
-            } else {
-                "the agent cannot run on this node"
+            match (report.runs, report.bypasses) {
+                (true, true) => "the agent can run on this node, and bypasses it",
+                (true, false) => "the agent can run on this node, but does not bypass it",
+                (false, _) => "the agent cannot run on this node",
             }
         );
     }
-    if report.runs {
+    if report.runs && report.bypasses {
         Ok(())
     } else {
         Err(AgentError::CheckFailed)
@@ -269,7 +305,16 @@ pub fn check_items(checks: &[bypass_common::status::KernelCheck], fionread: &str
 fn gather(opts: &CheckOpts) -> Report {
     let kernel = datapath::kernel_release();
     let mut items = feature_items(&preflight::probe_all());
-    let probe = crate::probe::detect();
+    let probe = crate::probe::detect_both();
+    let bypass = match &probe {
+        Ok((p, allowed)) => bypass_item(
+            p.refusal.as_deref(),
+            allowed.as_deref(),
+            opts.allow_unguarded,
+        ),
+        Err(e) => item(BYPASS, Level::Fail, e.to_string()),
+    };
+    let probe = probe.map(|(p, _)| p);
     items.push(match &probe {
         Ok(p) if p.read_guard => item(
             "read guard",
@@ -334,10 +379,13 @@ fn gather(opts: &CheckOpts) -> Report {
         ));
     }
     let runs = verdict(&items);
+    let bypasses = runs && bypass.level != Level::Fail;
+    items.push(bypass);
     Report {
         kernel,
         items,
         runs,
+        bypasses,
     }
 }
 
@@ -368,6 +416,31 @@ pub fn default_bpffs() -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_that_will_not_bypass_fails_the_check_with_the_reason() {
+        let ok = bypass_item(None, None, false);
+        assert_eq!(ok.level, Level::Ok);
+        // No read guard: refused by default, bypassed with --allow-unguarded.
+        let no_guard = bypass_item(Some("no read guard"), None, false);
+        assert_eq!(no_guard.level, Level::Fail);
+        assert!(
+            no_guard.detail.contains("no read guard"),
+            "{}",
+            no_guard.detail
+        );
+        assert!(
+            no_guard.detail.contains("allowUnguarded=true"),
+            "{}",
+            no_guard.detail
+        );
+        let allowed = bypass_item(Some("no read guard"), None, true);
+        assert_eq!(allowed.level, Level::Warn);
+        // A failure --allow-unguarded does not cover fails either way.
+        let eof = bypass_item(Some("eof"), Some("eof"), true);
+        assert_eq!(eof.level, Level::Fail);
+        assert!(eof.detail.contains("with or without"), "{}", eof.detail);
+    }
 
     const MOUNTINFO: &str = "\
 24 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw

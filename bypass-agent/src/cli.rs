@@ -100,6 +100,10 @@ pub struct CheckOpts {
     /// service account].
     #[arg(long, value_name = "PATH")]
     pub kubeconfig: Option<PathBuf>,
+    /// Judge as `run --allow-unguarded` would (the chart's allowUnguarded): a node that
+    /// bypasses only with it passes, with a warning.
+    #[arg(long)]
+    pub allow_unguarded: bool,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,

@@ -13,9 +13,16 @@ use crate::{
 
 /// Detects this kernel's support as `run` does, and runs the kernel self-test.
 pub fn detect() -> Result<Probe, AgentError> {
+    detect_both().map(|(p, _)| p)
+}
+
+/// [`detect`], and why `run --allow-unguarded` would still not bypass this node, if it
+/// would not.
+pub fn detect_both() -> Result<(Probe, Option<String>), AgentError> {
     let facts = HostFacts::detect()?;
     let checks = kernel_check::run(&facts, &datapath::find_cgroup2_mount()?);
-    Ok(from_facts(&facts, &checks))
+    let allowed = checks.refusal(&datapath::kernel_release(), true);
+    Ok((from_facts(&facts, &checks), allowed))
 }
 
 fn from_facts(facts: &HostFacts, checks: &kernel_check::Verdict) -> Probe {

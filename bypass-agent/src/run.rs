@@ -131,6 +131,9 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
     }
     dp.attach()?;
     if let Some(t) = &telemetry {
+        if let Some(why) = dp.refused() {
+            t.refused(why);
+        }
         t.health.set_synced(true);
         t.health.set_settled(true);
     }

@@ -134,7 +134,8 @@ pub const CHECKS: [Check; 14] = [
     Check {
         name: "recv_trunc",
         what: "recv(MSG_TRUNC) with redirected bytes waiting is refused (EOPNOTSUPP) \
-               before it consumes any; they are then read as sent",
+               before it consumes any, with MSG_PEEK too; with MSG_ERRQUEUE TCP answers; \
+               the bytes are then read as sent",
         needed: Needed::Guarded,
     },
 ];

@@ -166,7 +166,8 @@ pub const PROG_MMAP_EXIT: &str = "bypass_mmap_exit";
 pub const PROG_READ_GUARD: &str = "bypass_read_guard";
 /// The mapping guard: the mapping's check (`security_mmap_file`) likewise.
 pub const PROG_MMAP_GUARD: &str = "bypass_mmap_guard";
-/// A receive with `MSG_OOB` or `MSG_TRUNC` starts (`sock_recvmsg`): the guard decides.
+/// A receive with `MSG_OOB` or `MSG_TRUNC` is checked (`security_socket_recvmsg`):
+/// the guard decides.
 pub const PROG_RECV_ENTER: &str = "bypass_recv_enter";
 /// That receive returns: its decision goes.
 pub const PROG_RECV_EXIT: &str = "bypass_recv_exit";
@@ -223,7 +224,7 @@ pub const GUARD_HOOKS: [Hook; 9] = [
     Hook {
         program: PROG_RECV_EXIT,
         kind: HookKind::Exit,
-        target: "sock_recvmsg",
+        target: "security_socket_recvmsg",
     },
     Hook {
         program: PROG_READ_GUARD,
@@ -253,7 +254,7 @@ pub const GUARD_HOOKS: [Hook; 9] = [
     Hook {
         program: PROG_RECV_ENTER,
         kind: HookKind::Entry,
-        target: "sock_recvmsg",
+        target: "security_socket_recvmsg",
     },
 ];
 

@@ -155,6 +155,30 @@ pub const fn tcp_read_step(copied_seq: u32, copied_last: u32) -> u64 {
     }
 }
 
+/// Of the sequence numbers `[copied_last, copied_seq)` a read stepped over, how many
+/// returned no byte: the urgent byte at `urg_seq` when `urg` (it is not read inline:
+/// tcp_recvmsg steps over it, net/ipv4/tcp.c), and the FIN at `fin_seq` when `fin` (it
+/// was read). `tcp_total` counts bytes, so these are not part of it (pure; plain values,
+/// not options: the BPF verifier refuses reads of an absent option's payload, which the
+/// compiler may hoist).
+#[inline(always)]
+pub const fn skipped_seqs(
+    copied_seq: u32,
+    copied_last: u32,
+    (urg, urg_seq): (bool, u32),
+    (fin, fin_seq): (bool, u32),
+) -> u64 {
+    let step = tcp_read_step(copied_seq, copied_last);
+    let mut n = 0;
+    if urg && (urg_seq.wrapping_sub(copied_last) as u64) < step {
+        n += 1;
+    }
+    if fin && (fin_seq.wrapping_sub(copied_last) as u64) < step {
+        n += 1;
+    }
+    if n > step { step } else { n }
+}
+
 /// Bits of [`SockState::flags`].
 pub mod flags {
     /// The socket was once in the SockHash, so it has (or had) a psock with an ingress

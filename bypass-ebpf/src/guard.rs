@@ -49,6 +49,10 @@ const MAY_READ: i32 = 4;
 /// does not honour (net/core/skmsg.c, sk_msg_recvmsg reads ordinary bytes for both).
 const MSG_OOB: i32 = 1;
 const MSG_TRUNC: i32 = 0x20;
+/// `MSG_PEEK`: a receive that leaves the bytes queued.
+const MSG_PEEK: i32 = 2;
+/// `MSG_ERRQUEUE`: a receive of the error queue.
+const MSG_ERRQUEUE: i32 = 0x2000;
 /// `EAGAIN`: the urgent byte cannot be had now.
 const EAGAIN: i32 = 11;
 /// `EOPNOTSUPP`: a discarding read while redirected bytes wait.
@@ -117,24 +121,35 @@ pub fn bypass_mmap_exit(_ctx: FExitContext) -> i32 {
     0
 }
 
-#[fentry(function = "sock_recvmsg")]
+#[fentry(function = "security_socket_recvmsg")]
 pub fn bypass_recv_enter(ctx: FEntryContext) -> i32 {
-    // int sock_recvmsg(struct socket *sock, struct msghdr *msg, int flags): every
-    // recv, recvfrom, recvmsg and io_uring receive, before its permission check.
-    let flags: i32 = ctx.arg(2);
-    if flags & (MSG_OOB | MSG_TRUNC) != 0 {
+    // int security_socket_recvmsg(struct socket *sock, struct msghdr *msg, int size,
+    // int flags): the permission check of every user receive (sock_recvmsg; recvmmsg's
+    // later datagrams skip it, and the first one's decision holds for the socket). In
+    // the same trampoline as the guard below and the return here, so a decision never
+    // outlives its call.
+    let (size, flags): (i32, i32) = (ctx.arg(2), ctx.arg(3));
+    if wants_guard(size, flags) {
         decide_recv(ctx.arg(0), flags);
     }
     0
 }
 
-#[fexit(function = "sock_recvmsg")]
+#[fexit(function = "security_socket_recvmsg")]
 pub fn bypass_recv_exit(ctx: FExitContext) -> i32 {
-    let flags: i32 = ctx.arg(2);
-    if flags & (MSG_OOB | MSG_TRUNC) != 0 {
+    let (size, flags): (i32, i32) = (ctx.arg(2), ctx.arg(3));
+    if wants_guard(size, flags) {
         forget();
     }
     0
+}
+
+/// Whether a receive of `size` bytes with `flags` is one the guard looks at: `MSG_OOB`
+/// or `MSG_TRUNC`, not of the error queue (served before either receive queue,
+/// net/ipv4/tcp_bpf.c), not of zero bytes (tcp_bpf_recvmsg returns 0 before reading).
+#[inline(always)]
+fn wants_guard(size: i32, flags: i32) -> bool {
+    flags & (MSG_OOB | MSG_TRUNC) != 0 && flags & MSG_ERRQUEUE == 0 && size > 0
 }
 
 #[lsm(hook = "socket_recvmsg")]
@@ -142,9 +157,9 @@ pub fn bypass_recv_guard(ctx: LsmContext) -> i32 {
     // int security_socket_recvmsg(struct socket *sock, struct msghdr *msg, int size,
     // int flags), then what earlier programs on the function decided.
     let sock: *const u8 = ctx.arg(0);
-    let flags: i32 = ctx.arg(3);
+    let (size, flags): (i32, i32) = (ctx.arg(2), ctx.arg(3));
     let earlier: i32 = ctx.arg(4);
-    if earlier != 0 || flags & (MSG_OOB | MSG_TRUNC) == 0 {
+    if earlier != 0 || !wants_guard(size, flags) {
         return earlier;
     }
     apply_to(sock as u64)
@@ -183,10 +198,14 @@ pub fn bypass_mmap_guard(ctx: LsmContext) -> i32 {
 ///   queue is read first), else `EAGAIN`.
 /// - `MSG_TRUNC`: the socket discards, so it reads only its TCP queue from now on (its
 ///   peer sends to it by TCP, the connection leaves the SockHash), and the call is
-///   refused (`EOPNOTSUPP`) while bytes redirected to it are unread or on their way.
+///   refused (`EOPNOTSUPP`) while bytes redirected to it are unread or on their way;
+///   with `MSG_PEEK` it is only refused while redirected bytes are unread.
 #[inline(always)]
 fn decide_recv(sock: *const u8, flags: i32) {
-    if sock.is_null() || !kernel::hooks_active() {
+    // A decision of this thread left by a call whose return was missed (an agent
+    // restarted between the two) never applies to this one.
+    forget();
+    if sock.is_null() || !kernel::hooks_active() || !kernel::queued_fields() {
         return;
     }
     // SAFETY: the traced function's `struct socket *` argument.
@@ -214,9 +233,19 @@ fn decide_recv(sock: *const u8, flags: i32) {
     let err = if flags & MSG_OOB != 0 {
         match q.urgent {
             Err(e) => e,
-            Ok(()) if crate::fionread::unread_redirected(state) == 0 => return,
-            Ok(()) => EAGAIN,
+            // Announced, not arrived: tcp_recv_urg answers EAGAIN at once, where the
+            // ingress queue's read would wait.
+            Ok(false) => EAGAIN,
+            Ok(true) if crate::fionread::unread_redirected(state) == 0 => return,
+            Ok(true) => EAGAIN,
         }
+    } else if flags & MSG_PEEK != 0 {
+        // A peek discards nothing: refused only while redirected bytes wait (the
+        // ingress queue would copy them into the buffer), and the socket stays as it is.
+        if crate::fionread::unread_redirected(state) == 0 {
+            return;
+        }
+        EOPNOTSUPP
     } else if guard(state, rx::TRUNC) {
         return;
     } else {

@@ -276,6 +276,11 @@ pub(crate) struct Reading {
     pub(crate) copied_seq: u32,
     /// Its bound ([`receive_bound`]).
     pub(crate) rx_limit: u32,
+    /// Whether an urgent byte is stepped over by reads (not inline), and `urg_seq`.
+    pub(crate) urg: (bool, u32),
+    /// Whether the FIN was read (`SOCK_DONE`, `copied_seq` at `rcv_nxt`), and its
+    /// sequence number.
+    pub(crate) fin: (bool, u32),
 }
 
 /// A traced function's socket argument's fields, read typed.
@@ -291,9 +296,26 @@ pub(crate) unsafe fn reading(sk: *mut c_void) -> Option<Reading> {
     }
     // SAFETY: typed loads at offsets the verifier checks against the kernel's BTF.
     unsafe {
+        let copied_seq = field::<u32>(tp, BYPASS_OFF_TCP_COPIED_SEQ.load());
+        let (mut urg, mut fin) = ((false, 0), (false, 0));
+        if queued_fields() {
+            let flags = field::<u64>(tp, BYPASS_OFF_SK_FLAGS.load());
+            let bit = |b: u32| flags & (1u64 << (b & 63)) != 0;
+            urg = (
+                !bit(BYPASS_SOCK_URGINLINE.load()),
+                field::<u32>(tp, BYPASS_OFF_TCP_URG_SEQ.load()),
+            );
+            let rcv_nxt = field::<u32>(tp, BYPASS_OFF_TCP_RCV_NXT.load());
+            fin = (
+                bit(BYPASS_SOCK_DONE.load()) && copied_seq == rcv_nxt,
+                rcv_nxt.wrapping_sub(1),
+            );
+        }
         Some(Reading {
-            copied_seq: field::<u32>(tp, BYPASS_OFF_TCP_COPIED_SEQ.load()),
+            copied_seq,
             rx_limit: limit_of(tp),
+            urg,
+            fin,
         })
     }
 }
@@ -325,12 +347,15 @@ pub(crate) struct Queued {
     pub(crate) rmem_alloc: u32,
     /// What `recv(MSG_OOB)` would get from TCP now: `Err(EINVAL)` when no urgent byte
     /// is to be read (tcp_recv_urg, net/ipv4/tcp.c: inline, none, or already read),
-    /// `Ok(())` when one is or may be.
-    pub(crate) urgent: Result<(), i32>,
+    /// `Ok(true)` when one is there (`TCP_URG_VALID`), `Ok(false)` when one is announced
+    /// and not arrived (`TCP_URG_NOTYET`).
+    pub(crate) urgent: Result<bool, i32>,
 }
 
 /// `TCP_URG_READ` (include/net/tcp.h): the urgent byte was read.
 const TCP_URG_READ: u16 = 0x0400;
+/// `TCP_URG_VALID`: the urgent byte is in `urg_data`'s low byte.
+const TCP_URG_VALID: u16 = 0x0100;
 /// `EINVAL`.
 const EINVAL: i32 = 22;
 
@@ -375,6 +400,20 @@ unsafe fn tcp_inq(tp: *const u8) -> u32 {
     }
 }
 
+/// Whether every field [`queued`] reads is known on this kernel (the agent's
+/// `KernelLayout::fionread_fields`): an unknown one is offset 0.
+#[inline(always)]
+pub(crate) fn queued_fields() -> bool {
+    BYPASS_OFF_SK_USER_DATA.load() != 0
+        && BYPASS_OFF_SK_BACKLOG.load() != 0
+        && BYPASS_OFF_TCP_RCV_NXT.load() != 0
+        && BYPASS_OFF_TCP_URG_DATA.load() != 0
+        && BYPASS_OFF_TCP_URG_SEQ.load() != 0
+        && BYPASS_OFF_SK_FLAGS.load() != 0
+        && BYPASS_SOCK_DONE.load() != 0
+        && BYPASS_SOCK_URGINLINE.load() != 0
+}
+
 /// A traced socket argument's psock bit and `tcp_inq`; `None` if it is not a full TCP
 /// socket.
 ///
@@ -399,7 +438,7 @@ pub(crate) unsafe fn queued(sk: *mut c_void) -> Option<Queued> {
             urgent: if inline || urg_data == 0 || urg_data & TCP_URG_READ != 0 {
                 Err(EINVAL)
             } else {
-                Ok(())
+                Ok(urg_data & TCP_URG_VALID != 0)
             },
         })
     }

@@ -26,7 +26,7 @@ use aya_ebpf::{
 };
 use bypass_common::{
     SockState,
-    state::{flags, ingress_read, rx, side, tcp_read_step},
+    state::{flags, ingress_read, rx, side, skipped_seqs, tcp_read_step},
 };
 
 use crate::{
@@ -122,7 +122,7 @@ fn on_read(sk: *mut c_void, read: i32, flags: i32, last: bool) {
     // bytes it returned, so that the difference is never above the truth.
     // SAFETY: fields of live socket storage; readers may run at once.
     let (total, tcp) = unsafe {
-        count_tcp_step(state, r.copied_seq);
+        count_tcp_step(state, &r);
         if read > 0 {
             atomic::add_u64(addr_of_mut!(state.read_total), read as u64);
         }
@@ -185,7 +185,8 @@ fn publish(state: &mut SockState, read: u64, last: bool, r: &kernel::Reading) {
 /// # Safety
 /// `state` is live socket storage.
 #[inline(always)]
-unsafe fn count_tcp_step(state: &mut SockState, copied_seq: u32) {
+unsafe fn count_tcp_step(state: &mut SockState, r: &kernel::Reading) {
+    let copied_seq = r.copied_seq;
     let last = addr_of_mut!(state.copied_last);
     for attempt in 0..4 {
         // SAFETY: a field of live socket storage.
@@ -202,8 +203,12 @@ unsafe fn count_tcp_step(state: &mut SockState, copied_seq: u32) {
                 // SAFETY: as above.
                 unsafe { write_volatile(last, u64::from(copied_seq)) };
             }
+            // An urgent byte or the FIN stepped over returned nothing: not a byte
+            // read from the TCP queue (else what was read from the ingress queue
+            // would stay one short for good, and its guard and leaving with it).
+            let bytes = step - skipped_seqs(copied_seq, seen as u32, r.urg, r.fin);
             // SAFETY: as above.
-            unsafe { atomic::add_u64(addr_of_mut!(state.tcp_total), step) };
+            unsafe { atomic::add_u64(addr_of_mut!(state.tcp_total), bytes) };
             return;
         }
     }

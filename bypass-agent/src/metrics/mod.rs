@@ -149,6 +149,8 @@ pub struct ErrorLabels {
 pub struct Health {
     synced: AtomicBool,
     settled: AtomicBool,
+    /// Why this node is not bypassed, if the agent refused it.
+    refused: std::sync::Mutex<Option<String>>,
 }
 
 impl Health {
@@ -162,17 +164,35 @@ impl Health {
         self.settled.store(v, Ordering::Relaxed);
     }
 
-    /// Ready: synced and settled.
+    /// The agent refused to bypass this node, for `why`: it is not ready (a rollout
+    /// that bypasses nothing does not look healthy), and `/readyz` says why.
+    pub fn set_refused(&self, why: &str) {
+        if let Ok(mut r) = self.refused.lock() {
+            *r = Some(why.to_owned());
+        }
+    }
+
+    fn refusal(&self) -> Option<String> {
+        self.refused.lock().ok().and_then(|r| r.clone())
+    }
+
+    /// Ready: synced and settled, and not refused.
     pub fn ready(&self) -> bool {
-        self.synced.load(Ordering::Relaxed) && self.settled.load(Ordering::Relaxed)
+        self.synced.load(Ordering::Relaxed)
+            && self.settled.load(Ordering::Relaxed)
+            && self.refusal().is_none()
     }
 
     fn describe(&self) -> String {
-        format!(
+        let mut s = format!(
             "synced={} datapath_settled={}",
             self.synced.load(Ordering::Relaxed),
             self.settled.load(Ordering::Relaxed)
-        )
+        );
+        if let Some(why) = self.refusal() {
+            s.push_str(&format!(" refused: {why}"));
+        }
+        s
     }
 }
 
@@ -257,8 +277,10 @@ impl Telemetry {
         }
     }
 
-    /// The kernel was refused: the agent idles, and says why.
+    /// The kernel was refused: the agent idles, and says why (in `/metrics` and
+    /// `/readyz`).
     pub fn refused(&self, reason: &str) {
+        self.health.set_refused(reason);
         self.agent
             .refused
             .get_or_create(&RefusedLabels {

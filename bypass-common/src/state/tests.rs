@@ -431,3 +431,25 @@ fn catching_up_is_equality() {
     assert!(!caught_up(4, 5));
     assert!(caught_up(u32::MAX, u32::MAX));
 }
+
+#[test]
+fn an_urgent_byte_or_fin_stepped_over_is_no_byte_read() {
+    const NO: (bool, u32) = (false, 0);
+    let at = |seq: u32| (true, seq);
+    // Five bytes and the urgent byte between them: six sequence numbers, five bytes.
+    assert_eq!(skipped_seqs(1006, 1000, at(1002), NO), 1);
+    // Inline (or none): the urgent byte was read as data.
+    assert_eq!(skipped_seqs(1006, 1000, (false, 1002), NO), 0);
+    // The urgent byte outside the step (read before, or not reached yet).
+    assert_eq!(skipped_seqs(1006, 1000, at(999), NO), 0);
+    assert_eq!(skipped_seqs(1006, 1000, at(1006), NO), 0);
+    // The FIN, last of the step; with an urgent byte too.
+    assert_eq!(skipped_seqs(1006, 1000, NO, at(1005)), 1);
+    assert_eq!(skipped_seqs(1006, 1000, at(1001), at(1005)), 2);
+    // Across the sequence wrap.
+    assert_eq!(skipped_seqs(3, u32::MAX - 2, at(u32::MAX), at(2)), 2);
+    // Never more than the step; no step, nothing.
+    assert_eq!(skipped_seqs(1001, 1000, at(1000), at(1000)), 1);
+    assert_eq!(skipped_seqs(1000, 1000, at(1000), at(1000)), 0);
+    assert_eq!(skipped_seqs(990, 1000, at(995), NO), 0, "backwards");
+}

@@ -184,7 +184,9 @@ fn kernel_self_test_reported_everywhere() -> Result<()> {
     ensure!(outcome("redirects") == "passed", "{checks:?}");
     let guard = testbed::kernel_probe()?;
     for c in checks {
-        let guard_check = ["splice_refused", "mmap_refused"].contains(&c.name.as_str());
+        let guard_check = bypass_common::checks::READ_GUARD
+            .iter()
+            .any(|&i| bypass_common::checks::CHECKS[i].name == c.name);
         ensure!(
             (c.outcome == "not run") == (guard_check && !guard.read_guard),
             "{} {} with the read guard {}",
@@ -225,6 +227,38 @@ fn kernel_self_test_reported_everywhere() -> Result<()> {
     }
     let out = testbed::agent::run_agent(&["check", "--json"], std::time::Duration::from_secs(600))?;
     let check: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    // check, probe and run agree on whether this node is bypassed, and say why not.
+    ensure!(
+        check["bypasses"] == serde_json::json!(guard.bypass_by_default)
+            && out.status.success() == guard.bypass_by_default,
+        "check ({}) and probe (bypass_by_default {}) disagree: {check}",
+        out.status,
+        guard.bypass_by_default
+    );
+    if let Some(why) = &guard.refusal {
+        let said = check["items"].as_array().into_iter().flatten().any(|i| {
+            i["check"] == "bypass"
+                && i["level"] == "fail"
+                && i["detail"]
+                    .as_str()
+                    .is_some_and(|d| d.contains(why.as_str()))
+        });
+        ensure!(
+            said,
+            "check --json does not fail the bypass with the probe's reason: {check}"
+        );
+        // Judged as the chart's allowUnguarded judges, the node passes where the agent
+        // under test (started with --allow-unguarded) bypasses.
+        let allowed = testbed::agent::run_agent(
+            &["check", "--json", "--allow-unguarded"],
+            std::time::Duration::from_secs(600),
+        )?;
+        let allowed_check: serde_json::Value = serde_json::from_slice(&allowed.stdout)?;
+        ensure!(
+            allowed_check["bypasses"] == true && allowed.status.success(),
+            "check --allow-unguarded says the node is not bypassed while the agent bypasses it: {allowed_check}"
+        );
+    }
     let items = check["items"].as_array().cloned().unwrap_or_default();
     for (name, outcome) in &shown {
         let listed = items

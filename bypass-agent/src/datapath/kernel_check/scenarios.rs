@@ -486,6 +486,43 @@ impl Ctx<'_> {
         let mut p = self.pair()?;
         let data = self.next_payload(1000);
         self.send_redirected(&mut p, &data)?;
+        let fd = p.server.as_raw_fd();
+        // The error queue is served before either receive queue: TCP's answer (empty:
+        // EAGAIN), never the guard's.
+        let mut buf = [0u8; 100];
+        // SAFETY: a valid buffer of its length.
+        let n = unsafe {
+            libc::recv(
+                fd,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_ERRQUEUE | libc::MSG_TRUNC | libc::MSG_DONTWAIT,
+            )
+        };
+        let errno = Errno::last();
+        if n != -1 || errno != Errno::EAGAIN {
+            return Err(format!(
+                "recv(MSG_ERRQUEUE|MSG_TRUNC) with an empty error queue returned {n} \
+                 ({errno}), not EAGAIN as on TCP"
+            ));
+        }
+        // A peek that would discard: refused while redirected bytes wait, nothing taken.
+        // SAFETY: a null buffer with MSG_TRUNC.
+        let n = unsafe {
+            libc::recv(
+                fd,
+                std::ptr::null_mut(),
+                100,
+                libc::MSG_PEEK | libc::MSG_TRUNC | libc::MSG_DONTWAIT,
+            )
+        };
+        let errno = Errno::last();
+        if n != -1 || errno != Errno::EOPNOTSUPP {
+            return Err(format!(
+                "recv(MSG_PEEK|MSG_TRUNC) with 1000 redirected bytes waiting returned {n} \
+                 ({errno}), not EOPNOTSUPP"
+            ));
+        }
         // SAFETY: a null buffer with MSG_TRUNC: TCP discards without writing.
         let n = unsafe {
             libc::recv(

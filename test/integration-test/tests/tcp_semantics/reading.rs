@@ -60,7 +60,9 @@ pub fn fionread_after_urgent_bytes() -> Result<()> {
         "TCP itself: {}",
         tcp.server
     );
-    same(&tcp, &bypass, &[], &["stream", "fionread_end"])
+    // Each urgent byte TCP stepped over is no byte read: once everything is read,
+    // nothing redirected waits, so SO_PEEK_OFF is answered as on TCP.
+    same(&tcp, &bypass, &[], &["stream", "fionread_end", "peek_off"])
 }
 
 /// What the agent's kernel self-test found for check `name`.
@@ -153,15 +155,35 @@ pub fn mixed_reader_sees_what_tcp_shows() -> Result<()> {
         bypass.server
     );
     drop(agent);
-    let default = testbed::Agent::start(&testbed::AgentOpts {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let mut opts = testbed::AgentOpts {
         allow_unguarded: false,
         ..pods.agent_opts()
-    })?;
+    };
+    opts.extra_args
+        .extend(["--metrics-addr".to_owned(), format!("127.0.0.1:{port}")]);
+    let default = testbed::Agent::start(&opts)?;
     let refused = default.stats()?.refused.unwrap_or_default();
     ensure!(
         refused.contains("fionread_tcp"),
         "an agent not allowed to bypass past a FIONREAD failure bypassed: {refused:?}"
     );
+    // A refused node is not ready, and its readiness says why.
+    kube_testenv::wait_for(
+        "/readyz of the refused agent saying why",
+        kube_testenv::NET,
+        std::time::Duration::from_millis(100),
+        || {
+            let (code, body) = testbed::agent::http_get(port, "/readyz")?;
+            ensure!(
+                code == 503 && body.contains("refused") && body.contains("fionread_tcp"),
+                "{code} {body}"
+            );
+            Ok(())
+        },
+    )?;
     Ok(())
 }
 
