@@ -7,9 +7,23 @@ use crate::{cli::NodesOpts, error::AgentError, k8s::node_status};
 /// Prints every node's status in `--namespace`.
 pub fn nodes(opts: &NodesOpts) -> Result<(), AgentError> {
     let rt = crate::runtime::current_thread()?;
-    let list = rt.block_on(async {
+    let (list, existing) = rt.block_on(async {
         let client = crate::k8s::client::connect(opts.kubeconfig.as_deref()).await?;
-        node_status::list(&client, &opts.namespace).await
+        let list = node_status::list(&client, &opts.namespace).await?;
+        // The cluster's nodes, where the caller may list them: a status whose node is
+        // gone is shown so.
+        let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
+        let existing = nodes
+            .list_metadata(&kube::api::ListParams::default())
+            .await
+            .ok()
+            .map(|l| {
+                l.items
+                    .into_iter()
+                    .filter_map(|n| n.metadata.name)
+                    .collect::<Vec<_>>()
+            });
+        Ok::<_, AgentError>((list, existing))
     })?;
     if opts.json {
         crate::print_json(&list, "the node list")?;
@@ -19,7 +33,14 @@ pub fn nodes(opts: &NodesOpts) -> Result<(), AgentError> {
             opts.namespace
         );
     } else {
-        print!("{}", node_status::render_table(list));
+        print!(
+            "{}",
+            node_status::render_table(
+                list,
+                k8s_openapi::jiff::Timestamp::now(),
+                existing.as_deref()
+            )
+        );
     }
     Ok(())
 }

@@ -240,9 +240,11 @@ fn decide_recv(sock: *const u8, flags: i32) {
             Ok(true) => EAGAIN,
         }
     } else if flags & MSG_PEEK != 0 {
-        // A peek discards nothing: refused only while redirected bytes wait (the
-        // ingress queue would copy them into the buffer), and the socket stays as it is.
-        if crate::fionread::unread_redirected(state) == 0 {
+        // A peek discards nothing: it goes on only where TCP answers it, with nothing
+        // redirected waiting and TCP bytes there (an empty socket's peek could wait,
+        // and redirected bytes arriving meanwhile would be copied into the buffer);
+        // else refused, and the socket stays as it is.
+        if crate::fionread::unread_redirected(state) == 0 && q.tcp_inq > 0 {
             return;
         }
         EOPNOTSUPP

@@ -276,7 +276,8 @@ pub(crate) struct Reading {
     pub(crate) copied_seq: u32,
     /// Its bound ([`receive_bound`]).
     pub(crate) rx_limit: u32,
-    /// Whether an urgent byte is stepped over by reads (not inline), and `urg_seq`.
+    /// Whether an urgent byte at `urg_seq` was stepped over, and `urg_seq`: never
+    /// claimed (see [`reading`]).
     pub(crate) urg: (bool, u32),
     /// Whether the FIN was read (`SOCK_DONE`, `copied_seq` at `rcv_nxt`), and its
     /// sequence number.
@@ -297,24 +298,27 @@ pub(crate) unsafe fn reading(sk: *mut c_void) -> Option<Reading> {
     // SAFETY: typed loads at offsets the verifier checks against the kernel's BTF.
     unsafe {
         let copied_seq = field::<u32>(tp, BYPASS_OFF_TCP_COPIED_SEQ.load());
-        let (mut urg, mut fin) = ((false, 0), (false, 0));
+        let mut fin = (false, 0);
         if queued_fields() {
+            // rcv_nxt on both sides of the flags: the FIN moved it before tcp_fin set
+            // SOCK_DONE, and a FIN is taken only where both reads agree.
+            let before = field::<u32>(tp, BYPASS_OFF_TCP_RCV_NXT.load());
             let flags = field::<u64>(tp, BYPASS_OFF_SK_FLAGS.load());
-            let bit = |b: u32| flags & (1u64 << (b & 63)) != 0;
-            urg = (
-                !bit(BYPASS_SOCK_URGINLINE.load()),
-                field::<u32>(tp, BYPASS_OFF_TCP_URG_SEQ.load()),
-            );
             let rcv_nxt = field::<u32>(tp, BYPASS_OFF_TCP_RCV_NXT.load());
+            let done = flags & (1u64 << (BYPASS_SOCK_DONE.load() & 63)) != 0;
             fin = (
-                bit(BYPASS_SOCK_DONE.load()) && copied_seq == rcv_nxt,
+                done && before == rcv_nxt && copied_seq == rcv_nxt,
                 rcv_nxt.wrapping_sub(1),
             );
         }
+        // An urgent byte TCP stepped over is not told apart: `urg_seq` outlives its
+        // byte (and is 0 on a socket that never had one), so a step over it proves
+        // nothing; counted as read from TCP, it leaves what was read from the ingress
+        // queue one short, the safe side.
         Some(Reading {
             copied_seq,
             rx_limit: limit_of(tp),
-            urg,
+            urg: (false, 0),
             fin,
         })
     }

@@ -69,21 +69,39 @@ pub struct Publisher {
     namespace: String,
     owner: Option<node_status::Owner>,
     last: Option<node_status::NodeStatus>,
+    /// When `last` was written.
+    published: Option<std::time::Instant>,
     warned: bool,
 }
 
 impl Publisher {
     /// Publishes `status` unless it is what was published last; failures are logged
     /// once and retried on the next pass.
-    pub async fn update(&mut self, status: node_status::NodeStatus) {
-        if self.last.as_ref() == Some(&status) {
+    pub async fn update(&mut self, mut status: node_status::NodeStatus) {
+        let fresh = self
+            .published
+            .is_some_and(|t| t.elapsed() < node_status::REFRESH);
+        if fresh
+            && self
+                .last
+                .as_ref()
+                .is_some_and(|l| node_status::same_content(l, &status))
+        {
             return;
         }
+        status.refreshed = Some(k8s_openapi::jiff::Timestamp::now().to_string());
         match node_status::publish(&self.client, &self.namespace, &status, self.owner.as_ref())
             .await
         {
             Ok(()) => {
-                info!(state = status.state.as_str(), "node status published");
+                if !self
+                    .last
+                    .as_ref()
+                    .is_some_and(|l| node_status::same_content(l, &status))
+                {
+                    info!(state = status.state.as_str(), "node status published");
+                }
+                self.published = Some(std::time::Instant::now());
                 self.last = Some(status);
                 self.warned = false;
             }
@@ -131,6 +149,7 @@ pub fn loaded_status(
             .collect(),
         failed_checks: checks.failed().map(|c| c.name.to_owned()).collect(),
         version: env!("CARGO_PKG_VERSION").to_owned(),
+        refreshed: None,
     }
 }
 
@@ -195,6 +214,7 @@ async fn run_async(
         namespace: p.namespace.clone(),
         owner: owner.clone(),
         last: None,
+        published: None,
         warned: false,
     });
 
@@ -213,6 +233,7 @@ async fn run_async(
                     without: Vec::new(),
                     failed_checks: Vec::new(),
                     version: env!("CARGO_PKG_VERSION").to_owned(),
+                    refreshed: None,
                 })
                 .await;
             }
@@ -278,6 +299,7 @@ mod tests {
             without: Vec::new(),
             failed_checks: Vec::new(),
             version: "0.1.0".into(),
+            refreshed: None,
         }
     }
 
@@ -312,6 +334,12 @@ mod tests {
                     body["metadata"]["labels"]["bypass.dev/state"],
                     body["data"]["state"]
                 );
+                // Each write says when it was made.
+                let refreshed = body["data"]["refreshed"].as_str().unwrap_or_default();
+                assert!(
+                    refreshed.parse::<k8s_openapi::jiff::Timestamp>().is_ok(),
+                    "refreshed {refreshed:?}"
+                );
                 states.push(body["data"]["state"].as_str().unwrap().to_owned());
                 send.send_response(if code == 200 {
                     json_response(200, &body)
@@ -332,6 +360,7 @@ mod tests {
                 uid: "u-1".into(),
             }),
             last: None,
+            published: None,
             warned: false,
         };
         publisher.update(status(State::Bypassing)).await; // 500

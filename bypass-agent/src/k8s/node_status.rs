@@ -75,6 +75,53 @@ pub struct NodeStatus {
     pub failed_checks: Vec<String>,
     /// The agent's version.
     pub version: String,
+    /// When the agent last wrote it (RFC 3339, UTC): it republishes every
+    /// [`REFRESH`] while it runs, so an older one is a stale node's.
+    #[serde(default)]
+    pub refreshed: Option<String>,
+}
+
+/// How often a running agent rewrites its node's status, changed or not.
+pub const REFRESH: std::time::Duration = std::time::Duration::from_secs(60);
+/// Past this age (five refreshes missed) a node's status is shown as stale: its agent
+/// is not running, or cannot reach the API server.
+pub const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Whether `a` and `b` say the same, whenever they were written (pure).
+pub fn same_content(a: &NodeStatus, b: &NodeStatus) -> bool {
+    NodeStatus {
+        refreshed: None,
+        ..a.clone()
+    } == NodeStatus {
+        refreshed: None,
+        ..b.clone()
+    }
+}
+
+/// The state `nodes` shows for `status` (pure): its own, unless its node is gone
+/// (`node_exists` false) or it was not refreshed for [`STALE_AFTER`] by `now`.
+pub fn shown_state(
+    status: &NodeStatus,
+    now: k8s_openapi::jiff::Timestamp,
+    node_exists: bool,
+) -> String {
+    if !node_exists {
+        return "gone (the node no longer exists)".to_owned();
+    }
+    let age = status
+        .refreshed
+        .as_deref()
+        .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+        .map(|t| now.duration_since(t).unsigned_abs());
+    match age {
+        Some(age) if age <= STALE_AFTER => status.state.as_str().to_owned(),
+        Some(age) => format!(
+            "stale ({} for {} s: no agent refreshed it)",
+            status.state.as_str(),
+            age.as_secs()
+        ),
+        None => format!("stale ({}, never refreshed)", status.state.as_str()),
+    }
 }
 
 /// The owner every node-status object gets (the DaemonSet), so it goes with it.
@@ -99,6 +146,7 @@ pub fn to_config_map(status: &NodeStatus, namespace: &str, owner: Option<&Owner>
         ("without", status.without.join(",")),
         ("failed_checks", status.failed_checks.join(",")),
         ("version", status.version.clone()),
+        ("refreshed", status.refreshed.clone().unwrap_or_default()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
@@ -149,11 +197,17 @@ pub fn from_config_map(cm: &ConfigMap) -> Option<NodeStatus> {
         without: list("without"),
         failed_checks: list("failed_checks"),
         version: get("version"),
+        refreshed: Some(get("refreshed")).filter(|r| !r.is_empty()),
     })
 }
 
-/// The cluster-wide table (pure): one row per node, sorted by node.
-pub fn render_table(mut nodes: Vec<NodeStatus>) -> String {
+/// The cluster-wide table (pure): one row per node, sorted by node, each with the
+/// state [`shown_state`] gives at `now` given the cluster's nodes (`None`: not known).
+pub fn render_table(
+    mut nodes: Vec<NodeStatus>,
+    now: k8s_openapi::jiff::Timestamp,
+    existing: Option<&[String]>,
+) -> String {
     nodes.sort_by(|a, b| a.node.cmp(&b.node));
     let mut rows = vec![[
         "NODE".to_owned(),
@@ -166,9 +220,11 @@ pub fn render_table(mut nodes: Vec<NodeStatus>) -> String {
     ]];
     for n in nodes {
         let dash = |v: String| if v.is_empty() { "-".to_owned() } else { v };
+        let exists = existing.is_none_or(|e| e.contains(&n.node));
+        let state = shown_state(&n, now, exists);
         rows.push([
             n.node,
-            n.state.as_str().to_owned(),
+            state,
             dash(n.kernel),
             dash(n.guarantees.join(",")),
             dash(n.without.join(",")),
@@ -255,7 +311,40 @@ mod tests {
                 Vec::new()
             },
             version: "0.1.0".into(),
+            refreshed: Some("2026-11-29T04:00:00Z".into()),
         }
+    }
+
+    #[test]
+    fn a_status_not_refreshed_or_of_a_gone_node_is_not_shown_as_bypassing() {
+        let s = sample("n1", State::Bypassing);
+        let at = |t: &str| t.parse::<k8s_openapi::jiff::Timestamp>().unwrap();
+        assert_eq!(
+            shown_state(&s, at("2026-11-29T04:04:00Z"), true),
+            "bypassing"
+        );
+        let stale = shown_state(&s, at("2026-11-29T04:10:00Z"), true);
+        assert!(stale.starts_with("stale (bypassing for 600 s"), "{stale}");
+        assert!(shown_state(&s, at("2026-11-29T04:01:00Z"), false).starts_with("gone"));
+        let never = NodeStatus {
+            refreshed: None,
+            ..s.clone()
+        };
+        assert!(shown_state(&never, at("2026-11-29T04:01:00Z"), true).starts_with("stale"));
+        // Written at another time, it says the same.
+        assert!(same_content(&s, &never));
+        let table = render_table(
+            vec![s, sample("n2", State::Off)],
+            at("2026-11-29T04:01:00Z"),
+            Some(&["n2".to_owned()]),
+        );
+        assert!(table.contains("gone"), "{table}");
+        assert!(
+            table
+                .lines()
+                .any(|l| l.starts_with("n2") && l.contains(" off ")),
+            "{table}"
+        );
     }
 
     #[test]
@@ -282,10 +371,14 @@ mod tests {
 
     #[test]
     fn the_cluster_table_names_refusals_and_guarantees() {
-        let t = render_table(vec![
-            sample("node-b", State::Refused),
-            sample("node-a", State::Bypassing),
-        ]);
+        let t = render_table(
+            vec![
+                sample("node-b", State::Refused),
+                sample("node-a", State::Bypassing),
+            ],
+            "2026-11-29T04:01:00Z".parse().unwrap(),
+            None,
+        );
         let lines: Vec<&str> = t.lines().collect();
         assert!(lines[0].starts_with("NODE"), "{t}");
         assert!(

@@ -67,6 +67,24 @@ mod addr_tests {
     use super::*;
 
     #[test]
+    fn refusals_are_labelled_by_kind_not_by_sentence() {
+        let kernel = format!(
+            "kernel 5.10.0 {}: it has no bpf_get_netns_cookie in sock_ops",
+            bypass_common::kernel::REFUSAL
+        );
+        assert_eq!(refusal_kind(&kernel), "kernel_features");
+        assert_eq!(
+            refusal_kind(&crate::datapath::refusal_from_results(Default::default())),
+            "no_read_guard"
+        );
+        assert_eq!(
+            refusal_kind("kernel 6.18.44 fails the self-test: fionread_tcp (seen)"),
+            "self_test"
+        );
+        assert_eq!(refusal_kind("anything else"), "other");
+    }
+
+    #[test]
     fn every_node_address_ipv6_included() {
         let ips: Vec<IpAddr> = vec!["10.0.0.5".parse().unwrap(), "fd00::5".parse().unwrap()];
         let a = metrics_addrs(None, &ips, Some(19464), true);
@@ -214,8 +232,24 @@ pub struct AgentMetrics {
 /// Labels of `bypass_refused`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct RefusedLabels {
-    /// The one-line refusal.
+    /// What kind of refusal ([`refusal_kind`]); the sentence is in the log and
+    /// `/readyz`.
     pub reason: String,
+}
+
+/// The short, enumerated label of a refusal sentence (pure): `kernel_features` (the
+/// kernel lacks what the datapath needs), `self_test` (it fails a check of the kernel
+/// self-test), `no_read_guard` (no BPF trampolines, no `--allow-unguarded`), `other`.
+pub fn refusal_kind(why: &str) -> &'static str {
+    if why.contains(bypass_common::kernel::REFUSAL) {
+        "kernel_features"
+    } else if why.contains("fails the self-test") {
+        "self_test"
+    } else if why.starts_with("no read guard") {
+        "no_read_guard"
+    } else {
+        "other"
+    }
 }
 
 impl AgentMetrics {
@@ -266,7 +300,7 @@ impl Telemetry {
         );
         registry.register(
             "bypass_refused",
-            "1 when this node's kernel lacks what the datapath needs and the agent idles, with the reason",
+            "1 when the agent refuses to bypass this node, by kind of reason (kernel_features, self_test, no_read_guard, other; the sentence is in /readyz and the log)",
             agent.refused.clone(),
         );
         registry.register_collector(Box::new(collector::DatapathCollector::new(layout)));
@@ -284,7 +318,7 @@ impl Telemetry {
         self.agent
             .refused
             .get_or_create(&RefusedLabels {
-                reason: reason.to_owned(),
+                reason: refusal_kind(reason).to_owned(),
             })
             .set(1);
     }

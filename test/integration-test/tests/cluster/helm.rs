@@ -150,6 +150,24 @@ fn helm_install_under_enforced_pod_security_unprivileged_ipv6_metrics_check_and_
         "jsonpath={.items[*].metadata.labels.bypass\\.dev/state}",
     ])?;
     ensure!(labelled == "bypassing", "state label: {labelled:?}");
+    // It says when its agent last wrote it (`nodes` shows an old one as stale).
+    let refreshed = k(&[
+        "-n",
+        AGENT_NS,
+        "get",
+        "configmaps",
+        "-l",
+        "app.kubernetes.io/component=node-status",
+        "-o",
+        "jsonpath={.items[*].data.refreshed}",
+    ])?;
+    ensure!(
+        refreshed
+            .trim()
+            .parse::<k8s_openapi::jiff::Timestamp>()
+            .is_ok(),
+        "refreshed: {refreshed:?}"
+    );
     // The agent's account may write its own node's object, not another node's: the
     // admission policy reads the node bound into its token (impersonated here).
     let as_agent = |name: &str| {
