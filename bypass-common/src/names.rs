@@ -241,6 +241,11 @@ pub const PIN_MAPS_SUBDIR: &str = "maps";
 pub const PIN_PROGS_SUBDIR: &str = "progs";
 /// Sub-directory of the pin directory that holds links.
 pub const PIN_LINKS_SUBDIR: &str = "links";
+/// Sub-directory of the pin directory that holds the datapaths released by an upgrade or
+/// a rollback while their connections drain, each under a number of its own
+/// (`released/<n>/`, with its own `maps`, `progs` and `links`); see the agent's
+/// `datapath::drain`.
+pub const PIN_RELEASED_SUBDIR: &str = "released";
 /// Name of the pinned sock_ops cgroup link.
 pub const PIN_LINK_SOCKOPS: &str = "sockops_cgroup";
 /// Name of the pinned setsockopt cgroup link.
