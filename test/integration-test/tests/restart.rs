@@ -1,9 +1,10 @@
 //! Restart, upgrade and uninstall, with connections in flight. The datapath lives in the
 //! kernel, pinned: an agent killed with SIGKILL leaves it redirecting, the next agent of
 //! the same build adopts it (maps, counters, attachment); an agent of another build
-//! replaces it (existing sockets keep the old programs until they close, with their
-//! redirects switched off so they finish by TCP; new ones get the new); `uninstall`
-//! turns redirects off and removes every pin and attachment.
+//! releases it and drains it (redirects off, its connections leave its SockHash once
+//! every byte redirected to them is read, then its pins go; new connections get the
+//! new programs), also across a rollback to an earlier build; `uninstall` turns
+//! redirects off and removes every pin and attachment.
 
 use crate::support::exchange::ABOVE_PAYLOAD;
 use crate::support::privileged;
@@ -218,23 +219,28 @@ fn upgrade_replaces_programs_old_connections_finish() -> Result<()> {
         pinned_u32(&control_pin, control::SLOT_OBJECT_LO)? == ours,
         "the new datapath does not carry its own fingerprint"
     );
-    // The log line comes at load; the new programs' attachment (and the old ones'
-    // release) follows within moments.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    let attached = loop {
-        let now = (
-            sockops_attached(pods.cgroup())?,
-            sockopt_attached(pods.cgroup())?,
+    // The log line comes at load; the new programs' attachment (and the old sock_ops'
+    // release) follows within moments. The old setsockopt hook stays while the old
+    // connection drains (its first half is redirected and unread).
+    let attached = |want: (u32, u32), what: &str| -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let now = loop {
+            let now = (
+                sockops_attached(pods.cgroup())?,
+                sockopt_attached(pods.cgroup())?,
+            );
+            if now == want || Instant::now() > deadline {
+                break now;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        ensure!(
+            now == want,
+            "{what}: sock_ops, setsockopt attached {now:?}, not {want:?}"
         );
-        if now == (1, 1) || std::time::Instant::now() > deadline {
-            break now;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        Ok(())
     };
-    ensure!(
-        attached == (1, 1),
-        "old and new programs both attached (or neither): sock_ops, setsockopt {attached:?}"
-    );
+    attached((1, 2), "the old connection draining")?;
     // The connection opened under the old programs finishes byte-exact, by TCP: the
     // released datapath's redirects were switched off, so no program keeps
     // redirecting on maps no agent tends any more.
@@ -251,6 +257,11 @@ fn upgrade_replaces_programs_old_connections_finish() -> Result<()> {
         "the old connection kept redirecting after the upgrade ({} B on the wire)",
         pods.wire_bytes()? - wire0
     );
+    // Once drained, only the new programs are attached.
+    new.wait_for(NO_PROGRESS, "the old datapath drained", |s| {
+        s.released.is_empty()
+    })?;
+    attached((1, 1), "the old datapath drained")?;
 
     // New connections are the new programs' alone: the fresh maps count only them.
     let fresh = ClientArgs::bulk(16 << 20).greeted();
@@ -551,6 +562,7 @@ fn wait_step(
                 report["exact"] == true,
                 "{when}: step {k} not exact: {report}"
             );
+            eprintln!("held echo, {when}: {report}");
             return Ok(report);
         }
         if client.try_wait()?.is_some() {
@@ -747,9 +759,22 @@ fn upgrade_rollback_under_a_held_connection_drains_the_old_datapath() -> Result<
     // This build again: it drains what is released and the old SockHash goes.
     back.stop_cleanly("the earlier build, rolled back to")?;
     let last = Agent::start(&ours)?;
+    // Its start returns on the pinned datapath's status, which may be the one it is
+    // about to release: its own is there once it says so.
+    ensure!(
+        wait_for_log(&last, "Replaced"),
+        "this build did not replace the earlier one: {}",
+        last.stderr()
+    );
+    let started = Instant::now();
     let drained = last.wait_for(NO_PROGRESS, "the released datapaths drained", |s| {
         s.released.is_empty()
     })?;
+    eprintln!(
+        "drained {:?} after this build replaced the earlier one (left {})",
+        started.elapsed(),
+        drained.counters.left
+    );
     ensure!(
         !ours.pin_dir.join(names::PIN_RELEASED_SUBDIR).exists(),
         "released/ is still there once drained"
