@@ -22,7 +22,7 @@
 //! drain it, is listed in docs/design.md (Upgrades).
 
 use std::{
-    collections::{BTreeMap, HashMap as StdHashMap, HashSet},
+    collections::{BTreeMap, HashMap as StdHashMap, HashSet, btree_map::Entry},
     time::Instant,
 };
 
@@ -80,7 +80,6 @@ pub fn unlinked_may_go(first: Instant, now: Instant) -> bool {
 
 /// One released datapath, opened from its pins.
 struct Released {
-    layout: PinLayout,
     sockets: SockHash<MapData, SockKey>,
     links: HashMap<MapData, SockKey, Link>,
     waiting: Waiting,
@@ -120,7 +119,6 @@ impl Released {
         }
         let err = |name: &str, e| AgentError::bpf(format!("open map {name}"), e);
         Ok(Self {
-            layout: layout.clone(),
             sockets: SockHash::try_from(open_pinned(layout, MAP_SOCKETS)?)
                 .map_err(|e| err(MAP_SOCKETS, e))?,
             links: HashMap::try_from(open_pinned(layout, MAP_LINKS)?)
@@ -208,30 +206,28 @@ impl Drain {
         self.open.retain(|n, _| listed.iter().any(|(m, _)| m == n));
         let mut left = 0;
         for (n, layout) in listed {
-            if !self.open.contains_key(&n) {
-                match Released::open(&layout) {
+            let r = match self.open.entry(n) {
+                Entry::Occupied(open) => open.into_mut(),
+                Entry::Vacant(slot) => match Released::open(&layout) {
                     Ok(r) => {
                         info!(released = %layout.root().display(), sockets = r.keys().len(),
                             "draining a released datapath: each of its connections leaves its \
                              SockHash once each side has read what was redirected to it");
-                        self.open.insert(n, r);
+                        slot.insert(r)
                     }
                     Err(e) => {
                         warn!(error = %e, "removing the pins of a released datapath");
                         remove(&layout);
                         continue;
                     }
-                }
-            }
-            let Some(r) = self.open.get_mut(&n) else {
-                continue;
+                },
             };
             left += r.pass(now);
             if r.keys().is_empty() {
-                info!(released = %r.layout.root().display(), left = r.left,
+                info!(released = %layout.root().display(), left = r.left,
                     "a released datapath drained: its connections run as plain TCP; its pins \
                      are removed");
-                remove(&r.layout);
+                remove(&layout);
                 self.open.remove(&n);
                 // The last one gone, `released/` goes too (it fails while another is
                 // there).

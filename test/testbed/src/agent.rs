@@ -513,6 +513,7 @@ mod tests {
             extra_args: vec!["--max-sockets".into(), "8".into()],
             env: Vec::new(),
             allow_unguarded: false,
+            binary: None,
         };
         assert_eq!(
             o.args().join(" "),
