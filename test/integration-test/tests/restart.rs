@@ -541,6 +541,23 @@ fn splice_tracepoint_visible() -> bool {
 /// 5 times slower than this host).
 const NO_PROGRESS: Duration = Duration::from_secs(240);
 
+/// Waits until `agent`'s log shows `needle`, at most [`NO_PROGRESS`]: an agent of the
+/// earlier build releases this build's datapath by removing its pins, and under
+/// emulation each of the read guard's trampoline links takes an RCU tasks grace period
+/// to release (seconds each, one after another).
+fn logged(agent: &Agent, needle: &str, what: &str) -> Result<()> {
+    let deadline = Instant::now() + NO_PROGRESS;
+    while !agent.stderr().contains(needle) {
+        ensure!(
+            Instant::now() < deadline,
+            "{what}: no '{needle}' in its log within {NO_PROGRESS:?}: {}",
+            agent.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
 /// Waits until the held echo's step `k` is read back (`back.<k>`), failing if its
 /// client exits first or if no byte came back for [`NO_PROGRESS`]; returns the step's
 /// report.
@@ -693,11 +710,11 @@ fn upgrade_rollback_under_a_held_connection_drains_the_old_datapath() -> Result<
     // Upgrade: this build releases the earlier one's datapath and keeps it draining.
     old.stop_cleanly("the earlier build")?;
     let new = Agent::start(&ours)?;
-    ensure!(
-        wait_for_log(&new, "Replaced"),
-        "this build did not replace the earlier one: {}",
-        new.stderr()
-    );
+    logged(
+        &new,
+        "Replaced",
+        "this build did not replace the earlier one",
+    )?;
     drain_links_kept(&released, &probe)?;
     ensure!(
         sockhash_keys_by_id(old_map)?.is_some_and(|k| k.len() == 2),
@@ -731,22 +748,18 @@ fn upgrade_rollback_under_a_held_connection_drains_the_old_datapath() -> Result<
     let mut new = new;
     new.stop_cleanly("this build")?;
     let mut again = Agent::start(&ours)?;
-    ensure!(
-        wait_for_log(&again, "Adopted"),
-        "the restarted agent did not adopt: {}",
-        again.stderr()
-    );
+    logged(&again, "Adopted", "the restarted agent did not adopt")?;
     drain_links_kept(&released, &probe)?;
 
     // Rolled back mid-drain: the earlier build releases this one's datapath its own way
     // and leaves `released/` as it is.
     again.stop_cleanly("this build, restarted")?;
     let mut back = Agent::start(&previous)?;
-    ensure!(
-        wait_for_log(&back, "Replaced"),
-        "the earlier build did not replace this one: {}",
-        back.stderr()
-    );
+    logged(
+        &back,
+        "Replaced",
+        "the earlier build did not replace this one",
+    )?;
     drain_links_kept(&released, &probe)?;
     // Step 1 finishes under the earlier build (the server reads what was redirected to
     // it, then what comes by TCP), and step 2 runs there.
@@ -761,11 +774,11 @@ fn upgrade_rollback_under_a_held_connection_drains_the_old_datapath() -> Result<
     let last = Agent::start(&ours)?;
     // Its start returns on the pinned datapath's status, which may be the one it is
     // about to release: its own is there once it says so.
-    ensure!(
-        wait_for_log(&last, "Replaced"),
-        "this build did not replace the earlier one: {}",
-        last.stderr()
-    );
+    logged(
+        &last,
+        "Replaced",
+        "this build did not replace the earlier one",
+    )?;
     let started = Instant::now();
     let drained = last.wait_for(NO_PROGRESS, "the released datapaths drained", |s| {
         s.released.is_empty()
