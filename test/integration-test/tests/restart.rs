@@ -19,9 +19,11 @@ use crate::support::{
     wait_for_log,
 };
 use anyhow::{Context as _, Result, bail, ensure};
+use bypass_common::{Link, SockKey};
 use bypass_common::{control, names};
 use testbed::mapkeys::{
-    pinned_map_id, pinned_sockhash_keys, pinned_u32, set_pinned_u32, sockhash_keys_by_id,
+    pinned_hash_entries, pinned_map_id, pinned_sockhash_keys, pinned_u32, set_pinned_u32,
+    sockhash_keys_by_id,
 };
 use testbed::{
     Agent, AgentOpts, ClientArgs, PeerClient, PeerServer, PodChild, Report, TwoPods,
@@ -780,9 +782,29 @@ fn upgrade_rollback_under_a_held_connection_drains_the_old_datapath() -> Result<
         "this build did not replace the earlier one",
     )?;
     let started = Instant::now();
-    let drained = last.wait_for(NO_PROGRESS, "the released datapaths drained", |s| {
-        s.released.is_empty()
-    })?;
+    let links_pin = released.join(names::PIN_MAPS_SUBDIR).join(names::MAP_LINKS);
+    let drained = last
+        .wait_for(NO_PROGRESS, "the released datapaths drained", |s| {
+            s.released.is_empty()
+        })
+        .with_context(|| {
+            let links = pinned_hash_entries::<SockKey, Link>(&links_pin)
+                .map(|l| {
+                    l.iter()
+                        .map(|(_, l)| {
+                            format!(
+                                "tx_redir {:?} rx_read {:?} state {:#x}",
+                                l.tx_redir, l.rx_read, l.state
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .map_err(|e| format!("{e:#}"));
+            format!(
+                "the released datapath's links: {links:?}; this build's log:\n{}",
+                last.stderr()
+            )
+        })?;
     eprintln!(
         "drained {:?} after this build replaced the earlier one (left {})",
         started.elapsed(),

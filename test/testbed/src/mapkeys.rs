@@ -51,6 +51,15 @@ pub fn pinned_hash_keys<K: Pod + Eq + std::hash::Hash, V: Pod>(pin: &Path) -> Re
     collect(pin, map.keys())
 }
 
+/// The entries of the hash map pinned at `pin`, whose keys are `K` and values `V` (a
+/// released datapath's links, for a failure's message).
+pub fn pinned_hash_entries<K: Pod, V: Pod>(pin: &Path) -> Result<Vec<(K, V)>> {
+    let map: HashMap<MapData, K, V> = open(pin)?
+        .try_into()
+        .with_context(|| format!("{} is not a hash map of this layout", pin.display()))?;
+    Ok(map.iter().filter_map(Result::ok).take(MAX_KEYS).collect())
+}
+
 /// The keys of the SockHash pinned at `pin`.
 pub fn pinned_sockhash_keys(pin: &Path) -> Result<Vec<SockKey>> {
     let map: SockHash<MapData, SockKey> = open(pin)?
