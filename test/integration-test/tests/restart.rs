@@ -543,6 +543,24 @@ fn splice_tracepoint_visible() -> bool {
 /// 5 times slower than this host).
 const NO_PROGRESS: Duration = Duration::from_secs(240);
 
+/// The counters of the links of the datapath pinned at `pin_dir` (for messages).
+fn link_counts(pin_dir: &Path) -> String {
+    let pin = pin_dir.join(names::PIN_MAPS_SUBDIR).join(names::MAP_LINKS);
+    match pinned_hash_entries::<SockKey, Link>(&pin) {
+        Ok(links) => links
+            .iter()
+            .map(|(_, l)| {
+                format!(
+                    "tx_redir {:?} rx_read {:?} state {:#x}",
+                    l.tx_redir, l.rx_read, l.state
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
 /// Waits until `agent`'s log shows `needle`, at most [`NO_PROGRESS`]: an agent of the
 /// earlier build releases this build's datapath by removing its pins, and under
 /// emulation each of the read guard's trampoline links takes an RCU tasks grace period
@@ -690,6 +708,7 @@ fn upgrade_rollback_under_a_held_connection_drains_the_old_datapath() -> Result<
     steps.touch("send.0")?;
     steps.touch("echo.0")?;
     wait_step(&steps, &mut client, 0, "under the earlier build")?;
+    eprintln!("links after step 0: {}", link_counts(&ours.pin_dir));
     let st = old.status()?;
     ensure!(
         num(&st, "sockets") == 2 && num(&st, "redirected_bytes") >= 2 * STEP,
@@ -767,9 +786,11 @@ fn upgrade_rollback_under_a_held_connection_drains_the_old_datapath() -> Result<
     // it, then what comes by TCP), and step 2 runs there.
     steps.touch("echo.1")?;
     wait_step(&steps, &mut client, 1, "after the rollback")?;
+    eprintln!("links after step 1: {}", link_counts(&released));
     steps.touch("send.2")?;
     steps.touch("echo.2")?;
     wait_step(&steps, &mut client, 2, "under the earlier build again")?;
+    eprintln!("links after step 2: {}", link_counts(&released));
 
     // This build again: it drains what is released and the old SockHash goes.
     back.stop_cleanly("the earlier build, rolled back to")?;
@@ -782,26 +803,14 @@ fn upgrade_rollback_under_a_held_connection_drains_the_old_datapath() -> Result<
         "this build did not replace the earlier one",
     )?;
     let started = Instant::now();
-    let links_pin = released.join(names::PIN_MAPS_SUBDIR).join(names::MAP_LINKS);
     let drained = last
         .wait_for(NO_PROGRESS, "the released datapaths drained", |s| {
             s.released.is_empty()
         })
         .with_context(|| {
-            let links = pinned_hash_entries::<SockKey, Link>(&links_pin)
-                .map(|l| {
-                    l.iter()
-                        .map(|(_, l)| {
-                            format!(
-                                "tx_redir {:?} rx_read {:?} state {:#x}",
-                                l.tx_redir, l.rx_read, l.state
-                            )
-                        })
-                        .collect::<Vec<_>>()
-                })
-                .map_err(|e| format!("{e:#}"));
             format!(
-                "the released datapath's links: {links:?}; this build's log:\n{}",
+                "the released datapath's links: {}; this build's log:\n{}",
+                link_counts(&released),
                 last.stderr()
             )
         })?;
