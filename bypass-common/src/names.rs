@@ -82,6 +82,18 @@ pub const MAP_GUARDING: &str = "BYPASS_GUARDING";
 /// and is never inserted as a server. Only the programs use it (not pinned).
 pub const MAP_ACTIVE_OPEN: &str = "BYPASS_ACTIVE_OPEN";
 
+/// Hash: a socket cookie (`u64`) → the time (`bpf_ktime_get_ns`, 0: never) a read of
+/// that socket last reached plain `tcp_recvmsg`; the key 0 holds when the drain began.
+/// The drain observer ([`PROG_DRAIN_SEEN`]) of a datapath an upgrade released, pinned
+/// with it under `released/<n>/`, only for the cookies of its sockets (the agent puts
+/// them in; the program never adds a key). `tcp_bpf_recvmsg` calls `tcp_recvmsg` only
+/// when the socket's ingress queue is empty (net/ipv4/tcp_bpf.c), so such a read, once
+/// the released datapath's redirects are off, says that socket has nothing redirected
+/// left unread, whatever its released read accounting lost: a BPF trampoline updated
+/// while a read sleeps inside `tcp_bpf_recvmsg` skips that read's fexit programs
+/// (kernel/bpf/trampoline.c, `bpf_tramp_image_put`).
+pub const MAP_DRAIN_SEEN: &str = "BYPASS_DRAIN_SEEN";
+
 /// Every map the agent pins, [`MAP_CONTROL`] last (its pin marks a complete datapath).
 /// ([`MAP_SOCK_STATE`] is not pinned: only the programs use it.)
 pub const PINNED_MAPS: [&str; 17] = [
@@ -162,6 +174,17 @@ pub const PROG_READ_GUARD: &str = "bypass_read_guard";
 pub const PROG_MMAP_GUARD: &str = "bypass_mmap_guard";
 /// Where the read guard cannot run: a process calls `splice(2)`.
 pub const PROG_SPLICE_SEEN: &str = "bypass_splice_seen";
+/// The drain observer: a read of a released datapath's socket reaches `tcp_recvmsg`
+/// ([`MAP_DRAIN_SEEN`]).
+pub const PROG_DRAIN_SEEN: &str = "bypass_drain_seen";
+
+/// The drain observer's hook, attached (where the kernel runs BPF trampolines) for each
+/// datapath an upgrade releases, before this build's own read hooks.
+pub const DRAIN_HOOK: Hook = Hook {
+    program: PROG_DRAIN_SEEN,
+    kind: HookKind::Entry,
+    target: "tcp_recvmsg",
+};
 
 /// Publishing reads, where the kernel runs no BPF trampolines but has the
 /// `sock_recv_length` tracepoint.

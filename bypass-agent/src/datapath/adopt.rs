@@ -12,12 +12,12 @@ use crate::error::AgentError;
 
 /// How the datapath comes to be under `pins`: [`Origin::Adopted`] when the pinned one
 /// is this build (`identity`) and no reset is asked for; otherwise whatever is pinned is
-/// released first.
+/// released first, and where it went (`released/<n>`) is returned with the origin.
 pub(super) fn adopt_or_release(
     pins: &PinLayout,
     config: &Config,
     identity: Identity,
-) -> Result<Origin, AgentError> {
+) -> Result<(Origin, Option<PinLayout>), AgentError> {
     let finished = pins::finish_interrupted_release(pins)?;
     if finished > 0 {
         info!(
@@ -30,25 +30,24 @@ pub(super) fn adopt_or_release(
     let resized = sizes.is_some_and(|s| !same_sizes(s, config.max_sockets));
     let adopt = pinned && !config.reset && !resized && pinned_identity(pins) == Some(identity);
     if adopt {
-        return Ok(Origin::Adopted);
+        return Ok((Origin::Adopted, None));
     }
     if pinned && resized {
         info!(pinned = ?sizes, max_sockets = config.max_sockets,
             "the pinned datapath's maps have another size than --max-sockets asks: replacing it");
     }
-    if pinned {
-        release(pins);
-    }
+    let released = if pinned { release(pins) } else { None };
     let stale = pins::remove_stale(pins)?;
     if !stale.is_empty() {
         info!(pin_dir = %config.pin_dir.display(), removed = stale.len(), reset = config.reset,
             "removed the pins of an interrupted start");
     }
-    Ok(if pinned {
+    let origin = if pinned {
         Origin::Replaced
     } else {
         Origin::Fresh
-    })
+    };
+    Ok((origin, released))
 }
 
 /// Releases the datapath pinned at the root of `pins`: its redirects are switched off
@@ -58,8 +57,9 @@ pub(super) fn adopt_or_release(
 /// setsockopt hook's links) move under `released/<n>/`, where they stay attached to its
 /// sockets while the leave thread drains them (`drain.rs`). Where the move fails, the
 /// pins are removed at the caller's next step instead (its connections then finish by
-/// TCP with its programs until they close, what a release did before drains).
-fn release(pins: &PinLayout) {
+/// TCP with its programs until they close, what a release did before drains). Returns
+/// where it went.
+fn release(pins: &PinLayout) -> Option<PinLayout> {
     if let Ok(map) = maps::open_pinned(pins, MAP_CONTROL)
         && let Ok(mut old) = maps::Control::new(map)
         && let Err(e) = old.set_enabled(false)
@@ -74,13 +74,19 @@ fn release(pins: &PinLayout) {
             "could not detach the released datapath's sock_ops");
     }
     match pins::move_to_released(pins) {
-        Ok(released) => info!(released = %released.root().display(),
-            "released the pinned datapath of another build, cgroup or size: redirects off, \
-             sock_ops detached; its connections drain (each leaves its SockHash once every \
-             byte redirected to it is read) and its pins go when none is left"),
-        Err(e) => warn!(error = %e,
-            "could not keep the released datapath for draining: its pins are removed, its \
-             connections finish by TCP with its programs"),
+        Ok(released) => {
+            info!(released = %released.root().display(),
+                "released the pinned datapath of another build, cgroup or size: redirects \
+                 off, sock_ops detached; its connections drain (each leaves its SockHash once \
+                 every byte redirected to it is read) and its pins go when none is left");
+            Some(released)
+        }
+        Err(e) => {
+            warn!(error = %e,
+                "could not keep the released datapath for draining: its pins are removed, \
+                 its connections finish by TCP with its programs");
+            None
+        }
     }
 }
 

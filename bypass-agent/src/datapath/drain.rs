@@ -10,6 +10,14 @@
 //! leaving ([`Leaving::All`]): this deletes its two sockets from the old SockHash once
 //! each side has read what was redirected to it (the old link's `tx_redir` against
 //! `rx_read`, decided as the leave thread decides for one connection: [`leaver::settle`]).
+//! Where the kernel runs BPF trampolines the released read accounting can miss a read
+//! (an fexit program is skipped for a call in flight when its trampoline is updated,
+//! kernel/bpf/trampoline.c, `bpf_tramp_image_put`: a reader asleep in
+//! `tcp_bpf_recvmsg` while this build attaches its own hooks, or a rollback's build
+//! its own), and then its `rx_read` stays short for good. So a release there also
+//! attaches this build's drain observer (`bypass_drain_seen`, pinned with the released
+//! datapath): a read of a released socket that reaches plain `tcp_recvmsg` after the
+//! release proves it has nothing redirected left unread ([`emptied`]).
 //! The kernel then drops their psocks and restores their protocol (net/core/sock_map.c,
 //! net/core/skmsg.c): they run as plain TCP (FIONREAD, splice, autotuned buffers, none of
 //! tcp_bpf's differences). Sockets the old datapath never paired had nothing redirected
@@ -29,7 +37,7 @@ use std::{
 use aya::maps::{HashMap, MapData, MapInfo, SockHash};
 use bypass_common::{
     Link, SockKey,
-    names::{MAP_LINKS, MAP_SOCKETS},
+    names::{MAP_DRAIN_SEEN, MAP_LINKS, MAP_SOCKETS},
 };
 use tracing::{info, warn};
 
@@ -71,6 +79,21 @@ pub fn plan(keys: &[SockKey], links: &[(SockKey, Link)]) -> Plan {
     Plan { linked, unlinked }
 }
 
+/// The key of the drain observer's map that holds when the drain began
+/// (`bpf_ktime_get_ns`); no socket has cookie 0.
+pub const SEEN_SINCE_KEY: u64 = 0;
+
+/// Which sides of a released link (client 0, server 1) the drain observer proved have
+/// nothing redirected left unread: a read of that side's socket reached `tcp_recvmsg`
+/// (`seen`, `bpf_ktime_get_ns`; `None` or 0: never) at least [`SETTLE`] after the drain
+/// began (`since`: a redirect decided before the redirects were switched off has landed
+/// by then, as the leave thread assumes).
+pub fn emptied(seen: [Option<u64>; 2], since: u64) -> [bool; 2] {
+    let settle = u64::try_from(SETTLE.as_nanos()).unwrap_or(u64::MAX);
+    let after = since.saturating_add(settle);
+    seen.map(|t| t.is_some_and(|t| t != 0 && since != 0 && t >= after))
+}
+
 /// Whether a socket seen unlinked since `first` may go at `now`: seen so for
 /// [`SETTLE`] (a pairing that was running when the old sock_ops was detached has
 /// written its link by then).
@@ -82,6 +105,8 @@ pub fn unlinked_may_go(first: Instant, now: Instant) -> bool {
 struct Released {
     sockets: SockHash<MapData, SockKey>,
     links: HashMap<MapData, SockKey, Link>,
+    /// The drain observer's map and when the drain began, where one is attached.
+    seen: Option<(HashMap<MapData, u64, u64>, u64)>,
     waiting: Waiting,
     unlinked: StdHashMap<SockKey, Instant>,
     /// Connections this agent took out of it.
@@ -118,7 +143,19 @@ impl Released {
             }
         }
         let err = |name: &str, e| AgentError::bpf(format!("open map {name}"), e);
+        let seen = layout
+            .map(MAP_DRAIN_SEEN)
+            .exists()
+            .then(|| -> Result<_, AgentError> {
+                let map: HashMap<MapData, u64, u64> =
+                    HashMap::try_from(open_pinned(layout, MAP_DRAIN_SEEN)?)
+                        .map_err(|e| err(MAP_DRAIN_SEEN, e))?;
+                let since = map.get(&SEEN_SINCE_KEY, 0).unwrap_or(0);
+                Ok((map, since))
+            })
+            .transpose()?;
         Ok(Self {
+            seen,
             sockets: SockHash::try_from(open_pinned(layout, MAP_SOCKETS)?)
                 .map_err(|e| err(MAP_SOCKETS, e))?,
             links: HashMap::try_from(open_pinned(layout, MAP_LINKS)?)
@@ -140,12 +177,17 @@ impl Released {
         for key in &plan.linked {
             self.waiting.entry(*key).or_insert(None);
         }
-        let (map, sockets) = (&self.links, &mut self.sockets);
+        let (map, sockets, seen) = (&self.links, &mut self.sockets, &self.seen);
+        let proven = |l: &Link| match seen {
+            Some((seen, since)) => emptied(l.cookie.map(|c| seen.get(&c, 0).ok()), *since),
+            None => [false; 2],
+        };
         let mut left = leaver::settle(
             &mut self.waiting,
             Leaving::All,
             now,
             |key| map.get(key, 0).ok(),
+            proven,
             |key, server| {
                 // Either may be gone already (closed): deleting the other is enough.
                 let a = sockets.remove(key);
@@ -279,6 +321,28 @@ mod tests {
                 linked: vec![],
                 unlinked: vec![key(9)]
             }
+        );
+    }
+
+    #[test]
+    fn a_side_is_proven_emptied_by_a_tcp_read_after_the_settle_time() {
+        let since = 1_000_000_000;
+        let settle = u64::try_from(SETTLE.as_nanos()).unwrap();
+        assert_eq!(emptied([None, None], since), [false, false]);
+        assert_eq!(
+            emptied([Some(0), Some(since + settle)], since),
+            [false, true],
+            "0: the socket never read by TCP since"
+        );
+        assert_eq!(
+            emptied([Some(since + settle - 1), Some(since - 5)], since),
+            [false, false],
+            "too early: a redirect decided before the release may still land"
+        );
+        assert_eq!(
+            emptied([Some(since + settle), Some(u64::MAX)], 0),
+            [false, false],
+            "no start recorded: nothing is proven"
         );
     }
 

@@ -94,8 +94,11 @@ pub enum Leaving {
     All,
 }
 
-/// The step for a connection whose link is `link` (`None`: gone).
-pub fn step(link: Option<&Link>, leaving: Leaving) -> Step {
+/// The step for a connection whose link is `link` (`None`: gone). `emptied` says of
+/// each side (the link's index: client 0, server 1) whether something else than the
+/// counters showed it has nothing redirected left unread (a released datapath's drain
+/// observer, `drain.rs`); the leave thread has no such proof.
+pub fn step(link: Option<&Link>, leaving: Leaving, emptied: [bool; 2]) -> Step {
     let Some(l) = link else {
         return Step::Forget;
     };
@@ -104,7 +107,11 @@ pub fn step(link: Option<&Link>, leaving: Leaving) -> Step {
     }
     // Counted before each redirect (also those on their way), against what each side
     // read: equal both ways means nothing waits and nothing is coming.
-    if l.tx_redir[0] == l.rx_read[1] && l.tx_redir[1] == l.rx_read[0] {
+    let read_all = [
+        emptied[0] || l.tx_redir[1] == l.rx_read[0],
+        emptied[1] || l.tx_redir[0] == l.rx_read[1],
+    ];
+    if read_all == [true, true] {
         Step::Delete {
             server: l.server,
             counts: (l.tx_redir, l.rx_read),
@@ -121,18 +128,21 @@ pub type Waiting = StdHashMap<SockKey, Option<Seen>>;
 /// Acts on each connection in `waiting` at `now`: forgets those gone, waits for those
 /// with unread bytes, and deletes the two sockets of each that may go ([`may_go`]) with
 /// `delete(client, server)`, which says whether either was still in the SockHash.
-/// `link_of` reads a connection's link. Returns how many connections left.
+/// `link_of` reads a connection's link, `emptied` what else proves of its sides
+/// ([`step`]). Returns how many connections left.
 pub fn settle(
     waiting: &mut Waiting,
     leaving: Leaving,
     now: Instant,
     link_of: impl Fn(&SockKey) -> Option<Link>,
+    emptied: impl Fn(&Link) -> [bool; 2],
     mut delete: impl FnMut(&SockKey, &SockKey) -> bool,
 ) -> u64 {
     let mut left = 0;
     waiting.retain(|key, seen| {
         let link = link_of(key);
-        match step(link.as_ref(), leaving) {
+        let proven = link.as_ref().map_or([false; 2], &emptied);
+        match step(link.as_ref(), leaving, proven) {
             Step::Forget => false,
             Step::Wait => {
                 *seen = None;
@@ -211,6 +221,7 @@ impl Maps {
             Leaving::Marked,
             Instant::now(),
             |key| links.get(key, 0).ok(),
+            |_| [false; 2],
             |key, server| {
                 // Either may be gone already (closed): deleting the other is enough.
                 let a = sockets.remove(key);
@@ -302,7 +313,7 @@ mod tests {
     #[test]
     fn deletes_only_when_both_sides_read_everything() {
         fn step(l: Option<&Link>) -> Step {
-            super::step(l, Leaving::Marked)
+            super::step(l, Leaving::Marked, [false; 2])
         }
         assert_eq!(step(None), Step::Forget);
         let not_leaving = Link::default();
@@ -342,9 +353,10 @@ mod tests {
             rx_read: [3, 7],
             ..Link::default()
         };
-        assert_eq!(step(Some(&not_marked), Leaving::Marked), Step::Forget);
+        let no = [false; 2];
+        assert_eq!(step(Some(&not_marked), Leaving::Marked, no), Step::Forget);
         assert_eq!(
-            step(Some(&not_marked), Leaving::All),
+            step(Some(&not_marked), Leaving::All, no),
             Step::Delete {
                 server: not_marked.server,
                 counts: ([7, 3], [3, 7]),
@@ -355,8 +367,32 @@ mod tests {
             rx_read: [3, 6],
             ..Link::default()
         };
-        assert_eq!(step(Some(&behind), Leaving::All), Step::Wait);
-        assert_eq!(step(None, Leaving::All), Step::Forget);
+        assert_eq!(step(Some(&behind), Leaving::All, no), Step::Wait);
+        assert_eq!(step(None, Leaving::All, no), Step::Forget);
+    }
+
+    #[test]
+    fn a_side_proven_emptied_needs_no_counters() {
+        // The client (index 0) read 2896 B less than the server redirected to it, as
+        // counted: a read whose fexit the kernel skipped.
+        let short = Link {
+            tx_redir: [16, 8_388_608],
+            rx_read: [8_385_712, 16],
+            ..Link::default()
+        };
+        assert_eq!(step(Some(&short), Leaving::All, [false; 2]), Step::Wait);
+        assert_eq!(
+            step(Some(&short), Leaving::All, [false, true]),
+            Step::Wait,
+            "the server's proof says nothing of the client"
+        );
+        assert_eq!(
+            step(Some(&short), Leaving::All, [true, false]),
+            Step::Delete {
+                server: short.server,
+                counts: (short.tx_redir, short.rx_read),
+            }
+        );
     }
 
     #[test]
@@ -375,6 +411,7 @@ mod tests {
                 Leaving::Marked,
                 at,
                 |_| Some(link),
+                |_| [false; 2],
                 |k, s| {
                     deleted.push((*k, *s));
                     true

@@ -11,8 +11,8 @@ use bypass_common::{
     SockKey,
     layout::{features, globals},
     names::{
-        Hook, HookKind, MAP_CONNECTORS, MAP_CONTROL, MAP_LINKS, MAP_SOCKETS, PINNED_MAPS,
-        PROG_SKMSG, PROG_SOCKOPS, PROG_SOCKOPT,
+        DRAIN_HOOK, Hook, HookKind, MAP_CONNECTORS, MAP_CONTROL, MAP_DRAIN_SEEN, MAP_LINKS,
+        MAP_SOCKETS, PINNED_MAPS, PROG_SKMSG, PROG_SOCKOPS, PROG_SOCKOPT, READ_TRAMPOLINE_HOOKS,
     },
 };
 use tracing::warn;
@@ -22,15 +22,18 @@ use crate::error::{AgentError, chain};
 
 /// Loads the embedded object, attaches sk_msg to the SockHash and the tracing programs
 /// to their kernel functions, pins maps, programs and links and records the identity.
-/// Removes what it pinned if any step fails.
+/// Removes what it pinned if any step fails. Where a datapath was just released
+/// (`released`) and the kernel runs BPF trampolines, the drain observer is attached for
+/// it first ([`observe_drain`]).
 pub(super) fn load_fresh(
     pins: &PinLayout,
     config: &Config,
     identity: Identity,
     facts: HostFacts,
+    released: Option<&PinLayout>,
 ) -> Result<Ebpf, AgentError> {
     raise_memlock();
-    load_with(pins, config, identity, facts)
+    load_with(pins, config, identity, facts, released)
 }
 
 /// Gives the heap that starting freed back to the system. A start parses the kernel's
@@ -53,6 +56,7 @@ fn load_with(
     config: &Config,
     identity: Identity,
     facts: HostFacts,
+    released: Option<&PinLayout>,
 ) -> Result<Ebpf, AgentError> {
     let l = &facts.layout;
     let program_features = facts.features & features::PROGRAM_BITS;
@@ -60,7 +64,8 @@ fn load_with(
     loader
         .map_max_entries(MAP_SOCKETS, config.max_sockets)
         .map_max_entries(MAP_CONNECTORS, config.max_sockets)
-        .map_max_entries(MAP_LINKS, config.max_sockets);
+        .map_max_entries(MAP_LINKS, config.max_sockets)
+        .map_max_entries(MAP_DRAIN_SEEN, drain_seen_entries(released));
     for (global, value) in l.globals() {
         loader.override_global(global, value, true);
     }
@@ -114,6 +119,16 @@ fn load_with(
         what: "describe its functions for the tracing programs (BTF)",
         source: Box::new(e),
     })?;
+    // Before this build's own read hooks update tcp_bpf_recvmsg's trampoline, which
+    // skips the released read accounting's fexit for a read asleep in it.
+    if let Some(released) = released
+        && facts.hooks.read == READ_TRAMPOLINE_HOOKS.as_slice()
+        && let Err(e) = observe_drain(&mut ebpf, released, &btf, &kernel_btf)
+    {
+        warn!(error = %e, released = %released.root().display(),
+            "no drain observer: a released socket whose read accounting missed a read \
+             stays in its SockHash until it closes");
+    }
     for hook in facts.hooks.all() {
         match attach_hook(&mut ebpf, pins, &btf, &kernel_btf, *hook) {
             Ok(()) => {}
@@ -135,6 +150,60 @@ fn load_with(
         .map_err(|e| AgentError::bpf(format!("pin map {MAP_CONTROL} at {}", path.display()), e))?;
     guard.disarm();
     Ok(ebpf)
+}
+
+/// The drain observer's map size: the cookies of the released links' two sockets and
+/// the start time; one entry where nothing was released (the map goes unused).
+fn drain_seen_entries(released: Option<&PinLayout>) -> u32 {
+    let links = released
+        .and_then(|r| maps::open_pinned(r, MAP_LINKS).ok())
+        .and_then(|m| aya::maps::HashMap::<MapData, SockKey, bypass_common::Link>::try_from(m).ok())
+        .map_or(0, |m| m.keys().filter(Result::is_ok).count());
+    u32::try_from(links.saturating_mul(2).saturating_add(1)).unwrap_or(u32::MAX)
+}
+
+/// Attaches the drain observer for the datapath released at `released`
+/// (`bypass-ebpf/src/drain.rs`): its map gets the cookie of each socket of the released
+/// links and, under key 0, the time now (its redirects are off already), and is pinned
+/// with the released datapath, as is the observer's link, so that whatever agent runs
+/// next (an earlier build after a rollback included, which leaves `released/` alone)
+/// keeps it until the drain removes them.
+fn observe_drain(
+    ebpf: &mut Ebpf,
+    released: &PinLayout,
+    btf: &Btf,
+    kernel_btf: &super::btf::Btf,
+) -> Result<(), AgentError> {
+    let links: aya::maps::HashMap<MapData, SockKey, bypass_common::Link> =
+        aya::maps::HashMap::try_from(maps::open_pinned(released, MAP_LINKS)?)
+            .map_err(|e| AgentError::bpf(format!("open the released map {MAP_LINKS}"), e))?;
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_err(|e| {
+        AgentError::System {
+            action: "read the monotonic clock",
+            source: e.into(),
+        }
+    })?;
+    let now = u64::try_from(now.tv_sec())
+        .unwrap_or(0)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::try_from(now.tv_nsec()).unwrap_or(0));
+    {
+        let mut seen: aya::maps::HashMap<&mut MapData, u64, u64> = aya::maps::HashMap::try_from(
+            ebpf.map_mut(MAP_DRAIN_SEEN)
+                .ok_or_else(|| missing("map", MAP_DRAIN_SEEN))?,
+        )
+        .map_err(|e| AgentError::bpf(format!("open map {MAP_DRAIN_SEEN}"), e))?;
+        let err = |e| AgentError::bpf(format!("fill map {MAP_DRAIN_SEEN}"), e);
+        seen.insert(super::drain::SEEN_SINCE_KEY, now, 0)
+            .map_err(err)?;
+        for (_, link) in links.iter().filter_map(Result::ok) {
+            for cookie in link.cookie.into_iter().filter(|&c| c != 0) {
+                seen.insert(cookie, 0, 0).map_err(err)?;
+            }
+        }
+    }
+    pin_map(ebpf, released, MAP_DRAIN_SEEN)?;
+    attach_hook(ebpf, released, btf, kernel_btf, DRAIN_HOOK)
 }
 
 /// Loads program `name` (sock_ops or setsockopt) and pins it.

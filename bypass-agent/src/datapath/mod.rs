@@ -147,13 +147,19 @@ impl Datapath {
         let facts = HostFacts::detect()?;
         let identity = identity(config, &cgroup, &facts)?;
 
-        let origin = adopt::adopt_or_release(&pins, config, identity)?;
+        let (origin, released) = adopt::adopt_or_release(&pins, config, identity)?;
         let adopt = origin == Origin::Adopted;
 
         let ebpf = if adopt {
             None
         } else {
-            Some(load::load_fresh(&pins, config, identity, facts)?)
+            Some(load::load_fresh(
+                &pins,
+                config,
+                identity,
+                facts,
+                released.as_ref(),
+            )?)
         };
         load::release_freed_heap();
         let guard = pins::PinGuard::new(pins.clone(), !adopt);

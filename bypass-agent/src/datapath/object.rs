@@ -63,6 +63,8 @@ mod tests {
             names::MAP_VERDICTS,
             names::MAP_GUARDING,
             names::MAP_ACTIVE_OPEN,
+            // Pinned only with a released datapath, under `released/<n>/`.
+            names::MAP_DRAIN_SEEN,
         ];
         let named: Vec<&str> = names::PINNED_MAPS
             .iter()
@@ -98,7 +100,8 @@ mod tests {
             .iter()
             .chain(&names::READ_TRAMPOLINE_HOOKS)
             .chain(&names::GUARD_HOOKS)
-            .chain(&names::WATCH_HOOKS);
+            .chain(&names::WATCH_HOOKS)
+            .chain(std::iter::once(&names::DRAIN_HOOK));
         let mut hooked = Vec::new();
         for hook in hooks {
             let s = section(hook.program);
@@ -128,6 +131,7 @@ mod tests {
             names::PROG_READ_GUARD,
             names::PROG_MMAP_GUARD,
             names::PROG_SPLICE_SEEN,
+            names::PROG_DRAIN_SEEN,
         ] {
             assert!(hooked.contains(&prog), "program {prog} is in no hook list");
         }

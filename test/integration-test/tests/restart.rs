@@ -634,9 +634,16 @@ fn drain_links_kept(released: &Path, probe: &testbed::KernelProbe) -> Result<()>
     } else {
         &[]
     };
+    // Where the read accounting runs on trampolines, this build's drain observer too.
+    let observer: &[names::Hook] = if probe.read_hook == "tracepoint" {
+        &[]
+    } else {
+        std::slice::from_ref(&names::DRAIN_HOOK)
+    };
     for pin in read
         .iter()
         .chain(guard)
+        .chain(observer)
         .map(|h| h.program)
         .chain([names::PIN_LINK_SOCKOPT])
     {
