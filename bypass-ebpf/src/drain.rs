@@ -34,7 +34,7 @@ pub fn bypass_drain_seen(ctx: FEntryContext) -> i32 {
     if cookie == 0 {
         return 0;
     }
-    if let Some(seen) = BYPASS_DRAIN_SEEN.get_ptr_mut(&cookie) {
+    if let Some(seen) = BYPASS_DRAIN_SEEN.get_ptr_mut(cookie) {
         // SAFETY: a live value of the map; only this program writes it, and any write
         // of a later time is right.
         unsafe { core::ptr::write_volatile(seen, bpf_ktime_get_ns()) };
