@@ -1,7 +1,10 @@
-//! `bypass-agent check`: a read-only preflight of this node. It loads and attaches
-//! nothing (the feature probes create and close a map or a two-instruction program, as
-//! the agent's own preflight does) and reports what decides whether the agent runs
-//! here, and how: the kernel's features, BTF, the read guard, where cgroup2 is, whether bpffs
+//! `bypass-agent check`: a read-only preflight of this node. It leaves nothing loaded
+//! or attached (the feature probes create and close a map or a two-instruction program,
+//! as the agent's own preflight does; the kernel self-test loads the datapath's
+//! programs apart from any pinned one, runs its checks on loopback in a private network
+//! namespace, and unloads them) and reports what decides whether the agent runs
+//! here, and how: the kernel's features, BTF, the read guard, the kernel self-test,
+//! where cgroup2 is, whether bpffs
 //! is a shared mount, the namespace's Pod Security level, other sockmap owners, the
 //! metrics address (IPv6 included) and whether its port is free. The verdict is pure
 //! ([`Item`], [`verdict`]); gathering the facts is thin I/O.
@@ -224,10 +227,50 @@ pub fn check(opts: &CheckOpts) -> Result<(), AgentError> {
     }
 }
 
+/// The kernel self-test's findings (pure): one item for the whole when every check
+/// ran passed, one per check that failed (`run` refuses the node for it, or, for those
+/// `--allow-unguarded` covers, bypasses only with it).
+pub fn check_items(checks: &[bypass_common::status::KernelCheck], fionread: &str) -> Vec<Item> {
+    let failed: Vec<Item> = checks
+        .iter()
+        .filter(|c| c.outcome == "failed")
+        .map(|c| {
+            let allowed = bypass_common::checks::index(&c.name).is_some_and(|i| {
+                bypass_common::checks::CHECKS[i].needed == bypass_common::checks::Needed::Guarded
+            });
+            item(
+                &format!("kernel check {}", c.name),
+                if allowed { Level::Warn } else { Level::Fail },
+                format!(
+                    "this kernel does not answer as TCP does: {}; `run` {}",
+                    c.what,
+                    if allowed {
+                        "bypasses this node only with --allow-unguarded"
+                    } else {
+                        "does not bypass this node"
+                    }
+                ),
+            )
+        })
+        .collect();
+    if !failed.is_empty() {
+        return failed;
+    }
+    vec![item(
+        "kernel self-test",
+        Level::Ok,
+        format!(
+            "{} behaviours as TCP answers them (FIONREAD compensation: {fionread})",
+            checks.iter().filter(|c| c.outcome == "passed").count()
+        ),
+    )]
+}
+
 fn gather(opts: &CheckOpts) -> Report {
     let kernel = datapath::kernel_release();
     let mut items = feature_items(&preflight::probe_all());
-    items.push(match crate::probe::detect() {
+    let probe = crate::probe::detect();
+    items.push(match &probe {
         Ok(p) if p.read_guard => item(
             "read guard",
             Level::Ok,
@@ -241,6 +284,9 @@ fn gather(opts: &CheckOpts) -> Report {
         ),
         Err(e) => item("read guard", Level::Fail, e.to_string()),
     });
+    if let Ok(p) = &probe {
+        items.extend(check_items(&p.kernel_checks, &p.fionread_compensation));
+    }
     let cgroup = match &opts.host_cgroupfs {
         Some(dir) => datapath::find_host_cgroup2(dir),
         None => datapath::find_cgroup2_mount(),

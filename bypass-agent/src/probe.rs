@@ -7,17 +7,22 @@ pub use bypass_common::status::KernelProbe as Probe;
 
 use crate::{
     cli::ProbeOpts,
-    datapath::{HostFacts, ReadGuard},
+    datapath::{self, HostFacts, ReadGuard, kernel_check},
     error::AgentError,
 };
 
-/// Detects this kernel's support as `run` does.
+/// Detects this kernel's support as `run` does, and runs the kernel self-test.
 pub fn detect() -> Result<Probe, AgentError> {
-    Ok(from_facts(&HostFacts::detect()?))
+    let facts = HostFacts::detect()?;
+    let checks = kernel_check::run(&facts, &datapath::find_cgroup2_mount()?);
+    Ok(from_facts(&facts, &checks))
 }
 
-fn from_facts(facts: &HostFacts) -> Probe {
+fn from_facts(facts: &HostFacts, checks: &kernel_check::Verdict) -> Probe {
     let read_guard = facts.hooks.guard == ReadGuard::Guard;
+    let refusal = checks
+        .refusal(&datapath::kernel_release(), false)
+        .or_else(|| (!read_guard).then(|| datapath::REFUSED_UNGUARDED.to_owned()));
     Probe {
         read_guard,
         read_hook: if facts.hooks.read == READ_HOOKS.as_slice() {
@@ -26,7 +31,10 @@ fn from_facts(facts: &HostFacts) -> Probe {
             "trampolines"
         }
         .to_owned(),
-        bypass_by_default: read_guard,
+        bypass_by_default: refusal.is_none(),
+        kernel_checks: bypass_common::status::KernelCheck::list(checks.results),
+        fionread_compensation: kernel_check::fionread_mode_name(checks.features).to_owned(),
+        refusal,
     }
 }
 
@@ -38,15 +46,14 @@ pub fn probe(opts: &ProbeOpts) -> Result<(), AgentError> {
     }
     println!("read guard:        {}", yes_no(found.read_guard));
     println!("reads seen by:     {}", found.read_hook);
-    println!(
-        "bypass by default: {}",
-        if found.bypass_by_default {
-            "yes"
-        } else {
-            "no (the kernel refuses BPF trampolines: `run --allow-unguarded` to bypass \
-             workloads that never splice or map their sockets)"
-        }
-    );
+    println!("FIONREAD compensation: {}", found.fionread_compensation);
+    for c in &found.kernel_checks {
+        println!("kernel check {:<20} {}", c.name, c.outcome);
+    }
+    match &found.refusal {
+        None => println!("bypass by default: yes"),
+        Some(why) => println!("bypass by default: no: {why}"),
+    }
     Ok(())
 }
 

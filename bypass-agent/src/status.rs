@@ -5,7 +5,8 @@ use std::net::IpAddr;
 
 use bypass_common::Stat;
 pub use bypass_common::status::{
-    AddressOwner, AddressRefusals, Features, ReleasedDatapath, Report, queue_bound_off_reason,
+    AddressOwner, AddressRefusals, Features, KernelCheck, ReleasedDatapath, Report,
+    queue_bound_off_reason,
 };
 
 use crate::{
@@ -19,7 +20,7 @@ use crate::{
 pub fn read(layout: &PinLayout) -> Result<Report, AgentError> {
     let view = PinnedView::open(layout)?;
     let recorded = Recorded::decode(view.control.agent_state()?);
-    let bits = view.control.features()?;
+    let checks = view.control.checks()?;
     let max_queued = view.control.max_queued()?;
     let (connectors, links) = view.pairings.len();
     let counters = view.stats.read()?;
@@ -42,12 +43,13 @@ pub fn read(layout: &PinLayout) -> Result<Report, AgentError> {
         max_queued_bytes: max_queued,
         small_stream_bytes: view.control.small_stream()?,
         kernel: crate::datapath::kernel_release(),
-        features: Features::from_bits(bits, view.sockopt_pinned, view.guard_pinned, max_queued),
+        features: Features::from_checks(checks, view.sockopt_pinned, view.guard_pinned, max_queued),
+        kernel_checks: KernelCheck::list(checks),
         queue_bound_off: queue_bound_off_reason(max_queued).map(str::to_owned),
         refused: view
             .control
             .refused()?
-            .then(|| crate::datapath::REFUSED_UNGUARDED.to_owned()),
+            .then(|| crate::datapath::refusal_from_results(checks)),
         counters,
         pod_cidrs: view
             .pod_maps
@@ -146,6 +148,18 @@ pub fn render_text(r: &Report) -> String {
             },
         )
     }));
+    rows.push((
+        "kernel_checks",
+        if r.kernel_checks.iter().all(|c| c.outcome == "not run") {
+            "none ran".to_owned()
+        } else {
+            r.kernel_checks
+                .iter()
+                .map(|c| format!("{} {}", c.name, c.outcome))
+                .collect::<Vec<_>>()
+                .join(", ")
+        },
+    ));
     if let Some(why) = &r.queue_bound_off {
         rows.push(("queue_bound_off", why.clone()));
     }
@@ -244,7 +258,19 @@ mod tests {
             max_queued_bytes: 4 << 20,
             small_stream_bytes: 256,
             kernel: "6.18.0".into(),
-            features: Features::from_bits(0, true, true, 4 << 20),
+            features: Features::from_checks(
+                bypass_common::checks::Results::default().with(
+                    bypass_common::checks::FIONREAD_TCP,
+                    bypass_common::checks::Outcome::Passed,
+                ),
+                true,
+                true,
+                4 << 20,
+            ),
+            kernel_checks: KernelCheck::list(bypass_common::checks::Results::default().with(
+                bypass_common::checks::FIONREAD_TCP,
+                bypass_common::checks::Outcome::Passed,
+            )),
             queue_bound_off: None,
             counters: Counters {
                 redirected_bytes: 1024,

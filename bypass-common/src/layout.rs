@@ -35,11 +35,44 @@ pub mod globals {
     pub const OFF_SK_PROT: &str = "BYPASS_OFF_SK_PROT";
     /// [`super::KernelLayout::proto_memory_allocated`].
     pub const OFF_PROTO_MEMORY_ALLOCATED: &str = "BYPASS_OFF_PROTO_MEMORY_ALLOCATED";
+    /// [`super::KernelLayout::sk_user_data`].
+    pub const OFF_SK_USER_DATA: &str = "BYPASS_OFF_SK_USER_DATA";
+    /// [`super::KernelLayout::sk_backlog`].
+    pub const OFF_SK_BACKLOG: &str = "BYPASS_OFF_SK_BACKLOG";
+    /// [`super::KernelLayout::tcp_rcv_nxt`].
+    pub const OFF_TCP_RCV_NXT: &str = "BYPASS_OFF_TCP_RCV_NXT";
+    /// [`super::KernelLayout::tcp_urg_data`].
+    pub const OFF_TCP_URG_DATA: &str = "BYPASS_OFF_TCP_URG_DATA";
+    /// [`super::KernelLayout::tcp_urg_seq`].
+    pub const OFF_TCP_URG_SEQ: &str = "BYPASS_OFF_TCP_URG_SEQ";
+    /// [`super::KernelLayout::sock_done`].
+    pub const SOCK_DONE: &str = "BYPASS_SOCK_DONE";
+    /// [`super::KernelLayout::sock_urginline`].
+    pub const SOCK_URGINLINE: &str = "BYPASS_SOCK_URGINLINE";
+    /// The build's number, for [`crate::control::SLOT_HOOKS_OWNER`]: [`super::build_id`] of
+    /// the object's fingerprint.
+    pub const BUILD: &str = "BYPASS_BUILD";
     /// [`Features`](super::features) bits.
     pub const FEATURES: &str = "BYPASS_FEATURES";
     /// Cookie of the host's network namespace (the agent's own): sockets there (the
     /// node's processes, hostNetwork pods) are never touched.
     pub const HOST_NETNS: &str = "BYPASS_HOST_NETNS";
+}
+
+/// The layout of every pinned map (names, kinds, key and value types, sizes, the
+/// meaning of each control slot and counter): a build adopts a pinned datapath of
+/// another build only when both have this number, and then replaces its programs in
+/// place. Bumped with any change that an older build's programs, still running on
+/// established sockets, would misread; docs/upgrades.md says which releases share one.
+/// v0.1.0 had none (1 here).
+pub const LAYOUT_VERSION: u32 = 2;
+
+/// The number a build's tracing programs compare with
+/// [`crate::control::SLOT_HOOKS_OWNER`], from its object's 64-bit fingerprint: never 0
+/// (0 in the slot means no build's programs act).
+pub const fn build_id(fingerprint: u64) -> u32 {
+    let id = (fingerprint ^ (fingerprint >> 32)) as u32;
+    if id == 0 { 1 } else { id }
 }
 
 /// Where the value of a [`KernelLayout`] field comes from in the running kernel's BTF.
@@ -211,13 +244,45 @@ kernel_fields! {
         source: Source::member("socket", "sk"),
         global: Some(globals::OFF_SOCKET_SK),
     };
-    /// `struct sk_psock`, `msg_tot_len`: not read by the programs; present where the
-    /// kernel's FIONREAD counts redirected bytes (the sockmap FIONREAD fix,
-    /// net/core/skmsg.c), which `status` reports.
-    psock_msg_tot_len {
+    /// `struct sock`, `sk_user_data`, read typed by the FIONREAD compensation: its
+    /// `SK_USER_DATA_PSOCK` bit (include/net/sock.h) says the socket has a psock now,
+    /// so its FIONREAD went through sockmap's answer (0: the compensation is off).
+    sk_user_data {
         required: false,
-        source: Source::member("sk_psock", "msg_tot_len"),
-        global: None,
+        source: Source::member("sock", "sk_user_data"),
+        global: Some(globals::OFF_SK_USER_DATA),
+    };
+    /// `struct sock`, `sk_backlog`, whose first member is `rmem_alloc` (`sk_rmem_alloc`:
+    /// what the socket's receive queues hold, redirected bytes counted at their size,
+    /// net/ipv4/tcp_bpf.c, bpf_tcp_ingress), read typed by the FIONREAD compensation as
+    /// a ceiling on the redirected bytes it adds: the accounting it starts from errs
+    /// high for FIONREAD (an urgent byte TCP skips moves `copied_seq` with no read
+    /// returning it).
+    sk_backlog {
+        required: false,
+        source: Source::member("sock", "sk_backlog"),
+        global: Some(globals::OFF_SK_BACKLOG),
+    };
+    /// `struct tcp_sock`, `rcv_nxt` (the end of what came by TCP), read typed by the
+    /// FIONREAD compensation for the bytes waiting in the TCP receive queue.
+    tcp_rcv_nxt {
+        required: false,
+        source: Source::member("tcp_sock", "rcv_nxt"),
+        global: Some(globals::OFF_TCP_RCV_NXT),
+    };
+    /// `struct tcp_sock`, `urg_data` (an urgent byte pending), read typed by the
+    /// FIONREAD compensation, which answers as `tcp_inq` does (include/net/tcp.h).
+    tcp_urg_data {
+        required: false,
+        source: Source::member("tcp_sock", "urg_data"),
+        global: Some(globals::OFF_TCP_URG_DATA),
+    };
+    /// `struct tcp_sock`, `urg_seq`, read typed by the FIONREAD compensation with
+    /// [`KernelLayout::tcp_urg_data`].
+    tcp_urg_seq {
+        required: false,
+        source: Source::member("tcp_sock", "urg_seq"),
+        global: Some(globals::OFF_TCP_URG_SEQ),
     };
     /// Kernel memory a waiting message holds besides its bytes ([`message_cost`]).
     msg_cost {
@@ -267,6 +332,26 @@ kernel_fields! {
         source: Source::member("proto", "memory_allocated"),
         global: Some(globals::OFF_PROTO_MEMORY_ALLOCATED),
     };
+    /// The bit of `SOCK_DONE` (a FIN came) in `sk_flags`, read by the FIONREAD
+    /// compensation: `tcp_inq` does not count the FIN.
+    sock_done {
+        required: false,
+        source: Source::Bit {
+            name: "sock_flags",
+            value: "SOCK_DONE",
+        },
+        global: Some(globals::SOCK_DONE),
+    };
+    /// The bit of `SOCK_URGINLINE` (SO_OOBINLINE) in `sk_flags`, read by the FIONREAD
+    /// compensation as `tcp_inq` reads it.
+    sock_urginline {
+        required: false,
+        source: Source::Bit {
+            name: "sock_flags",
+            value: "SOCK_URGINLINE",
+        },
+        global: Some(globals::SOCK_URGINLINE),
+    };
 }
 
 impl KernelLayout {
@@ -283,9 +368,17 @@ impl KernelLayout {
         true
     }
 
-    /// FIONREAD on a bypassed socket counts its redirected bytes too.
-    pub const fn fionread_counts_ingress(&self) -> bool {
-        self.psock_msg_tot_len != 0
+    /// Whether the FIONREAD compensation can answer as `tcp_inq` does: every field it
+    /// reads is known.
+    pub const fn fionread_fields(&self) -> bool {
+        self.sk_user_data != 0
+            && self.sk_backlog != 0
+            && self.tcp_rcv_nxt != 0
+            && self.tcp_urg_data != 0
+            && self.tcp_urg_seq != 0
+            && self.sk_flags != 0
+            && self.sock_done != 0
+            && self.sock_urginline != 0
     }
 
     /// Each read-only global the programs read and the field loaded into it, in
@@ -331,9 +424,11 @@ pub const fn slab_size(size: u32) -> u32 {
 
 /// Bits of the [`globals::FEATURES`] global and of the control slot `status` reads.
 pub mod features {
-    /// Recorded for `status`: this kernel's FIONREAD counts only bytes that came by TCP
-    /// (no `sk_psock.msg_tot_len`: before the sockmap FIONREAD fix; Debian 12's 6.1).
-    pub const NO_QUEUE_FIELD: u32 = 2;
+    /// The kernel self-test found that FIONREAD on a socket with a psock misses the
+    /// bytes waiting in its TCP receive queue (the sockmap "Fix FIONREAD" series without
+    /// its later fix: it answers with the ingress queue alone), and the FIONREAD
+    /// compensation adds them (`tcp_inq`).
+    pub const FIONREAD_ADD_TCP: u32 = 2;
     /// Recorded for `status`: the read guard runs (fmod_ret programs on the kernel's
     /// `security_*` functions).
     pub const GUARD_FMOD_RET: u32 = 16;
@@ -346,8 +441,15 @@ pub mod features {
     /// hook refuses it while redirected bytes wait unread. Without it the kernel
     /// itself refuses the option (`EOPNOTSUPP`), and so does the hook not.
     pub const TCP_PEEK_OFF: u32 = 64;
+    /// The kernel self-test found that FIONREAD misses bytes redirected to the socket
+    /// and not read yet (kernels before the sockmap "Fix FIONREAD" series, Linux 6.1:
+    /// `tcp_ioctl` alone), and the FIONREAD compensation adds them.
+    pub const FIONREAD_ADD_INGRESS: u32 = 128;
+    /// The kernel self-test found FIONREAD wrong and no compensation could be loaded
+    /// (`bpf_probe_write_user` refused: kernel lockdown, or no BPF trampolines).
+    pub const FIONREAD_WRONG: u32 = 256;
     /// The bits the programs look at.
-    pub const PROGRAM_BITS: u32 = TCP_PEEK_OFF;
+    pub const PROGRAM_BITS: u32 = TCP_PEEK_OFF | FIONREAD_ADD_TCP | FIONREAD_ADD_INGRESS;
 }
 
 /// A 64-bit digest of what a load fixed in the globals, so a restarted agent adopts a
@@ -393,9 +495,17 @@ mod tests {
         l.sk_rcvbuf = 10;
         l.socket_sk = 11;
         assert!(l.has_required(), "sk_userlocks is optional");
-        assert!(!l.fionread_counts_ingress(), "a 6.1 kernel");
-        l.psock_msg_tot_len = 6;
-        assert!(l.fionread_counts_ingress());
+        assert!(!l.fionread_fields());
+        l.sk_backlog = 11;
+        l.sk_user_data = 12;
+        l.tcp_rcv_nxt = 13;
+        l.tcp_urg_data = 14;
+        l.tcp_urg_seq = 15;
+        l.sk_flags = 16;
+        l.sock_done = 17;
+        assert!(!l.fionread_fields(), "no SOCK_URGINLINE");
+        l.sock_urginline = 18;
+        assert!(l.fionread_fields());
     }
 
     #[test]
@@ -413,8 +523,8 @@ mod tests {
     #[test]
     fn digest_is_stable() {
         // A restarted agent compares the digest with the one it pinned, so it must not
-        // change with the code's shape (only with the fields: this value since
-        // `sk_prot` and `proto_memory_allocated` were added).
+        // change with the code's shape (only with the fields: this value since the
+        // FIONREAD compensation's fields replaced `psock_msg_tot_len`).
         let l = KernelLayout {
             sk_rcvlowat: 1,
             sk_peek_off: 2,
@@ -425,14 +535,20 @@ mod tests {
             sk_rcvbuf: 7,
             sk_userlocks: 8,
             socket_sk: 9,
-            psock_msg_tot_len: 10,
-            msg_cost: 11,
-            sk_flags: 12,
-            sock_zerocopy: 13,
-            sk_prot: 14,
-            proto_memory_allocated: 15,
+            sk_user_data: 10,
+            sk_backlog: 21,
+            tcp_rcv_nxt: 11,
+            tcp_urg_data: 12,
+            tcp_urg_seq: 13,
+            msg_cost: 14,
+            sk_flags: 15,
+            sock_zerocopy: 16,
+            sk_prot: 17,
+            proto_memory_allocated: 18,
+            sock_done: 19,
+            sock_urginline: 20,
         };
-        assert_eq!(digest(&l, 0xff, 0x1234_5678_9abc), 0xe042_596f_8651_897d);
+        assert_eq!(digest(&l, 0xff, 0x1234_5678_9abc), 0xd9f1_8156_788e_ba04);
     }
 
     #[test]
@@ -446,16 +562,9 @@ mod tests {
         }
         assert_eq!(l.sk_rcvlowat, 1);
         assert_eq!(KernelLayout::FIELDS[0].name, "sk_rcvlowat");
-        assert_eq!(
-            l.proto_memory_allocated as usize,
-            KernelLayout::FIELDS.len()
-        );
+        assert_eq!(l.sock_urginline as usize, KernelLayout::FIELDS.len());
         let globals: std::vec::Vec<_> = l.globals().map(|(g, _)| g).collect();
-        assert_eq!(
-            globals.len(),
-            KernelLayout::FIELDS.len() - 1,
-            "all but msg_tot_len"
-        );
+        assert_eq!(globals.len(), KernelLayout::FIELDS.len(), "every field");
         assert!(globals.iter().all(|g| g.starts_with("BYPASS_")));
         assert!(!globals.contains(&globals::FEATURES));
     }

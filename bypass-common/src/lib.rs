@@ -8,6 +8,7 @@
 #![no_std]
 
 pub mod addr;
+pub mod checks;
 pub mod kernel;
 pub mod key;
 pub mod layout;
@@ -115,8 +116,22 @@ pub mod control {
     /// *sender's* `send` with `ENOMEM` where TCP would make it wait. The agent writes
     /// [`tcp_mem_tight`] of that threshold, and again at each heartbeat.
     pub const SLOT_TCP_MEM_TIGHT: u32 = 14;
-    /// Number of slots.
-    pub const SLOTS: u32 = 16;
+    /// The kernel self-test's results ([`crate::checks::Results`]), written by the
+    /// agent for `status`; 0: none ran.
+    pub const SLOT_CHECKS: u32 = 15;
+    /// The layout of the pinned maps ([`crate::layout::LAYOUT_VERSION`]) the datapath was
+    /// loaded with: another build of the same layout adopts them (0: before layouts were
+    /// numbered, v0.1.0, whose control array had 16 slots).
+    pub const SLOT_LAYOUT: u32 = 16;
+    /// The build whose tracing programs act (its `BYPASS_BUILD` global,
+    /// [`crate::layout::globals::BUILD`]): during an upgrade or a rollback both builds'
+    /// programs are attached for a moment, and only the one named here reads, guards and
+    /// counts, so no read is counted twice and no splice is left unguarded. The agent
+    /// writes it before it attaches its own, and switches it in one write.
+    pub const SLOT_HOOKS_OWNER: u32 = 17;
+    /// Number of slots: room for later slots without changing the map's size, which
+    /// would make it another layout.
+    pub const SLOTS: u32 = 32;
 
     /// Nanoseconds per second of the heartbeat.
     pub const NSEC_PER_SEC: u64 = 1_000_000_000;

@@ -9,6 +9,9 @@ use std::{path::PathBuf, string::String, vec::Vec};
 /// One mount: where, and of which filesystem type.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Mount {
+    /// The directory of the filesystem mounted there (`/` for a whole one; for cgroup2
+    /// in a cgroup namespace, relative to its root), escapes undone.
+    pub root: String,
     /// The mount point, with mountinfo's escapes undone.
     pub point: PathBuf,
     /// The filesystem type (`cgroup2`, `bpf`, `tmpfs`, ...).
@@ -20,8 +23,11 @@ pub fn mounts(mountinfo: &str) -> impl Iterator<Item = Mount> + '_ {
     mountinfo.lines().filter_map(|line| {
         let (left, right) = line.split_once(" - ")?;
         let fstype = right.split_whitespace().next()?;
-        let point = left.split_whitespace().nth(4)?;
+        let mut fields = left.split_whitespace().skip(3);
+        let root = fields.next()?;
+        let point = fields.next()?;
         Some(Mount {
+            root: unescape(root),
             point: PathBuf::from(unescape(point)),
             fstype: fstype.into(),
         })
@@ -33,6 +39,27 @@ pub fn find_mount(mountinfo: &str, fstype: &str) -> Option<PathBuf> {
     mounts(mountinfo)
         .find(|m| m.fstype == fstype)
         .map(|m| m.point)
+}
+
+/// Where this process's own cgroup v2 directory is, from its `/proc/self/cgroup` and
+/// `/proc/self/mountinfo` texts: the `0::PATH` line (relative to its cgroup namespace's
+/// root, `/` in a container's own namespace) under a cgroup2 mount whose root holds
+/// it. `None` without a cgroup2 line or a mount that shows it.
+pub fn own_cgroup2(proc_cgroup: &str, mountinfo: &str) -> Option<PathBuf> {
+    let path = proc_cgroup
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))?
+        .trim();
+    mounts(mountinfo)
+        .filter(|m| m.fstype == "cgroup2")
+        .find_map(|m| {
+            let root = m.root.trim_end_matches('/');
+            let rest = path.strip_prefix(root)?;
+            if !(rest.is_empty() || rest.starts_with('/')) {
+                return None;
+            }
+            Some(m.point.join(rest.trim_start_matches('/')))
+        })
 }
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo`.
@@ -58,6 +85,34 @@ fn unescape(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use std::vec;
+
+    #[test]
+    fn own_cgroup_on_a_host_and_in_a_container() {
+        let host = "30 23 0:26 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw\n";
+        assert_eq!(
+            super::own_cgroup2("1:name=systemd:/x\n0::/user.slice/s-1.scope\n", host),
+            Some(PathBuf::from("/sys/fs/cgroup/unified/user.slice/s-1.scope"))
+        );
+        assert_eq!(
+            super::own_cgroup2("0::/\n", host),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
+        // A container in its own cgroup namespace: its root is its cgroup.
+        let ctr = "600 590 0:26 / /sys/fs/cgroup ro,nosuid - cgroup2 cgroup rw\n";
+        assert_eq!(
+            super::own_cgroup2("0::/\n", ctr),
+            Some(PathBuf::from("/sys/fs/cgroup"))
+        );
+        // A mount of a subtree shows only what lies under its root.
+        let sub = "600 590 0:26 /kubepods/pod1 /sys/fs/cgroup ro - cgroup2 cgroup rw\n";
+        assert_eq!(
+            super::own_cgroup2("0::/kubepods/pod1/ctr\n", sub),
+            Some(PathBuf::from("/sys/fs/cgroup/ctr"))
+        );
+        assert_eq!(super::own_cgroup2("0::/other\n", sub), None);
+        assert_eq!(super::own_cgroup2("0::/kubepods/pod10\n", sub), None);
+        assert_eq!(super::own_cgroup2("1:cpu:/x\n", host), None, "no v2 line");
+    }
 
     use super::*;
 
@@ -105,10 +160,12 @@ garbage
             got,
             vec![
                 Mount {
+                    root: "/".into(),
                     point: PathBuf::from("/mnt/my cgroup"),
                     fstype: "cgroup2".into()
                 },
                 Mount {
+                    root: "/".into(),
                     point: PathBuf::from("/run/s\\p"),
                     fstype: "tmpfs".into()
                 },

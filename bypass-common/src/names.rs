@@ -79,7 +79,7 @@ pub const MAP_GUARDING: &str = "BYPASS_GUARDING";
 /// Socket-local storage (`u8`, unused) of every socket sock_ops saw connect
 /// (`BPF_SOCK_OPS_TCP_CONNECT_CB`): such a socket reaching `PASSIVE_ESTABLISHED` did a
 /// simultaneous open, with sequence numbers its owner may have chosen (`TCP_REPAIR`),
-/// and is never inserted as a server. Only the programs use it (not pinned).
+/// and is never inserted as a server.
 pub const MAP_ACTIVE_OPEN: &str = "BYPASS_ACTIVE_OPEN";
 
 /// Hash: a socket cookie (`u64`) → the time (`bpf_ktime_get_ns`, 0: never) a read of
@@ -94,9 +94,12 @@ pub const MAP_ACTIVE_OPEN: &str = "BYPASS_ACTIVE_OPEN";
 /// (kernel/bpf/trampoline.c, `bpf_tramp_image_put`).
 pub const MAP_DRAIN_SEEN: &str = "BYPASS_DRAIN_SEEN";
 
-/// Every map the agent pins, [`MAP_CONTROL`] last (its pin marks a complete datapath).
-/// ([`MAP_SOCK_STATE`] is not pinned: only the programs use it.)
-pub const PINNED_MAPS: [&str; 17] = [
+/// Every map the agent pins, [`MAP_CONTROL`] last (its pin marks a complete datapath):
+/// every map that holds state, so that another build of the same layout adopts them
+/// all, its programs reading what the established sockets' state says (the programs'
+/// per-CPU scratch space alone is not pinned here; the drain observer's
+/// [`MAP_DRAIN_SEEN`] is pinned only with a released datapath, under `released/<n>/`).
+pub const PINNED_MAPS: [&str; 21] = [
     MAP_SOCKETS,
     MAP_POD_CIDRS,
     MAP_POD_ADDRS,
@@ -113,6 +116,10 @@ pub const PINNED_MAPS: [&str; 17] = [
     MAP_NETNS_OWNERS,
     MAP_REFUSALS,
     MAP_SERVICE_BACKENDS,
+    MAP_SOCK_STATE,
+    MAP_ACTIVE_OPEN,
+    MAP_VERDICTS,
+    MAP_GUARDING,
     MAP_CONTROL,
 ];
 
@@ -172,8 +179,18 @@ pub const PROG_MMAP_EXIT: &str = "bypass_mmap_exit";
 pub const PROG_READ_GUARD: &str = "bypass_read_guard";
 /// The mapping guard: the mapping's check (`security_mmap_file`) likewise.
 pub const PROG_MMAP_GUARD: &str = "bypass_mmap_guard";
+/// A receive with `MSG_OOB` or `MSG_TRUNC` starts (`sock_recvmsg`): the guard decides.
+pub const PROG_RECV_ENTER: &str = "bypass_recv_enter";
+/// That receive returns: its decision goes.
+pub const PROG_RECV_EXIT: &str = "bypass_recv_exit";
+/// The receive guard: the receive's permission check (`security_socket_recvmsg`) fails
+/// as its entry decided.
+pub const PROG_RECV_GUARD: &str = "bypass_recv_guard";
 /// Where the read guard cannot run: a process calls `splice(2)`.
 pub const PROG_SPLICE_SEEN: &str = "bypass_splice_seen";
+/// The FIONREAD compensation (where the kernel self-test found FIONREAD wrong): the
+/// answer of `ioctl(SIOCINQ)` on a socket in the SockHash, corrected as it returns.
+pub const PROG_FIONREAD: &str = "bypass_fionread";
 /// The drain observer: a read of a released datapath's socket reaches `tcp_recvmsg`
 /// ([`MAP_DRAIN_SEEN`]).
 pub const PROG_DRAIN_SEEN: &str = "bypass_drain_seen";
@@ -216,7 +233,7 @@ pub const READ_TRAMPOLINE_HOOKS: [Hook; 2] = [
 /// before it reaches `splice_file_to_pipe`), by a program that may read the socket's
 /// storage; the check's fmod_ret program, which may not (`bpf_sk_storage_get` is not
 /// allowed to it), only applies it.
-pub const GUARD_HOOKS: [Hook; 6] = [
+pub const GUARD_HOOKS: [Hook; 9] = [
     Hook {
         program: PROG_SPLICE_EXIT,
         kind: HookKind::Exit,
@@ -226,6 +243,11 @@ pub const GUARD_HOOKS: [Hook; 6] = [
         program: PROG_MMAP_EXIT,
         kind: HookKind::Exit,
         target: "vm_mmap_pgoff",
+    },
+    Hook {
+        program: PROG_RECV_EXIT,
+        kind: HookKind::Exit,
+        target: "sock_recvmsg",
     },
     Hook {
         program: PROG_READ_GUARD,
@@ -238,6 +260,11 @@ pub const GUARD_HOOKS: [Hook; 6] = [
         target: "security_mmap_file",
     },
     Hook {
+        program: PROG_RECV_GUARD,
+        kind: HookKind::Guard,
+        target: "security_socket_recvmsg",
+    },
+    Hook {
         program: PROG_SPLICE_ENTER,
         kind: HookKind::Entry,
         target: "do_splice",
@@ -247,6 +274,11 @@ pub const GUARD_HOOKS: [Hook; 6] = [
         kind: HookKind::Entry,
         target: "vm_mmap_pgoff",
     },
+    Hook {
+        program: PROG_RECV_ENTER,
+        kind: HookKind::Entry,
+        target: "sock_recvmsg",
+    },
 ];
 
 /// Where the read guard cannot run: processes that splice are watched.
@@ -255,6 +287,21 @@ pub const WATCH_HOOKS: [Hook; 1] = [Hook {
     kind: HookKind::Syscall,
     target: "splice",
 }];
+
+/// The FIONREAD compensation, where it runs: the return of `sk_ioctl` (Linux >= 6.5),
+/// or of `tcp_ioctl` before (both put the answer at the user pointer they take third).
+pub const FIONREAD_HOOKS: [Hook; 2] = [
+    Hook {
+        program: PROG_FIONREAD,
+        kind: HookKind::Exit,
+        target: "sk_ioctl",
+    },
+    Hook {
+        program: PROG_FIONREAD,
+        kind: HookKind::Exit,
+        target: "tcp_ioctl",
+    },
+];
 
 /// Default pin directory on bpffs.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/bypass";

@@ -193,8 +193,11 @@ pub mod rx {
     pub const SPLICE: u64 = 2;
     /// This side reads with zero-copy receive (`mmap` of the socket).
     pub const ZEROCOPY: u64 = 4;
+    /// This side discards with `recv(MSG_TRUNC)`, which the ingress queue would copy
+    /// out instead (net/core/skmsg.c, sk_msg_recvmsg takes no such flag).
+    pub const TRUNC: u64 = 8;
     /// The bits after which this side reads only the TCP receive queue.
-    pub const TCP_ONLY: u64 = SPLICE | ZEROCOPY;
+    pub const TCP_ONLY: u64 = SPLICE | ZEROCOPY | TRUNC;
 }
 
 /// The read guard's decision for one thread's splice or mapping

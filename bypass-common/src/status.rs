@@ -130,6 +130,11 @@ reported! {
         /// What the loaded programs do on this kernel.
         #[keys(Features)]
         pub features: Features,
+        /// The kernel self-test the agent ran before bypassing: each behaviour the
+        /// guarantees rely on, checked on this kernel with the datapath's programs.
+        #[serde(default)]
+        #[each(KernelCheck)]
+        pub kernel_checks: Vec<KernelCheck>,
         /// Why the queue bound is off, when it is.
         pub queue_bound_off: Option<String>,
         /// Counters.
@@ -200,6 +205,34 @@ reported! {
 }
 
 reported! {
+    /// One behaviour of the kernel self-test (`bypass_common::checks::CHECKS`).
+    #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+    pub struct KernelCheck {
+        /// Its name.
+        pub name: String,
+        /// `passed`, `failed` or `not run` (the read guard's checks where it is off).
+        pub outcome: String,
+        /// What it checks, as TCP answers it.
+        pub what: String,
+    }
+}
+
+impl KernelCheck {
+    /// Every check of the catalogue with its outcome in `results`.
+    pub fn list(results: crate::checks::Results) -> Vec<Self> {
+        crate::checks::CHECKS
+            .iter()
+            .enumerate()
+            .map(|(i, c)| Self {
+                name: c.name.into(),
+                outcome: results.get(i).name().into(),
+                what: c.what.into(),
+            })
+            .collect()
+    }
+}
+
+reported! {
     /// A pod address and the cookie of the network namespace that owns it.
     #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
     pub struct AddressOwner {
@@ -227,10 +260,10 @@ reported! {
 
 reported! {
     @flags
-    /// What the loaded programs guarantee on this kernel. Every one holds on every kernel
-    /// the agent loads on but FIONREAD, which counts redirected bytes only where the
-    /// kernel's sockmap keeps its queue length; the others can be off only because a hook
-    /// is not attached (after `uninstall`) or the bound was set to 0.
+    /// What the loaded programs guarantee on this kernel. The read guard and FIONREAD hold
+    /// where the kernel self-test found them holding (natively, or with the FIONREAD
+    /// compensation); the others can be off only because a hook is not attached (after
+    /// `uninstall`) or the bound was set to 0.
     #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
     pub struct Features {
         /// What waits for a reader is bounded (`--max-queued-bytes`, or its own fixed
@@ -246,24 +279,29 @@ reported! {
         /// The read guard is attached: a splice or zero-copy receive never misses a
         /// redirected byte.
         pub read_guard: bool,
-        /// FIONREAD (`ioctl(SIOCINQ)`) counts redirected bytes: kernels whose sockmap keeps
-        /// its queue length (`sk_psock.msg_tot_len`, not 6.1); elsewhere it reports only
-        /// what came by TCP.
+        /// FIONREAD (`ioctl(SIOCINQ)`) counts every byte waiting, redirected and by TCP, as
+        /// the kernel self-test saw it (`fionread_*` in `kernel_checks`), natively or
+        /// through the agent's FIONREAD compensation.
         pub fionread: bool,
     }
 }
 
 impl Features {
-    /// From the recorded feature bits, whether the setsockopt hook and the read guard
-    /// are attached, and the bound in force.
-    pub fn from_bits(bits: u32, sockopt_hook: bool, read_guard: bool, max_queued: u32) -> Self {
+    /// From the kernel self-test's results, whether the setsockopt hook and the read
+    /// guard are attached, and the bound in force.
+    pub fn from_checks(
+        checks: crate::checks::Results,
+        sockopt_hook: bool,
+        read_guard: bool,
+        max_queued: u32,
+    ) -> Self {
         Self {
             queue_bound: max_queued != 0,
             receive_options: sockopt_hook,
             ulp_guard: sockopt_hook,
             order: true,
             read_guard,
-            fionread: bits & crate::layout::features::NO_QUEUE_FIELD == 0,
+            fionread: checks.all_passed(&crate::checks::FIONREAD),
         }
     }
 }
@@ -308,4 +346,13 @@ pub struct KernelProbe {
     pub read_hook: String,
     /// Whether `run` bypasses on this kernel without `--allow-unguarded`.
     pub bypass_by_default: bool,
+    /// The kernel self-test, run now with the datapath's own programs.
+    #[serde(default)]
+    pub kernel_checks: Vec<KernelCheck>,
+    /// The FIONREAD compensation: `not needed`, what it adds, or `needed, unavailable`.
+    #[serde(default)]
+    pub fionread_compensation: String,
+    /// Why `run` would not bypass this node, if it would not: the line it logs.
+    #[serde(default)]
+    pub refusal: Option<String>,
 }

@@ -45,6 +45,14 @@ use crate::{
 
 /// `MAY_READ` (include/linux/fs.h).
 const MAY_READ: i32 = 4;
+/// `MSG_OOB` and `MSG_TRUNC` (include/linux/socket.h): receive flags the ingress queue
+/// does not honour (net/core/skmsg.c, sk_msg_recvmsg reads ordinary bytes for both).
+const MSG_OOB: i32 = 1;
+const MSG_TRUNC: i32 = 0x20;
+/// `EAGAIN`: the urgent byte cannot be had now.
+const EAGAIN: i32 = 11;
+/// `EOPNOTSUPP`: a discarding read while redirected bytes wait.
+const EOPNOTSUPP: i32 = 95;
 /// `EINVAL`: what `splice(2)` returns for a file that cannot be spliced from.
 const EINVAL: i32 = 22;
 /// `ENODEV`: what `mmap(2)` returns for a file that cannot be mapped.
@@ -109,6 +117,39 @@ pub fn bypass_mmap_exit(_ctx: FExitContext) -> i32 {
     0
 }
 
+#[fentry(function = "sock_recvmsg")]
+pub fn bypass_recv_enter(ctx: FEntryContext) -> i32 {
+    // int sock_recvmsg(struct socket *sock, struct msghdr *msg, int flags): every
+    // recv, recvfrom, recvmsg and io_uring receive, before its permission check.
+    let flags: i32 = ctx.arg(2);
+    if flags & (MSG_OOB | MSG_TRUNC) != 0 {
+        decide_recv(ctx.arg(0), flags);
+    }
+    0
+}
+
+#[fexit(function = "sock_recvmsg")]
+pub fn bypass_recv_exit(ctx: FExitContext) -> i32 {
+    let flags: i32 = ctx.arg(2);
+    if flags & (MSG_OOB | MSG_TRUNC) != 0 {
+        forget();
+    }
+    0
+}
+
+#[lsm(hook = "socket_recvmsg")]
+pub fn bypass_recv_guard(ctx: LsmContext) -> i32 {
+    // int security_socket_recvmsg(struct socket *sock, struct msghdr *msg, int size,
+    // int flags), then what earlier programs on the function decided.
+    let sock: *const u8 = ctx.arg(0);
+    let flags: i32 = ctx.arg(3);
+    let earlier: i32 = ctx.arg(4);
+    if earlier != 0 || flags & (MSG_OOB | MSG_TRUNC) == 0 {
+        return earlier;
+    }
+    apply_to(sock as u64)
+}
+
 #[lsm(hook = "file_permission")]
 pub fn bypass_read_guard(ctx: LsmContext) -> i32 {
     // int security_file_permission(struct file *file, int mask), then what earlier
@@ -134,11 +175,64 @@ pub fn bypass_mmap_guard(ctx: LsmContext) -> i32 {
     apply(f)
 }
 
+/// At the start of a receive with `MSG_OOB` or `MSG_TRUNC` on `sock`: if it is a
+/// bypassed socket that still has its psock (its reads go through the ingress queue),
+/// the answer TCP gives, or a refusal, before any byte is consumed:
+/// - `MSG_OOB` with no urgent byte to read: `EINVAL`, as `tcp_recv_urg` answers; with
+///   one that came by TCP, TCP's own path while nothing redirected waits (the ingress
+///   queue is read first), else `EAGAIN`.
+/// - `MSG_TRUNC`: the socket discards, so it reads only its TCP queue from now on (its
+///   peer sends to it by TCP, the connection leaves the SockHash), and the call is
+///   refused (`EOPNOTSUPP`) while bytes redirected to it are unread or on their way.
+#[inline(always)]
+fn decide_recv(sock: *const u8, flags: i32) {
+    if sock.is_null() || !kernel::hooks_active() {
+        return;
+    }
+    // SAFETY: the traced function's `struct socket *` argument.
+    let sk = unsafe { kernel::socket_sk(sock) };
+    if sk.is_null() {
+        return;
+    }
+    // SAFETY: a socket pointer the verifier knows; its storage or null.
+    let Some(state) = (unsafe { sock_state(sk, false) }) else {
+        return;
+    };
+    // SAFETY: non-null storage of that socket, sized for a `SockState`.
+    let state = unsafe { &mut *state };
+    if state.side == side::NONE {
+        return;
+    }
+    // SAFETY: the traced socket.
+    let Some(q) = (unsafe { kernel::queued(sk) }) else {
+        return;
+    };
+    if !q.psock {
+        // Out of the SockHash: TCP answers.
+        return;
+    }
+    let err = if flags & MSG_OOB != 0 {
+        match q.urgent {
+            Err(e) => e,
+            Ok(()) if crate::fionread::unread_redirected(state) == 0 => return,
+            Ok(()) => EAGAIN,
+        }
+    } else if guard(state, rx::TRUNC) {
+        return;
+    } else {
+        EOPNOTSUPP
+    };
+    record(sock as u64, err);
+}
+
 /// At the start of a splice from, or a mapping of, `f`: if it is a bypassed socket,
 /// records that it reads only its TCP queue (`bit`) and, when bytes redirected to it
 /// are unread or on their way, that this thread's call must fail with `err`.
 #[inline(always)]
 fn decide(f: *mut file, bit: u64, err: i32) {
+    if !kernel::hooks_active() {
+        return;
+    }
     // SAFETY: the traced function's file argument.
     let Some(state) = (unsafe { file_state(f) }) else {
         return;
@@ -146,8 +240,14 @@ fn decide(f: *mut file, bit: u64, err: i32) {
     if guard(state, bit) {
         return;
     }
+    record(f as u64, err);
+}
+
+/// This thread's call on the file or socket at `id` is to fail with `err`.
+#[inline(always)]
+fn record(id: u64, err: i32) {
     let verdict = Verdict {
-        file: f as u64,
+        file: id,
         err,
         reserved: 0,
     };
@@ -167,7 +267,7 @@ fn decide(f: *mut file, bit: u64, err: i32) {
 /// At the return of the call: its decision, if any, goes.
 #[inline(always)]
 fn forget() {
-    if !guarding() {
+    if !guarding() || !kernel::hooks_active() {
         return;
     }
     if BYPASS_VERDICTS.remove(&thread()).is_ok()
@@ -188,12 +288,19 @@ fn guarding() -> bool {
 /// else 0.
 #[inline(always)]
 fn apply(f: *mut file) -> i32 {
-    if !guarding() {
+    apply_to(f as u64)
+}
+
+/// At a permission check of the file or socket at `id`: the refusal this thread's call
+/// was decided to get, else 0.
+#[inline(always)]
+fn apply_to(id: u64) -> i32 {
+    if !guarding() || !kernel::hooks_active() {
         return 0;
     }
     match BYPASS_VERDICTS.get_ptr(&thread()) {
         // SAFETY: a live map value of this thread's own.
-        Some(v) if unsafe { (*v).file } == f as u64 => {
+        Some(v) if unsafe { (*v).file } == id => {
             stats::add(Stat::ReadsRefused, 1);
             // SAFETY: as above.
             -unsafe { (*v).err }
@@ -280,6 +387,9 @@ pub fn bypass_splice_seen(_ctx: TracePointContext) -> u32 {
     // socket gets no redirected bytes (recv::publish). The splice itself cannot be
     // refused here, so a socket first read with recv and then spliced while redirected
     // bytes wait for it can miss them: docs/limitations.md's limitation for such kernels.
+    if !kernel::hooks_active() {
+        return 0;
+    }
     // SAFETY: no arguments.
     let tgid = (unsafe { bpf_get_current_pid_tgid() } >> 32) as u32;
     if BYPASS_SPLICERS.get_ptr(&tgid).is_none() {

@@ -49,7 +49,23 @@ static BYPASS_OFF_SK_PROT: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static BYPASS_OFF_PROTO_MEMORY_ALLOCATED: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
+static BYPASS_OFF_SK_USER_DATA: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static BYPASS_OFF_SK_BACKLOG: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static BYPASS_OFF_TCP_RCV_NXT: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static BYPASS_OFF_TCP_URG_DATA: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static BYPASS_OFF_TCP_URG_SEQ: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static BYPASS_SOCK_DONE: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static BYPASS_SOCK_URGINLINE: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
 static BYPASS_FEATURES: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static BYPASS_BUILD: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static BYPASS_HOST_NETNS: Global<u64> = Global::new(0);
 
@@ -57,6 +73,23 @@ static BYPASS_HOST_NETNS: Global<u64> = Global::new(0);
 #[inline(always)]
 pub(crate) fn tcp_peek_off() -> bool {
     BYPASS_FEATURES.load() & bypass_common::layout::features::TCP_PEEK_OFF != 0
+}
+
+/// Whether this build's tracing programs are the ones that act
+/// (`bypass_common::control::SLOT_HOOKS_OWNER`): while another build's are attached
+/// beside them, during an upgrade or a rollback, only the named build's read, guard and
+/// count.
+#[inline(always)]
+pub(crate) fn hooks_active() -> bool {
+    crate::maps::BYPASS_CONTROL
+        .get(bypass_common::control::SLOT_HOOKS_OWNER)
+        .is_some_and(|owner| *owner == BYPASS_BUILD.load())
+}
+
+/// Whether the [`bypass_common::layout::features`] bit `bit` was loaded on.
+#[inline(always)]
+pub(crate) fn feature(bit: u32) -> bool {
+    BYPASS_FEATURES.load() & bit != 0
 }
 
 /// The host's network namespace cookie.
@@ -273,4 +306,101 @@ pub(crate) unsafe fn reading(sk: *mut c_void) -> Option<Reading> {
 pub(crate) unsafe fn socket_sk(sock: *const u8) -> *mut c_void {
     // SAFETY: a typed load of `struct socket`'s `sk` member.
     unsafe { field::<*mut c_void>(sock, BYPASS_OFF_SOCKET_SK.load()) }
+}
+
+/// `SK_USER_DATA_PSOCK` (include/net/sock.h): `sk_user_data` points to a psock.
+const SK_USER_DATA_PSOCK: u64 = 4;
+
+/// What the FIONREAD compensation reads of a traced socket: whether it has a psock now,
+/// and the bytes waiting in its TCP receive queue as `tcp_inq` counts them.
+pub(crate) struct Queued {
+    /// The socket has a psock (it is in a SockHash), so its FIONREAD went through
+    /// sockmap's answer.
+    pub(crate) psock: bool,
+    /// `tcp_inq`: what came by TCP and was not read yet, the FIN not counted, up to an
+    /// urgent byte not read inline.
+    pub(crate) tcp_inq: u32,
+    /// `sk_rmem_alloc`: what the receive queues hold (redirected bytes at their size,
+    /// TCP's at their buffers' size), never below 0.
+    pub(crate) rmem_alloc: u32,
+    /// What `recv(MSG_OOB)` would get from TCP now: `Err(EINVAL)` when no urgent byte
+    /// is to be read (tcp_recv_urg, net/ipv4/tcp.c: inline, none, or already read),
+    /// `Ok(())` when one is or may be.
+    pub(crate) urgent: Result<(), i32>,
+}
+
+/// `TCP_URG_READ` (include/net/tcp.h): the urgent byte was read.
+const TCP_URG_READ: u16 = 0x0400;
+/// `EINVAL`.
+const EINVAL: i32 = 22;
+
+/// `tcp_inq` of the socket at `tp` (include/net/tcp.h), for an established socket.
+///
+/// # Safety
+/// `tp` is a non-null `struct tcp_sock` BTF pointer; the FIONREAD compensation's
+/// fields are known (the agent loads it only then).
+#[inline(always)]
+unsafe fn tcp_inq(tp: *const u8) -> u32 {
+    // SAFETY: typed loads at offsets the verifier checks against the kernel's BTF. No
+    // socket lock is held (tcp_inq runs under one): copied_seq is read first, so a read
+    // moving it in between makes the difference smaller, never wrap (checked below).
+    let (copied, rcv_nxt, urg_data, urg_seq, flags) = unsafe {
+        (
+            field::<u32>(tp, BYPASS_OFF_TCP_COPIED_SEQ.load()),
+            field::<u32>(tp, BYPASS_OFF_TCP_RCV_NXT.load()),
+            field::<u16>(tp, BYPASS_OFF_TCP_URG_DATA.load()),
+            field::<u32>(tp, BYPASS_OFF_TCP_URG_SEQ.load()),
+            field::<u64>(tp, BYPASS_OFF_SK_FLAGS.load()),
+        )
+    };
+    let bit = |b: u32| flags & (1u64 << (b & 63)) != 0;
+    let before = |a: u32, b: u32| (a.wrapping_sub(b) as i32) < 0;
+    if bit(BYPASS_SOCK_URGINLINE.load())
+        || urg_data == 0
+        || before(urg_seq, copied)
+        || !before(urg_seq, rcv_nxt)
+    {
+        if before(rcv_nxt, copied) {
+            return 0;
+        }
+        let answer = rcv_nxt.wrapping_sub(copied);
+        if answer != 0 && bit(BYPASS_SOCK_DONE.load()) {
+            answer - 1
+        } else {
+            answer
+        }
+    } else {
+        // urg_seq lies between copied_seq and rcv_nxt here.
+        urg_seq.wrapping_sub(copied)
+    }
+}
+
+/// A traced socket argument's psock bit and `tcp_inq`; `None` if it is not a full TCP
+/// socket.
+///
+/// # Safety
+/// `sk` must be a `struct sock *` argument of the traced function (a BTF pointer).
+#[inline(always)]
+pub(crate) unsafe fn queued(sk: *mut c_void) -> Option<Queued> {
+    // SAFETY: the caller passes a traced socket argument.
+    let tp = unsafe { tcp_sock(sk) };
+    if tp.is_null() {
+        return None;
+    }
+    // SAFETY: typed loads at offsets the verifier checks against the kernel's BTF.
+    unsafe {
+        let urg_data = field::<u16>(tp, BYPASS_OFF_TCP_URG_DATA.load());
+        let flags = field::<u64>(tp, BYPASS_OFF_SK_FLAGS.load());
+        let inline = flags & (1u64 << (BYPASS_SOCK_URGINLINE.load() & 63)) != 0;
+        Some(Queued {
+            psock: field::<u64>(tp, BYPASS_OFF_SK_USER_DATA.load()) & SK_USER_DATA_PSOCK != 0,
+            tcp_inq: tcp_inq(tp),
+            rmem_alloc: field::<i32>(tp, BYPASS_OFF_SK_BACKLOG.load()).max(0) as u32,
+            urgent: if inline || urg_data == 0 || urg_data & TCP_URG_READ != 0 {
+                Err(EINVAL)
+            } else {
+                Ok(())
+            },
+        })
+    }
 }

@@ -18,6 +18,7 @@
 
 mod atomic;
 mod drain;
+mod fionread;
 mod guard;
 mod kernel;
 mod key;

@@ -45,12 +45,17 @@ pub fn bypass_read(ctx: BtfTracePointContext) -> i32 {
     // TP_PROTO(struct sock *sk, int ret, int flags), after sock_recvmsg
     // (include/trace/events/sock.h). No reader is counted here: every read publishes.
     let (sk, read, flags): (*mut c_void, i32, i32) = (ctx.arg(0), ctx.arg(1), ctx.arg(2));
-    on_read(sk, read, flags, true);
+    if kernel::hooks_active() {
+        on_read(sk, read, flags, true);
+    }
     0
 }
 
 #[fentry(function = "tcp_bpf_recvmsg")]
 pub fn bypass_read_enter(ctx: FEntryContext) -> i32 {
+    if !kernel::hooks_active() {
+        return 0;
+    }
     let sk: *mut c_void = ctx.arg(0);
     if let Some(state) = bypassed(sk) {
         // SAFETY: a field of live socket storage; readers may run at once.
@@ -62,7 +67,11 @@ pub fn bypass_read_enter(ctx: FEntryContext) -> i32 {
 #[fexit(function = "tcp_bpf_recvmsg")]
 pub fn bypass_read_exit(ctx: FExitContext) -> i32 {
     // int tcp_bpf_recvmsg(struct sock *sk, struct msghdr *msg, size_t len, int flags,
-    // int *addr_len) since Linux 5.19 (the agent refuses the older signature).
+    // int *addr_len) since Linux 5.19, without addr_len once struct proto's recvmsg lost
+    // it (7.2, 7.3): flags fourth in both (the agent refuses the older signature).
+    if !kernel::hooks_active() {
+        return 0;
+    }
     let sk: *mut c_void = ctx.arg(0);
     let flags: i32 = ctx.arg(3);
     let Ok(read) = ctx.ret::<i32>() else {

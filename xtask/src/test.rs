@@ -1,13 +1,18 @@
 //! `cargo xtask test`: setup and build, the unit tests of the host crates, then the
 //! privileged tests of `integration-test` one at a time (they share kernel state) against
-//! the built agent, with the test tool of `testbed` built beside them; ends with `N passed,
-//! M failed` and fails on any failure. Privileged tests never skip: without root the
-//! task fails.
+//! the built agent, with the test tool of `testbed` built beside them, and the one-node
+//! cluster's; the kernel matrix's guests boot beside them (each guest is one qemu TCG
+//! thread, [`GUEST_LANES`] at once, each console line prefixed with its kernel's name).
+//! Ends with `N passed, M failed` over all of it and fails on any failure. Privileged
+//! tests never skip: without root the task fails.
 
 use std::{
+    collections::VecDeque,
     io::{BufRead as _, BufReader, Write as _},
     path::Path,
     process::{Command, ExitStatus, Stdio},
+    sync::Mutex,
+    time::Instant,
 };
 
 use anyhow::{Context as _, Result, bail};
@@ -22,10 +27,12 @@ pub struct Args {
     #[command(flatten)]
     pub build: build::Options,
     /// Run the privileged tests on this kernel instead, booted in qemu from a Debian
-    /// package (see `cargo xtask kernel-table`): 6.1, 6.12, 6.12-lockdown, 5.10, 6.1-arm64.
+    /// package (see `cargo xtask kernel-table`): 6.1, 6.12, 7.3, 7.3-cloud, 6.18,
+    /// 6.12-lockdown, 5.10, 6.1-arm64. Several, comma-separated, boot side by side (two
+    /// at a time).
     #[arg(long)]
     pub kernel: Option<String>,
-    /// Skip the kernels `cargo xtask test` boots after the host's tests.
+    /// Skip the kernels `cargo xtask test` boots beside the host's tests.
     #[arg(long)]
     pub no_kernels: bool,
     /// Skip the one-node cluster's end-to-end tests that `cargo xtask test` runs after
@@ -53,8 +60,8 @@ pub fn run(args: &Args) -> Result<()> {
     }
     let tools = setup::ensure(setup::Scope::All)?;
     let agent = build::build_agent(&tools, &args.build)?;
-    if let Some(kernel) = &args.kernel {
-        return kernel_matrix::run(&tools, &agent, kernel, &args.harness).1;
+    if let Some(kernels) = &args.kernel {
+        return kernels_on_demand(&tools, &agent, kernels, &args.harness);
     }
     if args.cluster {
         let mut counts = Counts::default();
@@ -76,6 +83,9 @@ pub fn run(args: &Args) -> Result<()> {
         failures.push(format!("unit tests: {status}"));
     }
 
+    // The kernel matrix's share of every full run (the others on demand, `--kernel
+    // NAME`); a filtered run is about the host's tests.
+    let mut guests = None;
     if root {
         // The Kubernetes tests start a real API server; build it here, once and cached,
         // rather than inside the first test.
@@ -87,11 +97,45 @@ pub fn run(args: &Args) -> Result<()> {
         build::build_previous_agent(&tools)?;
         // The apps suite's own programs (Go, Java, Node), beside that tool.
         crate::apps::build("debug")?;
-        let mut privileged = privileged_tests(tools.cargo()?, &agent, &args.harness);
+        let started = Instant::now();
         let before = counts;
         let pins_before = bpffs_entries();
-        let status = run_counting(&mut privileged, &mut counts)?;
-        if !status.success() {
+        let mut statuses = Vec::new();
+        if !args.no_kernels && args.harness.is_empty() {
+            // Prepared (downloaded, built) before the host's tests, which hold cargo's
+            // lock while they run; booted beside them, once the tests that measure
+            // have run on a machine the guests do not yet load.
+            let mut ready = VecDeque::new();
+            for kernel in kernel_matrix::EVERY_RUN {
+                match kernel_matrix::prepare(&tools, &agent, kernel, &args.harness) {
+                    Ok(p) => ready.push_back(p),
+                    Err(e) => {
+                        counts.failed += 1;
+                        failures.push(format!("kernel {kernel}: {e:#}"));
+                    }
+                }
+            }
+            let first = [BEFORE_GUESTS.to_owned()];
+            let mut privileged = privileged_tests(tools.cargo()?, &agent, &first);
+            statuses.push(run_counting(&mut privileged, &mut counts)?);
+            guests = Some(boot_guests(ready));
+            let rest = ["--skip".to_owned(), BEFORE_GUESTS.to_owned()];
+            let mut privileged = privileged_tests(tools.cargo()?, &agent, &rest);
+            statuses.push(run_counting(&mut privileged, &mut counts)?);
+        } else {
+            let mut privileged = privileged_tests(tools.cargo()?, &agent, &args.harness);
+            statuses.push(run_counting(&mut privileged, &mut counts)?);
+        }
+        println!(
+            "test: host's privileged tests {} in {} s",
+            Counts {
+                passed: counts.passed - before.passed,
+                failed: counts.failed - before.failed,
+                ignored: counts.ignored - before.ignored,
+            },
+            started.elapsed().as_secs()
+        );
+        if let Some(status) = statuses.iter().find(|s| !s.success()) {
             failures.push(format!("privileged tests: {status}"));
         } else if counts.passed == before.passed && counts.failed == before.failed {
             eprintln!("test: warning: no privileged test ran");
@@ -113,22 +157,15 @@ pub fn run(args: &Args) -> Result<()> {
     // The one-node cluster's end-to-end tests, in every full run.
     if root && !args.no_cluster && args.harness.is_empty() {
         println!("test: host {counts}");
+        let started = Instant::now();
         if let Err(e) = cluster_tests(&tools, &agent, &args.harness, &mut counts) {
             failures.push(format!("cluster: {e:#}"));
         }
+        println!("test: cluster done in {} s", started.elapsed().as_secs());
     }
-    // The kernel matrix's share of every full run (the others on demand, `--kernel
-    // NAME`); a filtered run is about the host's tests.
-    if root && !args.no_kernels && args.harness.is_empty() {
-        println!("test: host and cluster {counts}");
-        for kernel in kernel_matrix::EVERY_RUN {
-            let (c, verdict) = kernel_matrix::run(&tools, &agent, kernel, &args.harness);
-            counts.passed += c.passed;
-            counts.failed += c.failed;
-            if let Err(e) = verdict {
-                failures.push(format!("kernel {kernel}: {e:#}"));
-            }
-        }
+    if let Some(guests) = guests {
+        println!("test: host and cluster {counts}; waiting for the kernels");
+        join_guests(guests, &mut counts, &mut failures);
     }
     // The closing line: the host's tests and the kernels' together.
     println!("test: {counts}");
@@ -136,6 +173,102 @@ pub fn run(args: &Args) -> Result<()> {
         return Ok(());
     }
     bail!("{}", failures.join("; "))
+}
+
+/// `cargo xtask test --kernel A[,B...]`: one kernel's run, or several side by side
+/// (prepared one after the other, then booted in [`GUEST_LANES`] lanes, each line
+/// prefixed with its kernel's name); ends with the closing line over all of them.
+fn kernels_on_demand(
+    tools: &setup::Tools,
+    agent: &Path,
+    kernels: &str,
+    harness: &[String],
+) -> Result<()> {
+    let names: Vec<&str> = kernels.split(',').map(str::trim).collect();
+    if let [one] = names[..] {
+        return kernel_matrix::run(tools, agent, one, harness).1;
+    }
+    let mut counts = Counts::default();
+    let mut failures = Vec::new();
+    let mut ready = VecDeque::new();
+    for name in names {
+        match kernel_matrix::prepare(tools, agent, name, harness) {
+            Ok(p) => ready.push_back(p),
+            Err(e) => {
+                counts.failed += 1;
+                failures.push(format!("kernel {name}: {e:#}"));
+            }
+        }
+    }
+    join_guests(boot_guests(ready), &mut counts, &mut failures);
+    println!("test: {counts}");
+    if failures.is_empty() {
+        return Ok(());
+    }
+    bail!("{}", failures.join("; "))
+}
+
+/// The host's tests that run before the guests boot: the demo measures, and its
+/// streams stay in the SockHash only while their readers keep up (a reader behind its
+/// bound leaves by design); with two TCG threads beside it on two cores, every stream
+/// left (`demo::demo_bypasses_and_says_so`: "no bypassed stream stayed").
+const BEFORE_GUESTS: &str = "demo::";
+
+/// How many guests boot at once beside the host's tests: each is one TCG thread, and
+/// this machine has two cores.
+const GUEST_LANES: usize = 2;
+
+/// What one lane's guests gave: each kernel's name, counts and verdict.
+type LaneRuns = Vec<(&'static str, Counts, Result<()>)>;
+
+/// Boots `ready` in [`GUEST_LANES`] threads, each taking the next kernel when its last
+/// is done; each console line is prefixed with `[NAME] `.
+fn boot_guests(ready: VecDeque<kernel_matrix::Prepared>) -> Vec<std::thread::JoinHandle<LaneRuns>> {
+    let queue = std::sync::Arc::new(Mutex::new(ready));
+    (0..GUEST_LANES)
+        .map(|_| {
+            let queue = queue.clone();
+            std::thread::spawn(move || {
+                let mut runs = Vec::new();
+                loop {
+                    // The lock is released before the boot.
+                    let next = queue.lock().ok().and_then(|mut q| q.pop_front());
+                    let Some(p) = next else { break };
+                    let name = p.name();
+                    let started = Instant::now();
+                    let (c, verdict) = p.boot(&format!("[{name}] "));
+                    println!(
+                        "test: kernel {name}: {c} in {} s",
+                        started.elapsed().as_secs()
+                    );
+                    runs.push((name, c, verdict));
+                }
+                runs
+            })
+        })
+        .collect()
+}
+
+/// Waits for the lanes of [`boot_guests`], adding their counts and failures.
+fn join_guests(
+    lanes: Vec<std::thread::JoinHandle<LaneRuns>>,
+    counts: &mut Counts,
+    failures: &mut Vec<String>,
+) {
+    for lane in lanes {
+        let Ok(runs) = lane.join() else {
+            counts.failed += 1;
+            failures.push("a kernel's run panicked".into());
+            continue;
+        };
+        for (kernel, c, verdict) in runs {
+            counts.passed += c.passed;
+            counts.failed += c.failed;
+            if let Err(e) = verdict {
+                failures.push(format!("kernel {kernel}: {e:#}"));
+            }
+        }
+    }
 }
 
 /// `cargo xtask test --cluster`: the cluster's end-to-end tests, one at a time.

@@ -152,7 +152,7 @@ pub(crate) fn run(w: &Workload, service: &Started, a: On<'_>, scale: Scale) -> R
             };
             let r = StreamCheck {
                 expect,
-                ..StreamCheck::echo(front, connections, bytes, timeout)
+                ..StreamCheck::echo(front, connections, bytes)
             }
             .run(a)?;
             let total = u64::from(connections) * bytes;
@@ -175,7 +175,6 @@ pub(crate) fn run(w: &Workload, service: &Started, a: On<'_>, scale: Scale) -> R
                 rounds,
                 sizes: HTTP_SIZES.to_vec(),
                 keep_alive: true,
-                timeout,
             }
             .run(a)?;
             ensure!(
@@ -193,7 +192,6 @@ pub(crate) fn run(w: &Workload, service: &Started, a: On<'_>, scale: Scale) -> R
                 connect: front,
                 messages,
                 sizes: vec![GRPC_MESSAGE_BYTES],
-                timeout,
             }
             .run(a)?;
             ensure!(

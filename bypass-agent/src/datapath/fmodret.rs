@@ -11,7 +11,6 @@
 use std::{
     collections::HashSet,
     os::fd::{AsFd as _, AsRawFd as _},
-    path::Path,
 };
 
 use aya::{Ebpf, maps::Map};
@@ -106,14 +105,14 @@ fn relocated(ebpf: &Ebpf, name: &str) -> Result<Vec<bpf_insn>, AgentError> {
 }
 
 /// Loads program `name` as fmod_ret on the kernel function whose BTF id is `btf_id`
-/// (`target` names it in errors), attaches it and pins the link at `pin`.
-pub fn attach_pinned(
+/// (`target` names it in errors) and attaches it: the link, which detaches it when
+/// closed unless pinned.
+pub fn attach(
     ebpf: &Ebpf,
     name: &str,
     target: &str,
     btf_id: u32,
-    pin: &Path,
-) -> Result<(), AgentError> {
+) -> Result<std::os::fd::OwnedFd, AgentError> {
     let insns = relocated(ebpf, name)?;
     let mut log = vec![0u8; LOG_SIZE];
     let mut attr = rawbpf::tracing_prog(&insns, c"GPL", BPF_MODIFY_RETURN, btf_id);
@@ -141,8 +140,6 @@ pub fn attach_pinned(
     // raw_tracepoint: name (0, none: the attach point was given at load), prog_fd (8).
     let mut attr = Attr::zeroed();
     attr.u32(8, prog.as_raw_fd() as u32);
-    let link = bpf_fd(BPF_RAW_TRACEPOINT_OPEN, &mut attr)
-        .map_err(|e| AgentError::bpf(format!("attach {name} to the kernel's {target}"), e))?;
-    rawbpf::obj_pin(link.as_fd(), pin)
-        .map_err(|e| AgentError::bpf(format!("pin the link of {name} at {}", pin.display()), e))
+    bpf_fd(BPF_RAW_TRACEPOINT_OPEN, &mut attr)
+        .map_err(|e| AgentError::bpf(format!("attach {name} to the kernel's {target}"), e))
 }

@@ -30,6 +30,20 @@ pub fn find_cgroup2_mount() -> Result<PathBuf, AgentError> {
     find_mount(&text, "cgroup2").ok_or(AgentError::NoCgroup2Mount)
 }
 
+/// This process's own cgroup v2 directory, where the kernel self-test attaches its
+/// programs (its sockets belong to the agent's cgroup), as its mount namespace shows it:
+/// in a container, its cgroup namespace's root.
+pub fn own_cgroup2_dir() -> Result<PathBuf, AgentError> {
+    const CGROUP: &str = "/proc/self/cgroup";
+    let cgroup = std::fs::read_to_string(CGROUP).map_err(|source| AgentError::Io {
+        action: "read",
+        path: CGROUP.into(),
+        source,
+    })?;
+    bypass_common::mountinfo::own_cgroup2(&cgroup, &read_mountinfo()?)
+        .ok_or(AgentError::NoCgroup2Mount)
+}
+
 /// Where the cgroup2 hierarchy is in a host's `/sys/fs/cgroup` (pure): the directory
 /// itself on unified hosts; on hybrid ones (cgroup v1 controllers) the child that is
 /// cgroup2, `unified` first (systemd's name). `is_cgroup2` says whether a path is the

@@ -17,7 +17,7 @@ use bypass_common::{
 };
 use tracing::warn;
 
-use super::{Config, HostFacts, Identity, PinLayout, maps, object, pins};
+use super::{Config, HostFacts, Identity, PinLayout, maps, object, pins, rawbpf};
 use crate::error::{AgentError, chain};
 
 /// Loads the embedded object, attaches sk_msg to the SockHash and the tracing programs
@@ -51,6 +51,45 @@ pub(super) fn release_freed_heap() {
     }
 }
 
+/// This build's number for the tracing programs' owner slot
+/// ([`bypass_common::control::SLOT_HOOKS_OWNER`]), from the embedded object.
+pub(super) fn build_id() -> u32 {
+    bypass_common::layout::build_id(object::fingerprint())
+}
+
+/// The embedded object loaded with the globals this host's `facts` fix (kernel field
+/// offsets, feature bits, the host's namespace) and the maps `--max-sockets` sizes
+/// sized to `max_sockets`, the drain observer's map to `drain_seen` entries
+/// ([`drain_seen_entries`]); nothing pinned, no program loaded yet.
+pub(super) fn load_object(
+    max_sockets: u32,
+    drain_seen: u32,
+    facts: &HostFacts,
+) -> Result<Ebpf, AgentError> {
+    let l = &facts.layout;
+    let program_features = facts.features & features::PROGRAM_BITS;
+    let mut loader = EbpfLoader::new();
+    loader
+        .map_max_entries(MAP_SOCKETS, max_sockets)
+        .map_max_entries(MAP_CONNECTORS, max_sockets)
+        .map_max_entries(MAP_LINKS, max_sockets)
+        .map_max_entries(MAP_DRAIN_SEEN, drain_seen.max(1));
+    for (global, value) in l.globals() {
+        loader.override_global(global, value, true);
+    }
+    let build = build_id();
+    let ebpf = loader
+        .override_global(globals::FEATURES, &program_features, true)
+        .override_global(globals::HOST_NETNS, &facts.host_netns, true)
+        .override_global(globals::BUILD, &build, true)
+        .load(object::BYTES)
+        .map_err(classify_load_error)?;
+    // The loader holds the kernel's BTF that aya parsed in `EbpfLoader::new` (about
+    // 17 MB of heap); the tracing programs parse it again, so it goes first.
+    drop(loader);
+    Ok(ebpf)
+}
+
 fn load_with(
     pins: &PinLayout,
     config: &Config,
@@ -58,51 +97,28 @@ fn load_with(
     facts: HostFacts,
     released: Option<&PinLayout>,
 ) -> Result<Ebpf, AgentError> {
-    let l = &facts.layout;
-    let program_features = facts.features & features::PROGRAM_BITS;
-    let mut loader = EbpfLoader::new();
-    loader
-        .map_max_entries(MAP_SOCKETS, config.max_sockets)
-        .map_max_entries(MAP_CONNECTORS, config.max_sockets)
-        .map_max_entries(MAP_LINKS, config.max_sockets)
-        .map_max_entries(MAP_DRAIN_SEEN, drain_seen_entries(released));
-    for (global, value) in l.globals() {
-        loader.override_global(global, value, true);
-    }
-    let mut ebpf = loader
-        .override_global(globals::FEATURES, &program_features, true)
-        .override_global(globals::HOST_NETNS, &facts.host_netns, true)
-        .load(object::BYTES)
-        .map_err(classify_load_error)?;
-    // The loader holds the kernel's BTF that aya parsed in `EbpfLoader::new` (about
-    // 17 MB of heap); the tracing programs below parse it again, so it goes first.
-    drop(loader);
+    let mut ebpf = load_object(config.max_sockets, drain_seen_entries(released), &facts)?;
     let guard = pins::PinGuard::new(pins.clone(), true);
     pins.create_dirs()?;
     for name in PINNED_MAPS.iter().filter(|&&n| n != MAP_CONTROL) {
         pin_map(&ebpf, pins, name)?;
     }
-    let mut control = maps::Control::new(take_map(&mut ebpf, MAP_CONTROL)?)?;
-    control.set_enabled(false)?;
-    control.set_identity(identity)?;
-    control.set_features(facts.features)?;
+    // Before the tracing programs are attached: they act only for the build named here.
+    // Written through the loaded map, which stays in the object until they are: the read
+    // guard's fmod_ret programs are relocated against the object's maps
+    // (fmodret::relocated), the control map among them.
+    {
+        let map = ebpf
+            .map_mut(MAP_CONTROL)
+            .ok_or_else(|| missing("map", MAP_CONTROL))?;
+        let mut words: aya::maps::Array<&mut MapData, u32> = aya::maps::Array::try_from(map)
+            .map_err(|e| AgentError::bpf(format!("open map {MAP_CONTROL}"), e))?;
+        words
+            .set(bypass_common::control::SLOT_HOOKS_OWNER, build_id(), 0)
+            .map_err(|e| AgentError::bpf(format!("write map {MAP_CONTROL}"), e))?;
+    }
 
-    let sockets: SockHash<&MapData, SockKey> = SockHash::try_from(
-        ebpf.map(MAP_SOCKETS)
-            .ok_or_else(|| missing("map", MAP_SOCKETS))?,
-    )
-    .map_err(|e| AgentError::bpf(format!("open map {MAP_SOCKETS}"), e))?;
-    let sockets_fd = sockets
-        .fd()
-        .try_clone()
-        .map_err(|e| AgentError::bpf("dup the SockHash fd", e))?;
-    let skmsg: &mut SkMsg = program(&mut ebpf, PROG_SKMSG)?;
-    skmsg
-        .load()
-        .map_err(|e| AgentError::bpf(format!("load {PROG_SKMSG}"), e))?;
-    skmsg
-        .attach(&sockets_fd)
-        .map_err(|e| AgentError::bpf(format!("attach {PROG_SKMSG} to {MAP_SOCKETS}"), e))?;
+    let skmsg = attach_skmsg(&mut ebpf)?;
     skmsg
         .pin(pins.prog(PROG_SKMSG))
         .map_err(|e| AgentError::bpf(format!("pin {PROG_SKMSG}"), e))?;
@@ -111,27 +127,20 @@ fn load_with(
     }
     // Attached now, before any socket can be inserted (sock_ops attaches later): they
     // act on inserted sockets only.
-    let btf = Btf::from_sys_fs().map_err(|e| AgentError::KernelSupport {
-        what: "describe its functions for the tracing programs (BTF)",
-        source: Box::new(e),
-    })?;
-    let kernel_btf = super::btf::Btf::vmlinux().map_err(|e| AgentError::KernelSupport {
-        what: "describe its functions for the tracing programs (BTF)",
-        source: Box::new(e),
-    })?;
+    let btfs = Btfs::read()?;
     // Before this build's own read hooks update tcp_bpf_recvmsg's trampoline, which
     // skips the released read accounting's fexit for a read asleep in it.
     if let Some(released) = released
         && facts.hooks.read == READ_TRAMPOLINE_HOOKS.as_slice()
-        && let Err(e) = observe_drain(&mut ebpf, released, &btf, &kernel_btf)
+        && let Err(e) = observe_drain(&mut ebpf, released, &btfs)
     {
         warn!(error = %e, released = %released.root().display(),
             "no drain observer: a released socket whose read accounting missed a read \
              stays in its SockHash until it closes");
     }
     for hook in facts.hooks.all() {
-        match attach_hook(&mut ebpf, pins, &btf, &kernel_btf, *hook) {
-            Ok(()) => {}
+        match attach_hook(&mut ebpf, &btfs, *hook) {
+            Ok(link) => link.pin(&pins.link(hook.program))?,
             // The splice watch (kernels without a read guard, `--allow-unguarded`) is a
             // best effort: without it, splicers are not learned, which is what
             // `--allow-unguarded` accepts.
@@ -143,6 +152,11 @@ fn load_with(
             Err(e) => return Err(e),
         }
     }
+    let mut control = maps::Control::new(take_map(&mut ebpf, MAP_CONTROL)?)?;
+    control.set_enabled(false)?;
+    control.set_identity(identity)?;
+    control.set_features(facts.features)?;
+    control.set_layout(bypass_common::layout::LAYOUT_VERSION)?;
     // The control map is pinned last: its pin marks a complete datapath.
     let path = pins.map(MAP_CONTROL);
     control
@@ -154,7 +168,7 @@ fn load_with(
 
 /// The drain observer's map size: the cookies of the released links' two sockets and
 /// the start time; one entry where nothing was released (the map goes unused).
-fn drain_seen_entries(released: Option<&PinLayout>) -> u32 {
+pub(super) fn drain_seen_entries(released: Option<&PinLayout>) -> u32 {
     let links = released
         .and_then(|r| maps::open_pinned(r, MAP_LINKS).ok())
         .and_then(|m| aya::maps::HashMap::<MapData, SockKey, bypass_common::Link>::try_from(m).ok())
@@ -167,13 +181,10 @@ fn drain_seen_entries(released: Option<&PinLayout>) -> u32 {
 /// links and, under key 0, the time now (its redirects are off already), and is pinned
 /// with the released datapath, as is the observer's link, so that whatever agent runs
 /// next (an earlier build after a rollback included, which leaves `released/` alone)
-/// keeps it until the drain removes them.
-fn observe_drain(
-    ebpf: &mut Ebpf,
-    released: &PinLayout,
-    btf: &Btf,
-    kernel_btf: &super::btf::Btf,
-) -> Result<(), AgentError> {
+/// keeps it until the drain removes them. The observer checks no hooks owner
+/// (`kernel::hooks_active`): it acts only for the cookies its map holds, whichever
+/// build's hooks are active.
+fn observe_drain(ebpf: &mut Ebpf, released: &PinLayout, btfs: &Btfs) -> Result<(), AgentError> {
     let links: aya::maps::HashMap<MapData, SockKey, bypass_common::Link> =
         aya::maps::HashMap::try_from(maps::open_pinned(released, MAP_LINKS)?)
             .map_err(|e| AgentError::bpf(format!("open the released map {MAP_LINKS}"), e))?;
@@ -203,7 +214,74 @@ fn observe_drain(
         }
     }
     pin_map(ebpf, released, MAP_DRAIN_SEEN)?;
-    attach_hook(ebpf, released, btf, kernel_btf, DRAIN_HOOK)
+    attach_hook(ebpf, btfs, DRAIN_HOOK)?.pin(&released.link(DRAIN_HOOK.program))
+}
+
+/// Loads sk_msg and attaches it to the SockHash of `ebpf` (the attachment lives as
+/// long as `ebpf`).
+pub(super) fn attach_skmsg(ebpf: &mut Ebpf) -> Result<&mut SkMsg, AgentError> {
+    let sockets: SockHash<&MapData, SockKey> = SockHash::try_from(
+        ebpf.map(MAP_SOCKETS)
+            .ok_or_else(|| missing("map", MAP_SOCKETS))?,
+    )
+    .map_err(|e| AgentError::bpf(format!("open map {MAP_SOCKETS}"), e))?;
+    let sockets_fd = sockets
+        .fd()
+        .try_clone()
+        .map_err(|e| AgentError::bpf("dup the SockHash fd", e))?;
+    let skmsg: &mut SkMsg = program(ebpf, PROG_SKMSG)?;
+    skmsg
+        .load()
+        .map_err(|e| AgentError::bpf(format!("load {PROG_SKMSG}"), e))?;
+    skmsg
+        .attach(&sockets_fd)
+        .map_err(|e| AgentError::bpf(format!("attach {PROG_SKMSG} to {MAP_SOCKETS}"), e))?;
+    Ok(skmsg)
+}
+
+/// The kernel's BTF, as aya and as our reader parse it, for attaching tracing programs.
+pub(super) struct Btfs {
+    aya: Btf,
+    kernel: super::btf::Btf,
+}
+
+impl Btfs {
+    /// Reads `/sys/kernel/btf/vmlinux`.
+    pub(super) fn read() -> Result<Self, AgentError> {
+        let err = |e: Box<dyn std::error::Error + Send + Sync>| AgentError::KernelSupport {
+            what: "describe its functions for the tracing programs (BTF)",
+            source: e,
+        };
+        Ok(Self {
+            aya: Btf::from_sys_fs().map_err(|e| err(Box::new(e)))?,
+            kernel: super::btf::Btf::vmlinux().map_err(|e| err(Box::new(e)))?,
+        })
+    }
+}
+
+/// A tracing program's attachment: dropped, it detaches; pinned, it stays.
+pub(super) enum HookLink {
+    /// One aya made.
+    Fd(FdLink),
+    /// One made with bpf(2) (fmod_ret, which aya does not load).
+    Raw(std::os::fd::OwnedFd),
+}
+
+impl HookLink {
+    /// Pins it at `path` (the link keeps the program attached after the agent exits,
+    /// for the next agent).
+    pub(super) fn pin(self, path: &std::path::Path) -> Result<(), AgentError> {
+        let err = |e: &dyn std::fmt::Display| AgentError::Bpf {
+            action: format!("pin a link at {}", path.display()),
+            source: e.to_string().into(),
+        };
+        match self {
+            HookLink::Fd(link) => link.pin(path).map(drop).map_err(|e| err(&e)),
+            HookLink::Raw(fd) => {
+                rawbpf::obj_pin(std::os::fd::AsFd::as_fd(&fd), path).map_err(|e| err(&e))
+            }
+        }
+    }
 }
 
 /// Loads program `name` (sock_ops or setsockopt) and pins it.
@@ -226,16 +304,14 @@ fn load_and_pin(ebpf: &mut Ebpf, pins: &PinLayout, name: &str) -> Result<(), Age
     }
 }
 
-/// Loads the tracing program of `hook`, attaches it to its kernel function and pins
-/// the link (the link keeps it attached after the agent exits, for the next agent).
-fn attach_hook(
+/// Loads the tracing program of `hook` and attaches it to its kernel function.
+pub(super) fn attach_hook(
     ebpf: &mut Ebpf,
-    pins: &PinLayout,
-    btf: &Btf,
-    kernel_btf: &super::btf::Btf,
+    btfs: &Btfs,
     hook: Hook,
-) -> Result<(), AgentError> {
+) -> Result<HookLink, AgentError> {
     let name = hook.program;
+    let btf = &btfs.aya;
     let load_err = |e: aya::programs::ProgramError| {
         AgentError::bpf(format!("attach {name} to the kernel's {}", hook.target), e)
     };
@@ -253,13 +329,14 @@ fn attach_hook(
             p.take_link(id).map_err(load_err)?.into()
         }
         HookKind::Guard => {
-            let id = kernel_btf
+            let id = btfs
+                .kernel
                 .type_id(super::btf::KIND_FUNC, hook.target)
                 .ok_or_else(|| AgentError::KernelSupport {
                     what: "show its security functions in BTF for the read guard",
                     source: format!("no function {} in the kernel's BTF", hook.target).into(),
                 })?;
-            return super::fmodret::attach_pinned(ebpf, name, hook.target, id, &pins.link(name));
+            return super::fmodret::attach(ebpf, name, hook.target, id).map(HookLink::Raw);
         }
         HookKind::TracePoint => {
             let p: &mut BtfTracePoint = program(ebpf, name)?;
@@ -275,15 +352,12 @@ fn attach_hook(
                 .map_err(load_err)?;
             p.take_link(id).map_err(load_err)?.try_into().map_err(
                 |e: aya::programs::links::LinkError| {
-                    AgentError::bpf(format!("pin the link of {name}"), e)
+                    AgentError::bpf(format!("the link of {name}"), e)
                 },
             )?
         }
     };
-    let path = pins.link(name);
-    link.pin(&path)
-        .map_err(|e| AgentError::bpf(format!("pin the link of {name} at {}", path.display()), e))?;
-    Ok(())
+    Ok(HookLink::Fd(link))
 }
 
 fn missing(kind: &'static str, name: &str) -> AgentError {

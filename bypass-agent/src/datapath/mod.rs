@@ -9,6 +9,7 @@ mod fmodret;
 mod fs;
 mod heartbeat;
 mod host;
+pub mod kernel_check;
 mod leaver;
 mod load;
 mod lock;
@@ -18,6 +19,12 @@ mod pins;
 mod plan;
 pub mod preflight;
 mod pressure;
+
+/// When the full-map warning is logged (`insert_failures` polled every `POLL`, at most
+/// one warning per `WARN_EVERY`), for the tests that watch it.
+pub mod insert_failure_warning {
+    pub use super::pressure::{POLL, WARN_EVERY};
+}
 mod rawbpf;
 mod rawlink;
 mod tcp_mem;
@@ -132,7 +139,9 @@ pub struct Datapath {
     detach_on_exit: bool,
     netns_owners: bool,
     /// Why the bypass is refused on this host, if it is.
-    refused: Option<&'static str>,
+    refused: Option<String>,
+    /// What the kernel self-test found at this start.
+    checks: kernel_check::Verdict,
     // Keeps the sk_msg attachment of a fresh load owned (dropping it detaches).
     _ebpf: Option<Ebpf>,
     _lock: lock::PinDirLock,
@@ -145,6 +154,10 @@ impl Datapath {
     pub fn load(config: &Config) -> Result<Self, AgentError> {
         let (cgroup, pins, lock) = prepare(config)?;
         let facts = HostFacts::detect()?;
+        // Before anything is adopted or loaded: what this kernel does decides how the
+        // datapath is loaded (a pinned one loaded otherwise is replaced).
+        let checks = kernel_check::run_once_per_boot(&facts, &config.cgroup);
+        let facts = facts.with_checks(&checks);
         let identity = identity(config, &cgroup, &facts)?;
 
         let (origin, released) = adopt::adopt_or_release(&pins, config, identity)?;
@@ -176,7 +189,7 @@ impl Datapath {
         write_limits(&mut control, config)?;
         write_owner_rule(&mut control, &pins, config, adopt)?;
         let owners = maps::OwnerMap::new(maps::open_pinned(&pins, MAP_NETNS_OWNERS)?)?;
-        let refused = write_refusal(&mut control, config)?;
+        let refused = write_refusal(&mut control, config, &checks)?;
         let leaver = leaver::Leaver::start(&pins)?;
         let (sockops, sockopt) = open_programs(&pins)?;
         let (sockops_link, sockopt_link) = if adopt {
@@ -215,6 +228,7 @@ impl Datapath {
             detach_on_exit: config.detach_on_exit,
             netns_owners: config.netns_owners,
             refused,
+            checks,
             _ebpf: ebpf,
             _lock: lock,
         })
@@ -225,7 +239,7 @@ impl Datapath {
     /// allowed, then sock_ops attached to the cgroup (in that order, so no socket is
     /// inserted while redirects are still off).
     pub fn attach(&mut self) -> Result<(), AgentError> {
-        if let Some(why) = self.refused {
+        if let Some(why) = self.refused.clone() {
             if self.sockops_link.is_some() {
                 // Adopted from an agent that allowed it: this one does not.
                 self.detach()?;
@@ -314,8 +328,8 @@ impl Datapath {
     /// The guarantees the loaded programs give on this kernel.
     pub fn features(&self) -> crate::status::Features {
         let bits = self.control.features().unwrap_or(0);
-        crate::status::Features::from_bits(
-            bits,
+        crate::status::Features::from_checks(
+            self.checks.results,
             self.sockopt_link.is_some(),
             bits & bypass_common::layout::features::GUARD_FMOD_RET != 0,
             self.control.max_queued().unwrap_or(0),
@@ -328,10 +342,15 @@ impl Datapath {
         self.detach_on_exit = true;
     }
 
-    /// Why this agent does not bypass the node at all (a kernel without a read guard,
-    /// no `--allow-unguarded`), if it does not.
-    pub fn refused(&self) -> Option<&'static str> {
-        self.refused
+    /// Why this agent does not bypass the node at all (a kernel without a read guard or
+    /// failing its self-test, no `--allow-unguarded`), if it does not.
+    pub fn refused(&self) -> Option<&str> {
+        self.refused.as_deref()
+    }
+
+    /// What the kernel self-test found at this start.
+    pub fn kernel_checks(&self) -> &kernel_check::Verdict {
+        &self.checks
     }
 
     /// Whether sock_ops is attached and redirects are allowed.
@@ -436,6 +455,22 @@ pub const REFUSED_UNGUARDED: &str = "no read guard on this kernel (it refuses BP
     programs): a program that reads a bypassed socket with splice(2) (Go's io.Copy between \
     connections, HAProxy's splice options) could miss redirected bytes; pass \
     --allow-unguarded to bypass anyway, where no workload splices";
+
+/// Why a pinned datapath refuses to bypass, for a reader of its maps (`status`): the
+/// checks its agent's self-test failed, else the missing read guard. The agent's own
+/// line says what each failed check saw.
+pub fn refusal_from_results(results: bypass_common::checks::Results) -> String {
+    let failed: Vec<&str> = results.failed().map(|c| c.name).collect();
+    if failed.is_empty() {
+        return REFUSED_UNGUARDED.to_owned();
+    }
+    format!(
+        "kernel {} fails the self-test: {} (the agent's log says what each saw; \
+         `bypass-agent probe` runs it again)",
+        host::kernel_release(),
+        failed.join(", ")
+    )
+}
 
 /// Step of [`Datapath::load`]: checks the kernel and the pin directory, opens the
 /// cgroup, and takes the pin directory's lock.
@@ -557,16 +592,20 @@ fn write_owner_rule(
 }
 
 /// Step of [`Datapath::load`]: why this agent refuses to bypass the node, if it does,
-/// also written into the control map.
+/// also written into the control map with the self-test's results.
 fn write_refusal(
     control: &mut maps::Control,
     config: &Config,
-) -> Result<Option<&'static str>, AgentError> {
+    checks: &kernel_check::Verdict,
+) -> Result<Option<String>, AgentError> {
     // What the pinned programs were loaded with (an adopted datapath: the previous
     // agent's load, same build and same host, so the same facts).
     let unguarded = control.features()? & bypass_common::layout::features::NO_READ_GUARD != 0;
-    let refused = (unguarded && !config.allow_unguarded).then_some(REFUSED_UNGUARDED);
+    let refused = checks
+        .refusal(&host::kernel_release(), config.allow_unguarded)
+        .or_else(|| (unguarded && !config.allow_unguarded).then(|| REFUSED_UNGUARDED.to_owned()));
     control.set_refused(refused.is_some())?;
+    control.set_checks(checks.results)?;
     Ok(refused)
 }
 

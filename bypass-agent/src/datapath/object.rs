@@ -58,17 +58,10 @@ mod tests {
         use bypass_common::names::{self, HookKind};
 
         let obj = Object::parse(BYTES).unwrap();
-        let unpinned = [
-            names::MAP_SOCK_STATE,
-            names::MAP_VERDICTS,
-            names::MAP_GUARDING,
-            names::MAP_ACTIVE_OPEN,
-            // Pinned only with a released datapath, under `released/<n>/`.
-            names::MAP_DRAIN_SEEN,
-        ];
+        // Pinned only with a released datapath, under `released/<n>/`.
         let named: Vec<&str> = names::PINNED_MAPS
             .iter()
-            .chain(&unpinned)
+            .chain(&[names::MAP_DRAIN_SEEN])
             .copied()
             .collect();
         for map in &named {
@@ -101,6 +94,7 @@ mod tests {
             .chain(&names::READ_TRAMPOLINE_HOOKS)
             .chain(&names::GUARD_HOOKS)
             .chain(&names::WATCH_HOOKS)
+            .chain(&names::FIONREAD_HOOKS)
             .chain(std::iter::once(&names::DRAIN_HOOK));
         let mut hooked = Vec::new();
         for hook in hooks {
@@ -132,6 +126,10 @@ mod tests {
             names::PROG_MMAP_GUARD,
             names::PROG_SPLICE_SEEN,
             names::PROG_DRAIN_SEEN,
+            names::PROG_FIONREAD,
+            names::PROG_RECV_ENTER,
+            names::PROG_RECV_EXIT,
+            names::PROG_RECV_GUARD,
         ] {
             assert!(hooked.contains(&prog), "program {prog} is in no hook list");
         }

@@ -33,6 +33,9 @@ pub struct Hooks {
     pub read: &'static [Hook],
     /// The read guard, or the splice watch.
     pub guard: ReadGuard,
+    /// The FIONREAD compensation, where the kernel self-test found it needed and
+    /// working.
+    pub fionread: Option<&'static Hook>,
 }
 
 impl Hooks {
@@ -42,7 +45,7 @@ impl Hooks {
             ReadGuard::Guard => &GUARD_HOOKS,
             ReadGuard::Watch => &WATCH_HOOKS,
         };
-        self.read.iter().chain(guard.iter())
+        self.read.iter().chain(guard.iter()).chain(self.fionread)
     }
 }
 
@@ -89,15 +92,13 @@ pub struct HostFacts {
 
 impl HostFacts {
     /// Reads this host: BTF offsets (those every load needs must be there), the host
-    /// namespace, how FIONREAD behaves.
+    /// namespace, which hooks run. What the kernel self-test finds comes on top
+    /// ([`HostFacts::with_checks`]).
     pub fn detect() -> Result<Self, AgentError> {
         let layout = kernel_layout()?;
         let host_netns = host::netns_cookie()?;
         let hooks = detect_hooks()?;
         let mut f = 0;
-        if !layout.fionread_counts_ingress() {
-            f |= features::NO_QUEUE_FIELD;
-        }
         f |= match hooks.guard {
             ReadGuard::Guard => features::GUARD_FMOD_RET,
             ReadGuard::Watch => features::NO_READ_GUARD,
@@ -113,14 +114,32 @@ impl HostFacts {
         })
     }
 
+    /// These facts with what the kernel self-test found: its feature bits, and the
+    /// FIONREAD compensation's hook where it runs.
+    pub fn with_checks(mut self, verdict: &super::kernel_check::Verdict) -> Self {
+        self.features |= verdict.features;
+        let compensated =
+            verdict.features & (features::FIONREAD_ADD_TCP | features::FIONREAD_ADD_INGRESS) != 0;
+        self.hooks.fionread = if compensated {
+            super::kernel_check::fionread_hook()
+        } else {
+            None
+        };
+        self
+    }
+
     /// Digest of what the programs were loaded with.
     pub fn digest(&self) -> u64 {
         layout::digest(&self.layout, self.features, self.host_netns)
     }
 }
 
-/// `tcp_bpf_recvmsg(sk, msg, len, flags, addr_len)`, Linux >= 5.19.
-const TCP_BPF_RECVMSG_PARAMS: u32 = 5;
+/// The parameter counts of a `tcp_bpf_recvmsg` that takes its flags fourth, which the
+/// return program reads (its return value comes from `bpf_get_func_ret`, whatever the
+/// count): `(sk, msg, len, flags, addr_len)` from Linux 5.19, and `(sk, msg, len,
+/// flags)` once `struct proto`'s `recvmsg` lost `addr_len` (include/net/sock.h; Debian's
+/// 7.2 and 7.3 kernels, not 6.12). Before 5.19 it took `nonblock` fourth, six in all.
+const TCP_BPF_RECVMSG_PARAMS: [u32; 2] = [4, 5];
 
 /// Which tracing programs this kernel runs: where BPF trampolines load, the entry and
 /// return of `tcp_bpf_recvmsg` and the read guard (fmod_ret on `security_*`
@@ -145,11 +164,17 @@ fn detect_hooks() -> Result<Hooks, AgentError> {
         }),
         None => false,
     };
-    if trampolines && b.func_params("tcp_bpf_recvmsg") != Some(TCP_BPF_RECVMSG_PARAMS) {
+    if trampolines
+        && !b
+            .func_params("tcp_bpf_recvmsg")
+            .is_some_and(|n| TCP_BPF_RECVMSG_PARAMS.contains(&n))
+    {
         return Err(AgentError::KernelSupport {
             what: "count a bypassed socket's reads (tcp_bpf_recvmsg takes its flags \
                    fourth since Linux 5.19; this kernel's is older)",
-            source: "tcp_bpf_recvmsg does not take (sk, msg, len, flags, addr_len)".into(),
+            source: "tcp_bpf_recvmsg takes neither (sk, msg, len, flags, addr_len) nor \
+                     (sk, msg, len, flags)"
+                .into(),
         });
     }
     let read: &'static [Hook] = match (trampolines, has_tracepoint) {
@@ -172,7 +197,11 @@ fn detect_hooks() -> Result<Hooks, AgentError> {
         );
         ReadGuard::Watch
     };
-    Ok(Hooks { read, guard })
+    Ok(Hooks {
+        read,
+        guard,
+        fionread: None,
+    })
 }
 
 /// The running kernel's layout of the fields the programs read. Those every load needs

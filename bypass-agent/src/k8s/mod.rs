@@ -102,6 +102,7 @@ pub fn loaded_status(
     attached: bool,
     refused: Option<&str>,
     features: &crate::status::Features,
+    checks: bypass_common::checks::Results,
     why_off: &str,
 ) -> node_status::NodeStatus {
     let list = features.list();
@@ -128,6 +129,7 @@ pub fn loaded_status(
             .filter(|(_, on)| !*on)
             .map(|(n, _)| (*n).to_owned())
             .collect(),
+        failed_checks: checks.failed().map(|c| c.name.to_owned()).collect(),
         version: env!("CARGO_PKG_VERSION").to_owned(),
     }
 }
@@ -209,6 +211,7 @@ async fn run_async(
                     kernel: datapath::kernel_release(),
                     guarantees: Vec::new(),
                     without: Vec::new(),
+                    failed_checks: Vec::new(),
                     version: env!("CARGO_PKG_VERSION").to_owned(),
                 })
                 .await;
@@ -273,6 +276,7 @@ mod tests {
             kernel: "6.1.0".into(),
             guarantees: vec!["ulp_guard".into()],
             without: Vec::new(),
+            failed_checks: Vec::new(),
             version: "0.1.0".into(),
         }
     }

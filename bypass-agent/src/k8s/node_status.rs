@@ -70,6 +70,9 @@ pub struct NodeStatus {
     pub guarantees: Vec<String>,
     /// Guarantees not active on this kernel.
     pub without: Vec<String>,
+    /// The behaviours the kernel self-test found not as TCP answers them
+    /// (`bypass_common::checks`).
+    pub failed_checks: Vec<String>,
     /// The agent's version.
     pub version: String,
 }
@@ -94,6 +97,7 @@ pub fn to_config_map(status: &NodeStatus, namespace: &str, owner: Option<&Owner>
         ("kernel", status.kernel.clone()),
         ("guarantees", status.guarantees.join(",")),
         ("without", status.without.join(",")),
+        ("failed_checks", status.failed_checks.join(",")),
         ("version", status.version.clone()),
     ]
     .into_iter()
@@ -143,6 +147,7 @@ pub fn from_config_map(cm: &ConfigMap) -> Option<NodeStatus> {
         kernel: get("kernel"),
         guarantees: list("guarantees"),
         without: list("without"),
+        failed_checks: list("failed_checks"),
         version: get("version"),
     })
 }
@@ -156,6 +161,7 @@ pub fn render_table(mut nodes: Vec<NodeStatus>) -> String {
         "KERNEL".to_owned(),
         "GUARANTEES".to_owned(),
         "WITHOUT".to_owned(),
+        "FAILED_CHECKS".to_owned(),
         "REASON".to_owned(),
     ]];
     for n in nodes {
@@ -166,17 +172,18 @@ pub fn render_table(mut nodes: Vec<NodeStatus>) -> String {
             dash(n.kernel),
             dash(n.guarantees.join(",")),
             dash(n.without.join(",")),
+            dash(n.failed_checks.join(",")),
             dash(n.reason),
         ]);
     }
-    let widths: Vec<usize> = (0..6)
+    let widths: Vec<usize> = (0..7)
         .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
         .collect();
     rows.iter()
         .map(|r| {
             let mut line = String::new();
             for (i, cell) in r.iter().enumerate() {
-                if i == 5 {
+                if i == 6 {
                     line.push_str(cell);
                 } else {
                     line.push_str(&format!("{cell:<w$}  ", w = widths[i]));
@@ -242,6 +249,11 @@ mod tests {
             kernel: "6.1.0".into(),
             guarantees: vec!["receive_options".into(), "ulp_guard".into()],
             without: vec!["queue_bound".into()],
+            failed_checks: if state == State::Refused {
+                vec!["fionread_tcp".into()]
+            } else {
+                Vec::new()
+            },
             version: "0.1.0".into(),
         }
     }
@@ -282,7 +294,9 @@ mod tests {
         );
         assert!(lines[1].contains("receive_options,ulp_guard") && lines[1].contains("queue_bound"));
         assert!(
-            lines[2].contains("refused") && lines[2].contains("lacks what"),
+            lines[2].contains("refused")
+                && lines[2].contains("lacks what")
+                && lines[2].contains("fionread_tcp"),
             "{t}"
         );
     }

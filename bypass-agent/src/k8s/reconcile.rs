@@ -230,6 +230,7 @@ impl<'a> Reconciler<'a> {
             dp.is_attached(),
             dp.refused(),
             &features,
+            dp.kernel_checks().results,
             &why_off,
         )
     }

@@ -188,9 +188,9 @@ impl Collector for DatapathCollector {
             ];
             ConstGauge::new(1).encode(family.encode_family(&labels)?)?;
         }
-        if let (Ok(bits), Ok(max_queued)) = (view.control.features(), view.control.max_queued()) {
-            let features = crate::status::Features::from_bits(
-                bits,
+        if let (Ok(checks), Ok(max_queued)) = (view.control.checks(), view.control.max_queued()) {
+            let features = crate::status::Features::from_checks(
+                checks,
                 view.sockopt_pinned,
                 view.guard_pinned,
                 max_queued,
@@ -206,6 +206,23 @@ impl Collector for DatapathCollector {
                 "1 when the datapath guarantee is active on this kernel",
                 "feature",
                 &values,
+            )?;
+            let outcomes: Vec<(&str, i64)> = bypass_common::checks::CHECKS
+                .iter()
+                .enumerate()
+                .filter_map(|(i, c)| match checks.get(i) {
+                    bypass_common::checks::Outcome::Passed => Some((c.name, 1)),
+                    bypass_common::checks::Outcome::Failed => Some((c.name, 0)),
+                    bypass_common::checks::Outcome::NotRun => None,
+                })
+                .collect();
+            labeled_gauges(
+                &mut enc,
+                "bypass_kernel_check",
+                "1 when the kernel self-test saw the behaviour as TCP answers it, 0 when not \
+                 (checks not run are absent)",
+                "check",
+                &outcomes,
             )?;
         }
         match view.stats.read() {

@@ -18,7 +18,8 @@ pub struct Arch {
     pub tcg_cpu: &'static str,
     /// The serial console's device in the guest.
     pub console: &'static str,
-    /// The modules `/init` loads, by name (dependencies are added).
+    /// The modules `/init` loads, by name (dependencies are added), besides those of
+    /// the host root's transport (`crate::share::Share::modules`).
     pub modules: &'static [&'static str],
     /// How to build for it when it is not the host's.
     pub cross: Option<Cross>,
@@ -38,8 +39,8 @@ pub struct Cross {
     pub loader: &'static str,
 }
 
-/// The modules the host's kernel matrix always loaded: 9p, overlay, and virtio over PCI.
-const MODULES: &[&str] = &["9p", "9pnet_virtio", "overlay", "virtio_pci"];
+/// The modules every guest loads besides its transport's: overlay, and virtio over PCI.
+const MODULES: &[&str] = &["overlay", "virtio_pci"];
 
 /// Every architecture the matrix boots.
 pub const ARCHES: &[Arch] = &[
@@ -66,7 +67,7 @@ pub const ARCHES: &[Arch] = &[
         console: "ttyAMA0",
         // The smoke test makes a veth pair, and the guest's request_module would start
         // the host's (amd64) modprobe: loaded up front instead.
-        modules: &["9p", "9pnet_virtio", "overlay", "virtio_pci", "veth"],
+        modules: &["overlay", "virtio_pci", "veth"],
         cross: Some(Cross {
             rust_target: "aarch64-unknown-linux-gnu",
             gcc: "aarch64-linux-gnu-gcc",

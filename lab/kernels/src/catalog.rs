@@ -35,6 +35,9 @@ pub enum Expect {
 
 const BOOKWORM: &[&str] = &["bookworm", "bookworm-updates", "bookworm-security"];
 const BULLSEYE: &[&str] = &["bullseye", "bullseye-security"];
+const TRIXIE: &[&str] = &["trixie", "trixie-updates", "trixie-security"];
+/// Debian 13's backports: the newest stable kernels of each upstream line.
+const TRIXIE_BACKPORTS: &[&str] = &["trixie-backports"];
 
 /// Every kernel the matrix knows.
 pub const KERNELS: &[Kernel] = &[
@@ -59,11 +62,38 @@ pub const KERNELS: &[Kernel] = &[
     Kernel {
         name: "6.12",
         arch: "amd64",
-        suites: BOOKWORM,
-        package: "linux-image-6.12.*+deb12-amd64",
+        suites: TRIXIE,
+        package: "linux-image-6.12.*+deb13-amd64",
         cmdline: "",
         expect: Expect::Loads,
-        note: "Debian 12 backports, Debian 13",
+        note: "Debian 13 (Debian 12's backports: the same 6.12 line)",
+    },
+    Kernel {
+        name: "7.3",
+        arch: "amd64",
+        suites: TRIXIE_BACKPORTS,
+        package: "linux-image-7.3.*+deb13-amd64",
+        cmdline: "",
+        expect: Expect::Loads,
+        note: "the newest upstream line (Debian 13 backports)",
+    },
+    Kernel {
+        name: "7.3-cloud",
+        arch: "amd64",
+        suites: TRIXIE_BACKPORTS,
+        package: "linux-image-7.3.*+deb13-cloud-amd64",
+        cmdline: "",
+        expect: Expect::Loads,
+        note: "7.3's cloud flavour, the kernel Debian's cloud images boot (no 9p: the host's root over virtiofs)",
+    },
+    Kernel {
+        name: "6.18",
+        arch: "amd64",
+        suites: TRIXIE_BACKPORTS,
+        package: "linux-image-6.18.*+deb13-amd64",
+        cmdline: "",
+        expect: Expect::Loads,
+        note: "6.18 (Debian 13 backports), with the sockmap FIONREAD series of 6.19 and 6.18.14+",
     },
     Kernel {
         name: "5.10",
@@ -156,6 +186,29 @@ pub struct Entry {
     pub filename: String,
     /// `SHA256:`.
     pub sha256: String,
+    /// `Depends:` (empty when absent).
+    pub depends: String,
+}
+
+impl Entry {
+    /// The packages this one is only a name for: its dependencies pinned to its own
+    /// version (`linux-binary-X (= V)`, `linux-modules-X (= V)`, `linux-base-X (= V)`).
+    /// Debian's kernels from 6.16 on split `linux-image-X` into those, the image itself
+    /// (vmlinuz) in `linux-binary-X`, the modules in `linux-modules-X`; earlier ones have
+    /// none.
+    pub fn parts(&self) -> Vec<String> {
+        let pin = format!("(= {})", self.version);
+        self.depends
+            .split(',')
+            .map(str::trim)
+            // An alternative (`a | b`) is a choice, never a part.
+            .filter(|d| !d.contains('|'))
+            .filter_map(|d| {
+                let (name, constraint) = d.split_once(' ')?;
+                (constraint.trim() == pin).then(|| name.to_owned())
+            })
+            .collect()
+    }
 }
 
 /// The entries of a `Packages` index whose name matches `pattern` (`*`: any run of
@@ -185,6 +238,7 @@ pub fn matching(index: &str, pattern: &str) -> Vec<Entry> {
                 version,
                 filename,
                 sha256,
+                depends: field("Depends").unwrap_or_default(),
             });
         }
     }
@@ -193,7 +247,7 @@ pub fn matching(index: &str, pattern: &str) -> Vec<Entry> {
 
 /// `pattern` with one `*` standing for digits, dots and `+` (an ABI number or a
 /// version), nothing else.
-fn glob(pattern: &str, name: &str) -> bool {
+pub fn glob(pattern: &str, name: &str) -> bool {
     let Some((head, tail)) = pattern.split_once('*') else {
         return pattern == name;
     };
@@ -248,6 +302,29 @@ Filename: pool/main/b/busybox/e.deb\nSHA256: ee\n";
         assert!(matching(INDEX, "linux-image-5.10.0-*-amd64").is_empty());
         let busybox = newest(matching(INDEX, "busybox-static")).unwrap();
         assert_eq!(busybox.filename, "pool/main/b/busybox/e.deb");
+    }
+
+    #[test]
+    fn split_images_name_their_parts() {
+        let index = "Package: linux-image-7.3.4+deb13-cloud-amd64\nVersion: 7.3.4-1~bpo13+1\n\
+Depends: dracut | initramfs-tools (>= 0.120+deb8u2) | linux-initramfs-tool, \
+linux-base-7.3.4+deb13-cloud-amd64 (= 7.3.4-1~bpo13+1), \
+linux-binary-7.3.4+deb13-cloud-amd64 (= 7.3.4-1~bpo13+1), \
+linux-modules-7.3.4+deb13-cloud-amd64 (= 7.3.4-1~bpo13+1)\n\
+Filename: pool/main/l/linux-signed-amd64/i.deb\nSHA256: ii\n";
+        let e = newest(matching(index, "linux-image-7.3.*+deb13-cloud-amd64")).unwrap();
+        assert_eq!(
+            e.parts(),
+            [
+                "linux-base-7.3.4+deb13-cloud-amd64",
+                "linux-binary-7.3.4+deb13-cloud-amd64",
+                "linux-modules-7.3.4+deb13-cloud-amd64"
+            ]
+        );
+        // 6.1's image is whole: its dependencies are tools, not parts.
+        let whole = newest(matching(INDEX, "linux-image-6.1.0-*-amd64")).unwrap();
+        assert!(whole.parts().is_empty());
+        assert!(!glob("linux-image-7.3.*+deb13-amd64", &e.package));
     }
 
     #[test]

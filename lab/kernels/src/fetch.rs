@@ -1,7 +1,8 @@
 //! Downloads a matrix kernel from Debian's archive (the package index, then the `.deb`
-//! checked against the index's SHA-256), unpacks it and indexes its modules, and for a
-//! foreign architecture its static busybox the same way; cached under
-//! `~/.cache/bypass/kernels`, so the second run downloads nothing.
+//! checked against the index's SHA-256, and the packages it is split into from 6.16 on:
+//! `catalog::Entry::parts`), unpacks it and indexes its modules, and for a foreign
+//! architecture its static busybox the same way; cached under `~/.cache/bypass/kernels`,
+//! so the second run downloads nothing.
 
 use std::{
     path::{Path, PathBuf},
@@ -10,7 +11,10 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use super::catalog::{self, Kernel, Mirrors};
+use super::{
+    catalog::{self, Kernel, Mirrors},
+    share::Share,
+};
 use kube_testenv::cmd;
 
 /// An unpacked kernel package.
@@ -26,6 +30,8 @@ pub struct Unpacked {
     pub modules: PathBuf,
     /// The directory the package was unpacked into.
     pub root: PathBuf,
+    /// How the guest sees the host's root, by the kernel's configuration.
+    pub share: Share,
 }
 
 /// The cache directory.
@@ -108,14 +114,24 @@ fn unpacked(
             .base(suite)
             .with_context(|| format!("no mirror in the apt sources serves {suite}"))?;
         let text = index(&dir, base, suite, arch)?;
+        let images = catalog::matching(&text, pattern);
+        // The packages an image is split into, from the same index.
+        let parts: Vec<String> = images.iter().flat_map(catalog::Entry::parts).collect();
         found.extend(
-            catalog::matching(&text, pattern)
+            images
                 .into_iter()
+                .chain(parts.iter().flat_map(|p| catalog::matching(&text, p)))
                 .map(|e| (e, base.to_owned())),
         );
     }
-    let Some((newest, base)) = catalog::newest(found.iter().map(|(e, _)| e.clone()).collect())
-        .and_then(|n| found.into_iter().find(|(e, _)| *e == n))
+    let found_images: Vec<(catalog::Entry, String)> = found
+        .iter()
+        .filter(|(e, _)| catalog::glob(pattern, &e.package))
+        .cloned()
+        .collect();
+    let Some((newest, base)) =
+        catalog::newest(found_images.iter().map(|(e, _)| e.clone()).collect())
+            .and_then(|n| found_images.into_iter().find(|(e, _)| *e == n))
     else {
         bail!("no package {pattern} in {suites:?}");
     };
@@ -124,22 +140,45 @@ fn unpacked(
     let root = dir.join(&stem);
     let done = root.join(".unpacked");
     if !done.exists() {
-        let deb = dir.join(format!("{stem}.deb"));
-        eprintln!("kernel: downloading {} {}", newest.package, newest.version);
-        curl(&format!("{base}/{}", newest.filename), &deb)?;
-        let sum = cmd::output(Command::new("sha256sum").arg(&deb))?;
-        if sum.split_whitespace().next() != Some(newest.sha256.as_str()) {
-            let _ = std::fs::remove_file(&deb);
-            bail!(
-                "{} does not match the index's SHA-256 {}",
-                deb.display(),
-                newest.sha256
-            );
+        let mut debs = vec![(newest.clone(), base)];
+        for part in newest.parts() {
+            match found
+                .iter()
+                .find(|(e, _)| e.package == part && e.version == newest.version)
+            {
+                Some(found) => debs.push(found.clone()),
+                // What the run needs (the image, the modules) is checked once unpacked;
+                // a mirror may lack a part (this one serves no linux-base-6.18.15, no
+                // linux-modules-6.19.x).
+                None => eprintln!(
+                    "kernel: {} {} names {part}, which no index of {suites:?} has: unpacking \
+                     without it",
+                    newest.package, newest.version
+                ),
+            }
         }
         let _ = std::fs::remove_dir_all(&root);
-        cmd::run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root))?;
+        for (e, base) in debs {
+            let deb = dir.join(format!(
+                "{}_{}.deb",
+                e.package,
+                e.version.replace(':', "%3a")
+            ));
+            eprintln!("kernel: downloading {} {}", e.package, e.version);
+            curl(&format!("{base}/{}", e.filename), &deb)?;
+            let sum = cmd::output(Command::new("sha256sum").arg(&deb))?;
+            if sum.split_whitespace().next() != Some(e.sha256.as_str()) {
+                let _ = std::fs::remove_file(&deb);
+                bail!(
+                    "{} does not match the index's SHA-256 {}",
+                    deb.display(),
+                    e.sha256
+                );
+            }
+            cmd::run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root))?;
+            std::fs::remove_file(&deb).with_context(|| format!("remove {}", deb.display()))?;
+        }
         then(&root)?;
-        std::fs::remove_file(&deb).with_context(|| format!("remove {}", deb.display()))?;
         std::fs::write(&done, b"").with_context(|| format!("write {}", done.display()))?;
     }
     Ok((newest, root))
@@ -148,25 +187,74 @@ fn unpacked(
 /// Finds, downloads and unpacks the newest package of `k`.
 pub fn kernel(k: &Kernel) -> Result<Unpacked> {
     let (newest, root) = unpacked(k.arch, k.suites, k.package, |root| {
+        // Debian 13's packages install into /usr/lib/modules (merged /usr); depmod and
+        // modprobe -d look in <root>/lib/modules, as the host's /lib does.
+        if !root.join("lib").exists() && root.join("usr/lib/modules").is_dir() {
+            std::os::unix::fs::symlink("usr/lib", root.join("lib"))
+                .with_context(|| format!("link {}/lib to usr/lib", root.display()))?;
+        }
         let release = only_release(root)?;
         cmd::run(Command::new("depmod").arg("-b").arg(root).arg(&release))
     })?;
     let release = only_release(&root)?;
-    let vmlinuz = std::fs::read_dir(root.join("boot"))
-        .with_context(|| format!("{}/boot", root.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("vmlinuz-"))
-        })
-        .with_context(|| format!("no vmlinuz in {}/boot", root.display()))?;
+    let modules = root.join("lib/modules").join(&release);
+    // /boot/vmlinuz-<release> until 6.12; from 6.16 on, in the modules' directory.
+    let vmlinuz = [
+        root.join("boot").join(format!("vmlinuz-{release}")),
+        modules.join("vmlinuz"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+    .with_context(|| {
+        format!(
+            "no vmlinuz in {}/boot or {}",
+            root.display(),
+            modules.display()
+        )
+    })?;
+    if !modules.join("kernel").is_dir() {
+        bail!(
+            "{} has no modules ({}/kernel): the package that holds them is missing from \
+             the mirror",
+            newest.package,
+            modules.display()
+        );
+    }
+    // The configuration is in linux-base-X from 6.16 on, which a mirror may lack; then
+    // the modules tell (9p's own module).
+    let config = [
+        root.join("boot").join(format!("config-{release}")),
+        modules.join("config"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file());
+    let share = match &config {
+        Some(config) => Share::of_config(
+            &std::fs::read_to_string(config)
+                .with_context(|| format!("read {}", config.display()))?,
+        ),
+        None => modules
+            .join("kernel/fs/9p")
+            .is_dir()
+            .then_some(Share::NineP),
+    };
+    let Some(share) = share else {
+        bail!(
+            "{release} has neither 9p over virtio nor virtiofs ({}): the guest could not see \
+             the host's root",
+            config.map_or_else(
+                || modules.display().to_string(),
+                |c| c.display().to_string()
+            )
+        );
+    };
     Ok(Unpacked {
         package: format!("{} {}", newest.package, newest.version),
-        modules: root.join("lib/modules").join(&release),
+        modules,
         release,
         vmlinuz,
         root,
+        share,
     })
 }
 

@@ -19,8 +19,8 @@ pub const SMOKE: &str = "BYPASS-VM-SMOKE";
 pub const GUEST_TMPFS: [&str; 2] = ["/tmp", "/run"];
 
 /// The initramfs's `/init` (busybox sh): modules from `/mods` in name order, the host's
-/// root (9p tag `hostroot`) under a tmpfs overlay, then `bypass_cmd=` from the kernel
-/// command line run in it; powers off when it ends.
+/// root (tag `hostroot`, mounted by [`MOUNT_HOST`]'s line) under a tmpfs overlay, then
+/// `bypass_cmd=` from the kernel command line run in it; powers off when it ends.
 pub const INIT: &str = r#"#!/bin/busybox sh
 /bin/busybox --install -s /bin
 export PATH=/bin
@@ -29,7 +29,7 @@ mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 CMD=$(sed -n 's/.*bypass_cmd=\([^ ]*\).*/\1/p' /proc/cmdline)
 for m in /mods/*.ko; do insmod "$m" || echo "insmod $m failed"; done
-mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000 hostroot /host || echo "9p mount failed"
+MOUNT-HOST
 mount -t tmpfs tmpfs /rw
 mkdir -p /rw/upper /rw/work
 mount -t overlay overlay -o lowerdir=/host,upperdir=/rw/upper,workdir=/rw/work /newroot || echo "overlay mount failed"
@@ -40,6 +40,9 @@ echo "BYPASS-VM-UP $(uname -r)"
 exec chroot /newroot /bin/sh -c "$CMD; echo BYPASS-VM-EXIT \$?; echo o > /proc/sysrq-trigger; sleep 60"
 "#;
 
+/// Where [`INIT`] mounts the host's root, replaced by the transport's line.
+const MOUNT_HOST: &str = "MOUNT-HOST";
+
 /// How [`INIT`] starts the run script: with the host's shell.
 const HOST_SHELL: &str = r#"exec chroot /newroot /bin/sh -c "$CMD;"#;
 
@@ -49,12 +52,14 @@ const HOST_SHELL: &str = r#"exec chroot /newroot /bin/sh -c "$CMD;"#;
 const FOREIGN_SHELL: &str = r#"mkdir -p /newroot/.vm/bin && cp /bin/busybox /newroot/.vm/bin/busybox
 exec chroot /newroot /.vm/bin/busybox sh -c "/.vm/bin/busybox --install -s /.vm/bin; export PATH=/.vm/bin; sh $CMD;"#;
 
-/// The `/init` for a guest of the host's architecture ([`INIT`]) or a foreign one.
-pub fn init(foreign: bool) -> String {
+/// The `/init` for a guest of the host's architecture ([`INIT`]) or a foreign one,
+/// mounting the host's root with `mount` (`crate::share::Share::mount`).
+pub fn init(foreign: bool, mount: &str) -> String {
+    let init = INIT.replace(MOUNT_HOST, mount);
     if foreign {
-        INIT.replace(HOST_SHELL, FOREIGN_SHELL)
+        init.replace(HOST_SHELL, FOREIGN_SHELL)
     } else {
-        INIT.to_owned()
+        init
     }
 }
 
@@ -225,8 +230,10 @@ mod tests {
 
     #[test]
     fn foreign_guests_run_their_own_busybox() {
-        assert_eq!(init(false), INIT);
-        let foreign = init(true);
+        let mount = "mount -t 9p x /host";
+        assert_eq!(init(false, mount), INIT.replace(MOUNT_HOST, mount));
+        assert!(init(false, mount).contains("\nmount -t 9p x /host\n"));
+        let foreign = init(true, mount);
         assert!(INIT.contains(HOST_SHELL));
         assert!(!foreign.contains("/bin/sh -c"), "{foreign}");
         assert!(foreign.contains("/.vm/bin/busybox sh -c") && foreign.contains("sh $CMD;"));

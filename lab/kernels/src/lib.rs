@@ -16,12 +16,13 @@ mod catalog;
 mod fetch;
 mod guest;
 mod initramfs;
+mod share;
 mod smoke;
 pub mod summary;
 pub mod table;
 
 use std::{
-    io::{BufRead as _, BufReader, Write as _},
+    io::{BufRead as _, BufReader},
     path::{Path, PathBuf},
     process::{Command, Stdio},
     time::{Duration, Instant},
@@ -70,9 +71,31 @@ pub fn vm_harness(harness: &[String]) -> Vec<String> {
     out
 }
 
-/// The kernels every `cargo xtask test` boots after the host's tests: the one most
-/// operators run, and the refusal below the minimum.
-pub const EVERY_RUN: [&str; 2] = ["6.1", "5.10"];
+/// The kernels every `cargo xtask test` boots beside the host's tests, in this order:
+/// the oldest supported (the one most operators run), the newest (in the flavour cloud
+/// images boot), and the refusal below the minimum.
+pub const EVERY_RUN: [&str; 3] = ["6.1", "7.3", "5.10"];
+
+/// The environment variable that sets a guest's vCPUs (default [`DEFAULT_CPUS`]): `1`
+/// runs it slower, as a smaller machine would.
+pub const CPUS_ENV: &str = "BYPASS_VM_CPUS";
+
+/// A guest's vCPUs unless [`CPUS_ENV`] says otherwise.
+const DEFAULT_CPUS: u32 = 2;
+
+/// A guest's memory, MiB.
+const MEM_MIB: u32 = 4096;
+
+/// The vCPUs [`CPUS_ENV`] asks for (`None`: unset), or why it is not a number from 1 to 8.
+fn cpus_of(value: Option<&str>) -> Result<u32> {
+    let Some(v) = value else {
+        return Ok(DEFAULT_CPUS);
+    };
+    match v.trim().parse::<u32>() {
+        Ok(n @ 1..=8) => Ok(n),
+        _ => bail!("{CPUS_ENV}={v}: give a number of vCPUs from 1 to 8"),
+    }
+}
 
 /// What a VM run needs built, which the caller provides (xtask: the pinned toolchain,
 /// with setup's tools on PATH).
@@ -137,6 +160,8 @@ pub struct Outcome {
     pub passed: Vec<String>,
     /// The smoke test's result line (`bypass-test-tool smoke`), on a foreign architecture.
     pub smoke: Option<Value>,
+    /// Each test that ended, with the seconds it took (from the console's arrival).
+    pub seconds: Vec<(String, u64)>,
 }
 
 impl Outcome {
@@ -190,15 +215,9 @@ pub fn run(
     name: &str,
     harness: &[String],
 ) -> (Counts, Result<()>) {
-    match run_once(build, agent, name, harness) {
-        Ok(done) => done,
-        Err(e) => (
-            Counts {
-                failed: 1,
-                ..Counts::default()
-            },
-            Err(e),
-        ),
+    match prepare(build, agent, name, harness) {
+        Ok(p) => p.boot(""),
+        Err(e) => (Counts::failed_run(), Err(e)),
     }
 }
 
@@ -211,12 +230,27 @@ fn hidden_in_guest(path: &Path) -> Option<&'static str> {
         .find(|m| path.starts_with(m))
 }
 
-fn run_once(
+/// A kernel's run, ready to boot: what it needs downloaded, built and written. Making
+/// one builds (cargo); booting it does not, so guests can boot beside other work.
+pub struct Prepared {
+    k: &'static catalog::Kernel,
+    a: &'static arch::Arch,
+    unpacked: fetch::Unpacked,
+    initrd: PathBuf,
+    script: PathBuf,
+    dir: PathBuf,
+    tests: Vec<(String, String)>,
+    harness: Vec<String>,
+    cpus: u32,
+}
+
+/// Downloads, builds and writes what kernel `name`'s run needs.
+pub fn prepare(
     build: &dyn Build,
     agent: &Path,
     name: &str,
     harness: &[String],
-) -> Result<(Counts, Result<()>)> {
+) -> Result<Prepared> {
     let Some(k) = catalog::find(name) else {
         let known: Vec<&str> = KERNELS.iter().map(|k| k.name).collect();
         bail!(
@@ -230,6 +264,7 @@ fn run_once(
             k.arch
         );
     };
+    let cpus = cpus_of(std::env::var(CPUS_ENV).ok().as_deref())?;
     let target = workspace::target_dir()?;
     if let Some(hidden) = hidden_in_guest(&target) {
         bail!(
@@ -239,7 +274,7 @@ fn run_once(
         );
     }
     let smoke = k.expect == catalog::Expect::Smoke;
-    let harness = &vm_harness(harness);
+    let harness = vm_harness(harness);
     let cross = match (a.cross, smoke) {
         (Some(cross), true) => Some(cross),
         (None, false) => None,
@@ -252,9 +287,20 @@ fn run_once(
     };
     let unpacked = fetch::kernel(k)?;
     let busybox = fetch::busybox(k.arch, k.suites)?;
-    let init = guest::init(cross.is_some());
-    let initrd = initramfs::build(&unpacked, &busybox, a.modules, &init)?;
-    let dir = target.join("vm").join(name);
+    let init = guest::init(cross.is_some(), &unpacked.share.mount());
+    let modules: Vec<&str> = unpacked
+        .share
+        .modules()
+        .iter()
+        .chain(a.modules)
+        .copied()
+        .collect();
+    let initrd = initramfs::build(&unpacked, &busybox, &modules, &init)?;
+    // One directory per run (its script, virtiofsd's socket), so that runs of one
+    // kernel with other settings can boot side by side; removed once it is done.
+    let dir = target
+        .join("vm")
+        .join(format!("{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     let script = dir.join("run.sh");
     let (text, tests) = if let Some(cross) = &cross {
@@ -265,7 +311,7 @@ fn run_once(
         } else {
             test_binaries(build)?
         };
-        let env: Vec<(String, String)> = ["CI", "RUST_BACKTRACE"]
+        let env: Vec<(String, String)> = ["CI", "RUST_BACKTRACE", "BYPASS_APPS_NO_AGENT"]
             .iter()
             .filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_owned(), v)))
             .collect();
@@ -274,43 +320,76 @@ fn run_once(
             agent: &agent.display().to_string(),
             refuses: k.expect == catalog::Expect::Refuses,
             tests: &tests,
-            harness,
+            harness: &harness,
             env: &env,
         });
         (text, tests)
     };
     std::fs::write(&script, text).with_context(|| format!("write {}", script.display()))?;
     cmd::run(Command::new("chmod").arg("755").arg(&script))?;
+    Ok(Prepared {
+        k,
+        a,
+        unpacked,
+        initrd,
+        script,
+        dir,
+        tests,
+        harness,
+        cpus,
+    })
+}
 
-    eprintln!(
-        "kernel {name}: booting {} ({}) in qemu",
-        unpacked.package, unpacked.release
-    );
-    let started = Instant::now();
-    let mut outcome = boot(a, &unpacked.vmlinuz, &initrd, &script, k.cmdline)?;
-    let secs = started.elapsed().as_secs();
-    let result = judge(k, &outcome);
-    if smoke || k.expect == catalog::Expect::Refuses {
-        // One check: counted like one test, so the summary line says how it went.
-        if result.is_ok() {
-            outcome.counts.passed += 1;
-        } else {
-            outcome.counts.failed += 1;
-            outcome
-                .failed
-                .push(if smoke { smoke::NAME } else { "refusal" }.to_owned());
-        }
-    } else if result.is_err() && outcome.counts.failed == 0 {
-        // The run failed without a failed test (no boot, no status, no test ran).
-        outcome.counts.failed += 1;
+impl Prepared {
+    /// The kernel's name.
+    pub fn name(&self) -> &'static str {
+        self.k.name
     }
-    save(k, &unpacked, &outcome, secs, harness, &tests)?;
-    println!(
-        "test: {} (kernel {name}, {}, {secs} s)",
-        outcome.counts,
-        outcome.release.as_deref().unwrap_or("did not boot")
-    );
-    Ok((outcome.counts, result))
+
+    /// Boots it and judges the run, printing the console with `prefix` before each line
+    /// (guests that run beside others say whose line it is); keeps the result in
+    /// `results/kernels/NAME.json`. Returns the counts and the verdict.
+    pub fn boot(self, prefix: &str) -> (Counts, Result<()>) {
+        match self.boot_once(prefix) {
+            Ok(done) => done,
+            Err(e) => (Counts::failed_run(), Err(e)),
+        }
+    }
+
+    fn boot_once(self, prefix: &str) -> Result<(Counts, Result<()>)> {
+        let (k, name) = (self.k, self.k.name);
+        let smoke = k.expect == catalog::Expect::Smoke;
+        eprintln!(
+            "{prefix}kernel {name}: booting {} ({}) in qemu, {} vCPU(s)",
+            self.unpacked.package, self.unpacked.release, self.cpus
+        );
+        let started = Instant::now();
+        let mut outcome = boot(&self, prefix)?;
+        let secs = started.elapsed().as_secs();
+        let result = judge(k, &outcome);
+        if smoke || k.expect == catalog::Expect::Refuses {
+            // One check: counted like one test, so the summary line says how it went.
+            if result.is_ok() {
+                outcome.counts.passed += 1;
+            } else {
+                outcome.counts.failed += 1;
+                outcome
+                    .failed
+                    .push(if smoke { smoke::NAME } else { "refusal" }.to_owned());
+            }
+        } else if result.is_err() && outcome.counts.failed == 0 {
+            // The run failed without a failed test (no boot, no status, no test ran).
+            outcome.counts.failed += 1;
+        }
+        save(&self, &outcome, secs)?;
+        let _ = std::fs::remove_dir_all(&self.dir);
+        println!(
+            "{prefix}test: {} (kernel {name}, {}, {secs} s)",
+            outcome.counts,
+            outcome.release.as_deref().unwrap_or("did not boot")
+        );
+        Ok((outcome.counts, result))
+    }
 }
 
 /// Whether the run met what the kernel expects.
@@ -353,13 +432,8 @@ fn judge(k: &catalog::Kernel, o: &Outcome) -> Result<()> {
 
 /// Boots the kernel with the initramfs and the run script; reads the console until the
 /// guest powers off (or the timeout).
-fn boot(
-    a: &arch::Arch,
-    vmlinuz: &Path,
-    initrd: &Path,
-    script: &Path,
-    cmdline: &str,
-) -> Result<Outcome> {
+fn boot(p: &Prepared, prefix: &str) -> Result<Outcome> {
+    let a = p.a;
     // TCG by default: on this project's machines /dev/kvm exists but does not run a
     // guest (qemu's KVM start fails or spins). `BYPASS_VM_ACCEL=kvm` where it does
     // (never for another architecture).
@@ -383,30 +457,35 @@ fn boot(
     } else {
         a.tcg_cpu
     };
+    // Ended on drop, whatever happens below.
+    let virtiofsd = match p.unpacked.share {
+        share::Share::VirtioFs => Some(share::Virtiofsd::start(&p.dir)?),
+        share::Share::NineP => None,
+    };
+    let socket = virtiofsd
+        .as_ref()
+        .map_or_else(PathBuf::new, |v| v.socket().to_path_buf());
     let mut qemu = Command::new(a.qemu);
-    qemu.args([
-        "-machine", a.machine, "-cpu", cpu, "-m", "4096", "-smp", "2",
-    ])
-    .args(["-accel", &accel])
-    .args(["-nographic", "-no-reboot", "-kernel"])
-    .arg(vmlinuz)
-    .arg("-initrd")
-    .arg(initrd)
-    .arg("-append")
-    .arg(format!(
-        // loglevel=5, not quiet: a lockup's or a warning's stack is printed at the
-        // default level, which quiet hides; on a lockup, every CPU's backtrace.
-        "console={} loglevel=5 panic=-1 softlockup_all_cpu_backtrace=1 {cmdline} bypass_cmd={}",
-        a.console,
-        script.display()
-    ))
-    .args([
-        "-virtfs",
-        "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
-    ])
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::null());
+    qemu.args(["-machine", a.machine, "-cpu", cpu])
+        .args(["-m", &MEM_MIB.to_string(), "-smp", &p.cpus.to_string()])
+        .args(["-accel", &accel])
+        .args(["-nographic", "-no-reboot", "-kernel"])
+        .arg(&p.unpacked.vmlinuz)
+        .arg("-initrd")
+        .arg(&p.initrd)
+        .arg("-append")
+        .arg(format!(
+            // loglevel=5, not quiet: a lockup's or a warning's stack is printed at the
+            // default level, which quiet hides; on a lockup, every CPU's backtrace.
+            "console={} loglevel=5 panic=-1 softlockup_all_cpu_backtrace=1 {} bypass_cmd={}",
+            a.console,
+            p.k.cmdline,
+            p.script.display()
+        ))
+        .args(p.unpacked.share.qemu_args(&socket, MEM_MIB))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
     cmd::echo(&qemu);
     let mut child = qemu
         .spawn()
@@ -428,16 +507,28 @@ fn boot(
         }
     });
     let mut outcome = Outcome::default();
-    let mut out = std::io::stdout();
+    // When the test now running started (libtest prints a test's line when it ends,
+    // one test at a time): how long each took, to see which dominate a run.
+    let mut since = Instant::now();
     loop {
         match rx.recv_timeout(Duration::from_secs(5)) {
             Ok(line) => {
                 // The console's escape sequences and BIOS noise are of no use here.
                 let clean: String = line.chars().filter(|c| !c.is_control()).collect();
-                writeln!(out, "{clean}")?;
+                // One line at a time: guests that run together do not cut into each
+                // other's lines.
+                println!("{prefix}{clean}");
+                let ended = outcome.passed.len() + outcome.failed.len();
                 outcome.line(&clean);
+                if clean.starts_with("running ") {
+                    since = Instant::now();
+                } else if let Some(t) = outcome.passed.get(ended).or(outcome.failed.get(ended)) {
+                    outcome.seconds.push((t.clone(), since.elapsed().as_secs()));
+                    since = Instant::now();
+                }
                 if lockup_secs(&clean).is_some_and(|s| s >= LOCKUP_LIMIT_SECS) {
                     let _ = child.kill();
+                    let _ = child.wait();
                     bail!(
                         "the guest kernel locked up ({clean}); killed it: the stacks are in the \
                          console above, from the first 'soft lockup' line"
@@ -449,11 +540,13 @@ fn boot(
         }
         if Instant::now() > deadline {
             let _ = child.kill();
+            let _ = child.wait();
             bail!("the guest ran longer than {TIMEOUT:?}; killed it");
         }
     }
     let _ = reader.join();
     let _ = child.wait();
+    drop(virtiofsd);
     Ok(outcome)
 }
 
@@ -499,14 +592,8 @@ pub fn results_dir() -> PathBuf {
     workspace::root().join("results").join("kernels")
 }
 
-fn save(
-    k: &catalog::Kernel,
-    u: &fetch::Unpacked,
-    o: &Outcome,
-    secs: u64,
-    harness: &[String],
-    tests: &[(String, String)],
-) -> Result<()> {
+fn save(p: &Prepared, o: &Outcome, secs: u64) -> Result<()> {
+    let (k, u) = (p.k, &p.unpacked);
     let dir = results_dir();
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     let v = json!({
@@ -524,9 +611,12 @@ fn save(
         "failed": o.counts.failed,
         "failed_tests": o.failed,
         "passed_tests": o.passed,
-        "tests": tests.iter().map(|(n, _)| n).collect::<Vec<_>>(),
-        "filter": harness,
+        "tests": p.tests.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+        "filter": p.harness,
+        "cpus": p.cpus,
+        "share": format!("{:?}", u.share),
         "seconds": secs,
+        "test_seconds": o.seconds.iter().map(|(t, s)| json!([t, s])).collect::<Vec<_>>(),
     });
     let path = dir.join(format!("{}.json", k.name));
     std::fs::write(&path, serde_json::to_string_pretty(&v)? + "\n")
@@ -592,6 +682,14 @@ mod tests {
         assert!(skip.windows(2).any(|w| w[0] == "--skip" && w[1] == "k8s::"));
         let named = vm_harness(&["thousand_concurrent".to_owned()]);
         assert_eq!(named, ["thousand_concurrent", "--skip", "k8s::"]);
+    }
+
+    #[test]
+    fn vcpus_default_to_two_and_take_one() {
+        assert_eq!(cpus_of(None).unwrap(), 2);
+        assert_eq!(cpus_of(Some("1")).unwrap(), 1);
+        assert!(cpus_of(Some("0")).is_err());
+        assert!(cpus_of(Some("one")).is_err());
     }
 
     #[test]

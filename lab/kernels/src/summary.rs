@@ -11,6 +11,14 @@ pub struct Counts {
 }
 
 impl Counts {
+    /// One failure: a run that could not start or finish counts so.
+    pub fn failed_run() -> Self {
+        Self {
+            failed: 1,
+            ..Self::default()
+        }
+    }
+
     /// Adds the counts of one `test result:` line; other lines are ignored.
     pub fn add_line(&mut self, line: &str) {
         if let Some(counts) = parse_result_line(line) {

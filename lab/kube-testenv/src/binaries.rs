@@ -80,7 +80,7 @@ pub fn ensure_binaries() -> Result<Binaries> {
         etcd: root.join("bin/etcd"),
         kube_apiserver: root.join("bin/kube-apiserver"),
     };
-    if bins.etcd.is_file() && bins.kube_apiserver.is_file() {
+    if is_current(&bins.etcd) && is_current(&bins.kube_apiserver) {
         return Ok(bins);
     }
     let go = go_tool()?;
@@ -124,17 +124,58 @@ pub fn ensure_binaries() -> Result<Binaries> {
         ("go.etcd.io/etcd/server/v3", &bins.etcd),
         ("k8s.io/kubernetes/cmd/kube-apiserver", &bins.kube_apiserver),
     ] {
-        // Build beside, then rename: a concurrent user never sees half a binary.
-        let tmp = dest.with_extension(format!("tmp{}", std::process::id()));
-        let tmp_s = tmp.to_string_lossy().into_owned();
-        cmd::output_named(
-            &mut go_cmd(&["build", "-o", &tmp_s, pkg]),
-            &format!("go build {pkg}"),
-        )?;
-        std::fs::rename(&tmp, dest).with_context(|| format!("install {}", dest.display()))?;
+        build_stamped(go_cmd, pkg, dest)?;
     }
     eprintln!("kube-env: built in {:.0?}", started.elapsed());
     Ok(bins)
+}
+
+/// The `-ldflags` that stamp the release into a Kubernetes binary, as the release build
+/// does (hack/lib/version.sh): without them `/version` answers `v0.0.0-master`, which a
+/// chart's `kubeVersion` refuses.
+pub fn version_ldflags() -> String {
+    let minor = KUBE_VERSION
+        .trim_start_matches('v')
+        .split('.')
+        .nth(1)
+        .unwrap_or("0");
+    let mut flags = String::from("-ldflags=");
+    for pkg in [
+        "k8s.io/component-base/version",
+        "k8s.io/client-go/pkg/version",
+    ] {
+        let _ = write!(
+            flags,
+            "-X {pkg}.gitVersion={KUBE_VERSION} -X {pkg}.gitMajor=1 -X {pkg}.gitMinor={minor} \
+             -X {pkg}.gitTreeState=clean "
+        );
+    }
+    flags.trim_end().to_owned()
+}
+
+/// Whether `bin` was built here with the release stamped in (its `.version` stamp beside
+/// it names [`KUBE_VERSION`]): a cache from before the stamp is rebuilt.
+pub fn is_current(bin: &Path) -> bool {
+    bin.is_file() && std::fs::read_to_string(stamp(bin)).is_ok_and(|v| v.trim() == KUBE_VERSION)
+}
+
+/// `go build -ldflags=<release> -o dest pkg`, installed by rename (a concurrent user
+/// never sees half a binary), then stamped.
+pub fn build_stamped(go: impl Fn(&[&str]) -> Command, pkg: &str, dest: &Path) -> Result<()> {
+    let tmp = dest.with_extension(format!("tmp{}", std::process::id()));
+    let tmp_s = tmp.to_string_lossy().into_owned();
+    let ldflags = version_ldflags();
+    cmd::output_named(
+        &mut go(&["build", &ldflags, "-o", &tmp_s, pkg]),
+        &format!("go build {pkg}"),
+    )?;
+    std::fs::rename(&tmp, dest).with_context(|| format!("install {}", dest.display()))?;
+    std::fs::write(stamp(dest), KUBE_VERSION)
+        .with_context(|| format!("write {}", stamp(dest).display()))
+}
+
+fn stamp(bin: &Path) -> PathBuf {
+    bin.with_extension("version")
 }
 
 /// `go <args>` in the module directory `src`, modules resolved from the proxy and the

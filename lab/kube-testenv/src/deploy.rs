@@ -56,7 +56,7 @@ impl Kubectl {
             "rollout",
             "status",
             AGENT_DS,
-            "--timeout=120s",
+            "--timeout=900s",
         ])
         .map(drop)
     }
@@ -90,7 +90,7 @@ impl Kubectl {
             &deploy.display().to_string(),
             "--ignore-not-found",
             "--wait=true",
-            "--timeout=120s",
+            "--timeout=900s",
         ])?;
         self.clean_nodes(deploy)
     }
@@ -106,9 +106,9 @@ impl Kubectl {
             "rollout",
             "status",
             "ds/bypass-uninstall",
-            "--timeout=120s",
+            "--timeout=900s",
         ]);
-        self.run(&["delete", "-f", &manifest, "--wait=true", "--timeout=120s"])?;
+        self.run(&["delete", "-f", &manifest, "--wait=true", "--timeout=900s"])?;
         self.label_node(None)?;
         cleaned.map(drop)
     }

@@ -12,10 +12,11 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::{Binaries, ca, ensure_binaries, http, service_account_key, signed};
 
-/// How long to wait for the API server to answer `/readyz`.
-pub const READY_TIMEOUT: Duration = Duration::from_secs(120);
-/// How long [`KubeEnv::get`] waits for one answer (connect, handshake, whole body).
-pub const GET_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long to wait for the API server to answer `/readyz`: a net ([`crate::NET`]).
+pub const READY_TIMEOUT: Duration = crate::NET;
+/// How long [`KubeEnv::get`] waits for one answer (connect, handshake, whole body): a
+/// net.
+pub const GET_TIMEOUT: Duration = crate::NET;
 
 /// A free TCP port on 127.0.0.1 (free when asked; the caller binds it soon after).
 fn free_port() -> Result<u16> {

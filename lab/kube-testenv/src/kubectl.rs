@@ -104,7 +104,7 @@ impl Kubectl {
             name,
             "--ignore-not-found",
             "--wait=true",
-            "--timeout=120s",
+            "--timeout=900s",
         ])
         .map(drop)
     }

@@ -38,11 +38,11 @@ mod wait;
 pub mod workspace;
 
 pub use binaries::{
-    Binaries, KUBE_VERSION, STAGING_VERSION, build_go_mod, cache_dir, ensure_binaries, go_command,
-    go_tool,
+    Binaries, KUBE_VERSION, STAGING_VERSION, build_go_mod, build_stamped, cache_dir,
+    ensure_binaries, go_command, go_tool, is_current, version_ldflags,
 };
 pub use env::{GET_TIMEOUT, KubeEnv, READY_TIMEOUT};
 pub use kubectl::{KUBECONFIG_ENV, KUBECTL_ENV, Kubectl, env_path, veth_bytes};
 pub use pki::{ca, service_account_key, signed};
 pub use state::{default_dir, down, up};
-pub use wait::{retry, wait_for};
+pub use wait::{NET, retry, wait_for};

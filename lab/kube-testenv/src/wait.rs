@@ -5,6 +5,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow};
 
+/// The net for anything the tests and the cluster's bring-up wait on that makes
+/// progress at its machine's speed (a client run to its end, a daemon or pod starting, a
+/// condition polled: the wait ends as soon as it holds). It catches a hang; a slower
+/// machine, or one busy with the kernel matrix's guests beside the tests, never reaches
+/// it. A test asserts what it observed, never how fast.
+pub const NET: Duration = Duration::from_secs(900);
+
 /// Runs `check` every `poll` until it succeeds; past `timeout`, its last error.
 pub fn retry(
     timeout: Duration,

@@ -149,3 +149,91 @@ fn thousand_short_connections_send_at_once() -> Result<()> {
     );
     Ok(())
 }
+
+/// The kernel self-test's results are the same wherever they are shown: `status`, a
+/// fresh `probe` (the same kernel answers the same), `check`, and `/metrics`; every
+/// check of the catalogue is listed, the checks' own bytes were redirected, only the
+/// read guard's checks are left out where it does not run, and FIONREAD's guarantee is
+/// on exactly when its three checks passed.
+#[test]
+fn kernel_self_test_reported_everywhere() -> Result<()> {
+    privileged!("kernel_self_test_reported_everywhere");
+    let pods = TwoPods::new()?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let opts = AgentOpts {
+        extra_args: vec!["--metrics-addr".into(), format!("127.0.0.1:{port}")],
+        ..pods.agent_opts()
+    };
+    let agent = Agent::start(&opts)?;
+    let status = agent.stats()?;
+    let checks = &status.kernel_checks;
+    let names: Vec<&str> = checks.iter().map(|c| c.name.as_str()).collect();
+    let catalogue: Vec<&str> = bypass_common::checks::CHECKS
+        .iter()
+        .map(|c| c.name)
+        .collect();
+    ensure!(names == catalogue, "status lists {names:?}");
+    let outcome = |name: &str| {
+        checks
+            .iter()
+            .find(|c| c.name == name)
+            .map_or("absent", |c| c.outcome.as_str())
+    };
+    ensure!(outcome("redirects") == "passed", "{checks:?}");
+    let guard = testbed::kernel_probe()?;
+    for c in checks {
+        let guard_check = ["splice_refused", "mmap_refused"].contains(&c.name.as_str());
+        ensure!(
+            (c.outcome == "not run") == (guard_check && !guard.read_guard),
+            "{} {} with the read guard {}",
+            c.name,
+            c.outcome,
+            guard.read_guard
+        );
+    }
+    let fionread = ["fionread_redirected", "fionread_tcp", "fionread_mixed"];
+    ensure!(
+        status.features.fionread == fionread.iter().all(|n| outcome(n) == "passed"),
+        "features.fionread {} with {checks:?}",
+        status.features.fionread
+    );
+    // A fresh probe runs the self-test again: the same kernel answers the same.
+    let probed: Vec<(&str, &str)> = guard
+        .kernel_checks
+        .iter()
+        .map(|c| (c.name.as_str(), c.outcome.as_str()))
+        .collect();
+    let shown: Vec<(&str, &str)> = checks
+        .iter()
+        .map(|c| (c.name.as_str(), c.outcome.as_str()))
+        .collect();
+    ensure!(probed == shown, "probe {probed:?}, status {shown:?}");
+    for (name, outcome) in &shown {
+        let series = format!("bypass_kernel_check{{check=\"{name}\"}}");
+        match *outcome {
+            "not run" => ensure!(
+                testbed::agent::metric(port, &series).is_err(),
+                "{series} shown for a check not run"
+            ),
+            o => ensure!(
+                testbed::agent::metric(port, &series)? == f64::from(u8::from(o == "passed")),
+                "{series} is not {o}"
+            ),
+        }
+    }
+    let out = testbed::agent::run_agent(&["check", "--json"], std::time::Duration::from_secs(600))?;
+    let check: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let items = check["items"].as_array().cloned().unwrap_or_default();
+    for (name, outcome) in &shown {
+        let listed = items
+            .iter()
+            .any(|i| i["check"] == format!("kernel check {name}"));
+        ensure!(
+            listed == (*outcome == "failed"),
+            "check --json and the self-test disagree on {name} ({outcome}): {check}"
+        );
+    }
+    Ok(())
+}

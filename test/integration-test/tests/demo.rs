@@ -34,7 +34,6 @@ fn demo_bypasses_and_says_so() -> Result<()> {
         results.config.placements
     );
     let secs = f64::from(results.config.qperf_secs);
-    let mut stayed_anywhere = false;
     for p in &results.config.placements {
         let of = |path: Path| {
             results
@@ -50,11 +49,25 @@ fn demo_bypasses_and_says_so() -> Result<()> {
             "{}: a bypassed run without the agent's count of departures",
             p.name
         );
+        // Every placement's bypassed runs were bypassed: the agent paired and redirected,
+        // whether or not a connection then left (how fast a reader keeps up, and so
+        // whether a stream leaves, is scheduling: with other work on the machine, as when
+        // CI runs the kernel matrix beside the host's tests, every stream may leave).
+        let redirected = bench::demo::counter(&results, &p.name, Stat::RedirectedBytesPod);
+        ensure!(
+            redirected > 0,
+            "{}: the agent redirected nothing in the bypassed runs: {:?}",
+            p.name,
+            results.samples
+        );
         let stayed = || of(Path::Bypass).filter(|s| s.left == Some(0));
         if stayed().next().is_none() {
+            eprintln!(
+                "{}: every bypassed stream left the SockHash (counted)",
+                p.name
+            );
             continue;
         }
-        stayed_anywhere = true;
         // What the agent says it redirected covers what qperf says it streamed.
         let streamed: f64 = stayed().map(|s| s.value * secs).sum();
         let redirected = bench::demo::counter(&results, &p.name, Stat::RedirectedBytesPod);
@@ -74,11 +87,6 @@ fn demo_bypasses_and_says_so() -> Result<()> {
             p.name,
         );
     }
-    ensure!(
-        stayed_anywhere,
-        "no bypassed stream stayed in the SockHash: {:?}",
-        results.samples
-    );
     // The table and the summary a user reads show both paths.
     let table = bench::report::render(&results);
     let moved = bench::demo::moved(&results);

@@ -46,7 +46,7 @@ fn sigterm_mid_stream_loses_nothing() -> Result<()> {
     let client = PeerClient::spawn(&pods.a, addr, &args)?;
 
     // The streams' bytes flowing socket to socket.
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + testbed::steps::NET;
     loop {
         let s = agent.stats()?;
         if s.counters.redirected_bytes > held.redirected.counters.redirected_bytes {
@@ -145,7 +145,7 @@ fn sigterm_with_unread_redirected_bytes_keeps_order() -> Result<()> {
     let addr = pods.b.v4_addr(5202);
     let server = PeerServer::start_with(&pods.b, addr, &server_args)?;
     let client = PeerClient::spawn(&pods.a, addr, &args)?;
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + testbed::steps::NET;
     let queued = loop {
         let s = agent.stats()?;
         if s.sockets == 8 && s.counters.redirected_bytes >= 16 << 20 {

@@ -12,7 +12,6 @@ use std::{
     os::unix::fs::MetadataExt as _,
     os::unix::process::CommandExt as _,
     process::Command,
-    time::Duration,
 };
 
 use crate::support::{
@@ -332,7 +331,7 @@ fn attacker_connected(
     held.remove()?;
     if let Err(e) = marked {
         attacker.kill();
-        let out = attacker.wait_output(Duration::from_secs(5))?;
+        let out = attacker.wait_output(testbed::steps::NET)?;
         anyhow::bail!(
             "{e:#}: the {what} never connected: {} {}",
             String::from_utf8_lossy(&out.stdout).trim(),
@@ -672,16 +671,14 @@ fn network_loss_cuts_bypassed_connections(loss: Loss, port: u16) -> Result<()> {
         }
     }
     agent.wait_for(
-        Duration::from_secs(30),
+        testbed::steps::NET,
         "pod a's address to lose its owner",
         |s| !s.address_owners.iter().any(|o| o.address == a),
     )?;
     steps.touch("more")?;
-    let cut = agent.wait_for(
-        Duration::from_secs(30),
-        "the second chunk to take TCP",
-        |s| grew(&mid, s, |s| s.counters.passed_bytes) > 0,
-    )?;
+    let cut = agent.wait_for(testbed::steps::NET, "the second chunk to take TCP", |s| {
+        grew(&mid, s, |s| s.counters.passed_bytes) > 0
+    })?;
     eprintln!(
         "{loss:?}: redirected +{} B after the loss, passed +{} B, cut seen +{}",
         grew(&mid, &cut, |s| s.counters.redirected_bytes),
@@ -745,7 +742,7 @@ fn simultaneous_open_cannot_pose_as_a_pods_server() -> Result<()> {
     let cidr = pods.outside_cidr_v4();
     let agent = agent_with(&pods, &["--pod-cidr", &cidr])?;
     let c_ip = IpAddr::V4(c.ipv4());
-    agent.wait_for(Duration::from_secs(30), "pod c's address owned", |s| {
+    agent.wait_for(testbed::steps::NET, "pod c's address owned", |s| {
         s.address_owners.iter().any(|o| o.address == c_ip)
     })?;
     let port = 5616u16;

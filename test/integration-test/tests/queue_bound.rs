@@ -375,7 +375,7 @@ fn blocked_waitall_reader_never_sees_reordered_bytes() -> Result<()> {
     let client = spawn_probe_client(&pods.a, addr, &client_args)?;
     // The reader starts reading only once the writer's queue reached the bound (the
     // writer may block on TCP's buffers before it has sent everything: that is TCP).
-    agent.wait_for(Duration::from_secs(60), "the queue bound to apply", |st| {
+    agent.wait_for(testbed::steps::NET, "the queue bound to apply", |st| {
         st.counters.get(Stat::QueueLimited) > limited_before
     })?;
     steps.touch("limited")?;
@@ -433,7 +433,7 @@ fn wait_asleep_in_recv(pid: u32) -> Result<()> {
         }
         Ok(false)
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let deadline = std::time::Instant::now() + testbed::steps::NET;
     while !asleep()? {
         ensure!(
             std::time::Instant::now() < deadline,

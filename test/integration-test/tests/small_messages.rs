@@ -82,11 +82,9 @@ fn small_message_stream_leaves_the_sockhash_in_order() -> Result<()> {
             &with(&["--mark-file", &file("sent"), "--go-file", &file("go")]),
         )?;
         crate::support::wait_file(std::path::Path::new(&file("sent")))?;
-        let out = agent.wait_for(
-            std::time::Duration::from_secs(30),
-            "the connection to leave",
-            |s| s.counters.left > before.counters.left,
-        )?;
+        let out = agent.wait_for(testbed::steps::NET, "the connection to leave", |s| {
+            s.counters.left > before.counters.left
+        })?;
         let wire = pods.wire_bytes()?;
         std::fs::write(file("go"), b"")?;
         Ok((probe_report(client)?, server.wait()?, out, wire))

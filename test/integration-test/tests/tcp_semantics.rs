@@ -56,6 +56,18 @@ fn msg_peek_then_read() -> Result<()> {
 }
 
 #[test]
+fn mixed_reader_sees_what_tcp_shows() -> Result<()> {
+    privileged!("mixed_reader_sees_what_tcp_shows");
+    reading::mixed_reader_sees_what_tcp_shows()
+}
+
+#[test]
+fn fionread_after_urgent_bytes() -> Result<()> {
+    privileged!("fionread_after_urgent_bytes");
+    reading::fionread_after_urgent_bytes()
+}
+
+#[test]
 fn fionread_counts_queued_bytes() -> Result<()> {
     privileged!("fionread_counts_queued_bytes");
     reading::fionread_counts_queued_bytes()

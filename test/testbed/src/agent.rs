@@ -18,17 +18,19 @@ use nix::{
 
 use crate::spawn::{Gathered, drain};
 
-/// How long [`http_get`] waits for the metrics server (connect, request, whole body).
-pub const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long [`http_get`] waits for the metrics server (connect, request, whole body):
+/// a net.
+pub const HTTP_TIMEOUT: Duration = crate::steps::NET;
 
-/// How long `start` waits for the datapath to be attached.
-pub const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long `start` waits for the datapath to be attached: a net (loading and attaching
+/// takes seconds under emulation).
+pub const START_TIMEOUT: Duration = crate::steps::NET;
 /// How long `stop` waits for a clean exit after SIGTERM: a net for an agent that
 /// hangs, not a pace. Removing its pins releases the read guard's trampoline links, and
 /// each release waits for an RCU tasks grace period, one after another: 21 s in all,
 /// and once past 30 s, for `detach::sigterm_mid_stream_loses_nothing` (20 streams
 /// running) in the 6.1 VM under one TCG thread.
-pub const STOP_TIMEOUT: Duration = Duration::from_secs(300);
+pub const STOP_TIMEOUT: Duration = crate::steps::NET;
 
 /// The agent binary: `$BYPASS_AGENT_BIN`, else `<workspace>/target/release/bypass-agent`
 /// (build it with `cargo build --release -p bypass-agent`).
@@ -405,7 +407,7 @@ pub type KernelProbe = bypass_common::status::KernelProbe;
 /// `bypass-agent probe --json`: whether this kernel has the read guard, so whether the
 /// agent bypasses on it without `--allow-unguarded`.
 pub fn kernel_probe() -> Result<KernelProbe> {
-    let out = run_agent(&["probe", "--json"], Duration::from_secs(60))?;
+    let out = run_agent(&["probe", "--json"], crate::steps::NET)?;
     ensure!(
         out.status.success(),
         "bypass-agent probe failed: {}",

@@ -102,7 +102,7 @@ impl CgroupGuard {
 
 impl Drop for CgroupGuard {
     fn drop(&mut self) {
-        if let Err(e) = self.kill_all(Duration::from_secs(5)) {
+        if let Err(e) = self.kill_all(crate::steps::NET) {
             eprintln!("testbed: cleanup: {e:#}");
         }
         // rmdir can briefly fail with EBUSY while killed tasks finish exiting.

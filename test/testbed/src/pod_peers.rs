@@ -19,8 +19,8 @@ use crate::{
     topology::Pod,
 };
 
-/// Default limit for a peer run.
-pub const PEER_TIMEOUT: Duration = Duration::from_secs(300);
+/// Default limit for a peer run: a net (see [`crate::steps::NET`]).
+pub const PEER_TIMEOUT: Duration = crate::steps::NET;
 
 /// A `Command` that runs the peer (the test tool's `peer`), before its
 /// `server`/`client` argument.
@@ -47,7 +47,7 @@ impl ServerArgs {
         Self {
             connections,
             cpus: Vec::new(),
-            idle_timeout_secs: 60,
+            idle_timeout_secs: crate::steps::NO_PROGRESS.as_secs(),
             reply_delay_ms: 0,
         }
     }
@@ -93,7 +93,7 @@ impl PeerServer {
         let child = spawn_in_on_cpus(pod, cmd, &args.cpus)?.wait_ready(
             &ready,
             &format!("peer server on {listen}"),
-            Duration::from_secs(10),
+            crate::steps::NET,
         )?;
         Ok(Self { child, ready })
     }

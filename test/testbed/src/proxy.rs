@@ -18,7 +18,7 @@ use crate::{
 };
 
 /// How long `start` waits for the listening line.
-pub const READY_TIMEOUT: Duration = Duration::from_secs(10);
+pub const READY_TIMEOUT: Duration = crate::steps::NET;
 
 /// How the proxy's one line on stdout starts once it listens (`LISTENING ADDR:PORT
 /// upstream ADDR:PORT`).

@@ -14,6 +14,13 @@ use anyhow::{Result, bail};
 /// `restart::sigkill_mid_100_streams_then_restart_adopts` took over a minute.
 pub const STEP_WAIT: Duration = Duration::from_secs(600);
 
+pub use kube_testenv::NET;
+
+/// How long the suite's clients let their connections go without a byte either way
+/// before they give up (Go's `-idle`, curl's `--speed-time`, ab's `-s`, HAProxy's
+/// inactivity timeouts): a stall, never a pace.
+pub const NO_PROGRESS: Duration = Duration::from_secs(180);
+
 /// Waits at most `within` until `path` exists.
 pub fn wait_file(path: &Path, within: Duration) -> Result<()> {
     let deadline = Instant::now() + within;

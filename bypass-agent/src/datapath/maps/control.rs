@@ -159,6 +159,41 @@ impl Control {
         self.get(control::SLOT_AGENT_STATE)
     }
 
+    /// Records the layout of the pinned maps ([`bypass_common::layout::LAYOUT_VERSION`]).
+    pub fn set_layout(&mut self, version: u32) -> Result<(), AgentError> {
+        self.set(control::SLOT_LAYOUT, version)
+    }
+
+    /// The layout recorded (0: a datapath from before layouts were numbered).
+    pub fn layout(&self) -> Result<u32, AgentError> {
+        self.get(control::SLOT_LAYOUT)
+    }
+
+    /// Names the build whose tracing programs act.
+    pub fn set_hooks_owner(&mut self, build: u32) -> Result<(), AgentError> {
+        self.set(control::SLOT_HOOKS_OWNER, build)
+    }
+
+    /// The build whose tracing programs act.
+    pub fn hooks_owner(&self) -> Result<u32, AgentError> {
+        self.get(control::SLOT_HOOKS_OWNER)
+    }
+
+    /// Records the kernel self-test's results.
+    pub fn set_checks(
+        &mut self,
+        results: bypass_common::checks::Results,
+    ) -> Result<(), AgentError> {
+        self.set(control::SLOT_CHECKS, results.0)
+    }
+
+    /// The kernel self-test's results recorded by the agent (none: no self-test ran).
+    pub fn checks(&self) -> Result<bypass_common::checks::Results, AgentError> {
+        Ok(bypass_common::checks::Results(
+            self.get(control::SLOT_CHECKS)?,
+        ))
+    }
+
     /// Sets the agent's own state word.
     pub fn set_agent_state(&mut self, v: u32) -> Result<(), AgentError> {
         self.set(control::SLOT_AGENT_STATE, v)

@@ -61,7 +61,7 @@ pub fn ensure() -> Result<Bins> {
     let missing: Vec<&str> = COMPONENTS
         .iter()
         .copied()
-        .filter(|c| !bins.get(c).is_file())
+        .filter(|c| !crate::is_current(&bins.get(c)))
         .collect();
     if missing.is_empty() {
         return Ok(bins);
@@ -79,12 +79,7 @@ pub fn ensure() -> Result<Bins> {
         .with_context(|| format!("write {}/tools.go", src.display()))?;
     cmd::run_to_stderr(&mut go_cmd(&["mod", "tidy"]))?;
     for c in missing {
-        let dest = bins.get(c);
-        // Build beside, then rename: a concurrent user never sees half a binary.
-        let tmp = dest.with_extension(format!("tmp{}", std::process::id()));
-        let pkg = format!("k8s.io/kubernetes/cmd/{c}");
-        cmd::run_to_stderr(&mut go_cmd(&["build", "-o", &tmp.to_string_lossy(), &pkg]))?;
-        std::fs::rename(&tmp, &dest).with_context(|| format!("install {}", dest.display()))?;
+        crate::build_stamped(go_cmd, &format!("k8s.io/kubernetes/cmd/{c}"), &bins.get(c))?;
     }
     eprintln!("cluster: built in {:.0?}", started.elapsed());
     Ok(bins)

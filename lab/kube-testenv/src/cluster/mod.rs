@@ -213,7 +213,7 @@ fn start_api_server(layout: &Layout, bins: &bins::Bins, etcd: &str) -> Result<()
     )?;
     wait_for(
         "kube-apiserver /readyz",
-        Duration::from_secs(120),
+        crate::wait::NET,
         procs::POLL,
         || cmd::output(kubectl(layout)?.args(["get", "--raw", "/readyz"])).map(drop),
     )
@@ -247,7 +247,7 @@ fn start_containerd(layout: &Layout, cg: CgroupLayout) -> Result<()> {
         &logs,
         &layout.pids(),
     )?;
-    wait_for("containerd", Duration::from_secs(60), procs::POLL, || {
+    wait_for("containerd", crate::wait::NET, procs::POLL, || {
         cmd::output(ctr(layout).args(["version"])).map(drop)
     })
     .with_context(|| procs::tail(&logs.join("containerd.log"), 15))?;
@@ -336,7 +336,7 @@ fn start_kubelet(layout: &Layout, bins: &bins::Bins, cg: CgroupLayout, admin: &P
 fn wait_node_ready(layout: &Layout) -> Result<()> {
     wait_for(
         &format!("node {NODE_NAME} Ready"),
-        Duration::from_secs(180),
+        crate::wait::NET,
         procs::POLL,
         || {
             let out = cmd::output(kubectl(layout)?.args([
@@ -357,7 +357,7 @@ fn wait_node_ready(layout: &Layout) -> Result<()> {
     // Pods need their namespace's default ServiceAccount (the controller-manager's).
     wait_for(
         "the default ServiceAccount",
-        Duration::from_secs(60),
+        crate::wait::NET,
         procs::POLL,
         || cmd::output(kubectl(layout)?.args(["get", "serviceaccount", "default"])).map(drop),
     )
@@ -396,7 +396,7 @@ pub fn down(layout: &Layout) -> Result<()> {
         }
         let waited = wait_for(
             "every pod sandbox stopped",
-            Duration::from_secs(90),
+            crate::wait::NET,
             procs::POLL,
             || {
                 let tasks = cmd::output(ctr(layout).args(["tasks", "ls", "-q"]))?;

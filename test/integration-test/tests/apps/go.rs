@@ -8,8 +8,6 @@
 //! every byte arrives and that their connections were paired, not that every byte was
 //! redirected: a datapath may carry them either way, as long as none is lost.
 
-use std::time::Duration;
-
 use anyhow::{Result, bail, ensure};
 use testbed::apps::{
     Gate, Listening,
@@ -34,8 +32,6 @@ const HTTP_SIZES: [u64; 5] = [0, 1000, 65_537, 1 << 20, 4 << 20];
 /// The gRPC stream: messages, sizes cycled.
 const GRPC_MESSAGES: u32 = 200;
 const GRPC_SIZES: [u64; 4] = [1, 100, 10_000, 1 << 20];
-/// Each client gives up (and reports what it got) after this long.
-const CLIENT_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// `check` from pod a, its connections let go once `hops` connections are paired; then
 /// `servers` still running and every stream exact (`what` names it, the counters' delta
@@ -100,7 +96,7 @@ fn bed_for(relay: Relay) -> Result<Bed> {
 fn echo(relay: Relay) -> Result<()> {
     let bed = bed_for(relay)?;
     let mut server = go::echo(bed.b(), bed.pods.b.v4_addr(ECHO_PORT), relay)?;
-    let check = StreamCheck::echo(server.addr(), 1, ECHO_BYTES, CLIENT_TIMEOUT);
+    let check = StreamCheck::echo(server.addr(), 1, ECHO_BYTES);
     let what = format!("go echo ({relay:?})");
     let (_, delta) = stream_exact(&bed, &check, 1, &mut [&mut server], &what)?;
     match relay {
@@ -125,7 +121,7 @@ fn l4_proxy(relay: Relay) -> Result<()> {
     let mut proxy = go::l4proxy(bed.b(), bed.pods.b.v4_addr(PROXY_PORT), sink.addr(), relay)?;
     let check = StreamCheck {
         expect: testbed::apps::go::Expect::Digest,
-        ..StreamCheck::echo(proxy.addr(), PROXY_CONNECTIONS, PROXY_BYTES, CLIENT_TIMEOUT)
+        ..StreamCheck::echo(proxy.addr(), PROXY_CONNECTIONS, PROXY_BYTES)
     };
     // Each client's connection and the proxy's to the sink.
     let hops = 2 * u64::from(PROXY_CONNECTIONS);
@@ -157,7 +153,6 @@ pub fn http_reverse_proxy_exact() -> Result<()> {
         rounds: HTTP_ROUNDS,
         sizes: HTTP_SIZES.to_vec(),
         keep_alive: true,
-        timeout: CLIENT_TIMEOUT,
     };
     let mark = bed.mark()?;
     let r = check.run(bed.a())?;
@@ -189,7 +184,6 @@ pub fn grpc_bidi_stream_exact() -> Result<()> {
         connect: server.addr(),
         messages: GRPC_MESSAGES,
         sizes: GRPC_SIZES.to_vec(),
-        timeout: CLIENT_TIMEOUT,
     };
     let mark = bed.mark()?;
     let r = check.run(bed.a())?;

@@ -6,8 +6,6 @@
 //! receive queue; these assert every byte back and every connection paired, not that
 //! every byte was redirected.
 
-use std::time::Duration;
-
 use anyhow::Result;
 use testbed::apps::{
     go::{self, Relay, StreamCheck},
@@ -20,7 +18,6 @@ const ECHO_PORT: u16 = 7101;
 const PROXY_PORT: u16 = 7102;
 const STREAMS: u32 = 6;
 const STREAM_BYTES: u64 = 8 << 20;
-const CLIENT_TIMEOUT: Duration = Duration::from_secs(20);
 
 fn echo_through(splice: Splice) -> Result<()> {
     // Splicing: the agent as users start it (see `Bed::as_users_run`).
@@ -30,7 +27,7 @@ fn echo_through(splice: Splice) -> Result<()> {
     };
     let mut echo = go::echo(bed.a(), bed.pods.a.v4_addr(ECHO_PORT), Relay::ReadWrite)?;
     let mut proxy = haproxy::start(bed.b(), bed.pods.b.v4_addr(PROXY_PORT), echo.addr(), splice)?;
-    let check = StreamCheck::echo(proxy.addr(), STREAMS, STREAM_BYTES, CLIENT_TIMEOUT);
+    let check = StreamCheck::echo(proxy.addr(), STREAMS, STREAM_BYTES);
     // Each client's connection and HAProxy's to the echo server (made on accept).
     let hops = 2 * u64::from(STREAMS);
     let what = format!("haproxy (splice {splice:?})");

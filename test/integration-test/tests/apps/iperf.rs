@@ -4,8 +4,6 @@
 //! shows every byte asked for received and at most the sender's last block unread; a
 //! receiving server's count is only a prefix (see below).
 
-use std::time::Duration;
-
 use anyhow::{Result, ensure};
 use testbed::apps::iperf::{self, Iperf};
 
@@ -20,7 +18,8 @@ const SMALL_WRITE: u32 = 64;
 const STREAMS: u32 = 4;
 /// iperf3's TCP block (`-l`) when none is given: 128 KiB.
 const DEFAULT_BLOCK: u64 = 128 << 10;
-const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
+/// The net for each client run (see `testbed::steps::NET`): a hang, never a pace.
+const CLIENT_TIMEOUT: std::time::Duration = testbed::steps::NET;
 
 fn iperf(run: &Iperf) -> Result<()> {
     let bed = Bed::new()?;

@@ -3,8 +3,6 @@
 //! SHA-256; ab by request count with keep-alive and with a connection per request,
 //! every request complete.
 
-use std::time::Duration;
-
 use anyhow::{Result, ensure};
 use testbed::apps::{
     http::{Ab, curl_get},
@@ -27,7 +25,8 @@ const KEEP_ALIVE_REQUESTS: u32 = 5_000;
 /// ab with a connection per request.
 const CLOSE_REQUESTS: u32 = 1_000;
 const AB_CONCURRENCY: u32 = 4;
-const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
+/// The net for each client run (see `testbed::steps::NET`): a hang, never a pace.
+const CLIENT_TIMEOUT: std::time::Duration = testbed::steps::NET;
 
 fn start(bed: &Bed, files: &[(&str, &[u8])]) -> Result<Nginx> {
     Nginx::start(

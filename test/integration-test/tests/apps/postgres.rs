@@ -2,8 +2,6 @@
 //! connections and with a connection per transaction (`-C`); every transaction
 //! processed and none failed.
 
-use std::time::Duration;
-
 use anyhow::{Result, ensure};
 use testbed::apps::postgres::{self, Pgbench, pgbench_init};
 
@@ -22,7 +20,8 @@ const CONNECT_TRANSACTIONS: u32 = 100;
 /// answered by at least CommandComplete and ReadyForQuery (19 B and more), one with a
 /// row.
 const REPLY_BYTES_PER_TRANSACTION: u64 = 100;
-const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);
+/// The net for each client run (see `testbed::steps::NET`): a hang, never a pace.
+const CLIENT_TIMEOUT: std::time::Duration = testbed::steps::NET;
 
 fn pgbench(connect_per_transaction: bool, transactions: u32) -> Result<()> {
     let bed = Bed::new()?;

@@ -2,8 +2,6 @@
 //! binary values (up to 1 MiB, across the 64 KiB boundary) reads every value back byte
 //! for byte.
 
-use std::time::Duration;
-
 use anyhow::{Result, ensure};
 use testbed::apps::{
     Gate,
@@ -30,7 +28,8 @@ const VALUE_SIZES: [u64; 10] = [
     1 << 20,
 ];
 const VALUES_PER_SIZE: u32 = 3;
-const CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
+/// The net for each client run (see `testbed::steps::NET`): a hang, never a pace.
+const CLIENT_TIMEOUT: std::time::Duration = testbed::steps::NET;
 
 pub fn benchmark_completes() -> Result<()> {
     let bed = Bed::new()?;
@@ -73,7 +72,6 @@ pub fn pipelined_set_get_exact() -> Result<()> {
     let check = RespCheck {
         sizes: VALUE_SIZES.to_vec(),
         per_size: VALUES_PER_SIZE,
-        timeout: CLIENT_TIMEOUT,
     };
     let gate = Gate::new()?;
     let mark = bed.mark()?;

@@ -2,8 +2,6 @@
 //! channels), and Node.js piping sockets (`net`, `stream.pipe`) as a proxy in front of
 //! a Node.js echo; four 8 MiB streams each, every byte checked.
 
-use std::time::Duration;
-
 use anyhow::Result;
 use testbed::apps::{go::StreamCheck, java, node};
 
@@ -13,12 +11,11 @@ const ECHO_PORT: u16 = 7201;
 const PROXY_PORT: u16 = 7202;
 const STREAMS: u32 = 4;
 const STREAM_BYTES: u64 = 8 << 20;
-const CLIENT_TIMEOUT: Duration = Duration::from_secs(20);
 
 pub fn java_nio_echo_exact() -> Result<()> {
     let bed = Bed::new()?;
     let mut server = java::nio_echo(bed.b(), bed.pods.b.v4_addr(ECHO_PORT))?;
-    let check = StreamCheck::echo(server.addr(), STREAMS, STREAM_BYTES, CLIENT_TIMEOUT);
+    let check = StreamCheck::echo(server.addr(), STREAMS, STREAM_BYTES);
     let streams = u64::from(STREAMS);
     let (report, delta) = stream_exact(&bed, &check, streams, &mut [&mut server], "java NIO echo")?;
     // Paired before the first byte: both directions socket to socket.
@@ -29,7 +26,7 @@ pub fn nodejs_pipe_proxy_echo_exact() -> Result<()> {
     let bed = Bed::new()?;
     let mut echo = node::echo(bed.a(), bed.pods.a.v4_addr(ECHO_PORT))?;
     let mut proxy = node::proxy(bed.b(), bed.pods.b.v4_addr(PROXY_PORT), echo.addr())?;
-    let check = StreamCheck::echo(proxy.addr(), STREAMS, STREAM_BYTES, CLIENT_TIMEOUT);
+    let check = StreamCheck::echo(proxy.addr(), STREAMS, STREAM_BYTES);
     // Each client's connection and the proxy's to the echo (made on accept).
     let hops = 2 * u64::from(STREAMS);
     let what = "node pipe proxy to a node echo";

@@ -19,7 +19,7 @@ use crate::support::{grew, growth};
 pub const NO_AGENT_ENV: &str = "BYPASS_APPS_NO_AGENT";
 
 /// How long a gated client waits for its connections' pairing.
-pub const PAIRING_TIMEOUT: Duration = Duration::from_secs(20);
+pub const PAIRING_TIMEOUT: Duration = testbed::steps::NET;
 
 /// Checks that `needs` are here: `Ok(true)` to go on; `Ok(false)` to skip (printed);
 /// `Err` under `CI=true`, where a missing program fails the test.

@@ -133,7 +133,7 @@ fn helm_chart(verb: &str, mode: &str, sets: &[&str]) -> Result<()> {
         AGENT_NS,
         mode,
         "--wait",
-        "--timeout=120s",
+        "--timeout=900s",
     ];
     for s in sets {
         args.extend(["--set", s]);
@@ -166,7 +166,7 @@ impl HelmRelease {
             "-n",
             AGENT_NS,
             "--wait",
-            "--timeout=120s",
+            "--timeout=900s",
         ])
         .map(drop)
     }

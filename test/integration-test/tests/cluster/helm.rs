@@ -6,7 +6,7 @@
 //! with the agent's memory measured; the chart linted, rendered into `deploy/`, and
 //! schema-checked with kubeconform.
 
-use std::{net::SocketAddr, path::Path, time::Duration};
+use std::{net::SocketAddr, path::Path};
 
 use anyhow::{Result, ensure};
 use kube_testenv::{chart, deploy::AGENT_NS};
@@ -106,7 +106,7 @@ fn helm_install_under_enforced_pod_security_unprivileged_ipv6_metrics_check_and_
         "-n",
         AGENT_NS,
         "--logs",
-        "--timeout=120s",
+        "--timeout=900s",
     ])?;
     ensure!(
         out.contains("the agent can run on this node") && out.contains("bpf_get_netns_cookie"),
@@ -119,7 +119,7 @@ fn helm_install_under_enforced_pod_security_unprivileged_ipv6_metrics_check_and_
 
     // The cluster-wide view, once the agent published its node.
     let mut table = String::new();
-    kube::wait_for("the node's status", Duration::from_secs(30), || {
+    kube::wait_for("the node's status", kube_testenv::NET, || {
         table = k(&[
             "-n",
             AGENT_NS,
@@ -196,7 +196,7 @@ fn helm_uninstall_alone_leaves_nothing_attached() -> Result<()> {
 
     release.uninstall()?;
     // Each agent saw its DaemonSet gone at exit and removed its datapath.
-    kube::wait_for("the datapath removed", Duration::from_secs(60), || {
+    kube::wait_for("the datapath removed", kube_testenv::NET, || {
         let left = pins_left();
         ensure!(left.is_empty(), "still pinned: {left:?}");
         Ok(())
@@ -225,7 +225,7 @@ fn changed_max_sockets_takes_effect_on_rollout_and_memory_fits_the_limits() -> R
     let default_limit = limit(&agent_container(false)?);
 
     release.upgrade(&["maxSockets=262144"])?;
-    kube::wait_for("the new capacity", Duration::from_secs(30), || {
+    kube::wait_for("the new capacity", kube_testenv::NET, || {
         let c = capacity()?;
         ensure!(c == 262_144.0, "capacity {c}");
         Ok(())
@@ -263,6 +263,13 @@ fn chart_lints_renders_deploy_and_passes_the_schema_check() -> Result<()> {
         bad.is_err_and(|e| e.to_string().contains("maxSockets")),
         "the schema took maxSockets=1"
     );
+    // The chart declares the cluster versions it runs on, and helm refuses others.
+    let old = helm(&["template", "x", &chart_dir, "--kube-version", "1.29.9"]);
+    ensure!(
+        old.is_err_and(|e| e.to_string().contains("kubeVersion")),
+        "the chart installs on Kubernetes 1.29"
+    );
+    helm(&["template", "x", &chart_dir, "--kube-version", "1.30.0"])?;
 
     // deploy/ is the chart rendered.
     let helm_bin = kube_testenv::env_path("BYPASS_HELM", kube::FIX)?;

@@ -51,7 +51,7 @@ pub(crate) fn wait_path(client: &Pod, server: &Pod, target: &str, bypassed: bool
     let mut last = 0;
     kube::wait_for(
         if bypassed { "bypassed" } else { "normal path" },
-        Duration::from_secs(30),
+        kube_testenv::NET,
         || {
             last = veth_cost(client, server, target)?;
             if bypassed {
@@ -260,9 +260,9 @@ fn delete_then_readme_uninstall_leaves_nothing_pinned_or_attached() -> Result<()
             "-k",
             &kube::deploy_dir().display().to_string(),
             "--wait=true",
-            "--timeout=120s",
+            "--timeout=900s",
         ])?;
-        kube::wait_for("the datapath removed", Duration::from_secs(60), || {
+        kube::wait_for("the datapath removed", kube_testenv::NET, || {
             let left = pins_left();
             ensure!(left.is_empty(), "still pinned: {left:?}");
             Ok(())

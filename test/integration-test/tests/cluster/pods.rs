@@ -2,10 +2,7 @@
 //! serving or running the peer (`bypass-test-tool peer`, at [`TEST_TOOL_PATH`]), the
 //! bytes on a pod's host veth, and peer client runs inside a pod with their reports.
 
-use std::{
-    process::{Child, Command, Output, Stdio},
-    time::Duration,
-};
+use std::process::{Child, Command, Output, Stdio};
 
 use anyhow::{Context as _, Result, ensure};
 use kube_testenv::image::TEST_TOOL_PATH;
@@ -42,11 +39,9 @@ impl Namespace {
         let ns = Self {
             name: name.to_owned(),
         };
-        wait_for(
-            "the default ServiceAccount",
-            Duration::from_secs(30),
-            || k(&["-n", name, "get", "serviceaccount", "default"]).map(drop),
-        )?;
+        wait_for("the default ServiceAccount", kube_testenv::NET, || {
+            k(&["-n", name, "get", "serviceaccount", "default"]).map(drop)
+        })?;
         Ok(ns)
     }
 
@@ -89,7 +84,7 @@ metadata:
 ",
             ns = self.name
         ))?;
-        let ip = kubectl()?.ready_pod_ip(&self.name, name, Duration::from_secs(60))?;
+        let ip = kubectl()?.ready_pod_ip(&self.name, name, kube_testenv::NET)?;
         Ok(Pod {
             ns: self.name.clone(),
             name: name.to_owned(),

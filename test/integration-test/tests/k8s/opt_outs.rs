@@ -2,7 +2,7 @@
 //! bytes are never redirected, and an established connection leaves the bypass when its
 //! pod opts out.
 
-use std::{collections::BTreeSet, time::Duration};
+use std::collections::BTreeSet;
 
 use anyhow::{Result, ensure};
 use testbed::{
@@ -134,7 +134,7 @@ pub fn k8s_opt_outs_hold_by_traffic() -> Result<()> {
     let server = PeerServer::start(&pods.b, pods.b.v4_addr(5135), flow.total_connections())?;
     let client = PeerClient::spawn(&pods.a, pods.b.v4_addr(5135), &flow)?;
     agent.wait_for(
-        Duration::from_secs(30),
+        testbed::steps::NET,
         "bytes redirected before the opt-out",
         |s| s.counters.redirected_bytes > before.counters.redirected_bytes,
     )?;

@@ -47,7 +47,7 @@ pub fn k8s_api_server_outage_keeps_datapath_then_resyncs() -> Result<()> {
 
     c.env.stop_apiserver()?;
     let watch_errors = |p| metric(p, "bypass_reconcile_errors_total{kind=\"watch\"}");
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + testbed::steps::NET;
     while watch_errors(port)? < 1.0 {
         ensure!(
             Instant::now() < deadline,
@@ -93,7 +93,7 @@ pub fn k8s_api_server_outage_keeps_datapath_then_resyncs() -> Result<()> {
     drop(c2);
     wait_for(
         &pin,
-        Duration::from_secs(60),
+        testbed::steps::NET,
         "maps match the API after the outage",
         |s| set(&s.pod_addresses) == addrs(&[&a4, &b4, "10.66.0.61"]),
     )?;

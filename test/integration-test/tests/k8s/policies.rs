@@ -37,7 +37,7 @@ pub fn k8s_network_policy_change_cuts_bypassed_connections() -> Result<()> {
         redirected: mid,
     } = hold_pair(&pods, &agent, &steps, port, chunk)?;
     c.network_policy("bk-pol", "allow-same-namespace")?;
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let deadline = std::time::Instant::now() + testbed::steps::NET;
     while !agent.stderr().contains("NetworkPolicies changed") {
         ensure!(
             std::time::Instant::now() < deadline,

@@ -16,7 +16,8 @@ use super::{
 
 /// How long a change of the Services or EndpointSlices may take to reach the map:
 /// generous, what is checked here is that the map follows them.
-const DEADLINE: Duration = Duration::from_secs(10);
+/// A net for each change to reach the maps (see `testbed::steps::NET`).
+const DEADLINE: Duration = testbed::steps::NET;
 
 /// A ClusterIP in the API server's service range (10.0.0.0/24, `kube-testenv`), not
 /// the `kubernetes` Service's (10.0.0.1).

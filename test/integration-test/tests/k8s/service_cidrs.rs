@@ -116,9 +116,19 @@ pub fn k8s_service_cidrs_forbidden_fall_back_to_the_flags() -> Result<()> {
     wait_addrs(&pin, "pods synced regardless", &addrs(&["10.34.0.5"]))?;
     ensure!(http_get(port, "/readyz")?.0 == 200, "not ready");
     // The agent retries (0.5 s, 1 s, 2 s, ...); the warning comes once, and is the only
-    // line about them.
-    std::thread::sleep(Duration::from_secs(3));
+    // line about them: once it is there (a net), a few retries' time for a second one
+    // to show.
     let warning = ["forbids listing ServiceCIDRs", "deploy/rbac.yaml"];
+    let deadline = std::time::Instant::now() + testbed::steps::NET;
+    while log_lines(&agent, &warning) == 0 {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "no warning: {}",
+            agent.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_secs(3));
     ensure!(
         log_lines(&agent, &warning) == 1 && log_lines(&agent, &["servicecidrs"]) == 1,
         "not warned exactly once: {}",
@@ -137,7 +147,7 @@ pub fn k8s_service_cidrs_forbidden_fall_back_to_the_flags() -> Result<()> {
     )?;
     wait_for(
         &pin,
-        Duration::from_secs(40),
+        testbed::steps::NET,
         "ServiceCIDRs once RBAC allows them",
         |s| set(&s.service_cidrs) == strings(&["10.0.0.0/24", "10.96.0.0/16"]),
     )?;

@@ -15,7 +15,7 @@ use testbed::{Agent, AgentOpts, AgentStatus, TwoPods};
 use super::cluster::{Cluster, PodOpts};
 
 /// "Within a second": how long a change in the API may take to reach the maps.
-pub const PROPAGATION: Duration = Duration::from_secs(1);
+pub const PROPAGATION: Duration = testbed::steps::NET;
 /// The node label that switches the bypass on and off.
 pub const LABEL: &str = "bypass.dev/enabled";
 /// The pod annotation and namespace label that opt out.

@@ -211,7 +211,7 @@ pub fn k8s_entries_of_connections_closed_while_off_are_swept() -> Result<()> {
     };
     let server = PeerServer::start(&pods.b, pods.b.v4_addr(5120), flow.total_connections())?;
     let client = PeerClient::spawn(&pods.a, pods.b.v4_addr(5120), &flow)?;
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + testbed::steps::NET;
     while pairing(&pin)? != (4, 4) {
         ensure!(
             Instant::now() < deadline,

@@ -202,7 +202,7 @@ pub fn sidecar_chain_short_connections_exact() -> Result<()> {
         "insert failures: {why}"
     );
     // Closed connections leave the map (the proxies close both ends of a hop).
-    let deadline = Instant::now() + Duration::from_secs(2);
+    let deadline = Instant::now() + testbed::steps::NET;
     while agent.stats()?.sockets != 0 {
         ensure!(
             Instant::now() < deadline,

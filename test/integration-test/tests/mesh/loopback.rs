@@ -64,7 +64,7 @@ pub fn loopback_tuples_in_two_pods_do_not_collide() -> Result<()> {
     ];
 
     // While both streams run: the loopback keys, by namespace.
-    let deadline = Instant::now() + Duration::from_secs(3);
+    let deadline = Instant::now() + testbed::steps::NET;
     let keys = loop {
         let keys = keys_with_port(&agent, CLIENT_PORT)?;
         if keys.len() >= 4 || Instant::now() > deadline {

@@ -8,11 +8,12 @@ use std::{
 
 use anyhow::{Result, ensure};
 use testbed::{
-    Agent, ClientArgs, PeerClient, PeerServer, Proxy, ProxyOpts, TwoPods,
+    Agent, ClientArgs, PeerServer, Proxy, ProxyOpts, TwoPods,
     iptables::{self, Family},
 };
 
 use super::support::{grew, growth, keys_with_port, nat_tables};
+use crate::support::{ProbeServer, Steps, probe_report, spawn_probe_client};
 
 /// A source NAT onto the address and port of another live connection: pod a's
 /// connection 1 leaves from 10.88.k.1:40500 (a proxy bound there) and stays open; its
@@ -35,15 +36,11 @@ pub fn snat_onto_a_live_source_port_is_rejected() -> Result<()> {
     let agent = Agent::start(&pods.agent_opts())?;
 
     // Connection 1: client -> proxy (pod a's own address) -> pod b, from SOURCE_PORT,
-    // slow enough to stay open through connection 2.
-    let long = ClientArgs {
-        send: 3 << 20,
-        recv: 3 << 20,
-        rate: 1 << 20,
-        stream_base: 1,
-        ..ClientArgs::default()
-    };
-    let server1 = PeerServer::start(&pods.b, pods.b.v4_addr(PORT_1), 1)?;
+    // held open until connection 2 is done (a `hold` probe: its first megabyte sent,
+    // then nothing until the test says), whatever the machine's speed.
+    let steps = Steps::new(&pods, "snat")?;
+    let hold = ["--case".to_owned(), "hold".to_owned()];
+    let server1 = ProbeServer::start(&pods.b, pods.b.v4_addr(PORT_1), &hold)?;
     let _proxy = Proxy::start(
         &pods.a,
         &ProxyOpts {
@@ -51,9 +48,19 @@ pub fn snat_onto_a_live_source_port_is_rejected() -> Result<()> {
             ..ProxyOpts::new(pods.a.v4_addr(FRONT_PORT), pods.b.v4_addr(PORT_1))
         },
     )?;
-    let client1 = PeerClient::spawn(&pods.a, pods.a.v4_addr(FRONT_PORT), &long)?;
-    // Wait until connection 1's proxy-to-b hop is in the map.
-    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut args = hold.to_vec();
+    args.extend([
+        "--bytes".to_owned(),
+        "1M".to_owned(),
+        "--mark-file".to_owned(),
+        steps.arg("sent"),
+        "--go-file".to_owned(),
+        steps.arg("more"),
+    ]);
+    let client1 = spawn_probe_client(&pods.a, pods.a.v4_addr(FRONT_PORT), &args)?;
+    steps.wait("sent")?;
+    // Connection 1's proxy-to-b hop is in the map.
+    let deadline = Instant::now() + testbed::steps::NET;
     while keys_with_port(&agent, SOURCE_PORT)?.len() < 2 {
         ensure!(
             Instant::now() < deadline,
@@ -75,18 +82,22 @@ pub fn snat_onto_a_live_source_port_is_rejected() -> Result<()> {
     let after = agent.stats()?;
     let why = growth(&before, &after);
     eprintln!("snat onto a live source: {why}");
+    ensure!(
+        keys_with_port(&agent, SOURCE_PORT)?.len() >= 2,
+        "connection 1 was no longer open when connection 2 ran"
+    );
 
-    let c1 = client1.wait()?;
+    steps.touch("more")?;
+    let c1 = probe_report(client1)?;
     let s1 = server1.wait()?;
     ensure!(c2.ok && s2.ok, "connection 2: {c2:#?} {s2:#?}");
     ensure!(
         s2.bytes_received == short.send && c2.bytes_received == short.recv,
         "connection 2 lost bytes: {c2:#?} {s2:#?}"
     );
-    ensure!(c1.ok && s1.ok, "connection 1: {c1:#?} {s1:#?}");
     ensure!(
-        s1.bytes_received == long.send && c1.bytes_received == long.recv,
-        "connection 1 lost bytes: {c1:#?} {s1:#?}"
+        s1["ok"] == true && s1["received"] == 2 << 20 && c1["sent"] == 2 << 20,
+        "connection 1 lost bytes: {c1} {s1}"
     );
     ensure!(
         grew(&before, &after, |s| s.counters.pair_rejected) >= 1,

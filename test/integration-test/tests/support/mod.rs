@@ -49,7 +49,7 @@ pub fn two_pods() -> Result<TwoPods> {
 
 /// How long one probe side may run: a net for a hung probe, never a pace (kernel 6.1
 /// under one TCG thread took longer than 120 s for ten thousand connections).
-pub const PROBE_TIMEOUT: Duration = Duration::from_secs(600);
+pub const PROBE_TIMEOUT: Duration = testbed::steps::NET;
 
 /// The probe: the test tool's `probe` (`$BYPASS_TEST_TOOL_BIN`, else next to the test
 /// binary's directory: `cargo xtask test` builds testbed's tool first).
@@ -91,7 +91,7 @@ impl ProbeServer {
         let child = spawn_in(pod, cmd)?.wait_ready(
             &ready,
             &format!("probe server on {listen}"),
-            Duration::from_secs(10),
+            testbed::steps::NET,
         )?;
         Ok(Self { child, ready })
     }
@@ -199,12 +199,12 @@ pub fn growth(before: &AgentStatus, after: &AgentStatus) -> String {
     }
 }
 
-/// Whether the agent's log shows `needle` within 30 s (its stderr is read by a thread,
+/// Whether the agent's log shows `needle` within [`testbed::steps::NET`], a net (its stderr is read by a thread,
 /// so a line can lag the state it reports; and a status read may show the previous
 /// agent's pinned datapath attached before this agent has even loaded, which under
 /// emulation takes seconds).
 pub fn wait_for_log(agent: &Agent, needle: &str) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + testbed::steps::NET;
     while Instant::now() < deadline {
         if agent.stderr().contains(needle) {
             return true;
@@ -219,7 +219,7 @@ pub fn wait_for_log(agent: &Agent, needle: &str) -> bool {
 pub fn sigkill(pid: u32) -> Result<()> {
     let child = Pid::from_raw(i32::try_from(pid).context("pid out of range")?);
     kill(child, Signal::SIGKILL).context("kill -9")?;
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + testbed::steps::NET;
     loop {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
         // The state is the field after the parenthesised command name.
@@ -231,7 +231,10 @@ pub fn sigkill(pid: u32) -> Result<()> {
             return Ok(());
         }
         if Instant::now() > deadline {
-            bail!("pid {pid} still alive 10 s after SIGKILL");
+            bail!(
+                "pid {pid} still alive {:?} after SIGKILL",
+                testbed::steps::NET
+            );
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -280,9 +283,9 @@ impl Drop for Steps {
     }
 }
 
-/// Waits at most 30 s until `p` exists.
+/// Waits until `p` exists, at most [`testbed::steps::NET`].
 pub fn wait_file(p: &Path) -> Result<()> {
-    testbed::steps::wait_file(p, Duration::from_secs(30))
+    testbed::steps::wait_file(p, testbed::steps::NET)
 }
 
 /// A `hold` connection from pod a to pod b on `port`, its first chunk sent and
@@ -317,10 +320,9 @@ pub fn hold_pair(
     ]);
     let client = spawn_probe_client(&pods.a, pods.b.v4_addr(port), &args)?;
     steps.wait("sent")?;
-    let redirected =
-        agent.wait_for(Duration::from_secs(30), "the first chunk redirected", |s| {
-            grew(&before, s, |s| s.counters.redirected_bytes) >= chunk
-        })?;
+    let redirected = agent.wait_for(testbed::steps::NET, "the first chunk redirected", |s| {
+        grew(&before, s, |s| s.counters.redirected_bytes) >= chunk
+    })?;
     Ok(HoldPair {
         server,
         client,

@@ -21,24 +21,146 @@ pub fn msg_peek_then_read() -> Result<()> {
 pub fn fionread_counts_queued_bytes() -> Result<()> {
     let pods = two_pods()?;
     let (tcp, bypass) = both(&pods, 5407, &["--case", "fionread"])?;
-    // Kernels without the sockmap FIONREAD fix (the one that added sk_psock.msg_tot_len,
-    // absent from 6.1) report 0 for redirected bytes: a known difference there, which
-    // `status` shows.
-    let no_fix = agent_with(&pods, &[])?.status()?["features"]["fionread"] == false;
-    if no_fix {
+    // The agent's kernel self-test says how FIONREAD counts redirected bytes here,
+    // natively or with its compensation (6.1: tcp_ioctl alone, compensated); where
+    // neither works (6.1 under lockdown) they are missing, and the agent refuses to
+    // bypass without --allow-unguarded.
+    let checks = agent_with(&pods, &[])?.stats()?.kernel_checks;
+    if outcome(&checks, "fionread_redirected") == "failed" {
         ensure!(
             num(&tcp.server, "fionread") == 3000 && num(&bypass.server, "fionread") == 0,
-            "FIONREAD on a kernel without the sockmap fix: {:?} {:?}",
+            "FIONREAD where the self-test found redirected bytes missing: {:?} {:?}",
             tcp.server,
             bypass.server
         );
         return Ok(());
     }
+    ensure!(
+        outcome(&checks, "fionread_redirected") == "passed",
+        "{checks:?}"
+    );
     same(&tcp, &bypass, &[], &["fionread"])?;
     ensure!(
         num(&bypass.server, "fionread") == 3000,
         "{:?}",
         bypass.server
+    );
+    Ok(())
+}
+
+/// Urgent bytes that came by TCP after redirected ones were read: once every byte is read,
+/// FIONREAD says 0 as on TCP (TCP skips an urgent byte by moving `copied_seq`, which the
+/// read accounting counts as read from the TCP queue: the FIONREAD compensation of 6.1
+/// caps what it adds by what the receive queues hold).
+pub fn fionread_after_urgent_bytes() -> Result<()> {
+    let pods = two_pods()?;
+    let (tcp, bypass) = both(&pods, 5441, &["--case", "urgent"])?;
+    ensure!(
+        tcp.server["stream"] == "abdeabdeabde",
+        "TCP itself: {}",
+        tcp.server
+    );
+    same(&tcp, &bypass, &[], &["stream", "fionread_end"])
+}
+
+/// What the agent's kernel self-test found for check `name`.
+fn outcome<'a>(checks: &'a [bypass_common::status::KernelCheck], name: &str) -> &'a str {
+    checks
+        .iter()
+        .find(|c| c.name == name)
+        .map_or("absent", |c| c.outcome.as_str())
+}
+
+/// A reader with redirected and TCP bytes waiting at once, across a fallback to TCP and
+/// back: FIONREAD, poll and edge-triggered epoll must say what they say on TCP. Where
+/// the kernel's sockmap misreports FIONREAD and no compensation can run (this VM's
+/// 6.18: no BPF trampolines, lockdown), the agent must say so and refuse to bypass
+/// unless allowed, and only FIONREAD may differ, by the bytes that came by TCP.
+pub fn mixed_reader_sees_what_tcp_shows() -> Result<()> {
+    let pods = two_pods()?;
+    let run = |agent: Option<&testbed::Agent>, port: u16| -> Result<Run> {
+        let steps = crate::support::Steps::new(&pods, &format!("mixed-{port}"))?;
+        let (mark, go) = (steps.arg("waiting"), steps.arg("drained"));
+        let args = [
+            "--case",
+            "mixed",
+            "--bytes",
+            "64K",
+            "--mark-file",
+            &mark,
+            "--go-file",
+            &go,
+        ];
+        super::support::run_case(&pods, agent, port, &args)
+    };
+    let tcp = run(None, 5431)?;
+    // The bound at 16 KiB: the 68 KiB stream falls back to TCP part-way, and comes back
+    // once its reader has read everything.
+    let agent = agent_with(&pods, &["--max-queued-bytes", "16K"])?;
+    let bypass = run(Some(&agent), 5432)?;
+    eprintln!(
+        "tcp {}\nbypass {} {:?}",
+        tcp.server, bypass.server, bypass.grew
+    );
+    let grew = Value::Object(bypass.grew.clone());
+    ensure!(
+        num(&grew, "redirected_bytes") >= 8192
+            && num(&grew, "passed_bytes") > 0
+            && num(&grew, "resumed") >= 1,
+        "the bypassed run did not mix redirected and TCP bytes and come back: {grew}"
+    );
+    let waiting = 4096 + (64 << 10);
+    for run in [&tcp, &bypass] {
+        ensure!(
+            num(&run.server, "received") == waiting + 4096,
+            "{:?}",
+            run.server
+        );
+    }
+    ensure!(
+        num(&tcp.server, "fionread_waiting") == waiting
+            && tcp.server["poll_waiting"] == true
+            && tcp.server["epoll_waiting"] == true
+            && tcp.server["poll_drained"] == false
+            && num(&tcp.server, "fionread_back") == 4096,
+        "TCP itself: {}",
+        tcp.server
+    );
+    let status = agent.stats()?;
+    let observed = [
+        "poll_waiting",
+        "epoll_waiting",
+        "fionread_drained",
+        "poll_drained",
+        "epoll_drained",
+        "poll_back",
+        "epoll_back",
+    ];
+    same(&tcp, &bypass, &[], &observed)?;
+    if status.features.fionread {
+        return same(&tcp, &bypass, &[], &["fionread_waiting", "fionread_back"]);
+    }
+    // FIONREAD misreported and not compensated: the self-test saw it, and the agent
+    // does not bypass this kernel unless allowed.
+    ensure!(
+        outcome(&status.kernel_checks, "fionread_tcp") == "failed",
+        "FIONREAD off without the self-test's failure: {:?}",
+        status.kernel_checks
+    );
+    ensure!(
+        num(&bypass.server, "fionread_waiting") < waiting,
+        "FIONREAD off, yet right: {}",
+        bypass.server
+    );
+    drop(agent);
+    let default = testbed::Agent::start(&testbed::AgentOpts {
+        allow_unguarded: false,
+        ..pods.agent_opts()
+    })?;
+    let refused = default.stats()?.refused.unwrap_or_default();
+    ensure!(
+        refused.contains("fionread_tcp"),
+        "an agent not allowed to bypass past a FIONREAD failure bypassed: {refused:?}"
     );
     Ok(())
 }

@@ -3,10 +3,12 @@
 //! checking clients (`streamcheck`, `httpcheck`, `grpcclient`), whose JSON reports are
 //! typed here.
 
-use std::{net::SocketAddr, process::Command, time::Duration};
+use std::{net::SocketAddr, process::Command};
 
 use anyhow::Result;
 use serde::Deserialize;
+
+use crate::steps::{NET, NO_PROGRESS};
 
 use super::{
     bins::{self, Needs},
@@ -130,8 +132,6 @@ pub struct StreamCheck {
     pub seed: u64,
     /// What comes back.
     pub expect: Expect,
-    /// The client gives up on a connection after this long (and reports it).
-    pub timeout: Duration,
 }
 
 /// `streamcheck`'s report.
@@ -153,7 +153,7 @@ pub struct StreamReport {
 
 impl StreamCheck {
     /// `connections` streams of `bytes` to `connect`, echoed, 64 KiB writes.
-    pub fn echo(connect: SocketAddr, connections: u32, bytes: u64, timeout: Duration) -> Self {
+    pub fn echo(connect: SocketAddr, connections: u32, bytes: u64) -> Self {
         Self {
             connect,
             connections,
@@ -161,7 +161,6 @@ impl StreamCheck {
             write_size: 64 << 10,
             seed: 1,
             expect: Expect::Echo,
-            timeout,
         }
     }
 
@@ -182,19 +181,13 @@ impl StreamCheck {
                 Expect::Echo => "echo",
                 Expect::Digest => "digest",
             })
-            .arg("-timeout")
-            .arg(format!("{}ms", self.timeout.as_millis()));
+            .args(idle_arg());
         Ok(cmd)
     }
 
     /// Runs it on `on`, sending at once.
     pub fn run(&self, on: On<'_>) -> Result<StreamReport> {
-        let out = client::run(
-            on,
-            self.command()?,
-            "streamcheck",
-            self.timeout + KILL_MARGIN,
-        )?;
+        let out = client::run(on, self.command()?, "streamcheck", NET)?;
         client::json_report(&out, "streamcheck")
     }
 
@@ -205,21 +198,16 @@ impl StreamCheck {
         gate: &Gate,
         before_go: impl FnOnce() -> Result<()>,
     ) -> Result<StreamReport> {
-        let out = client::run_gated(
-            on,
-            self.command()?,
-            "streamcheck",
-            self.timeout + KILL_MARGIN,
-            gate,
-            before_go,
-        )?;
+        let out = client::run_gated(on, self.command()?, "streamcheck", NET, gate, before_go)?;
         client::json_report(&out, "streamcheck")
     }
 }
 
-/// How much longer than a client's own timeout it may run before it is killed (it
-/// reports first; a kill means it hung).
-pub const KILL_MARGIN: Duration = Duration::from_secs(30);
+/// The suite's Go clients give up when no byte moves for [`NO_PROGRESS`] (`-idle`),
+/// however long their whole run takes; [`NET`] ends one that hangs anyway.
+pub fn idle_arg() -> [String; 2] {
+    ["-idle".to_owned(), format!("{}ms", NO_PROGRESS.as_millis())]
+}
 
 /// An `httpcheck` run.
 #[derive(Clone, Debug)]
@@ -232,8 +220,6 @@ pub struct HttpCheck {
     pub sizes: Vec<u64>,
     /// One connection for every request.
     pub keep_alive: bool,
-    /// The client gives up after this long.
-    pub timeout: Duration,
 }
 
 /// `httpcheck`'s report.
@@ -267,9 +253,8 @@ impl HttpCheck {
             .arg("-sizes")
             .arg(sizes.join(","))
             .arg(format!("-keep-alive={}", self.keep_alive))
-            .arg("-timeout")
-            .arg(format!("{}ms", self.timeout.as_millis()));
-        let out = client::run(on, cmd, "httpcheck", self.timeout + KILL_MARGIN)?;
+            .args(idle_arg());
+        let out = client::run(on, cmd, "httpcheck", NET)?;
         client::json_report(&out, "httpcheck")
     }
 }
@@ -283,8 +268,6 @@ pub struct GrpcCheck {
     pub messages: u32,
     /// Message sizes, cycled.
     pub sizes: Vec<u64>,
-    /// The client gives up after this long.
-    pub timeout: Duration,
 }
 
 /// `grpcclient`'s report.
@@ -319,9 +302,8 @@ impl GrpcCheck {
             .arg(self.messages.to_string())
             .arg("-sizes")
             .arg(sizes.join(","))
-            .arg("-timeout")
-            .arg(format!("{}ms", self.timeout.as_millis()));
-        let out = client::run(on, cmd, "grpcclient", self.timeout + KILL_MARGIN)?;
+            .args(idle_arg());
+        let out = client::run(on, cmd, "grpcclient", NET)?;
         client::json_report(&out, "grpcclient")
     }
 }

@@ -59,8 +59,11 @@ pub fn start(
 
 /// The configuration: TCP mode, one frontend, one backend server; a line per
 /// connection in its log (`option tcplog`: times, bytes and how it ended), which a
-/// failing test quotes.
+/// failing test quotes. Its timeouts are inactivity timeouts (`client`, `server`: no
+/// byte for that long) and the connect's net, all [`crate::steps::NO_PROGRESS`]: a
+/// stall, never a pace.
 fn config(listen: SocketAddr, backend: SocketAddr, splice: Splice) -> String {
+    let idle = crate::steps::NO_PROGRESS.as_secs();
     format!(
         "global
     maxconn 1000
@@ -69,9 +72,9 @@ defaults
     mode tcp
     log global
     option tcplog
-    timeout connect 10s
-    timeout client 60s
-    timeout server 60s
+    timeout connect {idle}s
+    timeout client {idle}s
+    timeout server {idle}s
 {splice}frontend front
     bind {listen}
     default_backend back

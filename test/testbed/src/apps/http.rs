@@ -13,7 +13,8 @@ use super::{
 };
 
 /// `curl` GETs `url` on `on` (verifying the server against `cacert` for HTTPS) and
-/// returns the body; fails on an HTTP error or after `timeout`.
+/// returns the body; fails on an HTTP error, when no byte came for
+/// [`crate::steps::NO_PROGRESS`], or after `timeout`.
 pub fn curl_get(
     on: On<'_>,
     url: &str,
@@ -23,6 +24,7 @@ pub fn curl_get(
     let mut cmd = Command::new(bins::system("curl")?);
     cmd.args(["--silent", "--show-error", "--fail", "--http1.1"])
         .args(["--max-time", &timeout.as_secs().to_string()])
+        .args(no_progress())
         .args(["--output", "-"]);
     if let Some(ca) = cacert {
         cmd.arg("--cacert").arg(ca);
@@ -38,6 +40,20 @@ pub fn curl_get(
         );
     }
     Ok(out.stdout)
+}
+
+/// curl's no-progress timeout: less than a byte a second for
+/// [`crate::steps::NO_PROGRESS`] (and its connect, at most as long).
+fn no_progress() -> [String; 6] {
+    let secs = crate::steps::NO_PROGRESS.as_secs().to_string();
+    [
+        "--speed-limit".into(),
+        "1".into(),
+        "--speed-time".into(),
+        secs.clone(),
+        "--connect-timeout".into(),
+        secs,
+    ]
 }
 
 /// What curl said about one download it timed.
@@ -107,12 +123,14 @@ pub struct AbReport {
 }
 
 impl Ab {
-    /// Runs it on `on` against `url`; fails unless it exits 0.
+    /// Runs it on `on` against `url`; fails unless it exits 0 within `timeout` (a
+    /// net); each of its sockets gives up after [`crate::steps::NO_PROGRESS`] without
+    /// a byte (`-s`).
     pub fn run(&self, on: On<'_>, url: &str, timeout: Duration) -> Result<AbReport> {
         let mut cmd = Command::new(bins::system("ab")?);
         cmd.args(["-q", "-n", &self.requests.to_string()])
             .args(["-c", &self.concurrency.to_string()])
-            .args(["-s", &timeout.as_secs().to_string()]);
+            .args(["-s", &crate::steps::NO_PROGRESS.as_secs().to_string()]);
         if self.keep_alive {
             cmd.arg("-k");
         }

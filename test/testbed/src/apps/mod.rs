@@ -38,5 +38,5 @@ pub use server::{AppServer, Listening};
 pub use workdir::WorkDir;
 
 /// How long a server may take to be ready (a JVM starting, initdb and PostgreSQL's
-/// recovery under load from the other engineer's build).
-pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// recovery under load from the other engineer's build): a net.
+pub const READY_TIMEOUT: Duration = crate::steps::NET;

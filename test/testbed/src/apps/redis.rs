@@ -7,11 +7,13 @@ use std::{net::SocketAddr, process::Command, time::Duration};
 use anyhow::{Context as _, Result, bail};
 use serde::Deserialize;
 
+use crate::steps::NET;
+
 use super::{
     bins::{self, Needs},
     client::{self, On},
     gate::Gate,
-    go::KILL_MARGIN,
+    go,
     server::Listening,
     workdir::WorkDir,
 };
@@ -42,7 +44,7 @@ pub fn info_stat(on: On<'_>, server: SocketAddr, field: &str) -> Result<u64> {
     cmd.args(["-h", &server.ip().to_string()])
         .args(["-p", &server.port().to_string()])
         .args(["INFO", "stats"]);
-    let text = client::run_ok(on, cmd, "redis-cli INFO", Duration::from_secs(30))?;
+    let text = client::run_ok(on, cmd, "redis-cli INFO", NET)?;
     info_field(&text, field).with_context(|| format!("no {field} in INFO stats: {text}"))
 }
 
@@ -136,8 +138,6 @@ pub struct RespCheck {
     pub sizes: Vec<u64>,
     /// Values of each size.
     pub per_size: u32,
-    /// The client gives up after this long.
-    pub timeout: Duration,
 }
 
 /// `respcheck`'s report.
@@ -176,16 +176,8 @@ impl RespCheck {
             .arg(sizes.join(","))
             .arg("-per-size")
             .arg(self.per_size.to_string())
-            .arg("-timeout")
-            .arg(format!("{}ms", self.timeout.as_millis()));
-        let out = client::run_gated(
-            on,
-            cmd,
-            "respcheck",
-            self.timeout + KILL_MARGIN,
-            gate,
-            before_go,
-        )?;
+            .args(go::idle_arg());
+        let out = client::run_gated(on, cmd, "respcheck", NET, gate, before_go)?;
         client::json_report(&out, "respcheck")
     }
 }

@@ -122,10 +122,10 @@ impl Drop for AppServer {
             return;
         };
         let _ = killpg(pgid, Signal::SIGKILL);
-        // Reap the leader, then wait (briefly) for the rest of the group to be gone, so
+        // Reap the leader, then wait for the rest of the group to be gone (a net), so
         // that the work directory is removed after the last writer.
         self.child.kill();
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = Instant::now() + crate::steps::NET;
         while killpg(pgid, None).is_ok() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }

@@ -58,7 +58,7 @@ pub struct ClientArgs {
     pub cpus: Vec<usize>,
     /// Fail a connection that makes no progress for this many seconds; 0 sets no
     /// socket timeout at all.
-    #[arg(long = "idle-timeout", default_value_t = 60)]
+    #[arg(long = "idle-timeout", default_value_t = crate::steps::NO_PROGRESS.as_secs())]
     pub idle_timeout_secs: u64,
     /// Ask the server to answer the header with a greeting, and read it before sending
     /// anything more. Without it the client's bytes follow its connect at once, racing
@@ -83,7 +83,7 @@ impl Default for ClientArgs {
             pingpong: None,
             stream_base: 0,
             cpus: Vec::new(),
-            idle_timeout_secs: 60,
+            idle_timeout_secs: crate::steps::NO_PROGRESS.as_secs(),
             greet: false,
         }
     }

@@ -1,7 +1,8 @@
 // Command grpcclient opens one bidirectional stream to grpcserver, sends -messages
 // pattern messages (sizes cycling through -sizes) while it receives their echoes, and
 // checks each echo byte for byte and the SHA-256 of the whole stream each way. One
-// JSON report; exit 1 on any failure; -timeout bounds it all.
+// JSON report; exit 1 on any failure; it gives up when no byte moves either way on its
+// connection for -idle, however long the whole stream takes.
 package main
 
 import (
@@ -13,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"net"
 	"time"
 
 	"google.golang.org/grpc"
@@ -20,6 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"bypass.local/apps/internal/grpcecho"
+	"bypass.local/apps/internal/idle"
 	"bypass.local/apps/internal/pattern"
 	"bypass.local/apps/internal/report"
 	"bypass.local/apps/internal/sizes"
@@ -42,13 +45,17 @@ func main() {
 	messages := flag.Int("messages", 100, "messages on the stream")
 	sizesFlag := flag.String("sizes", "1,100,10000,1048576", "message sizes in bytes, cycled")
 	seed := flag.Uint64("seed", 1, "pattern seed")
-	timeout := flag.Duration("timeout", 30*time.Second, "give up after this long")
+	idleFor := idle.Flag()
 	flag.Parse()
 	msgSizes := sizes.Parse(*sizesFlag)
 	message := func(i int) []byte { return pattern.Bytes(*seed, uint64(i), msgSizes[i%len(msgSizes)]) }
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	conn, err := grpc.NewClient(*connect, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(*connect,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			return idle.Dial(ctx, "tcp", addr, *idleFor)
+		}))
 	if err != nil {
 		log.Fatalf("client for %s: %v", *connect, err)
 	}

@@ -2,7 +2,8 @@
 // proxy): -requests rounds, each a GET of /bytes whose body must be the pattern byte
 // for byte, and a POST of a pattern body whose answered SHA-256 must be the body's.
 // Sizes cycle through -sizes. With keep-alive (the default) every request reuses one
-// connection. One JSON report; exit 1 on any failure.
+// connection. One JSON report; exit 1 on any failure. A connection gives up when no
+// byte moves either way for -idle, however long the whole run takes.
 package main
 
 import (
@@ -12,10 +13,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptrace"
 	"time"
 
+	"bypass.local/apps/internal/idle"
 	"bypass.local/apps/internal/pattern"
 	"bypass.local/apps/internal/report"
 	"bypass.local/apps/internal/sizes"
@@ -38,16 +41,18 @@ func main() {
 	sizesFlag := flag.String("sizes", "1,1000,100000,1048576", "body sizes in bytes, cycled")
 	seed := flag.Uint64("seed", 1, "pattern seed")
 	keepAlive := flag.Bool("keep-alive", true, "reuse one connection")
-	timeout := flag.Duration("timeout", 30*time.Second, "give up after this long")
+	idleFor := idle.Flag()
 	flag.Parse()
 	bodySizes := sizes.Parse(*sizesFlag)
 	client := &http.Client{Transport: &http.Transport{
 		DisableKeepAlives:   !*keepAlive,
 		MaxIdleConnsPerHost: 1,
 		MaxConnsPerHost:     1,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return idle.Dial(ctx, network, addr, *idleFor)
+		},
 	}}
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
-	defer cancel()
+	ctx := context.Background()
 	r := Report{Requests: 2 * *rounds, Failures: []string{}}
 	trace := &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
 		if !info.Reused {

@@ -2,7 +2,8 @@
 // one connection it writes SET of every value, then GET of every value, all without
 // waiting (a pipeline), while it reads and checks the replies: "+OK" for each SET, and
 // for each GET exactly the random binary value it set. Values come in -sizes (bytes),
-// -per-size of each. One JSON report; exit 1 on any failure; -timeout bounds it all.
+// -per-size of each. One JSON report; exit 1 on any failure; it gives up when no byte
+// moves either way for -idle.
 package main
 
 import (
@@ -17,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"bypass.local/apps/internal/idle"
 	"bypass.local/apps/internal/pattern"
 	"bypass.local/apps/internal/report"
 	"bypass.local/apps/internal/sizes"
@@ -51,7 +53,7 @@ func main() {
 	sizesFlag := flag.String("sizes", "0,1,100,65536,65537,300000", "value sizes in bytes")
 	perSize := flag.Int("per-size", 2, "values of each size")
 	seed := flag.Uint64("seed", 1, "pattern seed")
-	timeout := flag.Duration("timeout", 30*time.Second, "give up after this long")
+	idleFor := idle.Flag()
 	gate := steps.Flags()
 	flag.Parse()
 	var values [][]byte
@@ -63,15 +65,13 @@ func main() {
 		}
 	}
 	start := time.Now()
-	c, err := net.DialTimeout("tcp", *connect, *timeout)
+	raw, err := net.DialTimeout("tcp", *connect, *idleFor)
 	if err != nil {
 		log.Fatalf("connect %s: %v", *connect, err)
 	}
-	defer c.Close()
-	gate.Hold(*timeout)
-	if err := c.SetDeadline(time.Now().Add(*timeout)); err != nil {
-		log.Fatal(err)
-	}
+	defer raw.Close()
+	gate.Hold()
+	c := idle.Wrap(raw, *idleFor)
 	written := make(chan int64, 1)
 	var failures report.Failures
 	go func() {

@@ -3,8 +3,8 @@
 // -connect, sends -bytes of a seeded pattern on each (connection i sends stream i),
 // half-closes, and checks what comes back: in -expect echo every byte in order, in
 // -expect digest the sink's "<sha256> <bytes>" line. It prints one JSON report and
-// exits 1 on any failure; every connection gives up at -timeout, so a lost byte is a
-// report, never a hang.
+// exits 1 on any failure; a connection gives up when no byte moves either way for -idle
+// (however long it takes in all), so a lost byte is a report, never a hang.
 package main
 
 import (
@@ -23,6 +23,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"bypass.local/apps/internal/idle"
 	"bypass.local/apps/internal/pattern"
 	"bypass.local/apps/internal/report"
 	"bypass.local/apps/internal/steps"
@@ -33,7 +34,7 @@ type config struct {
 	writeSize int
 	seed      uint64
 	expect    string
-	deadline  time.Time
+	idle      time.Duration
 }
 
 // Report is what the test reads.
@@ -53,7 +54,7 @@ func main() {
 	writeSize := flag.Int("write-size", 64<<10, "bytes per write")
 	seed := flag.Uint64("seed", 1, "pattern seed")
 	expect := flag.String("expect", "echo", "echo (every byte back) or digest (a sha256 line back)")
-	timeout := flag.Duration("timeout", 30*time.Second, "give up on a connection after this long")
+	idleFor := idle.Flag()
 	gate := steps.Flags()
 	flag.Parse()
 	if *expect != "echo" && *expect != "digest" {
@@ -62,14 +63,14 @@ func main() {
 	start := time.Now()
 	cs := make([]*net.TCPConn, *conns)
 	for i := range cs {
-		c, err := net.DialTimeout("tcp", *connect, *timeout)
+		c, err := net.DialTimeout("tcp", *connect, *idleFor)
 		if err != nil {
 			log.Fatalf("connection %d: %v", i, err)
 		}
 		cs[i] = c.(*net.TCPConn)
 	}
-	gate.Hold(*timeout)
-	cfg := config{*size, *writeSize, *seed, *expect, time.Now().Add(*timeout)}
+	gate.Hold()
+	cfg := config{*size, *writeSize, *seed, *expect, *idleFor}
 	var failures report.Failures
 	var exact, sent, back atomic.Int64
 	var wg sync.WaitGroup
@@ -96,9 +97,6 @@ func main() {
 // exchange sends the pattern on `c` and checks the answer; returns bytes sent and
 // bytes back (in echo: bytes verified in order).
 func exchange(c *net.TCPConn, stream uint64, cfg *config) (int64, int64, error) {
-	if err := c.SetDeadline(cfg.deadline); err != nil {
-		return 0, 0, err
-	}
 	type sendResult struct {
 		n      int64
 		digest []byte
@@ -115,7 +113,7 @@ func exchange(c *net.TCPConn, stream uint64, cfg *config) (int64, int64, error) 
 	if cfg.expect == "echo" {
 		back, err = checkEcho(c, stream, cfg)
 	} else {
-		line, err = bufio.NewReader(c).ReadString('\n')
+		line, err = bufio.NewReader(idle.Wrap(c, cfg.idle)).ReadString('\n')
 	}
 	s := <-done
 	if s.err != nil {
@@ -147,7 +145,7 @@ func send(c *net.TCPConn, stream uint64, cfg *config) (int64, []byte, error) {
 		chunk := buf[:min(int64(len(buf)), cfg.size-total)]
 		_, _ = gen.Read(chunk)
 		h.Write(chunk)
-		n, err := c.Write(chunk)
+		n, err := idle.Wrap(c, cfg.idle).Write(chunk)
 		total += int64(n)
 		if err != nil {
 			return total, nil, err
@@ -163,8 +161,9 @@ func checkEcho(c *net.TCPConn, stream uint64, cfg *config) (int64, error) {
 	buf := make([]byte, 64<<10)
 	want := make([]byte, len(buf))
 	var got int64
+	r := idle.Wrap(c, cfg.idle)
 	for {
-		n, err := c.Read(buf)
+		n, err := r.Read(buf)
 		if int64(n) > cfg.size-got {
 			return got, fmt.Errorf("%d bytes back, more than the %d sent", got+int64(n), cfg.size)
 		}
@@ -180,7 +179,7 @@ func checkEcho(c *net.TCPConn, stream uint64, cfg *config) (int64, error) {
 		case err == io.EOF:
 			return got, fmt.Errorf("EOF after %d of %d bytes back", got, cfg.size)
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			return got, fmt.Errorf("timed out with %d of %d bytes back", got, cfg.size)
+			return got, fmt.Errorf("no byte for %v with %d of %d bytes back", cfg.idle, got, cfg.size)
 		case err != nil:
 			return got, fmt.Errorf("%v after %d of %d bytes back", err, got, cfg.size)
 		}

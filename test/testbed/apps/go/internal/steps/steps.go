@@ -25,13 +25,18 @@ func Flags() Gate {
 	}
 }
 
-// Hold creates the -connected-file, then waits for the -go-file, at most `within`
+// Net is how long a held client waits for its -go-file: a net for a test that died
+// without killing it (the test opens the gate once it has seen the pairings it waits
+// for), never a pace.
+const Net = 15 * time.Minute
+
+// Hold creates the -connected-file, then waits for the -go-file, at most [Net]
 // ([Connected], [WaitGo]); exits on failure.
-func (g Gate) Hold(within time.Duration) {
+func (g Gate) Hold() {
 	if err := Connected(*g.connected); err != nil {
 		log.Fatal(err)
 	}
-	if err := WaitGo(*g.goFile, within); err != nil {
+	if err := WaitGo(*g.goFile, Net); err != nil {
 		log.Fatal(err)
 	}
 }

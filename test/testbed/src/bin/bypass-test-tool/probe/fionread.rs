@@ -13,7 +13,7 @@ use super::{
 
 pub fn server(s: TcpStream) -> Result<Value> {
     // The client sends 3000 bytes and waits; give them time to land.
-    wait_readable(&s, 2000)?;
+    wait_readable(&s)?;
     sleep_ms(200);
     Ok(json!({"fionread": fionread(&s)?}))
 }

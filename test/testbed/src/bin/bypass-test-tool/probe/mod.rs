@@ -27,6 +27,7 @@ mod halfclose;
 mod handshake;
 mod held;
 mod leave;
+mod mixed;
 mod oob;
 mod peek;
 mod rcvlowat;
@@ -37,6 +38,7 @@ mod slow;
 mod sock;
 mod splice;
 mod trust;
+mod urgent;
 mod waitall;
 mod zerocopy;
 
@@ -67,6 +69,9 @@ enum Case {
     PeekOffLate,
     /// FIONREAD once everything sent has arrived.
     Fionread,
+    /// Redirected and TCP bytes waiting at once, across a fallback to TCP and back:
+    /// FIONREAD, poll and edge-triggered epoll at each step (see `mixed.rs`).
+    Mixed,
     /// SO_RCVLOWAT 1000 with 500 bytes, then 600 more: readiness and the first read.
     Rcvlowat,
     /// recv(MSG_WAITALL) of 2000 bytes sent as 1000 + 1000, 100 ms apart.
@@ -89,6 +94,9 @@ enum Case {
     SpliceAfterClose,
     /// MSG_OOB: one urgent byte between normal data.
     Oob,
+    /// Urgent bytes by TCP after redirected bytes were read: FIONREAD and SO_PEEK_OFF
+    /// once every byte was read (see `urgent.rs`).
+    Urgent,
     /// --connections connections, --concurrency at a time; both sides write --bytes
     /// right after connect/accept, then read the other's.
     Burst,
@@ -299,6 +307,7 @@ fn server(listen: SocketAddr, ready: Option<PathBuf>, c: &Common) -> Result<Valu
         Case::Peek => peek::server(s),
         Case::PeekOffLate => peek::late_offset_server(s),
         Case::Fionread => fionread::server(s),
+        Case::Mixed => mixed::server(s, c),
         Case::Rcvlowat => rcvlowat::server(s),
         Case::Waitall => waitall::server(s),
         Case::Rcvtimeo => rcvtimeo::server(s),
@@ -307,6 +316,7 @@ fn server(listen: SocketAddr, ready: Option<PathBuf>, c: &Common) -> Result<Valu
         Case::Sendfile => sendfile::server(s, c),
         Case::SpliceSend => splice::send_server(s, c),
         Case::Oob => oob::server(s),
+        Case::Urgent => urgent::server(s),
         Case::SpliceRecv => splice::recv_server(s),
         Case::SpliceAfterClose => splice::recv_after_close_server(s),
         Case::Hold | Case::ConnectWrite => trust::hold_server(s, &c.steps()),
@@ -363,6 +373,7 @@ fn client(connect: SocketAddr, c: &Common) -> Result<Value> {
         Case::Reset => reset::client(s),
         Case::Peek | Case::PeekOffLate => peek::client(s, c),
         Case::Fionread => fionread::client(s, c),
+        Case::Mixed => mixed::client(s, c),
         Case::Rcvlowat => rcvlowat::client(s, c),
         Case::Waitall => waitall::client(s, c),
         Case::Rcvtimeo => rcvtimeo::client(s),
@@ -373,6 +384,7 @@ fn client(connect: SocketAddr, c: &Common) -> Result<Value> {
         Case::SpliceRecv => splice::recv_client(s, c),
         Case::SpliceAfterClose => splice::recv_after_close_client(s, c),
         Case::Oob => oob::client(s),
+        Case::Urgent => urgent::client(s),
         Case::Hold => trust::hold_client(s, &c.steps()),
         Case::Forge => handshake::forge_victim(s, &c.steps()),
         Case::WaitallAfterBound => trust::waitall_client(s, &c.steps()),

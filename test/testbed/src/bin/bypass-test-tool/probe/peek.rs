@@ -17,7 +17,7 @@ use super::{
 };
 
 pub fn server(s: TcpStream) -> Result<Value> {
-    wait_readable(&s, 2000)?;
+    wait_readable(&s)?;
     sleep_ms(100);
     let mut peek = [0u8; 50];
     // What recv returned: -1 on an error.
@@ -48,9 +48,9 @@ pub fn late_offset_server(s: TcpStream) -> Result<Value> {
     let mut expect = [0u8; 100];
     Pattern::new(0, Direction::ClientToServer).fill(&mut expect);
     let mut whole = [0u8; 100];
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let deadline = std::time::Instant::now() + testbed::steps::NET;
     loop {
-        wait_readable(&s, 2000)?;
+        wait_readable(&s)?;
         let n = recv(s.as_raw_fd(), &mut whole, MsgFlags::MSG_PEEK).context("peek")?;
         if n == whole.len() {
             break;

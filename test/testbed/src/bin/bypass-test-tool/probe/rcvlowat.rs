@@ -23,7 +23,8 @@ pub fn server(mut s: TcpStream) -> Result<Value> {
     // Read only once readable: a blocking read that already holds some bytes is woken
     // by lowat more bytes in the queue (net/ipv4/tcp.c, tcp_data_ready), a quirk of its
     // own.
-    let ready = poll_in(&s, 2000)?;
+    // Readable once the rest arrives, at the machine's speed: a net.
+    let ready = poll_in(&s, super::sock::net_ms())?;
     s.set_nonblocking(true)?;
     let mut buf = vec![0u8; 4096];
     let n = loop {

@@ -155,10 +155,11 @@ pub fn fionread(s: &TcpStream) -> Result<u64> {
 // SIOCOUTQ (TIOCOUTQ): bytes in the send queue not yet acknowledged by the peer.
 ioctl_read_bad!(outq_ioctl, libc::TIOCOUTQ, libc::c_int);
 
-/// Waits (at most 60 s) until every byte this socket sent by TCP was acknowledged: it is
-/// then in the peer's receive queue or read. Redirected bytes never enter the queue.
+/// Waits (at most [`testbed::steps::NET`], a net) until every byte this socket sent by
+/// TCP was acknowledged: it is then in the peer's receive queue or read. Redirected
+/// bytes never enter the queue.
 pub fn wait_acked(s: &TcpStream) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + testbed::steps::NET;
     loop {
         let mut n: libc::c_int = 0;
         // SAFETY: SIOCOUTQ writes one int through the pointer.
@@ -167,7 +168,10 @@ pub fn wait_acked(s: &TcpStream) -> Result<()> {
             return Ok(());
         }
         if Instant::now() > deadline {
-            bail!("{n} bytes sent by TCP still unacknowledged after 60 s");
+            bail!(
+                "{n} bytes sent by TCP still unacknowledged after {:?}",
+                testbed::steps::NET
+            );
         }
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -198,11 +202,18 @@ pub fn poll_in(fd: &impl AsFd, timeout_ms: i32) -> Result<bool> {
         .is_some_and(|r| r.contains(PollFlags::POLLIN)))
 }
 
-pub fn wait_readable(s: &TcpStream, timeout_ms: i32) -> Result<()> {
-    if !poll_in(s, timeout_ms)? {
-        bail!("nothing to read within {timeout_ms} ms");
+/// Waits until `s` is readable: bytes the peer sent arrive at the machine's speed, so
+/// the wait is a net ([`testbed::steps::NET`]), never a pace.
+pub fn wait_readable(s: &TcpStream) -> Result<()> {
+    if !poll_in(s, net_ms())? {
+        bail!("nothing to read within {:?}", testbed::steps::NET);
     }
     Ok(())
+}
+
+/// [`testbed::steps::NET`] in milliseconds, for poll(2) and epoll_wait(2).
+pub fn net_ms() -> i32 {
+    i32::try_from(testbed::steps::NET.as_millis()).unwrap_or(i32::MAX)
 }
 
 #[cfg(test)]

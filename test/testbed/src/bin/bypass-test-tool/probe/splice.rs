@@ -6,7 +6,7 @@
 use std::{
     net::{Shutdown, TcpStream},
     os::fd::AsRawFd as _,
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use anyhow::{Context as _, Result, bail};
@@ -65,7 +65,9 @@ pub fn recv_server(mut s: TcpStream) -> Result<Value> {
     let (rp, wp) = pipe().context("pipe")?;
     let mut v = Verifier::new(0, Direction::ClientToServer);
     let mut buf = vec![0u8; 65536];
-    let deadline = Instant::now() + Duration::from_secs(5);
+    // Stalled: no byte for NO_PROGRESS (a splice that never sees the data), however
+    // long the whole stream takes.
+    let mut deadline = Instant::now() + testbed::steps::NO_PROGRESS;
     let mut stalled = false;
     let (mut refused, mut read_after) = (false, 0u64);
     loop {
@@ -107,6 +109,7 @@ pub fn recv_server(mut s: TcpStream) -> Result<Value> {
             }
             Err(e) => return Err(e).context("splice from the socket"),
         };
+        deadline = Instant::now() + testbed::steps::NO_PROGRESS;
         let mut left = n;
         while left > 0 {
             let want = left.min(buf.len());
@@ -144,7 +147,7 @@ const TCP_CLOSE: u8 = 7;
 /// client's FIN after its bytes), then reads as splice-recv does.
 pub fn recv_after_close_server(s: TcpStream) -> Result<Value> {
     s.shutdown(Shutdown::Write)?;
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + testbed::steps::NET;
     loop {
         let state = tcp_state(&s)?;
         if state == TCP_CLOSE {

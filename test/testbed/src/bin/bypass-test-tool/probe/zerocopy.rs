@@ -27,8 +27,9 @@ use super::{Common, sock::drain};
 const ORIGIN_ZEROCOPY: u8 = 5;
 /// `SO_EE_CODE_ZEROCOPY_COPIED`: the kernel copied the bytes after all.
 const CODE_COPIED: u8 = 1;
-/// How long the client waits for the last completion.
-const COMPLETIONS_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the client waits for the last completion: a net (they come as the peer
+/// reads, at the machine's speed).
+const COMPLETIONS_TIMEOUT: Duration = testbed::steps::NET;
 
 pub fn server(mut s: TcpStream, c: &Common) -> Result<Value> {
     let r = drain(&mut s, c.chunk, 0, Direction::ClientToServer, 0)?;

@@ -31,7 +31,7 @@ const ADDR_B: Ipv4Addr = Ipv4Addr::new(10, 250, 0, 2);
 const IFNAME: &str = "eth0";
 const PORT: u16 = 5000;
 /// How long one transfer may take under emulation.
-const TRANSFER_TIMEOUT: Duration = Duration::from_secs(300);
+const TRANSFER_TIMEOUT: Duration = testbed::steps::NET;
 /// The start of the names of the run's cgroup, pin directory and ready file, followed by
 /// this process's id (results/kernels/ records the pin directory).
 const NAME: &str = "bypass-smoke";
@@ -166,7 +166,7 @@ fn transfer(a: &Pod, b: &Pod, bytes: u64) -> Result<(Report, Report)> {
     .arg("--ready-file")
     .arg(&ready);
     let mut server = spawn_in(b, cmd)?;
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + testbed::steps::NET;
     while !ready.exists() {
         if server.try_wait()?.is_some() || Instant::now() > deadline {
             let out = server.wait_output(Duration::from_secs(1))?;
