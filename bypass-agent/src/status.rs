@@ -5,7 +5,8 @@ use std::net::IpAddr;
 
 use bypass_common::Stat;
 pub use bypass_common::status::{
-    AddressOwner, AddressRefusals, Features, KernelCheck, Report, queue_bound_off_reason,
+    AddressOwner, AddressRefusals, Features, KernelCheck, ReleasedDatapath, Report,
+    queue_bound_off_reason,
 };
 
 use crate::{
@@ -104,6 +105,7 @@ pub fn read(layout: &PinLayout) -> Result<Report, AgentError> {
                 pairing: counts[bypass_common::refusal::PAIRING],
             })
             .collect(),
+        released: crate::datapath::released(layout),
     })
 }
 
@@ -215,6 +217,14 @@ pub fn render_text(r: &Report) -> String {
             "insert_failures_cause",
             opt(r.insert_failures_cause.clone()),
         ),
+        (
+            "released",
+            r.released
+                .iter()
+                .map(|d| format!("{} sockets {}", d.pin_dir, d.sockets))
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
     ]);
     rows.iter().map(|(k, v)| format!("{k:<28} {v}\n")).collect()
 }
@@ -289,6 +299,10 @@ mod tests {
                 address: "10.0.0.2".parse().unwrap(),
                 foreign_namespace: 3,
                 pairing: 1,
+            }],
+            released: vec![ReleasedDatapath {
+                pin_dir: "/sys/fs/bpf/bypass/released/1".into(),
+                sockets: 2,
             }],
         }
     }

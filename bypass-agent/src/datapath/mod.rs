@@ -4,6 +4,7 @@
 
 mod adopt;
 mod btf;
+mod drain;
 mod fmodret;
 mod fs;
 mod heartbeat;
@@ -120,7 +121,9 @@ pub struct Datapath {
     sockopt_link: Option<PinnedLink>,
     _heartbeat: heartbeat::Beater,
     _pressure: Option<pressure::Watcher>,
-    _leaver: leaver::Leaver,
+    // Taken and stopped first on a removing drop: it may be removing a released
+    // datapath's pins.
+    leaver: Option<leaver::Leaver>,
     pairings: Pairings,
     pod_maps: PodMaps,
     owners: maps::OwnerMap,
@@ -157,13 +160,19 @@ impl Datapath {
         let facts = facts.with_checks(&checks);
         let identity = identity(config, &cgroup, &facts)?;
 
-        let origin = adopt::adopt_or_release(&pins, config, identity)?;
+        let (origin, released) = adopt::adopt_or_release(&pins, config, identity)?;
         let adopt = origin == Origin::Adopted;
 
         let ebpf = if adopt {
             None
         } else {
-            Some(load::load_fresh(&pins, config, identity, facts)?)
+            Some(load::load_fresh(
+                &pins,
+                config,
+                identity,
+                facts,
+                released.as_ref(),
+            )?)
         };
         load::release_freed_heap();
         let guard = pins::PinGuard::new(pins.clone(), !adopt);
@@ -203,7 +212,7 @@ impl Datapath {
             sockopt_link,
             _heartbeat: beater,
             _pressure: pressure,
-            _leaver: leaver,
+            leaver: Some(leaver),
             pairings,
             pod_maps,
             owners,
@@ -425,6 +434,22 @@ impl Datapath {
     }
 }
 
+/// The datapaths released under `layout`'s pin directory and still draining, with the
+/// sockets each SockHash holds (one that cannot be read shows none).
+pub fn released(layout: &PinLayout) -> Vec<crate::status::ReleasedDatapath> {
+    pins::released(layout)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(_, r)| crate::status::ReleasedDatapath {
+            pin_dir: r.root().display().to_string(),
+            sockets: maps::open_pinned(&r, MAP_SOCKETS)
+                .ok()
+                .and_then(|m| SockHash::<MapData, SockKey>::try_from(m).ok())
+                .map_or(0, |m| maps::count_keys(&m)),
+        })
+        .collect()
+}
+
 /// Why a kernel without a read guard is not bypassed unless allowed.
 pub const REFUSED_UNGUARDED: &str = "no read guard on this kernel (it refuses BPF trampoline \
     programs): a program that reads a bypassed socket with splice(2) (Go's io.Copy between \
@@ -625,6 +650,7 @@ impl Drop for Datapath {
         if let Err(e) = self.detach() {
             warn!(error = %e, "detach on shutdown");
         }
+        drop(self.leaver.take());
         // Releasing a trampoline link (the read guard's) waits for an RCU tasks grace
         // period, one link after another (kernel/trace/ftrace.c, ftrace_shutdown under
         // direct_mutex): seconds on a busy node, so the line says how long it took.
@@ -642,7 +668,8 @@ impl Drop for Datapath {
 
 /// `bypass-agent uninstall`: turns redirects off (sockets already bypassed send by TCP
 /// from now on, after what they queued, as on detach), then removes every pin under
-/// `root`: the sock_ops link first, which detaches it, then programs and maps. Refuses
+/// `root`: the sock_ops link first, which detaches it, then programs and maps, then those
+/// of the released datapaths still draining (their redirects are off already). Refuses
 /// while an agent runs there, and at a mount's root (other tools' pins live there).
 /// Returns what was removed.
 pub fn uninstall(root: &std::path::Path) -> Result<Vec<PathBuf>, AgentError> {
