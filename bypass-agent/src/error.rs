@@ -258,21 +258,6 @@ pub enum AgentError {
         /// The error.
         source: std::io::Error,
     },
-    /// A datapath released by an upgrade or a rollback cannot be drained: its pins are
-    /// removed at once instead, and its connections finish by TCP on its programs, as
-    /// they did before drains existed.
-    #[error(
-        "the released datapath at {path} cannot be drained ({reason}): its pins are removed and \
-         its connections finish by TCP with its programs until they close; nothing to do, \
-         but a build whose maps the next build cannot read should keep the ones docs/design.md \
-         (Upgrades) lists"
-    )]
-    NotDrainable {
-        /// Its pin directory (`released/<n>`).
-        path: PathBuf,
-        /// What is missing or different.
-        reason: String,
-    },
 }
 
 impl AgentError {

@@ -5,8 +5,7 @@ use std::net::IpAddr;
 
 use bypass_common::Stat;
 pub use bypass_common::status::{
-    AddressOwner, AddressRefusals, Features, KernelCheck, ReleasedDatapath, Report,
-    queue_bound_off_reason,
+    AddressOwner, AddressRefusals, Features, KernelCheck, Report, queue_bound_off_reason,
 };
 
 use crate::{
@@ -105,7 +104,6 @@ pub fn read(layout: &PinLayout) -> Result<Report, AgentError> {
                 pairing: counts[bypass_common::refusal::PAIRING],
             })
             .collect(),
-        released: crate::datapath::released(layout),
     })
 }
 
@@ -217,14 +215,6 @@ pub fn render_text(r: &Report) -> String {
             "insert_failures_cause",
             opt(r.insert_failures_cause.clone()),
         ),
-        (
-            "released",
-            r.released
-                .iter()
-                .map(|d| format!("{} sockets {}", d.pin_dir, d.sockets))
-                .collect::<Vec<_>>()
-                .join(", "),
-        ),
     ]);
     rows.iter().map(|(k, v)| format!("{k:<28} {v}\n")).collect()
 }
@@ -299,10 +289,6 @@ mod tests {
                 address: "10.0.0.2".parse().unwrap(),
                 foreign_namespace: 3,
                 pairing: 1,
-            }],
-            released: vec![ReleasedDatapath {
-                pin_dir: "/sys/fs/bpf/bypass/released/1".into(),
-                sockets: 2,
             }],
         }
     }

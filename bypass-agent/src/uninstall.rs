@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use bypass_common::names::{MAP_CONTROL, PIN_MAPS_SUBDIR, PIN_RELEASED_SUBDIR};
+use bypass_common::names::{MAP_CONTROL, PIN_MAPS_SUBDIR};
 
 use crate::{cli::UninstallOpts, datapath, error::AgentError};
 
@@ -13,15 +13,12 @@ use crate::{cli::UninstallOpts, datapath, error::AgentError};
 const DEPTH: usize = 3;
 
 /// The pin directories under `root` (at most `DEPTH` levels down) that hold a bypass
-/// datapath: a `maps/BYPASS_CONTROL` pin, or released datapaths draining
-/// (`released/`), sorted.
+/// datapath: a `maps/BYPASS_CONTROL` pin, sorted.
 pub fn pinned_datapaths(root: &Path) -> Vec<PathBuf> {
     let mut found = Vec::new();
     let mut dirs = vec![(root.to_path_buf(), 0)];
     while let Some((dir, depth)) = dirs.pop() {
-        if dir.join(PIN_MAPS_SUBDIR).join(MAP_CONTROL).exists()
-            || dir.join(PIN_RELEASED_SUBDIR).is_dir()
-        {
+        if dir.join(PIN_MAPS_SUBDIR).join(MAP_CONTROL).exists() {
             found.push(dir);
             continue;
         }
@@ -101,18 +98,9 @@ mod tests {
             std::fs::write(maps.join(MAP_CONTROL), b"").unwrap();
         }
         std::fs::create_dir_all(root.join("other/maps")).unwrap();
-        // Only released datapaths left draining (a rollback's build released the
-        // current one and was removed): found where their agent pinned, not below.
-        let released = root.join("drained").join(PIN_RELEASED_SUBDIR).join("1");
-        std::fs::create_dir_all(released.join(PIN_MAPS_SUBDIR)).unwrap();
-        std::fs::write(released.join(PIN_MAPS_SUBDIR).join(MAP_CONTROL), b"").unwrap();
         assert_eq!(
             pinned_datapaths(&root),
-            [
-                root.join("bypass"),
-                root.join("drained"),
-                root.join("team/custom")
-            ]
+            [root.join("bypass"), root.join("team/custom")]
         );
         std::fs::remove_dir_all(&root).unwrap();
     }

@@ -82,23 +82,10 @@ pub const MAP_GUARDING: &str = "BYPASS_GUARDING";
 /// and is never inserted as a server.
 pub const MAP_ACTIVE_OPEN: &str = "BYPASS_ACTIVE_OPEN";
 
-/// Hash: a socket cookie (`u64`) → the time (`bpf_ktime_get_ns`, 0: never) a read of
-/// that socket last reached plain `tcp_recvmsg`; the key 0 holds when the drain began.
-/// The drain observer ([`PROG_DRAIN_SEEN`]) of a datapath an upgrade released, pinned
-/// with it under `released/<n>/`, only for the cookies of its sockets (the agent puts
-/// them in; the program never adds a key). `tcp_bpf_recvmsg` calls `tcp_recvmsg` only
-/// when the socket's ingress queue is empty (net/ipv4/tcp_bpf.c), so such a read, once
-/// the released datapath's redirects are off, says that socket has nothing redirected
-/// left unread, whatever its released read accounting lost: a BPF trampoline updated
-/// while a read sleeps inside `tcp_bpf_recvmsg` skips that read's fexit programs
-/// (kernel/bpf/trampoline.c, `bpf_tramp_image_put`).
-pub const MAP_DRAIN_SEEN: &str = "BYPASS_DRAIN_SEEN";
-
 /// Every map the agent pins, [`MAP_CONTROL`] last (its pin marks a complete datapath):
 /// every map that holds state, so that another build of the same layout adopts them
 /// all, its programs reading what the established sockets' state says (the programs'
-/// per-CPU scratch space alone is not pinned here; the drain observer's
-/// [`MAP_DRAIN_SEEN`] is pinned only with a released datapath, under `released/<n>/`).
+/// per-CPU scratch space alone is not pinned).
 pub const PINNED_MAPS: [&str; 21] = [
     MAP_SOCKETS,
     MAP_POD_CIDRS,
@@ -192,17 +179,6 @@ pub const PROG_SPLICE_SEEN: &str = "bypass_splice_seen";
 /// The FIONREAD compensation (where the kernel self-test found FIONREAD wrong): the
 /// answer of `ioctl(SIOCINQ)` on a socket in the SockHash, corrected as it returns.
 pub const PROG_FIONREAD: &str = "bypass_fionread";
-/// The drain observer: a read of a released datapath's socket reaches `tcp_recvmsg`
-/// ([`MAP_DRAIN_SEEN`]).
-pub const PROG_DRAIN_SEEN: &str = "bypass_drain_seen";
-
-/// The drain observer's hook, attached (where the kernel runs BPF trampolines) for each
-/// datapath an upgrade releases, before this build's own read hooks.
-pub const DRAIN_HOOK: Hook = Hook {
-    program: PROG_DRAIN_SEEN,
-    kind: HookKind::Entry,
-    target: "tcp_recvmsg",
-};
 
 /// Publishing reads, where the kernel runs no BPF trampolines but has the
 /// `sock_recv_length` tracepoint.
@@ -312,11 +288,6 @@ pub const PIN_MAPS_SUBDIR: &str = "maps";
 pub const PIN_PROGS_SUBDIR: &str = "progs";
 /// Sub-directory of the pin directory that holds links.
 pub const PIN_LINKS_SUBDIR: &str = "links";
-/// Sub-directory of the pin directory that holds the datapaths released by an upgrade or
-/// a rollback while their connections drain, each under a number of its own
-/// (`released/<n>/`, with its own `maps`, `progs` and `links`); see the agent's
-/// `datapath::drain`.
-pub const PIN_RELEASED_SUBDIR: &str = "released";
 /// Name of the pinned sock_ops cgroup link.
 pub const PIN_LINK_SOCKOPS: &str = "sockops_cgroup";
 /// Name of the pinned setsockopt cgroup link.

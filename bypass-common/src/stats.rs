@@ -144,9 +144,8 @@ counters! {
     /// that their sockets saw.
     CutSeen = 24, cut_seen, "Connections cut by the agent, as their sockets saw it";
     /// Connections the agent took out of the SockHash once each side had read what was
-    /// redirected to it: they run as plain TCP from then on. Those of a datapath an
-    /// upgrade or a rollback released count here too, in the running datapath's slot,
-    /// as the agent drains them. Only the agent adds to this slot.
+    /// redirected to it: they run as plain TCP from then on. Only the agent adds to
+    /// this slot.
     Left = 25, left, "Connections taken out of the SockHash (plain TCP from then on)";
     /// `setsockopt(SO_ZEROCOPY)` calls refused (EPERM) on a socket that was ever
     /// inserted: a socket in a sockmap gives MSG_ZEROCOPY no completion notifications.

@@ -184,23 +184,6 @@ reported! {
         /// Pod addresses that sockets were refused for, with how often, by kind.
         #[each(AddressRefusals)]
         pub refusals: Vec<AddressRefusals>,
-        /// Datapaths an upgrade or a rollback released, still draining: each of their
-        /// connections leaves their SockHash once each side has read what was redirected
-        /// to it, and their pins go when none is left.
-        #[serde(default)]
-        #[each(ReleasedDatapath)]
-        pub released: Vec<ReleasedDatapath>,
-    }
-}
-
-reported! {
-    /// A released datapath, draining.
-    #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-    pub struct ReleasedDatapath {
-        /// Its pin directory (`<pin dir>/released/<n>`).
-        pub pin_dir: String,
-        /// Sockets still in its SockHash.
-        pub sockets: usize,
     }
 }
 

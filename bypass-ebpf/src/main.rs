@@ -3,8 +3,7 @@
 //! ingress queue or lets it take the normal TCP path, `recv` publishes what each reader
 //! has read (which bounds that queue and lets a direction come back from TCP),
 //! `guard` keeps readers that cannot see the ingress queue (splice, zero-copy receive)
-//! from missing a byte, `drain` tells the agent which sockets of a datapath an upgrade
-//! released have nothing redirected left unread, `leave` takes connections that TCP serves better out of the
+//! from missing a byte, `leave` takes connections that TCP serves better out of the
 //! SockHash, `kernel` reads the few kernel fields those decisions need, `sockopt`
 //! refuses upper-layer protocols on inserted sockets and records receive options their
 //! peers must honour.
@@ -17,7 +16,6 @@
 #![allow(internal_features)]
 
 mod atomic;
-mod drain;
 mod fionread;
 mod guard;
 mod kernel;

@@ -17,12 +17,6 @@ use bypass_common::{
     stats::STAT_SLOTS,
 };
 
-/// The drain observer's sockets (see `bypass_common::names::MAP_DRAIN_SEEN`). The agent
-/// sizes it at load time.
-#[btf_map]
-pub(crate) static BYPASS_DRAIN_SEEN: HashMap<u64, u64, { DEFAULT_MAX_SOCKETS as usize }> =
-    HashMap::new();
-
 /// Established pod-to-pod sockets. The agent may resize it at load time.
 #[btf_map]
 pub(crate) static BYPASS_SOCKETS: SockHash<SockKey, { DEFAULT_MAX_SOCKETS as usize }> =

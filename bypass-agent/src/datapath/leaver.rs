@@ -9,9 +9,7 @@
 //! ingress queue).
 //!
 //! A thread of the agent reads the ring buffer and re-checks the connections it waits
-//! for; it also removes the cut map's entries of connections that are gone, and drains
-//! the datapaths an upgrade or a rollback released (`drain.rs`), deciding for each of
-//! their connections as for a leaving one.
+//! for; it also removes the cut map's entries of connections that are gone.
 
 use std::{
     collections::HashMap as StdHashMap,
@@ -31,7 +29,6 @@ use tracing::{debug, warn};
 
 use super::{
     PinLayout,
-    drain::Drain,
     maps::{Stats, open_pinned},
     worker::Worker,
 };
@@ -82,36 +79,17 @@ pub enum Step {
     },
 }
 
-/// Which connections of a datapath are leaving.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Leaving {
-    /// Those whose programs marked them ([`link_state::LEAVING`]): the running
-    /// datapath's.
-    Marked,
-    /// Every one: a released datapath's, whose redirects are off for good (its control
-    /// word `SLOT_ENABLED` is off and no agent turns it on again), which stops each of its
-    /// connections' redirects as [`link_state::LEAVING`] stops one's (`drain.rs`).
-    All,
-}
-
-/// The step for a connection whose link is `link` (`None`: gone). `emptied` says of
-/// each side (the link's index: client 0, server 1) whether something else than the
-/// counters showed it has nothing redirected left unread (a released datapath's drain
-/// observer, `drain.rs`); the leave thread has no such proof.
-pub fn step(link: Option<&Link>, leaving: Leaving, emptied: [bool; 2]) -> Step {
+/// The step for a connection whose link is `link` (`None`: gone).
+pub fn step(link: Option<&Link>) -> Step {
     let Some(l) = link else {
         return Step::Forget;
     };
-    if leaving == Leaving::Marked && l.state & link_state::LEAVING == 0 {
+    if l.state & link_state::LEAVING == 0 {
         return Step::Forget;
     }
     // Counted before each redirect (also those on their way), against what each side
     // read: equal both ways means nothing waits and nothing is coming.
-    let read_all = [
-        emptied[0] || l.tx_redir[1] == l.rx_read[0],
-        emptied[1] || l.tx_redir[0] == l.rx_read[1],
-    ];
-    if read_all == [true, true] {
+    if l.tx_redir[0] == l.rx_read[1] && l.tx_redir[1] == l.rx_read[0] {
         Step::Delete {
             server: l.server,
             counts: (l.tx_redir, l.rx_read),
@@ -121,50 +99,8 @@ pub fn step(link: Option<&Link>, leaving: Leaving, emptied: [bool; 2]) -> Step {
     }
 }
 
-/// Connections waiting to leave, by their link's key, with when each was last seen with
-/// every byte read.
-pub type Waiting = StdHashMap<SockKey, Option<Seen>>;
-
-/// Acts on each connection in `waiting` at `now`: forgets those gone, waits for those
-/// with unread bytes, and deletes the two sockets of each that may go ([`may_go`]) with
-/// `delete(client, server)`, which says whether either was still in the SockHash.
-/// `link_of` reads a connection's link, `emptied` what else proves of its sides
-/// ([`step`]). Returns how many connections left.
-pub fn settle(
-    waiting: &mut Waiting,
-    leaving: Leaving,
-    now: Instant,
-    link_of: impl Fn(&SockKey) -> Option<Link>,
-    emptied: impl Fn(&Link) -> [bool; 2],
-    mut delete: impl FnMut(&SockKey, &SockKey) -> bool,
-) -> u64 {
-    let mut left = 0;
-    waiting.retain(|key, seen| {
-        let link = link_of(key);
-        let proven = link.as_ref().map_or([false; 2], &emptied);
-        match step(link.as_ref(), leaving, proven) {
-            Step::Forget => false,
-            Step::Wait => {
-                *seen = None;
-                true
-            }
-            Step::Delete { counts, .. } if !may_go(*seen, counts, now) => {
-                if seen.is_none_or(|s| s.counts != counts) {
-                    *seen = Some(Seen { counts, at: now });
-                }
-                true
-            }
-            Step::Delete { server, .. } => {
-                if delete(key, &server) {
-                    left += 1;
-                    debug!(?key, "connection left the SockHash");
-                }
-                false
-            }
-        }
-    });
-    left
-}
+/// Connections waiting to leave, with when each was last seen with every byte read.
+type Waiting = StdHashMap<SockKey, Option<Seen>>;
 
 /// The maps the thread works on, opened from the pins.
 struct Maps {
@@ -215,21 +151,36 @@ impl Maps {
 
     /// Acts on each connection in `waiting`; returns how many left.
     fn settle(&mut self, waiting: &mut Waiting) -> u64 {
-        let (links, sockets, cut) = (&self.links, &mut self.sockets, &mut self.cut);
-        settle(
-            waiting,
-            Leaving::Marked,
-            Instant::now(),
-            |key| links.get(key, 0).ok(),
-            |_| [false; 2],
-            |key, server| {
-                // Either may be gone already (closed): deleting the other is enough.
-                let a = sockets.remove(key);
-                let b = sockets.remove(server);
-                let _ = cut.remove(key);
-                a.is_ok() || b.is_ok()
-            },
-        )
+        let mut left = 0;
+        let now = Instant::now();
+        waiting.retain(|key, seen| {
+            let link = self.links.get(key, 0).ok();
+            match step(link.as_ref()) {
+                Step::Forget => false,
+                Step::Wait => {
+                    *seen = None;
+                    true
+                }
+                Step::Delete { counts, .. } if !may_go(*seen, counts, now) => {
+                    if seen.is_none_or(|s| s.counts != counts) {
+                        *seen = Some(Seen { counts, at: now });
+                    }
+                    true
+                }
+                Step::Delete { server, .. } => {
+                    // Either may be gone already (closed): deleting the other is enough.
+                    let a = self.sockets.remove(key);
+                    let b = self.sockets.remove(&server);
+                    if a.is_ok() || b.is_ok() {
+                        left += 1;
+                        debug!(?key, "connection left the SockHash");
+                    }
+                    let _ = self.cut.remove(key);
+                    false
+                }
+            }
+        });
+        left
     }
 
     /// Removes cut entries whose connection is gone.
@@ -255,7 +206,6 @@ impl Leaver {
     /// Starts the thread on the maps pinned under `pins`.
     pub fn start(pins: &PinLayout) -> Result<Self, AgentError> {
         let mut maps = Maps::open(pins)?;
-        let mut drain = Drain::new(pins);
         let thread = Worker::spawn("leaver", move |stop| {
             let mut waiting = maps.leaving();
             let mut sweeps = 0u32;
@@ -270,9 +220,7 @@ impl Leaver {
                     std::thread::sleep(RECHECK);
                 }
                 maps.drain_events(&mut waiting);
-                // Counted in this datapath's `left`, the released ones' connections too: one
-                // thread adds to it (a read-modify-write from user space).
-                let left = maps.settle(&mut waiting) + drain.tick(Instant::now());
+                let left = maps.settle(&mut waiting);
                 if left > 0
                     && let Err(e) = maps.stats.add_agent_only(Stat::Left, left)
                 {
@@ -312,9 +260,6 @@ mod tests {
 
     #[test]
     fn deletes_only_when_both_sides_read_everything() {
-        fn step(l: Option<&Link>) -> Step {
-            super::step(l, Leaving::Marked, [false; 2])
-        }
         assert_eq!(step(None), Step::Forget);
         let not_leaving = Link::default();
         assert_eq!(step(Some(&not_leaving)), Step::Forget);
@@ -344,84 +289,6 @@ mod tests {
             },
             "nothing was ever redirected"
         );
-    }
-
-    #[test]
-    fn every_link_of_a_released_datapath_is_leaving() {
-        let not_marked = Link {
-            tx_redir: [7, 3],
-            rx_read: [3, 7],
-            ..Link::default()
-        };
-        let no = [false; 2];
-        assert_eq!(step(Some(&not_marked), Leaving::Marked, no), Step::Forget);
-        assert_eq!(
-            step(Some(&not_marked), Leaving::All, no),
-            Step::Delete {
-                server: not_marked.server,
-                counts: ([7, 3], [3, 7]),
-            }
-        );
-        let behind = Link {
-            tx_redir: [7, 3],
-            rx_read: [3, 6],
-            ..Link::default()
-        };
-        assert_eq!(step(Some(&behind), Leaving::All, no), Step::Wait);
-        assert_eq!(step(None, Leaving::All, no), Step::Forget);
-    }
-
-    #[test]
-    fn a_side_proven_emptied_needs_no_counters() {
-        // The client (index 0) read 2896 B less than the server redirected to it, as
-        // counted: a read whose fexit the kernel skipped.
-        let short = Link {
-            tx_redir: [16, 8_388_608],
-            rx_read: [8_385_712, 16],
-            ..Link::default()
-        };
-        assert_eq!(step(Some(&short), Leaving::All, [false; 2]), Step::Wait);
-        assert_eq!(
-            step(Some(&short), Leaving::All, [false, true]),
-            Step::Wait,
-            "the server's proof says nothing of the client"
-        );
-        assert_eq!(
-            step(Some(&short), Leaving::All, [true, false]),
-            Step::Delete {
-                server: short.server,
-                counts: (short.tx_redir, short.rx_read),
-            }
-        );
-    }
-
-    #[test]
-    fn settles_after_two_looks_with_the_same_counters() {
-        let t0 = Instant::now();
-        let key = SockKey {
-            local_port: 1,
-            ..SockKey::default()
-        };
-        let link = leaving([10, 5], [5, 10]);
-        let mut waiting = Waiting::from([(key, None)]);
-        let mut deleted = Vec::new();
-        let mut go = |at| {
-            settle(
-                &mut waiting,
-                Leaving::Marked,
-                at,
-                |_| Some(link),
-                |_| [false; 2],
-                |k, s| {
-                    deleted.push((*k, *s));
-                    true
-                },
-            )
-        };
-        assert_eq!(go(t0), 0, "first look: counters noted");
-        assert_eq!(go(t0 + SETTLE), 1);
-        assert_eq!(deleted, vec![(key, link.server)]);
-        assert!(waiting.is_empty());
     }
 
     #[test]

@@ -11,8 +11,8 @@ use bypass_common::{
     SockKey,
     layout::{features, globals},
     names::{
-        DRAIN_HOOK, Hook, HookKind, MAP_CONNECTORS, MAP_CONTROL, MAP_DRAIN_SEEN, MAP_LINKS,
-        MAP_SOCKETS, PINNED_MAPS, PROG_SKMSG, PROG_SOCKOPS, PROG_SOCKOPT, READ_TRAMPOLINE_HOOKS,
+        Hook, HookKind, MAP_CONNECTORS, MAP_CONTROL, MAP_LINKS, MAP_SOCKETS, PINNED_MAPS,
+        PROG_SKMSG, PROG_SOCKOPS, PROG_SOCKOPT,
     },
 };
 use tracing::warn;
@@ -22,18 +22,15 @@ use crate::error::{AgentError, chain};
 
 /// Loads the embedded object, attaches sk_msg to the SockHash and the tracing programs
 /// to their kernel functions, pins maps, programs and links and records the identity.
-/// Removes what it pinned if any step fails. Where a datapath was just released
-/// (`released`) and the kernel runs BPF trampolines, the drain observer is attached for
-/// it first ([`observe_drain`]).
+/// Removes what it pinned if any step fails.
 pub(super) fn load_fresh(
     pins: &PinLayout,
     config: &Config,
     identity: Identity,
     facts: HostFacts,
-    released: Option<&PinLayout>,
 ) -> Result<Ebpf, AgentError> {
     raise_memlock();
-    load_with(pins, config, identity, facts, released)
+    load_with(pins, config, identity, facts)
 }
 
 /// Gives the heap that starting freed back to the system. A start parses the kernel's
@@ -59,21 +56,15 @@ pub(super) fn build_id() -> u32 {
 
 /// The embedded object loaded with the globals this host's `facts` fix (kernel field
 /// offsets, feature bits, the host's namespace) and the maps `--max-sockets` sizes
-/// sized to `max_sockets`, the drain observer's map to `drain_seen` entries
-/// ([`drain_seen_entries`]); nothing pinned, no program loaded yet.
-pub(super) fn load_object(
-    max_sockets: u32,
-    drain_seen: u32,
-    facts: &HostFacts,
-) -> Result<Ebpf, AgentError> {
+/// sized to `max_sockets`; nothing pinned, no program loaded yet.
+pub(super) fn load_object(max_sockets: u32, facts: &HostFacts) -> Result<Ebpf, AgentError> {
     let l = &facts.layout;
     let program_features = facts.features & features::PROGRAM_BITS;
     let mut loader = EbpfLoader::new();
     loader
         .map_max_entries(MAP_SOCKETS, max_sockets)
         .map_max_entries(MAP_CONNECTORS, max_sockets)
-        .map_max_entries(MAP_LINKS, max_sockets)
-        .map_max_entries(MAP_DRAIN_SEEN, drain_seen.max(1));
+        .map_max_entries(MAP_LINKS, max_sockets);
     for (global, value) in l.globals() {
         loader.override_global(global, value, true);
     }
@@ -95,9 +86,8 @@ fn load_with(
     config: &Config,
     identity: Identity,
     facts: HostFacts,
-    released: Option<&PinLayout>,
 ) -> Result<Ebpf, AgentError> {
-    let mut ebpf = load_object(config.max_sockets, drain_seen_entries(released), &facts)?;
+    let mut ebpf = load_object(config.max_sockets, &facts)?;
     let guard = pins::PinGuard::new(pins.clone(), true);
     pins.create_dirs()?;
     for name in PINNED_MAPS.iter().filter(|&&n| n != MAP_CONTROL) {
@@ -128,16 +118,6 @@ fn load_with(
     // Attached now, before any socket can be inserted (sock_ops attaches later): they
     // act on inserted sockets only.
     let btfs = Btfs::read()?;
-    // Before this build's own read hooks update tcp_bpf_recvmsg's trampoline, which
-    // skips the released read accounting's fexit for a read asleep in it.
-    if let Some(released) = released
-        && facts.hooks.read == READ_TRAMPOLINE_HOOKS.as_slice()
-        && let Err(e) = observe_drain(&mut ebpf, released, &btfs)
-    {
-        warn!(error = %e, released = %released.root().display(),
-            "no drain observer: a released socket whose read accounting missed a read \
-             stays in its SockHash until it closes");
-    }
     for hook in facts.hooks.all() {
         match attach_hook(&mut ebpf, &btfs, *hook) {
             Ok(link) => link.pin(&pins.link(hook.program))?,
@@ -164,57 +144,6 @@ fn load_with(
         .map_err(|e| AgentError::bpf(format!("pin map {MAP_CONTROL} at {}", path.display()), e))?;
     guard.disarm();
     Ok(ebpf)
-}
-
-/// The drain observer's map size: the cookies of the released links' two sockets and
-/// the start time; one entry where nothing was released (the map goes unused).
-pub(super) fn drain_seen_entries(released: Option<&PinLayout>) -> u32 {
-    let links = released
-        .and_then(|r| maps::open_pinned(r, MAP_LINKS).ok())
-        .and_then(|m| aya::maps::HashMap::<MapData, SockKey, bypass_common::Link>::try_from(m).ok())
-        .map_or(0, |m| m.keys().filter(Result::is_ok).count());
-    u32::try_from(links.saturating_mul(2).saturating_add(1)).unwrap_or(u32::MAX)
-}
-
-/// Attaches the drain observer for the datapath released at `released`
-/// (`bypass-ebpf/src/drain.rs`): its map gets the cookie of each socket of the released
-/// links and, under key 0, the time now (its redirects are off already), and is pinned
-/// with the released datapath, as is the observer's link, so that whatever agent runs
-/// next (an earlier build after a rollback included, which leaves `released/` alone)
-/// keeps it until the drain removes them. The observer checks no hooks owner
-/// (`kernel::hooks_active`): it acts only for the cookies its map holds, whichever
-/// build's hooks are active.
-fn observe_drain(ebpf: &mut Ebpf, released: &PinLayout, btfs: &Btfs) -> Result<(), AgentError> {
-    let links: aya::maps::HashMap<MapData, SockKey, bypass_common::Link> =
-        aya::maps::HashMap::try_from(maps::open_pinned(released, MAP_LINKS)?)
-            .map_err(|e| AgentError::bpf(format!("open the released map {MAP_LINKS}"), e))?;
-    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_err(|e| {
-        AgentError::System {
-            action: "read the monotonic clock",
-            source: e.into(),
-        }
-    })?;
-    let now = u64::try_from(now.tv_sec())
-        .unwrap_or(0)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(u64::try_from(now.tv_nsec()).unwrap_or(0));
-    {
-        let mut seen: aya::maps::HashMap<&mut MapData, u64, u64> = aya::maps::HashMap::try_from(
-            ebpf.map_mut(MAP_DRAIN_SEEN)
-                .ok_or_else(|| missing("map", MAP_DRAIN_SEEN))?,
-        )
-        .map_err(|e| AgentError::bpf(format!("open map {MAP_DRAIN_SEEN}"), e))?;
-        let err = |e| AgentError::bpf(format!("fill map {MAP_DRAIN_SEEN}"), e);
-        seen.insert(super::drain::SEEN_SINCE_KEY, now, 0)
-            .map_err(err)?;
-        for (_, link) in links.iter().filter_map(Result::ok) {
-            for cookie in link.cookie.into_iter().filter(|&c| c != 0) {
-                seen.insert(cookie, 0, 0).map_err(err)?;
-            }
-        }
-    }
-    pin_map(ebpf, released, MAP_DRAIN_SEEN)?;
-    attach_hook(ebpf, btfs, DRAIN_HOOK)?.pin(&released.link(DRAIN_HOOK.program))
 }
 
 /// Loads sk_msg and attaches it to the SockHash of `ebpf` (the attachment lives as

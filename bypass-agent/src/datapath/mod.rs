@@ -4,7 +4,6 @@
 
 mod adopt;
 mod btf;
-mod drain;
 mod fmodret;
 mod fs;
 mod heartbeat;
@@ -121,9 +120,7 @@ pub struct Datapath {
     sockopt_link: Option<PinnedLink>,
     _heartbeat: heartbeat::Beater,
     _pressure: Option<pressure::Watcher>,
-    // Taken and stopped first on a removing drop: it may be removing a released
-    // datapath's pins.
-    leaver: Option<leaver::Leaver>,
+    _leaver: leaver::Leaver,
     pairings: Pairings,
     pod_maps: PodMaps,
     owners: maps::OwnerMap,
@@ -160,19 +157,13 @@ impl Datapath {
         let facts = facts.with_checks(&checks);
         let identity = identity(config, &cgroup, &facts)?;
 
-        let (origin, released) = adopt::adopt_or_release(&pins, config, identity)?;
+        let origin = adopt::adopt_or_release(&pins, config, identity)?;
         let adopt = origin == Origin::Adopted;
 
         let ebpf = if adopt {
             None
         } else {
-            Some(load::load_fresh(
-                &pins,
-                config,
-                identity,
-                facts,
-                released.as_ref(),
-            )?)
+            Some(load::load_fresh(&pins, config, identity, facts)?)
         };
         load::release_freed_heap();
         let guard = pins::PinGuard::new(pins.clone(), !adopt);
@@ -212,7 +203,7 @@ impl Datapath {
             sockopt_link,
             _heartbeat: beater,
             _pressure: pressure,
-            leaver: Some(leaver),
+            _leaver: leaver,
             pairings,
             pod_maps,
             owners,
@@ -434,22 +425,6 @@ impl Datapath {
     }
 }
 
-/// The datapaths released under `layout`'s pin directory and still draining, with the
-/// sockets each SockHash holds (one that cannot be read shows none).
-pub fn released(layout: &PinLayout) -> Vec<crate::status::ReleasedDatapath> {
-    pins::released(layout)
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(_, r)| crate::status::ReleasedDatapath {
-            pin_dir: r.root().display().to_string(),
-            sockets: maps::open_pinned(&r, MAP_SOCKETS)
-                .ok()
-                .and_then(|m| SockHash::<MapData, SockKey>::try_from(m).ok())
-                .map_or(0, |m| maps::count_keys(&m)),
-        })
-        .collect()
-}
-
 /// Why a kernel without a read guard is not bypassed unless allowed.
 pub const REFUSED_UNGUARDED: &str = "no read guard on this kernel (it refuses BPF trampoline \
     programs): a program that reads a bypassed socket with splice(2) (Go's io.Copy between \
@@ -650,7 +625,6 @@ impl Drop for Datapath {
         if let Err(e) = self.detach() {
             warn!(error = %e, "detach on shutdown");
         }
-        drop(self.leaver.take());
         // Releasing a trampoline link (the read guard's) waits for an RCU tasks grace
         // period, one link after another (kernel/trace/ftrace.c, ftrace_shutdown under
         // direct_mutex): seconds on a busy node, so the line says how long it took.
@@ -668,8 +642,7 @@ impl Drop for Datapath {
 
 /// `bypass-agent uninstall`: turns redirects off (sockets already bypassed send by TCP
 /// from now on, after what they queued, as on detach), then removes every pin under
-/// `root`: the sock_ops link first, which detaches it, then programs and maps, then those
-/// of the released datapaths still draining (their redirects are off already). Refuses
+/// `root`: the sock_ops link first, which detaches it, then programs and maps. Refuses
 /// while an agent runs there, and at a mount's root (other tools' pins live there).
 /// Returns what was removed.
 pub fn uninstall(root: &std::path::Path) -> Result<Vec<PathBuf>, AgentError> {

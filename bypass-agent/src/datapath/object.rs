@@ -58,12 +58,7 @@ mod tests {
         use bypass_common::names::{self, HookKind};
 
         let obj = Object::parse(BYTES).unwrap();
-        // Pinned only with a released datapath, under `released/<n>/`.
-        let named: Vec<&str> = names::PINNED_MAPS
-            .iter()
-            .chain(&[names::MAP_DRAIN_SEEN])
-            .copied()
-            .collect();
+        let named: Vec<&str> = names::PINNED_MAPS.to_vec();
         for map in &named {
             assert!(
                 obj.maps.contains_key(*map),
@@ -94,8 +89,7 @@ mod tests {
             .chain(&names::READ_TRAMPOLINE_HOOKS)
             .chain(&names::GUARD_HOOKS)
             .chain(&names::WATCH_HOOKS)
-            .chain(&names::FIONREAD_HOOKS)
-            .chain(std::iter::once(&names::DRAIN_HOOK));
+            .chain(&names::FIONREAD_HOOKS);
         let mut hooked = Vec::new();
         for hook in hooks {
             let s = section(hook.program);
@@ -125,7 +119,6 @@ mod tests {
             names::PROG_READ_GUARD,
             names::PROG_MMAP_GUARD,
             names::PROG_SPLICE_SEEN,
-            names::PROG_DRAIN_SEEN,
             names::PROG_FIONREAD,
             names::PROG_RECV_ENTER,
             names::PROG_RECV_EXIT,

@@ -1,10 +1,9 @@
 //! Restart, upgrade and uninstall, with connections in flight. The datapath lives in the
 //! kernel, pinned: an agent killed with SIGKILL leaves it redirecting, the next agent of
 //! the same build adopts it (maps, counters, attachment); an agent of another build
-//! releases it and drains it (redirects off, its connections leave its SockHash once
-//! every byte redirected to them is read, then its pins go; new connections get the
-//! new programs), also across a rollback to an earlier build; `uninstall` turns
-//! redirects off and removes every pin and attachment.
+//! replaces it (existing sockets keep the old programs until they close, with their
+//! redirects switched off so they finish by TCP; new ones get the new); `uninstall`
+//! turns redirects off and removes every pin and attachment.
 
 use crate::support::exchange::ABOVE_PAYLOAD;
 use crate::support::privileged;
@@ -19,14 +18,10 @@ use crate::support::{
     wait_for_log,
 };
 use anyhow::{Context as _, Result, bail, ensure};
-use bypass_common::{Link, SockKey};
 use bypass_common::{control, names};
-use testbed::mapkeys::{
-    pinned_hash_entries, pinned_map_id, pinned_sockhash_keys, pinned_u32, set_pinned_u32,
-    sockhash_keys_by_id,
-};
+use testbed::mapkeys::{pinned_u32, set_pinned_u32};
 use testbed::{
-    Agent, AgentOpts, ClientArgs, PeerClient, PeerServer, PodChild, Report, TwoPods,
+    Agent, AgentOpts, ClientArgs, PeerClient, PeerServer, Report, TwoPods,
     agent::run_agent,
     agent::status_json,
     bpf::{sockops_attached, sockopt_attached},
@@ -221,28 +216,23 @@ fn upgrade_replaces_programs_old_connections_finish() -> Result<()> {
         pinned_u32(&control_pin, control::SLOT_OBJECT_LO)? == ours,
         "the new datapath does not carry its own fingerprint"
     );
-    // The log line comes at load; the new programs' attachment (and the old sock_ops'
-    // release) follows within moments. The old setsockopt hook stays while the old
-    // connection drains (its first half is redirected and unread).
-    let attached = |want: (u32, u32), what: &str| -> Result<()> {
-        let deadline = Instant::now() + testbed::steps::NET;
-        let now = loop {
-            let now = (
-                sockops_attached(pods.cgroup())?,
-                sockopt_attached(pods.cgroup())?,
-            );
-            if now == want || Instant::now() > deadline {
-                break now;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        ensure!(
-            now == want,
-            "{what}: sock_ops, setsockopt attached {now:?}, not {want:?}"
+    // The log line comes at load; the new programs' attachment (and the old ones'
+    // release) follows within moments.
+    let deadline = std::time::Instant::now() + testbed::steps::NET;
+    let attached = loop {
+        let now = (
+            sockops_attached(pods.cgroup())?,
+            sockopt_attached(pods.cgroup())?,
         );
-        Ok(())
+        if now == (1, 1) || std::time::Instant::now() > deadline {
+            break now;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
     };
-    attached((1, 2), "the old connection draining")?;
+    ensure!(
+        attached == (1, 1),
+        "old and new programs both attached (or neither): sock_ops, setsockopt {attached:?}"
+    );
     // The connection opened under the old programs finishes byte-exact, by TCP: the
     // released datapath's redirects were switched off, so no program keeps
     // redirecting on maps no agent tends any more.
@@ -259,11 +249,6 @@ fn upgrade_replaces_programs_old_connections_finish() -> Result<()> {
         "the old connection kept redirecting after the upgrade ({} B on the wire)",
         pods.wire_bytes()? - wire0
     );
-    // Once drained, only the new programs are attached.
-    new.wait_for(NO_PROGRESS, "the old datapath drained", |s| {
-        s.released.is_empty()
-    })?;
-    attached((1, 1), "the old datapath drained")?;
 
     // New connections are the new programs' alone: the fresh maps count only them.
     let fresh = ClientArgs::bulk(16 << 20).greeted();
@@ -549,352 +534,4 @@ fn splice_tracepoint_visible() -> bool {
                 .join("events/syscalls/sys_enter_splice/id")
                 .exists()
         })
-}
-
-/// How long a held exchange may go without a byte read back before the test calls it
-/// stalled: a net of minutes, never a pace (the 6.1 VM runs under one TCG thread, about
-/// 5 times slower than this host).
-const NO_PROGRESS: Duration = Duration::from_secs(240);
-
-/// The counters of the links of the datapath pinned at `pin_dir` (for messages).
-fn link_counts(pin_dir: &Path) -> String {
-    let pin = pin_dir.join(names::PIN_MAPS_SUBDIR).join(names::MAP_LINKS);
-    match pinned_hash_entries::<SockKey, Link>(&pin) {
-        Ok(links) => links
-            .iter()
-            .map(|(_, l)| {
-                format!(
-                    "tx_redir {:?} rx_read {:?} state {:#x}",
-                    l.tx_redir, l.rx_read, l.state
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("; "),
-        Err(e) => format!("{e:#}"),
-    }
-}
-
-/// Waits until `agent`'s log shows `needle`, at most [`NO_PROGRESS`]: an agent of the
-/// earlier build releases this build's datapath by removing its pins, and under
-/// emulation each of the read guard's trampoline links takes an RCU tasks grace period
-/// to release (seconds each, one after another).
-fn logged(agent: &Agent, needle: &str, what: &str) -> Result<()> {
-    let deadline = Instant::now() + NO_PROGRESS;
-    while !agent.stderr().contains(needle) {
-        ensure!(
-            Instant::now() < deadline,
-            "{what}: no '{needle}' in its log within {NO_PROGRESS:?}: {}",
-            agent.stderr()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(())
-}
-
-/// Waits until the held echo's step `k` is read back (`back.<k>`), failing if its
-/// client exits first or if no byte came back for [`NO_PROGRESS`]; returns the step's
-/// report.
-fn wait_step(
-    steps: &Steps,
-    client: &mut PodChild,
-    k: u64,
-    when: &str,
-) -> Result<serde_json::Value> {
-    let done = steps.file(&format!("back.{k}"));
-    let progress = steps.file("back.progress");
-    let mut last = String::new();
-    let mut since = Instant::now();
-    loop {
-        if let Ok(text) = std::fs::read_to_string(&done)
-            && let Ok(report) = serde_json::from_str::<serde_json::Value>(&text)
-        {
-            ensure!(
-                report["exact"] == true,
-                "{when}: step {k} not exact: {report}"
-            );
-            eprintln!("held echo, {when}: {report}");
-            return Ok(report);
-        }
-        if client.try_wait()?.is_some() {
-            bail!("{when}: the held client exited before step {k} came back");
-        }
-        let now = std::fs::read_to_string(&progress).unwrap_or_default();
-        if now != last {
-            last = now;
-            since = Instant::now();
-        } else if since.elapsed() > NO_PROGRESS {
-            bail!(
-                "{when}: step {k} stalled: nothing read back for {NO_PROGRESS:?} (progress: \
-                 {last:?})"
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// The pins a released datapath keeps while it drains, found under `released`: the
-/// read accounting's and read guard's links (those this kernel runs) and the setsockopt
-/// hook's, and not the sock_ops link (no new connection enters it).
-fn drain_links_kept(released: &Path, probe: &testbed::KernelProbe) -> Result<()> {
-    let links = released.join(names::PIN_LINKS_SUBDIR);
-    let read: &[names::Hook] = if probe.read_hook == "tracepoint" {
-        &names::READ_HOOKS
-    } else {
-        &names::READ_TRAMPOLINE_HOOKS
-    };
-    let guard: &[names::Hook] = if probe.read_guard {
-        &names::GUARD_HOOKS
-    } else {
-        &[]
-    };
-    // Where the read accounting runs on trampolines, this build's drain observer too.
-    let observer: &[names::Hook] = if probe.read_hook == "tracepoint" {
-        &[]
-    } else {
-        std::slice::from_ref(&names::DRAIN_HOOK)
-    };
-    for pin in read
-        .iter()
-        .chain(guard)
-        .chain(observer)
-        .map(|h| h.program)
-        .chain([names::PIN_LINK_SOCKOPT])
-    {
-        ensure!(
-            links.join(pin).exists(),
-            "the released datapath lost {pin} while its connection still has bytes \
-             redirected and unread (under {})",
-            links.display()
-        );
-    }
-    ensure!(
-        !links.join(names::PIN_LINK_SOCKOPS).exists(),
-        "the released datapath's sock_ops is still pinned"
-    );
-    Ok(())
-}
-
-/// Issue 36: the agent of an earlier build (`PREVIOUS_AGENT_COMMIT`, whose kernel object
-/// differs from this build's), then this build, then the earlier one again, then this
-/// one, under one held connection that exchanges 8 MiB of random bytes each way per step
-/// (a client thread writing, another reading back, every byte compared). The upgrade
-/// releases the old datapath with step 1's bytes redirected and unread: its read
-/// accounting, read guard and setsockopt hook stay attached while they wait, across a
-/// restart of this build and a rollback to the earlier one, which leaves `released/`
-/// alone; once the server has read them, this build deletes the two old sockets from
-/// the old SockHash (`left`), the old datapath's pins go, and the kernel frees the old
-/// SockHash: the connection runs as plain TCP, in no SockHash. Every step's exchange
-/// finishes, and nothing is left pinned.
-#[test]
-fn upgrade_rollback_under_a_held_connection_drains_the_old_datapath() -> Result<()> {
-    privileged!("upgrade_rollback_under_a_held_connection_drains_the_old_datapath");
-    const STEP: u64 = 8 << 20;
-    let pods = two_pods()?;
-    let ours = opts(&pods, &["--detach-on-exit=false"]);
-    let previous = AgentOpts {
-        binary: Some(testbed::agent::previous_agent_bin()?),
-        ..ours.clone()
-    };
-    let probe = testbed::kernel_probe()?;
-    let sockets_pin = ours
-        .pin_dir
-        .join(names::PIN_MAPS_SUBDIR)
-        .join(names::MAP_SOCKETS);
-    let released = ours.pin_dir.join(names::PIN_RELEASED_SUBDIR).join("1");
-    let steps = Steps::new(&pods, "held")?;
-    let held = [
-        "--case".to_owned(),
-        "held-echo".to_owned(),
-        "--steps".to_owned(),
-        "4".to_owned(),
-        "--bytes".to_owned(),
-        STEP.to_string(),
-    ];
-    let addr = pods.b.v4_addr(5312);
-    let mut server_args = held.to_vec();
-    server_args.extend(["--wait-file".to_owned(), steps.arg("echo")]);
-    let server = ProbeServer::start(&pods.b, addr, &server_args)?;
-
-    // The earlier build: the held connection is paired and bypassed.
-    let mut old = Agent::start(&previous)?;
-    let mut client_args = held.to_vec();
-    client_args.extend([
-        "--go-file".to_owned(),
-        steps.arg("send"),
-        "--mark-file".to_owned(),
-        steps.arg("back"),
-    ]);
-    let mut client = spawn_probe_client(&pods.a, addr, &client_args)?;
-    steps.touch("send.0")?;
-    steps.touch("echo.0")?;
-    wait_step(&steps, &mut client, 0, "under the earlier build")?;
-    eprintln!("links after step 0: {}", link_counts(&ours.pin_dir));
-    let st = old.status()?;
-    ensure!(
-        num(&st, "sockets") == 2 && num(&st, "redirected_bytes") >= 2 * STEP,
-        "the earlier build did not bypass the held connection: {st}"
-    );
-    let old_map = pinned_map_id(&sockets_pin)?;
-    let held_keys = sockhash_keys_by_id(old_map)?.unwrap_or_default();
-    ensure!(
-        held_keys.len() == 2,
-        "the held connection's sockets: {held_keys:?}"
-    );
-    // Step 1's bytes are redirected into the server's queue, and it does not read them
-    // yet: the old datapath cannot be drained until it does.
-    let before = num(&st, "redirected_bytes");
-    steps.touch("send.1")?;
-    wait_status(&ours.pin_dir, "step 1's bytes redirected", |s| {
-        num(s, "redirected_bytes") >= before + STEP
-    })?;
-
-    // Upgrade: this build releases the earlier one's datapath and keeps it draining.
-    old.stop_cleanly("the earlier build")?;
-    let new = Agent::start(&ours)?;
-    logged(
-        &new,
-        "Replaced",
-        "this build did not replace the earlier one",
-    )?;
-    drain_links_kept(&released, &probe)?;
-    ensure!(
-        sockhash_keys_by_id(old_map)?.is_some_and(|k| k.len() == 2),
-        "the held connection left the old SockHash with step 1's bytes unread"
-    );
-    let st = new.stats()?;
-    ensure!(
-        st.released.len() == 1 && st.released[0].sockets == 2,
-        "status does not show the released datapath draining: {:?}",
-        st.released
-    );
-    // The old sock_ops link's release follows its pin's removal within moments.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let attached = loop {
-        let now = (
-            sockops_attached(pods.cgroup())?,
-            sockopt_attached(pods.cgroup())?,
-        );
-        if now == (1, 2) || Instant::now() > deadline {
-            break now;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    ensure!(
-        attached == (1, 2),
-        "after the upgrade, one sock_ops (this build's) and two setsockopt hooks (the \
-         released datapath's kept) should be attached: {attached:?}"
-    );
-
-    // Restarted mid-drain: this build adopts its own datapath and carries on.
-    let mut new = new;
-    new.stop_cleanly("this build")?;
-    let mut again = Agent::start(&ours)?;
-    logged(&again, "Adopted", "the restarted agent did not adopt")?;
-    drain_links_kept(&released, &probe)?;
-
-    // Rolled back mid-drain: the earlier build releases this one's datapath its own way
-    // and leaves `released/` as it is.
-    again.stop_cleanly("this build, restarted")?;
-    let mut back = Agent::start(&previous)?;
-    logged(
-        &back,
-        "Replaced",
-        "the earlier build did not replace this one",
-    )?;
-    drain_links_kept(&released, &probe)?;
-    // Step 1 finishes under the earlier build (the server reads what was redirected to
-    // it, then what comes by TCP), and step 2 runs there.
-    steps.touch("echo.1")?;
-    wait_step(&steps, &mut client, 1, "after the rollback")?;
-    eprintln!("links after step 1: {}", link_counts(&released));
-    steps.touch("send.2")?;
-    steps.touch("echo.2")?;
-    wait_step(&steps, &mut client, 2, "under the earlier build again")?;
-    eprintln!("links after step 2: {}", link_counts(&released));
-
-    // This build again: it drains what is released and the old SockHash goes.
-    back.stop_cleanly("the earlier build, rolled back to")?;
-    let last = Agent::start(&ours)?;
-    // Its start returns on the pinned datapath's status, which may be the one it is
-    // about to release: its own is there once it says so.
-    logged(
-        &last,
-        "Replaced",
-        "this build did not replace the earlier one",
-    )?;
-    let started = Instant::now();
-    let drained = last
-        .wait_for(NO_PROGRESS, "the released datapaths drained", |s| {
-            s.released.is_empty()
-        })
-        .with_context(|| {
-            format!(
-                "the released datapath's links: {}; this build's log:\n{}",
-                link_counts(&released),
-                last.stderr()
-            )
-        })?;
-    eprintln!(
-        "drained {:?} after this build replaced the earlier one (left {})",
-        started.elapsed(),
-        drained.counters.left
-    );
-    ensure!(
-        !ours.pin_dir.join(names::PIN_RELEASED_SUBDIR).exists(),
-        "released/ is still there once drained"
-    );
-    ensure!(
-        drained.counters.left >= 1,
-        "the held connection was not counted as it left the old SockHash: left {}",
-        drained.counters.left
-    );
-    // Nothing holds the old SockHash any more (no pin, no socket's psock through its
-    // sk_msg program): the kernel freed it, and the held sockets are in no SockHash.
-    let deadline = Instant::now() + NO_PROGRESS;
-    while sockhash_keys_by_id(old_map)?.is_some() {
-        ensure!(
-            Instant::now() < deadline,
-            "the old SockHash (map id {old_map}) still exists: {:?}",
-            sockhash_keys_by_id(old_map)?
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let now_in = pinned_sockhash_keys(&sockets_pin)?;
-    ensure!(
-        !now_in.iter().any(|k| held_keys.contains(k)),
-        "the held connection is in this build's SockHash: {now_in:?}"
-    );
-
-    // Step 3 runs as plain TCP: every byte on the veths.
-    let wire0 = pods.wire_bytes()?;
-    steps.touch("send.3")?;
-    steps.touch("echo.3")?;
-    wait_step(&steps, &mut client, 3, "after the drain")?;
-    ensure!(
-        pods.wire_bytes()? >= wire0 + 2 * STEP,
-        "step 3 did not go by TCP: {} B on the veths",
-        pods.wire_bytes()? - wire0
-    );
-    let c = probe_report(client)?;
-    let s = server.wait()?;
-    ensure!(
-        c["ok"] == true && s["ok"] == true && num(&s, "echoed") == 4 * STEP,
-        "the held connection: {c} {s}"
-    );
-
-    // Nothing is left pinned.
-    let mut last = last;
-    last.stop_cleanly("this build, last")?;
-    let pin_dir = ours.pin_dir.display().to_string();
-    let out = run_agent(
-        &["uninstall", "--pin-dir", &pin_dir],
-        Duration::from_secs(300),
-    )?;
-    ensure!(
-        out.status.success(),
-        "uninstall: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    ensure!(!ours.pin_dir.exists(), "{pin_dir} is still there");
-    Ok(())
 }

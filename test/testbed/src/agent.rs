@@ -41,32 +41,6 @@ pub fn agent_bin() -> PathBuf {
     }
 }
 
-/// The agent of [`kube_testenv::workspace::PREVIOUS_AGENT_COMMIT`], which the upgrade
-/// test switches to and from: `$BYPASS_PREVIOUS_AGENT_BIN`, else where `cargo xtask test`
-/// builds it, under the target directory the running test binary is in
-/// (`<target>/debug/deps/`).
-pub fn previous_agent_bin() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("BYPASS_PREVIOUS_AGENT_BIN") {
-        return Ok(PathBuf::from(p));
-    }
-    let exe = std::env::current_exe().context("find the running executable")?;
-    // <target>/<profile>/deps/<test binary>, or <target>/<profile>/<binary>.
-    let mut target = exe.parent().map(Path::to_path_buf).unwrap_or_default();
-    if target.ends_with("deps") {
-        target.pop();
-    }
-    target.pop();
-    let commit = kube_testenv::workspace::PREVIOUS_AGENT_COMMIT;
-    let bin = kube_testenv::workspace::previous_agent_bin(&target, commit);
-    ensure!(
-        bin.is_file(),
-        "no agent of {commit} at {} (`cargo xtask test` builds it; or set \
-         BYPASS_PREVIOUS_AGENT_BIN)",
-        bin.display()
-    );
-    Ok(bin)
-}
-
 /// A `Command` for the agent binary.
 pub fn agent_command() -> Command {
     Command::new(agent_bin())
@@ -124,8 +98,6 @@ pub struct AgentOpts {
     /// `--allow-unguarded`: the datapath tests exercise redirects on every kernel, the
     /// host's too, whether or not a read guard runs there.
     pub allow_unguarded: bool,
-    /// The agent binary to run (`None`: [`agent_bin`]), e.g. [`previous_agent_bin`].
-    pub binary: Option<PathBuf>,
 }
 
 impl AgentOpts {
@@ -203,7 +175,7 @@ impl Agent {
     /// refused to attach (a kernel without a read guard, no `--allow-unguarded`: see
     /// [`Agent::refused`]).
     pub fn start(opts: &AgentOpts) -> Result<Self> {
-        let bin = opts.binary.clone().unwrap_or_else(agent_bin);
+        let bin = agent_bin();
         let mut child = Command::new(&bin)
             .args(opts.args())
             .envs(opts.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
@@ -444,18 +416,10 @@ fn status_output(args: &[&str], pin_dir: &Path) -> Result<Vec<u8>> {
 }
 
 /// Removes a pin directory a killed agent left: links first (that detaches), then
-/// programs and maps, then the directories; the datapaths released under it
-/// (`released/<n>/`, draining) the same way.
+/// programs and maps, then the directories.
 pub fn remove_pins(pin_dir: &Path) -> Result<()> {
     if !pin_dir.exists() {
         return Ok(());
-    }
-    let released = pin_dir.join(bypass_common::names::PIN_RELEASED_SUBDIR);
-    if let Ok(entries) = std::fs::read_dir(&released) {
-        for e in entries.flatten() {
-            remove_pins(&e.path())?;
-        }
-        std::fs::remove_dir(&released).with_context(|| format!("remove {}", released.display()))?;
     }
     for sub in ["links", "progs", "maps"] {
         let dir = pin_dir.join(sub);
@@ -515,7 +479,6 @@ mod tests {
             extra_args: vec!["--max-sockets".into(), "8".into()],
             env: Vec::new(),
             allow_unguarded: false,
-            binary: None,
         };
         assert_eq!(
             o.args().join(" "),

@@ -51,52 +51,12 @@ pub fn pinned_hash_keys<K: Pod + Eq + std::hash::Hash, V: Pod>(pin: &Path) -> Re
     collect(pin, map.keys())
 }
 
-/// The entries of the hash map pinned at `pin`, whose keys are `K` and values `V` (a
-/// released datapath's links, for a failure's message).
-pub fn pinned_hash_entries<K: Pod, V: Pod>(pin: &Path) -> Result<Vec<(K, V)>> {
-    let map: HashMap<MapData, K, V> = open(pin)?
-        .try_into()
-        .with_context(|| format!("{} is not a hash map of this layout", pin.display()))?;
-    Ok(map.iter().filter_map(Result::ok).take(MAX_KEYS).collect())
-}
-
 /// The keys of the SockHash pinned at `pin`.
 pub fn pinned_sockhash_keys(pin: &Path) -> Result<Vec<SockKey>> {
     let map: SockHash<MapData, SockKey> = open(pin)?
         .try_into()
         .with_context(|| format!("{} is not a SockHash of SockKey", pin.display()))?;
     collect(pin, map.keys())
-}
-
-/// The kernel's id of the map pinned at `pin`: it names the map while any reference
-/// holds it (a pin, a program, a socket's psock through its program), after its pins
-/// are gone too.
-pub fn pinned_map_id(pin: &Path) -> Result<u32> {
-    Ok(MapData::from_pin(pin)
-        .with_context(|| format!("open the map pinned at {}", pin.display()))?
-        .info()
-        .with_context(|| format!("read the info of the map pinned at {}", pin.display()))?
-        .id())
-}
-
-/// The keys of the SockHash whose kernel id is `id`, or `None` once no map has that id
-/// (the kernel freed it: nothing held it any more).
-pub fn sockhash_keys_by_id(id: u32) -> Result<Option<Vec<SockKey>>> {
-    let data = match MapData::from_id(id) {
-        Ok(data) => data,
-        Err(aya::maps::MapError::SyscallError(e))
-            if e.io_error.raw_os_error() == Some(libc::ENOENT) =>
-        {
-            return Ok(None);
-        }
-        Err(e) => return Err(e).with_context(|| format!("open map id {id}")),
-    };
-    let map: SockHash<MapData, SockKey> = Map::from_map_data(data)
-        .with_context(|| format!("read map id {id}"))?
-        .try_into()
-        .with_context(|| format!("map id {id} is not a SockHash of SockKey"))?;
-    let label = std::path::PathBuf::from(format!("map id {id}"));
-    collect(&label, map.keys()).map(Some)
 }
 
 fn array(pin: &Path) -> Result<Array<MapData, u32>> {

@@ -320,7 +320,6 @@ impl TwoPods {
             extra_args: Vec::new(),
             env: Vec::new(),
             allow_unguarded: true,
-            binary: None,
         }
     }
 

@@ -327,7 +327,7 @@ fn round(facts: &HostFacts, mode: u32, cgroup: &Path) -> Result<Verdict, String>
     let mut facts = *facts;
     facts.features |= mode;
     let text = |e: AgentError| crate::error::chain(&e);
-    let mut ebpf = load::load_object(SOCKETS, 1, &facts).map_err(text)?;
+    let mut ebpf = load::load_object(SOCKETS, &facts).map_err(text)?;
     configure(&mut ebpf).map_err(text)?;
     load::attach_skmsg(&mut ebpf).map_err(text)?;
     let cgroup_dir = fs::open_cgroup2_dir(cgroup).map_err(text)?;

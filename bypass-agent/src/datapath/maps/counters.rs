@@ -34,12 +34,10 @@ impl Stats {
         self.0.set(stat.index(), values, 0).map_err(err)
     }
 
-    /// Sums every slot over CPUs. Slots past the map's end (a datapath of an earlier
-    /// build, which counted fewer things) read 0.
+    /// Sums every slot over CPUs.
     pub fn read(&self) -> Result<Counters, AgentError> {
         let mut c = Counters::default();
-        let slots = self.0.len();
-        for stat in Stat::ALL.into_iter().filter(|s| s.index() < slots) {
+        for stat in Stat::ALL {
             let per_cpu = self
                 .0
                 .get(&stat.index(), 0)

@@ -11,7 +11,6 @@ pub mod report;
 pub mod server;
 pub mod wire;
 
-pub use io::PatientReader;
 pub use report::{Failure, Report, Rtt};
 
 /// Parses a byte count ([`bypass_common::size::parse_size`]: a number with an optional
