@@ -289,6 +289,33 @@ fn chart_lints_renders_deploy_and_passes_the_schema_check() -> Result<()> {
         bad.is_err_and(|e| e.to_string().contains("maxSockets")),
         "the schema took maxSockets=1"
     );
+    // The namespace hook runs on Linux nodes, as a fixed unprivileged UID except on
+    // OpenShift, whose restricted-v2 SCC assigns one and refuses a fixed one.
+    let hook = |sets: &[&str]| -> Result<String> {
+        let mut args = vec![
+            "template",
+            "x",
+            chart_dir.as_str(),
+            "--kube-version",
+            kube_testenv::KUBE_VERSION,
+            "--show-only",
+            "templates/namespace-hook.yaml",
+        ];
+        for s in sets {
+            args.extend(["--set", s]);
+        }
+        helm(&args)
+    };
+    let plain = hook(&[])?;
+    ensure!(
+        plain.contains("kubernetes.io/os: linux") && plain.contains("runAsUser: 65534"),
+        "{plain}"
+    );
+    let openshift = hook(&["openshift.scc=true"])?;
+    ensure!(
+        openshift.contains("kubernetes.io/os: linux") && !openshift.contains("runAsUser"),
+        "{openshift}"
+    );
     // The chart declares the cluster versions it runs on, and helm refuses others.
     let old = helm(&["template", "x", &chart_dir, "--kube-version", "1.29.9"]);
     ensure!(
