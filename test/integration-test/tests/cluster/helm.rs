@@ -139,28 +139,23 @@ fn helm_install_under_enforced_pod_security_unprivileged_ipv6_metrics_check_and_
             && table.contains("order"),
         "{table}"
     );
-    let labelled = k(&[
-        "-n",
-        AGENT_NS,
-        "get",
-        "configmaps",
-        "-l",
-        "app.kubernetes.io/component=node-status",
-        "-o",
-        "jsonpath={.items[*].metadata.labels.bypass\\.dev/state}",
-    ])?;
+    // A field of every node-status object, by its JSONPath under the object.
+    let node_status = |field: &str| {
+        k(&[
+            "-n",
+            AGENT_NS,
+            "get",
+            "configmaps",
+            "-l",
+            "app.kubernetes.io/component=node-status",
+            "-o",
+            &format!("jsonpath={{.items[*].{field}}}"),
+        ])
+    };
+    let labelled = node_status("metadata.labels.bypass\\.dev/state")?;
     ensure!(labelled == "bypassing", "state label: {labelled:?}");
     // It says when its agent last wrote it (`nodes` shows an old one as stale).
-    let refreshed = k(&[
-        "-n",
-        AGENT_NS,
-        "get",
-        "configmaps",
-        "-l",
-        "app.kubernetes.io/component=node-status",
-        "-o",
-        "jsonpath={.items[*].data.refreshed}",
-    ])?;
+    let refreshed = node_status("data.refreshed")?;
     ensure!(
         refreshed
             .trim()
