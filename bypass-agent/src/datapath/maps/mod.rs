@@ -12,7 +12,7 @@ pub use addresses::PodMaps;
 pub use control::{Control, Identity};
 pub use counters::Stats;
 pub use owners::{OwnerMap, refusals};
-pub use pairings::Pairings;
+pub use pairings::{CutMap, Pairings};
 pub use ports::SkipPorts;
 
 use std::{collections::BTreeMap, net::IpAddr};
