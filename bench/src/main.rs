@@ -1,7 +1,9 @@
 //! `bypass-bench`: parses the command line and hands it to the library. `run` is the
 //! bench (`cargo xtask bench` builds and starts it); `demo` is the bench at small scale
 //! (`cargo xtask demo`); `apps` is its real-application
-//! scenario (`cargo xtask bench --scenario apps`); `report` redoes the tables (and plot)
+//! scenario (`cargo xtask bench --scenario apps`); `scale` is one agent against an API
+//! server holding a large cluster's objects (`cargo xtask bench --scenario scale`);
+//! `report` redoes the tables (and plot)
 //! from a saved `bench.json` of either; `floor` and `floor-peer` are the Unix-socket
 //! floor's two processes, started by `run`.
 
