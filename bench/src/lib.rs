@@ -11,7 +11,8 @@
 //! real applications (`testbed::apps`) between the pods instead of qperf, on the same
 //! path switching, into its own results and tables.
 //! [`demo`] is the bench at small scale, with a verdict on whether the bypass bypassed.
-//! [`wakeups`] is a research probe of small-message streams.
+//! [`wakeups`] is a research probe of small-message streams. [`scale`] measures one agent
+//! against an API server holding a large cluster's objects, under churn.
 
 // Unit tests may unwrap: a panic is their failure report.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
@@ -29,6 +30,7 @@ pub mod procfs;
 pub mod progstats;
 pub mod qperf;
 pub mod report;
+pub mod scale;
 pub mod scenario;
 pub mod sockperf;
 pub mod stats;

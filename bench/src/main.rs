@@ -1,7 +1,9 @@
 //! `bypass-bench`: parses the command line and hands it to the library. `run` is the
 //! bench (`cargo xtask bench` builds and starts it); `demo` is the bench at small scale
 //! (`cargo xtask demo`); `apps` is its real-application
-//! scenario (`cargo xtask bench --scenario apps`); `report` redoes the tables (and plot)
+//! scenario (`cargo xtask bench --scenario apps`); `scale` is one agent against an API
+//! server holding a large cluster's objects (`cargo xtask bench --scenario scale`);
+//! `report` redoes the tables (and plot)
 //! from a saved `bench.json` of either; `floor` and `floor-peer` are the Unix-socket
 //! floor's two processes, started by `run`.
 
@@ -146,6 +148,55 @@ enum Cmd {
         /// Where raw tool output is appended (git-ignored).
         #[arg(long, default_value = "results/raw")]
         raw: PathBuf,
+    },
+    /// One agent against a real API server (etcd and kube-apiserver, no kubelet) holding
+    /// a large cluster's objects, created by the bench; an idle window, then churn of pod,
+    /// EndpointSlice and NetworkPolicy updates (root: the agent loads its datapath). The
+    /// agent's CPU, peak memory, reconcile passes, the latency of a change to one of its
+    /// node's pods, and the watches it holds. Writes scale.json and scale.md.
+    Scale {
+        /// Nodes (one is the agent's).
+        #[arg(long, default_value_t = 5_000)]
+        nodes: u32,
+        /// Pods in all.
+        #[arg(long, default_value_t = 150_000)]
+        pods: u32,
+        /// Pods on the agent's node.
+        #[arg(long, default_value_t = 100)]
+        node_pods: u32,
+        /// Namespaces.
+        #[arg(long, default_value_t = 100)]
+        namespaces: u32,
+        /// Services (each with one EndpointSlice).
+        #[arg(long, default_value_t = 10_000)]
+        services: u32,
+        /// NetworkPolicies.
+        #[arg(long, default_value_t = 1_000)]
+        policies: u32,
+        /// Updates a second in the churn window.
+        #[arg(long, default_value_t = 300)]
+        churn_rate: u32,
+        /// Seconds of churn.
+        #[arg(long, default_value_t = 90)]
+        churn_secs: u32,
+        /// Seconds of the idle window before it.
+        #[arg(long, default_value_t = 30)]
+        idle_secs: u32,
+        /// Requests in flight.
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+        /// The API server's and etcd's state (removed at the end).
+        #[arg(long, default_value = "/dev/shm/bypass-scale")]
+        state_dir: PathBuf,
+        /// One more argument for `bypass-agent run` (repeat it).
+        #[arg(long = "agent-arg", allow_hyphen_values = true)]
+        agent_args: Vec<String>,
+        /// What the run is called in its table.
+        #[arg(long, default_value = "latest")]
+        label: String,
+        /// Where scale.json and scale.md go.
+        #[arg(long, default_value = bench::scale::DEFAULT_OUT)]
+        out: PathBuf,
     },
     /// Redo table.txt, table.md (plot.svg, readme-snippet.md) from a bench.json.
     Report {
@@ -360,6 +411,47 @@ fn real_main() -> Result<()> {
             let results = apps::run(&opts)?;
             let written = apps::write_outputs(&results, &out.unwrap_or_else(apps::default_out))?;
             println!("{}", apps::table::render(&results));
+            for w in written {
+                println!("wrote {}", w.display());
+            }
+            Ok(())
+        }
+        Cmd::Scale {
+            nodes,
+            pods,
+            node_pods,
+            namespaces,
+            services,
+            policies,
+            churn_rate,
+            churn_secs,
+            idle_secs,
+            concurrency,
+            state_dir,
+            agent_args,
+            label,
+            out,
+        } => {
+            let opts = bench::scale::Options {
+                counts: bench::scale::objects::Counts {
+                    nodes,
+                    pods,
+                    node_pods,
+                    namespaces,
+                    services,
+                    policies,
+                },
+                churn_rate,
+                churn_secs,
+                idle_secs,
+                concurrency: concurrency.max(1),
+                state_dir,
+                agent_args,
+                label,
+            };
+            let results = bench::scale::run(&opts)?;
+            let written = bench::scale::write_outputs(&results, &out)?;
+            println!("{}", bench::scale::render(&results));
             for w in written {
                 println!("wrote {}", w.display());
             }

@@ -10,7 +10,9 @@
 //! deploys `deploy/` and switches the bypass by the node label. `--scenario apps` builds
 //! the apps suite's own programs (Go, Java, Node.js) beside the bench and runs
 //! `bypass-bench apps`: real applications instead of qperf, into
-//! `results/latest-apps/`. Needs root.
+//! `results/latest-apps/`. `--scenario scale` runs `bypass-bench scale`: one agent
+//! against an API server and etcd (no kubelet) holding a large cluster's objects, under
+//! churn, into `results/scale/latest/`. Needs root.
 
 use std::{path::Path, process::Command};
 
@@ -41,6 +43,9 @@ pub enum Scenario {
     /// Real applications (redis, nginx, PostgreSQL, iperf3, Go, HAProxy, Java, Node.js,
     /// gRPC) between the two pods; writes results/latest-apps.
     Apps,
+    /// One agent against an API server holding a large cluster's objects, under churn
+    /// (`bypass-bench scale --help`); writes results/scale/latest.
+    Scale,
 }
 
 impl Scenario {
@@ -51,6 +56,7 @@ impl Scenario {
             Scenario::Clusterip => "clusterip",
             Scenario::Cluster => "cluster",
             Scenario::Apps => "apps",
+            Scenario::Scale => "scale",
         }
     }
 }
@@ -64,7 +70,7 @@ pub struct Args {
     /// apps: every workload once, short).
     #[arg(long)]
     pub quick: bool,
-    /// The path measured: default, mesh, clusterip, cluster or apps.
+    /// The path measured: default, mesh, clusterip, cluster, apps or scale.
     #[arg(long, value_enum, default_value = "default")]
     pub scenario: Scenario,
     /// More arguments for `bypass-bench run` (see `bypass-bench run --help`).
@@ -85,16 +91,23 @@ pub fn run(args: &Args) -> Result<()> {
         let dir = crate::apps::build("release")?;
         cargo.env(APPS_DIR_ENV, dir);
     }
-    // The apps scenario is its own subcommand: its options are not the sweep's.
-    cargo.arg(if args.scenario == Scenario::Apps {
-        "apps"
-    } else {
-        "run"
+    // The apps and scale scenarios are their own subcommands: their options are not the
+    // sweep's.
+    cargo.arg(match args.scenario {
+        Scenario::Apps => "apps",
+        Scenario::Scale => "scale",
+        _ => "run",
     });
     if args.quick {
+        if args.scenario == Scenario::Scale {
+            bail!("--quick: the scale scenario sets its size by its own options (-- --help)");
+        }
         cargo.arg("--quick");
     }
-    if !matches!(args.scenario, Scenario::Default | Scenario::Apps) {
+    if !matches!(
+        args.scenario,
+        Scenario::Default | Scenario::Apps | Scenario::Scale
+    ) {
         cargo.args(["--scenario", args.scenario.name()]);
     }
     cargo.args(&args.bench);

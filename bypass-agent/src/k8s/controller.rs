@@ -1,10 +1,13 @@
 //! The controller loop: the watches ([`super::watch`]) feed the reconciler
-//! ([`super::reconcile`]). Every wake-up (a watch event, the resync tick, the tick of
-//! the pod network namespace owners) is one full, level-triggered pass; a burst of
-//! events is coalesced into one. While the API server is away the stores, and so the
-//! datapath, stay as they were.
+//! ([`super::reconcile`]). A pass is full and level-triggered; [`super::pace`] says when
+//! one runs: at once for a change to this node (its Node, its pods, a namespace), at
+//! most once a [`super::pace::MIN_INTERVAL`] for the cluster's Services, EndpointSlices
+//! and ServiceCIDRs and for the resync tick, so a burst of events is coalesced into one.
+//! A NetworkPolicy change cuts its namespace's connections at once, without a pass. The
+//! pod network namespace owners are read after every pass and on their own tick. While the API server is away
+//! the stores, and so the datapath, stay as they were.
 
-use std::{future::Future, sync::Arc};
+use std::{future::Future, sync::Arc, time::Instant};
 
 use futures::{FutureExt as _, StreamExt as _};
 use kube::Client;
@@ -12,6 +15,7 @@ use tracing::{info, warn};
 
 use super::{
     Settings,
+    pace::{self, Pace, Urgency},
     reconcile::Reconciler,
     watch::{WatchState, Watches},
 };
@@ -52,57 +56,77 @@ pub async fn run(
     // retries failed map updates.
     let mut resync = tokio::time::interval(settings.resync);
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // The node's namespaces are read on every wake-up and at least this often: a pod's
+    // The node's namespaces are read after every pass and at least this often: a pod's
     // address is its own once its namespace holds it, and its connections are cut once
     // its network is down or gone.
     let mut owners = crate::owners::Watcher::new(dp)?;
     let mut owners_tick = tokio::time::interval(crate::owners::INTERVAL);
     owners_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut pace = Pace::default();
     let shutdown = shutdown.fuse();
     futures::pin_mut!(shutdown);
     info!(node = %node, "watching the node, its pods, namespaces, ServiceCIDRs, Services and EndpointSlices");
     loop {
+        // A batched pass waits for its time; before the first listing nothing is due.
+        let due = pace
+            .due(Instant::now())
+            .filter(|_| state.listed.core())
+            .map(tokio::time::Instant::from_std);
+        let batched = async {
+            match due {
+                Some(t) => tokio::time::sleep_until(t).await,
+                None => futures::future::pending().await,
+            }
+        };
+        let mut read_owners = false;
         tokio::select! {
             signal = &mut shutdown => return Ok(signal),
             item = events.next() => match item {
-                Some(item) => state.note(item),
+                Some(item) => note(&mut state, &mut pace, item),
                 None => {
                     return Err(AgentError::WatchEnded);
                 }
             },
-            _ = resync.tick() => {}
-            _ = owners_tick.tick(), if owners.is_some() => {}
+            _ = resync.tick() => pace.note(Urgency::Batched),
+            _ = owners_tick.tick(), if owners.is_some() => read_owners = true,
             Some(item) = policies.next() => state.note_policy(item),
+            () = batched => {}
         }
         while let Some(Some(item)) = policies.next().now_or_never() {
             state.note_policy(item);
         }
         // Coalesce a burst (a relist delivers every object) into one reconcile.
         while let Some(Some(item)) = events.next().now_or_never() {
-            state.note(item);
+            note(&mut state, &mut pace, item);
         }
-        // Every wake-up (event or resync tick) is a full, level-triggered pass.
         if state.listed.core() {
             if !telemetry.health.ready() {
                 info!("node, pods and namespaces listed; reconciling");
             }
             telemetry.health.set_synced(true);
             telemetry.agent.synced.set(1);
-            ctl.reconcile(&stores, &state.listed, dp);
-            ctl.cut_policy_changes(&stores, &mut state.policy_changed, dp);
-            if let Some(p) = publisher.as_deref_mut() {
-                p.set_node_uid(
-                    stores
-                        .nodes
-                        .state()
-                        .first()
-                        .and_then(|n| n.metadata.uid.clone()),
-                );
-                p.update(ctl.node_status(dp)).await;
+            let now = Instant::now();
+            if pace.is_due(now) {
+                pace.ran(now);
+                ctl.reconcile(&stores, &state.listed, dp);
+                read_owners = true;
+                if let Some(p) = publisher.as_deref_mut() {
+                    p.set_node_uid(
+                        stores
+                            .nodes
+                            .state()
+                            .first()
+                            .and_then(|n| n.metadata.uid.clone()),
+                    );
+                    p.update(ctl.node_status(dp)).await;
+                }
             }
+            // At once, pass or not: a changed policy must not wait for the interval.
+            ctl.cut_policy_changes(&stores, &mut state.policy_changed, dp);
         }
-        // After the reconcile, so a pod address added now is owned at once.
-        if let Some(w) = owners.as_mut()
+        // After a pass, so a pod address added now is owned at once; and on the tick.
+        if read_owners
+            && let Some(w) = owners.as_mut()
             && let Err(e) = w.pass(dp)
         {
             telemetry.agent.error(ErrorKind::MapUpdate);
@@ -112,4 +136,12 @@ pub async fn run(
             telemetry.agent.error(ErrorKind::CutMapFull);
         }
     }
+}
+
+/// Records a watch item and how soon it needs a pass.
+fn note(state: &mut WatchState, pace: &mut Pace, item: super::watch::Item) {
+    if let Some(u) = pace::urgency(&item) {
+        pace.note(u);
+    }
+    state.note(item);
 }

@@ -4,8 +4,8 @@
 //!
 //! `client` connects and checks at start; `watch` turns API events into stores,
 //! `reconcile` makes the datapath match them, `controller` is the loop that joins the
-//! two; `node_status` publishes what the node does, `owner` asks at exit whether the
-//! DaemonSet is gone.
+//! two, `pace` says when it runs a pass; `node_status` publishes what the node does,
+//! `owner` asks at exit whether the DaemonSet is gone.
 
 pub mod client;
 mod controller;
@@ -13,6 +13,7 @@ mod controller;
 mod fixtures;
 pub mod node_status;
 pub mod owner;
+mod pace;
 mod reconcile;
 mod watch;
 

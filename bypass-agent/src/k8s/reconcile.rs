@@ -98,11 +98,16 @@ impl<'a> Reconciler<'a> {
     /// Makes the maps and the toggle match the stores. Failures are logged and counted;
     /// the next pass retries.
     pub(super) fn reconcile(&mut self, stores: &Stores, listed: &Listed, dp: &mut Datapath) {
+        let start = std::time::Instant::now();
         self.telemetry.agent.reconciles.inc();
         let node = self.node(stores);
         let desired = self.desired(stores, listed);
         self.apply_maps(&desired, dp);
         self.toggle(dp, node.as_deref());
+        self.telemetry
+            .agent
+            .reconcile_seconds
+            .observe(start.elapsed().as_secs_f64());
     }
 
     /// This node, from its store; its absence is logged when it starts.

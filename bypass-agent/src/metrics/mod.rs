@@ -16,7 +16,12 @@ use std::{
 
 use prometheus_client::{
     encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder},
-    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{Histogram, exponential_buckets},
+    },
     registry::Registry,
 };
 pub use server::serve;
@@ -220,12 +225,14 @@ impl Health {
 }
 
 /// The agent's own metrics, updated by the reconciler.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct AgentMetrics {
     /// Pods whose addresses are in the map.
     pub pods_tracked: Gauge,
     /// Reconciles run.
     pub reconciles: Counter,
+    /// How long each reconcile pass took, seconds.
+    pub reconcile_seconds: Histogram,
     /// Errors and rejections, by kind.
     pub errors: Family<ErrorLabels, Counter>,
     /// Whether the watchers have synced (0/1).
@@ -254,6 +261,20 @@ pub fn refusal_kind(why: &str) -> &'static str {
         "no_read_guard"
     } else {
         "other"
+    }
+}
+
+impl Default for AgentMetrics {
+    fn default() -> Self {
+        Self {
+            pods_tracked: Gauge::default(),
+            reconciles: Counter::default(),
+            // 0.5 ms to about 8 s.
+            reconcile_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 15)),
+            errors: Family::default(),
+            synced: Gauge::default(),
+            refused: Family::default(),
+        }
     }
 }
 
@@ -292,6 +313,11 @@ impl Telemetry {
             "bypass_reconciles",
             "Reconciles of the maps and the toggle against the API",
             agent.reconciles.clone(),
+        );
+        registry.register(
+            "bypass_reconcile_seconds",
+            "How long each reconcile pass took",
+            agent.reconcile_seconds.clone(),
         );
         registry.register(
             "bypass_reconcile_errors",

@@ -178,9 +178,17 @@ mod tests {
         t.agent.pods_tracked.set(3);
         t.agent.error(ErrorKind::PodAddress);
         t.agent.error(ErrorKind::PodAddress);
+        t.agent.reconcile_seconds.observe(0.003);
         let (status, body) = get(&t, "/metrics");
         assert_eq!(status, StatusCode::OK);
         assert!(body.contains("bypass_pods_tracked 3"), "{body}");
+        // One pass of 3 ms: counted, and in the buckets from 4 ms up.
+        assert!(body.contains("bypass_reconcile_seconds_count 1"), "{body}");
+        assert!(
+            body.contains("bypass_reconcile_seconds_bucket{le=\"0.004\"} 1")
+                && body.contains("bypass_reconcile_seconds_bucket{le=\"0.002\"} 0"),
+            "{body}"
+        );
         assert!(
             body.contains("bypass_reconcile_errors_total{kind=\"pod_address\"} 2"),
             "{body}"

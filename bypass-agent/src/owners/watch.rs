@@ -8,7 +8,7 @@ use tracing::{info, warn};
 use super::{HostNamespace, PodAddresses, plan, resolve, scan};
 use crate::{datapath::Datapath, error::AgentError};
 
-/// How often the agent reads the node's namespaces (also on every Kubernetes event).
+/// How often the agent reads the node's namespaces (also after every reconcile pass).
 pub const INTERVAL: Duration = Duration::from_secs(1);
 
 /// What one pass found and did.
