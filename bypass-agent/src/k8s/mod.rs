@@ -262,14 +262,6 @@ async fn run_async(
             telemetry.health.set_settled(true);
             let signal = (&mut shutdown).await;
             info!(signal, "stopping (idle: the kernel was refused)");
-            if let (Some(p), Some(o)) = (&settings.pod, &owner)
-                && owner::on_exit(
-                    &owner::check(&client, &p.namespace, o).await,
-                    allowed_at_start,
-                ) == owner::ExitAction::Remove
-            {
-                remove_status(&client, &p.namespace, &settings.node).await;
-            }
             return Ok(());
         }
         Err(e) => return Err(e),
@@ -301,21 +293,10 @@ async fn run_async(
                 "the DaemonSet is gone: removing the datapath from this node (bypassed connections continue by TCP)"
             );
             dp.remove_on_exit();
-            remove_status(&client, &p.namespace, &settings.node).await;
         }
     }
     drop(dp);
     Ok(())
-}
-
-/// Deletes this node's status object as the DaemonSet goes (`helm uninstall`), so
-/// nothing of the release is left in the cluster; a failure is logged (the garbage
-/// collector still removes it with the node).
-async fn remove_status(client: &kube::Client, namespace: &str, node: &str) {
-    match node_status::remove(client, namespace, node).await {
-        Ok(()) => info!(node, "node status removed"),
-        Err(e) => warn!(error = %e, "node status not removed"),
-    }
 }
 
 #[cfg(test)]

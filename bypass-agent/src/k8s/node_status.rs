@@ -281,23 +281,6 @@ pub async fn publish(
     })
 }
 
-/// Deletes node `node`'s status object (gone already is done).
-pub async fn remove(client: &Client, namespace: &str, node: &str) -> Result<(), AgentError> {
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-    match api
-        .delete(&object_name(node), &kube::api::DeleteParams::default())
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        Err(e) => Err(AgentError::Api {
-            action: format!("delete node status {namespace}/{}", object_name(node)),
-            detail: chain(&e),
-            source: Box::new(e),
-        }),
-    }
-}
-
 /// Every node's status in `namespace`.
 pub async fn list(client: &Client, namespace: &str) -> Result<Vec<NodeStatus>, AgentError> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
