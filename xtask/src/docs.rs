@@ -243,7 +243,7 @@ mod tests {
             "| bpf_get_netns_cookie in sock_ops (Linux 5.15, or backported) | every bypass key \
              carries the socket's network namespace | Linux 5.15 |"
         ));
-        assert!(needs.contains("from Linux 5.15 on"));
+        assert!(needs.contains("from Linux 5.19 on"));
         let fields = kernel_fields();
         assert!(fields.contains("| `sk_flags` | `struct sock_common`, `skc_flags` (or `struct sock`, `sk_flags`) | no | `BYPASS_OFF_SK_FLAGS` |"), "{fields}");
         for text in [keys, needs, fields] {
