@@ -77,6 +77,10 @@ impl Watcher {
             n
         };
         written?;
+        // The per-pod counts of namespaces that own no pod address any more go, and
+        // with them their series (bounded by the pods of this node).
+        let owning: BTreeSet<u64> = owners.owned.values().copied().collect();
+        let pruned = dp.prune_pod_counts(&owning);
         let report = Report {
             owned: owners.owned.len(),
             contested: owners.contested,
@@ -103,6 +107,7 @@ impl Watcher {
             );
         }
         self.last = report.clone();
+        pruned?;
         Ok(report)
     }
 
