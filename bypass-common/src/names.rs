@@ -67,8 +67,7 @@ pub const MAP_SERVICE_BACKENDS: &str = "BYPASS_SERVICE_BACKENDS";
 /// closed connections of the pod owning that namespace carried through the bypass.
 /// sock_ops adds a socket's own counts (`Link::tx_redir` of its side) when it closes, so
 /// sk_msg pays nothing per send for it; the agent adds the open connections' counts
-/// from the links at each read, and removes the entries of namespaces that no longer
-/// own a pod address. Keyed by namespace, not address: a namespace cookie is never
+/// from the links at each read, and removes the entries of namespaces that are gone. Keyed by namespace, not address: a namespace cookie is never
 /// reused, so a new pod given an old pod's address never inherits its counts.
 pub const MAP_POD_COUNTS: &str = "BYPASS_POD_COUNTS";
 /// Ring buffer of [`crate::state::LeaveEvent`]s: connections that started to leave the

@@ -720,7 +720,7 @@ fn on_state_change(ctx: &SockOpsContext) {
 /// its pod's entry, by its network namespace: per-pod accounting at close, so sk_msg's
 /// per-send cost is unchanged. Bounded by the map: only namespaces whose sockets are
 /// inserted (those owning a pod address) get here, and the agent removes the entries
-/// of namespaces that own none any more; a full map loses the count, counted.
+/// of namespaces that are gone; a full map loses the count, counted.
 #[inline(always)]
 fn count_for_pod(state: &SockState, bytes: u64) {
     let netns = state.key.netns;

@@ -385,11 +385,11 @@ impl Datapath {
         self.owners.list()
     }
 
-    /// Removes the per-pod counts of network namespaces not in `owning` (those that
-    /// own a pod address now): their pods are gone, and so goes their series. An entry
-    /// a late close adds again for such a namespace goes at the next call.
-    pub fn prune_pod_counts(&mut self, owning: &BTreeSet<u64>) -> Result<usize, AgentError> {
-        self.pod_counts.prune(owning)
+    /// Removes the per-pod counts of network namespaces not in `keep` (those alive or
+    /// owning a pod address now): their pods are gone. An entry a late close adds again
+    /// for such a namespace goes at the next call.
+    pub fn prune_pod_counts(&mut self, keep: &BTreeSet<u64>) -> Result<usize, AgentError> {
+        self.pod_counts.prune(keep)
     }
 
     /// Writes `plan` into the owners map: every entry is tried; the first failure is

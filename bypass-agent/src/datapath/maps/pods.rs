@@ -27,8 +27,8 @@ impl PodCountsMap {
         self.0.iter().filter_map(Result::ok).collect()
     }
 
-    /// Removes the entries of namespaces not in `keep` (those that own no pod address
-    /// any more: their pods are gone). Returns how many went.
+    /// Removes the entries of namespaces not in `keep` (those gone, with their pods).
+    /// Returns how many went.
     pub fn prune(&mut self, keep: &BTreeSet<u64>) -> Result<usize, AgentError> {
         let gone: Vec<u64> = self
             .0
