@@ -14,7 +14,7 @@ use crate::support::{
         ABOVE_PAYLOAD, MIB64, assert_bypassed, assert_byte_exact, exchange, exchange_bypassed,
         exchange_exact,
     },
-    hold_pair, num, probe_report,
+    hold_pair, num, pod_counts, probe_report,
 };
 use anyhow::{Result, ensure};
 use testbed::{Agent, AgentOpts, ClientArgs, TwoPods};
@@ -275,20 +275,6 @@ fn kernel_self_test_reported_everywhere() -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// One pod's per-pod counters on `/metrics` (standalone: the pod is named by its lowest
-/// address, with no namespace and no owner): `(bytes, connections)`, `(0, 0)` while it
-/// has no series.
-fn pod_counts(port: u16, pod: &testbed::Pod) -> Result<(u64, u64)> {
-    let labels = format!("{{namespace=\"\",pod=\"{}\",owner=\"\"}}", pod.ipv4());
-    let read = |name: &str| {
-        testbed::agent::metric(port, &format!("{name}{labels}")).map_or(0, |v| v as u64)
-    };
-    Ok((
-        read("bypass_pod_redirected_bytes_total"),
-        read("bypass_pod_connections_total"),
-    ))
 }
 
 /// Per-pod accounting: pod a's and pod b's counters are what each one's sockets

@@ -15,11 +15,11 @@ use std::{
 };
 
 use crate::support::{
-    HoldPair, ProbeServer, Steps, agent_with, grew, hold_pair, num, probe_client, probe_report,
-    spawn_probe_client, two_pods,
+    HoldPair, ProbeServer, Steps, agent_with, exchange::exchange_exact, grew, hold_pair, num,
+    pod_counts, probe_client, probe_report, spawn_probe_client, two_pods,
 };
 use anyhow::{Context as _, Result, ensure};
-use testbed::{cmd, iptables};
+use testbed::{ClientArgs, cmd, iptables};
 
 fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| (*s).to_owned()).collect()
@@ -644,11 +644,24 @@ enum Loss {
 /// A pod whose network goes down or away loses its bypassed connections too: once the
 /// agent sees the pod's address without an owner, the connection is cut, and the
 /// client's next bytes take TCP (where the CNI decides: nowhere while the link is
-/// down). With the interface up again, TCP delivers them, byte-exact, over the veth.
+/// down). With the interface up again, TCP delivers them, byte-exact, over the veth, and
+/// the per-pod counters still hold what pod a's connections carried, closed before the
+/// loss and after it.
 fn network_loss_cuts_bypassed_connections(loss: Loss, port: u16) -> Result<()> {
     let pods = two_pods()?;
-    let agent = agent_with(&pods, &[])?;
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let agent = agent_with(&pods, &["--metrics-addr", &format!("127.0.0.1:{metrics}")])?;
+    let start = agent.stats()?.counters.redirected_bytes;
     let a = IpAddr::V4(pods.a.ipv4());
+    // A connection closed before the loss: its counts are in pod a's and b's entries.
+    exchange_exact(
+        &pods,
+        &agent,
+        pods.b.v4_addr(port + 100),
+        &ClientArgs::bulk(1 << 20).greeted(),
+    )?;
     let steps = Steps::new(&pods, "loss")?;
     let chunk = 64 * 1024u64;
     let before = agent.stats()?;
@@ -706,6 +719,17 @@ fn network_loss_cuts_bypassed_connections(loss: Loss, port: u16) -> Result<()> {
         ensure!(
             wire >= chunk,
             "the second chunk did not cross the veth: {wire} B"
+        );
+        // Pod a's namespace lived on while it owned no address: what its connections
+        // carried is still its own once it owns its address again.
+        agent.wait_for(testbed::steps::NET, "pod a's address owned again", |s| {
+            s.address_owners.iter().any(|o| o.address == a)
+        })?;
+        let node = agent.stats()?.counters.redirected_bytes - start;
+        let (pa, pb) = (pod_counts(metrics, &pods.a)?, pod_counts(metrics, &pods.b)?);
+        ensure!(
+            pa.0 + pb.0 == node && pa.1 == 2 && pb.1 == 2,
+            "per-pod counters after the interface came back: a {pa:?}, b {pb:?}, the node's {node} B"
         );
     }
     Ok(())
