@@ -159,6 +159,12 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
                     {
                         tracing::warn!(error = %e, "reading the pod network namespaces failed; retrying");
                     }
+                    let everything = dp.take_cuts_of_everything();
+                    if let Some(t) = &telemetry {
+                        for _ in 0..everything {
+                            t.agent.error(metrics::ErrorKind::CutMapFull);
+                        }
+                    }
                 }
             }
         }

@@ -92,6 +92,10 @@ pub enum Probe {
     Program(ProgramKind),
     /// A program of this type may call this helper.
     Helper(ProgramKind, Helper),
+    /// A bypassed socket's reads can be seen: the kernel's BTF has a
+    /// `tcp_bpf_recvmsg` that takes its flags fourth (for BPF trampolines), or the
+    /// `sock_recv_length` tracepoint.
+    ReadHook,
 }
 
 /// One thing the datapath needs from the kernel.
@@ -114,7 +118,7 @@ const fn v(major: u32, minor: u32) -> Option<KernelVersion> {
 }
 
 /// Everything the programs use, in the order a refusal lists it.
-pub const NEEDS: [Need; 14] = [
+pub const NEEDS: [Need; 15] = [
     Need {
         what: "BTF (/sys/kernel/btf/vmlinux, CONFIG_DEBUG_INFO_BTF)",
         why: "the programs' reads of socket fields are checked against it",
@@ -199,11 +203,19 @@ pub const NEEDS: [Need; 14] = [
         probe: Probe::Helper(ProgramKind::SkMsg, Helper::MsgRedirectHash),
         since: v(4, 18),
     },
+    Need {
+        what: "a tcp_bpf_recvmsg taking its flags fourth (Linux 5.19), for BPF trampolines, \
+               or the sock_recv_length tracepoint (Linux 6.4)",
+        why: "what each bypassed socket read is counted by its return, for the queue bound, \
+              the read guard and leaving",
+        probe: Probe::ReadHook,
+        since: v(5, 19),
+    },
 ];
 
-/// Minimum kernel version: the newest release among [`NEEDS`] (5.15: sock_ops programs
-/// may call `bpf_get_netns_cookie` from 5.15 on, `sock_ops_func_proto` in
-/// `net/core/filter.c`, and every SockHash key carries the socket's network namespace).
+/// Minimum kernel version: the newest release among [`NEEDS`] (5.19: `tcp_bpf_recvmsg`
+/// takes its flags fourth from 5.19 on, where the read hooks' programs read them; before,
+/// `nonblock`, net/ipv4/tcp_bpf.c).
 pub const MIN_KERNEL: KernelVersion = newest(&NEEDS);
 
 /// The newest `since` of `needs`.
@@ -238,7 +250,7 @@ mod tests {
             } < MIN_KERNEL
         );
         assert!(KernelVersion { major: 6, minor: 1 } > MIN_KERNEL);
-        assert_eq!(format!("{MIN_KERNEL}"), "5.15");
+        assert_eq!(format!("{MIN_KERNEL}"), "5.19");
     }
 
     #[test]

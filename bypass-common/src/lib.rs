@@ -129,6 +129,12 @@ pub mod control {
     /// counts, so no read is counted twice and no splice is left unguarded. The agent
     /// writes it before it attaches its own, and switches it in one write.
     pub const SLOT_HOOKS_OWNER: u32 = 17;
+    /// The cut generation ([`SLOT_CUT_GEN`]) at which the agent cut every connection
+    /// because the cut map ([`crate::names::MAP_CUT`]) could not hold a cut (full: a
+    /// tenant's idle connections can hold its entries): a cut degrades to cutting
+    /// everything, never to cutting nothing. A socket that last checked an older
+    /// generation leaves ([`cut_everything_since`]). 0, as a fresh load leaves it: never.
+    pub const SLOT_CUT_ALL: u32 = 18;
     /// Number of slots: room for later slots without changing the map's size, which
     /// would make it another layout.
     pub const SLOTS: u32 = 32;
@@ -141,6 +147,23 @@ pub mod control {
     #[inline(always)]
     pub const fn heartbeat_alive(deadline: u32, now_ns: u64) -> bool {
         now_ns / NSEC_PER_SEC < deadline as u64
+    }
+
+    /// Whether a socket that last checked cut generation `seen` and now sees
+    /// `generation` was cut by the cut of everything made at generation `all`
+    /// ([`SLOT_CUT_ALL`]; 0: none): `all` comes after `seen`, up to `generation`
+    /// (in wrapping order).
+    #[inline(always)]
+    pub const fn cut_everything_since(seen: u32, generation: u32, all: u32) -> bool {
+        all != 0 && generation.wrapping_sub(all) < generation.wrapping_sub(seen)
+    }
+
+    /// The cut generation after `g`: never 0, which [`SLOT_CUT_ALL`] reads as none.
+    pub const fn next_cut_generation(g: u32) -> u32 {
+        match g.wrapping_add(1) {
+            0 => 1,
+            n => n,
+        }
     }
 
     /// Seconds left until the heartbeat `deadline` at `now_ns`; 0 once it has passed.
@@ -202,6 +225,26 @@ pub mod control {
 #[cfg(test)]
 mod control_tests {
     use super::control::*;
+
+    #[test]
+    fn a_cut_of_everything_cuts_sockets_that_checked_before_it_only() {
+        // Seen 5; everything cut at 6; now 6 or later: cut.
+        assert!(cut_everything_since(5, 6, 6));
+        assert!(cut_everything_since(5, 9, 6));
+        // Checked at or after the cut of everything (inserted later): not cut by it.
+        assert!(!cut_everything_since(6, 9, 6));
+        assert!(!cut_everything_since(7, 9, 6));
+        // Written before the generation moved to it: not yet.
+        assert!(!cut_everything_since(5, 5, 6));
+        // Never.
+        assert!(!cut_everything_since(0, 9, 0));
+        // Across the wrap.
+        let g = next_cut_generation(u32::MAX);
+        assert_eq!(g, 1);
+        assert!(cut_everything_since(u32::MAX - 1, g, g));
+        assert!(cut_everything_since(u32::MAX - 1, 3, u32::MAX));
+        assert!(!cut_everything_since(2, 3, u32::MAX));
+    }
 
     #[test]
     fn heartbeat_expires_at_its_deadline() {

@@ -35,7 +35,8 @@ pub(crate) fn request(ptr: *mut Link, key: &SockKey) {
 }
 
 /// Once per cut generation ([`control::SLOT_CUT_GEN`]), whether the agent cut this
-/// socket's connection; a cut connection leaves. `ptr` must be this socket's link
+/// socket's connection (in the cut map, or every connection since the socket last
+/// checked, [`control::SLOT_CUT_ALL`]); a cut connection leaves. `ptr` must be this socket's link
 /// (checked with `Link::is_of`). Returns whether it was cut now.
 // The key by reference on purpose: by value it would be copied onto the BPF stack.
 #[allow(clippy::needless_borrows_for_generic_args)]
@@ -48,8 +49,20 @@ pub(crate) fn check_cut(state: &mut SockState, ptr: *mut Link) -> bool {
     if generation == state.cut_gen {
         return false;
     }
+    let seen = state.cut_gen;
     state.cut_gen = generation;
-    if BYPASS_CUT.get_ptr(&state.link).is_none() {
+    // The agent writes the cut (its map entries, or SLOT_CUT_ALL) before the
+    // generation: a fully ordered atomic keeps the reads below after the generation's
+    // on weakly ordered CPUs. Once per generation, not per send.
+    // SAFETY: a live map value (`ptr` is this socket's link).
+    unsafe { atomic::load_ordered(addr_of_mut!((*ptr).state)) };
+    let all = BYPASS_CONTROL
+        .get(control::SLOT_CUT_ALL)
+        .copied()
+        .unwrap_or(0);
+    if !control::cut_everything_since(seen, generation, all)
+        && BYPASS_CUT.get_ptr(&state.link).is_none()
+    {
         return false;
     }
     stats::add(Stat::CutSeen, 1);

@@ -394,6 +394,12 @@ fn fresh_state(
     state.done_msgs = 0;
     state.tcp_run = 0;
     state.cookie = cookie;
+    // Cuts made before this connection existed are not its own: it checks from the
+    // generation it was inserted at (a cut of everything made earlier spares it).
+    state.cut_gen = BYPASS_CONTROL
+        .get(control::SLOT_CUT_GEN)
+        .copied()
+        .unwrap_or(0);
     Ok((state, cookie))
 }
 

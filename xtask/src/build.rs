@@ -42,7 +42,8 @@ pub fn run(args: &Args) -> Result<()> {
 /// Builds `bypass-agent` and returns the path of the binary.
 pub fn build_agent(tools: &Tools, opts: &Options) -> Result<PathBuf> {
     let mut cargo = tools.cargo()?;
-    cargo.args(["build", "--package", workspace::AGENT]);
+    // --locked: the agent is built from the committed Cargo.lock, never a resolved one.
+    cargo.args(["build", "--locked", "--package", workspace::AGENT]);
     if !opts.debug {
         cargo.arg("--release");
     }

@@ -38,6 +38,23 @@ use crate::error::AgentError;
 /// (a reader that catches up sends no event).
 pub const RECHECK: Duration = Duration::from_millis(50);
 
+/// The longest a waiting connection whose counters did not move goes without being
+/// looked at: each look that finds them as they were doubles its interval from
+/// [`RECHECK`] up to this, so what waits costs in proportion to what changes, not to
+/// how many wait (a pod can leave thousands of connections unread).
+pub const MAX_RECHECK: Duration = Duration::from_secs(5);
+
+/// The interval until the next look at a waiting connection, after one at `prev`
+/// (pure): back to [`RECHECK`] when its counters `moved`, else doubled up to
+/// [`MAX_RECHECK`].
+pub fn next_interval(prev: Duration, moved: bool) -> Duration {
+    if moved {
+        RECHECK
+    } else {
+        (prev * 2).clamp(RECHECK, MAX_RECHECK)
+    }
+}
+
 /// How long a link's counters must stay as they were when each side had read
 /// everything before its sockets are deleted: a redirect counted on one CPU reaches
 /// the peer's queue within the sender's system call, and this thread reads the
@@ -67,7 +84,10 @@ pub enum Step {
     /// The link is gone (both sockets closed) or was never leaving: forget it.
     Forget,
     /// Bytes redirected one way or the other are not all read yet: wait.
-    Wait,
+    Wait {
+        /// The counters now.
+        counts: Counts,
+    },
     /// Each side has read everything redirected to it: delete both sockets (the client
     /// socket under the link's key, the server's under `server`) once that holds for
     /// [`SETTLE`] ([`may_go`]).
@@ -89,18 +109,42 @@ pub fn step(link: Option<&Link>) -> Step {
     }
     // Counted before each redirect (also those on their way), against what each side
     // read: equal both ways means nothing waits and nothing is coming.
+    let counts = (l.tx_redir, l.rx_read);
     if l.tx_redir[0] == l.rx_read[1] && l.tx_redir[1] == l.rx_read[0] {
         Step::Delete {
             server: l.server,
-            counts: (l.tx_redir, l.rx_read),
+            counts,
         }
     } else {
-        Step::Wait
+        Step::Wait { counts }
     }
 }
 
-/// Connections waiting to leave, with when each was last seen with every byte read.
-type Waiting = StdHashMap<SockKey, Option<Seen>>;
+/// A connection waiting to leave.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    /// When it was last seen with every byte read, and its counters then.
+    seen: Option<Seen>,
+    /// Its counters at the last look, and the interval after it ([`next_interval`]).
+    last: Option<Counts>,
+    interval: Duration,
+    /// When to look at it again.
+    due: Instant,
+}
+
+impl Entry {
+    fn now(now: Instant) -> Self {
+        Self {
+            seen: None,
+            last: None,
+            interval: RECHECK,
+            due: now,
+        }
+    }
+}
+
+/// Connections waiting to leave.
+type Waiting = StdHashMap<SockKey, Entry>;
 
 /// The maps the thread works on, opened from the pins.
 struct Maps {
@@ -128,23 +172,25 @@ impl Maps {
 
     /// Connections already leaving (an adopted datapath; events lost to a full ring).
     fn leaving(&self) -> Waiting {
+        let now = Instant::now();
         self.links
             .iter()
             .filter_map(Result::ok)
             .filter(|(_, l)| l.state & link_state::LEAVING != 0)
-            .map(|(k, _)| (k, None))
+            .map(|(k, _)| (k, Entry::now(now)))
             .collect()
     }
 
     /// Moves every event of the ring buffer into `waiting`.
     fn drain_events(&mut self, waiting: &mut Waiting) {
+        let now = Instant::now();
         while let Some(item) = self.events.next() {
             if item.len() >= std::mem::size_of::<LeaveEvent>() {
                 // SAFETY: the ring buffer item holds a `LeaveEvent` the programs wrote
                 // (plain old data, any bit pattern valid); read unaligned.
                 let ev: LeaveEvent =
                     unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<LeaveEvent>()) };
-                waiting.entry(ev.link).or_insert(None);
+                waiting.entry(ev.link).or_insert_with(|| Entry::now(now));
             }
         }
     }
@@ -153,18 +199,33 @@ impl Maps {
     fn settle(&mut self, waiting: &mut Waiting) -> u64 {
         let mut left = 0;
         let now = Instant::now();
-        waiting.retain(|key, seen| {
+        waiting.retain(|key, e| {
+            if e.due > now {
+                return true;
+            }
             let link = self.links.get(key, 0).ok();
             match step(link.as_ref()) {
-                Step::Forget => false,
-                Step::Wait => {
-                    *seen = None;
+                Step::Forget => {
+                    // Its cut entry goes with it: a later connection under the key
+                    // is not this one.
+                    if link.is_none() {
+                        let _ = self.cut.remove(key);
+                    }
+                    false
+                }
+                Step::Wait { counts } => {
+                    e.seen = None;
+                    e.interval = next_interval(e.interval, e.last != Some(counts));
+                    e.last = Some(counts);
+                    e.due = now + e.interval;
                     true
                 }
-                Step::Delete { counts, .. } if !may_go(*seen, counts, now) => {
-                    if seen.is_none_or(|s| s.counts != counts) {
-                        *seen = Some(Seen { counts, at: now });
+                Step::Delete { counts, .. } if !may_go(e.seen, counts, now) => {
+                    if e.seen.is_none_or(|s| s.counts != counts) {
+                        e.seen = Some(Seen { counts, at: now });
                     }
+                    e.interval = RECHECK;
+                    e.due = now;
                     true
                 }
                 Step::Delete { server, .. } => {
@@ -265,12 +326,16 @@ mod tests {
         assert_eq!(step(Some(&not_leaving)), Step::Forget);
         assert_eq!(
             step(Some(&leaving([10, 0], [0, 9]))),
-            Step::Wait,
+            Step::Wait {
+                counts: ([10, 0], [0, 9])
+            },
             "server behind"
         );
         assert_eq!(
             step(Some(&leaving([10, 5], [4, 10]))),
-            Step::Wait,
+            Step::Wait {
+                counts: ([10, 5], [4, 10])
+            },
             "client behind"
         );
         let done = leaving([10, 5], [5, 10]);
@@ -288,6 +353,24 @@ mod tests {
                 counts: ([0, 0], [0, 0]),
             },
             "nothing was ever redirected"
+        );
+    }
+
+    #[test]
+    fn a_connection_that_does_not_move_is_looked_at_less_and_less_often() {
+        let mut i = RECHECK;
+        let mut looks = 0;
+        while i < MAX_RECHECK {
+            i = next_interval(i, false);
+            looks += 1;
+        }
+        assert_eq!(i, MAX_RECHECK, "capped");
+        assert!(looks < 10, "{looks} looks to reach the cap");
+        assert_eq!(next_interval(MAX_RECHECK, false), MAX_RECHECK);
+        assert_eq!(
+            next_interval(MAX_RECHECK, true),
+            RECHECK,
+            "moved: soon again"
         );
     }
 

@@ -136,6 +136,8 @@ pub struct Datapath {
     origin: Origin,
     detach_on_exit: bool,
     netns_owners: bool,
+    /// Cuts the cut map could not hold, made as cuts of everything, not yet taken.
+    cuts_of_everything: u64,
     /// Why the bypass is refused on this host, if it is.
     refused: Option<String>,
     /// What the kernel self-test found at this start.
@@ -221,6 +223,7 @@ impl Datapath {
             origin,
             detach_on_exit: config.detach_on_exit,
             netns_owners: config.netns_owners,
+            cuts_of_everything: 0,
             refused,
             checks,
             _ebpf: ebpf,
@@ -364,15 +367,32 @@ impl Datapath {
 
     /// Cuts the connections that touch `excluded` addresses (see [`Pairings::cut`]):
     /// newly opted-out pods' established connections take TCP at their next send and
-    /// leave the SockHash.
+    /// leave the SockHash. Where the cut map cannot hold the cut (full), every
+    /// connection is cut instead (counted, [`Datapath::take_cuts_of_everything`]):
+    /// a cut never fails because of what other pods' connections hold. Returns how many
+    /// connections the cut matched (0 for a cut of everything).
     pub fn cut_links(&mut self, excluded: &BTreeSet<IpAddr>) -> Result<usize, AgentError> {
         let pod_netns = aya::maps::HashMap::try_from(maps::open_pinned(&self.pins, MAP_POD_NETNS)?)
             .map_err(|e| AgentError::bpf(format!("open map {MAP_POD_NETNS}"), e))?;
-        let cut = self.pairings.cut(excluded, &pod_netns)?;
-        if cut > 0 {
-            self.control.bump_cut_generation()?;
+        match self.pairings.cut(excluded, &pod_netns)? {
+            maps::CutMap::Held(0) => Ok(0),
+            maps::CutMap::Held(cut) => {
+                self.control.bump_cut_generation()?;
+                Ok(cut)
+            }
+            maps::CutMap::Full(e) => {
+                self.control.cut_everything()?;
+                self.cuts_of_everything += 1;
+                warn!(error = %e, addresses = ?excluded,
+                    "the cut map could not hold this cut: every bypassed connection on the node was cut instead (they continue on TCP)");
+                Ok(0)
+            }
         }
-        Ok(cut)
+    }
+
+    /// Cuts of everything made since the last call (the cut map was full).
+    pub fn take_cuts_of_everything(&mut self) -> u64 {
+        std::mem::take(&mut self.cuts_of_everything)
     }
 
     /// Whether a pod address may be used only by the namespace that owns it.
@@ -563,17 +583,18 @@ fn write_owner_rule(
     // Connections paired while any namespace could use a pod address may have been
     // paired with one that does not own it: switching the rule on cuts them all
     // (they finish on TCP).
-    if adopt && config.netns_owners && control.owners_off()? {
-        let n = open_pairings(pins)?.cut_all()?;
-        if n > 0 {
-            control.bump_cut_generation()?;
-        }
+    let cut = adopt && config.netns_owners && control.owners_off()?;
+    // The rule first: a socket inserted before the cut is paired under it, or cut.
+    control.set_owners_off(!config.netns_owners)?;
+    if cut {
+        let (_, links) = open_pairings(pins)?.len();
+        control.cut_everything()?;
         info!(
-            connections = n,
+            connections = links,
             "--netns-owners=observe after any: every bypassed connection cut"
         );
     }
-    control.set_owners_off(!config.netns_owners)
+    Ok(())
 }
 
 /// Step of [`Datapath::load`]: why this agent refuses to bypass the node, if it does,

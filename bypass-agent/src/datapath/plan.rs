@@ -141,6 +141,22 @@ impl HostFacts {
 /// 7.2 and 7.3 kernels, not 6.12). Before 5.19 it took `nonblock` fourth, six in all.
 const TCP_BPF_RECVMSG_PARAMS: [u32; 2] = [4, 5];
 
+/// Whether the kernel has the `sock_recv_length` tracepoint (Linux >= 6.4).
+fn has_read_tracepoint(b: &btf::Btf) -> bool {
+    b.type_id(btf::KIND_TYPEDEF, "btf_trace_sock_recv_length")
+        .is_some()
+}
+
+/// Whether this kernel's BTF offers a way to see a bypassed socket's reads: a
+/// `tcp_bpf_recvmsg` the return program can read (trampolines), or the tracepoint
+/// (the preflight's [`bypass_common::kernel::Probe::ReadHook`]; whether trampolines
+/// load is [`detect_hooks`]'s to find).
+pub(super) fn read_hook_in_btf(b: &btf::Btf) -> bool {
+    has_read_tracepoint(b)
+        || b.func_params("tcp_bpf_recvmsg")
+            .is_some_and(|n| TCP_BPF_RECVMSG_PARAMS.contains(&n))
+}
+
 /// Which tracing programs this kernel runs: where BPF trampolines load, the entry and
 /// return of `tcp_bpf_recvmsg` and the read guard (fmod_ret on `security_*`
 /// functions: no BPF LSM needed); elsewhere the `sock_recv_length` tracepoint and the
@@ -150,9 +166,7 @@ fn detect_hooks() -> Result<Hooks, AgentError> {
         what: "describe its functions for the tracing programs (BTF)",
         source: Box::new(e),
     })?;
-    let has_tracepoint = b
-        .type_id(btf::KIND_TYPEDEF, "btf_trace_sock_recv_length")
-        .is_some();
+    let has_tracepoint = has_read_tracepoint(&b);
     let trampolines = match b.type_id(btf::KIND_FUNC, "tcp_recvmsg") {
         Some(id) => rawlink::trampolines_load_retried(id).unwrap_or_else(|e| {
             tracing::warn!(

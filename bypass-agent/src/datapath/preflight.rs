@@ -74,6 +74,9 @@ pub fn probe(p: Probe) -> Found {
         Probe::Helper(t, h) => {
             is_helper_supported(program_type(t), helper(h)).map_err(|e| crate::error::chain(&e))
         }
+        Probe::ReadHook => super::btf::Btf::vmlinux()
+            .map(|b| super::plan::read_hook_in_btf(&b))
+            .map_err(|e| e.to_string()),
     };
     match answer {
         Ok(true) => Found::Yes,
@@ -152,7 +155,7 @@ mod tests {
             "kernel 5.10.0-46-amd64 lacks what the datapath needs: it has no \
              bpf_get_netns_cookie in sock_ops (Linux 5.15, or backported), and every bypass \
              key carries the socket's network namespace: run the agent on a kernel with them \
-             (Linux >= 5.15 upstream, or one that backports them, such as RHEL 9's 5.14), or \
+             (Linux >= 5.19 upstream, or one that backports them, such as RHEL 9's 5.14), or \
              keep it off this node (the chart's nodeSelector/affinity)"
         );
     }

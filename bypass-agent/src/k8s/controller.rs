@@ -91,6 +91,13 @@ pub async fn run(
             ctl.reconcile(&stores, &state.listed, dp);
             ctl.cut_policy_changes(&stores, &mut state.policy_changed, dp);
             if let Some(p) = publisher.as_deref_mut() {
+                p.set_node_uid(
+                    stores
+                        .nodes
+                        .state()
+                        .first()
+                        .and_then(|n| n.metadata.uid.clone()),
+                );
                 p.update(ctl.node_status(dp)).await;
             }
         }
@@ -100,6 +107,9 @@ pub async fn run(
         {
             telemetry.agent.error(ErrorKind::MapUpdate);
             warn!(error = %e, "reading the pod network namespaces failed; retrying");
+        }
+        for _ in 0..dp.take_cuts_of_everything() {
+            telemetry.agent.error(ErrorKind::CutMapFull);
         }
     }
 }

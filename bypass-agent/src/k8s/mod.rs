@@ -63,11 +63,11 @@ pub struct PodRef {
     pub name: String,
 }
 
-/// Where the node's status goes, and what owns it.
+/// Where the node's status goes, and the UID of the Node that owns it.
 pub struct Publisher {
     client: kube::Client,
     namespace: String,
-    owner: Option<node_status::Owner>,
+    node_uid: Option<String>,
     last: Option<node_status::NodeStatus>,
     /// When `last` was written.
     published: Option<std::time::Instant>,
@@ -75,6 +75,15 @@ pub struct Publisher {
 }
 
 impl Publisher {
+    /// The owner's UID as the node watch sees it now: a node registered again (a new
+    /// UID) gets its status written again at once, owned by the new object.
+    pub fn set_node_uid(&mut self, uid: Option<String>) {
+        if uid.is_some() && uid != self.node_uid {
+            self.node_uid = uid;
+            self.published = None;
+        }
+    }
+
     /// Publishes `status` unless it is what was published last; failures are logged
     /// once and retried on the next pass.
     pub async fn update(&mut self, mut status: node_status::NodeStatus) {
@@ -90,8 +99,13 @@ impl Publisher {
             return;
         }
         status.refreshed = Some(k8s_openapi::jiff::Timestamp::now().to_string());
-        match node_status::publish(&self.client, &self.namespace, &status, self.owner.as_ref())
-            .await
+        match node_status::publish(
+            &self.client,
+            &self.namespace,
+            &status,
+            self.node_uid.as_deref(),
+        )
+        .await
         {
             Ok(()) => {
                 if !self
@@ -209,10 +223,15 @@ async fn run_async(
         ),
         _ => false,
     };
+    let node_uid = kube::Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+        .get(&settings.node)
+        .await
+        .ok()
+        .and_then(|n| n.metadata.uid);
     let mut publisher = settings.pod.as_ref().map(|p| Publisher {
         client: client.clone(),
         namespace: p.namespace.clone(),
-        owner: owner.clone(),
+        node_uid,
         last: None,
         published: None,
         warned: false,
@@ -242,6 +261,14 @@ async fn run_async(
             telemetry.health.set_settled(true);
             let signal = (&mut shutdown).await;
             info!(signal, "stopping (idle: the kernel was refused)");
+            if let (Some(p), Some(o)) = (&settings.pod, &owner)
+                && owner::on_exit(
+                    &owner::check(&client, &p.namespace, o).await,
+                    allowed_at_start,
+                ) == owner::ExitAction::Remove
+            {
+                remove_status(&client, &p.namespace, &settings.node).await;
+            }
             return Ok(());
         }
         Err(e) => return Err(e),
@@ -273,10 +300,21 @@ async fn run_async(
                 "the DaemonSet is gone: removing the datapath from this node (bypassed connections continue by TCP)"
             );
             dp.remove_on_exit();
+            remove_status(&client, &p.namespace, &settings.node).await;
         }
     }
     drop(dp);
     Ok(())
+}
+
+/// Deletes this node's status object as the DaemonSet goes (`helm uninstall`), so
+/// nothing of the release is left in the cluster; a failure is logged (the garbage
+/// collector still removes it with the node).
+async fn remove_status(client: &kube::Client, namespace: &str, node: &str) {
+    match node_status::remove(client, namespace, node).await {
+        Ok(()) => info!(node, "node status removed"),
+        Err(e) => warn!(error = %e, "node status not removed"),
+    }
 }
 
 #[cfg(test)]
@@ -285,7 +323,7 @@ mod tests {
 
     use super::{
         fixtures::{json_response, mock_client, status_response},
-        node_status::{NodeStatus, Owner, State},
+        node_status::{NodeStatus, State},
         *,
     };
 
@@ -303,14 +341,15 @@ mod tests {
         }
     }
 
-    /// The node status goes out by server-side apply, owned by the DaemonSet; each
-    /// change once, a failed write again on the next pass.
+    /// The node status goes out by server-side apply, owned by its Node; each change
+    /// once, a failed write again on the next pass, and again when the Node's UID
+    /// changes (registered again).
     #[tokio::test]
     async fn the_node_status_is_applied_once_per_change_and_retried_after_a_failure() {
         let (client, mut handle) = mock_client();
         let api_server = tokio::spawn(async move {
             let mut states = Vec::new();
-            for code in [500, 200, 200] {
+            for (code, uid) in [(500, "u-1"), (200, "u-1"), (200, "u-1"), (200, "u-2")] {
                 let (request, send) = handle.next_request().await.expect("a request");
                 assert_eq!(request.method(), Method::PATCH);
                 assert_eq!(
@@ -329,7 +368,11 @@ mod tests {
                 let body: serde_json::Value =
                     serde_json::from_slice(&request.into_body().collect_bytes().await.unwrap())
                         .unwrap();
-                assert_eq!(body["metadata"]["ownerReferences"][0]["uid"], "u-1");
+                let owner = &body["metadata"]["ownerReferences"][0];
+                assert_eq!(
+                    (&owner["kind"], &owner["name"], &owner["uid"]),
+                    (&"Node".into(), &"node-a".into(), &uid.into())
+                );
                 assert_eq!(
                     body["metadata"]["labels"]["bypass.dev/state"],
                     body["data"]["state"]
@@ -354,11 +397,7 @@ mod tests {
         let mut publisher = Publisher {
             client,
             namespace: "bypass-system".into(),
-            owner: Some(Owner {
-                kind: "DaemonSet".into(),
-                name: "bypass-agent".into(),
-                uid: "u-1".into(),
-            }),
+            node_uid: Some("u-1".into()),
             last: None,
             published: None,
             warned: false,
@@ -367,7 +406,14 @@ mod tests {
         publisher.update(status(State::Bypassing)).await; // retried
         publisher.update(status(State::Bypassing)).await; // unchanged: not written
         publisher.update(status(State::Off)).await;
+        publisher.set_node_uid(Some("u-1".into())); // the same node: nothing
+        publisher.update(status(State::Off)).await;
+        publisher.set_node_uid(Some("u-2".into())); // registered again
+        publisher.update(status(State::Off)).await;
         drop(publisher);
-        assert_eq!(api_server.await.unwrap(), ["bypassing", "bypassing", "off"]);
+        assert_eq!(
+            api_server.await.unwrap(),
+            ["bypassing", "bypassing", "off", "off"]
+        );
     }
 }

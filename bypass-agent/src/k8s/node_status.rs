@@ -2,9 +2,11 @@
 //! `bypass-node-<node>`, in its own namespace, saying whether its node is bypassing,
 //! which guarantees hold on its kernel, or why it refused; `bypass-agent nodes` (or
 //! `kubectl get configmaps -l app.kubernetes.io/component=node-status -L
-//! bypass.dev/state`) shows the whole cluster. The object is owned by the DaemonSet, so
-//! it goes with it; the chart's ValidatingAdmissionPolicy lets an agent write only its
-//! own node's. Building and reading the object is pure; publishing is thin I/O.
+//! bypass.dev/state`) shows the whole cluster. The object is owned by its Node, so the
+//! garbage collector removes it with the node, and an agent whose DaemonSet is gone
+//! deletes it as it removes the datapath; the chart's ValidatingAdmissionPolicy lets an
+//! agent write only its own node's. Building and reading the object is pure; publishing
+//! is thin I/O.
 
 use std::collections::BTreeMap;
 
@@ -124,7 +126,8 @@ pub fn shown_state(
     }
 }
 
-/// The owner every node-status object gets (the DaemonSet), so it goes with it.
+/// The agent's DaemonSet, asked at exit whether the datapath stays
+/// (`super::owner`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Owner {
     /// `apps/v1` kind.
@@ -135,8 +138,9 @@ pub struct Owner {
     pub uid: String,
 }
 
-/// The ConfigMap for `status` in `namespace` (pure).
-pub fn to_config_map(status: &NodeStatus, namespace: &str, owner: Option<&Owner>) -> ConfigMap {
+/// The ConfigMap for `status` in `namespace` (pure), owned by its Node (UID
+/// `node_uid`, where known) so that it goes with the node.
+pub fn to_config_map(status: &NodeStatus, namespace: &str, node_uid: Option<&str>) -> ConfigMap {
     let data: BTreeMap<String, String> = [
         ("node", status.node.clone()),
         ("state", status.state.as_str().to_owned()),
@@ -165,12 +169,12 @@ pub fn to_config_map(status: &NodeStatus, namespace: &str, owner: Option<&Owner>
         },
         "data": data,
     });
-    if let Some(o) = owner {
+    if let Some(uid) = node_uid {
         v["metadata"]["ownerReferences"] = serde_json::json!([{
-            "apiVersion": "apps/v1",
-            "kind": o.kind,
-            "name": o.name,
-            "uid": o.uid,
+            "apiVersion": "v1",
+            "kind": "Node",
+            "name": status.node,
+            "uid": uid,
         }]);
     }
     serde_json::from_value(v).unwrap_or_default()
@@ -255,10 +259,10 @@ pub async fn publish(
     client: &Client,
     namespace: &str,
     status: &NodeStatus,
-    owner: Option<&Owner>,
+    node_uid: Option<&str>,
 ) -> Result<(), AgentError> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-    let cm = to_config_map(status, namespace, owner);
+    let cm = to_config_map(status, namespace, node_uid);
     api.patch(
         &object_name(&status.node),
         &PatchParams::apply(MANAGER).force(),
@@ -275,6 +279,23 @@ pub async fn publish(
         detail: chain(&e),
         source: Box::new(e),
     })
+}
+
+/// Deletes node `node`'s status object (gone already is done).
+pub async fn remove(client: &Client, namespace: &str, node: &str) -> Result<(), AgentError> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    match api
+        .delete(&object_name(node), &kube::api::DeleteParams::default())
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(AgentError::Api {
+            action: format!("delete node status {namespace}/{}", object_name(node)),
+            detail: chain(&e),
+            source: Box::new(e),
+        }),
+    }
 }
 
 /// Every node's status in `namespace`.
@@ -350,20 +371,20 @@ mod tests {
     #[test]
     fn round_trips_through_its_config_map() {
         let s = sample("node-a", State::Bypassing);
-        let owner = Owner {
-            kind: "DaemonSet".into(),
-            name: "bypass-agent".into(),
-            uid: "u-1".into(),
-        };
-        let cm = to_config_map(&s, "bypass-system", Some(&owner));
+        let cm = to_config_map(&s, "bypass-system", Some("u-1"));
         assert_eq!(cm.metadata.name.as_deref(), Some("bypass-node-node-a"));
         let labels = cm.metadata.labels.clone().unwrap();
         assert_eq!(labels[STATE_LABEL], "bypassing");
         assert_eq!(labels["app.kubernetes.io/component"], COMPONENT);
         let refs = cm.metadata.owner_references.clone().unwrap();
         assert_eq!(
-            (refs[0].kind.as_str(), refs[0].uid.as_str()),
-            ("DaemonSet", "u-1")
+            (
+                refs[0].api_version.as_str(),
+                refs[0].kind.as_str(),
+                refs[0].name.as_str(),
+                refs[0].uid.as_str()
+            ),
+            ("v1", "Node", "node-a", "u-1")
         );
         assert_eq!(from_config_map(&cm), Some(s));
         assert!(from_config_map(&ConfigMap::default()).is_none());

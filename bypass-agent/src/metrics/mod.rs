@@ -120,11 +120,14 @@ pub enum ErrorKind {
     ServiceCidr,
     /// An opt-out annotation or namespace label had a value other than `true`/`false`.
     OptOutValue,
+    /// A cut the cut map could not hold (full): every bypassed connection of the node
+    /// was cut instead.
+    CutMapFull,
 }
 
 impl ErrorKind {
     /// Every kind, so each appears on `/metrics` from the start.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::Watch,
         Self::Forbidden,
         Self::MapUpdate,
@@ -133,6 +136,7 @@ impl ErrorKind {
         Self::PodAddress,
         Self::ServiceCidr,
         Self::OptOutValue,
+        Self::CutMapFull,
     ];
 
     /// The label value.
@@ -146,6 +150,7 @@ impl ErrorKind {
             Self::PodAddress => "pod_address",
             Self::ServiceCidr => "service_cidr",
             Self::OptOutValue => "opt_out_value",
+            Self::CutMapFull => "cut_map_full",
         }
     }
 }

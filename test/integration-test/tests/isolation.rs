@@ -646,22 +646,43 @@ enum Loss {
 /// client's next bytes take TCP (where the CNI decides: nowhere while the link is
 /// down). With the interface up again, TCP delivers them, byte-exact, over the veth, and
 /// the per-pod counters still hold what pod a's connections carried, closed before the
-/// loss and after it.
-fn network_loss_cuts_bypassed_connections(loss: Loss, port: u16) -> Result<()> {
+/// loss and after it. With `metrics_port`, a tenant holds the cut map full first
+/// ([`TenantHoldingCuts`]), and the cut must hold all the same.
+fn network_loss_cuts_bypassed_connections(
+    loss: Loss,
+    port: u16,
+    metrics_port: Option<u16>,
+) -> Result<()> {
     let pods = two_pods()?;
-    let metrics = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let agent = agent_with(&pods, &["--metrics-addr", &format!("127.0.0.1:{metrics}")])?;
+    let metrics = match metrics_port {
+        Some(p) => p,
+        None => std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port(),
+    };
+    let addr = format!("127.0.0.1:{metrics}");
+    // The tenant's addresses are a pod's too.
+    let outside = pods.outside_cidr_v4();
+    let mut extra = vec!["--metrics-addr", addr.as_str()];
+    if metrics_port.is_some() {
+        extra.extend(["--pod-cidr", outside.as_str()]);
+    }
+    let agent = agent_with(&pods, &extra)?;
     let start = agent.stats()?.counters.redirected_bytes;
+    let _tenant = match metrics_port {
+        Some(p) => Some(TenantHoldingCuts::start(&pods, &agent, p)?),
+        None => None,
+    };
     let a = IpAddr::V4(pods.a.ipv4());
     // A connection closed before the loss: its counts are in pod a's and b's entries.
-    exchange_exact(
-        &pods,
-        &agent,
-        pods.b.v4_addr(port + 100),
-        &ClientArgs::bulk(1 << 20).greeted(),
-    )?;
+    if metrics_port.is_none() {
+        exchange_exact(
+            &pods,
+            &agent,
+            pods.b.v4_addr(port + 100),
+            &ClientArgs::bulk(1 << 20).greeted(),
+        )?;
+    }
     let steps = Steps::new(&pods, "loss")?;
     let chunk = 64 * 1024u64;
     let before = agent.stats()?;
@@ -675,6 +696,10 @@ fn network_loss_cuts_bypassed_connections(loss: Loss, port: u16) -> Result<()> {
         client,
         redirected: mid,
     } = hold_pair(&pods, &agent, &steps, port, chunk)?;
+    let full_before = match metrics_port {
+        Some(p) => testbed::agent::metric(p, CUT_MAP_FULL)?,
+        None => 0.0,
+    };
     match loss {
         Loss::InterfaceDown => {
             pods.a.ip(&["link", "set", "eth0", "down"])?;
@@ -688,6 +713,12 @@ fn network_loss_cuts_bypassed_connections(loss: Loss, port: u16) -> Result<()> {
         "pod a's address to lose its owner",
         |s| !s.address_owners.iter().any(|o| o.address == a),
     )?;
+    if let Some(p) = metrics_port {
+        // The cut runs after the owners are written: with the tenant's connections to
+        // look through it takes a while, so wait for it: the cut map is full, so pod a's
+        // cut is one more cut of everything.
+        wait_metric(p, CUT_MAP_FULL, full_before + 1.0)?;
+    }
     steps.touch("more")?;
     let cut = agent.wait_for(testbed::steps::NET, "the second chunk to take TCP", |s| {
         grew(&mid, s, |s| s.counters.passed_bytes) > 0
@@ -721,7 +752,11 @@ fn network_loss_cuts_bypassed_connections(loss: Loss, port: u16) -> Result<()> {
             "the second chunk did not cross the veth: {wire} B"
         );
         // Pod a's namespace lived on while it owned no address: what its connections
-        // carried is still its own once it owns its address again.
+        // carried is still its own once it owns its address again (without the tenant,
+        // whose connections the node's total counts too).
+        if metrics_port.is_some() {
+            return Ok(());
+        }
         agent.wait_for(testbed::steps::NET, "pod a's address owned again", |s| {
             s.address_owners.iter().any(|o| o.address == a)
         })?;
@@ -738,13 +773,150 @@ fn network_loss_cuts_bypassed_connections(loss: Loss, port: u16) -> Result<()> {
 #[test]
 fn interface_down_cuts_bypassed_connections() -> Result<()> {
     privileged!("interface_down_cuts_bypassed_connections");
-    network_loss_cuts_bypassed_connections(Loss::InterfaceDown, 5620)
+    network_loss_cuts_bypassed_connections(Loss::InterfaceDown, 5620, None)
 }
 
 #[test]
 fn veth_deleted_cuts_bypassed_connections() -> Result<()> {
     privileged!("veth_deleted_cuts_bypassed_connections");
-    network_loss_cuts_bypassed_connections(Loss::VethDeleted, 5621)
+    network_loss_cuts_bypassed_connections(Loss::VethDeleted, 5621, None)
+}
+
+#[test]
+fn a_tenant_holding_the_cut_map_full_cannot_stop_a_cut() -> Result<()> {
+    privileged!("a_tenant_holding_the_cut_map_full_cannot_stop_a_cut");
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    network_loss_cuts_bypassed_connections(Loss::InterfaceDown, 5622, Some(metrics))
+}
+
+/// Waits until the agent's series `series` (on its metrics port `port`) is at least
+/// `at_least`, at most [`testbed::steps::NET`].
+fn wait_metric(port: u16, series: &str, at_least: f64) -> Result<()> {
+    let deadline = std::time::Instant::now() + testbed::steps::NET;
+    loop {
+        let v = testbed::agent::metric(port, series)?;
+        if v >= at_least {
+            return Ok(());
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "{series} {v}, not {at_least} within {:?}",
+            testbed::steps::NET
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// The reconcile-error series of a cut the cut map could not hold.
+const CUT_MAP_FULL: &str = "bypass_reconcile_errors_total{kind=\"cut_map_full\"}";
+
+/// A third pod that holds the cut map full: it opens more connections to its own
+/// address than the cut map has room for (Python, a program nobody here wrote), waits
+/// until the agent paired them all, sends one byte on each that its peer never reads,
+/// then takes its own interface down. The agent cuts its connections; they can never
+/// finish leaving (each waits for its byte to be read), so their cut entries stay.
+struct TenantHoldingCuts {
+    _pod: testbed::topology::Pod,
+    child: testbed::spawn::PodChild,
+}
+
+impl TenantHoldingCuts {
+    /// Processes that hold the connections: each holds two descriptors per connection,
+    /// and a process may hold only so many (`RLIMIT_NOFILE`, 20,000 on the CI host).
+    const WORKERS: u64 = 3;
+
+    const SCRIPT: &'static str = r#"
+import ctypes, os, socket, sys, time
+ip, n, dir, workers = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+def step(name):
+    open(os.path.join(dir, name), "w").close()
+def wait(name):
+    while not os.path.exists(os.path.join(dir, name)):
+        time.sleep(0.05)
+def hold(w, count):
+    l = socket.socket()
+    l.bind((ip, 0))
+    l.listen(4096)
+    held = []
+    for _ in range(count):
+        c = socket.create_connection(l.getsockname())
+        s, _ = l.accept()
+        held.append((c, s))
+    step("connected-%d" % w)
+    wait("send")
+    for c, _ in held:
+        c.sendall(b"x")
+    step("sent-%d" % w)
+    while True:
+        time.sleep(3600)
+per = (n + workers - 1) // workers
+for w in range(workers):
+    if os.fork() == 0:
+        ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL: go with the parent
+        hold(w, per)
+os.wait()
+sys.exit("a worker exited")
+"#;
+
+    fn start(pods: &testbed::TwoPods, agent: &testbed::Agent, metrics: u16) -> Result<Self> {
+        let pod = pods.third_pod("tenant", 30)?;
+        let per = (u64::from(bypass_common::names::DEFAULT_MAX_CUT) + 256).div_ceil(Self::WORKERS);
+        let n = per * Self::WORKERS;
+        let steps = Steps::new(pods, "tenant")?;
+        let t = IpAddr::V4(pod.ipv4());
+        agent.wait_for(testbed::steps::NET, "the tenant's address owned", |s| {
+            s.address_owners.iter().any(|o| o.address == t)
+        })?;
+        let before = agent.stats()?;
+        let mut cmd = Command::new("python3");
+        cmd.args([
+            "-c",
+            Self::SCRIPT,
+            &pod.ipv4().to_string(),
+            &n.to_string(),
+            &steps.arg(""),
+            &Self::WORKERS.to_string(),
+        ]);
+        let mut child = testbed::spawn::spawn_in(&pod, cmd)?;
+        for w in 0..Self::WORKERS {
+            child = child.wait_ready(
+                &steps.file(&format!("connected-{w}")),
+                "the tenant's connections",
+                testbed::steps::NET,
+            )?;
+        }
+        agent.wait_for(testbed::steps::NET, "the tenant's sockets inserted", |s| {
+            grew(&before, s, |s| s.counters.sockets_inserted) >= 2 * n
+        })?;
+        steps.touch("send")?;
+        for w in 0..Self::WORKERS {
+            child = child.wait_ready(
+                &steps.file(&format!("sent-{w}")),
+                "the tenant's sends",
+                testbed::steps::NET,
+            )?;
+        }
+        agent.wait_for(testbed::steps::NET, "the tenant's bytes redirected", |s| {
+            grew(&before, s, |s| s.counters.redirected_bytes) >= n
+        })?;
+        pod.ip(&["link", "set", "eth0", "down"])?;
+        agent.wait_for(
+            testbed::steps::NET,
+            "the tenant's address to lose its owner (its connections cut)",
+            |s| !s.address_owners.iter().any(|o| o.address == t),
+        )?;
+        // More connections than the cut map holds: its cut is a cut of everything.
+        wait_metric(metrics, CUT_MAP_FULL, 1.0)?;
+        Ok(Self { _pod: pod, child })
+    }
+}
+
+impl Drop for TenantHoldingCuts {
+    fn drop(&mut self) {
+        self.child.kill();
+    }
 }
 
 /// A pod posing, from its own address, as the server of another pod's connection: a

@@ -48,7 +48,16 @@ impl Control {
     /// map again.
     pub fn bump_cut_generation(&mut self) -> Result<(), AgentError> {
         let g = self.get(control::SLOT_CUT_GEN)?;
-        self.set(control::SLOT_CUT_GEN, g.wrapping_add(1))
+        self.set(control::SLOT_CUT_GEN, control::next_cut_generation(g))
+    }
+
+    /// Cuts every connection: the next generation is recorded as a cut of everything
+    /// before the generation moves to it, so a socket that sees it is cut whatever the
+    /// cut map holds.
+    pub fn cut_everything(&mut self) -> Result<(), AgentError> {
+        let next = control::next_cut_generation(self.get(control::SLOT_CUT_GEN)?);
+        self.set(control::SLOT_CUT_ALL, next)?;
+        self.set(control::SLOT_CUT_GEN, next)
     }
 
     /// Allows or stops redirects.

@@ -51,9 +51,9 @@ impl Pairings {
         &mut self,
         excluded: &BTreeSet<IpAddr>,
         pod_netns: &HashMap<MapData, u64, IpKey>,
-    ) -> Result<usize, AgentError> {
+    ) -> Result<CutMap, AgentError> {
         if excluded.is_empty() {
-            return Ok(0);
+            return Ok(CutMap::Held(0));
         }
         let keys: std::collections::HashSet<IpKey> =
             excluded.iter().map(|ip| ip_key(*ip)).collect();
@@ -63,26 +63,25 @@ impl Pairings {
         self.cut_keys(links_to_cut(&entries, &keys, &owners))
     }
 
-    /// Cuts every connection (see [`Pairings::cut`]). Returns how many were cut.
-    pub fn cut_all(&mut self) -> Result<usize, AgentError> {
-        let keys: Vec<SockKey> = self.links.keys().filter_map(Result::ok).collect();
-        self.cut_keys(keys)
-    }
-
-    /// Puts the link keys `keys` into the cut map; returns how many were not there.
-    fn cut_keys(&mut self, keys: impl IntoIterator<Item = SockKey>) -> Result<usize, AgentError> {
+    /// Puts the link keys `keys` into the cut map, up to the first insert it refuses;
+    /// counts those already there too: an entry can outlive its connection, and a new
+    /// connection under the same key checks only generations after its insert, so every
+    /// cut that matches a link must move the generation.
+    fn cut_keys(&mut self, keys: impl IntoIterator<Item = SockKey>) -> Result<CutMap, AgentError> {
         let mut cut = 0;
         for key in keys {
-            // Already cut or leaving: nothing to add.
+            cut += 1;
             if self.cut.get(&key, 0).is_ok() {
                 continue;
             }
-            self.cut
-                .insert(key, 0, 0)
-                .map_err(|e| AgentError::bpf(format!("write map {}", names::MAP_CUT), e))?;
-            cut += 1;
+            if let Err(e) = self.cut.insert(key, 0, 0) {
+                return Ok(CutMap::Full(AgentError::bpf(
+                    format!("write map {}", names::MAP_CUT),
+                    e,
+                )));
+            }
         }
-        Ok(cut)
+        Ok(CutMap::Held(cut))
     }
 
     /// Removes the entries of connecting sockets that are no longer in the SockHash:
@@ -123,6 +122,16 @@ impl Pairings {
         }
         Ok(swept)
     }
+}
+
+/// What the cut map did with a cut.
+#[derive(Debug)]
+pub enum CutMap {
+    /// It holds every connection cut: this many matched.
+    Held(usize),
+    /// It refused one (full, or another failure): the cut needs a cut of everything
+    /// ([`bypass_common::control::SLOT_CUT_ALL`]).
+    Full(AgentError),
 }
 
 /// 1 if an entry was removed, 0 if it was already gone.

@@ -163,6 +163,20 @@ fn helm_install_under_enforced_pod_security_unprivileged_ipv6_metrics_check_and_
             .is_ok(),
         "refreshed: {refreshed:?}"
     );
+    // Owned by its Node, so it goes with the node.
+    let owner = node_status("metadata.ownerReferences[0]['kind','name','uid']")?;
+    let node_uid = k(&[
+        "get",
+        "node",
+        kube_testenv::deploy::NODE,
+        "-o",
+        "jsonpath={.metadata.uid}",
+    ])?;
+    ensure!(
+        owner.split_whitespace().collect::<Vec<_>>()
+            == ["Node", kube_testenv::deploy::NODE, node_uid.trim()],
+        "owner of the node status: {owner:?} (the node's uid {node_uid:?})"
+    );
     // The agent's account may write its own node's object, not another node's: the
     // admission policy reads the node bound into its token (impersonated here).
     let as_agent = |name: &str| {
@@ -207,11 +221,34 @@ fn helm_uninstall_alone_leaves_nothing_attached() -> Result<()> {
     let cgroup = testbed::cgroup::cgroup2_mount()?;
     ensure!(!pins_left().is_empty(), "nothing pinned while installed");
 
+    let node_statuses = || {
+        k(&[
+            "-n",
+            AGENT_NS,
+            "get",
+            "configmaps",
+            "-l",
+            "app.kubernetes.io/component=node-status",
+            "-o",
+            "name",
+        ])
+    };
+    kube::wait_for("the node status published", kube_testenv::NET, || {
+        ensure!(!node_statuses()?.trim().is_empty(), "none yet");
+        Ok(())
+    })?;
+
     release.uninstall()?;
     // Each agent saw its DaemonSet gone at exit and removed its datapath.
     kube::wait_for("the datapath removed", kube_testenv::NET, || {
         let left = pins_left();
         ensure!(left.is_empty(), "still pinned: {left:?}");
+        Ok(())
+    })?;
+    // And its node's status object with it.
+    kube::wait_for("the node status removed", kube_testenv::NET, || {
+        let left = node_statuses()?;
+        ensure!(left.trim().is_empty(), "still there: {left}");
         Ok(())
     })?;
     let attached = testbed::bpf::sockops_attached(&cgroup)?;
