@@ -64,8 +64,8 @@ pub mod globals {
 /// another build only when both have this number, and then replaces its programs in
 /// place. Bumped with any change that an older build's programs, still running on
 /// established sockets, would misread; docs/upgrades.md says which releases share one.
-/// v0.1.0 had none (1 here).
-pub const LAYOUT_VERSION: u32 = 2;
+/// v0.1.0 had none (1 here); 3 added the per-pod counts ([`crate::names::MAP_POD_COUNTS`]).
+pub const LAYOUT_VERSION: u32 = 3;
 
 /// The number a build's tracing programs compare with
 /// [`crate::control::SLOT_HOOKS_OWNER`], from its object's 64-bit fingerprint: never 0

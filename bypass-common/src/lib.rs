@@ -25,7 +25,7 @@ pub use addr::{IpKey, ip_key, mapped_v4};
 pub use kernel::{KernelVersion, MIN_KERNEL};
 pub use key::{Endpoint, SockKey};
 pub use layout::KernelLayout;
-pub use state::{Connector, Link, SockState};
+pub use state::{Connector, Link, PodCounts, SockState};
 #[cfg(feature = "report")]
 pub use stats::Counters;
 pub use stats::Stat;

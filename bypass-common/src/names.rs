@@ -63,6 +63,13 @@ pub const MAP_REFUSALS: &str = "BYPASS_REFUSALS";
 /// dialled another address than the one its server listens on is paired across
 /// network namespaces only through such an entry.
 pub const MAP_SERVICE_BACKENDS: &str = "BYPASS_SERVICE_BACKENDS";
+/// Hash: a network namespace cookie (`u64`) → [`crate::state::PodCounts`]: what the
+/// closed connections of the pod owning that namespace carried through the bypass.
+/// sock_ops adds a socket's own counts (`Link::tx_redir` of its side) when it closes, so
+/// sk_msg pays nothing per send for it; the agent adds the open connections' counts
+/// from the links at each read, and removes the entries of namespaces that are gone. Keyed by namespace, not address: a namespace cookie is never
+/// reused, so a new pod given an old pod's address never inherits its counts.
+pub const MAP_POD_COUNTS: &str = "BYPASS_POD_COUNTS";
 /// Ring buffer of [`crate::state::LeaveEvent`]s: connections that started to leave the
 /// SockHash, for the agent to delete their sockets from it once each side has read
 /// what was redirected to it.
@@ -86,7 +93,7 @@ pub const MAP_ACTIVE_OPEN: &str = "BYPASS_ACTIVE_OPEN";
 /// every map that holds state, so that another build of the same layout adopts them
 /// all, its programs reading what the established sockets' state says (the programs'
 /// per-CPU scratch space alone is not pinned).
-pub const PINNED_MAPS: [&str; 21] = [
+pub const PINNED_MAPS: [&str; 22] = [
     MAP_SOCKETS,
     MAP_POD_CIDRS,
     MAP_POD_ADDRS,
@@ -103,6 +110,7 @@ pub const PINNED_MAPS: [&str; 21] = [
     MAP_NETNS_OWNERS,
     MAP_REFUSALS,
     MAP_SERVICE_BACKENDS,
+    MAP_POD_COUNTS,
     MAP_SOCK_STATE,
     MAP_ACTIVE_OPEN,
     MAP_VERDICTS,
@@ -318,6 +326,11 @@ pub const DEFAULT_MAX_CUT: u32 = 16_384;
 pub const EVENTS_BYTES: u32 = 256 * 1024;
 /// Capacity of the pod network namespace map (pods on one node, with room).
 pub const DEFAULT_MAX_POD_NETNS: u32 = 4_096;
+/// Capacity of the [`MAP_POD_COUNTS`] hash: pod network namespaces on one node, with
+/// room (as [`DEFAULT_MAX_POD_NETNS`]). Not an LRU map: an entry is never evicted
+/// (its pod's counter would go back); when full, a closing connection's counts are
+/// not added ([`crate::Stat::PodCountsLost`]).
+pub const MAX_POD_COUNTS: u32 = DEFAULT_MAX_POD_NETNS;
 /// Capacity of the [`MAP_REFUSALS`] LRU hash (addresses refused for).
 pub const MAX_REFUSALS: u32 = 4_096;
 /// Istio's control-plane and sidecar-management ports, left alone by default: the

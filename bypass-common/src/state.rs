@@ -386,6 +386,33 @@ pub struct Link {
 
 const _: () = assert!(core::mem::size_of::<Link>() == 144);
 
+/// What one pod's closed connections carried through the bypass, the value of
+/// [`crate::names::MAP_POD_COUNTS`]: added to by sock_ops as each of its sockets that
+/// was paired closes (fetching adds: sockets of one pod close on several CPUs at once).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PodCounts {
+    /// Bytes the pod's sockets redirected to their peers ([`Link::tx_redir`] of their
+    /// side).
+    pub bytes: u64,
+    /// The pod's paired connections: each counted once per pod, so a loopback
+    /// connection inside one pod counts once ([`PodCounts::counts_connection`]).
+    pub connections: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<PodCounts>() == 16);
+
+impl PodCounts {
+    /// Whether the socket on `side` of a link whose client's network namespace is
+    /// `client_netns` counts the connection for its own namespace `netns`: the client
+    /// always, the server unless both ends are in one namespace (a loopback connection,
+    /// or a sidecar's redirect inside one pod), where the client counted it already.
+    #[inline(always)]
+    pub const fn counts_connection(side: u32, netns: u64, client_netns: u64) -> bool {
+        side != side::SERVER || netns != client_netns
+    }
+}
+
 impl Link {
     /// Whether this link is the one the socket with `state` belongs to: it names the
     /// socket's cookie on its side (a link left by an earlier socket with the same key,
@@ -731,6 +758,10 @@ unsafe impl aya::Pod for Link {}
 #[cfg(feature = "user")]
 // SAFETY: `repr(C)`, no padding (asserted above), every bit pattern valid.
 unsafe impl aya::Pod for LeaveEvent {}
+
+#[cfg(feature = "user")]
+// SAFETY: `repr(C)`, two `u64`s, no padding (asserted above), every bit pattern valid.
+unsafe impl aya::Pod for PodCounts {}
 
 #[cfg(test)]
 mod tests;

@@ -171,6 +171,10 @@ counters! {
     /// threshold ([`crate::control::SLOT_TCP_MEM_TIGHT`]): there the kernel may refuse
     /// a redirect memory and fail the send with `ENOMEM`, where TCP makes it wait.
     MemoryTight = 31, memory_tight, "Sends that took TCP because the node's TCP memory was near tcp_mem's first threshold";
+    /// Closed sockets whose counts could not be added to their pod's entry
+    /// ([`crate::names::MAP_POD_COUNTS`] full): those bytes and that connection are
+    /// missing from the per-pod counters (not from the node's).
+    PodCountsLost = 32, pod_counts_lost, "Closed sockets whose bytes could not be added to their pod's counters (per-pod map full)";
 }
 
 /// The counter of each [`crate::state::hop`] kind in a family of counters kept per kind

@@ -5,11 +5,11 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use bypass_common::{
-    Connector, Endpoint, IpKey, Link, SockKey, SockState, control,
+    Connector, Endpoint, IpKey, Link, PodCounts, SockKey, SockState, control,
     key::ServiceBackend,
     names::{
         DEFAULT_MAX_ADDRS, DEFAULT_MAX_CIDRS, DEFAULT_MAX_CUT, DEFAULT_MAX_POD_NETNS,
-        DEFAULT_MAX_SERVICE_CIDRS, DEFAULT_MAX_SOCKETS, EVENTS_BYTES, MAX_REFUSALS,
+        DEFAULT_MAX_SERVICE_CIDRS, DEFAULT_MAX_SOCKETS, EVENTS_BYTES, MAX_POD_COUNTS, MAX_REFUSALS,
         MAX_SERVICE_BACKENDS, MAX_SKIP_PORTS, MAX_SPLICERS, MAX_VERDICTS,
     },
     refusal,
@@ -97,6 +97,12 @@ pub(crate) static BYPASS_REFUSALS: LruHashMap<
     [u64; refusal::KINDS],
     { MAX_REFUSALS as usize },
 > = LruHashMap::new();
+
+/// Network namespace cookie → what its pod's closed connections carried
+/// (`bypass_common::names::MAP_POD_COUNTS`); added to by sock_ops at close only.
+#[btf_map]
+pub(crate) static BYPASS_POD_COUNTS: HashMap<u64, PodCounts, { MAX_POD_COUNTS as usize }> =
+    HashMap::new();
 
 /// Each inserted connecting socket, by its local end. The agent sizes it
 /// like the SockHash.

@@ -29,7 +29,7 @@ use aya_ebpf::{
     programs::SockOpsContext,
 };
 use bypass_common::{
-    Connector, IpKey, Link, SockKey, SockState, Stat,
+    Connector, IpKey, Link, PodCounts, SockKey, SockState, Stat,
     addr::{is_loopback, key_bytes},
     control, refusal,
     state::{
@@ -42,9 +42,9 @@ use crate::{
     atomic, kernel, key,
     maps::{
         BYPASS_BACKEND_KEY, BYPASS_CONNECTORS, BYPASS_CONTROL, BYPASS_EXCLUDED_ADDRS, BYPASS_LINKS,
-        BYPASS_NETNS_OWNERS, BYPASS_POD_ADDRS, BYPASS_POD_CIDRS, BYPASS_POD_NETNS, BYPASS_REFUSALS,
-        BYPASS_SCRATCH, BYPASS_SERVICE_BACKENDS, BYPASS_SERVICE_CIDRS, BYPASS_SKIP_PORTS,
-        BYPASS_SOCKETS, sock_state,
+        BYPASS_NETNS_OWNERS, BYPASS_POD_ADDRS, BYPASS_POD_CIDRS, BYPASS_POD_COUNTS,
+        BYPASS_POD_NETNS, BYPASS_REFUSALS, BYPASS_SCRATCH, BYPASS_SERVICE_BACKENDS,
+        BYPASS_SERVICE_CIDRS, BYPASS_SKIP_PORTS, BYPASS_SOCKETS, sock_state,
     },
     stats,
 };
@@ -700,6 +700,16 @@ fn on_state_change(ctx: &SockOpsContext) {
                 let before = atomic::or_u64(addr_of_mut!((*l).state), closed);
                 state.rx_due =
                     atomic::load_ordered(addr_of_mut!((*l).tx_redir[side::peer_index(state.side)]));
+                // This side's own count is final: only its sends add to it, under its
+                // lock, and a closed socket sends nothing more by redirect (skmsg.rs,
+                // can_send). Added after the closed bit: the agent reads the pod counts
+                // first, then adds the links whose side has no closed bit, so a close
+                // between its two reads is missed for one read, never counted twice
+                // (the agent keeps its export monotonic over that).
+                let own = atomic::load_ordered(addr_of_mut!((*l).tx_redir[me]));
+                if before & closed == 0 {
+                    count_for_pod(state, own);
+                }
                 if (before | closed) & link_state::BOTH_CLOSED == link_state::BOTH_CLOSED {
                     let _ = BYPASS_LINKS.remove(&state.link);
                 }
@@ -710,6 +720,50 @@ fn on_state_change(ctx: &SockOpsContext) {
     // read it (a socket that half-closed first closes on its peer's FIN, with the peer's
     // last redirected bytes still in its ingress queue), and the read guard and the
     // read accounting must still see it.
+}
+
+/// Adds a closing paired socket's `bytes` (its side's `tx_redir`) and its connection to
+/// its pod's entry, by its network namespace: per-pod accounting at close, so sk_msg's
+/// per-send cost is unchanged. Bounded by the map: only namespaces whose sockets are
+/// inserted (those owning a pod address) get here, and the agent removes the entries
+/// of namespaces that are gone; a full map loses the count, counted.
+#[inline(always)]
+fn count_for_pod(state: &SockState, bytes: u64) {
+    let netns = state.key.netns;
+    let conns = u64::from(PodCounts::counts_connection(
+        state.side,
+        netns,
+        state.link.netns,
+    ));
+    if let Some(c) = BYPASS_POD_COUNTS.get_ptr_mut(netns) {
+        // SAFETY: a live map value; fetching adds (other sockets of the pod close on
+        // other CPUs).
+        unsafe {
+            atomic::add_u64(addr_of_mut!((*c).bytes), bytes);
+            atomic::add_u64(addr_of_mut!((*c).connections), conns);
+        }
+        return;
+    }
+    let first = PodCounts {
+        bytes,
+        connections: conns,
+    };
+    if BYPASS_POD_COUNTS
+        .insert(netns, first, BPF_NOEXIST.into())
+        .is_ok()
+    {
+        return;
+    }
+    // Another socket of the pod created the entry meanwhile: add to it.
+    if let Some(c) = BYPASS_POD_COUNTS.get_ptr_mut(netns) {
+        // SAFETY: as above.
+        unsafe {
+            atomic::add_u64(addr_of_mut!((*c).bytes), bytes);
+            atomic::add_u64(addr_of_mut!((*c).connections), conns);
+        }
+        return;
+    }
+    stats::add(Stat::PodCountsLost, 1);
 }
 
 /// Whether `ip` is a pod address: in the exact map, or inside a pod CIDR and not an

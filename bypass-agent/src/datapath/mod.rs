@@ -50,9 +50,9 @@ use bypass_common::{
     SockKey,
     names::{
         MAP_CONNECTORS, MAP_CONTROL, MAP_CUT, MAP_EXCLUDED_ADDRS, MAP_LINKS, MAP_NETNS_OWNERS,
-        MAP_POD_ADDRS, MAP_POD_CIDRS, MAP_POD_NETNS, MAP_SERVICE_BACKENDS, MAP_SERVICE_CIDRS,
-        MAP_SKIP_PORTS, MAP_SOCKETS, MAP_STATS, PIN_LINK_SOCKOPS, PIN_LINK_SOCKOPT, PROG_SOCKOPS,
-        PROG_SOCKOPT,
+        MAP_POD_ADDRS, MAP_POD_CIDRS, MAP_POD_COUNTS, MAP_POD_NETNS, MAP_SERVICE_BACKENDS,
+        MAP_SERVICE_CIDRS, MAP_SKIP_PORTS, MAP_SOCKETS, MAP_STATS, PIN_LINK_SOCKOPS,
+        PIN_LINK_SOCKOPT, PROG_SOCKOPS, PROG_SOCKOPT,
     },
 };
 pub use fs::{
@@ -124,6 +124,7 @@ pub struct Datapath {
     pairings: Pairings,
     pod_maps: PodMaps,
     owners: maps::OwnerMap,
+    pod_counts: maps::PodCountsMap,
     control: maps::Control,
     stats: maps::Stats,
     sockets: SockHash<MapData, SockKey>,
@@ -182,6 +183,7 @@ impl Datapath {
         write_limits(&mut control, config)?;
         write_owner_rule(&mut control, &pins, config, adopt)?;
         let owners = maps::OwnerMap::new(maps::open_pinned(&pins, MAP_NETNS_OWNERS)?)?;
+        let pod_counts = maps::PodCountsMap::new(maps::open_pinned(&pins, MAP_POD_COUNTS)?)?;
         let refused = write_refusal(&mut control, config, &checks)?;
         let leaver = leaver::Leaver::start(&pins)?;
         let (sockops, sockopt) = open_programs(&pins)?;
@@ -209,6 +211,7 @@ impl Datapath {
             pairings,
             pod_maps,
             owners,
+            pod_counts,
             control,
             stats,
             sockets,
@@ -245,7 +248,7 @@ impl Datapath {
             return self.control.set_enabled(true);
         }
         // Sockets that closed while sock_ops was detached left their pairing entries.
-        let swept = self.pairings.sweep(&self.sockets)?;
+        let swept = self.pairings.sweep(&self.sockets, &mut self.pod_counts)?;
         if swept > 0 {
             info!(
                 swept,
@@ -400,6 +403,13 @@ impl Datapath {
     /// The owners of pod addresses recorded now.
     pub fn owners(&self) -> std::collections::BTreeMap<IpAddr, u64> {
         self.owners.list()
+    }
+
+    /// Removes the per-pod counts of network namespaces not in `keep` (those alive or
+    /// owning a pod address now): their pods are gone. An entry a late close adds again
+    /// for such a namespace goes at the next call.
+    pub fn prune_pod_counts(&mut self, keep: &BTreeSet<u64>) -> Result<usize, AgentError> {
+        self.pod_counts.prune(keep)
     }
 
     /// Writes `plan` into the owners map: every entry is tried; the first failure is

@@ -168,6 +168,7 @@ impl<'a> Reconciler<'a> {
         metrics
             .pods_tracked
             .set(i64::try_from(desired.pods_tracked).unwrap_or(i64::MAX));
+        self.telemetry.pods.set(desired.identities.clone());
         desired
     }
 

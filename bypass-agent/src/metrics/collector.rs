@@ -8,7 +8,11 @@ use prometheus_client::{
 };
 use tracing::{debug, warn};
 
-use bypass_common::{Stat, state::hop};
+use std::sync::{Arc, Mutex};
+
+use bypass_common::{PodCounts, Stat, state::hop};
+
+use super::pods::{self, Monotonic, PodDirectory};
 
 use crate::datapath::{Counters, PinLayout, PinnedView, count_sockets};
 
@@ -17,12 +21,65 @@ use crate::datapath::{Counters, PinLayout, PinnedView, count_sockets};
 #[derive(Debug)]
 pub(super) struct DatapathCollector {
     layout: PinLayout,
+    /// Which pod each address is, for the per-pod counters.
+    pods: Arc<PodDirectory>,
+    /// What the per-pod counters last showed.
+    shown: Mutex<Monotonic>,
 }
 
 impl DatapathCollector {
-    /// A collector over the pins in `layout`.
-    pub(super) fn new(layout: PinLayout) -> Self {
-        Self { layout }
+    /// A collector over the pins in `layout`, naming pods from `pods`.
+    pub(super) fn new(layout: PinLayout, pods: Arc<PodDirectory>) -> Self {
+        Self {
+            layout,
+            pods,
+            shown: Mutex::new(Monotonic::default()),
+        }
+    }
+
+    /// The per-pod counters: the datapath's counts by pod network namespace, named by
+    /// the pods of this node, never less than last shown.
+    fn encode_pods(
+        &self,
+        enc: &mut DescriptorEncoder,
+        view: &PinnedView,
+    ) -> Result<(), std::fmt::Error> {
+        let Some(totals) = view.pod_totals() else {
+            return Ok(());
+        };
+        let owners = match (&view.owners, view.control.owners_off()) {
+            (Some(o), Ok(false)) => Some(o.list()),
+            _ => None,
+        };
+        let addrs = pods::netns_addrs(owners.as_ref(), &view.pod_netns);
+        let series = pods::pod_series(&totals, &addrs, self.pods.get().as_ref());
+        let shown = match self.shown.lock() {
+            Ok(mut m) => m.update(series),
+            Err(_) => return Ok(()),
+        };
+        for (name, help, value) in [
+            (
+                "bypass_pod_redirected_bytes",
+                "Bytes this pod's sockets sent through the bypass (socket to socket), by pod of this node",
+                (|c: &PodCounts| c.bytes) as fn(&PodCounts) -> u64,
+            ),
+            (
+                "bypass_pod_connections",
+                "Connections of this pod that were paired for the bypass, by pod of this node",
+                |c: &PodCounts| c.connections,
+            ),
+        ] {
+            let mut family = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (id, c) in &shown {
+                let labels = [
+                    ("namespace", id.namespace.as_str()),
+                    ("pod", id.pod.as_str()),
+                    ("owner", id.owner.as_str()),
+                ];
+                ConstCounter::new(value(c)).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -225,6 +282,7 @@ impl Collector for DatapathCollector {
                 &outcomes,
             )?;
         }
+        self.encode_pods(&mut enc, &view)?;
         match view.stats.read() {
             Ok(c) => encode_counters(&mut enc, &c)?,
             Err(e) => warn!(error = %e, "reading datapath counters for metrics"),

@@ -3,6 +3,7 @@
 //! and `/readyz` by a small HTTP/1 server.
 
 mod collector;
+pub mod pods;
 mod server;
 
 use std::{
@@ -293,6 +294,8 @@ pub struct Telemetry {
     pub agent: Arc<AgentMetrics>,
     /// Readiness.
     pub health: Health,
+    /// Which pod each tracked address is (Kubernetes mode), for the per-pod counters.
+    pub pods: Arc<pods::PodDirectory>,
 }
 
 impl Telemetry {
@@ -334,11 +337,16 @@ impl Telemetry {
             "1 when the agent refuses to bypass this node, by kind of reason (kernel_features, self_test, no_read_guard, other; the sentence is in /readyz and the log)",
             agent.refused.clone(),
         );
-        registry.register_collector(Box::new(collector::DatapathCollector::new(layout)));
+        let pods = Arc::new(pods::PodDirectory::default());
+        registry.register_collector(Box::new(collector::DatapathCollector::new(
+            layout,
+            pods.clone(),
+        )));
         Self {
             registry,
             agent,
             health: Health::default(),
+            pods,
         }
     }
 

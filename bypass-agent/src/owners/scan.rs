@@ -59,6 +59,8 @@ pub struct Scan {
     pub namespaces: usize,
     /// Namespaces that could not be entered or read (gone meanwhile, or no right).
     pub unreadable: usize,
+    /// The cookies of the namespaces read: those alive now.
+    pub alive: BTreeSet<u64>,
 }
 
 /// Reads every network namespace it can find but the node's own.
@@ -138,8 +140,9 @@ fn read_all(host: &File, paths: &[(PathBuf, (u64, u64))]) -> Scan {
             continue;
         };
         match read_one(host, &f) {
-            Ok(claims) => {
+            Ok((netns, claims)) => {
                 out.namespaces += 1;
+                out.alive.insert(netns);
                 out.claims.extend(claims);
             }
             Err(e) => {
@@ -151,11 +154,16 @@ fn read_all(host: &File, paths: &[(PathBuf, (u64, u64))]) -> Scan {
     out
 }
 
-/// Enters `ns` and lists the addresses on its interfaces that are up and whose peer or
-/// lower device is in `host`.
-fn read_one(host: &File, ns: &File) -> std::io::Result<Vec<Claim>> {
+/// Enters `ns`: its cookie, and the addresses on its interfaces that are up and whose
+/// peer or lower device is in `host`.
+fn read_one(host: &File, ns: &File) -> std::io::Result<(u64, Vec<Claim>)> {
     setns(ns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)?;
     let netns = netns_cookie().map_err(std::io::Error::other)?;
+    Ok((netns, claims_of(host, netns)?))
+}
+
+/// The claims of namespace `netns`, which the calling thread is in.
+fn claims_of(host: &File, netns: u64) -> std::io::Result<Vec<Claim>> {
     let mut route = Route::open()?;
     let Some(host_id) = route.nsid_of(host.as_fd())? else {
         // No interface of this namespace reaches the node's.

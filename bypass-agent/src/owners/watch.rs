@@ -77,6 +77,18 @@ impl Watcher {
             n
         };
         written?;
+        // The per-pod counts of namespaces that are gone (their pods with them) go.
+        // Kept while a namespace lives, owner or not now: a pod that takes its own
+        // interface down a moment does not drop what its closed connections carried.
+        // Only namespaces that owned a pod address when their sockets were inserted
+        // have entries, so they are bounded by the pods of this node.
+        let keep: BTreeSet<u64> = owners
+            .owned
+            .values()
+            .copied()
+            .chain(found.alive.iter().copied())
+            .collect();
+        let pruned = dp.prune_pod_counts(&keep);
         let report = Report {
             owned: owners.owned.len(),
             contested: owners.contested,
@@ -103,6 +115,7 @@ impl Watcher {
             );
         }
         self.last = report.clone();
+        pruned?;
         Ok(report)
     }
 

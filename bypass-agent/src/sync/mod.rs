@@ -22,8 +22,10 @@ use k8s_openapi::api::{
 use crate::{backend::Backend, cidr::Cidr, toggle};
 
 pub mod backends;
+pub mod workload;
 
 pub use backends::service_backends;
+pub use workload::{PodIdentity, workload_owner};
 
 /// Which pods count, and how workloads opt out.
 #[derive(Debug, Clone)]
@@ -165,6 +167,8 @@ pub struct Desired {
     pub service_backends: Option<BTreeSet<Backend>>,
     /// Pods that contribute at least one address.
     pub pods_tracked: usize,
+    /// Each address of those pods, and which pod it is (the per-pod counters' labels).
+    pub identities: BTreeMap<IpAddr, PodIdentity>,
     /// Pods by what became of them, for logs: `tracked`, or why they were skipped
     /// ([`Skip::as_str`]).
     pub pods: BTreeMap<&'static str, usize>,
@@ -298,6 +302,19 @@ pub fn desired<'a>(
         match verdict {
             Ok(addrs) => {
                 out.pods_tracked += 1;
+                let id = PodIdentity::of(pod);
+                for ip in &addrs {
+                    // Two pods listing one address (a moment of a reuse): the same one
+                    // whatever the order of the objects.
+                    out.identities
+                        .entry(*ip)
+                        .and_modify(|had| {
+                            if id < *had {
+                                *had = id.clone();
+                            }
+                        })
+                        .or_insert_with(|| id.clone());
+                }
                 out.addrs.extend(addrs);
             }
             Err(Skip::Excluded | Skip::NamespaceExcluded | Skip::HostNetwork | Skip::Bandwidth) => {
@@ -308,6 +325,7 @@ pub fn desired<'a>(
     }
     // An opt-out wins over a pod that (for a moment) shares the address.
     out.addrs = out.addrs.difference(&out.excluded).copied().collect();
+    out.identities.retain(|ip, _| out.addrs.contains(ip));
     out
 }
 

@@ -239,6 +239,14 @@ fn opt_out_wins_over_a_shared_address() {
     let d = run(&[out, other], &[]);
     assert_eq!(d.addrs, ips(&["10.244.1.3"]));
     assert_eq!(d.excluded, ips(&["10.244.1.2"]));
+    // Only a tracked address names its pod (the per-pod counters' labels).
+    let names: Vec<(IpAddr, &str)> = d
+        .identities
+        .iter()
+        .map(|(ip, id)| (*ip, id.pod.as_str()))
+        .collect();
+    assert_eq!(names, [("10.244.1.3".parse().unwrap(), "other")]);
+    assert_eq!(d.identities[&"10.244.1.3".parse().unwrap()].namespace, "d");
 }
 
 #[test]

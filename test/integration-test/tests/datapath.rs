@@ -1,15 +1,20 @@
 //! The datapath between two pods on one node: bulk bytes each way over IPv4, IPv6 and a
 //! dual-stack listener go socket to socket, byte-exact; connections with an end outside
 //! the pod addresses are left alone; `--pod-ip` alone works; short connections that
-//! send at once survive the insertion race.
+//! send at once survive the insertion race; each pod's bytes and connections are
+//! counted as its own (`bypass_pod_*_total`).
 
 use crate::support::privileged;
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
-use crate::support::exchange::{
-    ABOVE_PAYLOAD, MIB64, assert_bypassed, assert_byte_exact, exchange, exchange_bypassed,
-    exchange_exact,
+use crate::support::{
+    Steps,
+    exchange::{
+        ABOVE_PAYLOAD, MIB64, assert_bypassed, assert_byte_exact, exchange, exchange_bypassed,
+        exchange_exact,
+    },
+    hold_pair, num, pod_counts, probe_report,
 };
 use anyhow::{Result, ensure};
 use testbed::{Agent, AgentOpts, ClientArgs, TwoPods};
@@ -269,5 +274,124 @@ fn kernel_self_test_reported_everywhere() -> Result<()> {
             "check --json and the self-test disagree on {name} ({outcome}): {check}"
         );
     }
+    Ok(())
+}
+
+/// Per-pod accounting: pod a's and pod b's counters are what each one's sockets
+/// redirected and how many of their connections were paired, open connections (a held
+/// one) and closed ones (a greeted exchange, then the held one closing) alike; together
+/// they are exactly the node's redirected bytes; no reading goes back, across the
+/// closes too. Client (a) and server (b) send different amounts, so bytes counted for
+/// the wrong pod show.
+#[test]
+fn per_pod_counters_follow_each_pods_bytes_and_connections() -> Result<()> {
+    privileged!("per_pod_counters_follow_each_pods_bytes_and_connections");
+    let pods = TwoPods::new()?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let opts = AgentOpts {
+        extra_args: vec!["--metrics-addr".into(), format!("127.0.0.1:{port}")],
+        ..pods.agent_opts().max_queued(ABOVE_PAYLOAD)
+    };
+    let agent = Agent::start(&opts)?;
+    let start = agent.stats()?.counters.redirected_bytes;
+    let node =
+        |agent: &Agent| -> Result<u64> { Ok(agent.stats()?.counters.redirected_bytes - start) };
+    ensure!(
+        pod_counts(port, &pods.a)? == (0, 0) && pod_counts(port, &pods.b)? == (0, 0),
+        "per-pod counters before any connection"
+    );
+    // Open: a held connection, a to b, its first chunk redirected.
+    const CHUNK: u64 = 1 << 20;
+    let steps = Steps::new(&pods, "perpod")?;
+    let held = hold_pair(&pods, &agent, &steps, 5008, CHUNK)?;
+    let (a1, b1) = (pod_counts(port, &pods.a)?, pod_counts(port, &pods.b)?);
+    ensure!(
+        a1.1 == 1 && b1.1 == 1,
+        "one open connection each: a {a1:?}, b {b1:?}"
+    );
+    ensure!(
+        a1.0 >= CHUNK && b1.0 == 0 && a1.0 + b1.0 == node(&agent)?,
+        "the held chunk is a's (b sent nothing): a {a1:?}, b {b1:?}, node {}",
+        node(&agent)?
+    );
+    // Closed: 6 greeted connections, every byte redirected, 2 MiB from a and 512 KiB
+    // from b on each (plus each connection's header, greeting and verdicts).
+    let args = ClientArgs {
+        send: 2 << 20,
+        recv: 512 << 10,
+        connections: 6,
+        ..ClientArgs::default()
+    };
+    let x = exchange_exact(&pods, &agent, pods.b.v4_addr(5009), &args.clone().greeted())?;
+    assert_bypassed(&x, &args)?;
+    let (a2, b2) = (pod_counts(port, &pods.a)?, pod_counts(port, &pods.b)?);
+    let n = args.total_connections();
+    let overhead = 256 * n;
+    ensure!(
+        a2.1 == 1 + n && b2.1 == 1 + n,
+        "{} connections each: a {a2:?}, b {b2:?}",
+        1 + n
+    );
+    let (sent, answered) = (a2.0 - a1.0, b2.0 - b1.0);
+    ensure!(
+        (n * args.send..=n * args.send + overhead).contains(&sent)
+            && (n * args.recv..=n * args.recv + overhead).contains(&answered),
+        "the exchange's bytes by pod: a {sent} B (sent {} B), b {answered} B (sent {} B)",
+        n * args.send,
+        n * args.recv
+    );
+    ensure!(
+        a2.0 + b2.0 == node(&agent)?,
+        "a {} B + b {} B is not the node's {} B",
+        a2.0,
+        b2.0,
+        node(&agent)?
+    );
+    // The held connection sends its second chunk and closes: every reading until both
+    // of its sockets closed (its link gone) is at least the one before.
+    let open_links = agent.stats()?.links;
+    steps.touch("more")?;
+    let mut last = (a2, b2);
+    let deadline = std::time::Instant::now() + testbed::steps::NET;
+    loop {
+        let links = agent.stats()?.links;
+        let now = (pod_counts(port, &pods.a)?, pod_counts(port, &pods.b)?);
+        ensure!(
+            now.0.0 >= last.0.0
+                && now.0.1 >= last.0.1
+                && now.1.0 >= last.1.0
+                && now.1.1 >= last.1.1,
+            "a per-pod counter went back: {last:?} then {now:?}"
+        );
+        last = now;
+        if links < open_links {
+            break;
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the held connection did not close"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let c = probe_report(held.client)?;
+    let s = held.server.wait()?;
+    ensure!(
+        num(&c, "sent") == 2 * CHUNK && s["ok"] == true && num(&s, "received") == 2 * CHUNK,
+        "held connection: {c} {s}"
+    );
+    let (a3, b3) = (pod_counts(port, &pods.a)?, pod_counts(port, &pods.b)?);
+    ensure!(
+        a3.1 == 1 + n && b3.1 == 1 + n && b3.0 == b2.0,
+        "after the close: a {a3:?}, b {b3:?}"
+    );
+    ensure!(
+        a3.0 >= a2.0 && a3.0 + b3.0 == node(&agent)?,
+        "after the close, a {} B + b {} B is not the node's {} B",
+        a3.0,
+        b3.0,
+        node(&agent)?
+    );
     Ok(())
 }

@@ -15,11 +15,11 @@ use std::{
 };
 
 use crate::support::{
-    HoldPair, ProbeServer, Steps, agent_with, grew, hold_pair, num, probe_client, probe_report,
-    spawn_probe_client, two_pods,
+    HoldPair, ProbeServer, Steps, agent_with, exchange::exchange_exact, grew, hold_pair, num,
+    pod_counts, probe_client, probe_report, spawn_probe_client, two_pods,
 };
 use anyhow::{Context as _, Result, ensure};
-use testbed::{cmd, iptables};
+use testbed::{ClientArgs, cmd, iptables};
 
 fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| (*s).to_owned()).collect()
@@ -644,28 +644,45 @@ enum Loss {
 /// A pod whose network goes down or away loses its bypassed connections too: once the
 /// agent sees the pod's address without an owner, the connection is cut, and the
 /// client's next bytes take TCP (where the CNI decides: nowhere while the link is
-/// down). With the interface up again, TCP delivers them, byte-exact, over the veth.
-/// With `metrics_port`, a tenant holds the cut map full first ([`TenantHoldingCuts`]),
-/// and the cut must hold all the same.
+/// down). With the interface up again, TCP delivers them, byte-exact, over the veth, and
+/// the per-pod counters still hold what pod a's connections carried, closed before the
+/// loss and after it. With `metrics_port`, a tenant holds the cut map full first
+/// ([`TenantHoldingCuts`]), and the cut must hold all the same.
 fn network_loss_cuts_bypassed_connections(
     loss: Loss,
     port: u16,
     metrics_port: Option<u16>,
 ) -> Result<()> {
     let pods = two_pods()?;
-    let metrics = metrics_port.map(|p| format!("127.0.0.1:{p}"));
+    let metrics = match metrics_port {
+        Some(p) => p,
+        None => std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port(),
+    };
+    let addr = format!("127.0.0.1:{metrics}");
     // The tenant's addresses are a pod's too.
     let outside = pods.outside_cidr_v4();
-    let extra: Vec<&str> = metrics
-        .as_deref()
-        .map(|m| vec!["--metrics-addr", m, "--pod-cidr", &outside])
-        .unwrap_or_default();
+    let mut extra = vec!["--metrics-addr", addr.as_str()];
+    if metrics_port.is_some() {
+        extra.extend(["--pod-cidr", outside.as_str()]);
+    }
     let agent = agent_with(&pods, &extra)?;
+    let start = agent.stats()?.counters.redirected_bytes;
     let _tenant = match metrics_port {
         Some(p) => Some(TenantHoldingCuts::start(&pods, &agent, p)?),
         None => None,
     };
     let a = IpAddr::V4(pods.a.ipv4());
+    // A connection closed before the loss: its counts are in pod a's and b's entries.
+    if metrics_port.is_none() {
+        exchange_exact(
+            &pods,
+            &agent,
+            pods.b.v4_addr(port + 100),
+            &ClientArgs::bulk(1 << 20).greeted(),
+        )?;
+    }
     let steps = Steps::new(&pods, "loss")?;
     let chunk = 64 * 1024u64;
     let before = agent.stats()?;
@@ -733,6 +750,21 @@ fn network_loss_cuts_bypassed_connections(
         ensure!(
             wire >= chunk,
             "the second chunk did not cross the veth: {wire} B"
+        );
+        // Pod a's namespace lived on while it owned no address: what its connections
+        // carried is still its own once it owns its address again (without the tenant,
+        // whose connections the node's total counts too).
+        if metrics_port.is_some() {
+            return Ok(());
+        }
+        agent.wait_for(testbed::steps::NET, "pod a's address owned again", |s| {
+            s.address_owners.iter().any(|o| o.address == a)
+        })?;
+        let node = agent.stats()?.counters.redirected_bytes - start;
+        let (pa, pb) = (pod_counts(metrics, &pods.a)?, pod_counts(metrics, &pods.b)?);
+        ensure!(
+            pa.0 + pb.0 == node && pa.1 == 2 && pb.1 == 2,
+            "per-pod counters after the interface came back: a {pa:?}, b {pb:?}, the node's {node} B"
         );
     }
     Ok(())

@@ -6,6 +6,7 @@ mod control;
 mod counters;
 mod owners;
 mod pairings;
+mod pods;
 mod ports;
 
 pub use addresses::PodMaps;
@@ -13,11 +14,12 @@ pub use control::{Control, Identity};
 pub use counters::Stats;
 pub use owners::{OwnerMap, refusals};
 pub use pairings::{CutMap, Pairings};
+pub use pods::{PodCountsMap, add_counts, live_counts};
 pub use ports::SkipPorts;
 
 use std::{collections::BTreeMap, net::IpAddr};
 
-use aya::maps::{Map, MapData, SockHash};
+use aya::maps::{HashMap, Map, MapData, SockHash};
 use bypass_common::{SockKey, names};
 
 use super::pins::PinLayout;
@@ -62,6 +64,13 @@ pub struct PinnedView {
     pub owners: Option<OwnerMap>,
     /// Refusals per pod address (absent from a datapath of an older build).
     pub refusals: BTreeMap<IpAddr, [u64; bypass_common::refusal::KINDS]>,
+    /// Closed connections' counts per pod network namespace (absent from a datapath of
+    /// an older build).
+    pub pod_counts: Option<PodCountsMap>,
+    /// Network namespace cookie → a pod address learned there
+    /// ([`names::MAP_POD_NETNS`]), which names a namespace's pod where the agent
+    /// observes no owners (`--netns-owners=any`).
+    pub pod_netns: BTreeMap<u64, IpAddr>,
 }
 
 impl PinnedView {
@@ -109,6 +118,29 @@ impl PinnedView {
                 .ok()
                 .and_then(|m| refusals(m).ok())
                 .unwrap_or_default(),
+            pod_counts: open(names::MAP_POD_COUNTS)
+                .ok()
+                .and_then(|m| PodCountsMap::new(m).ok()),
+            pod_netns: open(names::MAP_POD_NETNS)
+                .ok()
+                .and_then(|m| HashMap::<MapData, u64, bypass_common::IpKey>::try_from(m).ok())
+                .map(|m| {
+                    m.iter()
+                        .filter_map(Result::ok)
+                        .map(|(n, ip)| (n, bypass_common::addr::ip_from_key(ip)))
+                        .collect()
+                })
+                .unwrap_or_default(),
         })
+    }
+
+    /// What each pod network namespace's connections carried through the bypass: the
+    /// closed ones' (the pod counts map), read first, then the open ones' (the links).
+    /// A side that closes between the two reads is in neither for this reading (never
+    /// in both); `None` for a datapath of an older build.
+    pub fn pod_totals(&self) -> Option<BTreeMap<u64, bypass_common::PodCounts>> {
+        let closed = self.pod_counts.as_ref()?.list();
+        let links = self.pairings.links();
+        Some(add_counts(closed, live_counts(&links)))
     }
 }

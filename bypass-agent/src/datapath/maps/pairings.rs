@@ -36,6 +36,11 @@ impl Pairings {
         )
     }
 
+    /// Every link, by its client's key.
+    pub fn links(&self) -> Vec<(SockKey, Link)> {
+        self.links.iter().filter_map(Result::ok).collect()
+    }
+
     /// Cuts the connections that touch `excluded` addresses — at either end, or as the
     /// pod a loopback end's namespace belongs to (`pod_netns`: namespace cookie → the
     /// pod address learned there): their link keys go into the cut map. The caller
@@ -83,7 +88,13 @@ impl Pairings {
     /// they closed while sock_ops was detached, so no state callback removed them. Only
     /// safe while sock_ops is detached (an insert adds the socket before its entries).
     /// Returns how many went.
-    pub fn sweep(&mut self, sockets: &SockHash<MapData, SockKey>) -> Result<usize, AgentError> {
+    /// The open sides' counts of the links it removes go to their pods' entries in
+    /// `pods` (their sockets' closes were not seen, so sock_ops added nothing).
+    pub fn sweep(
+        &mut self,
+        sockets: &SockHash<MapData, SockKey>,
+        pods: &mut super::PodCountsMap,
+    ) -> Result<usize, AgentError> {
         // A user-space lookup in a SockHash with 4-byte values fails (net/core/sock_map.c,
         // sock_map_lookup_sys wants 8): compare against its keys instead.
         let alive: std::collections::HashSet<SockKey> =
@@ -102,6 +113,11 @@ impl Pairings {
             }
         }
         for key in stale_keys(&links, |k| alive.contains(k)) {
+            if let Ok(link) = self.links.get(&key, 0) {
+                for (netns, counts) in super::live_counts(&[(key, link)]) {
+                    pods.credit_detached(netns, counts)?;
+                }
+            }
             swept += gone(self.links.remove(&key), names::MAP_LINKS)?;
         }
         Ok(swept)

@@ -196,6 +196,63 @@ fn pod_to_clusterip_through_kube_proxy_is_bypassed() -> Result<()> {
     Ok(())
 }
 
+/// Per-pod accounting on the cluster: after bypassed exchanges between a bare pod and a
+/// Deployment's pod, each has its series named by its namespace, its name and its
+/// workload (`Deployment/web`, none for the bare pod), with at least what it sent; a
+/// deleted pod's series goes.
+#[test]
+fn per_pod_counters_named_by_namespace_pod_and_workload_go_with_the_pod() -> Result<()> {
+    let _deployed = Deployed::apply()?;
+    label_node(Some(true))?;
+    let ns = Namespace::create("bt-perpod", &[])?;
+    let server = ns.server_deployment("web")?;
+    let client = ns.client_pod("client")?;
+    let target = format!("{}:{PORT}", server.ip);
+    wait_path(&client, &server, &target, true)?;
+    exchange(&client, &target, PAYLOAD)?;
+    let series = |name: &str, pod: &str, owner: &str| {
+        format!("{name}{{namespace=\"bt-perpod\",pod=\"{pod}\",owner=\"{owner}\"}}")
+    };
+    let bytes = "bypass_pod_redirected_bytes_total";
+    let conns = "bypass_pod_connections_total";
+    for (pod, owner) in [(server.name.as_str(), "Deployment/web"), ("client", "")] {
+        // Two bypassed exchanges at least, PAYLOAD each way (all but what a bypassed
+        // exchange may leave on the veth), all closed.
+        let want = 2 * (PAYLOAD_BYTES - BYPASSED_MAX);
+        let sent = metric(&series(bytes, pod, owner))?;
+        ensure!(sent >= want as f64, "{pod}: {sent} B, want at least {want}");
+        let paired = metric(&series(conns, pod, owner))?;
+        ensure!(paired >= 2.0, "{pod}: {paired} connections");
+    }
+    kube::k(&[
+        "-n",
+        &ns.name,
+        "delete",
+        "pod",
+        "client",
+        "--wait=true",
+        "--timeout=900s",
+    ])?;
+    kube::wait_for("the deleted pod's series gone", kube_testenv::NET, || {
+        let (_, body) = agent::http_get("/metrics")?;
+        ensure!(
+            !body.contains("pod=\"client\""),
+            "still shown: {}",
+            body.lines()
+                .filter(|l| l.contains("pod=\"client\""))
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+        Ok(())
+    })?;
+    ensure!(
+        metric(&series(bytes, &server.name, "Deployment/web"))?
+            >= (2 * (PAYLOAD_BYTES - BYPASSED_MAX)) as f64,
+        "the server's series went with the client's"
+    );
+    Ok(())
+}
+
 #[test]
 fn rolling_update_keeps_an_established_connection_bypassed_and_byte_exact() -> Result<()> {
     let deployed = Deployed::apply()?;

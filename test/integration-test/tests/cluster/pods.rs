@@ -62,6 +62,59 @@ impl Namespace {
         self.pod(name, &[], "[\"/bin/sleep\", \"3600\"]")
     }
 
+    /// A Deployment `name` of one pod of the test image running the peer's `server` on
+    /// [`PORT`]; returns its pod, Ready.
+    pub fn server_deployment(&self, name: &str) -> Result<Pod> {
+        apply(&format!(
+            "apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {name}
+  namespace: {ns}
+spec:
+  replicas: 1
+  selector:
+    matchLabels:
+      app: {name}
+  template:
+    metadata:
+      labels:
+        app: {name}
+    spec:
+      dnsPolicy: Default
+      terminationGracePeriodSeconds: 1
+      automountServiceAccountToken: false
+      containers:
+      - name: c
+        image: {TEST_IMAGE}
+        imagePullPolicy: Never
+        command: [\"{TEST_TOOL_PATH}\", \"peer\", \"server\", \"--listen\", \"0.0.0.0:{PORT}\", \"--idle-timeout\", \"120\"]
+",
+            ns = self.name
+        ))?;
+        let mut pod = String::new();
+        wait_for("the Deployment's pod", kube_testenv::NET, || {
+            pod = k(&[
+                "-n",
+                &self.name,
+                "get",
+                "pods",
+                "-l",
+                &format!("app={name}"),
+                "-o",
+                "jsonpath={.items[0].metadata.name}",
+            ])?;
+            ensure!(!pod.is_empty(), "no pod yet");
+            Ok(())
+        })?;
+        let ip = kubectl()?.ready_pod_ip(&self.name, &pod, kube_testenv::NET)?;
+        Ok(Pod {
+            ns: self.name.clone(),
+            name: pod,
+            ip,
+        })
+    }
+
     fn pod(&self, name: &str, annotations: &[(&str, &str)], command: &str) -> Result<Pod> {
         let ann = metadata_map("annotations", annotations);
         apply(&format!(

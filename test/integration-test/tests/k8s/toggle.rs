@@ -185,7 +185,8 @@ pub fn k8s_traffic_from_pod_objects_and_label_toggle_lose_no_byte() -> Result<()
 /// Connections that close while the node label has the bypass off leave theirs; the
 /// next attach sweeps every entry whose socket is no longer in the SockHash, before
 /// sock_ops can insert anything again, so nothing stale stays for a later connection
-/// with the same key to find.
+/// with the same key to find. Their counts go to their pods' counters
+/// (`bypass_pod_*_total`): no close of theirs was seen to add them.
 pub fn k8s_entries_of_connections_closed_while_off_are_swept() -> Result<()> {
     let pods = TwoPods::new()?;
     let c = Cluster::start()?;
@@ -196,6 +197,7 @@ pub fn k8s_entries_of_connections_closed_while_off_are_swept() -> Result<()> {
     let agent = start_agent(&c, &pods, &node, port, &[])?;
     let pin = agent.pin_dir().to_path_buf();
     wait_addrs(&pin, "both pods in", &addrs(&[&a4, &b4]))?;
+    let start = seen(&pin)?.counters.redirected_bytes;
     let pairing = |pin: &Path| -> Result<(usize, usize)> {
         let s = seen(pin)?;
         Ok((s.connectors, s.links))
@@ -242,5 +244,26 @@ pub fn k8s_entries_of_connections_closed_while_off_are_swept() -> Result<()> {
         "no log of the sweep: {}",
         agent.stderr()
     );
+    // Read first now (no earlier reading to hold them up): the swept links' counts are
+    // in their pods' entries, all the node redirected, four connections each.
+    let pod = |name: &str, series: &str| {
+        metric(
+            port,
+            &format!("{series}{{namespace=\"bk-apps\",pod=\"{name}\",owner=\"\"}}"),
+        )
+    };
+    let (a_bytes, b_bytes) = (
+        pod("a", "bypass_pod_redirected_bytes_total")?,
+        pod("b", "bypass_pod_redirected_bytes_total")?,
+    );
+    let node_bytes = seen(&pin)?.counters.redirected_bytes - start;
+    ensure!(
+        a_bytes > 0.0 && b_bytes > 0.0 && (a_bytes + b_bytes) as u64 == node_bytes,
+        "per-pod bytes after the sweep: a {a_bytes}, b {b_bytes}, the node's {node_bytes}"
+    );
+    for name in ["a", "b"] {
+        let n = pod(name, "bypass_pod_connections_total")?;
+        ensure!(n == 4.0, "pod {name}: {n} connections after the sweep");
+    }
     Ok(())
 }

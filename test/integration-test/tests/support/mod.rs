@@ -178,6 +178,20 @@ pub fn agent_with(pods: &TwoPods, extra: &[&str]) -> Result<Agent> {
     Agent::start(&opts)
 }
 
+/// One pod's per-pod counters on `/metrics` (standalone: the pod is named by its lowest
+/// address, with no namespace and no owner): `(bytes, connections)`, `(0, 0)` while it
+/// has no series.
+pub fn pod_counts(port: u16, pod: &testbed::Pod) -> Result<(u64, u64)> {
+    let labels = format!("{{namespace=\"\",pod=\"{}\",owner=\"\"}}", pod.ipv4());
+    let read = |name: &str| {
+        testbed::agent::metric(port, &format!("{name}{labels}")).map_or(0, |v| v as u64)
+    };
+    Ok((
+        read("bypass_pod_redirected_bytes_total"),
+        read("bypass_pod_connections_total"),
+    ))
+}
+
 /// Growth of a counter between two readings.
 pub fn grew(before: &AgentStatus, after: &AgentStatus, f: impl Fn(&AgentStatus) -> u64) -> u64 {
     f(after).saturating_sub(f(before))
