@@ -301,6 +301,7 @@ fn cluster_tests(
         let bins = cluster::bins::ensure()?;
         let helm = cluster::bins::ensure_helm()?;
         let kubeconform = cluster::bins::ensure_kubeconform()?;
+        let promtool = cluster::bins::ensure_promtool()?;
         let mut cargo = tools.cargo()?;
         cargo
             .args([
@@ -316,6 +317,7 @@ fn cluster_tests(
             .env(kube_testenv::KUBECTL_ENV, bins.get("kubectl"))
             .env("BYPASS_HELM", helm)
             .env("BYPASS_KUBECONFORM", kubeconform)
+            .env("BYPASS_PROMTOOL", promtool)
             .env("BYPASS_AGENT_BIN", agent)
             .args(["--", "--test-threads=1"])
             .args(harness);

@@ -91,6 +91,30 @@ mod addr_tests {
     }
 
     #[test]
+    fn every_refusal_reason_listed_at_zero_until_refused() {
+        let t = Telemetry::new(PinLayout::new(std::path::Path::new(
+            "/nonexistent/bypass-metrics-test",
+        )));
+        let text = t.encode().unwrap();
+        for reason in REFUSAL_KINDS {
+            assert!(
+                text.contains(&format!("bypass_refused{{reason=\"{reason}\"}} 0\n")),
+                "{text}"
+            );
+        }
+        t.refused("no read guard on this kernel");
+        let text = t.encode().unwrap();
+        assert!(
+            text.contains("bypass_refused{reason=\"no_read_guard\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("bypass_refused{reason=\"self_test\"} 0\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn every_node_address_ipv6_included() {
         let ips: Vec<IpAddr> = vec!["10.0.0.5".parse().unwrap(), "fd00::5".parse().unwrap()];
         let a = metrics_addrs(None, &ips, Some(19464), true);
@@ -250,18 +274,24 @@ pub struct RefusedLabels {
     pub reason: String,
 }
 
-/// The short, enumerated label of a refusal sentence (pure): `kernel_features` (the
-/// kernel lacks what the datapath needs), `self_test` (it fails a check of the kernel
-/// self-test), `no_read_guard` (no BPF trampolines, no `--allow-unguarded`), `other`.
+/// Every `reason` of `bypass_refused`, each listed (at 0) before any refusal, so the
+/// family is on `/metrics` of every agent.
+pub const REFUSAL_KINDS: [&str; 4] = ["kernel_features", "self_test", "no_read_guard", "other"];
+
+/// The short, enumerated label of a refusal sentence (pure), one of [`REFUSAL_KINDS`]:
+/// `kernel_features` (the kernel lacks what the datapath needs), `self_test` (it fails a
+/// check of the kernel self-test), `no_read_guard` (no BPF trampolines, no
+/// `--allow-unguarded`), `other`.
 pub fn refusal_kind(why: &str) -> &'static str {
+    let [kernel_features, self_test, no_read_guard, other] = REFUSAL_KINDS;
     if why.contains(bypass_common::kernel::REFUSAL) {
-        "kernel_features"
+        kernel_features
     } else if why.contains("fails the self-test") {
-        "self_test"
+        self_test
     } else if why.starts_with("no read guard") {
-        "no_read_guard"
+        no_read_guard
     } else {
-        "other"
+        other
     }
 }
 
@@ -306,6 +336,11 @@ impl Telemetry {
             // Created at zero so every kind is listed before its first error.
             let _ = agent.errors.get_or_create(&ErrorLabels { kind });
         }
+        for reason in REFUSAL_KINDS {
+            let _ = agent.refused.get_or_create(&RefusedLabels {
+                reason: reason.to_owned(),
+            });
+        }
         let mut registry = Registry::default();
         registry.register(
             "bypass_pods_tracked",
@@ -334,7 +369,7 @@ impl Telemetry {
         );
         registry.register(
             "bypass_refused",
-            "1 when the agent refuses to bypass this node, by kind of reason (kernel_features, self_test, no_read_guard, other; the sentence is in /readyz and the log)",
+            "1 for the kind of reason the agent refuses to bypass this node for, 0 for the others (kernel_features, self_test, no_read_guard, other; the sentence is in /readyz and the log)",
             agent.refused.clone(),
         );
         let pods = Arc::new(pods::PodDirectory::default());

@@ -89,6 +89,9 @@ pub fn ensure() -> Result<Bins> {
 pub const HELM_VERSION: &str = "v3.22.0";
 /// The kubeconform release the chart and `deploy/` are checked with.
 pub const KUBECONFORM_VERSION: &str = "v0.7.0";
+/// The Prometheus module whose `promtool` checks and unit-tests the chart's alerts
+/// (module v0.316.0 is Prometheus 3.16.0).
+pub const PROMTOOL_VERSION: &str = "v0.316.0";
 
 /// `helm`, built from the Go module proxy into the cache unless there.
 pub fn ensure_helm() -> Result<PathBuf> {
@@ -101,6 +104,15 @@ pub fn ensure_kubeconform() -> Result<PathBuf> {
         "kubeconform",
         "github.com/yannh/kubeconform/cmd/kubeconform",
         KUBECONFORM_VERSION,
+    )
+}
+
+/// `promtool`, built from the Go module proxy into the cache unless there.
+pub fn ensure_promtool() -> Result<PathBuf> {
+    go_install(
+        "promtool",
+        "github.com/prometheus/prometheus/cmd/promtool",
+        PROMTOOL_VERSION,
     )
 }
 

@@ -298,6 +298,22 @@ fn chart_lints_renders_deploy_and_passes_the_schema_check() -> Result<()> {
         bad.is_err_and(|e| e.to_string().contains("maxSockets")),
         "the schema took maxSockets=1"
     );
+    // The alerts' runbook links need a base, named when missing.
+    let no_runbook = helm(&[
+        "template",
+        "x",
+        &chart_dir,
+        "--kube-version",
+        kube_testenv::KUBE_VERSION,
+        "--set",
+        "prometheusRule.enabled=true",
+    ]);
+    ensure!(
+        no_runbook.is_err_and(|e| e
+            .to_string()
+            .contains("prometheusRule.runbookBaseUrl is empty")),
+        "the alerts rendered without a runbook base URL"
+    );
     // The namespace hook runs on Linux nodes, as a fixed unprivileged UID except on
     // OpenShift, whose restricted-v2 SCC assigns one and refuses a fixed one.
     let hook = |sets: &[&str]| -> Result<String> {
@@ -356,6 +372,9 @@ fn chart_lints_renders_deploy_and_passes_the_schema_check() -> Result<()> {
             vec![
                 "metrics.service.enabled=true",
                 "metrics.serviceMonitor.enabled=true",
+                "prometheusRule.enabled=true",
+                "prometheusRule.runbookBaseUrl=https://runbook.example/runbook.md",
+                "dashboard.enabled=true",
                 "openshift.scc=true",
                 "createNamespace=true",
                 "includeNamespaceLabel=bypass.dev/include",
@@ -396,7 +415,7 @@ fn chart_lints_renders_deploy_and_passes_the_schema_check() -> Result<()> {
         }
     }
     let refs: Vec<&Path> = files.iter().map(|p| p.as_path()).collect();
-    let summary = schema::kubeconform(&schemas, &refs, &["ServiceMonitor"])?;
+    let summary = schema::kubeconform(&schemas, &refs, &["ServiceMonitor", "PrometheusRule"])?;
     eprintln!("kubeconform: {}", summary.trim());
     ensure!(summary.contains("Invalid: 0, Errors: 0"), "{summary}");
     let _ = std::fs::remove_dir_all(&tmp);

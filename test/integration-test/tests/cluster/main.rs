@@ -6,6 +6,7 @@
 mod agent;
 mod helm;
 mod kube;
+mod monitoring;
 mod pods;
 mod schema;
 
