@@ -696,17 +696,19 @@ fn on_state_change(ctx: &SockOpsContext) {
                 // one claimed before is counted here. So `rx_due` is every byte that
                 // will ever be redirected to this socket (or more, by a claim undone
                 // after: then the guard refuses, never lets through early).
+                // This side's own count is final: only its sends add to it, under its
+                // lock (held here too), and a closed socket sends nothing more by
+                // redirect (skmsg.rs, can_send). Read before the closed bit: once both
+                // bits are set the peer may delete the link and the element be reused
+                // at once. Added to the pod after the bit: the agent reads the pod
+                // counts first, then adds the links whose side has no closed bit, so a
+                // close between its two reads is missed for one read, never counted
+                // twice (the agent keeps its export monotonic over that).
+                let own = atomic::load_ordered(addr_of_mut!((*l).tx_redir[me]));
                 let closed = link_state::closed(state.side);
                 let before = atomic::or_u64(addr_of_mut!((*l).state), closed);
                 state.rx_due =
                     atomic::load_ordered(addr_of_mut!((*l).tx_redir[side::peer_index(state.side)]));
-                // This side's own count is final: only its sends add to it, under its
-                // lock, and a closed socket sends nothing more by redirect (skmsg.rs,
-                // can_send). Added after the closed bit: the agent reads the pod counts
-                // first, then adds the links whose side has no closed bit, so a close
-                // between its two reads is missed for one read, never counted twice
-                // (the agent keeps its export monotonic over that).
-                let own = atomic::load_ordered(addr_of_mut!((*l).tx_redir[me]));
                 if before & closed == 0 {
                     count_for_pod(state, own);
                 }

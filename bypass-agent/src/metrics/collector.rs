@@ -52,9 +52,11 @@ impl DatapathCollector {
             _ => None,
         };
         let addrs = pods::netns_addrs(owners.as_ref(), &view.pod_netns);
-        let series = pods::pod_series(&totals, &addrs, self.pods.get().as_ref());
+        let identities = self.pods.get();
         let shown = match self.shown.lock() {
-            Ok(mut m) => m.update(series),
+            Ok(mut m) => m.update(&totals, |netns| {
+                pods::pod_name(netns, &addrs, identities.as_ref())
+            }),
             Err(_) => return Ok(()),
         };
         for (name, help, value) in [

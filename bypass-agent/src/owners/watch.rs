@@ -33,6 +33,8 @@ pub struct Watcher {
     /// Addresses that lost their owner and whose connections are not cut yet (a cut
     /// that failed is tried again on the next pass, whatever the map says by then).
     uncut: BTreeSet<IpAddr>,
+    /// The namespaces whose per-pod counts the last pass kept.
+    kept: BTreeSet<u64>,
 }
 
 impl Watcher {
@@ -46,6 +48,7 @@ impl Watcher {
             host: HostNamespace::current()?,
             last: Report::default(),
             uncut: BTreeSet::new(),
+            kept: BTreeSet::new(),
         }))
     }
 
@@ -82,13 +85,22 @@ impl Watcher {
         // interface down a moment does not drop what its closed connections carried.
         // Only namespaces that owned a pod address when their sockets were inserted
         // have entries, so they are bounded by the pods of this node.
-        let keep: BTreeSet<u64> = owners
+        // A namespace's entry goes once two passes in a row did not find it, and never
+        // after a pass that could not read every namespace (one read failing once is
+        // not one gone).
+        let keep_now: BTreeSet<u64> = owners
             .owned
             .values()
             .copied()
             .chain(found.alive.iter().copied())
             .collect();
-        let pruned = dp.prune_pod_counts(&keep);
+        let keep: BTreeSet<u64> = keep_now.union(&self.kept).copied().collect();
+        let pruned = if found.unreadable > 0 {
+            Ok(0)
+        } else {
+            dp.prune_pod_counts(&keep)
+        };
+        self.kept = keep_now;
         let report = Report {
             owned: owners.owned.len(),
             contested: owners.contested,

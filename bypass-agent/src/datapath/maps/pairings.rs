@@ -38,7 +38,11 @@ impl Pairings {
 
     /// Every link, by its client's key.
     pub fn links(&self) -> Vec<(SockKey, Link)> {
-        self.links.iter().filter_map(Result::ok).collect()
+        // Each key once: a walk whose current key is deleted starts again from the first
+        // (the kernel's get-next-key), and would hand the links before it twice.
+        let once: std::collections::HashMap<SockKey, Link> =
+            self.links.iter().filter_map(Result::ok).collect();
+        once.into_iter().collect()
     }
 
     /// Cuts the connections that touch `excluded` addresses — at either end, or as the
