@@ -290,10 +290,10 @@ fn per_pod_counters_follow_each_pods_bytes_and_connections() -> Result<()> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
-    let opts = AgentOpts {
-        extra_args: vec!["--metrics-addr".into(), format!("127.0.0.1:{port}")],
-        ..pods.agent_opts().max_queued(ABOVE_PAYLOAD)
-    };
+    // The bound's arguments kept: a struct update of `extra_args` would drop them.
+    let mut opts = pods.agent_opts().max_queued(ABOVE_PAYLOAD);
+    opts.extra_args
+        .extend(["--metrics-addr".into(), format!("127.0.0.1:{port}")]);
     let agent = Agent::start(&opts)?;
     let start = agent.stats()?.counters.redirected_bytes;
     let node =

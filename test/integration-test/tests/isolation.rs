@@ -880,6 +880,15 @@ sys.exit("a worker exited")
             &Self::WORKERS.to_string(),
         ]);
         let mut child = testbed::spawn::spawn_in(&pod, cmd)?;
+        // Thousands of connections take minutes in an emulated guest: waited for while
+        // they keep coming (a net against no progress, not a pace).
+        progress(
+            agent,
+            &mut child,
+            "the tenant's sockets inserted",
+            2 * n,
+            |s| grew(&before, s, |s| s.counters.sockets_inserted),
+        )?;
         for w in 0..Self::WORKERS {
             child = child.wait_ready(
                 &steps.file(&format!("connected-{w}")),
@@ -887,10 +896,10 @@ sys.exit("a worker exited")
                 testbed::steps::NET,
             )?;
         }
-        agent.wait_for(testbed::steps::NET, "the tenant's sockets inserted", |s| {
-            grew(&before, s, |s| s.counters.sockets_inserted) >= 2 * n
-        })?;
         steps.touch("send")?;
+        progress(agent, &mut child, "the tenant's bytes redirected", n, |s| {
+            grew(&before, s, |s| s.counters.redirected_bytes)
+        })?;
         for w in 0..Self::WORKERS {
             child = child.wait_ready(
                 &steps.file(&format!("sent-{w}")),
@@ -898,9 +907,6 @@ sys.exit("a worker exited")
                 testbed::steps::NET,
             )?;
         }
-        agent.wait_for(testbed::steps::NET, "the tenant's bytes redirected", |s| {
-            grew(&before, s, |s| s.counters.redirected_bytes) >= n
-        })?;
         pod.ip(&["link", "set", "eth0", "down"])?;
         agent.wait_for(
             testbed::steps::NET,
@@ -910,6 +916,38 @@ sys.exit("a worker exited")
         // More connections than the cut map holds: its cut is a cut of everything.
         wait_metric(metrics, CUT_MAP_FULL, 1.0)?;
         Ok(Self { _pod: pod, child })
+    }
+}
+
+/// Waits until `f` of the agent's status reaches `target`, for as long as it keeps
+/// growing: fails once it stood still for [`testbed::steps::NET`], or `child` exited.
+fn progress(
+    agent: &testbed::Agent,
+    child: &mut testbed::spawn::PodChild,
+    what: &str,
+    target: u64,
+    f: impl Fn(&testbed::AgentStatus) -> u64,
+) -> Result<()> {
+    let mut last = 0;
+    let mut moved = std::time::Instant::now();
+    loop {
+        let v = f(&agent.stats()?);
+        if v >= target {
+            return Ok(());
+        }
+        if v > last {
+            last = v;
+            moved = std::time::Instant::now();
+        }
+        ensure!(
+            moved.elapsed() < testbed::steps::NET,
+            "{what}: {v} of {target}, none more for {:?}",
+            testbed::steps::NET
+        );
+        if let Some(status) = child.try_wait()? {
+            anyhow::bail!("{what}: {v} of {target}, and the tenant exited ({status})");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
     }
 }
 
