@@ -121,6 +121,12 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
     }
     // The pods there are now own their addresses before anything is inserted.
     let mut owners = owners::Watcher::new(&dp)?;
+    let poll = owners::poll_interval()?;
+    // Subscribed before the first pass, so no change after it goes unheard.
+    let mut events = {
+        let _rt = rt.enter();
+        owners.is_some().then(owners::Events::open)
+    };
     if let Some(w) = owners.as_mut() {
         let r = w.pass(&mut dp)?;
         tracing::info!(
@@ -150,21 +156,32 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
     );
     let signal = rt.block_on(async {
         futures::pin_mut!(shutdown);
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + poll, poll);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 signal = &mut shutdown => break signal,
-                () = tokio::time::sleep(owners::INTERVAL), if owners.is_some() => {
-                    if let Some(w) = owners.as_mut()
-                        && let Err(e) = w.pass(&mut dp)
-                    {
-                        tracing::warn!(error = %e, "reading the pod network namespaces failed; retrying");
+                _ = tick.tick(), if owners.is_some() => {}
+                () = async {
+                    match events.as_mut() {
+                        Some(e) => e.due().await,
+                        None => futures::future::pending().await,
                     }
-                    let everything = dp.take_cuts_of_everything();
-                    if let Some(t) = &telemetry {
-                        for _ in 0..everything {
-                            t.agent.error(metrics::ErrorKind::CutMapFull);
-                        }
-                    }
+                } => {}
+            }
+            let started = std::time::Instant::now();
+            if let Some(w) = owners.as_mut()
+                && let Err(e) = w.pass(&mut dp)
+            {
+                tracing::warn!(error = %e, "reading the pod network namespaces failed; retrying");
+            }
+            if let Some(e) = events.as_mut() {
+                e.ran(started);
+            }
+            let everything = dp.take_cuts_of_everything();
+            if let Some(t) = &telemetry {
+                for _ in 0..everything {
+                    t.agent.error(metrics::ErrorKind::CutMapFull);
                 }
             }
         }

@@ -59,8 +59,10 @@ pub async fn run(
     // The node's namespaces are read after every pass and at least this often: a pod's
     // address is its own once its namespace holds it, and its connections are cut once
     // its network is down or gone.
+    // A link or an address changing wakes the read too (subscribed before the first).
     let mut owners = crate::owners::Watcher::new(dp)?;
-    let mut owners_tick = tokio::time::interval(crate::owners::INTERVAL);
+    let mut link_events = owners.is_some().then(crate::owners::Events::open);
+    let mut owners_tick = tokio::time::interval(crate::owners::poll_interval()?);
     owners_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut pace = Pace::default();
     let shutdown = shutdown.fuse();
@@ -89,6 +91,12 @@ pub async fn run(
             },
             _ = resync.tick() => pace.note(Urgency::Batched),
             _ = owners_tick.tick(), if owners.is_some() => read_owners = true,
+            () = async {
+                match link_events.as_mut() {
+                    Some(e) => e.due().await,
+                    None => futures::future::pending().await,
+                }
+            } => read_owners = true,
             Some(item) = policies.next() => state.note_policy(item),
             () = batched => {}
         }
@@ -125,12 +133,15 @@ pub async fn run(
             ctl.cut_policy_changes(&stores, &mut state.policy_changed, dp);
         }
         // After a pass, so a pod address added now is owned at once; and on the tick.
-        if read_owners
-            && let Some(w) = owners.as_mut()
-            && let Err(e) = w.pass(dp)
-        {
-            telemetry.agent.error(ErrorKind::MapUpdate);
-            warn!(error = %e, "reading the pod network namespaces failed; retrying");
+        if read_owners && let Some(w) = owners.as_mut() {
+            let started = Instant::now();
+            if let Err(e) = w.pass(dp) {
+                telemetry.agent.error(ErrorKind::MapUpdate);
+                warn!(error = %e, "reading the pod network namespaces failed; retrying");
+            }
+            if let Some(e) = link_events.as_mut() {
+                e.ran(started);
+            }
         }
         for _ in 0..dp.take_cuts_of_everything() {
             telemetry.agent.error(ErrorKind::CutMapFull);

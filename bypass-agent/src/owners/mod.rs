@@ -15,8 +15,10 @@
 //! address whose owner goes (its interface down or deleted, its pod gone) or changes
 //! has its connections cut: they finish on TCP.
 //!
-//! [`resolve`] and [`plan`] are pure; [`scan`] reads the namespaces.
+//! [`resolve`] and [`plan`] are pure; [`scan`] reads the namespaces; [`Events`] wakes
+//! the pass when a link or an address changes.
 
+mod events;
 pub mod netlink;
 mod scan;
 mod watch;
@@ -26,8 +28,9 @@ use std::{
     net::IpAddr,
 };
 
+pub use events::Events;
 pub use scan::{HostNamespace, Scan, scan};
-pub use watch::{INTERVAL, Report, Watcher};
+pub use watch::{INTERVAL, POLL_ENV, Report, Watcher, poll_interval};
 
 /// An address held by namespace `netns` on an interface that reaches the node's
 /// namespace.

@@ -8,8 +8,37 @@ use tracing::{info, warn};
 use super::{HostNamespace, PodAddresses, plan, resolve, scan};
 use crate::{datapath::Datapath, error::AgentError};
 
-/// How often the agent reads the node's namespaces (also after every reconcile pass).
+/// How often the agent reads the node's namespaces (also after every reconcile pass and
+/// when a link or an address changes: [`super::Events`]).
 pub const INTERVAL: Duration = Duration::from_secs(1);
+
+/// A testing knob: the poll's interval in whole seconds instead of [`INTERVAL`], so a
+/// test can tell a cut an event caused from one the poll did.
+pub const POLL_ENV: &str = "BYPASS_TESTING_OWNERS_POLL_SECONDS";
+
+/// The poll's interval: [`INTERVAL`], or [`POLL_ENV`]'s.
+pub fn poll_interval() -> Result<Duration, AgentError> {
+    parse_poll(std::env::var_os(POLL_ENV).as_deref())
+}
+
+/// The poll's interval from [`POLL_ENV`]'s value, if it is set (pure).
+fn parse_poll(value: Option<&std::ffi::OsStr>) -> Result<Duration, AgentError> {
+    match value {
+        None => Ok(INTERVAL),
+        Some(v) => v
+            .to_str()
+            .and_then(|s| s.parse::<u64>().ok())
+            .filter(|s| *s >= 1)
+            .map(Duration::from_secs)
+            .ok_or_else(|| AgentError::System {
+                action: "read BYPASS_TESTING_OWNERS_POLL_SECONDS (a whole number of seconds, at least 1; unset it for the default, 1)",
+                source: std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("{v:?} is not one"),
+                ),
+            }),
+    }
+}
 
 /// What one pass found and did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -134,5 +163,24 @@ impl Watcher {
     /// The last pass's report.
     pub fn last(&self) -> &Report {
         &self.last
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn the_poll_knob_takes_whole_seconds_and_names_itself_otherwise() {
+        assert_eq!(parse_poll(None).unwrap(), INTERVAL);
+        assert_eq!(
+            parse_poll(Some(OsStr::new("3600"))).unwrap(),
+            Duration::from_secs(3600)
+        );
+        for bad in ["0", "-1", "1.5", "", "soon"] {
+            let e = parse_poll(Some(OsStr::new(bad))).unwrap_err().to_string();
+            assert!(e.contains(POLL_ENV) && e.contains(bad), "{bad}: {e}");
+        }
     }
 }

@@ -639,17 +639,33 @@ enum Loss {
     InterfaceDown,
     /// The host end of its veth deleted (the pod's `eth0` goes with it).
     VethDeleted,
+    /// Its IPv4 address removed from its `eth0` inside the pod (the pod's own event:
+    /// the agent hears it with `CAP_NET_BROADCAST`, which the tests' root has).
+    AddressRemoved,
+}
+
+/// Which of the agent's reads of the namespaces may see the loss in
+/// [`network_loss_cuts_bypassed_connections`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Seen {
+    /// The poll (every second) or the kernel's link event, whichever comes first.
+    Either,
+    /// Only the link event: the poll's interval is made longer than the test may wait.
+    ByTheEvent,
 }
 
 /// A pod whose network goes down or away loses its bypassed connections too: once the
 /// agent sees the pod's address without an owner, the connection is cut, and the
 /// client's next bytes take TCP (where the CNI decides: nowhere while the link is
-/// down). With the interface up again, TCP delivers them, byte-exact, over the veth, and
-/// the per-pod counters still hold what pod a's connections carried, closed before the
-/// loss and after it. With `metrics_port`, a tenant holds the cut map full first
-/// ([`TenantHoldingCuts`]), and the cut must hold all the same.
+/// down, so none crosses the veth). With the interface up again, TCP delivers them,
+/// byte-exact, over the veth, and the per-pod counters still hold what pod a's
+/// connections carried, closed before the loss and after it. With `metrics_port`, a
+/// tenant holds the cut map full first ([`TenantHoldingCuts`]), and the cut must hold
+/// all the same. With [`Seen::ByTheEvent`] the agent polls the namespaces less often
+/// than the test waits: only the link event can explain the cut.
 fn network_loss_cuts_bypassed_connections(
     loss: Loss,
+    seen: Seen,
     port: u16,
     metrics_port: Option<u16>,
 ) -> Result<()> {
@@ -667,7 +683,17 @@ fn network_loss_cuts_bypassed_connections(
     if metrics_port.is_some() {
         extra.extend(["--pod-cidr", outside.as_str()]);
     }
-    let agent = agent_with(&pods, &extra)?;
+    let mut opts = testbed::AgentOpts {
+        extra_args: strings(&extra),
+        ..pods.agent_opts()
+    };
+    if seen == Seen::ByTheEvent {
+        // Longer than any wait of this test.
+        let never = 4 * testbed::steps::NET.as_secs();
+        opts.env
+            .push((bypass_agent::owners::POLL_ENV.to_owned(), never.to_string()));
+    }
+    let agent = testbed::Agent::start(&opts)?;
     let start = agent.stats()?.counters.redirected_bytes;
     let _tenant = match metrics_port {
         Some(p) => Some(TenantHoldingCuts::start(&pods, &agent, p)?),
@@ -700,12 +726,17 @@ fn network_loss_cuts_bypassed_connections(
         Some(p) => testbed::agent::metric(p, CUT_MAP_FULL)?,
         None => 0.0,
     };
+    let wire_down = pods.wire_bytes()?;
     match loss {
         Loss::InterfaceDown => {
             pods.a.ip(&["link", "set", "eth0", "down"])?;
         }
         Loss::VethDeleted => {
             cmd::ip(&["link", "delete", pods.a.veth().host()])?;
+        }
+        Loss::AddressRemoved => {
+            let cidr = format!("{a}/24");
+            pods.a.ip(&["addr", "del", cidr.as_str(), "dev", "eth0"])?;
         }
     }
     agent.wait_for(
@@ -739,6 +770,11 @@ fn network_loss_cuts_bypassed_connections(
     );
     if let Loss::InterfaceDown = loss {
         let wire0 = pods.wire_bytes()?;
+        ensure!(
+            wire0 - wire_down < chunk,
+            "the second chunk crossed the veth while pod a's link was down: {} B",
+            wire0 - wire_down
+        );
         pods.a.ip(&["link", "set", "eth0", "up"])?;
         let c = probe_report(client)?;
         let s = server.wait()?;
@@ -773,13 +809,31 @@ fn network_loss_cuts_bypassed_connections(
 #[test]
 fn interface_down_cuts_bypassed_connections() -> Result<()> {
     privileged!("interface_down_cuts_bypassed_connections");
-    network_loss_cuts_bypassed_connections(Loss::InterfaceDown, 5620, None)
+    network_loss_cuts_bypassed_connections(Loss::InterfaceDown, Seen::Either, 5620, None)
 }
 
 #[test]
 fn veth_deleted_cuts_bypassed_connections() -> Result<()> {
     privileged!("veth_deleted_cuts_bypassed_connections");
-    network_loss_cuts_bypassed_connections(Loss::VethDeleted, 5621, None)
+    network_loss_cuts_bypassed_connections(Loss::VethDeleted, Seen::Either, 5621, None)
+}
+
+#[test]
+fn interface_down_cuts_without_waiting_for_the_poll() -> Result<()> {
+    privileged!("interface_down_cuts_without_waiting_for_the_poll");
+    network_loss_cuts_bypassed_connections(Loss::InterfaceDown, Seen::ByTheEvent, 5623, None)
+}
+
+#[test]
+fn veth_deleted_cuts_without_waiting_for_the_poll() -> Result<()> {
+    privileged!("veth_deleted_cuts_without_waiting_for_the_poll");
+    network_loss_cuts_bypassed_connections(Loss::VethDeleted, Seen::ByTheEvent, 5624, None)
+}
+
+#[test]
+fn address_removed_cuts_without_waiting_for_the_poll() -> Result<()> {
+    privileged!("address_removed_cuts_without_waiting_for_the_poll");
+    network_loss_cuts_bypassed_connections(Loss::AddressRemoved, Seen::ByTheEvent, 5625, None)
 }
 
 #[test]
@@ -788,7 +842,7 @@ fn a_tenant_holding_the_cut_map_full_cannot_stop_a_cut() -> Result<()> {
     let metrics = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
-    network_loss_cuts_bypassed_connections(Loss::InterfaceDown, 5622, Some(metrics))
+    network_loss_cuts_bypassed_connections(Loss::InterfaceDown, Seen::Either, 5622, Some(metrics))
 }
 
 /// Waits until the agent's series `series` (on its metrics port `port`) is at least
