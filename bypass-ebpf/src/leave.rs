@@ -27,10 +27,12 @@ pub(crate) fn request(ptr: *mut Link, key: &SockKey) {
     let old = unsafe { atomic::or_u64(addr_of_mut!((*ptr).state), link_state::LEAVING) };
     if old & link_state::LEAVING == 0 {
         stats::add(Stat::LeaveRequests, 1);
-        // A full ring buffer loses the event, not the leave: the agent also finds
-        // leaving links when it starts, and the connection stays correct (on TCP) in
-        // the SockHash meanwhile.
-        let _ = BYPASS_EVENTS.output(LeaveEvent { link: *key }, 0);
+        // A full ring buffer loses the event, not the leave: counted, the agent then
+        // scans the links for leaving ones (as when it starts), and the connection
+        // stays correct (on TCP) in the SockHash meanwhile.
+        if BYPASS_EVENTS.output(LeaveEvent { link: *key }, 0).is_err() {
+            stats::add(Stat::LeaveEventsLost, 1);
+        }
     }
 }
 

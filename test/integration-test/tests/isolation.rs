@@ -16,7 +16,7 @@ use std::{
 
 use crate::support::{
     HoldPair, ProbeServer, Steps, agent_with, exchange::exchange_exact, grew, hold_pair, num,
-    pod_counts, probe_client, probe_report, spawn_probe_client, two_pods,
+    pod_counts, probe_client, probe_report, progress, spawn_probe_client, two_pods,
 };
 use anyhow::{Context as _, Result, ensure};
 use testbed::{ClientArgs, cmd, iptables};
@@ -923,38 +923,6 @@ sys.exit("a worker exited")
         // More connections than the cut map holds: its cut is a cut of everything.
         wait_metric(metrics, CUT_MAP_FULL, 1.0)?;
         Ok(Self { _pod: pod, child })
-    }
-}
-
-/// Waits until `f` of the agent's status reaches `target`, for as long as it keeps
-/// growing: fails once it stood still for [`testbed::steps::NET`], or `child` exited.
-fn progress(
-    agent: &testbed::Agent,
-    child: &mut testbed::spawn::PodChild,
-    what: &str,
-    target: u64,
-    f: impl Fn(&testbed::AgentStatus) -> u64,
-) -> Result<()> {
-    let mut last = 0;
-    let mut moved = std::time::Instant::now();
-    loop {
-        let v = f(&agent.stats()?);
-        if v >= target {
-            return Ok(());
-        }
-        if v > last {
-            last = v;
-            moved = std::time::Instant::now();
-        }
-        ensure!(
-            moved.elapsed() < testbed::steps::NET,
-            "{what}: {v} of {target}, none more for {:?}",
-            testbed::steps::NET
-        );
-        if let Some(status) = child.try_wait()? {
-            anyhow::bail!("{what}: {v} of {target}, and the tenant exited ({status})");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(200));
     }
 }
 

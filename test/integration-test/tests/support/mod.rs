@@ -343,3 +343,35 @@ pub fn hold_pair(
         redirected,
     })
 }
+
+/// Waits until `f` of the agent's status reaches `target`, for as long as it keeps
+/// growing: fails once it stood still for [`testbed::steps::NET`], or `child` exited.
+pub fn progress(
+    agent: &testbed::Agent,
+    child: &mut testbed::spawn::PodChild,
+    what: &str,
+    target: u64,
+    f: impl Fn(&testbed::AgentStatus) -> u64,
+) -> Result<()> {
+    let mut last = 0;
+    let mut moved = std::time::Instant::now();
+    loop {
+        let v = f(&agent.stats()?);
+        if v >= target {
+            return Ok(());
+        }
+        if v > last {
+            last = v;
+            moved = std::time::Instant::now();
+        }
+        anyhow::ensure!(
+            moved.elapsed() < testbed::steps::NET,
+            "{what}: {v} of {target}, none more for {:?}",
+            testbed::steps::NET
+        );
+        if let Some(status) = child.try_wait()? {
+            anyhow::bail!("{what}: {v} of {target}, and the process it waits on exited ({status})");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
