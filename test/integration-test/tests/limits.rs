@@ -76,7 +76,7 @@ fn ten_at_once(pods: &TwoPods, agent: &Agent, port: u16) -> Result<(Report, Repo
 
 #[test]
 fn full_sockhash_falls_back_counts_and_warns() -> Result<()> {
-    privileged!("full_sockhash_falls_back_counts_and_warns");
+    privileged!();
     let pods = two_pods()?;
     let started = Instant::now();
     let agent = agent_with(&pods, &["--max-sockets", "4"])?;
@@ -160,7 +160,7 @@ fn load_sk_msg(name: &str) -> Result<std::os::fd::OwnedFd> {
 
 #[test]
 fn another_programs_sk_msg_is_named_with_its_owner() -> Result<()> {
-    privileged!("another_programs_sk_msg_is_named_with_its_owner");
+    privileged!();
     let pods = two_pods()?;
     let agent = agent_with(&pods, &[])?;
     let before = agent.status()?;
@@ -258,7 +258,7 @@ fn tcp_mem_with_room(room: u64) -> Result<String> {
 
 #[test]
 fn near_the_tcp_memory_limit_sends_wait_never_fail() -> Result<()> {
-    privileged!("near_the_tcp_memory_limit_sends_wait_never_fail");
+    privileged!();
     let pods = two_pods()?;
     // The agent's threshold 8 MiB above the node's TCP memory now; pressure just past
     // tcp_mem's first threshold, and refusals past a fair share of at least 256 MiB,
@@ -326,7 +326,7 @@ impl Drop for Stopped {
 /// read.
 #[test]
 fn leave_events_the_ring_cannot_hold_lose_no_leave() -> Result<()> {
-    privileged!("leave_events_the_ring_cannot_hold_lose_no_leave");
+    privileged!();
     const SCRIPT: &str = r#"
 import os, resource, socket, sys, time
 ip, n, sends, dir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]

@@ -24,17 +24,30 @@ use testbed::{Agent, AgentOpts, AgentStatus, Place, PodChild, TwoPods, names, sp
 /// privileged test (never under `CI=true`: there the missing capability or tool is the
 /// error).
 macro_rules! privileged {
-    ($name:literal) => {
-        privileged!($name, testbed::preflight)
+    () => {
+        privileged!(testbed::preflight)
     };
     // With a stricter check, such as `testbed::require::preflight_iptables`.
-    ($name:literal, $check:path) => {
-        if !$check($name)? {
+    ($check:path) => {
+        if !$check(crate::support::test_name!())? {
             return Ok(());
         }
     };
 }
 pub(crate) use privileged;
+
+/// The enclosing test's name as the harness lists it (`module::test`), so that no test
+/// writes its own name twice.
+macro_rules! test_name {
+    () => {{
+        fn here() {}
+        let path = std::any::type_name_of_val(&here);
+        let path = path.strip_suffix("::here").unwrap_or(path);
+        // Without the test binary's crate name.
+        path.split_once("::").map_or(path, |(_, rest)| rest)
+    }};
+}
+pub(crate) use test_name;
 
 /// The prefix of everything these tests create (namespaces, bridge, cgroups, pins), so
 /// they never meet another engineer's or suite's resources on a shared machine.
