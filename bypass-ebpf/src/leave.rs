@@ -19,8 +19,6 @@ use crate::{
 
 /// Marks the connection of the link at `ptr` (key `key`) as leaving; the first to do so
 /// tells the agent.
-// The key by reference on purpose: by value it would be copied onto the BPF stack.
-#[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
 pub(crate) fn request(ptr: *mut Link, key: &SockKey) {
     // SAFETY: a live map value; the state word is only ever or-ed.
@@ -40,8 +38,6 @@ pub(crate) fn request(ptr: *mut Link, key: &SockKey) {
 /// socket's connection (in the cut map, or every connection since the socket last
 /// checked, [`control::SLOT_CUT_ALL`]); a cut connection leaves. `ptr` must be this socket's link
 /// (checked with `Link::is_of`). Returns whether it was cut now.
-// The key by reference on purpose: by value it would be copied onto the BPF stack.
-#[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
 pub(crate) fn check_cut(state: &mut SockState, ptr: *mut Link) -> bool {
     let generation = BYPASS_CONTROL
