@@ -179,12 +179,13 @@ pub struct RunOpts {
     pub host_cgroupfs: Option<PathBuf>,
     #[command(flatten)]
     pub pins: PinOpts,
-    /// SockHash capacity in sockets (two per bypassed connection).
+    /// SockHash capacity in sockets (two per bypassed connection); when it is full,
+    /// connections use the normal path.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_SOCKETS)]
     pub max_sockets: u32,
     /// What may wait for a reader that did not fix its receive buffer (K, M suffixes):
-    /// bytes redirected to it and not yet read, each message also counted for the
-    /// kernel memory it holds (about 1 KiB). Past it, the sender takes the normal TCP
+    /// bytes redirected to it and not yet read, each message also charged the kernel
+    /// memory it holds (a 1 KiB slab object and a page). Past it, the sender takes the normal TCP
     /// path (and TCP's backpressure) until the reader has caught up, then redirects
     /// again. `auto` (the default): what TCP lets a receive buffer grow to, the third
     /// value of net.ipv4.tcp_rmem. A reader that fixed SO_RCVBUF is held to that. 0
@@ -229,8 +230,9 @@ pub struct RunOpts {
     /// Which network namespace may use a pod address as its own. `observe`: only the
     /// one the agent sees holding it on an interface that reaches the node's namespace
     /// (a pod's veth, netkit or ipvlan end), so no other namespace can pose as a pod;
-    /// the agent reads the node's namespaces every second, and pods whose network
-    /// reaches the node otherwise (none known) are not bypassed. `any`: every
+    /// the agent reads the node's namespaces when a link or an address changes and
+    /// every second, and pods whose network reaches the node otherwise (none known) are
+    /// not bypassed. `any`: every
     /// namespace but the node's own (a namespace holding a copy of a pod's address can
     /// then publish itself as that pod's client).
     #[arg(long, value_enum, value_name = "RULE", default_value_t = NetnsOwners::Observe)]
@@ -269,8 +271,9 @@ pub struct KubeOpts {
     #[arg(long, value_name = "KEY")]
     pub include_namespace_label: Option<String>,
     /// Serve /metrics, /healthz and /readyz here, e.g. `10.0.0.5:19464` or
-    /// `[fd00::5]:19464` [default in Kubernetes mode: --metrics-ip on --metrics-port;
-    /// standalone: not served unless given].
+    /// `[fd00::5]:19464` (`fd00::5:19464` is refused with both fixes named) [default in
+    /// Kubernetes mode: --metrics-ip on --metrics-port; standalone: not served unless
+    /// given].
     #[arg(long, value_name = "ADDR", value_parser = parse_socket_addr,
         conflicts_with_all = ["metrics_ip", "metrics_port"])]
     pub metrics_addr: Option<std::net::SocketAddr>,
@@ -279,7 +282,8 @@ pub struct KubeOpts {
     /// status.hostIPs as it is: every address of the node) [default: 127.0.0.1].
     #[arg(long, value_name = "IP", value_delimiter = ',')]
     pub metrics_ip: Vec<std::net::IpAddr>,
-    /// The port to serve metrics on [default: 19464; see docs/cli.md for why not 9464].
+    /// The port to serve metrics on [default: 19464; see docs/cli.md for why not 9464]. A
+    /// failed bind is logged and retried every 5 s, never fatal.
     #[arg(long, value_name = "PORT")]
     pub metrics_port: Option<u16>,
     /// This agent's pod (downward API metadata.name): with --pod-namespace, its node's
@@ -327,7 +331,8 @@ pub struct UninstallOpts {
 /// Where the pins live.
 #[derive(Debug, Args)]
 pub struct PinOpts {
-    /// bpffs directory holding the agent's pinned maps and programs.
+    /// bpffs directory holding the agent's pinned maps (`maps/`), programs (`progs/`)
+    /// and links (`links/`).
     #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
     pub pin_dir: PathBuf,
 }

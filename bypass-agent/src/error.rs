@@ -128,6 +128,15 @@ pub enum AgentError {
         #[source]
         source: BoxError,
     },
+    /// A report could not be written as JSON.
+    #[error("encode {what} as JSON: {source}")]
+    Encode {
+        /// The report.
+        what: String,
+        /// serde's error.
+        #[source]
+        source: serde_json::Error,
+    },
     /// A map or program the agent looks up by name is not in the embedded object.
     #[error(
         "find {kind} {name}: not in the embedded object (build mismatch: rebuild with `cargo xtask build`)"

@@ -11,8 +11,6 @@ pub mod cidr;
 pub mod cli;
 pub mod datapath;
 pub mod error;
-#[cfg(any(test, feature = "fuzz"))]
-pub mod fuzz_properties;
 pub mod k8s;
 mod metrics;
 pub mod nodes;
@@ -46,9 +44,9 @@ pub fn execute(command: cli::Command) -> Result<(), AgentError> {
 /// Prints `value` as pretty JSON (the `--json` output of a subcommand that reports);
 /// `what` names it in the error.
 pub(crate) fn print_json(value: &impl serde::Serialize, what: &str) -> Result<(), AgentError> {
-    let text = serde_json::to_string_pretty(value).map_err(|e| AgentError::Bpf {
-        action: format!("encode {what}"),
-        source: Box::new(e),
+    let text = serde_json::to_string_pretty(value).map_err(|source| AgentError::Encode {
+        what: what.to_owned(),
+        source,
     })?;
     println!("{text}");
     Ok(())

@@ -1,23 +1,55 @@
 //! `status`: what a running datapath holds and has counted, read from its pins by
 //! another process.
 
-use std::net::IpAddr;
-
 use bypass_common::Stat;
 pub use bypass_common::status::{
-    AddressOwner, AddressRefusals, Features, KernelCheck, Report, queue_bound_off_reason,
+    AddressOwner, AddressRefusals, Features, KernelCheck, Key, Report, queue_bound_off_reason,
 };
 
 use crate::{
     cli::StatusOpts,
     datapath::{PinLayout, PinnedView},
     error::AgentError,
+    other_programs::OtherProgram,
     toggle::Recorded,
 };
 
+/// One reading of the pins: the report that `status` prints and `/metrics` exports, with
+/// what only `/metrics` shows beside it.
+pub struct Reading {
+    /// The report.
+    pub report: Report,
+    /// The other programs, with the fields `/metrics` labels (the report names them).
+    pub others: Vec<OtherProgram>,
+    /// The maps it was read from, for the per-pod counters `/metrics` names by pod.
+    pub view: PinnedView,
+}
+
+impl Reading {
+    /// Reads the pins under `layout` once.
+    pub fn open(layout: &PinLayout) -> Result<Self, AgentError> {
+        let view = PinnedView::open(layout)?;
+        let others = crate::other_programs::list();
+        let report = report(&view, layout, &others)?;
+        Ok(Self {
+            report,
+            others,
+            view,
+        })
+    }
+}
+
 /// Reads the pins and builds the report.
 pub fn read(layout: &PinLayout) -> Result<Report, AgentError> {
-    let view = PinnedView::open(layout)?;
+    Reading::open(layout).map(|r| r.report)
+}
+
+/// The report of what `view` holds.
+fn report(
+    view: &PinnedView,
+    layout: &PinLayout,
+    others: &[OtherProgram],
+) -> Result<Report, AgentError> {
     let recorded = Recorded::decode(view.control.agent_state()?);
     let checks = view.control.checks()?;
     let max_queued = view.control.max_queued()?;
@@ -27,12 +59,11 @@ pub fn read(layout: &PinLayout) -> Result<Report, AgentError> {
     let max_sockets = aya::maps::MapInfo::from_pin(layout.map(bypass_common::names::MAP_SOCKETS))
         .ok()
         .map(|i| i.max_entries());
-    let others = crate::other_programs::list();
     let insert_failures_cause = crate::other_programs::insert_failure_cause(
         counters.get(Stat::InsertFailures),
         sockets,
         max_sockets,
-        &others,
+        others,
     );
     Ok(Report {
         attached: view.link_pinned && view.control.enabled()?,
@@ -50,31 +81,16 @@ pub fn read(layout: &PinLayout) -> Result<Report, AgentError> {
             .refused()?
             .then(|| crate::datapath::refusal_from_results(checks)),
         counters,
-        pod_cidrs: view
-            .pod_maps
-            .cidrs()
-            .iter()
-            .map(ToString::to_string)
-            .collect(),
+        pod_cidrs: strings(view.pod_maps.cidrs()),
         pod_addresses: view.pod_maps.addrs().into_iter().collect(),
         excluded_addresses: view.pod_maps.excluded().into_iter().collect(),
-        service_cidrs: view
-            .pod_maps
-            .service_cidrs()
-            .iter()
-            .map(ToString::to_string)
-            .collect(),
-        service_backends: view
-            .pod_maps
-            .service_backends()
-            .iter()
-            .map(ToString::to_string)
-            .collect(),
+        service_cidrs: strings(view.pod_maps.service_cidrs()),
+        service_backends: strings(view.pod_maps.service_backends()),
         skip_ports: view.skip_ports.ports().into_iter().collect(),
         enabled_by: recorded.and_then(|r| r.enabled_by),
         label_value: recorded.map(|r| r.label),
         pin_dir: layout.root().display().to_string(),
-        other_programs: others.iter().map(ToString::to_string).collect(),
+        other_programs: strings(others),
         insert_failures_cause,
         max_sockets,
         heartbeat_seconds_left: crate::datapath::heartbeat_remaining(
@@ -98,125 +114,95 @@ pub fn read(layout: &PinLayout) -> Result<Report, AgentError> {
         refusals: view
             .refusals
             .iter()
-            .map(|(address, counts)| AddressRefusals {
-                address: *address,
-                foreign_namespace: counts[bypass_common::refusal::FOREIGN],
-                pairing: counts[bypass_common::refusal::PAIRING],
-            })
+            .map(|(address, counts)| AddressRefusals::new(*address, *counts))
             .collect(),
     })
 }
 
-/// Renders the report as aligned text.
+/// Each item as text.
+fn strings<T: ToString>(items: impl IntoIterator<Item = T>) -> Vec<String> {
+    items.into_iter().map(|i| i.to_string()).collect()
+}
+
+/// Keys the text leaves out while they are null (docs/cli.md says so).
+const TEXT_ONLY_WHEN_SET: [&str; 2] = ["queue_bound_off", "refused"];
+
+/// Renders the report as aligned text: the catalogue's keys in its order, a line each,
+/// the guarantees at the top level.
 pub fn render_text(r: &Report) -> String {
-    let c = &r.counters;
-    let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
-    let join = |items: &[IpAddr]| {
-        items
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")
+    let json = match serde_json::to_value(r) {
+        Ok(serde_json::Value::Object(m)) => m,
+        _ => return String::new(),
     };
-    let mut rows: Vec<(&str, String)> = vec![
-        ("attached", r.attached.to_string()),
-        ("sockets", r.sockets.to_string()),
-        ("connectors", r.connectors.to_string()),
-        ("links", r.links.to_string()),
-        ("max_queued_bytes", r.max_queued_bytes.to_string()),
-        ("small_stream_bytes", r.small_stream_bytes.to_string()),
-        ("kernel", r.kernel.clone()),
-        (
-            "max_sockets",
-            r.max_sockets
-                .map_or_else(|| "-".to_owned(), |m| m.to_string()),
-        ),
-        (
-            "heartbeat_seconds_left",
-            r.heartbeat_seconds_left.to_string(),
-        ),
-    ];
-    rows.extend(r.features.list().map(|(k, on)| {
-        (
-            k,
-            if on {
-                "on".to_owned()
-            } else {
-                "off".to_owned()
-            },
-        )
-    }));
-    rows.push((
-        "kernel_checks",
-        if r.kernel_checks.iter().all(|c| c.outcome == "not run") {
-            "none ran".to_owned()
+    let mut rows: Vec<(&str, String)> = Vec::new();
+    for key in Report::KEYS {
+        let keys = if key.flatten {
+            key.keys
         } else {
-            r.kernel_checks
-                .iter()
-                .map(|c| format!("{} {}", c.name, c.outcome))
-                .collect::<Vec<_>>()
-                .join(", ")
-        },
-    ));
-    if let Some(why) = &r.queue_bound_off {
-        rows.push(("queue_bound_off", why.clone()));
-    }
-    if let Some(why) = &r.refused {
-        rows.push(("refused", why.clone()));
-    }
-    rows.extend(Stat::ALL.map(|s| (s.name(), c.get(s).to_string())));
-    rows.extend([
-        ("pod_cidrs", r.pod_cidrs.join(", ")),
-        ("pod_addresses", join(&r.pod_addresses)),
-        ("excluded_addresses", join(&r.excluded_addresses)),
-        ("netns_owners", r.netns_owners.clone()),
-        (
-            "address_owners",
-            r.address_owners
-                .iter()
-                .map(|o| format!("{} netns {}", o.address, o.netns))
-                .collect::<Vec<_>>()
-                .join(", "),
-        ),
-        (
-            "refusals",
-            r.refusals
-                .iter()
-                .map(|x| {
-                    format!(
-                        "{} foreign_namespace {} pairing {}",
-                        x.address, x.foreign_namespace, x.pairing
+            std::slice::from_ref(key)
+        };
+        for k in keys {
+            let v = json.get(k.name).unwrap_or(&serde_json::Value::Null);
+            match v {
+                serde_json::Value::Null if TEXT_ONLY_WHEN_SET.contains(&k.name) => {}
+                serde_json::Value::Object(flags) => rows.extend(k.keys.iter().map(|f| {
+                    let on = flags.get(f.name).and_then(serde_json::Value::as_bool);
+                    (
+                        f.name,
+                        if on == Some(true) { "on" } else { "off" }.to_owned(),
                     )
-                })
-                .collect::<Vec<_>>()
-                .join(", "),
-        ),
-        (
-            "enabled_by",
-            opt(r.enabled_by.map(|b| format!("{b:?}").to_lowercase())),
-        ),
-        (
-            "label_value",
-            opt(r.label_value.map(|v| format!("{v:?}").to_lowercase())),
-        ),
-        ("service_cidrs", r.service_cidrs.join(", ")),
-        ("service_backends", r.service_backends.join(", ")),
-        (
-            "skip_ports",
-            r.skip_ports
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(","),
-        ),
-        ("pin_dir", r.pin_dir.clone()),
-        ("other_programs", r.other_programs.join("; ")),
-        (
-            "insert_failures_cause",
-            opt(r.insert_failures_cause.clone()),
-        ),
-    ]);
+                })),
+                _ if k.name == "kernel_checks" => {
+                    rows.push((k.name, checks_text(&r.kernel_checks)))
+                }
+                _ => rows.push((k.name, text(v, k.keys))),
+            }
+        }
+    }
     rows.iter().map(|(k, v)| format!("{k:<28} {v}\n")).collect()
+}
+
+/// The kernel self-test in one line: each check's name and outcome.
+fn checks_text(checks: &[KernelCheck]) -> String {
+    let not_run = bypass_common::checks::Outcome::NotRun.name();
+    if checks.iter().all(|c| c.outcome == not_run) {
+        return "none ran".to_owned();
+    }
+    checks
+        .iter()
+        .map(|c| format!("{} {}", c.name, c.outcome))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// One value as text: null as `-`, a list joined by commas (semicolons when its items
+/// hold commas), an entry ([`Key::keys`]) as its first value followed by each other
+/// key and value.
+fn text(v: &serde_json::Value, keys: &[Key]) -> String {
+    use serde_json::Value;
+    match v {
+        Value::Null => "-".to_owned(),
+        Value::String(s) => s.clone(),
+        Value::Array(items) => {
+            let items: Vec<String> = items.iter().map(|i| text(i, keys)).collect();
+            let sep = if items.iter().any(|i| i.contains(',')) {
+                "; "
+            } else {
+                ", "
+            };
+            items.join(sep)
+        }
+        Value::Object(m) => keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| {
+                let v = text(m.get(k.name).unwrap_or(&Value::Null), &[]);
+                if i == 0 { v } else { format!("{} {v}", k.name) }
+            })
+            .collect::<Vec<_>>()
+            .join(" "),
+        other => other.to_string(),
+    }
 }
 
 /// `bypass-agent status`.
@@ -359,6 +345,14 @@ mod tests {
             sample().features.list().map(|(k, _)| k).to_vec(),
             "list() follows KEYS"
         );
+        let kinds: Vec<&str> = AddressRefusals::KEYS[1..].iter().map(|k| k.name).collect();
+        assert_eq!(
+            kinds,
+            bypass_common::refusal::NAMES,
+            "refusals follow their kinds"
+        );
+        let r = AddressRefusals::new("10.0.0.2".parse().unwrap(), [3, 1]);
+        assert_eq!(r.kinds(), [("foreign_namespace", 3), ("pairing", 1)]);
     }
 
     #[test]

@@ -175,6 +175,10 @@ counters! {
     /// ([`crate::names::MAP_POD_COUNTS`] full): those bytes and that connection are
     /// missing from the per-pod counters (not from the node's).
     PodCountsLost = 32, pod_counts_lost, "Closed sockets whose bytes could not be added to their pod's counters (per-pod map full)";
+    /// Leave requests whose event the ring buffer ([`crate::names::MAP_EVENTS`]) could
+    /// not hold (the agent behind on reading it): the connection still leaves, the
+    /// agent finding it by a scan of the links when this counter moves.
+    LeaveEventsLost = 33, leave_events_lost, "Leave events the ring buffer could not hold (the agent then scans the links for leaving connections)";
 }
 
 /// The counter of each [`crate::state::hop`] kind in a family of counters kept per kind

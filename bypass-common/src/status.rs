@@ -241,6 +241,26 @@ reported! {
     }
 }
 
+impl AddressRefusals {
+    /// From the refusal map's counts, by [`crate::refusal`] kind.
+    pub fn new(address: IpAddr, counts: [u64; crate::refusal::KINDS]) -> Self {
+        Self {
+            address,
+            foreign_namespace: counts[crate::refusal::FOREIGN],
+            pairing: counts[crate::refusal::PAIRING],
+        }
+    }
+
+    /// `(kind, count)` pairs, named as [`crate::refusal::NAMES`] names them (its keys
+    /// after `address`, as the metrics' `kind` label shows them).
+    pub fn kinds(&self) -> [(&'static str, u64); crate::refusal::KINDS] {
+        let mut out = crate::refusal::NAMES.map(|name| (name, 0));
+        out[crate::refusal::FOREIGN].1 = self.foreign_namespace;
+        out[crate::refusal::PAIRING].1 = self.pairing;
+        out
+    }
+}
+
 reported! {
     @flags
     /// What the loaded programs guarantee on this kernel. The read guard and FIONREAD hold

@@ -120,8 +120,6 @@ pub fn bypass_fionread(ctx: FExitContext) -> i32 {
 /// redirected (counted before each redirect, so at most a message on its way more than
 /// what waits) less what it read out of its ingress queue. A closed socket counts what
 /// was due to it when it closed (its link may be gone).
-// The key by reference on purpose: by value it would be copied onto the BPF stack.
-#[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
 pub(crate) fn unread_redirected(state: &mut SockState) -> u64 {
     // SAFETY: fields of live socket storage; readers may run at once.

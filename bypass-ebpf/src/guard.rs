@@ -17,10 +17,6 @@
 //! 6.8 `do_splice` checks before it reaches `splice_file_to_pipe`. The same check is
 //! every `read(2)`'s: only the file and thread a decision names are refused.
 
-// Map keys are passed by reference on purpose throughout: by value they would be copied
-// onto the 512-byte BPF stack.
-#![allow(clippy::needless_borrows_for_generic_args)]
-
 use core::{
     ffi::c_void,
     ptr::{addr_of, addr_of_mut, read_volatile},

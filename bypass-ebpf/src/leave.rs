@@ -19,18 +19,18 @@ use crate::{
 
 /// Marks the connection of the link at `ptr` (key `key`) as leaving; the first to do so
 /// tells the agent.
-// The key by reference on purpose: by value it would be copied onto the BPF stack.
-#[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
 pub(crate) fn request(ptr: *mut Link, key: &SockKey) {
     // SAFETY: a live map value; the state word is only ever or-ed.
     let old = unsafe { atomic::or_u64(addr_of_mut!((*ptr).state), link_state::LEAVING) };
     if old & link_state::LEAVING == 0 {
         stats::add(Stat::LeaveRequests, 1);
-        // A full ring buffer loses the event, not the leave: the agent also finds
-        // leaving links when it starts, and the connection stays correct (on TCP) in
-        // the SockHash meanwhile.
-        let _ = BYPASS_EVENTS.output(LeaveEvent { link: *key }, 0);
+        // A full ring buffer loses the event, not the leave: counted, the agent then
+        // scans the links for leaving ones (as when it starts), and the connection
+        // stays correct (on TCP) in the SockHash meanwhile.
+        if BYPASS_EVENTS.output(LeaveEvent { link: *key }, 0).is_err() {
+            stats::add(Stat::LeaveEventsLost, 1);
+        }
     }
 }
 
@@ -38,8 +38,6 @@ pub(crate) fn request(ptr: *mut Link, key: &SockKey) {
 /// socket's connection (in the cut map, or every connection since the socket last
 /// checked, [`control::SLOT_CUT_ALL`]); a cut connection leaves. `ptr` must be this socket's link
 /// (checked with `Link::is_of`). Returns whether it was cut now.
-// The key by reference on purpose: by value it would be copied onto the BPF stack.
-#[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
 pub(crate) fn check_cut(state: &mut SockState, ptr: *mut Link) -> bool {
     let generation = BYPASS_CONTROL

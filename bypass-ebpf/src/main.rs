@@ -14,6 +14,9 @@
 // (built with RUSTC_BOOTSTRAP, bypass-agent/build.rs).
 #![feature(core_intrinsics)]
 #![allow(internal_features)]
+// Keys and values are passed to map helpers by reference on purpose, everywhere: by value
+// they would be copied onto the 512-byte BPF stack.
+#![allow(clippy::needless_borrows_for_generic_args)]
 
 mod atomic;
 mod fionread;

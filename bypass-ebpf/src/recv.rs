@@ -140,9 +140,6 @@ fn on_read(sk: *mut c_void, read: i32, flags: i32, last: bool) {
 }
 
 /// Publishes the reader's numbers in its link.
-// Keys are passed by reference on purpose: by value they would be copied onto the
-// 512-byte BPF stack.
-#[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
 fn publish(state: &mut SockState, read: u64, last: bool, r: &kernel::Reading) {
     let Some(ptr) = BYPASS_LINKS.get_ptr_mut(&state.link) else {

@@ -118,9 +118,6 @@ fn control_word(slot: u32) -> u32 {
     crate::maps::BYPASS_CONTROL.get(slot).copied().unwrap_or(0)
 }
 
-// Keys are passed by reference on purpose: by value they would be copied onto the
-// 512-byte BPF stack.
-#[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
 fn decide(
     ctx: &SkMsgContext,
@@ -176,9 +173,6 @@ fn linger(state: &mut SockState, ptr: *mut Link, size: u64) {
 
 /// The checks after the link was found to be this socket's: the peer's progress, the
 /// bound, the small-stream rule, then the claim and the redirect.
-// Keys are passed by reference on purpose: by value they would be copied onto the
-// 512-byte BPF stack.
-#[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
 fn checked(
     ctx: &SkMsgContext,

@@ -145,9 +145,6 @@ struct Client {
 /// still written out here (the pod-address checks, the connector, the link) compiled to
 /// another program when moved into a function, so it stays until a change of the
 /// program is made on purpose (the stack is near its 512 bytes).
-// Keys are passed by reference to the socket's storage on purpose: by value they would
-// be copied onto the 512-byte BPF stack.
-#[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
 fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
     let active = op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB;
@@ -405,9 +402,6 @@ fn fresh_state(
 
 /// Step of [`try_insert`]: asks for the state callback and inserts the socket into the
 /// SockHash under its key.
-// Keys are passed by reference to the socket's storage on purpose: by value they would
-// be copied onto the 512-byte BPF stack.
-#[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
 fn insert_socket(ctx: &SockOpsContext, state: &mut SockState) -> Result<(), Skip> {
     // The state callback withdraws what the socket published when it closes, so the
@@ -443,8 +437,8 @@ unsafe fn confirm_link(l: *mut Link, client: &SockKey, kind: u32) {
     // its connector and the link's insert: it wrote the connector then, and
     // finds the link from now on. A fully ordered atomic between our insert
     // and our read of the connector (see sockopt::record_rx_tcp).
-    // SAFETY: a live map value; or-ing 0 changes nothing.
-    unsafe { atomic::or_u64(addr_of_mut!((*l).state), 0) };
+    // SAFETY: a live map value.
+    unsafe { atomic::load_ordered(addr_of_mut!((*l).state)) };
     if connector_rx_tcp(client) {
         // SAFETY: a live map value; only its client's flag is or-ed.
         unsafe { atomic::or_u64(addr_of_mut!((*l).rx_flags[0]), rx::OPTION) };
@@ -473,8 +467,6 @@ fn heartbeat_alive() -> bool {
 /// cannot try numbers for as long as the client lives. It comes after every other check
 /// (this socket's own, made before this step, and reachability here): a socket refused
 /// for another reason spends nothing.
-// The key by reference on purpose: by value it would be copied onto the BPF stack.
-#[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
 fn proven_client(key: &SockKey, snd_nxt: u32, rcv_nxt: u32) -> Result<Client, Skip> {
     let ptr = BYPASS_CONNECTORS
@@ -572,8 +564,6 @@ fn proven_client(key: &SockKey, snd_nxt: u32, rcv_nxt: u32) -> Result<Client, Sk
 /// them ([`BYPASS_SERVICE_BACKENDS`]). Another pod's listener, fed a handshake crafted
 /// with the client's sequence numbers, is none of these, whatever its sequence
 /// numbers.
-// The key by reference on purpose: by value it would be copied onto the BPF stack.
-#[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
 fn reachable(client: &SockKey, server: &SockKey) -> bool {
     if client.netns == server.netns {
@@ -607,8 +597,6 @@ fn reachable(client: &SockKey, server: &SockKey) -> bool {
 
 /// Whether the connector of the client with `key` records a receive option (see
 /// `sockopt::record_rx_tcp` for the order of the two sides' writes and reads).
-// The key by reference on purpose: by value it would be copied onto the BPF stack.
-#[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
 fn connector_rx_tcp(key: &SockKey) -> bool {
     match BYPASS_CONNECTORS.get_ptr(&key.local_end()) {
@@ -666,9 +654,6 @@ fn forget_closed(ctx: &SockOpsContext) {
 /// its side, and its read guard goes by its own counts from now on (guard.rs,
 /// closed_guard). tcp_set_state runs this callback (net/ipv4/tcp.c) well before the
 /// socket is freed.
-// Keys are passed by reference on purpose: by value they would be copied onto the
-// 512-byte BPF stack.
-#[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
 fn on_state_change(ctx: &SockOpsContext) {
     if ctx.arg(1) != BPF_TCP_CLOSE {
@@ -839,7 +824,6 @@ fn owns(ip: &IpKey, netns: u64) -> bool {
 
 /// Counts a refusal of kind `kind` (`bypass_common::refusal`) for pod address `ip`.
 // The counts by reference on purpose: by value they would be copied onto the BPF stack.
-#[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
 fn refused(ip: &IpKey, kind: usize) {
     if kind >= refusal::KINDS {

@@ -141,8 +141,6 @@ fn check(ctx: &SockoptContext) -> i32 {
 /// queue. Called after [`record_rx_tcp`]: its fully ordered or of the option bit and
 /// this fully ordered load of the peer's count pair with sk_msg's claim (add, then read
 /// the bit), so a send either is counted here or sees the bit and takes TCP.
-// The key by reference on purpose: by value it would be copied onto the BPF stack.
-#[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
 fn redirected_unread(state: &SockState) -> bool {
     let Some(l) = BYPASS_LINKS.get_ptr_mut(&state.link) else {
@@ -181,9 +179,6 @@ fn int_value(ctx: &SockoptContext) -> Option<i32> {
 /// The accepting side writes the link, then reads the connector; this writes the
 /// connector, then reads the link, each with a fully ordered atomic between its write
 /// and its read (`crate::atomic`), so one of them sees the other's write.
-// Keys are passed by reference on purpose: by value they would be copied onto the
-// 512-byte BPF stack.
-#[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
 fn record_rx_tcp(state: &mut SockState) {
     record_connector_rx_tcp(state);
@@ -201,7 +196,6 @@ fn record_rx_tcp(state: &mut SockState) {
 /// The first half of [`record_rx_tcp`]: the socket's own flag and, for a client, its
 /// connector's (fully ordered), which the accepting side copies into the link it
 /// writes. The caller looks the link up after it.
-#[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
 pub(crate) fn record_connector_rx_tcp(state: &mut SockState) {
     state.rx_tcp = 1;

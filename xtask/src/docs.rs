@@ -2,15 +2,19 @@
 //! knows, written between their markers (`<!-- NAME:start (cargo xtask docs) -->` ...
 //! `<!-- NAME:end -->`), or with `--check` failing on every stale one. The lists: the
 //! keys `status` prints (`Report::KEYS`, the counters' catalogue among them), what the
-//! agent probes the kernel for (`kernel::NEEDS`) and the kernel fields the programs read
-//! (`KernelLayout::FIELDS`).
+//! agent probes the kernel for (`kernel::NEEDS`), the kernel fields the programs read
+//! (`KernelLayout::FIELDS`), and every command's options as clap has them (the agent's
+//! example `cli_options` prints them: the xtask does not link the agent, and that
+//! example's test fails when they are stale, as `committed_docs_are_current` does for
+//! the others).
 
 use std::path::Path;
 
 use anyhow::{Context as _, Result, bail};
 use bypass_common::{KernelLayout, MIN_KERNEL, kernel::NEEDS, layout::Source, status::Report};
 
-use crate::workspace;
+use crate::{setup, workspace};
+use kube_testenv::cmd;
 
 /// Arguments of `cargo xtask docs`.
 #[derive(Debug, Clone, clap::Args)]
@@ -66,28 +70,47 @@ pub fn splice(text: &str, name: &str, body: &str) -> Result<String> {
     Ok(format!("{}{start}\n{body}{}", &text[..a], &text[b..]))
 }
 
-/// Each file holding a list, with its text as it is and as generated.
-fn generate(root: &Path) -> Result<Vec<(&'static str, String, String)>> {
+/// The file and the markers' name of the list of every command's options.
+const CLI_OPTIONS: (&str, &str) = ("docs/cli.md", "cli-options");
+
+/// What the agent's example `cli_options` prints: every command's options, from clap.
+fn cli_options() -> Result<String> {
+    let tools = setup::ensure(setup::Scope::Build)?;
+    let mut cargo = tools.cargo()?;
+    cargo
+        .args(["run", "--quiet", "--locked", "--package", workspace::AGENT])
+        .args(["--example", "cli_options"]);
+    cmd::output(&mut cargo)
+}
+
+/// Each file holding a list, with its text as it is and as generated; the options of
+/// the commands only when `cli` is given (they come from the agent).
+fn generate(root: &Path, cli: Option<&str>) -> Result<Vec<(&'static str, String, String)>> {
     let mut files: Vec<(&'static str, String, String)> = Vec::new();
-    for block in &BLOCKS {
-        let at = match files.iter().position(|(f, _, _)| *f == block.file) {
+    let (cli_file, cli_name) = CLI_OPTIONS;
+    let lists = BLOCKS
+        .iter()
+        .map(|b| (b.file, b.name, (b.render)()))
+        .chain(cli.map(|text| (cli_file, cli_name, text.to_owned())));
+    for (path, name, body) in lists {
+        let at = match files.iter().position(|(f, _, _)| *f == path) {
             Some(at) => at,
             None => {
-                let text = std::fs::read_to_string(root.join(block.file))
-                    .with_context(|| format!("read {}", block.file))?;
-                files.push((block.file, text.clone(), text));
+                let text = std::fs::read_to_string(root.join(path))
+                    .with_context(|| format!("read {path}"))?;
+                files.push((path, text.clone(), text));
                 files.len() - 1
             }
         };
         let file = &mut files[at];
-        file.2 = splice(&file.2, block.name, &(block.render)()).context(block.file)?;
+        file.2 = splice(&file.2, name, &body).context(path)?;
     }
     Ok(files)
 }
 
 /// The files whose lists are stale.
-fn stale(root: &Path) -> Result<Vec<&'static str>> {
-    Ok(generate(root)?
+fn stale(root: &Path, cli: Option<&str>) -> Result<Vec<&'static str>> {
+    Ok(generate(root, cli)?
         .into_iter()
         .filter(|(_, have, want)| have != want)
         .map(|(file, _, _)| file)
@@ -106,15 +129,16 @@ fn stale_message(stale: &[&str]) -> String {
 /// `cargo xtask docs`.
 pub fn run(args: &Args) -> Result<()> {
     let root = workspace::root();
+    let cli = cli_options()?;
     if args.check {
-        let stale = stale(root)?;
+        let stale = stale(root, Some(&cli))?;
         if !stale.is_empty() {
             bail!("{}", stale_message(&stale));
         }
         println!("docs: the generated lists are current");
         return Ok(());
     }
-    for (file, have, want) in generate(root)? {
+    for (file, have, want) in generate(root, Some(&cli))? {
         if have != want {
             std::fs::write(root.join(file), want).with_context(|| format!("write {file}"))?;
             println!("docs: wrote {file}");
@@ -213,7 +237,7 @@ mod tests {
 
     #[test]
     fn committed_docs_are_current() {
-        let stale = stale(workspace::root()).unwrap();
+        let stale = stale(workspace::root(), None).unwrap();
         assert!(stale.is_empty(), "{}", stale_message(&stale));
     }
 

@@ -41,7 +41,8 @@ enum Task {
     /// The README's kernel table, from the `cargo xtask test --kernel NAME` results.
     KernelTable,
     /// The lists in the docs that a catalogue of bypass-common knows (status keys and
-    /// counters, kernel needs and fields); `--check` fails if one is stale.
+    /// counters, kernel needs and fields) and the agent's options as clap has them;
+    /// `--check` fails if one is stale.
     Docs(docs::Args),
     /// A one-node Kubernetes on this machine (root): etcd, kube-apiserver, controllers,
     /// scheduler, kubelet, kube-proxy, containerd; `down` leaves nothing behind.

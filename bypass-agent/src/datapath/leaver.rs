@@ -9,7 +9,10 @@
 //! ingress queue).
 //!
 //! A thread of the agent reads the ring buffer and re-checks the connections it waits
-//! for; it also removes the cut map's entries of connections that are gone.
+//! for; it also removes the cut map's entries of connections that are gone. An event
+//! the ring buffer could not hold (`leave_events_lost`) loses no leave: when that
+//! counter moves, the thread scans the links for leaving connections, as it does when
+//! it starts, at most once every [`RESCAN`].
 
 use std::{
     collections::HashMap as StdHashMap,
@@ -53,6 +56,31 @@ pub fn next_interval(prev: Duration, moved: bool) -> Duration {
     } else {
         (prev * 2).clamp(RECHECK, MAX_RECHECK)
     }
+}
+
+/// The shortest time between two scans of the links for leaving connections whose
+/// event was lost: a pod that keeps the ring buffer full costs the agent one scan of
+/// the links a second at most, not one per lost event ([`next_scan`]).
+pub const RESCAN: Duration = Duration::from_secs(1);
+
+/// How often the thread forgets what it no longer needs (cut entries and [`Gone`]
+/// entries of connections that closed): on a clock, not per loop, whose pace the
+/// events, and so the pods, set.
+pub const SWEEP: Duration = Duration::from_secs(10);
+
+/// The wait after a scan of the links that took `took` before the next may start
+/// (pure): [`RESCAN`], or ten times the scan where that is longer, so that scans take
+/// at most a tenth of the thread however large the links map or slow the node.
+pub fn next_scan(took: Duration) -> Duration {
+    RESCAN.max(took.saturating_mul(10))
+}
+
+/// Whether a scan of the links adds the connection of link `l` under `key` to those
+/// waiting to leave (pure): it is leaving, and it is not one this thread already took
+/// out (`gone`: the same key with the same sockets; a later connection under the key
+/// has other cookies).
+pub fn scan_adds(key: &SockKey, l: &Link, gone: &Gone) -> bool {
+    l.state & link_state::LEAVING != 0 && gone.get(key) != Some(&l.cookie)
 }
 
 /// How long a link's counters must stay as they were when each side had read
@@ -146,6 +174,11 @@ impl Entry {
 /// Connections waiting to leave.
 type Waiting = StdHashMap<SockKey, Entry>;
 
+/// Connections this thread took out of the SockHash whose link is still there (until
+/// both sockets close), with their sockets' cookies: a scan skips them, not a later
+/// connection under the same key.
+pub type Gone = StdHashMap<SockKey, [u64; 2]>;
+
 /// The maps the thread works on, opened from the pins.
 struct Maps {
     sockets: SockHash<MapData, SockKey>,
@@ -170,15 +203,32 @@ impl Maps {
         })
     }
 
-    /// Connections already leaving (an adopted datapath; events lost to a full ring).
-    fn leaving(&self) -> Waiting {
+    /// Adds to `waiting` the connections leaving that it lacks, but those this thread
+    /// took out already (`gone`, which it prunes on the way of connections that closed):
+    /// at start (an adopted datapath) and after events were lost to a full ring.
+    /// Returns how many it added.
+    fn scan_leaving(&self, waiting: &mut Waiting, gone: &mut Gone) -> usize {
         let now = Instant::now();
-        self.links
-            .iter()
-            .filter_map(Result::ok)
-            .filter(|(_, l)| l.state & link_state::LEAVING != 0)
-            .map(|(k, _)| (k, Entry::now(now)))
-            .collect()
+        let mut added = 0;
+        let mut still = Gone::with_capacity(gone.len());
+        for (k, l) in self.links.iter().filter_map(Result::ok) {
+            if gone.get(&k) == Some(&l.cookie) {
+                still.insert(k, l.cookie);
+            }
+            if scan_adds(&k, &l, gone) {
+                waiting.entry(k).or_insert_with(|| {
+                    added += 1;
+                    Entry::now(now)
+                });
+            }
+        }
+        *gone = still;
+        added
+    }
+
+    /// `leave_events_lost` now (0 if it cannot be read: the next read that can moves it).
+    fn lost_events(&self) -> u64 {
+        self.stats.get(Stat::LeaveEventsLost).unwrap_or(0)
     }
 
     /// Moves every event of the ring buffer into `waiting`.
@@ -195,8 +245,9 @@ impl Maps {
         }
     }
 
-    /// Acts on each connection in `waiting`; returns how many left.
-    fn settle(&mut self, waiting: &mut Waiting) -> u64 {
+    /// Acts on each connection in `waiting`, recording in `gone` those it took out;
+    /// returns how many left.
+    fn settle(&mut self, waiting: &mut Waiting, gone: &mut Gone) -> u64 {
         let mut left = 0;
         let now = Instant::now();
         waiting.retain(|key, e| {
@@ -236,12 +287,20 @@ impl Maps {
                         left += 1;
                         debug!(?key, "connection left the SockHash");
                     }
+                    if let Some(l) = &link {
+                        gone.insert(*key, l.cookie);
+                    }
                     let _ = self.cut.remove(key);
                     false
                 }
             }
         });
         left
+    }
+
+    /// Forgets connections of `gone` whose link is gone or another connection's now.
+    fn sweep_gone(&self, gone: &mut Gone) {
+        gone.retain(|k, cookie| self.links.get(k, 0).is_ok_and(|l| l.cookie == *cookie));
     }
 
     /// Removes cut entries whose connection is gone.
@@ -268,8 +327,14 @@ impl Leaver {
     pub fn start(pins: &PinLayout) -> Result<Self, AgentError> {
         let mut maps = Maps::open(pins)?;
         let thread = Worker::spawn("leaver", move |stop| {
-            let mut waiting = maps.leaving();
-            let mut sweeps = 0u32;
+            let mut waiting = Waiting::new();
+            let mut gone = Gone::new();
+            // Read before the scan: an event lost during it moves the counter past this.
+            let mut lost = maps.lost_events();
+            let started = Instant::now();
+            maps.scan_leaving(&mut waiting, &mut gone);
+            let mut next_look = Instant::now() + next_scan(started.elapsed());
+            let mut next_sweep = Instant::now() + SWEEP;
             while !stop.load(Ordering::Relaxed) {
                 let fd = maps.events.as_fd();
                 let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
@@ -281,15 +346,33 @@ impl Leaver {
                     std::thread::sleep(RECHECK);
                 }
                 maps.drain_events(&mut waiting);
-                let left = maps.settle(&mut waiting);
+                if Instant::now() >= next_look {
+                    let now_lost = maps.lost_events();
+                    next_look = Instant::now() + RESCAN;
+                    if now_lost != lost {
+                        lost = now_lost;
+                        let started = Instant::now();
+                        let added = maps.scan_leaving(&mut waiting, &mut gone);
+                        let took = started.elapsed();
+                        next_look = Instant::now() + next_scan(took);
+                        debug!(
+                            added,
+                            lost,
+                            ?took,
+                            "leave events were lost: scanned the links"
+                        );
+                    }
+                }
+                let left = maps.settle(&mut waiting, &mut gone);
                 if left > 0
                     && let Err(e) = maps.stats.add_agent_only(Stat::Left, left)
                 {
                     warn!(error = %e, "counting connections that left the SockHash");
                 }
-                sweeps = sweeps.wrapping_add(1);
-                if sweeps.is_multiple_of(100) {
+                if Instant::now() >= next_sweep {
                     maps.sweep_cut();
+                    maps.sweep_gone(&mut gone);
+                    next_sweep = Instant::now() + SWEEP;
                 }
             }
         })
@@ -371,6 +454,40 @@ mod tests {
             next_interval(MAX_RECHECK, true),
             RECHECK,
             "moved: soon again"
+        );
+    }
+
+    #[test]
+    fn a_scan_adds_leaving_connections_but_those_already_taken_out() {
+        let key = SockKey {
+            local_port: 5000,
+            ..SockKey::default()
+        };
+        let mut l = leaving([1, 0], [0, 1]);
+        l.cookie = [7, 8];
+        let mut gone = Gone::new();
+        assert!(scan_adds(&key, &l, &gone), "leaving, never taken out");
+        gone.insert(key, [7, 8]);
+        assert!(!scan_adds(&key, &l, &gone), "taken out already");
+        let mut later = l;
+        later.cookie = [9, 10];
+        assert!(
+            scan_adds(&key, &later, &gone),
+            "a later connection under the same key"
+        );
+        let staying = Link {
+            cookie: [9, 10],
+            ..Link::default()
+        };
+        assert!(!scan_adds(&key, &staying, &gone), "not leaving");
+    }
+
+    #[test]
+    fn scans_take_at_most_a_tenth_of_the_thread() {
+        assert_eq!(next_scan(Duration::from_millis(5)), RESCAN);
+        assert_eq!(
+            next_scan(Duration::from_millis(420)),
+            Duration::from_millis(4200)
         );
     }
 

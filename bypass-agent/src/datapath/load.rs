@@ -18,7 +18,7 @@ use bypass_common::{
 use tracing::warn;
 
 use super::{Config, HostFacts, Identity, PinLayout, maps, object, pins, rawbpf};
-use crate::error::{AgentError, chain};
+use crate::error::AgentError;
 
 /// Loads the embedded object, attaches sk_msg to the SockHash and the tracing programs
 /// to their kernel functions, pins maps, programs and links and records the identity.
@@ -331,14 +331,15 @@ fn raise_memlock() {
 }
 
 fn classify_load_error(err: aya::EbpfError) -> AgentError {
-    let text = chain(&err);
-    if text.contains("EPERM") || text.contains("Operation not permitted") {
+    if errno_in(&err) == Some(nix::errno::Errno::EPERM as i32) {
         return AgentError::Permission {
             action: "loading the eBPF object".into(),
             source: nix::errno::Errno::EPERM.into(),
         };
     }
-    if text.contains(MAP_SOCKETS) {
+    if let aya::EbpfError::MapError(aya::maps::MapError::CreateError { name, .. }) = &err
+        && name == MAP_SOCKETS
+    {
         return AgentError::KernelSupport {
             what: "create the SockHash map",
             source: Box::new(err),
@@ -347,5 +348,49 @@ fn classify_load_error(err: aya::EbpfError) -> AgentError {
     AgentError::Bpf {
         action: "load the eBPF object".into(),
         source: Box::new(err),
+    }
+}
+
+/// The errno of the first system call error in `err`'s chain of sources.
+fn errno_in(err: &(dyn std::error::Error + 'static)) -> Option<i32> {
+    let mut next = Some(err);
+    while let Some(e) = next {
+        if let Some(n) = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::raw_os_error)
+        {
+            return Some(n);
+        }
+        next = e.source();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn create_failed(name: &str, errno: nix::errno::Errno) -> aya::EbpfError {
+        aya::EbpfError::MapError(aya::maps::MapError::CreateError {
+            name: name.to_owned(),
+            io_error: std::io::Error::from_raw_os_error(errno as i32),
+        })
+    }
+
+    #[test]
+    fn a_load_error_is_told_by_its_errno_and_map_not_its_text() {
+        use nix::errno::Errno;
+        assert!(matches!(
+            classify_load_error(create_failed("BYPASS_LINKS", Errno::EPERM)),
+            AgentError::Permission { .. }
+        ));
+        assert!(matches!(
+            classify_load_error(create_failed(MAP_SOCKETS, Errno::EINVAL)),
+            AgentError::KernelSupport { .. }
+        ));
+        assert!(matches!(
+            classify_load_error(create_failed("BYPASS_LINKS", Errno::EINVAL)),
+            AgentError::Bpf { .. }
+        ));
     }
 }

@@ -6,15 +6,18 @@ use prometheus_client::{
     encoding::{DescriptorEncoder, EncodeMetric},
     metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
 };
-use tracing::{debug, warn};
+use tracing::debug;
 
 use std::sync::{Arc, Mutex};
 
-use bypass_common::{PodCounts, Stat, state::hop};
+use bypass_common::{PodCounts, Stat, checks::Outcome, state::hop};
 
 use super::pods::{self, Monotonic, PodDirectory};
 
-use crate::datapath::{Counters, PinLayout, PinnedView, count_sockets};
+use crate::{
+    datapath::{Counters, PinLayout, PinnedView},
+    status::{KernelCheck, Reading},
+};
 
 /// Reads the datapath through its pins on every scrape, so the numbers are the
 /// kernel's, whoever holds the datapath.
@@ -133,164 +136,138 @@ impl Collector for DatapathCollector {
             "version",
             &[(env!("CARGO_PKG_VERSION"), 1)],
         )?;
-        let view = match PinnedView::open(&self.layout) {
-            Ok(v) => v,
+        let up = "1 when the pinned datapath could be read";
+        let reading = match Reading::open(&self.layout) {
+            Ok(r) => r,
             Err(e) => {
                 debug!(error = %e, "datapath not readable for metrics");
-                return gauge(
-                    &mut enc,
-                    "bypass_datapath_up",
-                    "1 when the pinned datapath could be read",
-                    0,
-                );
+                return gauge(&mut enc, "bypass_datapath_up", up, 0);
             }
         };
-        gauge(
-            &mut enc,
-            "bypass_datapath_up",
-            "1 when the pinned datapath could be read",
-            1,
-        )?;
-        let attached = view.link_pinned && view.control.enabled().unwrap_or(false);
-        gauge(
-            &mut enc,
+        gauge(&mut enc, "bypass_datapath_up", up, 1)?;
+        encode_report(&mut enc, &reading)?;
+        self.encode_pods(&mut enc, &reading.view)?;
+        encode_counters(&mut enc, &reading.report.counters)
+    }
+}
+
+/// The report's gauges and labelled families, as `status` shows its keys.
+fn encode_report(enc: &mut DescriptorEncoder, reading: &Reading) -> Result<(), std::fmt::Error> {
+    let r = &reading.report;
+    let owned = reading.view.owners.as_ref().map(|_| r.address_owners.len());
+    for (name, help, value) in [
+        (
             "bypass_attached",
             "1 when sock_ops is attached and redirects are allowed",
-            i64::from(attached),
-        )?;
-        gauge(
-            &mut enc,
+            Some(i64::from(r.attached)),
+        ),
+        (
             "bypass_sockets",
             "Sockets in the SockHash",
-            count(count_sockets(&view.sockets)),
-        )?;
-        gauge(
-            &mut enc,
+            Some(count(r.sockets)),
+        ),
+        (
             "bypass_pod_cidrs",
             "Entries in the pod CIDR trie",
-            count(view.pod_maps.cidrs().len()),
-        )?;
-        gauge(
-            &mut enc,
+            Some(count(r.pod_cidrs.len())),
+        ),
+        (
             "bypass_pod_addresses",
             "Entries in the exact pod address map",
-            count(view.pod_maps.addrs().len()),
-        )?;
-        gauge(
-            &mut enc,
+            Some(count(r.pod_addresses.len())),
+        ),
+        (
             "bypass_excluded_addresses",
             "Addresses never treated as a pod's (opted out)",
-            count(view.pod_maps.excluded().len()),
-        )?;
-        if let Some(owners) = &view.owners {
-            gauge(
-                &mut enc,
-                "bypass_owned_pod_addresses",
-                "Pod addresses with an observed owning network namespace (--netns-owners=observe)",
-                count(owners.list().len()),
-            )?;
-        }
-        let mut family = enc.encode_descriptor(
-            "bypass_pod_address_refusals",
-            "Sockets refused for a pod address: used by another network namespace (foreign_namespace), or a client on it whose sequence numbers did not match (pairing)",
-            None,
-            MetricType::Counter,
-        )?;
-        for (address, counts) in &view.refusals {
-            let address = address.to_string();
-            for (kind, name) in bypass_common::refusal::NAMES.iter().enumerate() {
-                let labels = [("address", address.as_str()), ("kind", *name)];
-                ConstCounter::new(counts[kind]).encode(family.encode_family(&labels)?)?;
-            }
-        }
-        let capacity =
-            aya::maps::MapInfo::from_pin(self.layout.map(bypass_common::names::MAP_SOCKETS))
-                .map(|i| i64::from(i.max_entries()))
-                .unwrap_or(0);
-        gauge(
-            &mut enc,
+            Some(count(r.excluded_addresses.len())),
+        ),
+        (
+            "bypass_owned_pod_addresses",
+            "Pod addresses with an observed owning network namespace (--netns-owners=observe)",
+            owned.map(count),
+        ),
+        (
             "bypass_sockets_capacity",
             "SockHash size (--max-sockets of the loaded datapath): alert on bypass_sockets / bypass_sockets_capacity",
-            capacity,
-        )?;
-        let release = crate::datapath::kernel_release();
-        labeled_gauges(
-            &mut enc,
-            "bypass_kernel_info",
-            "The running kernel's release (always 1)",
-            "release",
-            &[(release.as_str(), 1)],
-        )?;
-        if let Ok(deadline) = view.control.heartbeat_deadline() {
-            gauge(
-                &mut enc,
-                "bypass_heartbeat_remaining_seconds",
-                "Seconds until sock_ops stops inserting unless the agent refreshes its heartbeat (0: expired)",
-                crate::datapath::heartbeat_remaining(deadline)
-                    .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX)),
-            )?;
+            Some(r.max_sockets.map_or(0, i64::from)),
+        ),
+        (
+            "bypass_heartbeat_remaining_seconds",
+            "Seconds until sock_ops stops inserting unless the agent refreshes its heartbeat (0: expired)",
+            Some(i64::try_from(r.heartbeat_seconds_left).unwrap_or(i64::MAX)),
+        ),
+    ] {
+        if let Some(value) = value {
+            gauge(enc, name, help, value)?;
         }
-        let others = crate::other_programs::list();
-        let mut family = enc.encode_descriptor(
-            "bypass_other_programs",
-            "Another program's sock_ops or sk_msg program loaded on this node (always 1): sockets its sockmap holds cannot join ours",
-            None,
-            MetricType::Gauge,
-        )?;
-        for o in &others {
-            let id = o.id.to_string();
-            let labels = [
-                ("kind", o.kind),
-                ("name", o.name.as_str()),
-                ("owner", o.owner.unwrap_or("unknown")),
-                ("id", id.as_str()),
-            ];
-            ConstGauge::new(1).encode(family.encode_family(&labels)?)?;
-        }
-        if let (Ok(checks), Ok(max_queued)) = (view.control.checks(), view.control.max_queued()) {
-            let features = crate::status::Features::from_checks(
-                checks,
-                view.sockopt_pinned,
-                view.guard_pinned,
-                max_queued,
-            );
-            let values: Vec<(&str, i64)> = features
-                .list()
-                .iter()
-                .map(|&(name, on)| (name, i64::from(on)))
-                .collect();
-            labeled_gauges(
-                &mut enc,
-                "bypass_feature",
-                "1 when the datapath guarantee is active on this kernel",
-                "feature",
-                &values,
-            )?;
-            let outcomes: Vec<(&str, i64)> = bypass_common::checks::CHECKS
-                .iter()
-                .enumerate()
-                .filter_map(|(i, c)| match checks.get(i) {
-                    bypass_common::checks::Outcome::Passed => Some((c.name, 1)),
-                    bypass_common::checks::Outcome::Failed => Some((c.name, 0)),
-                    bypass_common::checks::Outcome::NotRun => None,
-                })
-                .collect();
-            labeled_gauges(
-                &mut enc,
-                "bypass_kernel_check",
-                "1 when the kernel self-test saw the behaviour as TCP answers it, 0 when not \
-                 (checks not run are absent)",
-                "check",
-                &outcomes,
-            )?;
-        }
-        self.encode_pods(&mut enc, &view)?;
-        match view.stats.read() {
-            Ok(c) => encode_counters(&mut enc, &c)?,
-            Err(e) => warn!(error = %e, "reading datapath counters for metrics"),
-        }
-        Ok(())
     }
+    let mut family = enc.encode_descriptor(
+        "bypass_pod_address_refusals",
+        "Sockets refused for a pod address: used by another network namespace (foreign_namespace), or a client on it whose sequence numbers did not match (pairing)",
+        None,
+        MetricType::Counter,
+    )?;
+    for refusals in &r.refusals {
+        let address = refusals.address.to_string();
+        for (kind, n) in refusals.kinds() {
+            let labels = [("address", address.as_str()), ("kind", kind)];
+            ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
+        }
+    }
+    labeled_gauges(
+        enc,
+        "bypass_kernel_info",
+        "The running kernel's release (always 1)",
+        "release",
+        &[(r.kernel.as_str(), 1)],
+    )?;
+    let mut family = enc.encode_descriptor(
+        "bypass_other_programs",
+        "Another program's sock_ops or sk_msg program loaded on this node (always 1): sockets its sockmap holds cannot join ours",
+        None,
+        MetricType::Gauge,
+    )?;
+    for o in &reading.others {
+        let id = o.id.to_string();
+        let labels = [
+            ("kind", o.kind),
+            ("name", o.name.as_str()),
+            ("owner", o.owner.unwrap_or("unknown")),
+            ("id", id.as_str()),
+        ];
+        ConstGauge::new(1).encode(family.encode_family(&labels)?)?;
+    }
+    let features: Vec<(&str, i64)> = r
+        .features
+        .list()
+        .iter()
+        .map(|&(name, on)| (name, i64::from(on)))
+        .collect();
+    labeled_gauges(
+        enc,
+        "bypass_feature",
+        "1 when the datapath guarantee is active on this kernel",
+        "feature",
+        &features,
+    )?;
+    let outcome = |c: &KernelCheck| match c.outcome.as_str() {
+        o if o == Outcome::Passed.name() => Some(1),
+        o if o == Outcome::Failed.name() => Some(0),
+        _ => None,
+    };
+    let outcomes: Vec<(&str, i64)> = r
+        .kernel_checks
+        .iter()
+        .filter_map(|c| Some((c.name.as_str(), outcome(c)?)))
+        .collect();
+    labeled_gauges(
+        enc,
+        "bypass_kernel_check",
+        "1 when the kernel self-test saw the behaviour as TCP answers it, 0 when not \
+         (checks not run are absent)",
+        "check",
+        &outcomes,
+    )
 }
 
 /// The stats catalogue's counters: plain ones as `bypass_<name>_total`, those kept per

@@ -22,6 +22,8 @@ use k8s_openapi::api::{
 use crate::{backend::Backend, cidr::Cidr, toggle};
 
 pub mod backends;
+#[cfg(any(test, feature = "fuzz"))]
+pub mod properties;
 pub mod workload;
 
 pub use backends::service_backends;

@@ -34,13 +34,13 @@ use testbed::apps::{
 
 #[test]
 fn redis_benchmark_completes() -> Result<()> {
-    app_test!("redis_benchmark_completes", redisapp::NEEDS);
+    app_test!(redisapp::NEEDS);
     redis::benchmark_completes()
 }
 
 #[test]
 fn redis_pipelined_set_get_exact() -> Result<()> {
-    app_test!("redis_pipelined_set_get_exact", redisapp::NEEDS);
+    app_test!(redisapp::NEEDS);
     redis::pipelined_set_get_exact()
 }
 
@@ -49,25 +49,25 @@ fn redis_pipelined_set_get_exact() -> Result<()> {
 
 #[test]
 fn nginx_download_64mib_exact() -> Result<()> {
-    app_test!("nginx_download_64mib_exact", nginxapp::NEEDS);
+    app_test!(nginxapp::NEEDS);
     nginx::download_64mib_exact()
 }
 
 #[test]
 fn nginx_https_download_64mib_exact() -> Result<()> {
-    app_test!("nginx_https_download_64mib_exact", nginxapp::NEEDS);
+    app_test!(nginxapp::NEEDS);
     nginx::https_download_64mib_exact()
 }
 
 #[test]
 fn nginx_keep_alive_requests_complete() -> Result<()> {
-    app_test!("nginx_keep_alive_requests_complete", nginxapp::NEEDS);
+    app_test!(nginxapp::NEEDS);
     nginx::keep_alive_requests_complete()
 }
 
 #[test]
 fn nginx_connection_per_request_complete() -> Result<()> {
-    app_test!("nginx_connection_per_request_complete", nginxapp::NEEDS);
+    app_test!(nginxapp::NEEDS);
     nginx::connection_per_request_complete()
 }
 
@@ -76,16 +76,13 @@ fn nginx_connection_per_request_complete() -> Result<()> {
 
 #[test]
 fn pgbench_tpcb_all_transactions() -> Result<()> {
-    app_test!("pgbench_tpcb_all_transactions", postgresapp::NEEDS);
+    app_test!(postgresapp::NEEDS);
     postgres::tpcb_all_transactions()
 }
 
 #[test]
 fn pgbench_connection_per_transaction_all_transactions() -> Result<()> {
-    app_test!(
-        "pgbench_connection_per_transaction_all_transactions",
-        postgresapp::NEEDS
-    );
+    app_test!(postgresapp::NEEDS);
     postgres::connection_per_transaction_all_transactions()
 }
 
@@ -94,25 +91,25 @@ fn pgbench_connection_per_transaction_all_transactions() -> Result<()> {
 
 #[test]
 fn iperf3_bulk_one_stream() -> Result<()> {
-    app_test!("iperf3_bulk_one_stream", iperfapp::NEEDS);
+    app_test!(iperfapp::NEEDS);
     iperf::bulk_one_stream()
 }
 
 #[test]
 fn iperf3_small_writes() -> Result<()> {
-    app_test!("iperf3_small_writes", iperfapp::NEEDS);
+    app_test!(iperfapp::NEEDS);
     iperf::small_writes()
 }
 
 #[test]
 fn iperf3_four_streams() -> Result<()> {
-    app_test!("iperf3_four_streams", iperfapp::NEEDS);
+    app_test!(iperfapp::NEEDS);
     iperf::four_streams()
 }
 
 #[test]
 fn iperf3_reverse() -> Result<()> {
-    app_test!("iperf3_reverse", iperfapp::NEEDS);
+    app_test!(iperfapp::NEEDS);
     iperf::reverse()
 }
 
@@ -121,37 +118,37 @@ fn iperf3_reverse() -> Result<()> {
 
 #[test]
 fn go_io_copy_echo_exact() -> Result<()> {
-    app_test!("go_io_copy_echo_exact", goapps::ALL);
+    app_test!(goapps::ALL);
     go::io_copy_echo_exact()
 }
 
 #[test]
 fn go_read_write_echo_exact() -> Result<()> {
-    app_test!("go_read_write_echo_exact", goapps::ALL);
+    app_test!(goapps::ALL);
     go::read_write_echo_exact()
 }
 
 #[test]
 fn go_l4_proxy_io_copy_exact() -> Result<()> {
-    app_test!("go_l4_proxy_io_copy_exact", goapps::ALL);
+    app_test!(goapps::ALL);
     go::l4_proxy_io_copy_exact()
 }
 
 #[test]
 fn go_l4_proxy_read_write_exact() -> Result<()> {
-    app_test!("go_l4_proxy_read_write_exact", goapps::ALL);
+    app_test!(goapps::ALL);
     go::l4_proxy_read_write_exact()
 }
 
 #[test]
 fn go_http_reverse_proxy_exact() -> Result<()> {
-    app_test!("go_http_reverse_proxy_exact", goapps::ALL);
+    app_test!(goapps::ALL);
     go::http_reverse_proxy_exact()
 }
 
 #[test]
 fn go_grpc_bidi_stream_exact() -> Result<()> {
-    app_test!("go_grpc_bidi_stream_exact", goapps::ALL);
+    app_test!(goapps::ALL);
     go::grpc_bidi_stream_exact()
 }
 
@@ -160,19 +157,19 @@ fn go_grpc_bidi_stream_exact() -> Result<()> {
 
 #[test]
 fn haproxy_splice_auto_echo_exact() -> Result<()> {
-    app_test!("haproxy_splice_auto_echo_exact", haproxyapp::NEEDS);
+    app_test!(haproxyapp::NEEDS);
     haproxy::splice_auto_echo_exact()
 }
 
 #[test]
 fn haproxy_splice_forced_echo_exact() -> Result<()> {
-    app_test!("haproxy_splice_forced_echo_exact", haproxyapp::NEEDS);
+    app_test!(haproxyapp::NEEDS);
     haproxy::splice_forced_echo_exact()
 }
 
 #[test]
 fn haproxy_no_splice_echo_exact() -> Result<()> {
-    app_test!("haproxy_no_splice_echo_exact", haproxyapp::NEEDS);
+    app_test!(haproxyapp::NEEDS);
     haproxy::no_splice_echo_exact()
 }
 
@@ -181,12 +178,12 @@ fn haproxy_no_splice_echo_exact() -> Result<()> {
 
 #[test]
 fn java_nio_echo_exact() -> Result<()> {
-    app_test!("java_nio_echo_exact", java::NEEDS);
+    app_test!(java::NEEDS);
     runtimes::java_nio_echo_exact()
 }
 
 #[test]
 fn nodejs_pipe_proxy_echo_exact() -> Result<()> {
-    app_test!("nodejs_pipe_proxy_echo_exact", node::NEEDS);
+    app_test!(node::NEEDS);
     runtimes::nodejs_pipe_proxy_echo_exact()
 }

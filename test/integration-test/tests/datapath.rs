@@ -21,7 +21,7 @@ use testbed::{Agent, AgentOpts, ClientArgs, TwoPods};
 
 #[test]
 fn ipv4_64mib_each_way_bypassed() -> Result<()> {
-    privileged!("ipv4_64mib_each_way_bypassed");
+    privileged!();
     let pods = TwoPods::new()?;
     let agent = Agent::start(&pods.agent_opts().max_queued(ABOVE_PAYLOAD))?;
     let args = ClientArgs::bulk(MIB64);
@@ -30,7 +30,7 @@ fn ipv4_64mib_each_way_bypassed() -> Result<()> {
 
 #[test]
 fn ipv6_64mib_each_way_bypassed() -> Result<()> {
-    privileged!("ipv6_64mib_each_way_bypassed");
+    privileged!();
     let pods = TwoPods::new()?;
     let agent = Agent::start(&pods.agent_opts().max_queued(ABOVE_PAYLOAD))?;
     let args = ClientArgs::bulk(MIB64);
@@ -39,7 +39,7 @@ fn ipv6_64mib_each_way_bypassed() -> Result<()> {
 
 #[test]
 fn dual_stack_listener_ipv4_client_bypassed() -> Result<()> {
-    privileged!("dual_stack_listener_ipv4_client_bypassed");
+    privileged!();
     let pods = TwoPods::new()?;
     let agent = Agent::start(&pods.agent_opts().max_queued(ABOVE_PAYLOAD))?;
     let args = ClientArgs::bulk(MIB64).greeted();
@@ -52,7 +52,7 @@ fn dual_stack_listener_ipv4_client_bypassed() -> Result<()> {
 
 #[test]
 fn outside_pod_cidr_not_inserted_and_exact() -> Result<()> {
-    privileged!("outside_pod_cidr_not_inserted_and_exact");
+    privileged!();
     let pods = TwoPods::new()?;
     // Pod b also answers on an address in no --pod-cidr; pod a reaches it on-link from
     // its pod address, so one end of the connection is a pod and the other is not.
@@ -93,7 +93,7 @@ fn outside_pod_cidr_not_inserted_and_exact() -> Result<()> {
 
 #[test]
 fn pod_ip_alone_redirects() -> Result<()> {
-    privileged!("pod_ip_alone_redirects");
+    privileged!();
     let pods = TwoPods::new()?;
     let opts = AgentOpts {
         pod_cidrs: Vec::new(),
@@ -124,7 +124,7 @@ fn pod_ip_alone_redirects() -> Result<()> {
 
 #[test]
 fn thousand_short_connections_send_at_once() -> Result<()> {
-    privileged!("thousand_short_connections_send_at_once");
+    privileged!();
     let pods = TwoPods::new()?;
     let agent = Agent::start(&pods.agent_opts())?;
     let args = ClientArgs {
@@ -162,7 +162,7 @@ fn thousand_short_connections_send_at_once() -> Result<()> {
 /// on exactly when its three checks passed.
 #[test]
 fn kernel_self_test_reported_everywhere() -> Result<()> {
-    privileged!("kernel_self_test_reported_everywhere");
+    privileged!();
     let pods = TwoPods::new()?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
@@ -285,7 +285,7 @@ fn kernel_self_test_reported_everywhere() -> Result<()> {
 /// the wrong pod show.
 #[test]
 fn per_pod_counters_follow_each_pods_bytes_and_connections() -> Result<()> {
-    privileged!("per_pod_counters_follow_each_pods_bytes_and_connections");
+    privileged!();
     let pods = TwoPods::new()?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?

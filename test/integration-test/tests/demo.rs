@@ -14,7 +14,7 @@ use crate::support::{PREFIX, privileged};
 
 #[test]
 fn demo_bypasses_and_says_so() -> Result<()> {
-    privileged!("demo_bypasses_and_says_so");
+    privileged!();
     names::set_prefix(PREFIX).map_err(anyhow::Error::msg)?;
     let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let raw = tempdir("demo-raw")?;

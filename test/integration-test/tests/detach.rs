@@ -17,7 +17,7 @@ use testbed::{
 
 #[test]
 fn sigterm_mid_stream_loses_nothing() -> Result<()> {
-    privileged!("sigterm_mid_stream_loses_nothing");
+    privileged!();
     let pods = TwoPods::new()?;
     let mut opts = pods.agent_opts().max_queued(ABOVE_PAYLOAD);
     // Its detach line says how much was redirected once redirects were off.
@@ -127,7 +127,7 @@ fn sigterm_mid_stream_loses_nothing() -> Result<()> {
 
 #[test]
 fn sigterm_with_unread_redirected_bytes_keeps_order() -> Result<()> {
-    privileged!("sigterm_with_unread_redirected_bytes_keeps_order");
+    privileged!();
     let pods = TwoPods::new()?;
     let mut agent = Agent::start(&pods.agent_opts().max_queued(ABOVE_PAYLOAD))?;
     // The server reads nothing for 2 s: what the clients send meanwhile piles up in

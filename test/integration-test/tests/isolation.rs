@@ -16,7 +16,7 @@ use std::{
 
 use crate::support::{
     HoldPair, ProbeServer, Steps, agent_with, exchange::exchange_exact, grew, hold_pair, num,
-    pod_counts, probe_client, probe_report, spawn_probe_client, two_pods,
+    pod_counts, probe_client, probe_report, progress, spawn_probe_client, two_pods,
 };
 use anyhow::{Context as _, Result, ensure};
 use testbed::{ClientArgs, cmd, iptables};
@@ -35,7 +35,7 @@ fn mode(p: &std::path::Path) -> Result<u32> {
 
 #[test]
 fn pins_are_root_only() -> Result<()> {
-    privileged!("pins_are_root_only");
+    privileged!();
     let pods = two_pods()?;
     let agent = agent_with(&pods, &[])?;
     let dir = agent.pin_dir().to_path_buf();
@@ -83,7 +83,7 @@ fn pins_are_root_only() -> Result<()> {
 
 #[test]
 fn only_pod_to_pod_connections_are_inserted() -> Result<()> {
-    privileged!("only_pod_to_pod_connections_are_inserted");
+    privileged!();
     let pods = two_pods()?;
     // Both pods also hold an address outside the pod CIDRs, on-link to each other.
     let outside = pods.outside_cidr_v4();
@@ -242,13 +242,13 @@ fn attacker_takes_the_tuple(v6: bool, port: u16) -> Result<()> {
 
 #[test]
 fn attacker_namespace_cannot_take_or_receive_a_pod_connection() -> Result<()> {
-    privileged!("attacker_namespace_cannot_take_or_receive_a_pod_connection");
+    privileged!();
     attacker_takes_the_tuple(false, 5610)
 }
 
 #[test]
 fn attacker_namespace_cannot_take_or_receive_a_pod_connection_ipv6() -> Result<()> {
-    privileged!("attacker_namespace_cannot_take_or_receive_a_pod_connection_ipv6");
+    privileged!();
     attacker_takes_the_tuple(true, 5611)
 }
 
@@ -382,10 +382,7 @@ fn victim_kept_every_byte(
 /// every byte the server sends, redirected, and the forger must read nothing.
 #[test]
 fn forged_repair_socket_cannot_pose_as_a_pods_client() -> Result<()> {
-    privileged!(
-        "forged_repair_socket_cannot_pose_as_a_pods_client",
-        testbed::require::preflight_iptables
-    );
+    privileged!(testbed::require::preflight_iptables);
     let pods = two_pods()?;
     let agent = agent_with(&pods, &[])?;
     let port = 5614u16;
@@ -437,10 +434,7 @@ fn forged_repair_socket_cannot_pose_as_a_pods_client() -> Result<()> {
 /// the server sends, redirected, and the forger must read nothing.
 #[test]
 fn forged_handshake_cannot_pose_as_a_pods_client() -> Result<()> {
-    privileged!(
-        "forged_handshake_cannot_pose_as_a_pods_client",
-        testbed::require::preflight_iptables
-    );
+    privileged!(testbed::require::preflight_iptables);
     let pods = two_pods()?;
     let agent = agent_with(&pods, &[])?;
     let port = 5615u16;
@@ -497,10 +491,7 @@ fn forged_handshake_cannot_pose_as_a_pods_client() -> Result<()> {
 /// candidate was paired (`paired_pod` +1, the server's bytes redirected).
 #[test]
 fn one_wrong_guess_spends_a_clients_record() -> Result<()> {
-    privileged!(
-        "one_wrong_guess_spends_a_clients_record",
-        testbed::require::preflight_iptables
-    );
+    privileged!(testbed::require::preflight_iptables);
     const PORT: u16 = 5618;
     const SNAT_PORT: u16 = 5619;
     let pods = two_pods()?;
@@ -580,7 +571,7 @@ fn one_wrong_guess_spends_a_clients_record() -> Result<()> {
 /// of the host's namespace inserted.
 #[test]
 fn host_loopback_never_bypassed_via_gateway() -> Result<()> {
-    privileged!("host_loopback_never_bypassed_via_gateway");
+    privileged!();
     let pods = two_pods()?;
     let gateway = pods.pod_cidr_v4().replace(".0/24", ".254");
     // On the bridge in the host's namespace; gone with the bridge.
@@ -808,37 +799,37 @@ fn network_loss_cuts_bypassed_connections(
 
 #[test]
 fn interface_down_cuts_bypassed_connections() -> Result<()> {
-    privileged!("interface_down_cuts_bypassed_connections");
+    privileged!();
     network_loss_cuts_bypassed_connections(Loss::InterfaceDown, Seen::Either, 5620, None)
 }
 
 #[test]
 fn veth_deleted_cuts_bypassed_connections() -> Result<()> {
-    privileged!("veth_deleted_cuts_bypassed_connections");
+    privileged!();
     network_loss_cuts_bypassed_connections(Loss::VethDeleted, Seen::Either, 5621, None)
 }
 
 #[test]
 fn interface_down_cuts_without_waiting_for_the_poll() -> Result<()> {
-    privileged!("interface_down_cuts_without_waiting_for_the_poll");
+    privileged!();
     network_loss_cuts_bypassed_connections(Loss::InterfaceDown, Seen::ByTheEvent, 5623, None)
 }
 
 #[test]
 fn veth_deleted_cuts_without_waiting_for_the_poll() -> Result<()> {
-    privileged!("veth_deleted_cuts_without_waiting_for_the_poll");
+    privileged!();
     network_loss_cuts_bypassed_connections(Loss::VethDeleted, Seen::ByTheEvent, 5624, None)
 }
 
 #[test]
 fn address_removed_cuts_without_waiting_for_the_poll() -> Result<()> {
-    privileged!("address_removed_cuts_without_waiting_for_the_poll");
+    privileged!();
     network_loss_cuts_bypassed_connections(Loss::AddressRemoved, Seen::ByTheEvent, 5625, None)
 }
 
 #[test]
 fn a_tenant_holding_the_cut_map_full_cannot_stop_a_cut() -> Result<()> {
-    privileged!("a_tenant_holding_the_cut_map_full_cannot_stop_a_cut");
+    privileged!();
     let metrics = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
@@ -980,38 +971,6 @@ sys.exit("a worker exited")
     }
 }
 
-/// Waits until `f` of the agent's status reaches `target`, for as long as it keeps
-/// growing: fails once it stood still for [`testbed::steps::NET`], or `child` exited.
-fn progress(
-    agent: &testbed::Agent,
-    child: &mut testbed::spawn::PodChild,
-    what: &str,
-    target: u64,
-    f: impl Fn(&testbed::AgentStatus) -> u64,
-) -> Result<()> {
-    let mut last = 0;
-    let mut moved = std::time::Instant::now();
-    loop {
-        let v = f(&agent.stats()?);
-        if v >= target {
-            return Ok(());
-        }
-        if v > last {
-            last = v;
-            moved = std::time::Instant::now();
-        }
-        ensure!(
-            moved.elapsed() < testbed::steps::NET,
-            "{what}: {v} of {target}, none more for {:?}",
-            testbed::steps::NET
-        );
-        if let Some(status) = child.try_wait()? {
-            anyhow::bail!("{what}: {v} of {target}, and the tenant exited ({status})");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
-}
-
 impl Drop for TenantHoldingCuts {
     fn drop(&mut self) {
         self.child.kill();
@@ -1028,10 +987,7 @@ impl Drop for TenantHoldingCuts {
 /// none of the 4 KiB the poser writes.
 #[test]
 fn simultaneous_open_cannot_pose_as_a_pods_server() -> Result<()> {
-    privileged!(
-        "simultaneous_open_cannot_pose_as_a_pods_server",
-        testbed::require::preflight_iptables
-    );
+    privileged!(testbed::require::preflight_iptables);
     let pods = two_pods()?;
     let c = pods.third_pod("c", 7)?;
     let cidr = pods.outside_cidr_v4();
@@ -1119,7 +1075,7 @@ fn simultaneous_open_cannot_pose_as_a_pods_server() -> Result<()> {
 /// version of the reachability check, which took equal addresses as proof.
 #[test]
 fn a_loopback_server_in_another_pod_is_never_paired() -> Result<()> {
-    privileged!("a_loopback_server_in_another_pod_is_never_paired");
+    privileged!();
     let pods = two_pods()?;
     let (dial, hop, land): (SocketAddr, SocketAddr, SocketAddr) = (
         "127.0.0.1:5631".parse()?,

@@ -37,7 +37,7 @@ use anyhow::Result;
 
 #[test]
 fn k8s_pod_addresses_follow_the_api() -> Result<()> {
-    privileged!("k8s_pod_addresses_follow_the_api");
+    privileged!();
     pods::k8s_pod_addresses_follow_the_api()
 }
 
@@ -46,13 +46,13 @@ fn k8s_pod_addresses_follow_the_api() -> Result<()> {
 
 #[test]
 fn k8s_traffic_from_pod_objects_and_label_toggle_lose_no_byte() -> Result<()> {
-    privileged!("k8s_traffic_from_pod_objects_and_label_toggle_lose_no_byte");
+    privileged!();
     toggle::k8s_traffic_from_pod_objects_and_label_toggle_lose_no_byte()
 }
 
 #[test]
 fn k8s_entries_of_connections_closed_while_off_are_swept() -> Result<()> {
-    privileged!("k8s_entries_of_connections_closed_while_off_are_swept");
+    privileged!();
     toggle::k8s_entries_of_connections_closed_while_off_are_swept()
 }
 
@@ -61,7 +61,7 @@ fn k8s_entries_of_connections_closed_while_off_are_swept() -> Result<()> {
 
 #[test]
 fn k8s_opt_outs_hold_by_traffic() -> Result<()> {
-    privileged!("k8s_opt_outs_hold_by_traffic");
+    privileged!();
     opt_outs::k8s_opt_outs_hold_by_traffic()
 }
 
@@ -70,7 +70,7 @@ fn k8s_opt_outs_hold_by_traffic() -> Result<()> {
 
 #[test]
 fn k8s_network_policy_change_cuts_bypassed_connections() -> Result<()> {
-    privileged!("k8s_network_policy_change_cuts_bypassed_connections");
+    privileged!();
     policies::k8s_network_policy_change_cuts_bypassed_connections()
 }
 
@@ -79,13 +79,13 @@ fn k8s_network_policy_change_cuts_bypassed_connections() -> Result<()> {
 
 #[test]
 fn k8s_api_server_outage_keeps_datapath_then_resyncs() -> Result<()> {
-    privileged!("k8s_api_server_outage_keeps_datapath_then_resyncs");
+    privileged!();
     outage::k8s_api_server_outage_keeps_datapath_then_resyncs()
 }
 
 #[test]
 fn k8s_agent_waits_for_an_absent_api_server() -> Result<()> {
-    privileged!("k8s_agent_waits_for_an_absent_api_server");
+    privileged!();
     outage::k8s_agent_waits_for_an_absent_api_server()
 }
 
@@ -94,7 +94,7 @@ fn k8s_agent_waits_for_an_absent_api_server() -> Result<()> {
 
 #[test]
 fn k8s_bad_input_fails_with_the_fix_and_deploy_rbac_suffices() -> Result<()> {
-    privileged!("k8s_bad_input_fails_with_the_fix_and_deploy_rbac_suffices");
+    privileged!();
     bad_input::k8s_bad_input_fails_with_the_fix_and_deploy_rbac_suffices()
 }
 
@@ -103,13 +103,13 @@ fn k8s_bad_input_fails_with_the_fix_and_deploy_rbac_suffices() -> Result<()> {
 
 #[test]
 fn k8s_service_cidrs_follow_the_api() -> Result<()> {
-    privileged!("k8s_service_cidrs_follow_the_api");
+    privileged!();
     service_cidrs::k8s_service_cidrs_follow_the_api()
 }
 
 #[test]
 fn k8s_service_cidrs_forbidden_fall_back_to_the_flags() -> Result<()> {
-    privileged!("k8s_service_cidrs_forbidden_fall_back_to_the_flags");
+    privileged!();
     service_cidrs::k8s_service_cidrs_forbidden_fall_back_to_the_flags()
 }
 
@@ -118,7 +118,7 @@ fn k8s_service_cidrs_forbidden_fall_back_to_the_flags() -> Result<()> {
 
 #[test]
 fn k8s_service_backends_follow_endpointslices() -> Result<()> {
-    privileged!("k8s_service_backends_follow_endpointslices");
+    privileged!();
     service_backends::k8s_service_backends_follow_endpointslices()
 }
 
@@ -128,6 +128,6 @@ fn k8s_service_backends_follow_endpointslices() -> Result<()> {
 #[test]
 fn k8s_deploy_manifests_accepted_by_the_api_server() -> Result<()> {
     // No netns or BPF here, but the same tools and root policy as the others.
-    privileged!("k8s_deploy_manifests_accepted_by_the_api_server");
+    privileged!();
     deploy::k8s_deploy_manifests_accepted_by_the_api_server()
 }

@@ -6,7 +6,7 @@
 //! full SockHash. Another program's sk_msg program loaded on the node (Merbridge's
 //! `mb_msg_redir` here) is named by `status` with its owner. Near the node's TCP memory
 //! limit (`net.ipv4.tcp_mem`) a writer's sends take TCP and wait as TCP's do, never
-//! failing with `ENOMEM`.
+//! failing with `ENOMEM`. Leave events the ring buffer cannot hold lose no leave.
 
 use crate::support::privileged;
 
@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use bypass_agent::datapath::insert_failure_warning::{POLL, WARN_EVERY};
 
-use crate::support::{agent_with, num, probe_pair, two_pods, wait_for_log};
+use crate::support::{Steps, agent_with, grew, num, probe_pair, progress, two_pods, wait_for_log};
 use anyhow::{Result, ensure};
 use testbed::{Agent, ClientArgs, PeerClient, PeerServer, Report, TwoPods};
 
@@ -76,7 +76,7 @@ fn ten_at_once(pods: &TwoPods, agent: &Agent, port: u16) -> Result<(Report, Repo
 
 #[test]
 fn full_sockhash_falls_back_counts_and_warns() -> Result<()> {
-    privileged!("full_sockhash_falls_back_counts_and_warns");
+    privileged!();
     let pods = two_pods()?;
     let started = Instant::now();
     let agent = agent_with(&pods, &["--max-sockets", "4"])?;
@@ -160,7 +160,7 @@ fn load_sk_msg(name: &str) -> Result<std::os::fd::OwnedFd> {
 
 #[test]
 fn another_programs_sk_msg_is_named_with_its_owner() -> Result<()> {
-    privileged!("another_programs_sk_msg_is_named_with_its_owner");
+    privileged!();
     let pods = two_pods()?;
     let agent = agent_with(&pods, &[])?;
     let before = agent.status()?;
@@ -258,7 +258,7 @@ fn tcp_mem_with_room(room: u64) -> Result<String> {
 
 #[test]
 fn near_the_tcp_memory_limit_sends_wait_never_fail() -> Result<()> {
-    privileged!("near_the_tcp_memory_limit_sends_wait_never_fail");
+    privileged!();
     let pods = two_pods()?;
     // The agent's threshold 8 MiB above the node's TCP memory now; pressure just past
     // tcp_mem's first threshold, and refusals past a fair share of at least 256 MiB,
@@ -298,5 +298,150 @@ fn near_the_tcp_memory_limit_sends_wait_never_fail() -> Result<()> {
         grew("passed_bytes"),
         grew("memory_tight")
     );
+    Ok(())
+}
+
+/// Stops a process (SIGSTOP) until dropped (SIGCONT).
+struct Stopped(nix::unistd::Pid);
+
+impl Stopped {
+    fn new(pid: u32) -> Result<Self> {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(pid)?);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP)?;
+        Ok(Self(pid))
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(self.0, nix::sys::signal::Signal::SIGCONT);
+    }
+}
+
+/// More connections ask to leave the SockHash at once than the leave-event ring buffer
+/// holds, while the agent reads none of it (stopped): every one of them still leaves
+/// once its bytes are read, the lost events counted, and each is exact on plain TCP
+/// after. A pod's program (Python, nobody here wrote it) opens the connections to its
+/// own address and makes each a small-message stream: one-byte sends its peer does not
+/// read.
+#[test]
+fn leave_events_the_ring_cannot_hold_lose_no_leave() -> Result<()> {
+    privileged!();
+    const SCRIPT: &str = r#"
+import os, resource, socket, sys, time
+ip, n, sends, dir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+def step(name):
+    open(os.path.join(dir, name), "w").close()
+def wait(name):
+    while not os.path.exists(os.path.join(dir, name)):
+        time.sleep(0.05)
+l = socket.socket()
+l.bind((ip, 0))
+l.listen(4096)
+held = []
+for _ in range(n):
+    c = socket.create_connection(l.getsockname())
+    s, _ = l.accept()
+    held.append((c, s))
+step("connected")
+wait("send")
+for c, _ in held:
+    for _ in range(sends):
+        c.send(b"x")
+step("sent")
+wait("read")
+for i, (c, s) in enumerate(held):
+    got = b""
+    while len(got) < sends:
+        b = s.recv(sends)
+        if not b:
+            sys.exit("connection %d: EOF after %r" % (i, got))
+        got += b
+    if got != b"x" * sends:
+        sys.exit("connection %d: read %r" % (i, got))
+step("read-all")
+wait("again")
+for c, s in held:
+    c.sendall(b"y")
+    s.sendall(b"z")
+for i, (c, s) in enumerate(held):
+    if s.recv(1) != b"y" or c.recv(1) != b"z":
+        sys.exit("connection %d: not exact after leaving" % i)
+step("done")
+while True:
+    time.sleep(3600)
+"#;
+    let pods = two_pods()?;
+    let agent = agent_with(&pods, &["--heartbeat-seconds", "3600"])?;
+    let ring = u64::from(bypass_common::names::EVENTS_BYTES)
+        / (std::mem::size_of::<bypass_common::state::LeaveEvent>() as u64 + 8);
+    let n = ring + 512;
+    // One past the small-stream run: the last sends find the connection leaving.
+    let sends = bypass_common::state::SMALL_STREAM_RUN + 2;
+    let steps = Steps::new(&pods, "ring")?;
+    let ip = pods.a.ipv4();
+    agent.wait_for(testbed::steps::NET, "pod a's address owned", |s| {
+        s.address_owners
+            .iter()
+            .any(|o| o.address == std::net::IpAddr::V4(ip))
+    })?;
+    let before = agent.stats()?;
+    let mut cmd = std::process::Command::new("python3");
+    cmd.args([
+        "-c",
+        SCRIPT,
+        &ip.to_string(),
+        &n.to_string(),
+        &sends.to_string(),
+        &steps.arg(""),
+    ]);
+    let mut child = testbed::spawn::spawn_in(&pods.a, cmd)?;
+    let wait = |child: testbed::spawn::PodChild, name: &str| {
+        child.wait_ready(&steps.file(name), name, testbed::steps::NET)
+    };
+    // Thousands of connections take minutes in an emulated guest: a net against no
+    // progress, not a pace.
+    progress(&agent, &mut child, "sockets inserted", 2 * n, |s| {
+        grew(&before, s, |s| s.counters.sockets_inserted)
+    })?;
+    child = wait(child, "connected")?;
+    let (requested, lost) = {
+        let _stopped = Stopped::new(agent.pid())?;
+        steps.touch("send")?;
+        child = wait(child, "sent")?;
+        // Each connection asked to leave once, its events written while nothing read
+        // the ring; its bytes are read before the agent runs again.
+        let sent = agent.stats()?;
+        steps.touch("read")?;
+        child = wait(child, "read-all")?;
+        (
+            grew(&before, &sent, |s| s.counters.leave_requests),
+            grew(&before, &sent, |s| s.counters.leave_events_lost),
+        )
+    };
+    ensure!(
+        requested > ring && lost > 0 && lost <= requested - ring + 1,
+        "{requested} leave requests, {lost} events lost, for a ring of {ring} events"
+    );
+    progress(&agent, &mut child, "connections left", requested, |s| {
+        grew(&before, s, |s| s.counters.left)
+    })?;
+    let after = agent.stats()?;
+    ensure!(
+        grew(&before, &after, |s| s.counters.left) == requested
+            && after.sockets as u64 + 2 * requested
+                == before.sockets as u64 + grew(&before, &after, |s| s.counters.sockets_inserted),
+        "not every connection left: {requested} asked, {after:?}"
+    );
+    steps.touch("again")?;
+    wait(child, "done")?.kill();
+    let end = agent.stats()?;
+    ensure!(
+        end.counters.redirected_bytes == after.counters.redirected_bytes,
+        "bytes redirected after the connections left: {after:?} -> {end:?}"
+    );
+    eprintln!("leave ring: {requested} leave requests, {lost} events lost, every connection left");
     Ok(())
 }

@@ -40,28 +40,25 @@ use testbed::{iptables::Family, require::preflight_iptables};
 
 #[test]
 fn sidecar_chain_ipv4_every_hop_bypassed() -> Result<()> {
-    privileged!("sidecar_chain_ipv4_every_hop_bypassed", preflight_iptables);
+    privileged!(preflight_iptables);
     chain::sidecar_chain(Family::V4)
 }
 
 #[test]
 fn sidecar_chain_ipv6_every_hop_bypassed() -> Result<()> {
-    privileged!("sidecar_chain_ipv6_every_hop_bypassed", preflight_iptables);
+    privileged!(preflight_iptables);
     chain::sidecar_chain(Family::V6)
 }
 
 #[test]
 fn sidecar_chain_short_connections_exact() -> Result<()> {
-    privileged!("sidecar_chain_short_connections_exact", preflight_iptables);
+    privileged!(preflight_iptables);
     chain::sidecar_chain_short_connections_exact()
 }
 
 #[test]
 fn egress_to_outside_address_first_hop_normal_path() -> Result<()> {
-    privileged!(
-        "egress_to_outside_address_first_hop_normal_path",
-        preflight_iptables
-    );
+    privileged!(preflight_iptables);
     chain::egress_to_outside_address_first_hop_normal_path()
 }
 
@@ -70,19 +67,13 @@ fn egress_to_outside_address_first_hop_normal_path() -> Result<()> {
 
 #[test]
 fn loopback_tuples_in_two_pods_do_not_collide() -> Result<()> {
-    privileged!(
-        "loopback_tuples_in_two_pods_do_not_collide",
-        preflight_iptables
-    );
+    privileged!(preflight_iptables);
     loopback::loopback_tuples_in_two_pods_do_not_collide()
 }
 
 #[test]
 fn loopback_bypassed_once_namespace_known_as_pod() -> Result<()> {
-    privileged!(
-        "loopback_bypassed_once_namespace_known_as_pod",
-        preflight_iptables
-    );
+    privileged!(preflight_iptables);
     loopback::loopback_bypassed_once_namespace_known_as_pod()
 }
 
@@ -91,52 +82,37 @@ fn loopback_bypassed_once_namespace_known_as_pod() -> Result<()> {
 
 #[test]
 fn clusterip_dnat_to_local_pod_ipv4_bypassed_both_ways() -> Result<()> {
-    privileged!(
-        "clusterip_dnat_to_local_pod_ipv4_bypassed_both_ways",
-        preflight_iptables
-    );
+    privileged!(preflight_iptables);
     service::clusterip_to_local_pod(Family::V4)
 }
 
 #[test]
 fn clusterip_dnat_to_local_pod_ipv6_bypassed_both_ways() -> Result<()> {
-    privileged!(
-        "clusterip_dnat_to_local_pod_ipv6_bypassed_both_ways",
-        preflight_iptables
-    );
+    privileged!(preflight_iptables);
     service::clusterip_to_local_pod(Family::V6)
 }
 
 #[test]
 fn clusterip_dnat_to_a_pod_not_its_backend_stays_on_tcp() -> Result<()> {
-    privileged!(
-        "clusterip_dnat_to_a_pod_not_its_backend_stays_on_tcp",
-        preflight_iptables
-    );
+    privileged!(preflight_iptables);
     service::clusterip_to_a_pod_not_its_backend_stays_on_tcp()
 }
 
 #[test]
 fn clusterip_masqueraded_client_exact() -> Result<()> {
-    privileged!("clusterip_masqueraded_client_exact", preflight_iptables);
+    privileged!(preflight_iptables);
     service::clusterip_masqueraded_client_exact()
 }
 
 #[test]
 fn clusterip_dnat_to_other_node_stays_on_normal_path() -> Result<()> {
-    privileged!(
-        "clusterip_dnat_to_other_node_stays_on_normal_path",
-        preflight_iptables
-    );
+    privileged!(preflight_iptables);
     service::clusterip_dnat_to_other_node_stays_on_normal_path()
 }
 
 #[test]
 fn clusterip_dnat_in_client_pod_output_bypassed() -> Result<()> {
-    privileged!(
-        "clusterip_dnat_in_client_pod_output_bypassed",
-        preflight_iptables
-    );
+    privileged!(preflight_iptables);
     for family in [Family::V4, Family::V6] {
         for to_self in [false, true] {
             service::output_dnat(family, to_self)
@@ -151,7 +127,7 @@ fn clusterip_dnat_in_client_pod_output_bypassed() -> Result<()> {
 
 #[test]
 fn skip_ports_default_and_none() -> Result<()> {
-    privileged!("skip_ports_default_and_none", preflight_iptables);
+    privileged!(preflight_iptables);
     skip_ports::skip_ports_default_and_none()
 }
 
@@ -160,9 +136,6 @@ fn skip_ports_default_and_none() -> Result<()> {
 
 #[test]
 fn snat_onto_a_live_source_port_is_rejected() -> Result<()> {
-    privileged!(
-        "snat_onto_a_live_source_port_is_rejected",
-        preflight_iptables
-    );
+    privileged!(preflight_iptables);
     snat::snat_onto_a_live_source_port_is_rejected()
 }

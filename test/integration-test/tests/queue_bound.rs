@@ -27,7 +27,7 @@ const FLOOD: [&str; 6] = ["--case", "flood", "--secs", "1.5", "--hold-ms", "2500
 
 #[test]
 fn stalled_reader_queue_is_bounded() -> Result<()> {
-    privileged!("stalled_reader_queue_is_bounded");
+    privileged!();
     let pods = two_pods()?;
     // Plain TCP: the writer stops at the socket buffers.
     let (tcp, tcp_server) = probe_pair(&pods, 5201, &FLOOD)?;
@@ -84,7 +84,7 @@ fn stalled_reader_queue_is_bounded() -> Result<()> {
 
 #[test]
 fn restarted_agent_applies_its_own_bound() -> Result<()> {
-    privileged!("restarted_agent_applies_its_own_bound");
+    privileged!();
     let pods = two_pods()?;
     let mut first = agent_with(
         &pods,
@@ -120,7 +120,7 @@ fn restarted_agent_applies_its_own_bound() -> Result<()> {
 /// on the machine's speed.
 #[test]
 fn slow_reader_byte_exact_and_comes_back() -> Result<()> {
-    privileged!("slow_reader_byte_exact_and_comes_back");
+    privileged!();
     const BLOCK: u64 = 832 << 10;
     const BLOCKS: u64 = 8;
     let pods = two_pods()?;
@@ -186,7 +186,7 @@ fn slow_reader_byte_exact_and_comes_back() -> Result<()> {
 /// memory, holds it. Either way what the writer pins is about what TCP lets it pin.
 #[test]
 fn one_byte_flood_pins_no_more_than_tcp_would() -> Result<()> {
-    privileged!("one_byte_flood_pins_no_more_than_tcp_would");
+    privileged!();
     let pods = two_pods()?;
     let flood = [
         "--case",
@@ -279,7 +279,7 @@ fn ensure_pins_as_tcp(
 /// off, which `status` and `/metrics` say, with the guarantees that stay.
 #[test]
 fn bound_off_only_when_asked_and_says_so() -> Result<()> {
-    privileged!("bound_off_only_when_asked_and_says_so");
+    privileged!();
     let pods = two_pods()?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
@@ -349,7 +349,7 @@ fn bound_off_only_when_asked_and_says_so() -> Result<()> {
 /// read returns, so the writer stays on TCP while the read is blocked.
 #[test]
 fn blocked_waitall_reader_never_sees_reordered_bytes() -> Result<()> {
-    privileged!("blocked_waitall_reader_never_sees_reordered_bytes");
+    privileged!();
     let pods = two_pods()?;
     let agent = agent_with(&pods, &["--max-queued-bytes", "1M"])?;
     let steps = Steps::new(&pods, "waitall")?;

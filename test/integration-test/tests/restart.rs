@@ -85,7 +85,7 @@ fn opts(pods: &TwoPods, extra: &[&str]) -> AgentOpts {
 
 #[test]
 fn sigkill_mid_100_streams_then_restart_adopts() -> Result<()> {
-    privileged!("sigkill_mid_100_streams_then_restart_adopts");
+    privileged!();
     let pods = two_pods()?;
     let opts = opts(&pods, &[]);
     let first = Agent::start(&opts)?;
@@ -173,7 +173,7 @@ fn sigkill_mid_100_streams_then_restart_adopts() -> Result<()> {
 
 #[test]
 fn upgrade_replaces_programs_old_connections_finish() -> Result<()> {
-    privileged!("upgrade_replaces_programs_old_connections_finish");
+    privileged!();
     let pods = two_pods()?;
     let opts = opts(&pods, &["--detach-on-exit=false"]);
     let mut old = Agent::start(&opts)?;
@@ -267,7 +267,7 @@ fn upgrade_replaces_programs_old_connections_finish() -> Result<()> {
 
 #[test]
 fn uninstall_removes_every_pin_and_attachment() -> Result<()> {
-    privileged!("uninstall_removes_every_pin_and_attachment");
+    privileged!();
     let pods = two_pods()?;
     let opts = opts(&pods, &["--detach-on-exit=false"]);
     let mut agent = Agent::start(&opts)?;
@@ -389,7 +389,7 @@ fn uninstall_removes_every_pin_and_attachment() -> Result<()> {
 
 #[test]
 fn lapsed_heartbeat_stops_new_inserts_of_a_datapath_left_pinned() -> Result<()> {
-    privileged!("lapsed_heartbeat_stops_new_inserts_of_a_datapath_left_pinned");
+    privileged!();
     let pods = two_pods()?;
     let opts = opts(&pods, &["--detach-on-exit=false"]);
     let mut agent = Agent::start(&opts)?;
@@ -454,7 +454,7 @@ fn stop_leaving_datapath(
 /// included: the next agent adopts it and new connections are redirected.
 #[test]
 fn sigterm_then_restart_adopts_and_redirects() -> Result<()> {
-    privileged!("sigterm_then_restart_adopts_and_redirects");
+    privileged!();
     let pods = two_pods()?;
     let opts = opts(&pods, &["--detach-on-exit=false"]);
     let mut first = Agent::start(&opts)?;
@@ -487,7 +487,7 @@ fn sigterm_then_restart_adopts_and_redirects() -> Result<()> {
 /// they once looked unwanted and were removed: the bypass silently off).
 #[test]
 fn mapped_pod_cidrs_survive_a_restart() -> Result<()> {
-    privileged!("mapped_pod_cidrs_survive_a_restart");
+    privileged!();
     let pods = two_pods()?;
     let v4 = pods.pod_cidr_v4();
     let network = v4.strip_suffix("/24").context("a /24 pod CIDR")?;

@@ -52,7 +52,7 @@ fn grew(before: &AgentStatus, after: &AgentStatus, f: fn(&AgentStatus) -> u64) -
 /// says the connection is out, then the probe writes the second half.
 #[test]
 fn small_message_stream_leaves_the_sockhash_in_order() -> Result<()> {
-    privileged!("small_message_stream_leaves_the_sockhash_in_order");
+    privileged!();
     let pods = two_pods()?;
     let agent = agent_with(&pods, &[])?;
     let st = agent.status()?;
@@ -119,7 +119,7 @@ fn small_message_stream_leaves_the_sockhash_in_order() -> Result<()> {
 
 #[test]
 fn length_prefixed_records_keep_redirect() -> Result<()> {
-    privileged!("length_prefixed_records_keep_redirect");
+    privileged!();
     let pods = two_pods()?;
     // The bound is not what this tests (`queue_bound` does), and the default one (the
     // reader's largest receive buffer, 6 MiB where `tcp_rmem` is Debian's default) is
@@ -152,7 +152,7 @@ fn length_prefixed_records_keep_redirect() -> Result<()> {
 
 #[test]
 fn small_message_ping_pong_keeps_redirect() -> Result<()> {
-    privileged!("small_message_ping_pong_keeps_redirect");
+    privileged!();
     let pods = two_pods()?;
     let agent = agent_with(&pods, &[])?;
     // Each side answers only after reading the whole message: every send finds the
@@ -190,7 +190,7 @@ fn small_message_ping_pong_keeps_redirect() -> Result<()> {
 
 #[test]
 fn small_stream_rule_can_be_turned_off() -> Result<()> {
-    privileged!("small_stream_rule_can_be_turned_off");
+    privileged!();
     let pods = two_pods()?;
     let agent = agent_with(&pods, &["--small-stream-bytes", "0"])?;
     let st = agent.status()?;

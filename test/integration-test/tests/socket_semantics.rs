@@ -22,7 +22,7 @@ use testbed::{Agent, ClientArgs, ServerArgs, TwoPods};
 
 #[test]
 fn blocking_read_after_own_half_close_sees_eagain_only_when_bypassed() -> Result<()> {
-    privileged!("blocking_read_after_own_half_close_sees_eagain_only_when_bypassed");
+    privileged!();
     let pods = TwoPods::new()?;
     // No SO_RCVTIMEO anywhere: every EAGAIN is one a blocking read must not return.
     let args = ClientArgs {

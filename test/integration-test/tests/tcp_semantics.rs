@@ -24,19 +24,19 @@ use anyhow::Result;
 
 #[test]
 fn half_close_both_ways_with_data_flowing_back() -> Result<()> {
-    privileged!("half_close_both_ways_with_data_flowing_back");
+    privileged!();
     closing::half_close_both_ways_with_data_flowing_back()
 }
 
 #[test]
 fn linger_zero_reset_mid_stream() -> Result<()> {
-    privileged!("linger_zero_reset_mid_stream");
+    privileged!();
     closing::linger_zero_reset_mid_stream()
 }
 
 #[test]
 fn reset_peer_keeps_redirected_bytes_readable() -> Result<()> {
-    privileged!("reset_peer_keeps_redirected_bytes_readable");
+    privileged!();
     closing::reset_peer_keeps_redirected_bytes_readable()
 }
 
@@ -45,73 +45,73 @@ fn reset_peer_keeps_redirected_bytes_readable() -> Result<()> {
 
 #[test]
 fn peek_off_after_bytes_arrived_is_honoured_or_refused() -> Result<()> {
-    privileged!("peek_off_after_bytes_arrived_is_honoured_or_refused");
+    privileged!();
     reading::peek_off_after_bytes_arrived_is_honoured_or_refused()
 }
 
 #[test]
 fn msg_peek_then_read() -> Result<()> {
-    privileged!("msg_peek_then_read");
+    privileged!();
     reading::msg_peek_then_read()
 }
 
 #[test]
 fn mixed_reader_sees_what_tcp_shows() -> Result<()> {
-    privileged!("mixed_reader_sees_what_tcp_shows");
+    privileged!();
     reading::mixed_reader_sees_what_tcp_shows()
 }
 
 #[test]
 fn fionread_after_urgent_bytes() -> Result<()> {
-    privileged!("fionread_after_urgent_bytes");
+    privileged!();
     reading::fionread_after_urgent_bytes()
 }
 
 #[test]
 fn fionread_counts_queued_bytes() -> Result<()> {
-    privileged!("fionread_counts_queued_bytes");
+    privileged!();
     reading::fionread_counts_queued_bytes()
 }
 
 #[test]
 fn so_rcvlowat_is_honoured() -> Result<()> {
-    privileged!("so_rcvlowat_is_honoured");
+    privileged!();
     reading::so_rcvlowat_is_honoured()
 }
 
 #[test]
 fn so_rcvtimeo_times_out() -> Result<()> {
-    privileged!("so_rcvtimeo_times_out");
+    privileged!();
     reading::so_rcvtimeo_times_out()
 }
 
 #[test]
 fn epoll_readiness() -> Result<()> {
-    privileged!("epoll_readiness");
+    privileged!();
     reading::epoll_readiness()
 }
 
 #[test]
 fn msg_waitall_returns_what_is_queued_known_difference() -> Result<()> {
-    privileged!("msg_waitall_returns_what_is_queued_known_difference");
+    privileged!();
     reading::msg_waitall_returns_what_is_queued_known_difference()
 }
 
 #[test]
 fn splice_read_guarded_or_known_difference() -> Result<()> {
-    privileged!("splice_read_guarded_or_known_difference");
+    privileged!();
     reading::splice_read_guarded_or_known_difference()
 }
 
 #[test]
 fn splice_after_close_guarded_or_known_difference() -> Result<()> {
-    privileged!("splice_after_close_guarded_or_known_difference");
+    privileged!();
     reading::splice_after_close_guarded_or_known_difference()
 }
 
 #[test]
 fn msg_oob_is_not_urgent_known_difference() -> Result<()> {
-    privileged!("msg_oob_is_not_urgent_known_difference");
+    privileged!();
     reading::msg_oob_is_not_urgent_known_difference()
 }
 
@@ -120,40 +120,37 @@ fn msg_oob_is_not_urgent_known_difference() -> Result<()> {
 
 #[test]
 fn blocking_reader_and_writer_threads_on_one_socket() -> Result<()> {
-    privileged!("blocking_reader_and_writer_threads_on_one_socket");
+    privileged!();
     sending::blocking_reader_and_writer_threads_on_one_socket()
 }
 
 #[test]
 fn sendfile_on_the_sender() -> Result<()> {
-    privileged!("sendfile_on_the_sender");
+    privileged!();
     sending::sendfile_on_the_sender()
 }
 
 #[test]
 fn splice_on_the_sender() -> Result<()> {
-    privileged!("splice_on_the_sender");
+    privileged!();
     sending::splice_on_the_sender()
 }
 
 #[test]
 fn msg_zerocopy_sender_gets_every_completion() -> Result<()> {
-    privileged!("msg_zerocopy_sender_gets_every_completion");
+    privileged!();
     sending::msg_zerocopy_sender_gets_every_completion()
 }
 
 #[test]
 fn one_gib_in_one_stream() -> Result<()> {
-    privileged!("one_gib_in_one_stream");
+    privileged!();
     sending::one_gib_in_one_stream()
 }
 
 #[test]
 fn write_blocked_while_connecting_stays_in_order() -> Result<()> {
-    privileged!(
-        "write_blocked_while_connecting_stays_in_order",
-        testbed::require::preflight_iptables
-    );
+    privileged!(testbed::require::preflight_iptables);
     sending::write_blocked_while_connecting_stays_in_order()
 }
 
@@ -162,13 +159,13 @@ fn write_blocked_while_connecting_stays_in_order() -> Result<()> {
 
 #[test]
 fn thousand_concurrent_streams() -> Result<()> {
-    privileged!("thousand_concurrent_streams");
+    privileged!();
     scale::thousand_concurrent_streams()
 }
 
 #[test]
 fn ten_thousand_connections_writing_at_once_both_ways() -> Result<()> {
-    privileged!("ten_thousand_connections_writing_at_once_both_ways");
+    privileged!();
     scale::ten_thousand_connections_writing_at_once_both_ways()
 }
 
@@ -177,30 +174,30 @@ fn ten_thousand_connections_writing_at_once_both_ways() -> Result<()> {
 
 #[test]
 fn ulp_refused_on_bypassed_socket() -> Result<()> {
-    privileged!("ulp_refused_on_bypassed_socket");
+    privileged!();
     protocols::ulp_refused_on_bypassed_socket()
 }
 
 #[test]
 fn ulp_refused_after_disconnect() -> Result<()> {
-    privileged!("ulp_refused_after_disconnect");
+    privileged!();
     protocols::ulp_refused_after_disconnect()
 }
 
 #[test]
 fn setsockopt_answers_unchanged() -> Result<()> {
-    privileged!("setsockopt_answers_unchanged");
+    privileged!();
     protocols::setsockopt_answers_unchanged()
 }
 
 #[test]
 fn tcp_fast_open_stays_on_tcp_byte_exact() -> Result<()> {
-    privileged!("tcp_fast_open_stays_on_tcp_byte_exact");
+    privileged!();
     protocols::tcp_fast_open_stays_on_tcp_byte_exact()
 }
 
 #[test]
 fn mptcp_subflows_never_inserted() -> Result<()> {
-    privileged!("mptcp_subflows_never_inserted");
+    privileged!();
     protocols::mptcp_subflows_never_inserted()
 }

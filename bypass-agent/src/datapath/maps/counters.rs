@@ -34,15 +34,20 @@ impl Stats {
         self.0.set(stat.index(), values, 0).map_err(err)
     }
 
+    /// One slot summed over CPUs.
+    pub fn get(&self, stat: Stat) -> Result<u64, AgentError> {
+        let per_cpu = self
+            .0
+            .get(&stat.index(), 0)
+            .map_err(|e| AgentError::bpf(format!("read counter {}", stat.name()), e))?;
+        Ok(per_cpu.iter().copied().fold(0u64, u64::wrapping_add))
+    }
+
     /// Sums every slot over CPUs.
     pub fn read(&self) -> Result<Counters, AgentError> {
         let mut c = Counters::default();
         for stat in Stat::ALL {
-            let per_cpu = self
-                .0
-                .get(&stat.index(), 0)
-                .map_err(|e| AgentError::bpf(format!("read counter {}", stat.name()), e))?;
-            c.set(stat, per_cpu.iter().copied().fold(0u64, u64::wrapping_add));
+            c.set(stat, self.get(stat)?);
         }
         Ok(c)
     }

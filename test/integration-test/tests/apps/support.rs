@@ -38,9 +38,9 @@ pub fn programs_here(test: &str, needs: &[Needs]) -> Result<bool> {
 /// Ends the test, passing, when this machine cannot run it (never under `CI=true`):
 /// not privileged, or a program of `needs` missing.
 macro_rules! app_test {
-    ($name:literal, $($needs:expr),+ $(,)?) => {
-        privileged!($name);
-        if !crate::apps::support::programs_here($name, &[$($needs),+])? {
+    ($($needs:expr),+ $(,)?) => {
+        privileged!();
+        if !crate::apps::support::programs_here(crate::support::test_name!(), &[$($needs),+])? {
             return Ok(());
         }
     };

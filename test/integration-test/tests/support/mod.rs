@@ -24,17 +24,30 @@ use testbed::{Agent, AgentOpts, AgentStatus, Place, PodChild, TwoPods, names, sp
 /// privileged test (never under `CI=true`: there the missing capability or tool is the
 /// error).
 macro_rules! privileged {
-    ($name:literal) => {
-        privileged!($name, testbed::preflight)
+    () => {
+        privileged!(testbed::preflight)
     };
     // With a stricter check, such as `testbed::require::preflight_iptables`.
-    ($name:literal, $check:path) => {
-        if !$check($name)? {
+    ($check:path) => {
+        if !$check(crate::support::test_name!())? {
             return Ok(());
         }
     };
 }
 pub(crate) use privileged;
+
+/// The enclosing test's name as the harness lists it (`module::test`), so that no test
+/// writes its own name twice.
+macro_rules! test_name {
+    () => {{
+        fn here() {}
+        let path = std::any::type_name_of_val(&here);
+        let path = path.strip_suffix("::here").unwrap_or(path);
+        // Without the test binary's crate name.
+        path.split_once("::").map_or(path, |(_, rest)| rest)
+    }};
+}
+pub(crate) use test_name;
 
 /// The prefix of everything these tests create (namespaces, bridge, cgroups, pins), so
 /// they never meet another engineer's or suite's resources on a shared machine.
@@ -342,4 +355,36 @@ pub fn hold_pair(
         client,
         redirected,
     })
+}
+
+/// Waits until `f` of the agent's status reaches `target`, for as long as it keeps
+/// growing: fails once it stood still for [`testbed::steps::NET`], or `child` exited.
+pub fn progress(
+    agent: &testbed::Agent,
+    child: &mut testbed::spawn::PodChild,
+    what: &str,
+    target: u64,
+    f: impl Fn(&testbed::AgentStatus) -> u64,
+) -> Result<()> {
+    let mut last = 0;
+    let mut moved = std::time::Instant::now();
+    loop {
+        let v = f(&agent.stats()?);
+        if v >= target {
+            return Ok(());
+        }
+        if v > last {
+            last = v;
+            moved = std::time::Instant::now();
+        }
+        anyhow::ensure!(
+            moved.elapsed() < testbed::steps::NET,
+            "{what}: {v} of {target}, none more for {:?}",
+            testbed::steps::NET
+        );
+        if let Some(status) = child.try_wait()? {
+            anyhow::bail!("{what}: {v} of {target}, and the process it waits on exited ({status})");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
 }
