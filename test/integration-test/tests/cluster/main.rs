@@ -125,6 +125,13 @@ fn daemonset_ready_pods_bypassed_only_once_labelled_status_and_metrics() -> Resu
         "no build info in /metrics"
     );
     ensure!(agent::http_get("/readyz")?.0 == 200, "/readyz");
+    // The chart grants what hearing every pod namespace's address events needs (the
+    // agent says at info when it cannot, the chart's level).
+    let log = kube::k(&["-n", "bypass-system", "logs", "ds/bypass-agent"])?;
+    ensure!(
+        log.contains("kernel self-test") && !log.contains("no CAP_NET_BROADCAST"),
+        "the agent cannot hear pods' address events: {log}"
+    );
 
     // Off and on again, live.
     label_node(Some(false))?;
