@@ -17,9 +17,18 @@
 //! and its veth, after the pod is gone until the next pass closed them.
 //!
 //! The messages are not read, only counted: any of them wakes the pass, which reads
-//! every namespace itself. Events lost (`ENOBUFS`: the socket's buffer overflowed) wake
-//! it too. The passes events ask for are coalesced and paced by [`Wake`]: a pod
-//! flapping its own link costs the agent at most a fixed share of one core.
+//! every namespace itself. Whatever sent one (the kernel, or a process of a pod with
+//! `CAP_NET_ADMIN` over its namespace sending into the groups, which this socket hears
+//! too) only asks for the same paced pass, so each datagram counts. Events lost
+//! (`ENOBUFS`: the socket's buffer overflowed) wake it too. The passes events ask for
+//! are coalesced and paced by [`Wake`]: a pod flapping its own link, or sending
+//! datagrams, costs the agent at most a fixed share of one core, and a victim's cut
+//! comes no later than the next poll and one pass, however many events other pods make.
+//!
+//! The socket binds a random port id, not the one the kernel would pick (the agent's
+//! process id, which a pod can read in its own namespace's `/proc/net/netlink` from the
+//! agent's scan there): a request sent with `NLM_F_ECHO` from a socket bound to the same
+//! id is left out of that broadcast, whatever namespace it comes from.
 
 use std::{
     io,
@@ -43,6 +52,13 @@ const GROUPS: [libc::c_uint; 3] = [
 ];
 /// The most datagrams one drain reads: a flood cannot hold the agent's loop in it.
 const MAX_READS: usize = 1024;
+/// Bytes read of each datagram: none of it is looked at (the rest is discarded).
+const READ_BYTES: usize = 64;
+/// Read errors in a row after which the socket is given up (one error is the kernel
+/// telling of a notification it could not build, `rtnl_set_sk_err`: a pass covers it).
+const MAX_ERRORS: u32 = 64;
+/// Tries at a random port id before the kernel's choice is taken.
+const BIND_TRIES: u32 = 8;
 /// A pass that events asked for waits, after the last pass, this many times as long as
 /// that pass took: passes take at most 1/(QUIET+1) of one core however fast events come.
 pub const QUIET: u32 = 4;
@@ -50,7 +66,7 @@ pub const QUIET: u32 = 4;
 /// What one drain read.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Drained {
-    /// Datagrams from the kernel.
+    /// Datagrams read.
     pub messages: usize,
     /// Whether the kernel dropped some (`ENOBUFS`).
     pub lost: bool,
@@ -81,22 +97,23 @@ impl Socket {
         }
         // SAFETY: a descriptor just returned to us, owned from here.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // Bound (the kernel picks the port): an unbound socket's port is 0, the kernel's
-        // own, and a broadcast skips the socket whose port is the sender's
-        // (net/netlink/af_netlink.c `do_one_broadcast`).
-        // SAFETY: a zeroed sockaddr_nl asks for any port and no groups.
-        let mut local: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        local.nl_family = libc::AF_NETLINK as u16;
-        // SAFETY: a valid socket and an address of the right size.
-        let rc = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                std::ptr::from_ref(&local).cast(),
-                size_of::<libc::sockaddr_nl>() as u32,
-            )
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
+        // Bound: an unbound socket's port is 0, the kernel's own, and a broadcast skips
+        // the socket whose port is the sender's (net/netlink/af_netlink.c
+        // `do_one_broadcast`). At a random port id (see the module's text), else at the
+        // kernel's choice.
+        let mut bound = false;
+        for _ in 0..BIND_TRIES {
+            match bind(&fd, random_port_id()) {
+                Ok(()) => {
+                    bound = true;
+                    break;
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        if !bound {
+            bind(&fd, 0)?;
         }
         for group in GROUPS {
             set_int(&fd, NETLINK_ADD_MEMBERSHIP, group as libc::c_int)?;
@@ -112,7 +129,7 @@ impl Socket {
     /// Reads what is queued, without waiting.
     pub fn drain(&self) -> io::Result<Drained> {
         let mut out = Drained::default();
-        let mut buf = vec![0u8; 64 * 1024];
+        let mut buf = [0u8; READ_BYTES];
         for _ in 0..MAX_READS {
             // SAFETY: a zeroed sockaddr_nl, filled by the call.
             let mut from: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
@@ -139,8 +156,7 @@ impl Socket {
                     }
                     _ => return Err(e),
                 }
-            } else if from.nl_pid == 0 {
-                // Only the kernel's: a pod may send into its namespace's groups.
+            } else {
                 out.messages += 1;
             }
         }
@@ -157,6 +173,37 @@ impl AsRawFd for Socket {
 impl AsFd for Socket {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
+    }
+}
+
+/// A random netlink port id, never 0 (the kernel's) nor one the kernel's own choices
+/// take (the process id, then negative numbers).
+fn random_port_id() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(u64::from(std::process::id()));
+    // Between 2^24 and 2^31: above any process id, below the kernel's negative range.
+    (h.finish() as u32 % ((1 << 31) - (1 << 24))) + (1 << 24)
+}
+
+/// Binds `fd` at port id `port` (0: the kernel's choice), in no group.
+fn bind(fd: &OwnedFd, port: u32) -> io::Result<()> {
+    // SAFETY: a zeroed sockaddr_nl is a valid one; family and port are set below.
+    let mut local: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    local.nl_family = libc::AF_NETLINK as u16;
+    local.nl_pid = port;
+    // SAFETY: a valid socket and an address of the right size.
+    let rc = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            std::ptr::from_ref(&local).cast(),
+            size_of::<libc::sockaddr_nl>() as u32,
+        )
+    };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
     }
 }
 
@@ -226,6 +273,8 @@ pub struct Events {
     socket: Option<AsyncFd<Socket>>,
     wake: Wake,
     lost: u64,
+    /// Read errors in a row.
+    errors: u32,
 }
 
 impl Events {
@@ -253,6 +302,7 @@ impl Events {
             socket,
             wake: Wake::new(),
             lost: 0,
+            errors: 0,
         }
     }
 
@@ -277,6 +327,7 @@ impl Events {
             };
             match guard.get_inner().drain() {
                 Ok(d) => {
+                    self.errors = 0;
                     if d.empty {
                         guard.clear_ready();
                     }
@@ -290,11 +341,26 @@ impl Events {
                     if d.messages > 0 || d.lost {
                         self.wake.note();
                     }
+                    if !d.empty {
+                        // A drain cut short by MAX_READS: the runtime's other tasks
+                        // first (readiness is not counted against a task's budget).
+                        drop(guard);
+                        tokio::task::yield_now().await;
+                    }
                 }
                 Err(e) => {
-                    warn!(error = %e, "link and address events cannot be read any more: a pod's network change is seen at the next poll only");
-                    drop(guard);
-                    self.socket = None;
+                    // The kernel's one-off error for a notification it could not build:
+                    // a pass covers what it missed. Only errors that keep coming give
+                    // the socket up.
+                    self.wake.note();
+                    self.errors += 1;
+                    if self.errors >= MAX_ERRORS {
+                        warn!(error = %e, "link and address events cannot be read any more: a pod's network change is seen at the next poll only");
+                        drop(guard);
+                        self.socket = None;
+                    } else {
+                        debug!(error = %e, "reading link and address events failed: a pass reads everything");
+                    }
                 }
             }
         }
