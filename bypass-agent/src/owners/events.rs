@@ -33,11 +33,13 @@
 use std::{
     io,
     mem::size_of,
-    os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd},
+    os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd},
     time::Instant,
 };
 
 use tokio::io::unix::AsyncFd;
+
+use super::netlink::{random_u32, recv_from, route_socket};
 use tracing::{debug, info, warn};
 
 /// `NETLINK_ADD_MEMBERSHIP` (include/uapi/linux/netlink.h).
@@ -84,26 +86,14 @@ pub struct Socket {
 impl Socket {
     /// Opens one in the calling thread's network namespace.
     pub fn open() -> io::Result<Self> {
-        // SAFETY: plain socket(2).
-        let raw = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-                libc::NETLINK_ROUTE,
-            )
-        };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a descriptor just returned to us, owned from here.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let fd = route_socket(libc::SOCK_NONBLOCK)?;
         // Bound: an unbound socket's port is 0, the kernel's own, and a broadcast skips
         // the socket whose port is the sender's (net/netlink/af_netlink.c
         // `do_one_broadcast`). At a random port id (see the module's text), else at the
         // kernel's choice.
         let mut bound = false;
         for _ in 0..BIND_TRIES {
-            match bind(&fd, random_port_id()) {
+            match bind(&fd, random_port_id()?) {
                 Ok(()) => {
                     bound = true;
                     break;
@@ -131,23 +121,9 @@ impl Socket {
         let mut out = Drained::default();
         let mut buf = [0u8; READ_BYTES];
         for _ in 0..MAX_READS {
-            // SAFETY: a zeroed sockaddr_nl, filled by the call.
-            let mut from: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-            let mut from_len = size_of::<libc::sockaddr_nl>() as u32;
-            // SAFETY: buffer and address valid for their lengths.
-            let n = unsafe {
-                libc::recvfrom(
-                    self.fd.as_raw_fd(),
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                    libc::MSG_DONTWAIT,
-                    std::ptr::from_mut(&mut from).cast(),
-                    &mut from_len,
-                )
-            };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                match e.raw_os_error() {
+            match recv_from(&self.fd, &mut buf, libc::MSG_DONTWAIT) {
+                Ok(_) => out.messages += 1,
+                Err(e) => match e.raw_os_error() {
                     Some(libc::EINTR) => continue,
                     Some(libc::ENOBUFS) => out.lost = true,
                     Some(libc::EAGAIN) => {
@@ -155,9 +131,7 @@ impl Socket {
                         return Ok(out);
                     }
                     _ => return Err(e),
-                }
-            } else {
-                out.messages += 1;
+                },
             }
         }
         Ok(out)
@@ -177,13 +151,10 @@ impl AsFd for Socket {
 }
 
 /// A random netlink port id, never 0 (the kernel's) nor one the kernel's own choices
-/// take (the process id, then negative numbers).
-fn random_port_id() -> u32 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(u64::from(std::process::id()));
-    // Between 2^24 and 2^31: above any process id, below the kernel's negative range.
-    (h.finish() as u32 % ((1 << 31) - (1 << 24))) + (1 << 24)
+/// take (the process id, then negative numbers): between 2^24, above any process id,
+/// and 2^31, below the kernel's negative range.
+fn random_port_id() -> io::Result<u32> {
+    Ok(random_u32()? % ((1 << 31) - (1 << 24)) + (1 << 24))
 }
 
 /// Binds `fd` at port id `port` (0: the kernel's choice), in no group.

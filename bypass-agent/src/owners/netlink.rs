@@ -76,19 +76,7 @@ pub struct Route {
 impl Route {
     /// Opens one.
     pub fn open() -> io::Result<Self> {
-        // SAFETY: plain socket(2).
-        let raw = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                libc::NETLINK_ROUTE,
-            )
-        };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a descriptor just returned to us, owned from here.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let fd = route_socket(0)?;
         let tv = libc::timeval {
             tv_sec: RECV_TIMEOUT.as_secs() as libc::time_t,
             tv_usec: 0,
@@ -106,15 +94,9 @@ impl Route {
         if rc < 0 {
             return Err(io::Error::last_os_error());
         }
-        let mut seq = [0u8; 4];
-        // SAFETY: a buffer of the length given.
-        let got = unsafe { libc::getrandom(seq.as_mut_ptr().cast(), seq.len(), 0) };
-        if got != 4 {
-            return Err(io::Error::other("getrandom gave no sequence number"));
-        }
         Ok(Self {
             fd,
-            seq: u32::from_ne_bytes(seq),
+            seq: random_u32()?,
         })
     }
 
@@ -236,32 +218,16 @@ impl Route {
         let mut seen = 0usize;
         let mut buf = vec![0u8; 64 * 1024];
         loop {
-            // SAFETY: a zeroed sockaddr_nl, filled by the call.
-            let mut from: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-            let mut from_len = size_of::<libc::sockaddr_nl>() as u32;
-            // SAFETY: buffer and address valid for their lengths.
-            let n = unsafe {
-                libc::recvfrom(
-                    self.fd.as_raw_fd(),
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                    0,
-                    std::ptr::from_mut(&mut from).cast(),
-                    &mut from_len,
-                )
+            let (n, from) = match recv_from(&self.fd, &mut buf, 0) {
+                Ok(got) => got,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
             };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
-            }
             // Only the kernel's messages: another socket of the namespace may send here.
-            if from.nl_pid != 0 {
+            if from != 0 {
                 continue;
             }
-            let mut rest = &buf[..n as usize];
+            let mut rest = &buf[..n];
             while rest.len() >= NLMSG_HDRLEN {
                 let mlen = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
                 if mlen < NLMSG_HDRLEN || mlen > rest.len() {
@@ -320,6 +286,62 @@ const fn align(len: usize) -> usize {
 }
 
 /// The `(type, value)` pairs of a run of route attributes (nested flag bits masked).
+/// A `NETLINK_ROUTE` socket of the calling thread's namespace, close-on-exec, with
+/// `flags` more (`SOCK_NONBLOCK`).
+pub(super) fn route_socket(flags: libc::c_int) -> io::Result<OwnedFd> {
+    // SAFETY: plain socket(2).
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC | flags,
+            libc::NETLINK_ROUTE,
+        )
+    };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor just returned to us, owned from here.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// Reads one datagram of `fd` into `buf` (the rest of a longer one is discarded), with
+/// `flags`: its length as read and its sender's port id (0: the kernel).
+pub(super) fn recv_from(
+    fd: &OwnedFd,
+    buf: &mut [u8],
+    flags: libc::c_int,
+) -> io::Result<(usize, u32)> {
+    // SAFETY: a zeroed sockaddr_nl, filled by the call.
+    let mut from: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    let mut from_len = size_of::<libc::sockaddr_nl>() as u32;
+    // SAFETY: buffer and address valid for their lengths.
+    let n = unsafe {
+        libc::recvfrom(
+            fd.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            flags,
+            std::ptr::from_mut(&mut from).cast(),
+            &mut from_len,
+        )
+    };
+    // A negative length is the error.
+    usize::try_from(n)
+        .map(|n| (n.min(buf.len()), from.nl_pid))
+        .map_err(|_| io::Error::last_os_error())
+}
+
+/// A random number from the kernel (`getrandom`).
+pub(super) fn random_u32() -> io::Result<u32> {
+    let mut b = [0u8; 4];
+    // SAFETY: a buffer of the length given.
+    let got = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if got != 4 {
+        return Err(io::Error::other("getrandom gave no random number"));
+    }
+    Ok(u32::from_ne_bytes(b))
+}
+
 fn attrs(mut b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
     std::iter::from_fn(move || {
         if b.len() < 4 {
