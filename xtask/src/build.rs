@@ -1,7 +1,7 @@
 //! `cargo xtask build`: builds the agent (with its embedded kernel object) and says where
 //! it is; `--check` also runs the formatter and clippy on the workspace.
 
-use std::path::PathBuf;
+use std::{path::PathBuf, process::Command};
 
 use anyhow::{Context as _, Result, bail};
 
@@ -86,6 +86,93 @@ pub fn build_test_tool(tools: &Tools, release: bool) -> Result<PathBuf> {
         bail!("the build succeeded but {} is missing", bin.display());
     }
     Ok(bin)
+}
+
+/// Builds the agent of [`workspace::PREVIOUS_AGENT_COMMIT`], which the upgrade test runs
+/// before and after this build, once: that commit's tree is exported from this clone's
+/// history (`git archive`) into its own directory under the target directory, keyed by
+/// the commit, and built there with its own lock file, toolchain file and target
+/// directory. Returns the binary; a later call finds it built.
+pub fn build_previous_agent(tools: &Tools) -> Result<PathBuf> {
+    let commit = workspace::PREVIOUS_AGENT_COMMIT;
+    let target = workspace::target_dir()?;
+    let bin = workspace::previous_agent_bin(&target, commit);
+    if bin.is_file() {
+        return Ok(bin);
+    }
+    let root = workspace::root();
+    let known = Command::new("git")
+        .current_dir(root)
+        .args(["cat-file", "-e", &format!("{commit}^{{commit}}")])
+        .status()
+        .context("run git (the upgrade test builds an earlier commit of the agent)")?;
+    if !known.success() {
+        bail!(
+            "commit {commit} (workspace::PREVIOUS_AGENT_COMMIT, the agent the upgrade test \
+             switches to and from) is not in this clone's history: clone without --depth, or \
+             run `git fetch --unshallow`"
+        );
+    }
+    let dir = workspace::previous_agent_dir(&target, commit);
+    if !dir.join("Cargo.toml").is_file() {
+        // Exported beside, then renamed: a killed export is never taken for a tree.
+        let partial = dir.with_extension("partial");
+        let _ = std::fs::remove_dir_all(&partial);
+        std::fs::create_dir_all(&partial)
+            .with_context(|| format!("create {}", partial.display()))?;
+        export_commit(root, commit, &partial)?;
+        std::fs::rename(&partial, &dir)
+            .with_context(|| format!("rename {} to {}", partial.display(), dir.display()))?;
+    }
+    let mut cargo = tools.cargo()?;
+    cargo
+        .current_dir(&dir)
+        .env("CARGO_TARGET_DIR", dir.join("target"))
+        .args([
+            "build",
+            "--locked",
+            "--release",
+            "--package",
+            workspace::AGENT,
+        ]);
+    cmd::run(&mut cargo)
+        .with_context(|| format!("build the agent of {commit} in {}", dir.display()))?;
+    if !bin.is_file() {
+        bail!("the build succeeded but {} is missing", bin.display());
+    }
+    println!("build: {} (the agent of {commit})", bin.display());
+    Ok(bin)
+}
+
+/// Writes the tree of `commit` (of the repository at `root`) into `dir`: `git archive`
+/// piped into `tar -x`, both checked.
+fn export_commit(root: &std::path::Path, commit: &str, dir: &std::path::Path) -> Result<()> {
+    use std::process::Stdio;
+    let mut archive = Command::new("git")
+        .current_dir(root)
+        .args(["archive", "--format=tar", commit])
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("start git archive")?;
+    let stdout = archive
+        .stdout
+        .take()
+        .context("git archive has no standard output")?;
+    let untar = Command::new("tar")
+        .arg("-x")
+        .arg("-C")
+        .arg(dir)
+        .stdin(stdout)
+        .status()
+        .context("run tar -x")?;
+    let archived = archive.wait().context("wait for git archive")?;
+    if !archived.success() || !untar.success() {
+        bail!(
+            "exporting {commit} into {} failed (git archive {archived}, tar {untar})",
+            dir.display()
+        );
+    }
+    Ok(())
 }
 
 /// `cargo fmt --check`, and clippy with warnings denied on the whole workspace: the host
@@ -181,6 +268,7 @@ fn linker_var(target: &str) -> String {
 impl kernel_matrix::Build for Tools {
     fn test_tools(&self) -> Result<()> {
         build_test_tool(self, false)?;
+        build_previous_agent(self)?;
         crate::apps::build("debug").map(drop)
     }
 

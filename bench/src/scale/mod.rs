@@ -188,6 +188,7 @@ pub fn run(opts: &Options) -> Result<Results> {
         extra_args: extra,
         env: Vec::new(),
         allow_unguarded: true,
+        binary: None,
     };
     let started = Instant::now();
     let agent = Agent::start(&agent_opts)?;

@@ -25,6 +25,28 @@ pub const TEST_TOOL: &str = "bypass-test-tool";
 /// executable).
 pub const TEST_TOOL_ENV: &str = "BYPASS_TEST_TOOL_BIN";
 
+/// The earlier commit whose agent the upgrade tests switch to and from
+/// (`restart::version_changes_*`): its kernel object differs from this build's, so each
+/// switch replaces a pinned datapath of another build. `cargo xtask test` builds it once
+/// into [`previous_agent_dir`] (`git archive` of it from this clone's history, then
+/// `cargo build --release -p bypass-agent` there). A build that loads on every kernel of
+/// the matrix (Linux 7.x's `tcp_bpf_recvmsg` included).
+pub const PREVIOUS_AGENT_COMMIT: &str = "c8af2a5532a12b39a42cd25119d5e3d5780fb1b9";
+
+/// Where the agent of `commit` is built, under the target directory `target`: a work tree
+/// of that commit, keyed by it.
+pub fn previous_agent_dir(target: &Path, commit: &str) -> PathBuf {
+    target.join("previous-agent").join(commit)
+}
+
+/// The agent binary of `commit` built in [`previous_agent_dir`].
+pub fn previous_agent_bin(target: &Path, commit: &str) -> PathBuf {
+    previous_agent_dir(target, commit)
+        .join("target")
+        .join("release")
+        .join(AGENT)
+}
+
 /// The workspace root: two levels above this crate's directory (`lab/kube-testenv`).
 pub fn root() -> &'static Path {
     let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));

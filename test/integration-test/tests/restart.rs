@@ -535,3 +535,189 @@ fn splice_tracepoint_visible() -> bool {
                 .exists()
         })
 }
+
+/// Waits until the held echo's step `k` is read back (`back.<k>`), failing if its
+/// client exits first or if no byte came back for [`testbed::steps::NO_PROGRESS`];
+/// returns the step's report.
+fn wait_step(
+    steps: &Steps,
+    client: &mut testbed::PodChild,
+    k: u64,
+    when: &str,
+) -> Result<serde_json::Value> {
+    let done = steps.file(&format!("back.{k}"));
+    let progress = steps.file("back.progress");
+    let mut last = String::new();
+    let mut since = Instant::now();
+    loop {
+        if let Ok(text) = std::fs::read_to_string(&done)
+            && let Ok(report) = serde_json::from_str::<serde_json::Value>(&text)
+        {
+            ensure!(
+                report["exact"] == true,
+                "{when}: step {k} not exact: {report}"
+            );
+            eprintln!("held echo, {when}: {report}");
+            return Ok(report);
+        }
+        if client.try_wait()?.is_some() {
+            bail!("{when}: the held client exited before step {k} came back");
+        }
+        let now = std::fs::read_to_string(&progress).unwrap_or_default();
+        if now != last {
+            last = now;
+            since = Instant::now();
+        } else if since.elapsed() > testbed::steps::NO_PROGRESS {
+            bail!(
+                "{when}: step {k} stalled: nothing read back for {:?} (progress: {last:?})",
+                testbed::steps::NO_PROGRESS
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Issue 36: one connection held across version changes both ways. The agent of an
+/// earlier build (`PREVIOUS_AGENT_COMMIT`, whose kernel object differs from this
+/// build's), then this build (an upgrade), then the earlier one (a rollback), then this
+/// one again, each started on the pins the one before left (`--detach-on-exit=false`,
+/// as a DaemonSet rollout does). One connection exchanges 8 MiB of random bytes each way
+/// per step, a thread writing and another reading back, every byte compared. The
+/// upgrade happens with step 1's bytes redirected into the server's queue and not yet
+/// read; the rollback between two exchanges; the last switch under bytes in TCP's
+/// buffers. Every step finishes byte-exact (a stall fails on no progress), and a
+/// connection opened under each version is bypassed by it.
+#[test]
+fn version_changes_under_unread_redirected_bytes_finish_every_exchange() -> Result<()> {
+    privileged!();
+    held_across_versions(Switch::UnderRedirected)
+}
+
+/// [`held_across_versions`] with the upgrade between two exchanges, as the issue found
+/// it: nothing in flight, the next 8 MiB each way after it.
+#[test]
+fn version_changes_between_exchanges_finish_every_exchange() -> Result<()> {
+    privileged!();
+    held_across_versions(Switch::Between)
+}
+
+/// When the upgrade (the first switch) happens on the held connection.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Switch {
+    /// With the step's bytes redirected into the server's queue, unread.
+    UnderRedirected,
+    /// Between two exchanges.
+    Between,
+}
+
+fn held_across_versions(first: Switch) -> Result<()> {
+    const STEP: u64 = 8 << 20;
+    let pods = two_pods()?;
+    let ours = opts(&pods, &["--detach-on-exit=false"]);
+    let previous = AgentOpts {
+        binary: Some(testbed::agent::previous_agent_bin()?),
+        ..ours.clone()
+    };
+    let steps = Steps::new(&pods, "held")?;
+    let held = [
+        "--case".to_owned(),
+        "held-echo".to_owned(),
+        "--steps".to_owned(),
+        "4".to_owned(),
+        "--bytes".to_owned(),
+        STEP.to_string(),
+    ];
+    let addr = pods.b.v4_addr(5312);
+    let mut server_args = held.to_vec();
+    server_args.extend(["--wait-file".to_owned(), steps.arg("echo")]);
+    let server = ProbeServer::start(&pods.b, addr, &server_args)?;
+    let mut client_args = held.to_vec();
+    client_args.extend([
+        "--go-file".to_owned(),
+        steps.arg("send"),
+        "--mark-file".to_owned(),
+        steps.arg("back"),
+    ]);
+
+    // The earlier build: the held connection is paired and bypassed.
+    let mut agent = Agent::start(&previous)?;
+    let mut stopped = Vec::new();
+    let mut client = spawn_probe_client(&pods.a, addr, &client_args)?;
+    let versions = [
+        ("the earlier build", &previous),
+        ("this build (upgrade)", &ours),
+        ("the earlier build (rollback)", &previous),
+        ("this build again", &ours),
+    ];
+    for (k, (when, opts)) in versions.iter().enumerate() {
+        let k = k as u64;
+        // Step 1 as `first` says, step 2 between exchanges, step 3 under bytes in
+        // TCP's buffers (the connection left for TCP at the upgrade).
+        let under = match k {
+            0 | 2 => false,
+            1 => first == Switch::UnderRedirected,
+            _ => true,
+        };
+        if k > 0 {
+            let (redirected, wire) = (
+                num(&agent.status()?, "redirected_bytes"),
+                pods.wire_bytes()?,
+            );
+            if under {
+                steps.touch(&format!("send.{k}"))?;
+            }
+            if !under {
+            } else if k == 1 {
+                let deadline = Instant::now() + testbed::steps::NET;
+                while num(&agent.status()?, "redirected_bytes") < redirected + STEP {
+                    ensure!(
+                        Instant::now() < deadline,
+                        "step 1's bytes were never redirected"
+                    );
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            } else {
+                let deadline = Instant::now() + testbed::steps::NET;
+                while pods.wire_bytes()? < wire + (64 << 10) {
+                    ensure!(
+                        Instant::now() < deadline,
+                        "{when}: step {k}'s bytes never left by TCP"
+                    );
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+            agent.stop_cleanly(versions[k as usize - 1].0)?;
+            // Kept until the end: dropping an agent removes the pins it leaves.
+            stopped.push(std::mem::replace(&mut agent, Agent::start(opts)?));
+            ensure!(
+                wait_for_log(&agent, "Replaced"),
+                "{when} did not replace the pinned datapath: {}",
+                agent.stderr()
+            );
+        }
+        if !under {
+            steps.touch(&format!("send.{k}"))?;
+        }
+        steps.touch(&format!("echo.{k}"))?;
+        wait_step(&steps, &mut client, k, when)?;
+        // A connection opened under this version is its to bypass.
+        let fresh = ClientArgs::bulk(4 << 20).greeted();
+        let addr = pods.b.v4_addr(5313 + k as u16);
+        let before = num(&agent.status()?, "redirected_bytes");
+        let fresh_server = PeerServer::start(&pods.b, addr, 1)?;
+        let c = run_client(&pods.a, addr, &fresh)?;
+        ensure_exact(&c, &fresh_server.wait()?, &fresh)?;
+        let st = agent.status()?;
+        ensure!(
+            num(&st, "redirected_bytes") >= before + (8 << 20),
+            "{when}: a new connection was not bypassed: {st}"
+        );
+    }
+    let c = probe_report(client)?;
+    let s = server.wait()?;
+    ensure!(
+        c["ok"] == true && s["ok"] == true && num(&s, "echoed") == 4 * STEP,
+        "the held connection: client {c}, server {s}"
+    );
+    Ok(())
+}

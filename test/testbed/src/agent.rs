@@ -41,6 +41,32 @@ pub fn agent_bin() -> PathBuf {
     }
 }
 
+/// The agent of [`kube_testenv::workspace::PREVIOUS_AGENT_COMMIT`], which the upgrade
+/// test switches to and from: `$BYPASS_PREVIOUS_AGENT_BIN`, else where `cargo xtask test`
+/// builds it, under the target directory the running test binary is in
+/// (`<target>/debug/deps/`).
+pub fn previous_agent_bin() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("BYPASS_PREVIOUS_AGENT_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().context("find the running executable")?;
+    // <target>/<profile>/deps/<test binary>, or <target>/<profile>/<binary>.
+    let mut target = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    if target.ends_with("deps") {
+        target.pop();
+    }
+    target.pop();
+    let commit = kube_testenv::workspace::PREVIOUS_AGENT_COMMIT;
+    let bin = kube_testenv::workspace::previous_agent_bin(&target, commit);
+    ensure!(
+        bin.is_file(),
+        "no agent of {commit} at {} (`cargo xtask test` builds it; or set \
+         BYPASS_PREVIOUS_AGENT_BIN)",
+        bin.display()
+    );
+    Ok(bin)
+}
+
 /// A `Command` for the agent binary.
 pub fn agent_command() -> Command {
     Command::new(agent_bin())
@@ -98,6 +124,8 @@ pub struct AgentOpts {
     /// `--allow-unguarded`: the datapath tests exercise redirects on every kernel, the
     /// host's too, whether or not a read guard runs there.
     pub allow_unguarded: bool,
+    /// The agent binary to run (`None`: [`agent_bin`]), e.g. [`previous_agent_bin`].
+    pub binary: Option<PathBuf>,
 }
 
 impl AgentOpts {
@@ -155,6 +183,8 @@ impl AgentExit {
 /// A running `bypass-agent run`.
 pub struct Agent {
     child: Child,
+    /// The binary it runs, whose `status` reads its pins.
+    bin: PathBuf,
     running: bool,
     pin_dir: PathBuf,
     stderr: Gathered,
@@ -175,7 +205,7 @@ impl Agent {
     /// refused to attach (a kernel without a read guard, no `--allow-unguarded`: see
     /// [`Agent::refused`]).
     pub fn start(opts: &AgentOpts) -> Result<Self> {
-        let bin = agent_bin();
+        let bin = opts.binary.clone().unwrap_or_else(agent_bin);
         let mut child = Command::new(&bin)
             .args(opts.args())
             .envs(opts.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
@@ -192,6 +222,7 @@ impl Agent {
         let (stderr, stderr_reader) = Gathered::start(child.stderr.take());
         let mut agent = Self {
             child,
+            bin,
             running: true,
             pin_dir: opts.pin_dir.clone(),
             stderr,
@@ -267,9 +298,11 @@ impl Agent {
         self.stderr.text()
     }
 
-    /// `bypass-agent status --json --pin-dir <its pin dir>`.
+    /// `bypass-agent status --json --pin-dir <its pin dir>`, by its own binary (another
+    /// build's status may not read this one's pins).
     pub fn status(&self) -> Result<serde_json::Value> {
-        status_json(&self.pin_dir)
+        let out = status_output_of(&self.bin, &["status", "--json", "--pin-dir"], &self.pin_dir)?;
+        serde_json::from_slice(&out).context("parse bypass-agent status --json")
     }
 
     /// [`Agent::status`], typed.
@@ -279,7 +312,7 @@ impl Agent {
 
     /// `bypass-agent status --pin-dir <its pin dir>` (the text form).
     pub fn status_text(&self) -> Result<String> {
-        let out = status_output(&["status", "--pin-dir"], &self.pin_dir)?;
+        let out = status_output_of(&self.bin, &["status", "--pin-dir"], &self.pin_dir)?;
         Ok(String::from_utf8_lossy(&out).into_owned())
     }
 
@@ -401,7 +434,12 @@ pub fn status_json(pin_dir: &Path) -> Result<serde_json::Value> {
 
 /// The stdout of `bypass-agent ARGS PIN_DIR`, a `status` command; fails with its stderr.
 fn status_output(args: &[&str], pin_dir: &Path) -> Result<Vec<u8>> {
-    let out = agent_command()
+    status_output_of(&agent_bin(), args, pin_dir)
+}
+
+/// [`status_output`] by the agent binary `bin`.
+fn status_output_of(bin: &Path, args: &[&str], pin_dir: &Path) -> Result<Vec<u8>> {
+    let out = Command::new(bin)
         .args(args)
         .arg(pin_dir)
         .output()
@@ -479,6 +517,7 @@ mod tests {
             extra_args: vec!["--max-sockets".into(), "8".into()],
             env: Vec::new(),
             allow_unguarded: false,
+            binary: None,
         };
         assert_eq!(
             o.args().join(" "),

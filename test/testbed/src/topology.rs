@@ -320,6 +320,7 @@ impl TwoPods {
             extra_args: Vec::new(),
             env: Vec::new(),
             allow_unguarded: true,
+            binary: None,
         }
     }
 

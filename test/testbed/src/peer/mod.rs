@@ -11,6 +11,7 @@ pub mod report;
 pub mod server;
 pub mod wire;
 
+pub use io::PatientReader;
 pub use report::{Failure, Report, Rtt};
 
 /// Parses a byte count ([`bypass_common::size::parse_size`]: a number with an optional

@@ -25,6 +25,7 @@ mod flood;
 mod forger;
 mod halfclose;
 mod handshake;
+mod held;
 mod leave;
 mod mixed;
 mod oob;
@@ -145,6 +146,11 @@ enum Case {
     /// Client: SO_ZEROCOPY (before connecting, or after with --zerocopy-after) and
     /// MSG_ZEROCOPY writes of --bytes; reports the completions read back.
     Zerocopy,
+    /// One connection held across agent versions (see `held.rs`): --steps exchanges of
+    /// --bytes of random bytes, the client writing and reading back from two threads,
+    /// step k on <--go-file>.k, read back into <--mark-file>.k; the server echoes step
+    /// k once <--wait-file>.k exists.
+    HeldEcho,
 }
 
 #[derive(Debug, Args)]
@@ -200,6 +206,9 @@ struct Common {
     /// Client: bind to this address and port before connecting.
     #[arg(long)]
     bind: Option<SocketAddr>,
+    /// held-echo: how many exchanges.
+    #[arg(long, default_value_t = 1)]
+    steps: u64,
 }
 
 impl Common {
@@ -318,6 +327,7 @@ fn server(listen: SocketAddr, ready: Option<PathBuf>, c: &Common) -> Result<Valu
         Case::Sockopts => trust::drain_server(s),
         Case::SmallLeave => leave::server(s, &c.steps()),
         Case::Zerocopy => zerocopy::server(s, c),
+        Case::HeldEcho => held::server(s, c.steps, c.bytes, c.chunk, c.wait_file.as_deref()),
         Case::Burst
         | Case::Tfo
         | Case::Mptcp
@@ -382,6 +392,14 @@ fn client(connect: SocketAddr, c: &Common) -> Result<Value> {
         Case::UlpAfterDisconnect => trust::ulp_after_disconnect_client(s),
         Case::Sockopts => trust::sockopts_client(s, &c.steps()),
         Case::SmallLeave => leave::client(s, &c.steps()),
+        Case::HeldEcho => {
+            let go = c.go_file.as_deref().context("held-echo needs --go-file")?;
+            let mark = c
+                .mark_file
+                .as_deref()
+                .context("held-echo needs --mark-file")?;
+            held::client(s, c.steps, c.bytes, c.chunk, go, mark)
+        }
         Case::Burst
         | Case::Tfo
         | Case::Mptcp
