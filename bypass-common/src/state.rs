@@ -206,9 +206,13 @@ pub mod flags {
 /// redirected bytes wait in. The guard sets its bit, then reads how many bytes its peer
 /// has redirected (`tx_redir`) against how many it has read (`rx_read`), and refuses the
 /// call when they differ; a sender adds to `tx_redir`, then reads the bits, and takes
-/// TCP when one is set. The guard's or and the sender's read of its sum after its add
-/// (an or of 0) are fully ordered atomics, full barriers, so at least
-/// one of the two sees the other: no byte is ever left where the reader cannot see it.
+/// TCP when one is set, unless the reader has not read every byte redirected to it yet
+/// (read after the bits): then the guard refuses, and the sender goes on redirecting
+/// until its reader's ingress queue is empty, so no read of that queue returns short
+/// with TCP bytes waiting behind it ([`super::drains_first`]). The guard's or and the
+/// sender's read of its sum after its add (an or of 0) are fully ordered atomics, full
+/// barriers, so at least one of the two sees the other: no byte is ever left where the
+/// reader cannot see it.
 pub mod rx {
     /// A receive option the ingress queue ignores (SO_RCVLOWAT above 1, SO_PEEK_OFF):
     /// bytes for this side go by TCP.
@@ -719,6 +723,44 @@ pub const fn precheck(enabled: bool, link: Option<&Link>, state: &SockState) -> 
         return Some(PassReason::PeerOptions);
     }
     None
+}
+
+/// Whether a message that `reason` sends by TCP goes on towards a redirect instead: the
+/// peer reads only its TCP queue from now on ([`rx::TCP_ONLY`], and the leave its guard
+/// asked for) but has not read every byte redirected to it yet (pure, on sk_msg's copy of
+/// the link; [`PassReason::Leaving`] and [`PassReason::PeerReadsTcp`] only). Its read
+/// guard refuses while those bytes wait, so it reads them with `read`/`recv`, and a read
+/// of the ingress queue never goes on into the TCP queue (net/ipv4/tcp_bpf.c,
+/// tcp_bpf_recvmsg): a first byte sent by TCP while they wait would make that read return
+/// short with more waiting, which an application may take for the end of what is there
+/// (HAProxy, once the peer's FIN was reported, for the end of the stream). So the
+/// direction moves to TCP only once its reader has read everything redirected to it, and
+/// its ingress queue is empty when the first TCP byte comes. The claim checks again on
+/// the link itself ([`drains_after_claim`]).
+#[inline(always)]
+pub const fn drains_first(reason: PassReason, link: &Link, state: &SockState) -> bool {
+    if !matches!(reason, PassReason::Leaving | PassReason::PeerReadsTcp) {
+        return false;
+    }
+    let (me, peer) = (side::index(state.side), side::peer_index(state.side));
+    link.rx_flags[peer] & rx::TCP_ONLY != 0
+        && link.rx_flags[peer] & rx::OPTION == 0
+        && link.state & link_state::closed(side::peer(state.side)) == 0
+        && pending(link.tx_redir[me], link.rx_read[peer]) > 0
+}
+
+/// At the claim of a message [`drains_first`] let go on, on the link itself: the
+/// sender added the message to its count (`sent` before it), then read the peer's flags
+/// (`peer_flags`) and, after them, what the peer has read (`read`); whether the redirect
+/// may go on (pure). The guard or-s its bit, then reads the two counts, and lets a splice
+/// through only when they are equal; the sender's add and the guard's or are fully
+/// ordered, and the reader publishes what it read before its guard runs, so a sender
+/// that sees the bit reads `read` at least as the guard did: if the guard let a splice
+/// through, this finds nothing pending and takes TCP; if this redirects, the guard
+/// refused (`bypass_common::state::rx`).
+#[inline(always)]
+pub const fn drains_after_claim(peer_flags: u64, sent: u64, read: u64) -> bool {
+    peer_flags & rx::TCP_ONLY != 0 && peer_flags & rx::OPTION == 0 && pending(sent, read) > 0
 }
 
 /// Whether the peer has read every byte a socket whose `write_seq` is given sent by TCP
