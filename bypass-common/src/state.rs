@@ -226,6 +226,13 @@ pub mod rx {
     pub const TRUNC: u64 = 8;
     /// The bits after which this side reads only the TCP receive queue.
     pub const TCP_ONLY: u64 = SPLICE | ZEROCOPY | TRUNC;
+    /// This side's read guard let a TCP-only read through with nothing redirected to it
+    /// unread: no sender drains into it again ([`super::drains_first`]). Or-ed (fully
+    /// ordered) before the guard reads the peer's count once more, so either the guard
+    /// sees a send counted meanwhile and refuses, or that sender sees this bit and takes
+    /// TCP: a reader's receive publishing its count from another thread than its splice
+    /// never lets a drained message land behind a splice.
+    pub const DRAINED: u64 = 16;
 }
 
 /// The read guard's decision for one thread's splice or mapping
@@ -255,6 +262,10 @@ pub mod link_state {
     pub const CLOSED_CLIENT: u64 = 2;
     /// The server socket has closed.
     pub const CLOSED_SERVER: u64 = 4;
+    /// The agent cut the connection (set with [`LEAVING`] by the first socket that saw
+    /// the cut): no send is redirected again, not even to drain a TCP-only reader
+    /// ([`super::drains_first`]).
+    pub const CUT: u64 = 8;
 
     /// The closed bit of `side` (a [`super::side`] value).
     #[inline(always)]
@@ -743,10 +754,8 @@ pub const fn drains_first(reason: PassReason, link: &Link, state: &SockState) ->
         return false;
     }
     let (me, peer) = (side::index(state.side), side::peer_index(state.side));
-    link.rx_flags[peer] & rx::TCP_ONLY != 0
-        && link.rx_flags[peer] & rx::OPTION == 0
-        && link.state & link_state::closed(side::peer(state.side)) == 0
-        && pending(link.tx_redir[me], link.rx_read[peer]) > 0
+    link.state & (link_state::closed(side::peer(state.side)) | link_state::CUT) == 0
+        && drains_after_claim(link.rx_flags[peer], link.tx_redir[me], link.rx_read[peer])
 }
 
 /// At the claim of a message [`drains_first`] let go on, on the link itself: the
@@ -760,7 +769,9 @@ pub const fn drains_first(reason: PassReason, link: &Link, state: &SockState) ->
 /// refused (`bypass_common::state::rx`).
 #[inline(always)]
 pub const fn drains_after_claim(peer_flags: u64, sent: u64, read: u64) -> bool {
-    peer_flags & rx::TCP_ONLY != 0 && peer_flags & rx::OPTION == 0 && pending(sent, read) > 0
+    peer_flags & rx::TCP_ONLY != 0
+        && peer_flags & (rx::OPTION | rx::DRAINED) == 0
+        && pending(sent, read) > 0
 }
 
 /// Whether the peer has read every byte a socket whose `write_seq` is given sent by TCP

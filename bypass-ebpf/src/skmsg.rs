@@ -101,6 +101,14 @@ fn try_redirect(ctx: &SkMsgContext, size: u64) -> Result<u32, PassReason> {
     }
 }
 
+/// Whether a read guard runs on this kernel: the drain of a TCP-only reader
+/// ([`drains_first`]) relies on it refusing the reader's splice while bytes wait; without
+/// it the reader splices at once, and a drain would only add to what it misses.
+#[inline(always)]
+fn guarded() -> bool {
+    !kernel::feature(bypass_common::layout::features::NO_READ_GUARD)
+}
+
 /// `TCP_ESTABLISHED` and `TCP_CLOSE_WAIT` (include/net/tcp_states.h): the states in
 /// which a socket may still send.
 const TCP_ESTABLISHED: u32 = 1;
@@ -139,9 +147,10 @@ fn decide(
         return Err(PassReason::Leaving);
     }
     if let Some(reason) = precheck(enabled, link.as_ref(), state)
-        && !link
-            .as_ref()
-            .is_some_and(|l| drains_first(reason, l, state))
+        && !(guarded()
+            && link
+                .as_ref()
+                .is_some_and(|l| drains_first(reason, l, state)))
     {
         if let (Some(p), true) = (ptr, reason.lingers()) {
             linger(state, p, size);
@@ -286,12 +295,12 @@ fn claim(
         // on_state_change): either it counted these bytes as due to it, or this sees
         // the bit.
         let mut raced = now != sent.wrapping_add(size)
-            || st & link_state::closed(side::peer(state.side)) != 0
+            || st & (link_state::closed(side::peer(state.side)) | link_state::CUT) != 0
             || cookie != state.cookie;
         if !raced && (flags & (rx::TCP_ONLY | rx::OPTION) != 0 || st & link_state::LEAVING != 0) {
             // What the peer has read, after its flags: fully ordered.
             let read = atomic::load_ordered(addr_of_mut!((*ptr).rx_read[peer]));
-            raced = !drains_after_claim(flags, sent, read);
+            raced = !guarded() || !drains_after_claim(flags, sent, read);
         }
         if raced {
             atomic::sub_u64(addr_of_mut!((*ptr).tx_redir[me]), size);

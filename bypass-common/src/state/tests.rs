@@ -238,6 +238,18 @@ fn a_reader_that_reads_tcp_only_gets_its_waiting_bytes_redirected_first() {
         "the guard may have let a splice through"
     );
     assert!(!drains_after_claim(0, 300, 200), "a leave of another cause");
+    assert!(
+        !drains_after_claim(rx::SPLICE | rx::DRAINED, 300, 200),
+        "the guard let a splice through: no drain into it again"
+    );
+    let cut = Link {
+        state: link_state::LEAVING | link_state::CUT,
+        ..splicing
+    };
+    assert!(
+        !drains_first(PassReason::Leaving, &cut, &client),
+        "a cut connection never redirects, even to drain"
+    );
     assert!(!drains_after_claim(rx::SPLICE | rx::OPTION, 300, 200));
 }
 
