@@ -253,7 +253,9 @@ const _: () = assert!(core::mem::size_of::<Verdict>() == 16);
 
 /// Bits of [`Link::state`]. Set with an atomic or, never cleared.
 pub mod link_state {
-    /// The connection is leaving the SockHash: neither side redirects again, and once
+    /// The connection is leaving the SockHash: neither side redirects again (but a sender
+    /// whose TCP-only reader has not read everything redirected to it, until it has:
+    /// [`super::drains_first`]), and once
     /// each side has read what was redirected to it the agent deletes both sockets from
     /// the SockHash, after which the kernel runs them as plain TCP (autocork, splice,
     /// zero-copy receive).

@@ -383,7 +383,7 @@ fn guard(state: &mut SockState, bit: u64) -> bool {
         // then the peer's count once more: a send counted meanwhile (its sender read the
         // flags before this bit) makes the call wait (`bypass_common::state::rx::DRAINED`).
         atomic::or_u64(addr_of_mut!((*ptr).rx_flags[me]), rx::DRAINED);
-        if read_volatile(addr_of!((*ptr).tx_redir[peer])) != sent {
+        if atomic::load_ordered(addr_of_mut!((*ptr).tx_redir[peer])) != sent {
             return false;
         }
     }
