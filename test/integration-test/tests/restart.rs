@@ -666,8 +666,7 @@ fn held_across_versions(first: Switch) -> Result<()> {
             if under {
                 steps.touch(&format!("send.{k}"))?;
             }
-            if !under {
-            } else if k == 1 {
+            if under && k == 1 {
                 let deadline = Instant::now() + testbed::steps::NET;
                 while num(&agent.status()?, "redirected_bytes") < redirected + STEP {
                     ensure!(
@@ -676,7 +675,7 @@ fn held_across_versions(first: Switch) -> Result<()> {
                     );
                     std::thread::sleep(Duration::from_millis(20));
                 }
-            } else {
+            } else if under {
                 let deadline = Instant::now() + testbed::steps::NET;
                 while pods.wire_bytes()? < wire + (64 << 10) {
                     ensure!(
