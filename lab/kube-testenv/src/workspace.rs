@@ -31,12 +31,18 @@ pub const TEST_TOOL_ENV: &str = "BYPASS_TEST_TOOL_BIN";
 /// loads on every kernel of the matrix (Linux 7.x's `tcp_bpf_recvmsg` included).
 pub const PREVIOUS_AGENT_COMMIT: &str = "c8af2a5532a12b39a42cd25119d5e3d5780fb1b9";
 
+/// The earlier commit whose agent the in-place upgrade test starts from
+/// (`restart::same_layout_*`): the layout of its pinned maps is this build's and its
+/// kernel object another, so this build replaces its programs in place, and so does it
+/// this build's on the rollback.
+pub const SAME_LAYOUT_AGENT_COMMIT: &str = "681e41fb411826662e4fafd1aabbd95dd4be34ee";
+
 /// Every earlier commit whose agent the tests run. `cargo xtask test` builds each once
 /// (`git archive` of it from this clone's history into [`previous_agent_dir`], then
 /// `cargo build --release -p bypass-agent` there, all in one target directory,
 /// [`previous_agents_target`], so the second build reuses the first's dependencies) and
 /// copies its binary to [`previous_agent_bin`].
-pub const PREVIOUS_AGENTS: [&str; 1] = [PREVIOUS_AGENT_COMMIT];
+pub const PREVIOUS_AGENTS: [&str; 2] = [PREVIOUS_AGENT_COMMIT, SAME_LAYOUT_AGENT_COMMIT];
 
 /// Where the agent of `commit` is built, under the target directory `target`: a work tree
 /// of that commit, keyed by it.

@@ -20,7 +20,7 @@ use crate::support::{
 };
 use anyhow::{Context as _, Result, bail, ensure};
 use bypass_common::{control, names};
-use kube_testenv::workspace::PREVIOUS_AGENT_COMMIT;
+use kube_testenv::workspace::{PREVIOUS_AGENT_COMMIT, SAME_LAYOUT_AGENT_COMMIT};
 use testbed::mapkeys::{pinned_u32, set_pinned_u32};
 use testbed::{
     Agent, AgentOpts, ClientArgs, PeerClient, PeerServer, Report, TwoPods,
@@ -664,6 +664,19 @@ fn version_changes_between_exchanges_finish_every_exchange() -> Result<()> {
     held_across_versions(Switch::Between, PREVIOUS_AGENT_COMMIT)
 }
 
+/// [`held_across_versions`] from an earlier build whose pinned maps have this build's
+/// layout and which replaces programs in place too (`SAME_LAYOUT_AGENT_COMMIT`): every
+/// switch, the upgrade, the rollback and the second upgrade, replaces the programs in
+/// place, and the held connection stays bypassed throughout: each step after a switch
+/// (the upgrade with 8 MiB redirected into the server's queue and unread, the rollback
+/// between exchanges, the last under bytes being sent) is redirected both ways, with
+/// less than 1 MiB on the veths.
+#[test]
+fn same_layout_upgrade_keeps_a_held_connection_bypassed() -> Result<()> {
+    privileged!();
+    held_across_versions(Switch::UnderRedirected, SAME_LAYOUT_AGENT_COMMIT)
+}
+
 /// When the upgrade (the first switch) happens on the held connection.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Switch {
@@ -675,7 +688,7 @@ enum Switch {
 
 fn held_across_versions(first: Switch, earlier: &str) -> Result<()> {
     const STEP: u64 = 8 << 20;
-    let in_place = false;
+    let in_place = earlier == SAME_LAYOUT_AGENT_COMMIT;
     let pods = two_pods()?;
     let ours = opts(&pods, &["--detach-on-exit=false"]);
     let previous = AgentOpts {
@@ -713,33 +726,31 @@ fn held_across_versions(first: Switch, earlier: &str) -> Result<()> {
         ("the earlier build (rollback)", &previous),
         ("this build again", &ours),
     ];
-    let mut held_before = None;
     for (k, (when, opts)) in versions.iter().enumerate() {
         let k = k as u64;
-        // Step 1 as `first` says, step 2 between exchanges, step 3 under bytes in
-        // TCP's buffers (the connection left for TCP at the upgrade).
+        // Step 1 as `first` says, step 2 between exchanges, step 3 under bytes sent
+        // (in TCP's buffers where the connection left for TCP at the upgrade, redirected
+        // where it stayed bypassed).
         let under = match k {
             0 | 2 => false,
             1 => first == Switch::UnderRedirected,
             _ => true,
         };
+        let held_before = (
+            num(&agent.status()?, "redirected_bytes"),
+            pods.wire_bytes()?,
+        );
         if k > 0 {
-            let (redirected, wire) = (
-                num(&agent.status()?, "redirected_bytes"),
-                pods.wire_bytes()?,
-            );
-            if k == 1 {
-                held_before = Some((redirected, wire));
-            }
+            let (redirected, wire) = held_before;
             if under {
                 steps.touch(&format!("send.{k}"))?;
             }
-            if under && k == 1 {
+            if under && (k == 1 || in_place) {
                 let deadline = Instant::now() + testbed::steps::NET;
                 while num(&agent.status()?, "redirected_bytes") < redirected + STEP {
                     ensure!(
                         Instant::now() < deadline,
-                        "step 1's bytes were never redirected"
+                        "{when}: step {k}'s bytes were never redirected"
                     );
                     std::thread::sleep(Duration::from_millis(20));
                 }
@@ -756,13 +767,9 @@ fn held_across_versions(first: Switch, earlier: &str) -> Result<()> {
             agent.stop_cleanly(versions[k as usize - 1].0)?;
             // Kept until the end: dropping an agent removes the pins it leaves.
             stopped.push(std::mem::replace(&mut agent, Agent::start(opts)?));
-            // This build replaces in place what has its layout; the earlier build
-            // releases this one's.
-            let origin = if in_place && k != 2 {
-                "Upgraded"
-            } else {
-                "Replaced"
-            };
+            // A build replaces in place what has its layout; across layouts each
+            // releases the other's.
+            let origin = if in_place { "Upgraded" } else { "Replaced" };
             ensure!(
                 wait_for_log(&agent, origin),
                 "{when} did not come to the datapath as {origin}: {}",
@@ -774,14 +781,15 @@ fn held_across_versions(first: Switch, earlier: &str) -> Result<()> {
         }
         steps.touch(&format!("echo.{k}"))?;
         wait_step(&steps, &mut client, k, when)?;
-        if let (true, 1, Some((redirected, wire))) = (in_place, k, held_before) {
-            let (now, wire_now) = (
+        if in_place && k > 0 {
+            let ((redirected, wire), now, wire_now) = (
+                held_before,
                 num(&agent.status()?, "redirected_bytes"),
                 pods.wire_bytes()?,
             );
             ensure!(
                 now >= redirected + 2 * STEP && wire_now < wire + (1 << 20),
-                "{when}: the held connection did not stay bypassed across the upgrade \
+                "{when}: the held connection did not stay bypassed across the switch \
                  (redirected {} and {} B on the veths during the step, 2 x {STEP} \
                  exchanged)",
                 now - redirected,
