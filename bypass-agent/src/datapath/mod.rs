@@ -160,8 +160,27 @@ impl Datapath {
         let (cgroup, pins, lock) = prepare(config)?;
         let facts = HostFacts::detect()?;
         // Before anything is adopted or loaded: what this kernel does decides how the
-        // datapath is loaded (a pinned one loaded otherwise is replaced).
-        let checks = kernel_check::run_once_per_boot(&facts, &config.cgroup);
+        // datapath is loaded (a pinned one loaded otherwise is replaced). A pinned
+        // datapath of this layout recorded this boot's verdict: reused, no tracing program
+        // is attached beside its own.
+        let recorded = (!config.reset && pins::complete(&pins))
+            .then(|| {
+                maps::open_pinned(&pins, MAP_CONTROL)
+                    .and_then(maps::Control::new)
+                    .ok()
+            })
+            .flatten()
+            .and_then(|control| kernel_check::recorded(&control));
+        let checks = match recorded {
+            Some(verdict) => {
+                info!(
+                    failed = verdict.failures.len(),
+                    "kernel self-test: this boot's result, as the pinned datapath recorded it, reused"
+                );
+                verdict
+            }
+            None => kernel_check::run_once_per_boot(&facts, &config.cgroup),
+        };
         let facts = facts.with_checks(&checks);
         let identity = identity(config, &cgroup, &facts)?;
 

@@ -244,6 +244,8 @@ fn upgrade_under_a_held_connection(other: Other) -> Result<()> {
             "Upgraded"
         }
     };
+    let links = opts.pin_dir.join(names::PIN_LINKS_SUBDIR);
+    let before = testbed::bpf::pinned_link_programs(&links)?;
 
     let new = Agent::start(&opts)?;
     ensure!(
@@ -251,6 +253,25 @@ fn upgrade_under_a_held_connection(other: Other) -> Result<()> {
         "the new build did not come to the old datapath as {origin}: {}",
         new.stderr()
     );
+    if other == Other::Build {
+        // In place: the cgroup links run the new programs, the tracing links (the read
+        // counts, the splice watch) the old ones, and no self-test attached its own
+        // beside them (the pinned datapath's verdict is reused).
+        let after = testbed::bpf::pinned_link_programs(&links)?;
+        let cgroup_links = [names::PIN_LINK_SOCKOPS, names::PIN_LINK_SOCKOPT];
+        ensure!(
+            before.keys().eq(after.keys())
+                && before.iter().all(|(link, id)| {
+                    (after[link] != *id) == cgroup_links.contains(&link.as_str())
+                }),
+            "the links' programs across the upgrade in place: {before:?}, then {after:?}"
+        );
+        ensure!(
+            wait_for_log(&new, "as the pinned datapath recorded it, reused"),
+            "the upgrade in place ran the kernel self-test: {}",
+            new.stderr()
+        );
+    }
     let control_pin = opts
         .pin_dir
         .join(names::PIN_MAPS_SUBDIR)

@@ -111,3 +111,21 @@ fn attached(path: &Path, attach_type: u32, what: &str) -> Result<u32> {
     }
     Ok(attr.prog_cnt)
 }
+
+/// The program each link pinned under `dir` runs, by the link's pin name.
+pub fn pinned_link_programs(dir: &Path) -> Result<std::collections::BTreeMap<String, u32>> {
+    let mut programs = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("read {}", dir.display()))? {
+        let path = entry?.path();
+        let link: aya::programs::links::FdLink = aya::programs::links::PinnedLink::from_pin(&path)
+            .with_context(|| format!("open the link pinned at {}", path.display()))?
+            .into();
+        let id = link
+            .info()
+            .with_context(|| format!("the link pinned at {}", path.display()))?
+            .program_id();
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        programs.insert(name.into_owned(), id);
+    }
+    Ok(programs)
+}

@@ -194,6 +194,38 @@ pub fn run_once_per_boot(facts: &HostFacts, fallback: &Path) -> Verdict {
     verdict
 }
 
+/// The verdict the self-test of the pinned datapath's load recorded in its control map
+/// (`control`), if that datapath has this build's layout (whose checks the recorded bits
+/// name) and a self-test ran: a datapath pinned is this boot's (bpffs goes with the
+/// boot), so its verdict is this kernel's. A start that adopts or upgrades it reuses the
+/// verdict rather than attach the self-test's tracing programs beside the datapath's,
+/// whose reads in flight would lose their return programs (docs/limitations.md).
+pub fn recorded(control: &super::maps::Control) -> Option<Verdict> {
+    if control.layout().ok()? != bypass_common::layout::LAYOUT_VERSION {
+        return None;
+    }
+    let results = control.checks().ok()?;
+    if !results.ran() {
+        return None;
+    }
+    let kept =
+        features::FIONREAD_ADD_TCP | features::FIONREAD_ADD_INGRESS | features::FIONREAD_WRONG;
+    let failures = (0..CHECKS.len())
+        .filter(|&i| results.get(i) == Outcome::Failed)
+        .map(|i| {
+            (
+                i,
+                "as the pinned datapath's self-test found it, this boot".to_owned(),
+            )
+        })
+        .collect();
+    Some(Verdict {
+        results,
+        features: control.features().ok()? & kept,
+        failures,
+    })
+}
+
 /// Writes `c` to [`CACHE`] whole (a temporary file renamed over it).
 fn store(c: &Cached) -> std::io::Result<()> {
     let path = Path::new(CACHE);
