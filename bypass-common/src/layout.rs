@@ -60,12 +60,16 @@ pub mod globals {
 }
 
 /// The layout of every pinned map (names, kinds, key and value types, sizes, the
-/// meaning of each control slot and counter): a build adopts a pinned datapath of
-/// another build only when both have this number, and then replaces its programs in
-/// place. Bumped with any change that an older build's programs, still running on
-/// established sockets, would misread; docs/upgrades.md says which releases share one.
-/// v0.1.0 had none (1 here); 3 added the per-pod counts ([`crate::names::MAP_POD_COUNTS`]).
-pub const LAYOUT_VERSION: u32 = 3;
+/// meaning of each control slot, counter and state bit) and of what the tracing programs
+/// do: a build replaces the programs of a pinned datapath of another build in place only
+/// when both have this number (its sk_msg, sock_ops and setsockopt programs; the tracing
+/// programs stay the ones that loaded the layout). Bumped with any change that an older
+/// build's programs, still running on established sockets, would misread, and with any
+/// change a program relies on in the tracing programs; CHANGELOG.md says which releases
+/// share one. v0.1.0 had none (1 here); 3 added the per-pod counts
+/// ([`crate::names::MAP_POD_COUNTS`]); 4 the drain before TCP (sk_msg relies on the read
+/// guard's `state::rx::DRAINED`, the leave on `state::link_state::CUT`).
+pub const LAYOUT_VERSION: u32 = 4;
 
 /// The number a build's tracing programs compare with
 /// [`crate::control::SLOT_HOOKS_OWNER`], from its object's 64-bit fingerprint: never 0
@@ -448,8 +452,10 @@ pub mod features {
     /// The kernel self-test found FIONREAD wrong and no compensation could be loaded
     /// (`bpf_probe_write_user` refused: kernel lockdown, or no BPF trampolines).
     pub const FIONREAD_WRONG: u32 = 256;
-    /// The bits the programs look at.
-    pub const PROGRAM_BITS: u32 = TCP_PEEK_OFF | FIONREAD_ADD_TCP | FIONREAD_ADD_INGRESS;
+    /// The bits the programs look at (sk_msg drains toward a reader that reads TCP only
+    /// only where a read guard runs: [`NO_READ_GUARD`]).
+    pub const PROGRAM_BITS: u32 =
+        TCP_PEEK_OFF | FIONREAD_ADD_TCP | FIONREAD_ADD_INGRESS | NO_READ_GUARD;
 }
 
 /// A 64-bit digest of what a load fixed in the globals, so a restarted agent adopts a

@@ -124,10 +124,9 @@ pub mod control {
     /// numbered, v0.1.0, whose control array had 16 slots).
     pub const SLOT_LAYOUT: u32 = 16;
     /// The build whose tracing programs act (its `BYPASS_BUILD` global,
-    /// [`crate::layout::globals::BUILD`]): during an upgrade or a rollback both builds'
-    /// programs are attached for a moment, and only the one named here reads, guards and
-    /// counts, so no read is counted twice and no splice is left unguarded. The agent
-    /// writes it before it attaches its own, and switches it in one write.
+    /// [`crate::layout::globals::BUILD`]): a fresh load writes its own before it attaches
+    /// them; an upgrade in place keeps the tracing programs and this slot, so only the
+    /// build that loaded the datapath reads, guards and counts on its maps.
     pub const SLOT_HOOKS_OWNER: u32 = 17;
     /// The cut generation ([`SLOT_CUT_GEN`]) at which the agent cut every connection
     /// because the cut map ([`crate::names::MAP_CUT`]) could not hold a cut (full: a

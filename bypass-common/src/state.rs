@@ -206,9 +206,13 @@ pub mod flags {
 /// redirected bytes wait in. The guard sets its bit, then reads how many bytes its peer
 /// has redirected (`tx_redir`) against how many it has read (`rx_read`), and refuses the
 /// call when they differ; a sender adds to `tx_redir`, then reads the bits, and takes
-/// TCP when one is set. The guard's or and the sender's read of its sum after its add
-/// (an or of 0) are fully ordered atomics, full barriers, so at least
-/// one of the two sees the other: no byte is ever left where the reader cannot see it.
+/// TCP when one is set, unless the reader has not read every byte redirected to it yet
+/// (read after the bits): then the guard refuses, and the sender goes on redirecting
+/// until its reader's ingress queue is empty, so no read of that queue returns short
+/// with TCP bytes waiting behind it ([`super::drains_first`]). The guard's or and the
+/// sender's read of its sum after its add (an or of 0) are fully ordered atomics, full
+/// barriers, so at least one of the two sees the other: no byte is ever left where the
+/// reader cannot see it.
 pub mod rx {
     /// A receive option the ingress queue ignores (SO_RCVLOWAT above 1, SO_PEEK_OFF):
     /// bytes for this side go by TCP.
@@ -222,6 +226,13 @@ pub mod rx {
     pub const TRUNC: u64 = 8;
     /// The bits after which this side reads only the TCP receive queue.
     pub const TCP_ONLY: u64 = SPLICE | ZEROCOPY | TRUNC;
+    /// This side's read guard let a TCP-only read through with nothing redirected to it
+    /// unread: no sender drains into it again ([`super::drains_first`]). Or-ed (fully
+    /// ordered) before the guard reads the peer's count once more, so either the guard
+    /// sees a send counted meanwhile and refuses, or that sender sees this bit and takes
+    /// TCP: a reader's receive publishing its count from another thread than its splice
+    /// never lets a drained message land behind a splice.
+    pub const DRAINED: u64 = 16;
 }
 
 /// The read guard's decision for one thread's splice or mapping
@@ -242,7 +253,9 @@ const _: () = assert!(core::mem::size_of::<Verdict>() == 16);
 
 /// Bits of [`Link::state`]. Set with an atomic or, never cleared.
 pub mod link_state {
-    /// The connection is leaving the SockHash: neither side redirects again, and once
+    /// The connection is leaving the SockHash: neither side redirects again (but a sender
+    /// whose TCP-only reader has not read everything redirected to it, until it has:
+    /// [`super::drains_first`]), and once
     /// each side has read what was redirected to it the agent deletes both sockets from
     /// the SockHash, after which the kernel runs them as plain TCP (autocork, splice,
     /// zero-copy receive).
@@ -251,6 +264,10 @@ pub mod link_state {
     pub const CLOSED_CLIENT: u64 = 2;
     /// The server socket has closed.
     pub const CLOSED_SERVER: u64 = 4;
+    /// The agent cut the connection (set with [`LEAVING`] by the first socket that saw
+    /// the cut): no send is redirected again, not even to drain a TCP-only reader
+    /// ([`super::drains_first`]).
+    pub const CUT: u64 = 8;
 
     /// The closed bit of `side` (a [`super::side`] value).
     #[inline(always)]
@@ -719,6 +736,44 @@ pub const fn precheck(enabled: bool, link: Option<&Link>, state: &SockState) -> 
         return Some(PassReason::PeerOptions);
     }
     None
+}
+
+/// Whether a message that `reason` sends by TCP goes on towards a redirect instead: the
+/// peer reads only its TCP queue from now on ([`rx::TCP_ONLY`], and the leave its guard
+/// asked for) but has not read every byte redirected to it yet (pure, on sk_msg's copy of
+/// the link; [`PassReason::Leaving`] and [`PassReason::PeerReadsTcp`] only). Its read
+/// guard refuses while those bytes wait, so it reads them with `read`/`recv`, and a read
+/// of the ingress queue never goes on into the TCP queue (net/ipv4/tcp_bpf.c,
+/// tcp_bpf_recvmsg): a first byte sent by TCP while they wait would make that read return
+/// short with more waiting, which an application may take for the end of what is there
+/// (HAProxy, once the peer's FIN was reported, for the end of the stream). So the
+/// direction moves to TCP only once its reader has read everything redirected to it, and
+/// its ingress queue is empty when the first TCP byte comes. The claim checks again on
+/// the link itself ([`drains_after_claim`]).
+#[inline(always)]
+pub const fn drains_first(reason: PassReason, link: &Link, state: &SockState) -> bool {
+    if !matches!(reason, PassReason::Leaving | PassReason::PeerReadsTcp) {
+        return false;
+    }
+    let (me, peer) = (side::index(state.side), side::peer_index(state.side));
+    link.state & (link_state::closed(side::peer(state.side)) | link_state::CUT) == 0
+        && drains_after_claim(link.rx_flags[peer], link.tx_redir[me], link.rx_read[peer])
+}
+
+/// At the claim of a message [`drains_first`] let go on, on the link itself: the
+/// sender added the message to its count (`sent` before it), then read the peer's flags
+/// (`peer_flags`) and, after them, what the peer has read (`read`); whether the redirect
+/// may go on (pure). The guard or-s its bit, then reads the two counts, and lets a splice
+/// through only when they are equal; the sender's add and the guard's or are fully
+/// ordered, and the reader publishes what it read before its guard runs, so a sender
+/// that sees the bit reads `read` at least as the guard did: if the guard let a splice
+/// through, this finds nothing pending and takes TCP; if this redirects, the guard
+/// refused (`bypass_common::state::rx`).
+#[inline(always)]
+pub const fn drains_after_claim(peer_flags: u64, sent: u64, read: u64) -> bool {
+    peer_flags & rx::TCP_ONLY != 0
+        && peer_flags & (rx::OPTION | rx::DRAINED) == 0
+        && pending(sent, read) > 0
 }
 
 /// Whether the peer has read every byte a socket whose `write_seq` is given sent by TCP

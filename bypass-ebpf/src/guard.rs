@@ -379,6 +379,13 @@ fn guard(state: &mut SockState, bit: u64) -> bool {
         if sent != read {
             return false;
         }
+        // Nothing waits: no sender drains into this side from now on. Fully ordered,
+        // then the peer's count once more: a send counted meanwhile (its sender read the
+        // flags before this bit) makes the call wait (`bypass_common::state::rx::DRAINED`).
+        atomic::or_u64(addr_of_mut!((*ptr).rx_flags[me]), rx::DRAINED);
+        if atomic::load_ordered(addr_of_mut!((*ptr).tx_redir[peer])) != sent {
+            return false;
+        }
     }
     // Nothing waits and nothing will come: the TCP reads that follow are not ingress
     // reads, so what this side published as read stays.

@@ -76,9 +76,11 @@ pub(crate) fn tcp_peek_off() -> bool {
 }
 
 /// Whether this build's tracing programs are the ones that act
-/// (`bypass_common::control::SLOT_HOOKS_OWNER`): while another build's are attached
-/// beside them, during an upgrade or a rollback, only the named build's read, guard and
-/// count.
+/// (`bypass_common::control::SLOT_HOOKS_OWNER`): the build that loaded the datapath names
+/// itself there. An upgrade in place replaces sk_msg, sock_ops and setsockopt and leaves
+/// the tracing programs and the slot as they are (the kernel skips the return programs
+/// of calls in flight whenever a trampoline changes), so one build's read, guard and
+/// count act on a datapath's maps, and no other build's attached to them ever does.
 #[inline(always)]
 pub(crate) fn hooks_active() -> bool {
     crate::maps::BYPASS_CONTROL

@@ -21,8 +21,15 @@ use crate::{
 /// tells the agent.
 #[inline(always)]
 pub(crate) fn request(ptr: *mut Link, key: &SockKey) {
+    mark(ptr, key, link_state::LEAVING);
+}
+
+/// Or-s `bits` (with [`link_state::LEAVING`]) into the state of the link at `ptr` (key
+/// `key`); the first to mark it leaving tells the agent.
+#[inline(always)]
+fn mark(ptr: *mut Link, key: &SockKey, bits: u64) {
     // SAFETY: a live map value; the state word is only ever or-ed.
-    let old = unsafe { atomic::or_u64(addr_of_mut!((*ptr).state), link_state::LEAVING) };
+    let old = unsafe { atomic::or_u64(addr_of_mut!((*ptr).state), bits | link_state::LEAVING) };
     if old & link_state::LEAVING == 0 {
         stats::add(Stat::LeaveRequests, 1);
         // A full ring buffer loses the event, not the leave: counted, the agent then
@@ -64,6 +71,7 @@ pub(crate) fn check_cut(state: &mut SockState, ptr: *mut Link) -> bool {
         return false;
     }
     stats::add(Stat::CutSeen, 1);
-    request(ptr, &state.link);
+    // Marked cut as well as leaving: a sender draining a TCP-only reader stops too.
+    mark(ptr, &state.link, link_state::CUT);
     true
 }

@@ -18,8 +18,8 @@ use aya_ebpf::{
 use bypass_common::{
     Link, SockState, Stat, control,
     state::{
-        PassReason, caught_up, charge, consumed_messages, link_state, pending, precheck, rx, side,
-        small_stream_step, tcp_run_step, within_limit,
+        PassReason, caught_up, charge, consumed_messages, drains_after_claim, drains_first,
+        link_state, pending, precheck, rx, side, small_stream_step, tcp_run_step, within_limit,
     },
     tx_mode,
 };
@@ -101,6 +101,14 @@ fn try_redirect(ctx: &SkMsgContext, size: u64) -> Result<u32, PassReason> {
     }
 }
 
+/// Whether a read guard runs on this kernel: the drain of a TCP-only reader
+/// ([`drains_first`]) relies on it refusing the reader's splice while bytes wait; without
+/// it the reader splices at once, and a drain would only add to what it misses.
+#[inline(always)]
+fn guarded() -> bool {
+    !kernel::feature(bypass_common::layout::features::NO_READ_GUARD)
+}
+
 /// `TCP_ESTABLISHED` and `TCP_CLOSE_WAIT` (include/net/tcp_states.h): the states in
 /// which a socket may still send.
 const TCP_ESTABLISHED: u32 = 1;
@@ -138,7 +146,12 @@ fn decide(
     {
         return Err(PassReason::Leaving);
     }
-    if let Some(reason) = precheck(enabled, link.as_ref(), state) {
+    if let Some(reason) = precheck(enabled, link.as_ref(), state)
+        && !(guarded()
+            && link
+                .as_ref()
+                .is_some_and(|l| drains_first(reason, l, state)))
+    {
         if let (Some(p), true) = (ptr, reason.lingers()) {
             linger(state, p, size);
         }
@@ -256,8 +269,10 @@ fn checked(
 /// Counts the message as redirected before it is, then looks again at what the peer's
 /// read guard, its close and a leave write: the add and the guard's or are both fully ordered
 /// atomics (`bypass_common::state::rx`), so either the guard sees these bytes and
-/// refuses its splice, or this sees the guard's bit and takes TCP. Undone on the way
-/// out.
+/// refuses its splice, or this sees the guard's bit and takes TCP, unless the peer has
+/// not read every byte redirected to it yet ([`drains_after_claim`]: then its guard
+/// refuses, and the redirect goes on until its ingress queue is empty). Undone on the
+/// way out.
 #[inline(always)]
 fn claim(
     ptr: *mut Link,
@@ -279,11 +294,15 @@ fn claim(
         // The peer's close or-s its closed bit, then reads this count (sockops.rs,
         // on_state_change): either it counted these bytes as due to it, or this sees
         // the bit.
-        if now != sent.wrapping_add(size)
-            || flags & (rx::TCP_ONLY | rx::OPTION) != 0
-            || st & (link_state::LEAVING | link_state::closed(side::peer(state.side))) != 0
-            || cookie != state.cookie
-        {
+        let mut raced = now != sent.wrapping_add(size)
+            || st & (link_state::closed(side::peer(state.side)) | link_state::CUT) != 0
+            || cookie != state.cookie;
+        if !raced && (flags & (rx::TCP_ONLY | rx::OPTION) != 0 || st & link_state::LEAVING != 0) {
+            // What the peer has read, after its flags: fully ordered.
+            let read = atomic::load_ordered(addr_of_mut!((*ptr).rx_read[peer]));
+            raced = !guarded() || !drains_after_claim(flags, sent, read);
+        }
+        if raced {
             atomic::sub_u64(addr_of_mut!((*ptr).tx_redir[me]), size);
             return Err(PassReason::Raced);
         }

@@ -88,13 +88,20 @@ pub fn build_test_tool(tools: &Tools, release: bool) -> Result<PathBuf> {
     Ok(bin)
 }
 
-/// Builds the agent of [`workspace::PREVIOUS_AGENT_COMMIT`], which the upgrade test runs
-/// before and after this build, once: that commit's tree is exported from this clone's
-/// history (`git archive`) into its own directory under the target directory, keyed by
-/// the commit, and built there with its own lock file, toolchain file and target
-/// directory. Returns the binary; a later call finds it built.
-pub fn build_previous_agent(tools: &Tools) -> Result<PathBuf> {
-    let commit = workspace::PREVIOUS_AGENT_COMMIT;
+/// Builds the agent of each of [`workspace::PREVIOUS_AGENTS`], which the upgrade tests
+/// run before and after this build, once: that commit's tree is exported from this
+/// clone's history (`git archive`) into its own directory under the target directory,
+/// keyed by the commit, and built there with its own lock file and toolchain file, in
+/// one target directory for all of them; its binary is copied beside its tree. A later
+/// call finds them built.
+pub fn build_previous_agents(tools: &Tools) -> Result<()> {
+    for commit in workspace::PREVIOUS_AGENTS {
+        build_previous_agent(tools, commit)?;
+    }
+    Ok(())
+}
+
+fn build_previous_agent(tools: &Tools, commit: &str) -> Result<PathBuf> {
     let target = workspace::target_dir()?;
     let bin = workspace::previous_agent_bin(&target, commit);
     if bin.is_file() {
@@ -105,11 +112,11 @@ pub fn build_previous_agent(tools: &Tools) -> Result<PathBuf> {
         .current_dir(root)
         .args(["cat-file", "-e", &format!("{commit}^{{commit}}")])
         .status()
-        .context("run git (the upgrade test builds an earlier commit of the agent)")?;
+        .context("run git (the upgrade tests build earlier commits of the agent)")?;
     if !known.success() {
         bail!(
-            "commit {commit} (workspace::PREVIOUS_AGENT_COMMIT, the agent the upgrade test \
-             switches to and from) is not in this clone's history: clone without --depth, or \
+            "commit {commit} (in workspace::PREVIOUS_AGENTS, the agents the upgrade tests \
+             switch to and from) is not in this clone's history: clone without --depth, or \
              run `git fetch --unshallow`"
         );
     }
@@ -124,10 +131,11 @@ pub fn build_previous_agent(tools: &Tools) -> Result<PathBuf> {
         std::fs::rename(&partial, &dir)
             .with_context(|| format!("rename {} to {}", partial.display(), dir.display()))?;
     }
+    let built_in = workspace::previous_agents_target(&target);
     let mut cargo = tools.cargo()?;
     cargo
         .current_dir(&dir)
-        .env("CARGO_TARGET_DIR", dir.join("target"))
+        .env("CARGO_TARGET_DIR", &built_in)
         .args([
             "build",
             "--locked",
@@ -137,9 +145,13 @@ pub fn build_previous_agent(tools: &Tools) -> Result<PathBuf> {
         ]);
     cmd::run(&mut cargo)
         .with_context(|| format!("build the agent of {commit} in {}", dir.display()))?;
-    if !bin.is_file() {
-        bail!("the build succeeded but {} is missing", bin.display());
-    }
+    let built = built_in.join("release").join(workspace::AGENT);
+    // Copied beside, then renamed: a killed copy is never taken for a binary.
+    let partial = bin.with_extension("partial");
+    std::fs::copy(&built, &partial)
+        .with_context(|| format!("copy {} to {}", built.display(), partial.display()))?;
+    std::fs::rename(&partial, &bin)
+        .with_context(|| format!("rename {} to {}", partial.display(), bin.display()))?;
     println!("build: {} (the agent of {commit})", bin.display());
     Ok(bin)
 }
@@ -268,7 +280,7 @@ fn linker_var(target: &str) -> String {
 impl kernel_matrix::Build for Tools {
     fn test_tools(&self) -> Result<()> {
         build_test_tool(self, false)?;
-        build_previous_agent(self)?;
+        build_previous_agents(self)?;
         crate::apps::build("debug").map(drop)
     }
 

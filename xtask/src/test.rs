@@ -93,8 +93,8 @@ pub fn run(args: &Args) -> Result<()> {
             .context("build kube-apiserver and etcd for the Kubernetes tests")?;
         // The tool the tests run, where they look for it (next to the test binaries).
         build::build_test_tool(&tools, false)?;
-        // The earlier agent the upgrade test switches to and from, once per commit.
-        build::build_previous_agent(&tools)?;
+        // The earlier agents the upgrade tests switch to and from, once per commit.
+        build::build_previous_agents(&tools)?;
         // The apps suite's own programs (Go, Java, Node), beside that tool.
         crate::apps::build("debug")?;
         let started = Instant::now();

@@ -1,5 +1,6 @@
-//! Adopt or release what is pinned: the pinned datapath of this same build on this
-//! cgroup, with the map sizes asked for, is kept as it is; any other (or `--reset`) is
+//! Adopt, upgrade or release what is pinned: the pinned datapath of this same build on
+//! this cgroup, with the map sizes asked for, is kept as it is; one of another build with
+//! the same layout has its programs replaced in place; any other (or `--reset`) is
 //! switched to TCP and its pins removed, so that this build loads afresh.
 
 use bypass_common::names::{MAP_CONNECTORS, MAP_CONTROL, MAP_LINKS, MAP_SOCKETS};
@@ -9,8 +10,9 @@ use super::{Config, Identity, Origin, PinLayout, maps, pins};
 use crate::error::AgentError;
 
 /// How the datapath comes to be under `pins`: [`Origin::Adopted`] when the pinned one
-/// is this build (`identity`) and no reset is asked for; otherwise whatever is pinned is
-/// released first.
+/// is this build (`identity`) and no reset is asked for; [`Origin::Upgraded`] when it is
+/// another build of this layout on this cgroup with the same sizes; otherwise whatever is
+/// pinned is released first.
 pub(super) fn adopt_or_release(
     pins: &PinLayout,
     config: &Config,
@@ -19,24 +21,49 @@ pub(super) fn adopt_or_release(
     let pinned = pins::complete(pins);
     let sizes = pinned_sizes(pins);
     let resized = sizes.is_some_and(|s| !same_sizes(s, config.max_sockets));
-    let adopt = pinned && !config.reset && !resized && pinned_identity(pins) == Some(identity);
-    if adopt {
+    let kept = pinned && !config.reset && !resized;
+    if kept && pinned_identity(pins) == Some(identity) {
         return Ok(Origin::Adopted);
+    }
+    if kept && upgradable(pins, identity) {
+        return Ok(Origin::Upgraded);
     }
     if pinned && resized {
         info!(pinned = ?sizes, max_sockets = config.max_sockets,
             "the pinned datapath's maps have another size than --max-sockets asks: replacing it");
     }
-    if pinned {
-        // The released datapath's sockets keep its programs until they close;
-        // from now on they send by TCP (redirect to TCP is always safe), so no
-        // program without an agent keeps redirecting on maps no one tends.
-        if let Ok(map) = maps::open_pinned(pins, MAP_CONTROL)
-            && let Ok(mut old) = maps::Control::new(map)
-            && let Err(e) = old.set_enabled(false)
-        {
-            warn!(error = %e, "could not switch the released datapath's redirects off");
-        }
+    release(pins, config, pinned)
+}
+
+/// Whether the pinned datapath's programs can be replaced in place by this build's: its
+/// maps have this build's layout and it runs on the same cgroup.
+fn upgradable(pins: &PinLayout, identity: Identity) -> bool {
+    let Ok(control) = maps::open_pinned(pins, MAP_CONTROL).and_then(maps::Control::new) else {
+        return false;
+    };
+    control.layout().ok() == Some(bypass_common::layout::LAYOUT_VERSION)
+        && control
+            .identity()
+            .is_ok_and(|i| i.cgroup == identity.cgroup)
+}
+
+/// Releases whatever is pinned (`pinned`: a complete datapath): its redirects are
+/// switched off and its pins removed, so that this build loads afresh.
+pub(super) fn release(
+    pins: &PinLayout,
+    config: &Config,
+    pinned: bool,
+) -> Result<Origin, AgentError> {
+    // Whenever a control map is pinned, even by a datapath not complete (a start killed
+    // while it replaced a program's pin): the released datapath's sockets keep its
+    // programs until they close; from now on they send by TCP (redirect to TCP is always
+    // safe), so no program without an agent keeps redirecting on maps no one tends.
+    if pins.map(MAP_CONTROL).exists()
+        && let Ok(map) = maps::open_pinned(pins, MAP_CONTROL)
+        && let Ok(mut old) = maps::Control::new(map)
+        && let Err(e) = old.set_enabled(false)
+    {
+        warn!(error = %e, "could not switch the released datapath's redirects off");
     }
     let stale = pins::remove_stale(pins)?;
     if !stale.is_empty() {

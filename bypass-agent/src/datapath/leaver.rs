@@ -1,7 +1,8 @@
 //! Takes leaving connections out of the SockHash. The programs mark a connection
 //! leaving (`bypass_common::state::link_state::LEAVING`: a reader that splices, a
 //! small-message stream, a cut) and say so on the event ring buffer; from then on
-//! neither side redirects. Once each side has read everything redirected to it, this
+//! neither side redirects (but a sender draining a TCP-only reader of what it has not
+//! read yet: `bypass_common::state::drains_first`). Once each side has read everything redirected to it, this
 //! deletes both sockets from the SockHash: the kernel drops their psocks, which
 //! restores their original protocol (net/core/sock_map.c, net/core/skmsg.c), so they
 //! run as plain TCP — autocork, splice and zero-copy receive included. Deleting earlier

@@ -2,6 +2,8 @@
 //! and programs pinned, sk_msg attached to the SockHash, the tracing programs attached
 //! and their links pinned, the identity recorded.
 
+use std::os::fd::AsFd as _;
+
 use aya::{
     Btf, Ebpf, EbpfLoader,
     maps::{Map, MapData, SockHash},
@@ -11,8 +13,8 @@ use bypass_common::{
     SockKey,
     layout::{features, globals},
     names::{
-        Hook, HookKind, MAP_CONNECTORS, MAP_CONTROL, MAP_LINKS, MAP_SOCKETS, PINNED_MAPS,
-        PROG_SKMSG, PROG_SOCKOPS, PROG_SOCKOPT,
+        Hook, HookKind, MAP_CONNECTORS, MAP_CONTROL, MAP_LINKS, MAP_SOCKETS, PIN_LINK_SOCKOPS,
+        PIN_LINK_SOCKOPT, PINNED_MAPS, PROG_SKMSG, PROG_SOCKOPS, PROG_SOCKOPT,
     },
 };
 use tracing::warn;
@@ -58,6 +60,17 @@ pub(super) fn build_id() -> u32 {
 /// offsets, feature bits, the host's namespace) and the maps `--max-sockets` sizes
 /// sized to `max_sockets`; nothing pinned, no program loaded yet.
 pub(super) fn load_object(max_sockets: u32, facts: &HostFacts) -> Result<Ebpf, AgentError> {
+    load_object_over(max_sockets, facts, None)
+}
+
+/// [`load_object`], with every pinned map of `over` taken as it is (its entries, its
+/// sockets) instead of a new one: the programs are relocated against the maps another
+/// build's programs run on.
+fn load_object_over(
+    max_sockets: u32,
+    facts: &HostFacts,
+    over: Option<&PinLayout>,
+) -> Result<Ebpf, AgentError> {
     let l = &facts.layout;
     let program_features = facts.features & features::PROGRAM_BITS;
     let mut loader = EbpfLoader::new();
@@ -65,6 +78,11 @@ pub(super) fn load_object(max_sockets: u32, facts: &HostFacts) -> Result<Ebpf, A
         .map_max_entries(MAP_SOCKETS, max_sockets)
         .map_max_entries(MAP_CONNECTORS, max_sockets)
         .map_max_entries(MAP_LINKS, max_sockets);
+    if let Some(pins) = over {
+        for name in PINNED_MAPS {
+            loader.map_pin_path(name, pins.map(name));
+        }
+    }
     for (global, value) in l.globals() {
         loader.override_global(global, value, true);
     }
@@ -108,7 +126,7 @@ fn load_with(
             .map_err(|e| AgentError::bpf(format!("write map {MAP_CONTROL}"), e))?;
     }
 
-    let skmsg = attach_skmsg(&mut ebpf)?;
+    let (skmsg, _) = attach_skmsg(&mut ebpf)?;
     skmsg
         .pin(pins.prog(PROG_SKMSG))
         .map_err(|e| AgentError::bpf(format!("pin {PROG_SKMSG}"), e))?;
@@ -146,9 +164,210 @@ fn load_with(
     Ok(ebpf)
 }
 
+/// Replaces, in place, the programs of a pinned datapath of another build with the same
+/// layout ([`bypass_common::layout::LAYOUT_VERSION`]) on this host: this build's programs
+/// are loaded against the pinned maps, so every connection stays bypassed.
+/// - sk_msg: attached to the same SockHash, it runs for sockets inserted from now on;
+///   those inserted before keep the earlier build's until they close, on the same maps,
+///   which mean the same to both (the layout).
+/// - sock_ops and setsockopt: their cgroup links switch to this build's programs
+///   atomically (`BPF_LINK_UPDATE`): no socket event runs without one, none runs both.
+/// - the tracing programs (the read guard, the read counts, the FIONREAD compensation)
+///   stay the earlier build's, attached: the kernel skips the return programs of calls in
+///   flight whenever a trampoline changes (kernel/bpf/trampoline.c,
+///   `bpf_tramp_image_put`), which would leave a blocked reader's count unfinished, and
+///   two sets of hooks switched by one control word would each read the word at another
+///   moment. They are part of the layout: a build that changes what they do changes it.
+///
+/// Each program is pinned beside its predecessor and renamed over it, so the pins always
+/// name a complete datapath. The identity is cleared first (keeping the cgroup) and
+/// recorded last: a start after a crash in between finds another build's datapath of
+/// this layout and does this again (every step may run twice).
+pub(super) fn load_in_place(
+    pins: &PinLayout,
+    config: &Config,
+    identity: Identity,
+    facts: HostFacts,
+) -> Result<Ebpf, AgentError> {
+    raise_memlock();
+    check_pinned_shapes(pins)?;
+    let mut control = maps::Control::new(maps::open_pinned(pins, MAP_CONTROL)?)?;
+    let pinned = control.features()?;
+    if pinned != facts.features {
+        return Err(AgentError::Bpf {
+            action: "replace the pinned datapath's programs in place".into(),
+            source: format!(
+                "its programs were loaded with the features {pinned:#x}, this build finds \
+                 {:#x} on this host (its tracing programs stay, and must agree with this \
+                 build's)",
+                facts.features
+            )
+            .into(),
+        });
+    }
+    let mut ebpf = load_object_over(config.max_sockets, &facts, Some(pins))?;
+    control.set_identity(Identity {
+        object: 0,
+        cgroup: identity.cgroup,
+    })?;
+    let (skmsg, link) = attach_skmsg(&mut ebpf)?;
+    // The SockHash holds the attachment whatever becomes of this load: dropped, the link
+    // would detach sk_msg from the map that every later start of this build adopts.
+    std::mem::forget(
+        skmsg
+            .take_link(link)
+            .map_err(|e| AgentError::bpf("take the sk_msg link", e))?,
+    );
+    let fd = skmsg
+        .fd()
+        .map_err(|e| AgentError::bpf(format!("open {PROG_SKMSG}"), e))?
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|e| AgentError::bpf(format!("dup the fd of {PROG_SKMSG}"), e))?;
+    repin_prog(pins, PROG_SKMSG, fd.as_fd())?;
+    for (name, link) in [
+        (PROG_SOCKOPS, PIN_LINK_SOCKOPS),
+        (PROG_SOCKOPT, PIN_LINK_SOCKOPT),
+    ] {
+        replace_cgroup_program(&mut ebpf, pins, name, link)?;
+    }
+    control.set_layout(bypass_common::layout::LAYOUT_VERSION)?;
+    control.set_identity(identity)?;
+    tracing::info!(
+        tracing_programs_of = format_args!("{:08x}", control.hooks_owner()?),
+        build = format_args!("{:08x}", build_id()),
+        "replaced the pinned datapath's sk_msg, sock_ops and setsockopt programs in place: \
+         its connections stay bypassed"
+    );
+    Ok(ebpf)
+}
+
+/// Pins program `fd` as `name` in place of the program pinned there: beside it first
+/// (as `<name>_next`: bpffs refuses a dot in a name), then renamed over it (bpffs renames
+/// atomically), so a complete datapath is always pinned.
+fn repin_prog(
+    pins: &PinLayout,
+    name: &str,
+    fd: std::os::fd::BorrowedFd<'_>,
+) -> Result<(), AgentError> {
+    let to = pins.prog(name);
+    let beside = pins.prog(&format!("{name}_next"));
+    remove_pin(&beside)?;
+    rawbpf::obj_pin(fd, &beside).map_err(|e| AgentError::bpf(format!("pin {name}"), e))?;
+    std::fs::rename(&beside, &to).map_err(|source| AgentError::Io {
+        action: "rename a program pin",
+        path: beside.clone(),
+        source,
+    })
+}
+
+/// Removes the pin at `path`, if there is one.
+fn remove_pin(path: &std::path::Path) -> Result<(), AgentError> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(AgentError::Io {
+            action: "remove pin",
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// Whether every pinned map has the type, key and value sizes this build's object
+/// declares: the layout number says so, this makes sure (a build that changed a map and
+/// not the number is released, not adopted).
+fn check_pinned_shapes(pins: &PinLayout) -> Result<(), AgentError> {
+    let obj = aya_obj::Object::parse(object::BYTES)
+        .map_err(|e| AgentError::bpf("parse the embedded object", e))?;
+    for name in PINNED_MAPS {
+        let ours = obj.maps.get(name).ok_or_else(|| missing("map", name))?;
+        let pinned = aya::maps::MapInfo::from_pin(pins.map(name))
+            .map_err(|e| AgentError::bpf(format!("read the pinned map {name}"), e))?;
+        let pinned_type = pinned
+            .map_type()
+            .map_err(|e| AgentError::bpf(format!("read the pinned map {name}"), e))?
+            as u32;
+        // The maps `--max-sockets` sizes are compared with it before (adopt::same_sizes).
+        let sized = [MAP_SOCKETS, MAP_CONNECTORS, MAP_LINKS].contains(&name);
+        let entries = |n: u32| if sized { 0 } else { n };
+        let (want, have) = (
+            (
+                ours.map_type(),
+                ours.key_size(),
+                ours.value_size(),
+                entries(ours.max_entries()),
+                ours.map_flags(),
+            ),
+            (
+                pinned_type,
+                pinned.key_size(),
+                pinned.value_size(),
+                entries(pinned.max_entries()),
+                pinned.map_flags(),
+            ),
+        );
+        if want != have {
+            return Err(AgentError::Bpf {
+                action: format!("adopt the pinned map {name} in place"),
+                source: format!(
+                    "pinned (type, key size, value size, entries, flags) {have:?}, this \
+                     build's {want:?}: the same layout number on maps of another shape"
+                )
+                .into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Loads the cgroup program `name` (sock_ops or setsockopt), makes the pinned cgroup
+/// link `link` (if the earlier agent left one) run it in place of the program it runs,
+/// and pins it in place of the one pinned as `name`.
+fn replace_cgroup_program(
+    ebpf: &mut Ebpf,
+    pins: &PinLayout,
+    name: &str,
+    link: &str,
+) -> Result<(), AgentError> {
+    let load_err = |e: aya::programs::ProgramError| AgentError::bpf(format!("load {name}"), e);
+    let dup_err = |e: std::io::Error| AgentError::bpf(format!("dup the fd of {name}"), e);
+    let prog = ebpf
+        .program_mut(name)
+        .ok_or_else(|| missing("program", name))?;
+    let fd = match prog {
+        aya::programs::Program::SockOps(p) => {
+            p.load().map_err(load_err)?;
+            p.fd().map_err(load_err)?.try_clone().map_err(dup_err)?
+        }
+        aya::programs::Program::CgroupSockopt(p) => {
+            p.load().map_err(load_err)?;
+            p.fd().map_err(load_err)?.try_clone().map_err(dup_err)?
+        }
+        _ => return Err(missing("program", name)),
+    };
+    let link_path = pins.link(link);
+    if link_path.exists() {
+        let io = |action: &'static str, path: &std::path::Path| {
+            let path = path.to_path_buf();
+            move |source| AgentError::Io {
+                action,
+                path,
+                source,
+            }
+        };
+        let pinned = rawbpf::obj_get(&link_path).map_err(io("open the pinned link", &link_path))?;
+        rawbpf::link_update(pinned.as_fd(), fd.as_fd())
+            .map_err(io("switch the program of the pinned link", &link_path))?;
+    }
+    repin_prog(pins, name, fd.as_fd())
+}
+
 /// Loads sk_msg and attaches it to the SockHash of `ebpf` (the attachment lives as
-/// long as `ebpf`).
-pub(super) fn attach_skmsg(ebpf: &mut Ebpf) -> Result<&mut SkMsg, AgentError> {
+/// long as `ebpf`, or its link, taken).
+pub(super) fn attach_skmsg(
+    ebpf: &mut Ebpf,
+) -> Result<(&mut SkMsg, aya::programs::sk_msg::SkMsgLinkId), AgentError> {
     let sockets: SockHash<&MapData, SockKey> = SockHash::try_from(
         ebpf.map(MAP_SOCKETS)
             .ok_or_else(|| missing("map", MAP_SOCKETS))?,
@@ -162,10 +381,10 @@ pub(super) fn attach_skmsg(ebpf: &mut Ebpf) -> Result<&mut SkMsg, AgentError> {
     skmsg
         .load()
         .map_err(|e| AgentError::bpf(format!("load {PROG_SKMSG}"), e))?;
-    skmsg
+    let link = skmsg
         .attach(&sockets_fd)
         .map_err(|e| AgentError::bpf(format!("attach {PROG_SKMSG} to {MAP_SOCKETS}"), e))?;
-    Ok(skmsg)
+    Ok((skmsg, link))
 }
 
 /// The kernel's BTF, as aya and as our reader parse it, for attaching tracing programs.

@@ -107,8 +107,13 @@ pub enum Origin {
     /// The pinned datapath of this same build was adopted: maps, counters and the
     /// attachment carried over, no connection noticed.
     Adopted,
-    /// A pinned datapath of another build (or cgroup, or `--reset`) was released and
-    /// this build loaded. Its sockets keep the old programs until they close.
+    /// A pinned datapath of another build with the same layout had its programs
+    /// replaced by this build's in place: maps, counters, the attachment and every
+    /// connection carried over, bypassed.
+    Upgraded,
+    /// A pinned datapath of another layout (or cgroup, or `--reset`) was released and
+    /// this build loaded. Its sockets keep the old programs until they close, and send by
+    /// TCP.
     Replaced,
 }
 
@@ -160,14 +165,24 @@ impl Datapath {
         let facts = facts.with_checks(&checks);
         let identity = identity(config, &cgroup, &facts)?;
 
-        let origin = adopt::adopt_or_release(&pins, config, identity)?;
-        let adopt = origin == Origin::Adopted;
-
-        let ebpf = if adopt {
-            None
-        } else {
-            Some(load::load_fresh(&pins, config, identity, facts)?)
+        let mut origin = adopt::adopt_or_release(&pins, config, identity)?;
+        let ebpf = match origin {
+            Origin::Adopted => None,
+            Origin::Upgraded => match load::load_in_place(&pins, config, identity, facts) {
+                Ok(ebpf) => Some(ebpf),
+                Err(e) => {
+                    warn!(error = %e, "replacing the pinned datapath's programs in place \
+                        failed: releasing it (its connections finish on the TCP path)");
+                    origin = adopt::release(&pins, config, true)?;
+                    Some(load::load_fresh(&pins, config, identity, facts)?)
+                }
+            },
+            Origin::Fresh | Origin::Replaced => {
+                Some(load::load_fresh(&pins, config, identity, facts)?)
+            }
         };
+        // Whether the pinned state (entries, counters, attachment) carried over.
+        let adopt = matches!(origin, Origin::Adopted | Origin::Upgraded);
         load::release_freed_heap();
         let guard = pins::PinGuard::new(pins.clone(), !adopt);
         let sockets: SockHash<MapData, SockKey> =

@@ -94,3 +94,28 @@ pub fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> std::io::Result<()> {
         .u32(8, fd.as_raw_fd() as u32);
     bpf(BPF_OBJ_PIN, &mut attr).map(drop)
 }
+
+/// `BPF_OBJ_GET`.
+const BPF_OBJ_GET: libc::c_long = 7;
+/// `BPF_LINK_UPDATE`.
+const BPF_LINK_UPDATE: libc::c_long = 29;
+/// Opens the BPF object pinned at `path`.
+pub fn obj_get(path: &Path) -> std::io::Result<OwnedFd> {
+    let c_path = CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    // obj_get: pathname (0), bpf_fd (8, 0), file_flags (12, 0: read and write).
+    let mut attr = Attr::zeroed();
+    attr.u64(0, c_path.as_ptr() as u64);
+    bpf_fd(BPF_OBJ_GET, &mut attr)
+}
+
+/// Makes `link` run program `new` in place of the one it runs, atomically (a cgroup
+/// link: no event runs without a program, none runs both).
+pub fn link_update(link: BorrowedFd<'_>, new: BorrowedFd<'_>) -> std::io::Result<()> {
+    // link_update: link_fd (0), new_prog_fd (4), flags (8: none, so whatever program the
+    // link runs is replaced).
+    let mut attr = Attr::zeroed();
+    attr.u32(0, link.as_raw_fd() as u32)
+        .u32(4, new.as_raw_fd() as u32);
+    bpf(BPF_LINK_UPDATE, &mut attr).map(drop)
+}

@@ -176,6 +176,84 @@ fn links_are_used_only_by_their_two_sockets() {
 }
 
 #[test]
+fn a_reader_that_reads_tcp_only_gets_its_waiting_bytes_redirected_first() {
+    let (client, server, link) = pair();
+    // The server (index 1) splices: its guard set its bit and asked the connection to
+    // leave, with 100 of the client's 300 redirected bytes still unread.
+    let splicing = Link {
+        state: link_state::LEAVING,
+        rx_flags: [0, rx::SPLICE],
+        tx_redir: [300, 0],
+        rx_read: [0, 200],
+        ..link
+    };
+    for reason in [PassReason::Leaving, PassReason::PeerReadsTcp] {
+        assert!(drains_first(reason, &splicing, &client), "{reason:?}");
+    }
+    assert!(
+        !drains_first(PassReason::Leaving, &splicing, &server),
+        "the client reads by recv: the server's sends leave at once"
+    );
+    let read_all = Link {
+        rx_read: [0, 300],
+        ..splicing
+    };
+    assert!(
+        !drains_first(PassReason::Leaving, &read_all, &client),
+        "everything read: TCP from now on"
+    );
+    for other in [
+        Link {
+            state: link_state::LEAVING,
+            rx_flags: [0, 0],
+            ..splicing
+        },
+        Link {
+            rx_flags: [0, rx::SPLICE | rx::OPTION],
+            ..splicing
+        },
+        Link {
+            state: link_state::LEAVING | link_state::CLOSED_SERVER,
+            ..splicing
+        },
+    ] {
+        assert!(
+            !drains_first(PassReason::Leaving, &other, &client),
+            "a leave of another cause, a receive option, a closed peer: {other:?}"
+        );
+    }
+    for reason in [
+        PassReason::Disabled,
+        PassReason::PeerClosed,
+        PassReason::PeerOptions,
+        PassReason::Unpaired,
+    ] {
+        assert!(!drains_first(reason, &splicing, &client), "{reason:?}");
+    }
+    // At the claim, on the link itself.
+    assert!(drains_after_claim(rx::SPLICE, 300, 200));
+    assert!(drains_after_claim(rx::ZEROCOPY | rx::TRUNC, 300, 299));
+    assert!(
+        !drains_after_claim(rx::SPLICE, 300, 300),
+        "the guard may have let a splice through"
+    );
+    assert!(!drains_after_claim(0, 300, 200), "a leave of another cause");
+    assert!(
+        !drains_after_claim(rx::SPLICE | rx::DRAINED, 300, 200),
+        "the guard let a splice through: no drain into it again"
+    );
+    let cut = Link {
+        state: link_state::LEAVING | link_state::CUT,
+        ..splicing
+    };
+    assert!(
+        !drains_first(PassReason::Leaving, &cut, &client),
+        "a cut connection never redirects, even to drain"
+    );
+    assert!(!drains_after_claim(rx::SPLICE | rx::OPTION, 300, 200));
+}
+
+#[test]
 fn precheck_order() {
     let (client, server, link) = pair();
     assert_eq!(

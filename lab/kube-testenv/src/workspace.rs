@@ -26,12 +26,23 @@ pub const TEST_TOOL: &str = "bypass-test-tool";
 pub const TEST_TOOL_ENV: &str = "BYPASS_TEST_TOOL_BIN";
 
 /// The earlier commit whose agent the upgrade tests switch to and from
-/// (`restart::version_changes_*`): its kernel object differs from this build's, so each
-/// switch replaces a pinned datapath of another build. `cargo xtask test` builds it once
-/// into [`previous_agent_dir`] (`git archive` of it from this clone's history, then
-/// `cargo build --release -p bypass-agent` there). A build that loads on every kernel of
-/// the matrix (Linux 7.x's `tcp_bpf_recvmsg` included).
+/// (`restart::version_changes_*`): its pinned maps have another layout than this
+/// build's, so each switch releases the pinned datapath of the other build. A build that
+/// loads on every kernel of the matrix (Linux 7.x's `tcp_bpf_recvmsg` included).
 pub const PREVIOUS_AGENT_COMMIT: &str = "c8af2a5532a12b39a42cd25119d5e3d5780fb1b9";
+
+/// The earlier commit whose agent the in-place upgrade test starts from
+/// (`restart::same_layout_*`): the layout of its pinned maps is this build's and its
+/// kernel object another, so this build replaces its programs in place, and so does it
+/// this build's on the rollback.
+pub const SAME_LAYOUT_AGENT_COMMIT: &str = "681e41fb411826662e4fafd1aabbd95dd4be34ee";
+
+/// Every earlier commit whose agent the tests run. `cargo xtask test` builds each once
+/// (`git archive` of it from this clone's history into [`previous_agent_dir`], then
+/// `cargo build --release -p bypass-agent` there, all in one target directory,
+/// [`previous_agents_target`], so the second build reuses the first's dependencies) and
+/// copies its binary to [`previous_agent_bin`].
+pub const PREVIOUS_AGENTS: [&str; 2] = [PREVIOUS_AGENT_COMMIT, SAME_LAYOUT_AGENT_COMMIT];
 
 /// Where the agent of `commit` is built, under the target directory `target`: a work tree
 /// of that commit, keyed by it.
@@ -39,12 +50,16 @@ pub fn previous_agent_dir(target: &Path, commit: &str) -> PathBuf {
     target.join("previous-agent").join(commit)
 }
 
-/// The agent binary of `commit` built in [`previous_agent_dir`].
+/// The target directory the earlier commits are built in.
+pub fn previous_agents_target(target: &Path) -> PathBuf {
+    target.join("previous-agent").join("target")
+}
+
+/// The agent binary of `commit`, copied beside [`previous_agent_dir`] once built.
 pub fn previous_agent_bin(target: &Path, commit: &str) -> PathBuf {
-    previous_agent_dir(target, commit)
-        .join("target")
-        .join("release")
-        .join(AGENT)
+    target
+        .join("previous-agent")
+        .join(format!("{commit}-{AGENT}"))
 }
 
 /// The workspace root: two levels above this crate's directory (`lab/kube-testenv`).

@@ -1,8 +1,9 @@
 //! Restart, upgrade and uninstall, with connections in flight. The datapath lives in the
 //! kernel, pinned: an agent killed with SIGKILL leaves it redirecting, the next agent of
-//! the same build adopts it (maps, counters, attachment); an agent of another build
-//! replaces it (existing sockets keep the old programs until they close, with their
-//! redirects switched off so they finish by TCP; new ones get the new); `uninstall`
+//! the same build adopts it (maps, counters, attachment); an agent of another build with
+//! the same layout replaces its programs in place (connections stay bypassed); one of
+//! another layout releases it (existing sockets keep the old programs until they close,
+//! with their redirects switched off so they finish by TCP; new ones get the new); `uninstall`
 //! turns redirects off and removes every pin and attachment.
 
 use crate::support::exchange::ABOVE_PAYLOAD;
@@ -19,6 +20,7 @@ use crate::support::{
 };
 use anyhow::{Context as _, Result, bail, ensure};
 use bypass_common::{control, names};
+use kube_testenv::workspace::{PREVIOUS_AGENT_COMMIT, SAME_LAYOUT_AGENT_COMMIT};
 use testbed::mapkeys::{pinned_u32, set_pinned_u32};
 use testbed::{
     Agent, AgentOpts, ClientArgs, PeerClient, PeerServer, Report, TwoPods,
@@ -171,9 +173,35 @@ fn sigkill_mid_100_streams_then_restart_adopts() -> Result<()> {
     Ok(())
 }
 
+/// A pinned datapath of another layout (its control map says so) is released: the
+/// connection opened under it finishes byte-exact by TCP, new ones are the new
+/// programs' alone.
 #[test]
-fn upgrade_replaces_programs_old_connections_finish() -> Result<()> {
+fn upgrade_across_layouts_releases_old_connections_finish() -> Result<()> {
     privileged!();
+    upgrade_under_a_held_connection(Other::Layout)
+}
+
+/// A pinned datapath of another build of this layout (its control map's fingerprint
+/// differs) has its programs replaced in place: the connection opened under it goes on
+/// being redirected, one sock_ops and one setsockopt program stay attached, and new
+/// connections are bypassed by this build's.
+#[test]
+fn upgrade_in_place_keeps_old_connections_bypassed() -> Result<()> {
+    privileged!();
+    upgrade_under_a_held_connection(Other::Build)
+}
+
+/// What the pinned datapath an agent starts on is, to it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Other {
+    /// Another layout.
+    Layout,
+    /// Another build of this layout.
+    Build,
+}
+
+fn upgrade_under_a_held_connection(other: Other) -> Result<()> {
     let pods = two_pods()?;
     let opts = opts(&pods, &["--detach-on-exit=false"]);
     let mut old = Agent::start(&opts)?;
@@ -202,16 +230,31 @@ fn upgrade_replaces_programs_old_connections_finish() -> Result<()> {
         num(s, "sockets") == 2 && num(s, "redirected_bytes") >= half
     })?;
     let control_pin = stop_leaving_datapath(&mut old, &pods, &opts)?;
-    // Another build: its fingerprint in the pinned control map's object slots.
     let ours = pinned_u32(&control_pin, control::SLOT_OBJECT_LO)?;
-    set_pinned_u32(&control_pin, control::SLOT_OBJECT_LO, !ours)?;
+    let origin = match other {
+        Other::Layout => {
+            // Another build (its fingerprint in the object slots) of another layout.
+            set_pinned_u32(&control_pin, control::SLOT_OBJECT_LO, !ours)?;
+            let layout = pinned_u32(&control_pin, control::SLOT_LAYOUT)?;
+            set_pinned_u32(&control_pin, control::SLOT_LAYOUT, layout + 1)?;
+            "Replaced"
+        }
+        Other::Build => {
+            set_pinned_u32(&control_pin, control::SLOT_OBJECT_LO, !ours)?;
+            "Upgraded"
+        }
+    };
 
     let new = Agent::start(&opts)?;
     ensure!(
-        wait_for_log(&new, "Replaced"),
-        "the new build did not replace the old programs: {}",
+        wait_for_log(&new, origin),
+        "the new build did not come to the old datapath as {origin}: {}",
         new.stderr()
     );
+    let control_pin = opts
+        .pin_dir
+        .join(names::PIN_MAPS_SUBDIR)
+        .join(names::MAP_CONTROL);
     ensure!(
         pinned_u32(&control_pin, control::SLOT_OBJECT_LO)? == ours,
         "the new datapath does not carry its own fingerprint"
@@ -233,10 +276,10 @@ fn upgrade_replaces_programs_old_connections_finish() -> Result<()> {
         attached == (1, 1),
         "old and new programs both attached (or neither): sock_ops, setsockopt {attached:?}"
     );
-    // The connection opened under the old programs finishes byte-exact, by TCP: the
-    // released datapath's redirects were switched off, so no program keeps
-    // redirecting on maps no agent tends any more.
-    let wire0 = pods.wire_bytes()?;
+    // The connection opened under the old programs finishes byte-exact: by TCP when
+    // its datapath was released (its redirects switched off, so no program keeps
+    // redirecting on maps no agent tends any more), redirected when it was upgraded.
+    let (wire0, redirected0) = (pods.wire_bytes()?, num(&new.status()?, "redirected_bytes"));
     steps.touch("go")?;
     let c = probe_report(client)?;
     let s = server.wait()?;
@@ -244,13 +287,25 @@ fn upgrade_replaces_programs_old_connections_finish() -> Result<()> {
         s["ok"] == true && num(&s, "received") == 2 * half && num(&c, "sent") == 2 * half,
         "the old connection lost bytes across the upgrade: {c} {s}"
     );
-    ensure!(
-        pods.wire_bytes()? > wire0 + half,
-        "the old connection kept redirecting after the upgrade ({} B on the wire)",
-        pods.wire_bytes()? - wire0
+    let (wire, redirected) = (
+        pods.wire_bytes()? - wire0,
+        num(&new.status()?, "redirected_bytes") - redirected0,
     );
+    match other {
+        Other::Layout => ensure!(
+            wire > half,
+            "the old connection kept redirecting after the upgrade ({wire} B on the wire)"
+        ),
+        Other::Build => ensure!(
+            redirected >= half && wire < half / 4,
+            "the old connection did not stay bypassed across the upgrade (redirected \
+             {redirected} B, {wire} B on the wire)"
+        ),
+    }
 
-    // New connections are the new programs' alone: the fresh maps count only them.
+    // New connections are bypassed by the new programs: counted in fresh maps when the
+    // old datapath was released, on top of the old counts when it was upgraded.
+    let before = new.status()?;
     let fresh = ClientArgs::bulk(16 << 20).greeted();
     let addr = pods.b.v4_addr(5303);
     let server = PeerServer::start(&pods.b, addr, 1)?;
@@ -258,8 +313,16 @@ fn upgrade_replaces_programs_old_connections_finish() -> Result<()> {
     let server = server.wait()?;
     ensure_exact(&client, &server, &fresh)?;
     let st = new.status()?;
+    let (inserted, redirected) = match other {
+        Other::Layout => (0, 0),
+        Other::Build => (
+            num(&before, "sockets_inserted"),
+            num(&before, "redirected_bytes"),
+        ),
+    };
     ensure!(
-        num(&st, "sockets_inserted") == 2 && num(&st, "redirected_bytes") >= 32 << 20,
+        num(&st, "sockets_inserted") == inserted + 2
+            && num(&st, "redirected_bytes") >= redirected + (32 << 20),
         "the new connection did not go through the new programs: {st}"
     );
     Ok(())
@@ -590,7 +653,7 @@ fn wait_step(
 #[test]
 fn version_changes_under_unread_redirected_bytes_finish_every_exchange() -> Result<()> {
     privileged!();
-    held_across_versions(Switch::UnderRedirected)
+    held_across_versions(Switch::UnderRedirected, PREVIOUS_AGENT_COMMIT)
 }
 
 /// [`held_across_versions`] with the upgrade between two exchanges, as the issue found
@@ -598,7 +661,20 @@ fn version_changes_under_unread_redirected_bytes_finish_every_exchange() -> Resu
 #[test]
 fn version_changes_between_exchanges_finish_every_exchange() -> Result<()> {
     privileged!();
-    held_across_versions(Switch::Between)
+    held_across_versions(Switch::Between, PREVIOUS_AGENT_COMMIT)
+}
+
+/// [`held_across_versions`] from an earlier build whose pinned maps have this build's
+/// layout and which replaces programs in place too (`SAME_LAYOUT_AGENT_COMMIT`): every
+/// switch, the upgrade, the rollback and the second upgrade, replaces the programs in
+/// place, and the held connection stays bypassed throughout: each step after a switch
+/// (the upgrade with 8 MiB redirected into the server's queue and unread, the rollback
+/// between exchanges, the last under bytes being sent) is redirected both ways, with
+/// less than 1 MiB on the veths.
+#[test]
+fn same_layout_upgrade_keeps_a_held_connection_bypassed() -> Result<()> {
+    privileged!();
+    held_across_versions(Switch::UnderRedirected, SAME_LAYOUT_AGENT_COMMIT)
 }
 
 /// When the upgrade (the first switch) happens on the held connection.
@@ -610,12 +686,13 @@ enum Switch {
     Between,
 }
 
-fn held_across_versions(first: Switch) -> Result<()> {
+fn held_across_versions(first: Switch, earlier: &str) -> Result<()> {
     const STEP: u64 = 8 << 20;
+    let in_place = earlier == SAME_LAYOUT_AGENT_COMMIT;
     let pods = two_pods()?;
     let ours = opts(&pods, &["--detach-on-exit=false"]);
     let previous = AgentOpts {
-        binary: Some(testbed::agent::previous_agent_bin()?),
+        binary: Some(testbed::agent::previous_agent_bin(earlier)?),
         ..ours.clone()
     };
     let steps = Steps::new(&pods, "held")?;
@@ -651,32 +728,33 @@ fn held_across_versions(first: Switch) -> Result<()> {
     ];
     for (k, (when, opts)) in versions.iter().enumerate() {
         let k = k as u64;
-        // Step 1 as `first` says, step 2 between exchanges, step 3 under bytes in
-        // TCP's buffers (the connection left for TCP at the upgrade).
+        // Step 1 as `first` says, step 2 between exchanges, step 3 under bytes sent
+        // (in TCP's buffers where the connection left for TCP at the upgrade, redirected
+        // where it stayed bypassed).
         let under = match k {
             0 | 2 => false,
             1 => first == Switch::UnderRedirected,
             _ => true,
         };
+        let held_before = (
+            num(&agent.status()?, "redirected_bytes"),
+            pods.wire_bytes()?,
+        );
         if k > 0 {
-            let (redirected, wire) = (
-                num(&agent.status()?, "redirected_bytes"),
-                pods.wire_bytes()?,
-            );
+            let (redirected, wire) = held_before;
             if under {
                 steps.touch(&format!("send.{k}"))?;
             }
-            if !under {
-            } else if k == 1 {
+            if under && (k == 1 || in_place) {
                 let deadline = Instant::now() + testbed::steps::NET;
                 while num(&agent.status()?, "redirected_bytes") < redirected + STEP {
                     ensure!(
                         Instant::now() < deadline,
-                        "step 1's bytes were never redirected"
+                        "{when}: step {k}'s bytes were never redirected"
                     );
                     std::thread::sleep(Duration::from_millis(20));
                 }
-            } else {
+            } else if under {
                 let deadline = Instant::now() + testbed::steps::NET;
                 while pods.wire_bytes()? < wire + (64 << 10) {
                     ensure!(
@@ -689,9 +767,12 @@ fn held_across_versions(first: Switch) -> Result<()> {
             agent.stop_cleanly(versions[k as usize - 1].0)?;
             // Kept until the end: dropping an agent removes the pins it leaves.
             stopped.push(std::mem::replace(&mut agent, Agent::start(opts)?));
+            // A build replaces in place what has its layout; across layouts each
+            // releases the other's.
+            let origin = if in_place { "Upgraded" } else { "Replaced" };
             ensure!(
-                wait_for_log(&agent, "Replaced"),
-                "{when} did not replace the pinned datapath: {}",
+                wait_for_log(&agent, origin),
+                "{when} did not come to the datapath as {origin}: {}",
                 agent.stderr()
             );
         }
@@ -700,6 +781,21 @@ fn held_across_versions(first: Switch) -> Result<()> {
         }
         steps.touch(&format!("echo.{k}"))?;
         wait_step(&steps, &mut client, k, when)?;
+        if in_place && k > 0 {
+            let ((redirected, wire), now, wire_now) = (
+                held_before,
+                num(&agent.status()?, "redirected_bytes"),
+                pods.wire_bytes()?,
+            );
+            ensure!(
+                now >= redirected + 2 * STEP && wire_now < wire + (1 << 20),
+                "{when}: the held connection did not stay bypassed across the switch \
+                 (redirected {} and {} B on the veths during the step, 2 x {STEP} \
+                 exchanged)",
+                now - redirected,
+                wire_now - wire
+            );
+        }
         // A connection opened under this version is its to bypass.
         let fresh = ClientArgs::bulk(4 << 20).greeted();
         let addr = pods.b.v4_addr(5313 + k as u16);

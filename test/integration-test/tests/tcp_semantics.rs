@@ -110,6 +110,12 @@ fn splice_after_close_guarded_or_known_difference() -> Result<()> {
 }
 
 #[test]
+fn splice_refused_then_one_read_takes_all() -> Result<()> {
+    privileged!();
+    reading::splice_refused_then_one_read_takes_all()
+}
+
+#[test]
 fn msg_oob_is_not_urgent_known_difference() -> Result<()> {
     privileged!();
     reading::msg_oob_is_not_urgent_known_difference()

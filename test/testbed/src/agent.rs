@@ -41,12 +41,13 @@ pub fn agent_bin() -> PathBuf {
     }
 }
 
-/// The agent of [`kube_testenv::workspace::PREVIOUS_AGENT_COMMIT`], which the upgrade
-/// test switches to and from: `$BYPASS_PREVIOUS_AGENT_BIN`, else where `cargo xtask test`
-/// builds it, under the target directory the running test binary is in
-/// (`<target>/debug/deps/`).
-pub fn previous_agent_bin() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("BYPASS_PREVIOUS_AGENT_BIN") {
+/// The agent of `commit` (one of [`kube_testenv::workspace::PREVIOUS_AGENTS`]), which
+/// the upgrade tests switch to and from: `$BYPASS_PREVIOUS_AGENT_BIN_<commit>` (the
+/// commit's first 7 characters), else where `cargo xtask test` builds it, under the
+/// target directory the running test binary is in (`<target>/debug/deps/`).
+pub fn previous_agent_bin(commit: &str) -> Result<PathBuf> {
+    let short = commit.get(..7).unwrap_or(commit);
+    if let Some(p) = std::env::var_os(format!("BYPASS_PREVIOUS_AGENT_BIN_{short}")) {
         return Ok(PathBuf::from(p));
     }
     let exe = std::env::current_exe().context("find the running executable")?;
@@ -56,12 +57,11 @@ pub fn previous_agent_bin() -> Result<PathBuf> {
         target.pop();
     }
     target.pop();
-    let commit = kube_testenv::workspace::PREVIOUS_AGENT_COMMIT;
     let bin = kube_testenv::workspace::previous_agent_bin(&target, commit);
     ensure!(
         bin.is_file(),
         "no agent of {commit} at {} (`cargo xtask test` builds it; or set \
-         BYPASS_PREVIOUS_AGENT_BIN)",
+         BYPASS_PREVIOUS_AGENT_BIN_{short})",
         bin.display()
     );
     Ok(bin)

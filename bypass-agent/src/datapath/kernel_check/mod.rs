@@ -126,8 +126,9 @@ impl Verdict {
 /// Where an agent keeps this boot's self-test result: every agent started in the same
 /// boot of the same build on the same host facts reuses it (the kernel does not change
 /// under a running system; a test suite starts hundreds of agents, each would otherwise
-/// load the object twice). `/run` is a tmpfs, gone with the boot, and in a container the
-/// container's own, gone with it.
+/// load the object twice). `/run` is a tmpfs, gone with the boot; the chart mounts the
+/// host's `/run/bypass` there, so a restarted container reuses it rather than attach the
+/// self-test's tracing programs again beside a running datapath's.
 pub const CACHE: &str = "/run/bypass/kernel-checks.json";
 
 /// One boot's self-test result, as [`CACHE`] holds it.

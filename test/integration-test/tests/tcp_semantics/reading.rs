@@ -318,6 +318,69 @@ pub fn splice_after_close_guarded_or_known_difference() -> Result<()> {
     unguarded_splice_misses_bytes(&bypass, BYTES)
 }
 
+/// A splice refused while redirected bytes wait (the read guard), then more bytes and the
+/// FIN: once the FIN was reported, one read returns every byte waiting, as TCP's does.
+/// HAProxy takes a shorter read after EPOLLRDHUP as the end of the stream, so a read
+/// that stopped at the end of the ingress queue with the later bytes waiting in the TCP
+/// queue lost them (the tails of `apps::haproxy_splice_*`): the sender goes on
+/// redirecting to a reader that reads TCP only until it has read every redirected byte.
+pub fn splice_refused_then_one_read_takes_all() -> Result<()> {
+    let pods = two_pods()?;
+    let run = |agent: Option<&testbed::Agent>, port: u16| -> Result<Run> {
+        let steps = crate::support::Steps::new(&pods, &format!("splice-switch-{port}"))?;
+        let (mark, go) = (steps.arg("sent"), steps.arg("spliced"));
+        let args = [
+            "--case",
+            "splice-switch",
+            "--mark-file",
+            &mark,
+            "--go-file",
+            &go,
+        ];
+        super::support::run_case(&pods, agent, port, &args)
+    };
+    let tcp = run(None, 5485)?;
+    let agent = agent_with(&pods, &[])?;
+    let bypass = run(Some(&agent), 5486)?;
+    eprintln!(
+        "tcp {}\nbypass {} {:?}",
+        tcp.server, bypass.server, bypass.grew
+    );
+    const SENT: u64 = 48 << 10;
+    ensure!(
+        num(&tcp.server, "spliced") == 16 << 10,
+        "TCP itself: {}",
+        tcp.server
+    );
+    ensure!(
+        redirected(&bypass) >= 16 << 10,
+        "the first bytes did not wait in the ingress queue, so this shows nothing: {:?}",
+        bypass.grew
+    );
+    if testbed::kernel_probe()?.read_guard {
+        ensure!(
+            bypass.server["refused"] == true,
+            "the splice was not refused while redirected bytes waited: {}",
+            bypass.server
+        );
+    }
+    for (what, run) in [("tcp", &tcp), ("bypass", &bypass)] {
+        ensure!(
+            run.server["ok"] == true && num(&run.server, "received") == SENT,
+            "{what}: {}",
+            run.server
+        );
+        ensure!(
+            num(&run.server, "first_read") == num(&run.server, "waiting"),
+            "{what}: one read after the FIN returned {} of the {} bytes waiting: {}",
+            num(&run.server, "first_read"),
+            num(&run.server, "waiting"),
+            run.server
+        );
+    }
+    Ok(())
+}
+
 pub fn msg_oob_is_not_urgent_known_difference() -> Result<()> {
     let pods = two_pods()?;
     // The probe writes at once: a write that races the end of the handshake takes TCP

@@ -92,6 +92,10 @@ enum Case {
     /// The server half-closes, the client sends --bytes and closes, and the server,
     /// its socket closed with the bytes unread, reads with splice(2).
     SpliceAfterClose,
+    /// Client: 16 KiB, --mark-file, once --go-file exists 32 KiB more and a half-close.
+    /// Server: one splice once the 16 KiB are there, --go-file, one read once the FIN
+    /// came, then the rest.
+    SpliceSwitch,
     /// MSG_OOB: one urgent byte between normal data.
     Oob,
     /// Urgent bytes by TCP after redirected bytes were read: FIONREAD and SO_PEEK_OFF
@@ -319,6 +323,7 @@ fn server(listen: SocketAddr, ready: Option<PathBuf>, c: &Common) -> Result<Valu
         Case::Urgent => urgent::server(s),
         Case::SpliceRecv => splice::recv_server(s),
         Case::SpliceAfterClose => splice::recv_after_close_server(s),
+        Case::SpliceSwitch => splice::switch_server(s, c),
         Case::Hold | Case::ConnectWrite => trust::hold_server(s, &c.steps()),
         Case::Forge => handshake::push_server(s, &c.steps()),
         Case::WaitallAfterBound => trust::waitall_server(s, &c.steps()),
@@ -383,6 +388,7 @@ fn client(connect: SocketAddr, c: &Common) -> Result<Value> {
         Case::SpliceSend => splice::send_client(&s, c),
         Case::SpliceRecv => splice::recv_client(s, c),
         Case::SpliceAfterClose => splice::recv_after_close_client(s, c),
+        Case::SpliceSwitch => splice::switch_client(s, c),
         Case::Oob => oob::client(s),
         Case::Urgent => urgent::client(s),
         Case::Hold => trust::hold_client(s, &c.steps()),

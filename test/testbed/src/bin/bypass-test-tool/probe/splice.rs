@@ -1,9 +1,12 @@
 //! `splice-send`: the client moves bytes from a pipe with splice(2). `splice-recv`: the
 //! server reads with splice(2) into a pipe. `splice-after-close`: the same, once the
 //! server's socket has closed with the bytes still unread (it half-closed first, then
-//! the client sent and closed: FIN_WAIT2, then TIME_WAIT, TCP_CLOSE).
+//! the client sent and closed: FIN_WAIT2, then TIME_WAIT, TCP_CLOSE). `splice-switch`:
+//! the server's splice comes while bytes wait unread, the client then sends more and
+//! half-closes, and the server, once the FIN came, reads once.
 
 use std::{
+    io::{Read as _, Write as _},
     net::{Shutdown, TcpStream},
     os::fd::AsRawFd as _,
     time::Instant,
@@ -13,6 +16,7 @@ use anyhow::{Context as _, Result, bail};
 use nix::{
     errno::Errno,
     fcntl::{SpliceFFlags, splice},
+    sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout},
     unistd::{pipe, read, write},
 };
 use serde_json::{Value, json};
@@ -20,7 +24,8 @@ use testbed::peer::pattern::{Direction, Pattern, Verifier};
 
 use super::{
     Common,
-    sock::{drain, poll_in, send_pattern, sleep_ms, wait_closed},
+    sock::{drain, net_ms, poll_in, send_pattern, sleep_ms, wait_acked, wait_closed},
+    trust::{mark, wait_file},
 };
 
 /// splice-send's server: reads and verifies.
@@ -191,4 +196,116 @@ fn tcp_state(s: &TcpStream) -> Result<u8> {
         return Err(std::io::Error::last_os_error()).context("getsockopt(TCP_INFO)");
     }
     Ok(info.tcpi_state)
+}
+
+/// splice-switch: what the client sends before the server's splice, and after it.
+const BEFORE_SPLICE: usize = 16 << 10;
+const AFTER_SPLICE: usize = 32 << 10;
+
+fn switch_files(c: &Common) -> Result<(&std::path::Path, &std::path::Path)> {
+    match (c.mark_file.as_deref(), c.go_file.as_deref()) {
+        (Some(m), Some(g)) => Ok((m, g)),
+        _ => bail!("splice-switch needs --mark-file and --go-file"),
+    }
+}
+
+/// splice-switch's client: 16 KiB, acknowledged, --mark-file; once --go-file exists
+/// (the server's splice came), 32 KiB more and a half-close.
+pub fn switch_client(mut s: TcpStream, c: &Common) -> Result<Value> {
+    let (mark_file, go_file) = switch_files(c)?;
+    // Greeted, so both ends are paired before the first byte (the server writes first).
+    let mut one = [0u8; 1];
+    s.read_exact(&mut one).context("read the greeting")?;
+    let mut p = Pattern::new(0, Direction::ClientToServer);
+    let mut buf = vec![0u8; AFTER_SPLICE];
+    p.fill(&mut buf[..BEFORE_SPLICE]);
+    s.write_all(&buf[..BEFORE_SPLICE]).context("write")?;
+    wait_acked(&s)?;
+    mark(Some(mark_file))?;
+    wait_file(go_file)?;
+    p.fill(&mut buf);
+    s.write_all(&buf).context("write")?;
+    s.shutdown(Shutdown::Write)?;
+    let _ = wait_closed(&mut s);
+    Ok(json!({"sent": BEFORE_SPLICE + AFTER_SPLICE}))
+}
+
+/// splice-switch's server: once the first bytes are there, one non-blocking splice
+/// (TCP moves them; the read guard refuses while they wait redirected), --go-file;
+/// once the client's FIN came (EPOLLRDHUP: every byte it sent before is there), one
+/// read of more than all that waits, then the rest to the end. TCP's read returns
+/// everything waiting: an application may take a shorter read, once the peer's FIN
+/// was reported, as the end of the stream (HAProxy does).
+pub fn switch_server(mut s: TcpStream, c: &Common) -> Result<Value> {
+    let (mark_file, go_file) = switch_files(c)?;
+    s.write_all(b"G").context("greet")?;
+    wait_file(mark_file)?;
+    s.set_nonblocking(true)?;
+    let mut v = Verifier::new(0, Direction::ClientToServer);
+    let (rp, wp) = pipe().context("pipe")?;
+    let mut buf = vec![0u8; 4 * AFTER_SPLICE];
+    let (mut spliced, mut refused) = (0, false);
+    match splice(
+        &s,
+        None,
+        &wp,
+        None,
+        1 << 16,
+        SpliceFFlags::SPLICE_F_NONBLOCK,
+    ) {
+        Ok(n) => {
+            spliced = n;
+            while v.offset() < n as u64 {
+                let want = (n - v.offset() as usize).min(buf.len());
+                let r = read(&rp, &mut buf[..want]).context("read the pipe")?;
+                if r == 0 {
+                    bail!("read the pipe: end of file");
+                }
+                v.feed(&buf[..r]);
+            }
+        }
+        Err(Errno::EINVAL) => refused = true,
+        // No read guard: the redirected bytes are not in the TCP queue.
+        Err(Errno::EAGAIN) => {}
+        Err(e) => return Err(e).context("splice from the socket"),
+    }
+    drop((rp, wp));
+    mark(Some(go_file))?;
+    let ep = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).context("epoll_create1")?;
+    ep.add(&s, EpollEvent::new(EpollFlags::EPOLLRDHUP, 0))
+        .context("epoll_ctl")?;
+    let mut ev = [EpollEvent::empty()];
+    let net = EpollTimeout::try_from(testbed::steps::NET).unwrap_or(EpollTimeout::NONE);
+    if ep.wait(&mut ev, net).context("epoll_wait")? == 0
+        || !ev[0].events().contains(EpollFlags::EPOLLRDHUP)
+    {
+        bail!("no FIN from the client within {:?}", testbed::steps::NET);
+    }
+    let waiting = (BEFORE_SPLICE + AFTER_SPLICE - spliced) as u64;
+    let first = match s.read(&mut buf) {
+        Ok(n) => n,
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
+        Err(e) => return Err(e).context("read"),
+    };
+    v.feed(&buf[..first]);
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => v.feed(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if !poll_in(&s, net_ms())? {
+                    bail!("the stream did not end within {:?}", testbed::steps::NET);
+                }
+            }
+            Err(e) => return Err(e).context("read"),
+        }
+    }
+    Ok(json!({
+        "spliced": spliced,
+        "refused": refused,
+        "waiting": waiting,
+        "first_read": first,
+        "received": v.offset(),
+        "ok": v.first_mismatch().is_none(),
+    }))
 }
