@@ -6,6 +6,7 @@ mod support;
 
 mod apps;
 mod bad_input;
+mod cleanup;
 mod datapath;
 mod demo;
 mod detach;

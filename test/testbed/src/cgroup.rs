@@ -50,6 +50,14 @@ impl CgroupGuard {
         })
     }
 
+    /// The cgroup at `path` that exists already, to empty and remove on drop (what a
+    /// killed run left, [`crate::reap`]).
+    pub(crate) fn existing(path: &Path) -> Self {
+        Self {
+            path: path.to_path_buf(),
+        }
+    }
+
     /// The directory.
     pub fn path(&self) -> &Path {
         &self.path

@@ -42,6 +42,7 @@ pub mod netns;
 pub mod peer;
 pub mod pod_peers;
 pub mod proxy;
+pub mod reap;
 pub mod require;
 pub mod spawn;
 pub mod steps;

@@ -32,6 +32,14 @@ impl Bridge {
     pub fn name(&self) -> &str {
         &self.name
     }
+
+    /// The bridge `name` that exists already, to delete on drop (what a killed run left,
+    /// [`crate::reap`]).
+    pub(crate) fn existing(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+        }
+    }
 }
 
 impl Drop for Bridge {

@@ -44,30 +44,48 @@ pub const IFNAME_MAX: usize = 15;
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
-/// Lower-case base-36 digits of `n`.
-pub fn base36(mut n: u64) -> String {
-    const DIGITS: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+/// A fresh tag: [`tag`] of this process and its next counter value.
+pub fn unique_tag() -> String {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    tag(std::process::id(), n)
+}
+
+/// The tag of process `pid`'s `n`-th instance: the pid and `n` in base 33 (the digits
+/// `0`-`9`, `a`-`w`) with `x` between (at most 8 characters for any pid below 2^22 and
+/// the first 1089 tags of a process), e.g. `3bj8x0`. No digit is an `x`, so the pid reads
+/// back unambiguously ([`tag_pid`]); only characters every name allows (a Kubernetes
+/// node's too).
+pub fn tag(pid: u32, n: u32) -> String {
+    format!("{}x{}", base33(u64::from(pid)), base33(u64::from(n)))
+}
+
+/// The pid a [`tag`] was made by.
+pub fn tag_pid(tag: &str) -> Option<u32> {
+    let (pid, n) = tag.split_once('x')?;
+    let digits = |t: &str| {
+        !t.is_empty()
+            && t.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'w').contains(&b))
+    };
+    if !digits(pid) || !digits(n) {
+        return None;
+    }
+    u32::from_str_radix(pid, 33).ok()
+}
+
+/// Lower-case base-33 digits of `n` (`0`-`9`, `a`-`w`).
+fn base33(mut n: u64) -> String {
+    const DIGITS: &[u8; 33] = b"0123456789abcdefghijklmnopqrstuvw";
     let mut out = Vec::new();
     loop {
-        out.push(DIGITS[(n % 36) as usize]);
-        n /= 36;
+        out.push(DIGITS[(n % 33) as usize]);
+        n /= 33;
         if n == 0 {
             break;
         }
     }
     out.reverse();
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// A fresh tag: base-36 pid, `x`, base-36 counter (at most 8 characters for any pid
-/// below 2^22 and the first 1296 tags of a process), e.g. `2n9cx0`.
-pub fn unique_tag() -> String {
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!(
-        "{}x{}",
-        base36(u64::from(std::process::id())),
-        base36(u64::from(n))
-    )
+    String::from_utf8(out).unwrap_or_default()
 }
 
 /// `<prefix>-<tag>-<what>`, for netns, cgroup and pin directory names (no length limit).
@@ -89,11 +107,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn base36_digits() {
-        assert_eq!(base36(0), "0");
-        assert_eq!(base36(35), "z");
-        assert_eq!(base36(36), "10");
-        assert_eq!(base36(4_194_304), "2hwcg");
+    fn base33_digits() {
+        assert_eq!(base33(0), "0");
+        assert_eq!(base33(32), "w");
+        assert_eq!(base33(33), "10");
+        assert!(!base33(4_194_303).contains('x'));
     }
 
     #[test]

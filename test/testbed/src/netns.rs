@@ -24,6 +24,14 @@ impl Netns {
         Ok(ns)
     }
 
+    /// The namespace `name` that exists already, to delete on drop (what a killed run
+    /// left, [`crate::reap`]).
+    pub(crate) fn existing(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+        }
+    }
+
     /// Its name.
     pub fn name(&self) -> &str {
         &self.name

@@ -175,6 +175,7 @@ pub struct TwoPods {
 impl TwoPods {
     /// Builds the topology. Everything built so far is undone if a step fails.
     pub fn new() -> Result<Self> {
+        crate::reap::dead_runs();
         let tag = names::unique_tag();
         let subnet = subnet_of(&tag);
         let cgroup = CgroupGuard::create(&names::resource(&tag, "cg"))?;
