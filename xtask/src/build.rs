@@ -131,6 +131,12 @@ fn build_previous_agent(tools: &Tools, commit: &str) -> Result<PathBuf> {
         std::fs::rename(&partial, &dir)
             .with_context(|| format!("rename {} to {}", partial.display(), dir.display()))?;
     }
+    // The commits share a target directory, where cargo names a workspace's own crates
+    // alike whatever the commit and takes them as built when their sources are older
+    // than the artifacts: `git archive` dates every file at its commit, so another
+    // commit's tree would reuse the artifacts of the one built last. Dated now, this
+    // tree's crates are built again (the dependencies from the registry are reused).
+    touch_tree(&dir)?;
     let built_in = workspace::previous_agents_target(&target);
     let mut cargo = tools.cargo()?;
     cargo
@@ -154,6 +160,28 @@ fn build_previous_agent(tools: &Tools, commit: &str) -> Result<PathBuf> {
         .with_context(|| format!("rename {} to {}", partial.display(), bin.display()))?;
     println!("build: {} (the agent of {commit})", bin.display());
     Ok(bin)
+}
+
+/// Dates every file under `dir` now.
+fn touch_tree(dir: &std::path::Path) -> Result<()> {
+    let now = std::time::SystemTime::now();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(d) = pending.pop() {
+        for entry in std::fs::read_dir(&d).with_context(|| format!("read {}", d.display()))? {
+            let entry = entry?;
+            let path = entry.path();
+            if entry.file_type()?.is_dir() {
+                pending.push(path);
+            } else {
+                std::fs::File::options()
+                    .write(true)
+                    .open(&path)
+                    .and_then(|f| f.set_modified(now))
+                    .with_context(|| format!("date {} now", path.display()))?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Writes the tree of `commit` (of the repository at `root`) into `dir`: `git archive`
