@@ -58,8 +58,7 @@ pub(super) fn release(
     // while it replaced a program's pin): the released datapath's sockets keep its
     // programs until they close; from now on they send by TCP (redirect to TCP is always
     // safe), so no program without an agent keeps redirecting on maps no one tends.
-    if pins.map(MAP_CONTROL).exists()
-        && let Ok(map) = maps::open_pinned(pins, MAP_CONTROL)
+    if let Ok(map) = maps::open_pinned(pins, MAP_CONTROL)
         && let Ok(mut old) = maps::Control::new(map)
         && let Err(e) = old.set_enabled(false)
     {

@@ -220,10 +220,7 @@ pub(super) fn load_in_place(
     );
     let fd = skmsg
         .fd()
-        .map_err(|e| AgentError::bpf(format!("open {PROG_SKMSG}"), e))?
-        .as_fd()
-        .try_clone_to_owned()
-        .map_err(|e| AgentError::bpf(format!("dup the fd of {PROG_SKMSG}"), e))?;
+        .map_err(|e| AgentError::bpf(format!("open {PROG_SKMSG}"), e))?;
     repin_prog(pins, PROG_SKMSG, fd.as_fd())?;
     for (name, link) in [
         (PROG_SOCKOPS, PIN_LINK_SOCKOPS),
@@ -274,8 +271,9 @@ fn remove_pin(path: &std::path::Path) -> Result<(), AgentError> {
     }
 }
 
-/// Whether every pinned map has the type, key and value sizes this build's object
-/// declares: the layout number says so, this makes sure (a build that changed a map and
+/// Whether every pinned map has the type, key and value sizes, entries (but for those
+/// `--max-sockets` sizes) and flags this build's object declares: the layout number says
+/// so, this makes sure (a build that changed a map and
 /// not the number is released, not adopted).
 fn check_pinned_shapes(pins: &PinLayout) -> Result<(), AgentError> {
     let obj = aya_obj::Object::parse(object::BYTES)
@@ -331,34 +329,29 @@ fn replace_cgroup_program(
     link: &str,
 ) -> Result<(), AgentError> {
     let load_err = |e: aya::programs::ProgramError| AgentError::bpf(format!("load {name}"), e);
-    let dup_err = |e: std::io::Error| AgentError::bpf(format!("dup the fd of {name}"), e);
     let prog = ebpf
         .program_mut(name)
         .ok_or_else(|| missing("program", name))?;
     let fd = match prog {
         aya::programs::Program::SockOps(p) => {
             p.load().map_err(load_err)?;
-            p.fd().map_err(load_err)?.try_clone().map_err(dup_err)?
+            p.fd().map_err(load_err)?
         }
         aya::programs::Program::CgroupSockopt(p) => {
             p.load().map_err(load_err)?;
-            p.fd().map_err(load_err)?.try_clone().map_err(dup_err)?
+            p.fd().map_err(load_err)?
         }
         _ => return Err(missing("program", name)),
     };
     let link_path = pins.link(link);
     if link_path.exists() {
-        let io = |action: &'static str, path: &std::path::Path| {
-            let path = path.to_path_buf();
-            move |source| AgentError::Io {
-                action,
-                path,
+        rawbpf::obj_get(&link_path)
+            .and_then(|pinned| rawbpf::link_update(pinned.as_fd(), fd.as_fd()))
+            .map_err(|source| AgentError::Io {
+                action: "switch the program of the pinned link",
+                path: link_path.clone(),
                 source,
-            }
-        };
-        let pinned = rawbpf::obj_get(&link_path).map_err(io("open the pinned link", &link_path))?;
-        rawbpf::link_update(pinned.as_fd(), fd.as_fd())
-            .map_err(io("switch the program of the pinned link", &link_path))?;
+            })?;
     }
     repin_prog(pins, name, fd.as_fd())
 }

@@ -272,10 +272,6 @@ fn upgrade_under_a_held_connection(other: Other) -> Result<()> {
             new.stderr()
         );
     }
-    let control_pin = opts
-        .pin_dir
-        .join(names::PIN_MAPS_SUBDIR)
-        .join(names::MAP_CONTROL);
     ensure!(
         pinned_u32(&control_pin, control::SLOT_OBJECT_LO)? == ours,
         "the new datapath does not carry its own fingerprint"
