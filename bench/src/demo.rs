@@ -247,6 +247,7 @@ mod tests {
     fn the_demo_says_when_it_allowed_an_unguarded_datapath() {
         let mut probe = testbed::KernelProbe {
             read_guard: false,
+            read_guard_runs_as: "none".to_owned(),
             read_hook: "tracepoint".to_owned(),
             bypass_by_default: false,
             kernel_checks: Vec::new(),

@@ -1,9 +1,9 @@
 //! `probe`: what this kernel gives the datapath, found as `run` finds it, printed
 //! without attaching anything.
 
-use bypass_common::names::READ_HOOKS;
 /// What `probe` prints.
 pub use bypass_common::status::KernelProbe as Probe;
+use bypass_common::{layout::features, names::READ_HOOKS};
 
 use crate::{
     cli::ProbeOpts,
@@ -30,8 +30,15 @@ fn from_facts(facts: &HostFacts, checks: &kernel_check::Verdict) -> Probe {
     let refusal = checks
         .refusal(&datapath::kernel_release(), false)
         .or_else(|| (!read_guard).then(|| datapath::REFUSED_UNGUARDED.to_owned()));
+    let bits = checks.features & features::GUARD_ATTACH;
     Probe {
         read_guard,
+        read_guard_runs_as: match (read_guard, bits) {
+            (false, _) => "none",
+            (true, features::GUARD_LSM) => "lsm",
+            (true, _) => "fmod_ret",
+        }
+        .to_owned(),
         read_hook: if facts.hooks.read == READ_HOOKS.as_slice() {
             "tracepoint"
         } else {
@@ -52,6 +59,7 @@ pub fn probe(opts: &ProbeOpts) -> Result<(), AgentError> {
         return crate::print_json(&found, "the probe");
     }
     println!("read guard:        {}", yes_no(found.read_guard));
+    println!("read guard runs as: {}", found.read_guard_runs_as);
     println!("reads seen by:     {}", found.read_hook);
     println!("FIONREAD compensation: {}", found.fionread_compensation);
     for c in &found.kernel_checks {

@@ -73,7 +73,13 @@ fn report(
         max_queued_bytes: max_queued,
         small_stream_bytes: view.control.small_stream()?,
         kernel: crate::datapath::kernel_release(),
-        features: Features::from_checks(checks, view.sockopt_pinned, view.guard_pinned, max_queued),
+        features: Features::from_checks(
+            checks,
+            view.sockopt_pinned,
+            view.guard_pinned,
+            view.control.features()?,
+            max_queued,
+        ),
         kernel_checks: KernelCheck::list(checks),
         queue_bound_off: queue_bound_off_reason(max_queued).map(str::to_owned),
         refused: view
@@ -241,6 +247,7 @@ mod tests {
                 ),
                 true,
                 true,
+                bypass_common::layout::features::GUARD_LSM,
                 4 << 20,
             ),
             kernel_checks: KernelCheck::list(bypass_common::checks::Results::default().with(

@@ -433,9 +433,19 @@ pub mod features {
     /// its later fix: it answers with the ingress queue alone), and the FIONREAD
     /// compensation adds them (`tcp_inq`).
     pub const FIONREAD_ADD_TCP: u32 = 2;
-    /// Recorded for `status`: the read guard runs (fmod_ret programs on the kernel's
-    /// `security_*` functions).
+    /// Recorded for `status`: the read guard's checks run as fmod_ret programs on the
+    /// kernel's `security_*` functions, where the kernel self-test saw no BPF LSM program
+    /// run. The kernel skips a tracing program on a CPU where a preempted task is still
+    /// inside it (kernel/bpf/trampoline.c, `__bpf_prog_enter_recur`), which a
+    /// preemptible kernel (Linux 7's default, `PREEMPT_LAZY`) lets happen: a check on
+    /// every read(2) of the node can be skipped for a splice (docs/limitations.md).
     pub const GUARD_FMOD_RET: u32 = 16;
+    /// Recorded for `status`: the read guard's checks run as BPF LSM programs, which the
+    /// kernel runs on every call (no recursion check: include/linux/bpf_verifier.h,
+    /// `bpf_prog_check_recur`), where the kernel self-test saw them refuse.
+    pub const GUARD_LSM: u32 = 512;
+    /// The bits that say how the read guard's checks run (one at most).
+    pub const GUARD_ATTACH: u32 = GUARD_FMOD_RET | GUARD_LSM;
     /// Recorded for `status` and the agent: no read guard on this kernel (it refuses
     /// BPF trampoline programs); a process seen splicing gets no redirected bytes from
     /// its next read on, but a socket read with recv and then spliced while redirected

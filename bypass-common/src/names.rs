@@ -288,6 +288,17 @@ pub const FIONREAD_HOOKS: [Hook; 2] = [
     },
 ];
 
+/// Every tracing program's hook, of every kind a load may attach (a program may appear
+/// under more than one: the FIONREAD compensation's two candidate functions).
+pub fn all_hooks() -> impl Iterator<Item = &'static Hook> {
+    READ_HOOKS
+        .iter()
+        .chain(&READ_TRAMPOLINE_HOOKS)
+        .chain(&GUARD_HOOKS)
+        .chain(&WATCH_HOOKS)
+        .chain(&FIONREAD_HOOKS)
+}
+
 /// Default pin directory on bpffs.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/bypass";
 /// Sub-directory of the pin directory that holds the maps.

@@ -46,13 +46,13 @@ macro_rules! reported {
     (@flags
         $(#[$meta:meta])*
         pub struct $name:ident {
-            $( $(#[doc = $doc:expr])* pub $field:ident: bool, )*
+            $( $(#[doc = $doc:expr])* $(#[serde($($serde:tt)*)])* pub $field:ident: bool, )*
         }
     ) => {
         reported! {
             $(#[$meta])*
             pub struct $name {
-                $( $(#[doc = $doc])* pub $field: bool, )*
+                $( $(#[doc = $doc])* $(#[serde($($serde)*)])* pub $field: bool, )*
             }
         }
 
@@ -279,9 +279,15 @@ reported! {
         /// Bytes are read in the order they were sent: a direction goes back from TCP to
         /// redirects only once its peer has read every TCP byte with no reader inside.
         pub order: bool,
-        /// The read guard is attached: a splice or zero-copy receive never misses a
-        /// redirected byte.
+        /// The read guard is attached: a splice or zero-copy receive of a bypassed socket
+        /// is refused while redirected bytes wait for it (see `read_guard_lsm` for the
+        /// checks the kernel may skip).
         pub read_guard: bool,
+        /// The read guard's checks run as BPF LSM programs, which the kernel runs on every
+        /// call; false with the guard on: as fmod_ret programs (the BPF LSM does not run
+        /// on this kernel), which a preemptible kernel can skip (docs/limitations.md).
+        #[serde(default)]
+        pub read_guard_lsm: bool,
         /// FIONREAD (`ioctl(SIOCINQ)`) counts every byte waiting, redirected and by TCP, as
         /// the kernel self-test saw it (`fionread_*` in `kernel_checks`), natively or
         /// through the agent's FIONREAD compensation.
@@ -291,11 +297,13 @@ reported! {
 
 impl Features {
     /// From the kernel self-test's results, whether the setsockopt hook and the read
-    /// guard are attached, and the bound in force.
+    /// guard are attached, the feature bits the datapath was loaded with
+    /// (`crate::layout::features`), and the bound in force.
     pub fn from_checks(
         checks: crate::checks::Results,
         sockopt_hook: bool,
         read_guard: bool,
+        bits: u32,
         max_queued: u32,
     ) -> Self {
         Self {
@@ -304,6 +312,7 @@ impl Features {
             ulp_guard: sockopt_hook,
             order: true,
             read_guard,
+            read_guard_lsm: read_guard && bits & crate::layout::features::GUARD_LSM != 0,
             fionread: checks.all_passed(&crate::checks::FIONREAD),
         }
     }
@@ -344,6 +353,11 @@ pub struct KernelProbe {
     /// Whether splice and zero-copy receive of a bypassed socket are guarded (the
     /// kernel runs BPF trampolines).
     pub read_guard: bool,
+    /// How the read guard's checks run, as the self-test found they refuse: `lsm` (BPF
+    /// LSM programs, run on every call), `fmod_ret` (the BPF LSM does not run here; a
+    /// preemptible kernel can skip one), or `none`.
+    #[serde(default)]
+    pub read_guard_runs_as: String,
     /// How a bypassed socket's reads are seen: `tracepoint` (sock_recv_length) or
     /// `trampolines` (tcp_bpf_recvmsg's entry and return).
     pub read_hook: String,

@@ -11,11 +11,14 @@
 //!
 //! The decision is made where the call starts (`do_splice`, which splice(2) and
 //! io_uring's splice call; `vm_mmap_pgoff`, which mmap(2) calls), by programs that may
-//! read the socket's storage, and kept for the calling thread until the call returns.
-//! The call's permission check (`security_file_permission`, `security_mmap_file`)
-//! applies it: an fmod_ret program there may not read socket storage, and since Linux
-//! 6.8 `do_splice` checks before it reaches `splice_file_to_pipe`. The same check is
-//! every `read(2)`'s: only the file and thread a decision names are refused.
+//! read the socket's storage, and kept for the calling thread until the call returns or
+//! its permission check refused it. The call's permission check (`file_permission`,
+//! `mmap_file`) applies it, as a BPF LSM program where the BPF LSM is active (the
+//! kernel runs those on every call) or else as an fmod_ret program on the `security_*`
+//! function, which may not read socket storage (and which the kernel skips on a CPU
+//! where a preempted task is inside it: docs/limitations.md); since Linux 6.8
+//! `do_splice` checks before it reaches `splice_file_to_pipe`. The same check is every
+//! `read(2)`'s: only the file and thread a decision names are refused.
 
 use core::{
     ffi::c_void,
@@ -148,41 +151,42 @@ fn wants_guard(size: i32, flags: i32) -> bool {
     flags & (MSG_OOB | MSG_TRUNC) != 0 && flags & MSG_ERRQUEUE == 0 && size > 0
 }
 
+// The three checks below run as BPF LSM programs where the BPF LSM is active, else as
+// fmod_ret programs on the `security_*` functions. Either way the trampoline runs no
+// later program once one refused (arch_prepare_bpf_trampoline: the fmod_ret and int LSM
+// hook programs), so what earlier programs decided is 0 whenever one of these runs, and
+// is not read (its index differs too: the LSM hook mmap_file takes `reqprot` beside
+// security_mmap_file's arguments). Each returns 0 or a constant errno: the verifier
+// checks that a BPF LSM program returns within [-4095, 0], and before Linux 6.17 cannot
+// follow a range through a negation.
+
 #[lsm(hook = "socket_recvmsg")]
 pub fn bypass_recv_guard(ctx: LsmContext) -> i32 {
     // int security_socket_recvmsg(struct socket *sock, struct msghdr *msg, int size,
-    // int flags), then what earlier programs on the function decided.
+    // int flags).
     let sock: *const u8 = ctx.arg(0);
     let (size, flags): (i32, i32) = (ctx.arg(2), ctx.arg(3));
-    let earlier: i32 = ctx.arg(4);
-    if earlier != 0 || !wants_guard(size, flags) {
-        return earlier;
+    if !wants_guard(size, flags) {
+        return 0;
     }
     apply_to(sock as u64)
 }
 
 #[lsm(hook = "file_permission")]
 pub fn bypass_read_guard(ctx: LsmContext) -> i32 {
-    // int security_file_permission(struct file *file, int mask), then what earlier
-    // programs on the function decided (the trampoline stops at the first refusal).
+    // int security_file_permission(struct file *file, int mask).
     let f: *mut file = ctx.arg(0);
     let mask: i32 = ctx.arg(1);
-    let earlier: i32 = ctx.arg(2);
-    if earlier != 0 || mask & MAY_READ == 0 {
-        return earlier;
+    if mask & MAY_READ == 0 {
+        return 0;
     }
     apply(f)
 }
 
 #[lsm(hook = "mmap_file")]
 pub fn bypass_mmap_guard(ctx: LsmContext) -> i32 {
-    // int security_mmap_file(struct file *file, unsigned long prot, unsigned long
-    // flags), then what earlier programs decided.
+    // int security_mmap_file(struct file *file, unsigned long prot, unsigned long flags).
     let f: *mut file = ctx.arg(0);
-    let earlier: i32 = ctx.arg(3);
-    if earlier != 0 {
-        return earlier;
-    }
     apply(f)
 }
 
@@ -257,6 +261,9 @@ fn decide_recv(sock: *const u8, flags: i32) {
 /// are unread or on their way, that this thread's call must fail with `err`.
 #[inline(always)]
 fn decide(f: *mut file, bit: u64, err: i32) {
+    // A decision of this thread left by a call whose return was missed never applies to
+    // this one.
+    forget();
     if !kernel::hooks_active() {
         return;
     }
@@ -297,6 +304,12 @@ fn forget() {
     if !guarding() || !kernel::hooks_active() {
         return;
     }
+    drop_decision();
+}
+
+/// This thread's decision, if any, goes.
+#[inline(always)]
+fn drop_decision() {
     if BYPASS_VERDICTS.remove(&thread()).is_ok()
         && let Some(n) = BYPASS_GUARDING.get_ptr_mut(0)
     {
@@ -330,10 +343,31 @@ fn apply_to(id: u64) -> i32 {
         Some(v) if unsafe { (*v).file } == id => {
             stats::add(Stat::ReadsRefused, 1);
             // SAFETY: as above.
-            -unsafe { (*v).err }
+            let err = unsafe { (*v).err };
+            // One call, one refusal: the decision goes with it, so one whose call's return
+            // program the kernel skipped never refuses a later read(2) of the same file
+            // by this thread.
+            drop_decision();
+            refusal(err)
         }
         _ => 0,
     }
+}
+
+/// The return value refusing with `err` (one of the errnos a decision records), as a
+/// constant on every path.
+#[inline(always)]
+fn refusal(err: i32) -> i32 {
+    if err == ENODEV {
+        return -ENODEV;
+    }
+    if err == EOPNOTSUPP {
+        return -EOPNOTSUPP;
+    }
+    if err == EAGAIN {
+        return -EAGAIN;
+    }
+    -EINVAL
 }
 
 /// Records that the socket with `state` reads only its TCP queue (`bit`); whether the

@@ -1,9 +1,9 @@
-//! The read guard's two programs as fmod_ret programs on the kernel's
-//! `security_file_permission` and `security_mmap_file`: they can refuse the call, and
-//! unlike BPF LSM programs they run whether or not the BPF LSM is active (the verifier
-//! allows fmod_ret on any `security_*` function: kernel/bpf/verifier.c,
-//! check_attach_modify_return). aya 0.14 loads no fmod_ret program, so they are loaded
-//! here: the object's program (declared as an LSM program, whose context is the same:
+//! The read guard's checks as BPF LSM programs on the kernel's `bpf_lsm_*` hooks where
+//! the BPF LSM runs (the kernel runs them on every call), else as fmod_ret programs on
+//! its `security_*` functions, which run whether or not the BPF LSM is active (the
+//! verifier allows fmod_ret on any `security_*` function: kernel/bpf/verifier.c,
+//! check_attach_modify_return) but are skipped on a CPU where a preempted task is inside
+//! them. aya 0.14 loads no fmod_ret program, so both are loaded here: the object's program (declared as an LSM program, whose context is the same:
 //! the hook's arguments, then the return value so far) is taken from aya's own object
 //! parser, relocated against the maps aya created for this load, and loaded and
 //! attached with bpf(2) (include/uapi/linux/bpf.h). Its link is pinned like the others.
@@ -24,6 +24,9 @@ use crate::error::AgentError;
 
 /// `BPF_MODIFY_RETURN`.
 const BPF_MODIFY_RETURN: u32 = 26;
+/// `BPF_LSM_MAC` and `BPF_PROG_TYPE_LSM`.
+const BPF_LSM_MAC: u32 = 27;
+const BPF_PROG_TYPE_LSM: u32 = 29;
 /// Room for the verifier's log when a load fails.
 const LOG_SIZE: usize = 1 << 20;
 
@@ -104,7 +107,16 @@ fn relocated(ebpf: &Ebpf, name: &str) -> Result<Vec<bpf_insn>, AgentError> {
     Ok(function.instructions.clone())
 }
 
-/// Loads program `name` as fmod_ret on the kernel function whose BTF id is `btf_id`
+/// How a read guard's check is attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum As {
+    /// fmod_ret on the kernel's `security_*` function.
+    FmodRet,
+    /// A BPF LSM program on the kernel's `bpf_lsm_*` hook.
+    Lsm,
+}
+
+/// Loads program `name` as `how` says on the kernel function whose BTF id is `btf_id`
 /// (`target` names it in errors) and attaches it: the link, which detaches it when
 /// closed unless pinned.
 pub fn attach(
@@ -112,31 +124,45 @@ pub fn attach(
     name: &str,
     target: &str,
     btf_id: u32,
+    how: As,
 ) -> Result<std::os::fd::OwnedFd, AgentError> {
     let insns = relocated(ebpf, name)?;
-    let mut log = vec![0u8; LOG_SIZE];
-    let mut attr = rawbpf::tracing_prog(&insns, c"GPL", BPF_MODIFY_RETURN, btf_id);
-    // prog_load, beside the tracing program's fields: log_level (24), log_size (28),
-    // log_buf (32), prog_name (48).
+    let mut attr = match how {
+        As::FmodRet => rawbpf::tracing_prog(&insns, c"GPL", BPF_MODIFY_RETURN, btf_id),
+        As::Lsm => rawbpf::btf_prog(BPF_PROG_TYPE_LSM, &insns, c"GPL", BPF_LSM_MAC, btf_id),
+    };
+    // prog_load, beside the program's fields: prog_name (48).
     let short: Vec<u8> = name.bytes().take(15).collect();
-    attr.u32(24, 1)
-        .u32(28, LOG_SIZE as u32)
-        .u64(32, log.as_mut_ptr() as u64)
-        .bytes(48, &short);
-    let action = || format!("load {name} as fmod_ret on the kernel's {target}");
-    let prog = bpf_fd(BPF_PROG_LOAD, &mut attr).map_err(|source| {
-        let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
-        let text = String::from_utf8_lossy(&log[..end]).into_owned();
-        if text.trim().is_empty() {
-            AgentError::bpf(action(), source)
-        } else {
-            AgentError::Verifier {
-                action: action(),
-                source,
-                log: text,
+    attr.bytes(48, &short);
+    let action = || format!("load {name} as {how:?} on the kernel's {target}");
+    // Without a log first: a log that overflows its buffer fails the load by itself
+    // (ENOSPC). Again with one only to say why a load failed.
+    let prog = match bpf_fd(BPF_PROG_LOAD, &mut attr) {
+        Ok(prog) => prog,
+        Err(first) => {
+            let mut log = vec![0u8; LOG_SIZE];
+            // log_level (24), log_size (28), log_buf (32).
+            attr.u32(24, 1)
+                .u32(28, LOG_SIZE as u32)
+                .u64(32, log.as_mut_ptr() as u64);
+            match bpf_fd(BPF_PROG_LOAD, &mut attr) {
+                Ok(prog) => prog,
+                Err(source) => {
+                    let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+                    let text = String::from_utf8_lossy(&log[..end]).into_owned();
+                    return Err(if text.trim().is_empty() {
+                        AgentError::bpf(action(), first)
+                    } else {
+                        AgentError::Verifier {
+                            action: action(),
+                            source,
+                            log: text,
+                        }
+                    });
+                }
             }
         }
-    })?;
+    };
     // raw_tracepoint: name (0, none: the attach point was given at load), prog_fd (8).
     let mut attr = Attr::zeroed();
     attr.u32(8, prog.as_raw_fd() as u32);

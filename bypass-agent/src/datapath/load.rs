@@ -137,7 +137,7 @@ fn load_with(
     // act on inserted sockets only.
     let btfs = Btfs::read()?;
     for hook in facts.hooks.all() {
-        match attach_hook(&mut ebpf, &btfs, *hook) {
+        match attach_hook(&mut ebpf, &btfs, *hook, facts.features) {
             Ok(link) => link.pin(&pins.link(hook.program))?,
             // The splice watch (kernels without a read guard, `--allow-unguarded`) is a
             // best effort: without it, splicers are not learned, which is what
@@ -445,11 +445,14 @@ fn load_and_pin(ebpf: &mut Ebpf, pins: &PinLayout, name: &str) -> Result<(), Age
     }
 }
 
-/// Loads the tracing program of `hook` and attaches it to its kernel function.
+/// Loads the tracing program of `hook` and attaches it to its kernel function: a read
+/// guard's check as a BPF LSM program where the feature `bits` say the guard runs so
+/// ([`features::GUARD_LSM`]), else as fmod_ret.
 pub(super) fn attach_hook(
     ebpf: &mut Ebpf,
     btfs: &Btfs,
     hook: Hook,
+    bits: u32,
 ) -> Result<HookLink, AgentError> {
     let name = hook.program;
     let btf = &btfs.aya;
@@ -470,14 +473,20 @@ pub(super) fn attach_hook(
             p.take_link(id).map_err(load_err)?.into()
         }
         HookKind::Guard => {
+            let (how, target) = if bits & features::GUARD_LSM != 0 {
+                let hook_name = hook.target.strip_prefix("security_").unwrap_or(hook.target);
+                (super::fmodret::As::Lsm, format!("bpf_lsm_{hook_name}"))
+            } else {
+                (super::fmodret::As::FmodRet, hook.target.to_owned())
+            };
             let id = btfs
                 .kernel
-                .type_id(super::btf::KIND_FUNC, hook.target)
+                .type_id(super::btf::KIND_FUNC, &target)
                 .ok_or_else(|| AgentError::KernelSupport {
                     what: "show its security functions in BTF for the read guard",
-                    source: format!("no function {} in the kernel's BTF", hook.target).into(),
+                    source: format!("no function {target} in the kernel's BTF").into(),
                 })?;
-            return super::fmodret::attach(ebpf, name, hook.target, id).map(HookLink::Raw);
+            return super::fmodret::attach(ebpf, name, &target, id, how).map(HookLink::Raw);
         }
         HookKind::TracePoint => {
             let p: &mut BtfTracePoint = program(ebpf, name)?;

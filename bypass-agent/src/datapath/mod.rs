@@ -362,7 +362,8 @@ impl Datapath {
         crate::status::Features::from_checks(
             self.checks.results,
             self.sockopt_link.is_some(),
-            bits & bypass_common::layout::features::GUARD_FMOD_RET != 0,
+            bits & bypass_common::layout::features::GUARD_ATTACH != 0,
+            bits,
             self.control.max_queued().unwrap_or(0),
         )
     }

@@ -84,14 +84,8 @@ mod tests {
             section(names::PROG_SOCKOPT),
             S::CgroupSockopt { .. }
         ));
-        let hooks = names::READ_HOOKS
-            .iter()
-            .chain(&names::READ_TRAMPOLINE_HOOKS)
-            .chain(&names::GUARD_HOOKS)
-            .chain(&names::WATCH_HOOKS)
-            .chain(&names::FIONREAD_HOOKS);
         let mut hooked = Vec::new();
-        for hook in hooks {
+        for hook in names::all_hooks() {
             let s = section(hook.program);
             let fits = match hook.kind {
                 HookKind::Entry => matches!(s, S::FEntry { .. }),

@@ -14,9 +14,10 @@ use crate::error::AgentError;
 /// kept from missing a redirected byte on this kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReadGuard {
-    /// The read guard: fmod_ret programs on the kernel's security functions refuse a
-    /// splice or a mapping of a bypassed socket while bytes redirected to it are unread
-    /// (kernels that run BPF trampolines).
+    /// The read guard: programs on the kernel's security functions (BPF LSM programs,
+    /// or fmod_ret where the BPF LSM does not run) refuse a splice or a mapping of a
+    /// bypassed socket while bytes redirected to it are unread (kernels that run BPF
+    /// trampolines).
     Guard,
     /// No guard can run (the kernel refuses BPF trampolines): a process seen splicing
     /// gets no redirected bytes from its next read on, but a socket that splices while
@@ -100,7 +101,9 @@ impl HostFacts {
         let hooks = detect_hooks()?;
         let mut f = 0;
         f |= match hooks.guard {
-            ReadGuard::Guard => features::GUARD_FMOD_RET,
+            // Tried first; the kernel self-test falls back to fmod_ret where no BPF LSM
+            // program runs (kernel_check).
+            ReadGuard::Guard => features::GUARD_LSM,
             ReadGuard::Watch => features::NO_READ_GUARD,
         };
         if tcp_peek_off() {
@@ -114,9 +117,14 @@ impl HostFacts {
         })
     }
 
-    /// These facts with what the kernel self-test found: its feature bits, and the
-    /// FIONREAD compensation's hook where it runs.
+    /// These facts with what the kernel self-test found: its feature bits (how the read
+    /// guard's checks run among them), and the FIONREAD compensation's hook where it
+    /// runs.
     pub fn with_checks(mut self, verdict: &super::kernel_check::Verdict) -> Self {
+        if verdict.features & features::GUARD_ATTACH != 0 {
+            // How the read guard's checks run, as the self-test found they refuse.
+            self.features &= !features::GUARD_ATTACH;
+        }
         self.features |= verdict.features;
         let compensated =
             verdict.features & (features::FIONREAD_ADD_TCP | features::FIONREAD_ADD_INGRESS) != 0;
@@ -158,9 +166,9 @@ pub(super) fn read_hook_in_btf(b: &btf::Btf) -> bool {
 }
 
 /// Which tracing programs this kernel runs: where BPF trampolines load, the entry and
-/// return of `tcp_bpf_recvmsg` and the read guard (fmod_ret on `security_*`
-/// functions: no BPF LSM needed); elsewhere the `sock_recv_length` tracepoint and the
-/// splice watch.
+/// return of `tcp_bpf_recvmsg` and the read guard (BPF LSM programs, or fmod_ret on
+/// `security_*` functions where the BPF LSM does not run); elsewhere the
+/// `sock_recv_length` tracepoint and the splice watch.
 fn detect_hooks() -> Result<Hooks, AgentError> {
     let b = btf::Btf::vmlinux().map_err(|e| AgentError::KernelSupport {
         what: "describe its functions for the tracing programs (BTF)",

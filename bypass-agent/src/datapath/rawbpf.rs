@@ -5,7 +5,7 @@
 
 use std::{
     ffi::{CStr, CString},
-    os::fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
+    os::fd::{AsFd as _, AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
     path::Path,
 };
 
@@ -71,11 +71,23 @@ pub fn bpf_fd(cmd: libc::c_long, attr: &mut Attr) -> std::io::Result<OwnedFd> {
 /// an 8-byte `struct bpf_insn`) under `license`, attached as `attach_type` to the
 /// kernel function whose BTF id is `btf_id`. Both slices must outlive the load.
 pub fn tracing_prog<I>(insns: &[I], license: &CStr, attach_type: u32, btf_id: u32) -> Attr {
+    btf_prog(BPF_PROG_TYPE_TRACING, insns, license, attach_type, btf_id)
+}
+
+/// [`tracing_prog`] for a program of type `prog_type` (`BPF_PROG_TYPE_LSM`: attached as
+/// `BPF_LSM_MAC` to the kernel's `bpf_lsm_<hook>` whose BTF id is `btf_id`).
+pub fn btf_prog<I>(
+    prog_type: u32,
+    insns: &[I],
+    license: &CStr,
+    attach_type: u32,
+    btf_id: u32,
+) -> Attr {
     const { assert!(size_of::<I>() == 8, "a BPF instruction is 8 bytes") };
     let mut attr = Attr::zeroed();
     // prog_load: prog_type (0), insn_cnt (4), insns (8), license (16), ...,
     // expected_attach_type (68), attach_btf_id (108).
-    attr.u32(0, BPF_PROG_TYPE_TRACING)
+    attr.u32(0, prog_type)
         .u32(4, insns.len() as u32)
         .u64(8, insns.as_ptr() as u64)
         .u64(16, license.as_ptr() as u64)
@@ -118,4 +130,41 @@ pub fn link_update(link: BorrowedFd<'_>, new: BorrowedFd<'_>) -> std::io::Result
     attr.u32(0, link.as_raw_fd() as u32)
         .u32(4, new.as_raw_fd() as u32);
     bpf(BPF_LINK_UPDATE, &mut attr).map(drop)
+}
+
+/// `BPF_PROG_GET_FD_BY_ID`.
+const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
+/// `BPF_OBJ_GET_INFO_BY_FD`.
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+
+/// Fills `info` (a `struct bpf_link_info` or `struct bpf_prog_info`, or its head: the
+/// kernel writes what fits) with what the kernel says of the object `fd`.
+fn obj_info(fd: BorrowedFd<'_>, info: &mut [u8]) -> std::io::Result<()> {
+    // info: bpf_fd (0), info_len (4), info (8).
+    let mut attr = Attr::zeroed();
+    attr.u32(0, fd.as_raw_fd() as u32)
+        .u32(4, info.len() as u32)
+        .u64(8, info.as_mut_ptr() as u64);
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr).map(drop)
+}
+
+/// How many runs of the program the link pinned at `path` runs the kernel skipped
+/// because that program was already running on the CPU (`bpf_prog_info`'s
+/// `recursion_misses`, Linux 5.12: a task preempted inside a tracing program, or an
+/// interrupt that reaches it again).
+pub fn skipped_runs(path: &Path) -> std::io::Result<u64> {
+    let link = obj_get(path)?;
+    // bpf_link_info: type (0), id (4), prog_id (8).
+    let mut head = [0u8; 12];
+    obj_info(link.as_fd(), &mut head)?;
+    let prog_id = u32::from_ne_bytes([head[8], head[9], head[10], head[11]]);
+    let mut attr = Attr::zeroed();
+    attr.u32(0, prog_id);
+    let prog = bpf_fd(BPF_PROG_GET_FD_BY_ID, &mut attr)?;
+    let at = std::mem::offset_of!(aya_obj::generated::bpf_prog_info, recursion_misses);
+    let mut info = [0u8; size_of::<aya_obj::generated::bpf_prog_info>()];
+    obj_info(prog.as_fd(), &mut info)?;
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&info[at..at + 8]);
+    Ok(u64::from_ne_bytes(word))
 }

@@ -214,6 +214,15 @@ fn encode_report(enc: &mut DescriptorEncoder, reading: &Reading) -> Result<(), s
             ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
         }
     }
+    let mut family = enc.encode_descriptor(
+        "bypass_program_skipped_runs",
+        "Runs of a tracing program the kernel skipped because it was already running on the CPU (a task preempted inside it): a skipped read guard check can let a splice miss redirected bytes (docs/limitations.md)",
+        None,
+        MetricType::Counter,
+    )?;
+    for (program, n) in &reading.view.skipped_runs {
+        ConstCounter::new(*n).encode(family.encode_family(&[("program", *program)])?)?;
+    }
     labeled_gauges(
         enc,
         "bypass_kernel_info",

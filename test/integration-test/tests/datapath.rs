@@ -155,6 +155,94 @@ fn thousand_short_connections_send_at_once() -> Result<()> {
     Ok(())
 }
 
+/// The pods' agent options with `/metrics` served on a free loopback port, and the port.
+fn with_metrics(pods: &TwoPods) -> Result<(AgentOpts, u16)> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let opts = AgentOpts {
+        extra_args: vec!["--metrics-addr".into(), format!("127.0.0.1:{port}")],
+        ..pods.agent_opts()
+    };
+    Ok((opts, port))
+}
+
+/// Where the read guard runs, its checks run as BPF LSM programs wherever the kernel's
+/// BPF LSM is active (the kernel's own list of active LSMs says so), which the kernel
+/// runs on every call; as fmod_ret programs, which a preemptible kernel skips on a CPU
+/// where a preempted task is inside them, only where it is not. `status`, `probe` and
+/// the programs the pinned links run agree, and `/metrics` shows the runs the kernel
+/// skipped of every tracing program pinned (none of an LSM program).
+#[test]
+fn read_guard_checks_run_as_lsm_where_the_bpf_lsm_runs() -> Result<()> {
+    privileged!();
+    let pods = TwoPods::new()?;
+    let (opts, port) = with_metrics(&pods)?;
+    let agent = Agent::start(&opts)?;
+    let links = testbed::bpf::pinned_link_programs(
+        &opts.pin_dir.join(bypass_common::names::PIN_LINKS_SUBDIR),
+    )?;
+    let tracing: Vec<&str> = bypass_common::names::all_hooks()
+        .map(|h| h.program)
+        .filter(|p| links.contains_key(*p))
+        .collect();
+    ensure!(!tracing.is_empty(), "no tracing program pinned: {links:?}");
+    for program in &tracing {
+        let series = format!("bypass_program_skipped_runs_total{{program=\"{program}\"}}");
+        testbed::agent::metric(port, &series)?;
+    }
+    let status = agent.stats()?;
+    let probe = testbed::kernel_probe()?;
+    if !probe.read_guard {
+        ensure!(
+            !status.features.read_guard_lsm && probe.read_guard_runs_as == "none",
+            "no read guard, yet status says read_guard_lsm {} and probe {}",
+            status.features.read_guard_lsm,
+            probe.read_guard_runs_as
+        );
+        return Ok(());
+    }
+    let lsm = testbed::bpf::bpf_lsm_active()?;
+    let (name, prog_type) = if lsm {
+        ("lsm", testbed::bpf::PROG_TYPE_LSM)
+    } else {
+        ("fmod_ret", testbed::bpf::PROG_TYPE_TRACING)
+    };
+    ensure!(
+        status.features.read_guard_lsm == lsm && probe.read_guard_runs_as == name,
+        "the BPF LSM active: {lsm}; status read_guard_lsm {}, probe {}; the agent logged:\n{}",
+        status.features.read_guard_lsm,
+        probe.read_guard_runs_as,
+        agent.stderr()
+    );
+    for hook in bypass_common::names::GUARD_HOOKS
+        .iter()
+        .filter(|h| h.kind == bypass_common::names::HookKind::Guard)
+    {
+        let id = *links
+            .get(hook.program)
+            .ok_or_else(|| anyhow::anyhow!("no pinned link for {} in {links:?}", hook.program))?;
+        let found = testbed::bpf::program_type(id)?;
+        ensure!(
+            found == prog_type,
+            "{} runs as a program of type {found}, not {prog_type} ({name})",
+            hook.program
+        );
+        if lsm {
+            let series = format!(
+                "bypass_program_skipped_runs_total{{program=\"{}\"}}",
+                hook.program
+            );
+            let skipped = testbed::agent::metric(port, &series)?;
+            ensure!(
+                skipped == 0.0,
+                "{series} is {skipped}: the kernel skipped an LSM program"
+            );
+        }
+    }
+    Ok(())
+}
+
 /// The kernel self-test's results are the same wherever they are shown: `status`, a
 /// fresh `probe` (the same kernel answers the same), `check`, and `/metrics`; every
 /// check of the catalogue is listed, the checks' own bytes were redirected, only the
@@ -164,13 +252,7 @@ fn thousand_short_connections_send_at_once() -> Result<()> {
 fn kernel_self_test_reported_everywhere() -> Result<()> {
     privileged!();
     let pods = TwoPods::new()?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let opts = AgentOpts {
-        extra_args: vec!["--metrics-addr".into(), format!("127.0.0.1:{port}")],
-        ..pods.agent_opts()
-    };
+    let (opts, port) = with_metrics(&pods)?;
     let agent = Agent::start(&opts)?;
     let status = agent.stats()?;
     let checks = &status.kernel_checks;

@@ -98,6 +98,12 @@ fn msg_waitall_returns_what_is_queued_known_difference() -> Result<()> {
 }
 
 #[test]
+fn splice_refused_however_busy_the_cpu() -> Result<()> {
+    privileged!();
+    reading::splice_refused_however_busy_the_cpu()
+}
+
+#[test]
 fn splice_read_guarded_or_known_difference() -> Result<()> {
     privileged!();
     reading::splice_read_guarded_or_known_difference()

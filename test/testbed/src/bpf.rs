@@ -129,3 +129,37 @@ pub fn pinned_link_programs(dir: &Path) -> Result<std::collections::BTreeMap<Str
     }
     Ok(programs)
 }
+
+/// `BPF_PROG_TYPE_TRACING` and `BPF_PROG_TYPE_LSM` (include/uapi/linux/bpf.h).
+pub const PROG_TYPE_TRACING: u32 = 26;
+pub const PROG_TYPE_LSM: u32 = 29;
+
+/// The type (`bpf_prog_type`) of the loaded program with id `id`.
+pub fn program_type(id: u32) -> Result<u32> {
+    for info in aya::programs::loaded_programs() {
+        let info = info.context("list the loaded BPF programs")?;
+        if info.id() == id {
+            return Ok(info.program_type() as u32);
+        }
+    }
+    anyhow::bail!("no loaded BPF program has id {id}")
+}
+
+/// Whether the kernel's BPF LSM is active, as the kernel lists its active LSMs
+/// (securityfs' `lsm`, mounted here for the read if it is not).
+pub fn bpf_lsm_active() -> Result<bool> {
+    let list = Path::new("/sys/kernel/security/lsm");
+    if !list.exists() {
+        mount(
+            Some("securityfs"),
+            "/sys/kernel/security",
+            Some("securityfs"),
+            MsFlags::empty(),
+            None::<&str>,
+        )
+        .context("mount securityfs at /sys/kernel/security to read the active LSMs")?;
+    }
+    let active =
+        std::fs::read_to_string(list).with_context(|| format!("read {}", list.display()))?;
+    Ok(active.trim().split(',').any(|l| l == "bpf"))
+}

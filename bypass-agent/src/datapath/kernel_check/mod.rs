@@ -54,7 +54,8 @@ pub struct Verdict {
     pub results: Results,
     /// The feature bits it adds to the load: the FIONREAD compensation's
     /// ([`features::FIONREAD_ADD_TCP`], [`features::FIONREAD_ADD_INGRESS`]), or
-    /// [`features::FIONREAD_WRONG`] where FIONREAD fails and no compensation could run.
+    /// [`features::FIONREAD_WRONG`] where FIONREAD fails and no compensation could run;
+    /// and how the read guard's checks run ([`features::GUARD_ATTACH`]), where one does.
     pub features: u32,
     /// What each failed check saw (catalogue index, what was seen).
     pub failures: Vec<(usize, String)>,
@@ -208,8 +209,10 @@ pub fn recorded(control: &super::maps::Control) -> Option<Verdict> {
     if !results.ran() {
         return None;
     }
-    let kept =
-        features::FIONREAD_ADD_TCP | features::FIONREAD_ADD_INGRESS | features::FIONREAD_WRONG;
+    let kept = features::FIONREAD_ADD_TCP
+        | features::FIONREAD_ADD_INGRESS
+        | features::FIONREAD_WRONG
+        | features::GUARD_ATTACH;
     let failures = (0..CHECKS.len())
         .filter(|&i| results.get(i) == Outcome::Failed)
         .map(|i| {
@@ -289,10 +292,53 @@ fn in_private_netns(facts: &HostFacts, fallback: &Path) -> Verdict {
         return Verdict::could_not_run(&e);
     }
     let cgroup = fs::own_cgroup2_dir().unwrap_or_else(|_| fallback.to_path_buf());
-    let first = match round(facts, 0, &cgroup) {
-        Ok(v) => v,
+    let (facts, first) = match guard_round(facts, &cgroup) {
+        Ok(chosen) => chosen,
         Err(e) => return Verdict::could_not_run(&e),
     };
+    let mut v = with_fionread(&facts, first, &cgroup);
+    v.features |= facts.features & features::GUARD_ATTACH;
+    v
+}
+
+/// The first round of checks, with the read guard's checks as BPF LSM programs where
+/// the facts say to try them, and again as fmod_ret if they did not load or did not
+/// refuse (a kernel whose BPF LSM is not active: booted without `bpf` in `lsm=`): the
+/// facts the round that answered ran with, and its verdict.
+fn guard_round(facts: &HostFacts, cgroup: &Path) -> Result<(HostFacts, Verdict), String> {
+    let lsm = round(facts, 0, cgroup);
+    if facts.features & features::GUARD_LSM == 0 {
+        return lsm.map(|v| (*facts, v));
+    }
+    let why = match &lsm {
+        Ok(v) if !checks::READ_GUARD.iter().any(|&i| v.failed(i)) => {
+            info!("the read guard's checks run as BPF LSM programs");
+            return lsm.map(|v| (*facts, v));
+        }
+        Ok(v) => v
+            .failures
+            .iter()
+            .filter(|(i, _)| checks::READ_GUARD.contains(i))
+            .map(|(i, s)| format!("{}: {s}", CHECKS[*i].name))
+            .collect::<Vec<_>>()
+            .join("; "),
+        // One line: a verifier's log ends with what it refused.
+        Err(e) => e.lines().rev().take(6).collect::<Vec<_>>().join(" | "),
+    };
+    let mut fmod_ret = *facts;
+    fmod_ret.features = (facts.features & !features::GUARD_ATTACH) | features::GUARD_FMOD_RET;
+    let second =
+        round(&fmod_ret, 0, cgroup).map_err(|e| format!("{e} (as BPF LSM programs: {why})"))?;
+    warn!(why = %why,
+        "the read guard's checks do not run as BPF LSM programs on this kernel: they run \
+         as fmod_ret programs, which a preemptible kernel can skip for a splice \
+         (docs/limitations.md#guard-programs-the-kernel-skips)");
+    Ok((fmod_ret, second))
+}
+
+/// The verdict of the first round, `first`, and where FIONREAD failed in it, of a round
+/// with the FIONREAD compensation.
+fn with_fionread(facts: &HostFacts, first: Verdict, cgroup: &Path) -> Verdict {
     let mode = fionread_mode(&first);
     if mode == 0 {
         return first;
@@ -304,7 +350,7 @@ fn in_private_netns(facts: &HostFacts, fallback: &Path) -> Verdict {
     } else if facts.hooks.guard != ReadGuard::Guard {
         Some("it needs BPF trampolines, which this kernel refuses".to_owned())
     } else {
-        match round(facts, mode, &cgroup) {
+        match round(facts, mode, cgroup) {
             Ok(second) if !checks::FIONREAD.iter().any(|&i| second.failed(i)) => {
                 return Verdict {
                     features: mode,
@@ -383,12 +429,12 @@ fn round(facts: &HostFacts, mode: u32, cgroup: &Path) -> Result<Verdict, String>
     let mut links = Vec::new();
     // The splice watch (a syscall tracepoint) is not the checks' business.
     for hook in facts.hooks.all().filter(|h| h.kind != HookKind::Syscall) {
-        links.push(load::attach_hook(&mut ebpf, &btfs, *hook).map_err(text)?);
+        links.push(load::attach_hook(&mut ebpf, &btfs, *hook, facts.features).map_err(text)?);
     }
     if mode != 0 {
         let hook = fionread_hook().ok_or("the kernel has neither sk_ioctl nor tcp_ioctl")?;
         links.push(
-            load::attach_hook(&mut ebpf, &btfs, *hook)
+            load::attach_hook(&mut ebpf, &btfs, *hook, facts.features)
                 .map_err(|e| format!("the FIONREAD compensation does not load: {}", text(e)))?,
         );
     }

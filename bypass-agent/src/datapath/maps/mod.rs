@@ -60,6 +60,8 @@ pub struct PinnedView {
     pub sockopt_pinned: bool,
     /// Whether the read guard's links are pinned and alive.
     pub guard_pinned: bool,
+    /// Each pinned tracing program's runs the kernel skipped ([`skipped_runs`]).
+    pub skipped_runs: Vec<(&'static str, u64)>,
     /// Pod address owners (absent from a datapath of an older build).
     pub owners: Option<OwnerMap>,
     /// Refusals per pod address (absent from a datapath of an older build).
@@ -111,6 +113,7 @@ impl PinnedView {
             guard_pinned: names::GUARD_HOOKS.iter().all(|h| {
                 aya::programs::links::PinnedLink::from_pin(layout.link(h.program)).is_ok()
             }),
+            skipped_runs: skipped_runs(layout),
             owners: open(names::MAP_NETNS_OWNERS)
                 .ok()
                 .and_then(|m| OwnerMap::new(m).ok()),
@@ -143,4 +146,21 @@ impl PinnedView {
         let links = self.pairings.links();
         Some(add_counts(closed, live_counts(&links)))
     }
+}
+
+/// Each tracing program whose link is pinned under `layout`, once, with how many of its
+/// runs the kernel skipped because it was already running on the CPU (a task preempted
+/// inside it: a preemptible kernel; see `features::GUARD_FMOD_RET`). A program whose
+/// count cannot be read is left out.
+pub fn skipped_runs(layout: &PinLayout) -> Vec<(&'static str, u64)> {
+    let mut out: Vec<(&'static str, u64)> = Vec::new();
+    for hook in names::all_hooks() {
+        if out.iter().any(|(p, _)| *p == hook.program) {
+            continue;
+        }
+        if let Ok(n) = super::rawbpf::skipped_runs(&layout.link(hook.program)) {
+            out.push((hook.program, n));
+        }
+    }
+    out
 }

@@ -269,6 +269,43 @@ pub fn splice_read_guarded_or_known_difference() -> Result<()> {
     unguarded_splice_misses_bytes(&bypass, 1 << 20)
 }
 
+/// A splice while redirected bytes wait is refused however busy its CPU: three threads
+/// on it read /dev/zero, so the read guard's check of every read(2) is often running in
+/// a task preempted inside it. The kernel skips a tracing program (fmod_ret) on a CPU
+/// where a preempted task is inside it, which a preemptible kernel (Linux 7's default)
+/// lets happen, and a splice let through reads the empty TCP queue; the guard's checks
+/// run as BPF LSM programs where the BPF LSM is active, which the kernel never skips
+/// (HAProxy with `splice-auto` lost stream tails on 7.3 so).
+pub fn splice_refused_however_busy_the_cpu() -> Result<()> {
+    let pods = two_pods()?;
+    let (tcp, bypass) = both(
+        &pods,
+        5491,
+        &["--case", "splice-contended", "--bytes", "64K"],
+    )?;
+    const BYTES: u64 = 64 << 10;
+    for run in [&tcp, &bypass] {
+        ensure!(
+            run.server["ok"] == true && num(&run.server, "received") == BYTES,
+            "{:?}",
+            run.server
+        );
+    }
+    if testbed::kernel_probe()?.read_guard {
+        ensure!(
+            redirected(&bypass) >= BYTES,
+            "the bytes did not wait in the ingress queue, so this shows nothing: {:?}",
+            bypass.grew
+        );
+        ensure!(
+            num(&bypass.server, "refused") == num(&bypass.server, "splices"),
+            "splices went through the read guard with redirected bytes waiting: {:?}",
+            bypass.server
+        );
+    }
+    Ok(())
+}
+
 /// No read guard (the agent runs with --allow-unguarded): splice(2) from a socket reads
 /// its TCP receive queue only (net/ipv4/tcp.c, tcp_splice_read): redirected bytes sit in
 /// the ingress queue it never looks at, and the FIN behind them, which came by TCP,

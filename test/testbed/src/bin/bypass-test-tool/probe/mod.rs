@@ -92,6 +92,10 @@ enum Case {
     /// The server half-closes, the client sends --bytes and closes, and the server,
     /// its socket closed with the bytes unread, reads with splice(2).
     SpliceAfterClose,
+    /// The client sends --bytes and half-closes; the server, once they and the FIN are
+    /// there, splices 20,000 times on CPU 0 beside three threads there reading
+    /// /dev/zero, then reads everything with read(2).
+    SpliceContended,
     /// Client: 16 KiB, --mark-file, once --go-file exists 32 KiB more and a half-close.
     /// Server: one splice once the 16 KiB are there, --go-file, one read once the FIN
     /// came, then the rest.
@@ -323,6 +327,7 @@ fn server(listen: SocketAddr, ready: Option<PathBuf>, c: &Common) -> Result<Valu
         Case::Urgent => urgent::server(s),
         Case::SpliceRecv => splice::recv_server(s),
         Case::SpliceAfterClose => splice::recv_after_close_server(s),
+        Case::SpliceContended => splice::contended_server(s),
         Case::SpliceSwitch => splice::switch_server(s, c),
         Case::Hold | Case::ConnectWrite => trust::hold_server(s, &c.steps()),
         Case::Forge => handshake::push_server(s, &c.steps()),
@@ -386,7 +391,7 @@ fn client(connect: SocketAddr, c: &Common) -> Result<Value> {
         Case::Duplex => duplex::run(s, c, Direction::ClientToServer),
         Case::Sendfile => sendfile::client(&s, c),
         Case::SpliceSend => splice::send_client(&s, c),
-        Case::SpliceRecv => splice::recv_client(s, c),
+        Case::SpliceRecv | Case::SpliceContended => splice::recv_client(s, c),
         Case::SpliceAfterClose => splice::recv_after_close_client(s, c),
         Case::SpliceSwitch => splice::switch_client(s, c),
         Case::Oob => oob::client(s),

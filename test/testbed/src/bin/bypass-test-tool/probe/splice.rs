@@ -147,6 +147,106 @@ pub fn recv_client(mut s: TcpStream, c: &Common) -> Result<Value> {
 
 /// `TCP_CLOSE` (include/net/tcp_states.h), as `tcp_info.tcpi_state` reports it.
 const TCP_CLOSE: u8 = 7;
+/// `TCP_CLOSE_WAIT`: the peer's FIN came.
+const TCP_CLOSE_WAIT: u8 = 8;
+
+/// How many splices splice-contended tries, and beside how many readers of /dev/zero.
+const CONTENDED_SPLICES: u32 = 20_000;
+const CONTENDED_READERS: usize = 3;
+
+/// The calling thread on CPU 0 only.
+fn on_cpu0() -> Result<()> {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(0).context("CPU 0 in a CPU set")?;
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
+        .context("sched_setaffinity(CPU 0)")
+}
+
+/// splice-contended's server: once every byte and the FIN are there (all redirected
+/// where the bypass runs: they wait in the ingress queue), splices
+/// [`CONTENDED_SPLICES`] times on CPU 0 while [`CONTENDED_READERS`] threads there read
+/// /dev/zero a byte at a time, so that the read guard's check of every read(2) on the
+/// CPU is often running in a task preempted inside it. Counts the splices refused
+/// (`EINVAL`: what the guard answers while redirected bytes wait) and those that went
+/// through empty (`EAGAIN`, or 0 at the FIN: they read the empty TCP queue); bytes a
+/// splice moved (plain TCP) are read from the pipe. Then read(2) reads the rest, and
+/// every byte is checked.
+pub fn contended_server(mut s: TcpStream) -> Result<Value> {
+    let deadline = Instant::now() + testbed::steps::NET;
+    while tcp_state(&s)? != TCP_CLOSE_WAIT {
+        if Instant::now() > deadline {
+            bail!("the client's FIN never came");
+        }
+        sleep_ms(5);
+    }
+    let (rp, wp) = pipe().context("pipe")?;
+    let mut v = Verifier::new(0, Direction::ClientToServer);
+    let mut buf = vec![0u8; 65536];
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (mut refused, mut went_through, mut spliced) = (0u32, 0u32, 0u64);
+    std::thread::scope(|scope| -> Result<()> {
+        let mut readers = Vec::new();
+        for _ in 0..CONTENDED_READERS {
+            readers.push(scope.spawn(|| -> Result<()> {
+                on_cpu0()?;
+                let mut zero = std::fs::File::open("/dev/zero").context("open /dev/zero")?;
+                let mut byte = [0u8; 1];
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    zero.read_exact(&mut byte).context("read /dev/zero")?;
+                }
+                Ok(())
+            }));
+        }
+        let splices = (|| -> Result<()> {
+            on_cpu0()?;
+            for _ in 0..CONTENDED_SPLICES {
+                match splice(&s, None, &wp, None, 65536, SpliceFFlags::SPLICE_F_NONBLOCK) {
+                    Err(Errno::EINVAL) => refused += 1,
+                    Ok(0) | Err(Errno::EAGAIN) => went_through += 1,
+                    Ok(n) => {
+                        spliced += n as u64;
+                        let mut left = n;
+                        while left > 0 {
+                            let r = read(&rp, &mut buf[..left.min(65536)])
+                                .map_err(std::io::Error::from)
+                                .context("read the pipe")?;
+                            if r == 0 {
+                                bail!("read the pipe: end of file");
+                            }
+                            v.feed(&buf[..r]);
+                            left -= r;
+                        }
+                    }
+                    Err(e) => return Err(std::io::Error::from(e)).context("splice"),
+                }
+            }
+            Ok(())
+        })();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for r in readers {
+            r.join()
+                .map_err(|_| anyhow::anyhow!("a reader of /dev/zero panicked"))??;
+        }
+        splices
+    })?;
+    loop {
+        let r = match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(r) => r,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e).context("read after the splices"),
+        };
+        v.feed(&buf[..r]);
+    }
+    Ok(json!({
+        "splices": CONTENDED_SPLICES,
+        "refused": refused,
+        "went_through": went_through,
+        "spliced": spliced,
+        "received": v.offset(),
+        "ok": v.first_mismatch().is_none(),
+    }))
+}
 
 /// splice-after-close's server: half-closes, waits until its socket has closed (the
 /// client's FIN after its bytes), then reads as splice-recv does.
