@@ -441,8 +441,9 @@ pub mod features {
     /// every read(2) of the node can be skipped for a splice (docs/limitations.md).
     pub const GUARD_FMOD_RET: u32 = 16;
     /// Recorded for `status`: the read guard's checks run as BPF LSM programs, which the
-    /// kernel runs on every call (no recursion check: include/linux/bpf_verifier.h,
-    /// `bpf_prog_check_recur`), where the kernel self-test saw them refuse.
+    /// kernel runs on every call from Linux 6.2 on (no recursion check:
+    /// include/linux/bpf_verifier.h, `bpf_prog_check_recur`), where the kernel self-test
+    /// saw them refuse.
     pub const GUARD_LSM: u32 = 512;
     /// The bits that say how the read guard's checks run (one at most).
     pub const GUARD_ATTACH: u32 = GUARD_FMOD_RET | GUARD_LSM;

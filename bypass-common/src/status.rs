@@ -284,8 +284,9 @@ reported! {
         /// checks the kernel may skip).
         pub read_guard: bool,
         /// The read guard's checks run as BPF LSM programs, which the kernel runs on every
-        /// call; false with the guard on: as fmod_ret programs (the BPF LSM does not run
-        /// on this kernel), which a preemptible kernel can skip (docs/limitations.md).
+        /// call from Linux 6.2 on; false with the guard on: as fmod_ret programs (the BPF
+        /// LSM does not run on this kernel), which a preemptible kernel can skip
+        /// (docs/limitations.md).
         #[serde(default)]
         pub read_guard_lsm: bool,
         /// FIONREAD (`ioctl(SIOCINQ)`) counts every byte waiting, redirected and by TCP, as
