@@ -13,12 +13,12 @@
 //! io_uring's splice call; `vm_mmap_pgoff`, which mmap(2) calls), by programs that may
 //! read the socket's storage, and kept for the calling thread until the call returns or
 //! its permission check refused it. The call's permission check (`file_permission`,
-//! `mmap_file`) applies it, as a BPF LSM program where the BPF LSM is active (the
-//! kernel runs those on every call) or else as an fmod_ret program on the `security_*`
-//! function, which may not read socket storage (and which the kernel skips on a CPU
-//! where a preempted task is inside it: docs/limitations.md); since Linux 6.8
-//! `do_splice` checks before it reaches `splice_file_to_pipe`. The same check is every
-//! `read(2)`'s: only the file and thread a decision names are refused.
+//! `mmap_file`) applies it, as a BPF LSM program where the BPF LSM is active (from
+//! Linux 6.2 on the kernel runs those on every call) or else as an fmod_ret program on
+//! the `security_*` function, which may not read socket storage (and which the kernel
+//! skips on a CPU where a preempted task is inside it: docs/limitations.md); since Linux
+//! 6.8 `do_splice` checks before it reaches `splice_file_to_pipe`. The same check is
+//! every `read(2)`'s: only the file and thread a decision names are refused.
 
 use core::{
     ffi::c_void,
@@ -286,8 +286,7 @@ fn record(id: u64, err: i32) {
         reserved: 0,
     };
     // One decision per thread: a thread is in one such call at a time (one left by a
-    // call whose return was missed is replaced; the count then stays one too high,
-    // which costs a lookup per check, nothing else).
+    // call whose return was missed was dropped by `forget` before this decision).
     if BYPASS_VERDICTS
         .insert(&thread(), &verdict, BPF_ANY.into())
         .is_ok()

@@ -1,12 +1,14 @@
 //! The read guard's checks as BPF LSM programs on the kernel's `bpf_lsm_*` hooks where
-//! the BPF LSM runs (the kernel runs them on every call), else as fmod_ret programs on
-//! its `security_*` functions, which run whether or not the BPF LSM is active (the
-//! verifier allows fmod_ret on any `security_*` function: kernel/bpf/verifier.c,
-//! check_attach_modify_return) but are skipped on a CPU where a preempted task is inside
-//! them. aya 0.14 loads no fmod_ret program, so both are loaded here: the object's program (declared as an LSM program, whose context is the same:
-//! the hook's arguments, then the return value so far) is taken from aya's own object
-//! parser, relocated against the maps aya created for this load, and loaded and
-//! attached with bpf(2) (include/uapi/linux/bpf.h). Its link is pinned like the others.
+//! the BPF LSM runs (from Linux 6.2 on the kernel runs them on every call), else as
+//! fmod_ret programs on its `security_*` functions, which run whether or not the BPF LSM
+//! is active (the verifier allows fmod_ret on any `security_*` function:
+//! kernel/bpf/verifier.c, check_attach_modify_return) but are skipped on a CPU where a
+//! preempted task is inside them. aya 0.14 loads no fmod_ret program, so both are loaded
+//! here, by one loader that gives the verifier's log when a load fails: the object's
+//! program (declared as an LSM program, whose context is the same: the hook's
+//! arguments, then the return value so far) is taken from aya's own object parser,
+//! relocated against the maps aya created for this load, and loaded and attached with
+//! bpf(2) (include/uapi/linux/bpf.h). Its link is pinned like the others.
 
 use std::{
     collections::HashSet,
