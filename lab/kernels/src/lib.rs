@@ -4,7 +4,7 @@
 //! a tmpfs overlay, so the guest runs the very binaries the host built. The serial
 //! console carries the results back; they are counted like the host run's and kept in
 //! `results/kernels/NAME.json`, which `cargo xtask kernel-table` turns into the
-//! README's table. A kernel of another architecture (arm64) boots in that
+//! README's table (a run given harness arguments, in `results/kernels/partial/`). A kernel of another architecture (arm64) boots in that
 //! architecture's qemu and runs the smoke test, built for it, instead of the privileged
 //! tests (see `smoke`).
 //!
@@ -241,6 +241,9 @@ pub struct Prepared {
     dir: PathBuf,
     tests: Vec<(String, String)>,
     harness: Vec<String>,
+    /// Whether the run was given harness arguments (a filter, `--skip`, ...): a part of
+    /// the suite, whose record must not replace the full run's.
+    partial: bool,
     cpus: u32,
 }
 
@@ -274,6 +277,7 @@ pub fn prepare(
         );
     }
     let smoke = k.expect == catalog::Expect::Smoke;
+    let partial = !harness.is_empty();
     let harness = vm_harness(harness);
     let cross = match (a.cross, smoke) {
         (Some(cross), true) => Some(cross),
@@ -336,6 +340,7 @@ pub fn prepare(
         dir,
         tests,
         harness,
+        partial,
         cpus,
     })
 }
@@ -587,14 +592,24 @@ fn test_binaries(build: &dyn Build) -> Result<Vec<(String, String)>> {
     Ok(out)
 }
 
-/// Where the results of kernel runs are kept.
+/// Where the results of full kernel runs are kept (the README's table reads them).
 pub fn results_dir() -> PathBuf {
     workspace::root().join("results").join("kernels")
 }
 
+/// Where a run given harness arguments keeps its record: beside the full runs', never
+/// over one (`.gitignore` keeps it out of commits).
+pub fn partial_results_dir() -> PathBuf {
+    results_dir().join("partial")
+}
+
 fn save(p: &Prepared, o: &Outcome, secs: u64) -> Result<()> {
     let (k, u) = (p.k, &p.unpacked);
-    let dir = results_dir();
+    let dir = if p.partial {
+        partial_results_dir()
+    } else {
+        results_dir()
+    };
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     let v = json!({
         "kernel": k.name,
