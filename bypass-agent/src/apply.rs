@@ -20,7 +20,7 @@ pub fn current(maps: &PodMaps) -> Current {
 
 /// Applies `plan` in this order: add exclusions, remove pod addresses, add pod CIDRs,
 /// add pod addresses, remove pod CIDRs, remove exclusions; then add and remove Service
-/// CIDRs, then add and remove Service backends.
+/// CIDRs, then remove and add Service backends.
 ///
 /// The datapath takes an address for a pod's if it is in the exact map, or inside a pod
 /// CIDR and not excluded. With this order an address that is no pod's before the plan
@@ -62,11 +62,13 @@ pub fn apply(maps: &mut PodMaps, plan: &Plan, mut on_error: impl FnMut(AgentErro
     for cidr in &plan.remove_service_cidrs {
         check(maps.remove_service_cidr(cidr));
     }
-    for b in &plan.add_service_backends {
-        check(maps.insert_service_backend(b));
-    }
+    // Removed first, so that a full map makes room for what replaces them (a backend
+    // briefly in neither only sends a new connection by TCP).
     for b in &plan.remove_service_backends {
         check(maps.remove_service_backend(b));
+    }
+    for b in &plan.add_service_backends {
+        check(maps.insert_service_backend(b));
     }
     failed
 }

@@ -5,7 +5,10 @@
 //! is attached or detached. Rejected input is logged and counted once, failures on
 //! every pass; the next pass retries.
 
-use std::{collections::BTreeSet, sync::Arc};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+};
 
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector::ObjectRef;
@@ -37,6 +40,8 @@ pub(super) struct Reconciler<'a> {
     enabled_by: Option<EnabledBy>,
     /// Whether the node was in the store at the last reconcile (for logging changes).
     node_seen: Option<bool>,
+    /// The namespaces whose Service backends were left out, as last logged.
+    left_out: BTreeMap<String, usize>,
 }
 
 impl<'a> Reconciler<'a> {
@@ -62,6 +67,7 @@ impl<'a> Reconciler<'a> {
             last_bad_label: None,
             enabled_by,
             node_seen: None,
+            left_out: BTreeMap::new(),
         }
     }
 
@@ -128,7 +134,7 @@ impl<'a> Reconciler<'a> {
     /// EndpointSlices are (`--service-backend` alone when RBAC forbids them). New
     /// rejections are logged and counted, each once; the tracked pods are gauged.
     fn desired(&mut self, stores: &Stores, listed: &Listed) -> Desired {
-        let metrics = &self.telemetry.agent;
+        let metrics = Arc::clone(&self.telemetry.agent);
         let pods = stores.pods.state();
         let namespaces = stores.namespaces.state();
         let service_cidrs = stores.service_cidrs.state();
@@ -144,12 +150,18 @@ impl<'a> Reconciler<'a> {
         if listed.backends_known() {
             let services = stores.services.state();
             let slices = stores.endpoint_slices.state();
-            let mut backends = self.statics.service_backends.clone();
-            backends.extend(sync::service_backends(
+            let by_namespace = sync::service_backends(
                 services.iter().map(AsRef::as_ref),
                 slices.iter().map(AsRef::as_ref),
                 &desired.addrs,
-            ));
+            );
+            // The flags' first; the API's share what the map has left.
+            let mut backends = self.statics.service_backends.clone();
+            let room = (bypass_common::names::MAX_SERVICE_BACKENDS as usize)
+                .saturating_sub(backends.len());
+            let share = sync::fair_share(room, &by_namespace);
+            backends.extend(share.chosen);
+            self.report_left_out(share.left_out);
             desired.service_backends = Some(backends);
         } else if listed.backends_forbidden() {
             desired.service_backends = Some(self.statics.service_backends.clone());
@@ -170,6 +182,29 @@ impl<'a> Reconciler<'a> {
             .set(i64::try_from(desired.pods_tracked).unwrap_or(i64::MAX));
         self.telemetry.pods.set(desired.identities.clone());
         desired
+    }
+
+    /// Sets `bypass_service_backends_left_out` and, when the namespaces over their share
+    /// change, says which and by how many.
+    fn report_left_out(&mut self, left_out: BTreeMap<String, usize>) {
+        let total: usize = left_out.values().sum();
+        self.telemetry
+            .agent
+            .service_backends_left_out
+            .set(i64::try_from(total).unwrap_or(i64::MAX));
+        if left_out == self.left_out {
+            return;
+        }
+        if left_out.is_empty() {
+            info!("every Service backend on this node's pods is in the backend map again");
+        } else {
+            warn!(namespaces = ?left_out, capacity = bypass_common::names::MAX_SERVICE_BACKENDS,
+                "the backend map cannot hold every Service backend on this node's pods: these \
+                 namespaces give more than an equal share of it, and the connections to their \
+                 backends left out take TCP (other namespaces keep all of theirs); fewer Service \
+                 ports or EndpointSlices naming this node's pods in them bring them back");
+        }
+        self.left_out = left_out;
     }
 
     /// Takes the maps from what they hold to `desired` (`sync::plan`, `apply`), and moves

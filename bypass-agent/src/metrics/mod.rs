@@ -254,6 +254,9 @@ impl Health {
 pub struct AgentMetrics {
     /// Pods whose addresses are in the map.
     pub pods_tracked: Gauge,
+    /// Service backends of this node's pods left out of the backend map because their
+    /// namespaces give more than their share of it (their connections take TCP).
+    pub service_backends_left_out: Gauge,
     /// Reconciles run.
     pub reconciles: Counter,
     /// How long each reconcile pass took, seconds.
@@ -299,6 +302,7 @@ impl Default for AgentMetrics {
     fn default() -> Self {
         Self {
             pods_tracked: Gauge::default(),
+            service_backends_left_out: Gauge::default(),
             reconciles: Counter::default(),
             // 0.5 ms to about 8 s.
             reconcile_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 15)),
@@ -346,6 +350,12 @@ impl Telemetry {
             "bypass_pods_tracked",
             "Pods on this node whose addresses are in the pod address map",
             agent.pods_tracked.clone(),
+        );
+        registry.register(
+            "bypass_service_backends_left_out",
+            "Service backends on this node's pods left out of the backend map (full) because \
+             their namespaces give more than an equal share of it; their connections take TCP",
+            agent.service_backends_left_out.clone(),
         );
         registry.register(
             "bypass_reconciles",

@@ -17,14 +17,14 @@ use crate::backend::Backend;
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 /// The backends the Services and EndpointSlices give whose target is in `local` (this
-/// node's pod addresses, canonical). Headless Services, ClusterIPs that do not parse,
-/// ports that are not TCP, FQDN slices and endpoint addresses of another family than
-/// the ClusterIP are skipped.
+/// node's pod addresses, canonical), by the namespace of the Service that gives them.
+/// Headless Services, ClusterIPs that do not parse, ports that are not TCP, FQDN slices
+/// and endpoint addresses of another family than the ClusterIP are skipped.
 pub fn service_backends<'a>(
     services: impl IntoIterator<Item = &'a Service>,
     slices: impl IntoIterator<Item = &'a EndpointSlice>,
     local: &BTreeSet<IpAddr>,
-) -> BTreeSet<Backend> {
+) -> BTreeMap<String, BTreeSet<Backend>> {
     // The slices of each Service, by (namespace, Service name).
     let mut by_service: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
     for slice in slices {
@@ -38,7 +38,7 @@ pub fn service_backends<'a>(
             by_service.entry((namespace, name)).or_default().push(slice);
         }
     }
-    let mut out = BTreeSet::new();
+    let mut out: BTreeMap<String, BTreeSet<Backend>> = BTreeMap::new();
     for service in services {
         let namespace = service.metadata.namespace.as_deref().unwrap_or("");
         let name = service.metadata.name.as_deref().unwrap_or("");
@@ -60,10 +60,12 @@ pub fn service_backends<'a>(
                     };
                     for addr in slice_addrs(slice) {
                         if addr.is_ipv4() == vip.is_ipv4() && local.contains(&addr) {
-                            out.insert(Backend::new(
-                                SocketAddr::new(vip, vip_port),
-                                SocketAddr::new(addr, target_port),
-                            ));
+                            out.entry(namespace.to_owned())
+                                .or_default()
+                                .insert(Backend::new(
+                                    SocketAddr::new(vip, vip_port),
+                                    SocketAddr::new(addr, target_port),
+                                ));
                         }
                     }
                 }
@@ -71,6 +73,43 @@ pub fn service_backends<'a>(
         }
     }
     out
+}
+
+/// The backends that fit in the map, shared between namespaces ([`fair_share`]).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Share {
+    /// The backends to write.
+    pub chosen: BTreeSet<Backend>,
+    /// For each namespace that gives more than its share, how many of its backends
+    /// are left out (their connections take TCP).
+    pub left_out: BTreeMap<String, usize>,
+}
+
+/// At most `capacity` of the backends `by_namespace` gives, shared max-min fairly: a
+/// namespace that gives no more than an equal share of what the smaller ones leave
+/// gets all of its backends, and the rest is split evenly between the others, each
+/// keeping its first backends in order (the same ones from pass to pass). So however
+/// many Services and EndpointSlices one namespace writes (a tenant can name any of the
+/// node's pod addresses, on any ports), it fills only its own share, never another
+/// namespace's, and whose backends are left out is said by namespace.
+pub fn fair_share(capacity: usize, by_namespace: &BTreeMap<String, BTreeSet<Backend>>) -> Share {
+    let mut order: Vec<(&String, &BTreeSet<Backend>)> = by_namespace.iter().collect();
+    // Smallest first; a namespace's name breaks ties, so the split is the same each pass.
+    order.sort_by_key(|(ns, b)| (b.len(), *ns));
+    let mut share = Share::default();
+    let mut room = capacity;
+    let count = order.len();
+    for (i, (ns, backends)) in order.into_iter().enumerate() {
+        let equal = room / (count - i);
+        let take = backends.len().min(equal);
+        // A backend is its Service's (its ClusterIP's): no two namespaces give the same.
+        share.chosen.extend(backends.iter().take(take).copied());
+        room -= take;
+        if take < backends.len() {
+            share.left_out.insert(ns.clone(), backends.len() - take);
+        }
+    }
+    share
 }
 
 /// A Service's ClusterIPs (`spec.clusterIPs`, or the older `spec.clusterIP`), canonical;
@@ -171,6 +210,9 @@ mod tests {
 
     fn run(services: &[Service], slices: &[EndpointSlice], here: &[&str]) -> BTreeSet<Backend> {
         service_backends(services, slices, &local(here))
+            .into_values()
+            .flatten()
+            .collect()
     }
 
     #[test]
@@ -445,9 +487,74 @@ mod tests {
             .map(|a| a.parse().unwrap())
             .collect();
         let got: Vec<String> = service_backends([&svc], [&slice], &local)
-            .iter()
+            .values()
+            .flatten()
             .map(ToString::to_string)
             .collect();
         assert_eq!(got, ["10.96.0.10:80=10.244.0.7:8080"]);
+    }
+    /// `n` backends of namespace `ns`: ClusterIP 10.96.`tag`.x, one per port.
+    fn many(tag: u8, n: u16) -> BTreeSet<Backend> {
+        (0..n)
+            .map(|i| {
+                format!("10.96.{tag}.{}:{}=10.244.0.7:8080", i % 250, 1 + i / 250)
+                    .parse()
+                    .unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn one_namespace_fills_only_its_own_share() {
+        let tenant = many(1, 20_000);
+        let by_ns: BTreeMap<String, BTreeSet<Backend>> = [
+            ("tenant".to_owned(), tenant.clone()),
+            ("shop".to_owned(), many(2, 3)),
+            ("bank".to_owned(), many(3, 5)),
+        ]
+        .into();
+        let share = fair_share(16_384, &by_ns);
+        assert_eq!(share.chosen.len(), 16_384);
+        assert!(share.chosen.is_superset(&by_ns["shop"]));
+        assert!(share.chosen.is_superset(&by_ns["bank"]));
+        assert_eq!(
+            share.left_out,
+            [("tenant".to_owned(), 20_000 - (16_384 - 8))].into()
+        );
+        // The tenant keeps its first backends in order, the same ones each pass.
+        let kept: BTreeSet<Backend> = tenant.iter().take(16_376).copied().collect();
+        assert!(share.chosen.is_superset(&kept));
+        // Writing more moves none of the others' backends out.
+        let mut more = by_ns.clone();
+        more.insert("tenant".to_owned(), many(1, 40_000));
+        let after = fair_share(16_384, &more);
+        assert!(after.chosen.is_superset(&by_ns["shop"]));
+        assert!(after.chosen.is_superset(&by_ns["bank"]));
+        assert_eq!(after.chosen.len(), 16_384);
+    }
+
+    #[test]
+    fn namespaces_over_their_share_split_what_is_left_evenly() {
+        let by_ns: BTreeMap<String, BTreeSet<Backend>> = [
+            ("a".to_owned(), many(1, 100)),
+            ("b".to_owned(), many(2, 100)),
+            ("c".to_owned(), many(3, 10)),
+        ]
+        .into();
+        let share = fair_share(110, &by_ns);
+        assert_eq!(share.chosen.len(), 110);
+        assert!(share.chosen.is_superset(&by_ns["c"]));
+        assert_eq!(
+            share.left_out,
+            [("a".to_owned(), 50), ("b".to_owned(), 50)].into()
+        );
+        // Room for all: nothing is left out.
+        let all = fair_share(16_384, &by_ns);
+        assert_eq!(all.chosen.len(), 210);
+        assert!(all.left_out.is_empty());
+        // No room: everything is.
+        let none = fair_share(0, &by_ns);
+        assert!(none.chosen.is_empty());
+        assert_eq!(none.left_out.values().sum::<usize>(), 210);
     }
 }

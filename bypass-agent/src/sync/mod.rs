@@ -26,7 +26,7 @@ pub mod backends;
 pub mod properties;
 pub mod workload;
 
-pub use backends::service_backends;
+pub use backends::{Share, fair_share, service_backends};
 pub use workload::{PodIdentity, workload_owner};
 
 /// Which pods count, and how workloads opt out.

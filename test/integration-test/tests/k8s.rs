@@ -122,6 +122,12 @@ fn k8s_service_backends_follow_endpointslices() -> Result<()> {
     service_backends::k8s_service_backends_follow_endpointslices()
 }
 
+#[test]
+fn k8s_service_backends_one_namespace_cannot_fill_the_map() -> Result<()> {
+    privileged!();
+    service_backends::k8s_service_backends_one_namespace_cannot_fill_the_map()
+}
+
 // -------------------------------------------------------------------------------------
 // The manifests in deploy/ (tests/k8s/deploy.rs).
 

@@ -2,16 +2,25 @@
 //! `--service-backend` flags): an endpoint on a pod of the agent's node enters the map
 //! under the Service's ClusterIP and port, moves when the slice's address changes, and
 //! leaves when the slice is deleted; an endpoint that is no pod of the node never enters.
+//! One namespace naming the node's pods on more ports than the map holds fills only its
+//! share of it.
 
 use std::{cell::Cell, collections::BTreeSet, path::Path, time::Duration};
 
 use anyhow::{Result, ensure};
-use serde_json::json;
-use testbed::{TwoPods, agent::http_get};
+use bypass_common::names::MAX_SERVICE_BACKENDS;
+use serde_json::{Value, json};
+use testbed::{
+    TwoPods,
+    agent::{http_get, metric},
+};
 
 use super::{
     cluster::{Cluster, PodOpts},
-    support::{addrs, free_port, node_name, set, start_agent, strings, wait_addrs, wait_for},
+    support::{
+        addrs, free_port, log_lines, node_name, seen, set, start_agent, strings, wait_addrs,
+        wait_for,
+    },
 };
 
 /// How long a change of the Services or EndpointSlices may take to reach the map:
@@ -82,6 +91,106 @@ pub fn k8s_service_backends_follow_endpointslices() -> Result<()> {
         "the --service-backend entry left the map at some point"
     );
     ensure!(http_get(port, "/readyz")?.0 == 200, "not ready");
+    Ok(())
+}
+
+/// A tenant's Service and hand-written EndpointSlices (which may name any of the node's
+/// pod addresses, on any ports) giving more backends than the map holds: the tenant's fill
+/// the map while it is alone, another namespace's backend then still enters, no map
+/// update fails, and the backends left out are counted and logged by namespace.
+pub fn k8s_service_backends_one_namespace_cannot_fill_the_map() -> Result<()> {
+    let pods = TwoPods::new()?;
+    let c = Cluster::start()?;
+    let node = node_name(&pods, "sbfill");
+    c.node(&node, &[], &[])?;
+    c.namespace("bk-apps", &[])?;
+    c.namespace("bk-tenant", &[])?;
+    c.pod("bk-apps", "web", &node, &["10.33.1.7"], PodOpts::default())?;
+    c.pod("bk-tenant", "t", &node, &["10.33.1.8"], PodOpts::default())?;
+    let port = free_port()?;
+    let agent = start_agent(&c, &pods, &node, port, &[])?;
+    let pin = agent.pin_dir().to_path_buf();
+    wait_addrs(&pin, "pods in", &addrs(&["10.33.1.7", "10.33.1.8"]))?;
+
+    // 100 ports (the most a slice may carry) in 100 slices, each slice giving every port
+    // another target port, on both pod addresses: 20,000 backends.
+    const PORTS: u16 = 100;
+    const SLICES: u16 = 100;
+    let given = usize::from(PORTS) * usize::from(SLICES) * 2;
+    let capacity = MAX_SERVICE_BACKENDS as usize;
+    ensure!(
+        given > capacity,
+        "the tenant must give more than the map holds"
+    );
+    let ports: Vec<Value> = (0..PORTS)
+        .map(|i| json!({"name": format!("p{i}"), "port": 1000 + i, "targetPort": 2000 + i}))
+        .collect();
+    c.service("bk-tenant", "flood", "10.0.0.50", Value::Array(ports))?;
+    for s in 0..SLICES {
+        let ports: Vec<Value> = (0..PORTS)
+            .map(|i| json!({"name": format!("p{i}"), "port": 10_000 + s * PORTS + i, "protocol": "TCP"}))
+            .collect();
+        c.endpoint_slice(
+            "bk-tenant",
+            &format!("flood-{s}"),
+            "flood",
+            &node,
+            &["10.33.1.7", "10.33.1.8"],
+            Value::Array(ports),
+        )?;
+    }
+    let tenant = |s: &testbed::AgentStatus| {
+        s.service_backends
+            .iter()
+            .filter(|b| b.starts_with("10.0.0.50:"))
+            .count()
+    };
+    wait_for(
+        &pin,
+        DEADLINE,
+        "the map full of the tenant's backends",
+        |s| tenant(s) == capacity,
+    )?;
+
+    c.service(
+        "bk-apps",
+        "web",
+        CLUSTER_IP,
+        json!([{"name": "http", "port": 80, "targetPort": 8080}]),
+    )?;
+    let slice_ports = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
+    c.endpoint_slice(
+        "bk-apps",
+        "web-1",
+        "web",
+        &node,
+        &["10.33.1.7"],
+        slice_ports,
+    )?;
+    let web = "10.0.0.42:80=10.33.1.7:8080";
+    wait_for(&pin, DEADLINE, "the other namespace's backend in", |s| {
+        s.service_backends.iter().any(|b| b == web)
+    })?;
+    let s = seen(&pin)?;
+    ensure!(
+        s.service_backends.len() == capacity && tenant(&s) == capacity - 1,
+        "the map holds {} backends, {} of them the tenant's (want {capacity} and {})",
+        s.service_backends.len(),
+        tenant(&s),
+        capacity - 1
+    );
+    let left_out = metric(port, "bypass_service_backends_left_out")?;
+    ensure!(
+        left_out == (given - (capacity - 1)) as f64,
+        "bypass_service_backends_left_out is {left_out}, want {}",
+        given - (capacity - 1)
+    );
+    let failed = metric(port, "bypass_reconcile_errors_total{kind=\"map_update\"}")?;
+    ensure!(failed == 0.0, "{failed} map updates failed");
+    ensure!(
+        log_lines(&agent, &["cannot hold every Service backend", "bk-tenant"]) >= 1,
+        "no warning names the tenant's namespace"
+    );
     Ok(())
 }
 
