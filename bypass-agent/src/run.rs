@@ -125,7 +125,9 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
     // Subscribed before the first pass, so no change after it goes unheard.
     let mut events = {
         let _rt = rt.enter();
-        owners.is_some().then(owners::Events::open)
+        owners
+            .is_some()
+            .then(|| owners::Events::open(telemetry.as_ref().map(|t| t.agent.clone())))
     };
     if let Some(w) = owners.as_mut() {
         let r = w.pass(&mut dp)?;

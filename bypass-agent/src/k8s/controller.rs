@@ -61,7 +61,9 @@ pub async fn run(
     // its network is down or gone.
     // A link or an address changing wakes the read too (subscribed before the first).
     let mut owners = crate::owners::Watcher::new(dp)?;
-    let mut link_events = owners.is_some().then(crate::owners::Events::open);
+    let mut link_events = owners
+        .is_some()
+        .then(|| crate::owners::Events::open(Some(telemetry.agent.clone())));
     let mut owners_tick = tokio::time::interval(crate::owners::poll_interval()?);
     owners_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut pace = Pace::default();

@@ -42,6 +42,9 @@ pub(super) struct Reconciler<'a> {
     node_seen: Option<bool>,
     /// The namespaces whose Service backends were left out, as last logged.
     left_out: BTreeMap<String, usize>,
+    /// Addresses of pods that opted out whose connections could not be cut yet: tried
+    /// again on every pass until the cut holds.
+    uncut_opt_outs: BTreeSet<std::net::IpAddr>,
 }
 
 impl<'a> Reconciler<'a> {
@@ -68,6 +71,7 @@ impl<'a> Reconciler<'a> {
             enabled_by,
             node_seen: None,
             left_out: BTreeMap::new(),
+            uncut_opt_outs: BTreeSet::new(),
         }
     }
 
@@ -209,7 +213,7 @@ impl<'a> Reconciler<'a> {
 
     /// Takes the maps from what they hold to `desired` (`sync::plan`, `apply`), and moves
     /// the connections of pods that just opted out to TCP.
-    fn apply_maps(&self, desired: &Desired, dp: &mut Datapath) {
+    fn apply_maps(&mut self, desired: &Desired, dp: &mut Datapath) {
         let metrics = &self.telemetry.agent;
         let maps = dp.pod_maps();
         let plan = sync::plan(&apply::current(maps), desired);
@@ -221,15 +225,21 @@ impl<'a> Reconciler<'a> {
             error!(error = %e, "map update failed; retrying on the next pass");
         });
         // Connections already established with a pod that just opted out leave the
-        // bypass too (each side's next send takes TCP).
-        if !plan.add_excluded.is_empty() {
-            let newly: BTreeSet<std::net::IpAddr> = plan.add_excluded.iter().copied().collect();
-            match dp.cut_links(&newly) {
-                Ok(0) => {}
-                Ok(n) => info!(connections = n, "opted-out pods' connections moved to TCP"),
+        // bypass too (each side's next send takes TCP); a cut that failed is tried again
+        // on every pass until it holds.
+        self.uncut_opt_outs
+            .extend(plan.add_excluded.iter().copied());
+        if !self.uncut_opt_outs.is_empty() {
+            match dp.cut_links(&self.uncut_opt_outs) {
+                Ok(n) => {
+                    if n > 0 {
+                        info!(connections = n, "opted-out pods' connections moved to TCP");
+                    }
+                    self.uncut_opt_outs.clear();
+                }
                 Err(e) => {
                     metrics.error(ErrorKind::MapUpdate);
-                    error!(error = %e, "could not end opted-out pods' links");
+                    error!(error = %e, "could not end opted-out pods' links; retrying on the next pass");
                 }
             }
         }

@@ -267,7 +267,27 @@ pub struct AgentMetrics {
     pub synced: Gauge,
     /// 1 with the reason when the kernel was refused and the agent idles.
     pub refused: Family<RefusedLabels, Gauge>,
+    /// Link and address events heard (datagrams), each waking the owners pass.
+    pub link_events: Counter,
+    /// Times the kernel dropped link and address events (the socket's buffer
+    /// overflowed); each wakes a pass that reads every namespace.
+    pub link_events_lost: Counter,
+    /// 1 for whose link and address events the agent hears ([`EVENT_SCOPES`]), 0 for
+    /// the others.
+    pub link_event_scope: Family<ScopeLabels, Gauge>,
 }
+
+/// Labels of `bypass_link_event_scope`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ScopeLabels {
+    /// One of [`EVENT_SCOPES`].
+    pub scope: &'static str,
+}
+
+/// Whose link and address events the agent hears: every namespace the node's has an id
+/// for (with `CAP_NET_BROADCAST`), the node's own only (a pod's address removed inside
+/// it waits for the poll), or none (every change waits for the poll).
+pub const EVENT_SCOPES: [&str; 3] = ["all_namespaces", "node", "none"];
 
 /// Labels of `bypass_refused`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -309,6 +329,9 @@ impl Default for AgentMetrics {
             errors: Family::default(),
             synced: Gauge::default(),
             refused: Family::default(),
+            link_events: Counter::default(),
+            link_events_lost: Counter::default(),
+            link_event_scope: Family::default(),
         }
     }
 }
@@ -317,6 +340,15 @@ impl AgentMetrics {
     /// Counts one error of `kind`.
     pub fn error(&self, kind: ErrorKind) {
         self.errors.get_or_create(&ErrorLabels { kind }).inc();
+    }
+
+    /// Whose link and address events are heard now: `scope`, one of [`EVENT_SCOPES`].
+    pub fn link_event_scope(&self, scope: &str) {
+        for s in EVENT_SCOPES {
+            self.link_event_scope
+                .get_or_create(&ScopeLabels { scope: s })
+                .set(i64::from(s == scope));
+        }
     }
 }
 
@@ -340,6 +372,8 @@ impl Telemetry {
             // Created at zero so every kind is listed before its first error.
             let _ = agent.errors.get_or_create(&ErrorLabels { kind });
         }
+        // No events until the owners' reader subscribes.
+        agent.link_event_scope("none");
         for reason in REFUSAL_KINDS {
             let _ = agent.refused.get_or_create(&RefusedLabels {
                 reason: reason.to_owned(),
@@ -356,6 +390,25 @@ impl Telemetry {
             "Service backends on this node's pods left out of the backend map (full) because \
              their namespaces give more than an equal share of it; their connections take TCP",
             agent.service_backends_left_out.clone(),
+        );
+        registry.register(
+            "bypass_link_events",
+            "Link and address events the agent heard; each wakes the read of the node's \
+             namespaces that cuts the connections of a pod whose network went down or away",
+            agent.link_events.clone(),
+        );
+        registry.register(
+            "bypass_link_events_lost",
+            "Times the kernel dropped link and address events (the agent's socket overflowed); \
+             each wakes a read of every namespace",
+            agent.link_events_lost.clone(),
+        );
+        registry.register(
+            "bypass_link_event_scope",
+            "1 for whose link and address events the agent hears: all_namespaces \
+             (CAP_NET_BROADCAST), node (its own: an address removed inside a pod waits for the \
+             poll) or none (every change waits for the poll)",
+            agent.link_event_scope.clone(),
         );
         registry.register(
             "bypass_reconciles",

@@ -34,12 +34,14 @@ use std::{
     io,
     mem::size_of,
     os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd},
+    sync::Arc,
     time::Instant,
 };
 
 use tokio::io::unix::AsyncFd;
 
 use super::netlink::{random_u32, recv_from, route_socket};
+use crate::metrics::AgentMetrics;
 use tracing::{debug, info, warn};
 
 /// `NETLINK_ADD_MEMBERSHIP` (include/uapi/linux/netlink.h).
@@ -246,12 +248,15 @@ pub struct Events {
     lost: u64,
     /// Read errors in a row.
     errors: u32,
+    /// Where the events heard and lost are counted, and whose are heard said.
+    metrics: Option<Arc<AgentMetrics>>,
 }
 
 impl Events {
     /// Subscribes in the calling thread's namespace (the node's); from inside the
-    /// runtime. Without a socket (logged), passes run on the poll alone.
-    pub fn open() -> Self {
+    /// runtime. Without a socket (logged), passes run on the poll alone. With `metrics`,
+    /// counts what it hears and loses there and says whose events it hears.
+    pub fn open(metrics: Option<Arc<AgentMetrics>>) -> Self {
         let socket = match Socket::open().and_then(|s| {
             // SAFETY: the socket owns its descriptor and never changes it.
             unsafe { AsyncFd::register(s) }.map_err(io::Error::from)
@@ -269,11 +274,25 @@ impl Events {
                 None
             }
         };
-        Self {
+        let events = Self {
             socket,
             wake: Wake::new(),
             lost: 0,
             errors: 0,
+            metrics,
+        };
+        events.say_scope();
+        events
+    }
+
+    /// Sets `bypass_link_event_scope` from the socket, if counted.
+    fn say_scope(&self) {
+        if let Some(m) = &self.metrics {
+            m.link_event_scope(match &self.socket {
+                Some(s) if s.get_ref().all_namespaces => "all_namespaces",
+                Some(_) => "node",
+                None => "none",
+            });
         }
     }
 
@@ -293,6 +312,7 @@ impl Events {
                 Err(e) => {
                     warn!(error = %e, "link and address events cannot be read any more: a pod's network change is seen at the next poll only");
                     self.socket = None;
+                    self.say_scope();
                     continue;
                 }
             };
@@ -301,6 +321,12 @@ impl Events {
                     self.errors = 0;
                     if d.empty {
                         guard.clear_ready();
+                    }
+                    if let Some(m) = &self.metrics {
+                        m.link_events.inc_by(d.messages as u64);
+                        if d.lost {
+                            m.link_events_lost.inc();
+                        }
                     }
                     if d.lost {
                         self.lost += 1;
@@ -329,6 +355,7 @@ impl Events {
                         warn!(error = %e, "link and address events cannot be read any more: a pod's network change is seen at the next poll only");
                         drop(guard);
                         self.socket = None;
+                        self.say_scope();
                     } else {
                         debug!(error = %e, "reading link and address events failed: a pass reads everything");
                     }

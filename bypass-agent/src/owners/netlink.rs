@@ -3,11 +3,17 @@
 //! or lower device is in), a dump of its addresses, and the id it gives another
 //! namespace (include/uapi/linux/rtnetlink.h, if_link.h, if_addr.h, net_namespace.h).
 //!
-//! The namespace may be a hostile pod's, whose `CAP_NET_ADMIN` lets it send netlink
-//! messages to this socket: only messages from the kernel (port 0) with this request's
-//! sequence number (random) count, a read waits at most [`RECV_TIMEOUT`], and a reply
-//! is at most [`MAX_MESSAGES`] long, so a pod can neither forge an answer nor hold the
-//! scan up.
+//! The namespace may be a hostile pod's, whose processes can send netlink messages to
+//! any socket of it (a unicast needs no privilege): the socket is connected to the
+//! kernel (port 0), so the kernel refuses every other sender (`ECONNREFUSED`,
+//! net/netlink/af_netlink.c `netlink_getsockbyportid`), and whatever still came from
+//! elsewhere would be skipped and counted; only messages from the kernel with this
+//! request's sequence number (random) count, a read waits at most [`RECV_TIMEOUT`], and
+//! a reply is at most [`MAX_MESSAGES`] datagrams and messages long. So a pod can neither
+//! forge an answer nor hold the scan up: a flood of datagrams at the socket's port id
+//! (its own `/proc/net/netlink` lists it) would otherwise keep the socket's queue above
+//! half full, where the kernel holds a dump's next batch back, and the scan, reading only
+//! junk, would never come to the end of the dump.
 
 use std::{
     io,
@@ -89,6 +95,20 @@ impl Route {
                 libc::SO_RCVTIMEO,
                 std::ptr::from_ref(&tv).cast(),
                 size_of::<libc::timeval>() as u32,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a zeroed sockaddr_nl is the kernel (port 0, no groups).
+        let mut kernel: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        kernel.nl_family = libc::AF_NETLINK as u16;
+        // SAFETY: a valid socket and an address of the right size.
+        let rc = unsafe {
+            libc::connect(
+                fd.as_raw_fd(),
+                std::ptr::from_ref(&kernel).cast(),
+                size_of::<libc::sockaddr_nl>() as u32,
             )
         };
         if rc < 0 {
@@ -223,8 +243,15 @@ impl Route {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             };
-            // Only the kernel's messages: another socket of the namespace may send here.
+            // Only the kernel's messages count; anything else (the kernel refuses other
+            // senders to a connected socket) counts against the reply's length.
             if from != 0 {
+                seen += 1;
+                if seen > MAX_MESSAGES {
+                    return Err(io::Error::other(format!(
+                        "a reply longer than {MAX_MESSAGES} messages"
+                    )));
+                }
                 continue;
             }
             let mut rest = &buf[..n];
@@ -382,6 +409,55 @@ mod tests {
             vec![(3, 7u32.to_ne_bytes().to_vec()), (1, vec![1, 2, 3])]
         );
         assert_eq!(attrs(&[8, 0, 1, 0]).count(), 0, "a length past the end");
+    }
+
+    /// The port id a socket is bound to.
+    fn port_of(fd: &OwnedFd) -> u32 {
+        // SAFETY: a zeroed sockaddr_nl, filled by the call.
+        let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        let mut len = size_of::<libc::sockaddr_nl>() as u32;
+        // SAFETY: a valid socket and an address of the right size.
+        let rc = unsafe {
+            libc::getsockname(
+                fd.as_raw_fd(),
+                std::ptr::from_mut(&mut addr).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(rc, 0, "{}", io::Error::last_os_error());
+        addr.nl_pid
+    }
+
+    #[test]
+    fn datagrams_from_other_sockets_are_refused_by_the_kernel() {
+        let mut r = Route::open().unwrap();
+        let port = port_of(&r.fd);
+        assert_ne!(port, 0, "connected, so bound");
+        // What a pod's process would send at the scan's socket: a bare header.
+        let junk = [16u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        let other = route_socket(0).unwrap();
+        // SAFETY: a zeroed sockaddr_nl, then the scan socket's port.
+        let mut to: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        to.nl_family = libc::AF_NETLINK as u16;
+        to.nl_pid = port;
+        // SAFETY: buffer and address valid for the call.
+        let sent = unsafe {
+            libc::sendto(
+                other.as_raw_fd(),
+                junk.as_ptr().cast(),
+                junk.len(),
+                0,
+                std::ptr::from_ref(&to).cast(),
+                size_of::<libc::sockaddr_nl>() as u32,
+            )
+        };
+        let err = io::Error::last_os_error();
+        assert!(
+            sent < 0 && err.raw_os_error() == Some(libc::ECONNREFUSED),
+            "a datagram from another socket was accepted ({sent}, {err})"
+        );
+        // The kernel's answers still come.
+        assert!(r.links().unwrap().iter().any(|l| l.index == 1));
     }
 
     #[test]

@@ -645,21 +645,28 @@ enum Seen {
     ByTheEvent,
 }
 
+/// The agent's count of the link and address events it heard.
+const LINK_EVENTS: &str = "bypass_link_events_total";
+
 /// A pod whose network goes down or away loses its bypassed connections too: once the
 /// agent sees the pod's address without an owner, the connection is cut, and the
 /// client's next bytes take TCP (where the CNI decides: nowhere while the link is
 /// down, so none crosses the veth). With the interface up again, TCP delivers them,
 /// byte-exact, over the veth, and the per-pod counters still hold what pod a's
-/// connections carried, closed before the loss and after it. With `metrics_port`, a
-/// tenant holds the cut map full first ([`TenantHoldingCuts`]), and the cut must hold
-/// all the same. With [`Seen::ByTheEvent`] the agent polls the namespaces less often
+/// connections carried, closed before the loss and after it. With a `tenant`, a third
+/// pod first holds the cut map full ([`TenantHoldingCuts`]) or floods the agent's scan
+/// of its namespace ([`TenantFloodingTheScan`]), and the cut must hold all the same. With [`Seen::ByTheEvent`] the agent polls the namespaces less often
 /// than the test waits: only the link event can explain the cut.
 fn network_loss_cuts_bypassed_connections(
     loss: Loss,
     seen: Seen,
     port: u16,
-    metrics_port: Option<u16>,
+    tenant: Option<Tenant>,
 ) -> Result<()> {
+    let metrics_port = match tenant {
+        Some(Tenant::HoldingCuts { metrics }) => Some(metrics),
+        _ => None,
+    };
     let pods = two_pods()?;
     let metrics = match metrics_port {
         Some(p) => p,
@@ -671,7 +678,7 @@ fn network_loss_cuts_bypassed_connections(
     // The tenant's addresses are a pod's too.
     let outside = pods.outside_cidr_v4();
     let mut extra = vec!["--metrics-addr", addr.as_str()];
-    if metrics_port.is_some() {
+    if tenant.is_some() {
         extra.extend(["--pod-cidr", outside.as_str()]);
     }
     let mut opts = testbed::AgentOpts {
@@ -686,9 +693,13 @@ fn network_loss_cuts_bypassed_connections(
     }
     let agent = testbed::Agent::start(&opts)?;
     let start = agent.stats()?.counters.redirected_bytes;
-    let _tenant = match metrics_port {
+    let _holding = match metrics_port {
         Some(p) => Some(TenantHoldingCuts::start(&pods, &agent, p)?),
         None => None,
+    };
+    let flooding = match tenant {
+        Some(Tenant::FloodingTheScan) => Some(TenantFloodingTheScan::start(&pods, &agent)?),
+        _ => None,
     };
     let a = IpAddr::V4(pods.a.ipv4());
     // A connection closed before the loss: its counts are in pod a's and b's entries.
@@ -718,6 +729,7 @@ fn network_loss_cuts_bypassed_connections(
         None => 0.0,
     };
     let wire_down = pods.wire_bytes()?;
+    let events_before = testbed::agent::metric(metrics, LINK_EVENTS)?;
     match loss {
         Loss::InterfaceDown => {
             pods.a.ip(&["link", "set", "eth0", "down"])?;
@@ -735,6 +747,20 @@ fn network_loss_cuts_bypassed_connections(
         "pod a's address to lose its owner",
         |s| !s.address_owners.iter().any(|o| o.address == a),
     )?;
+    if let Some(f) = &flooding {
+        f.none_delivered()?;
+    }
+    if seen == Seen::ByTheEvent {
+        // What woke the read is on /metrics: the event, heard in every namespace (the
+        // agent runs as root, with CAP_NET_BROADCAST).
+        let events = testbed::agent::metric(metrics, LINK_EVENTS)?;
+        let scope =
+            testbed::agent::metric(metrics, "bypass_link_event_scope{scope=\"all_namespaces\"}")?;
+        ensure!(
+            events > events_before && scope == 1.0,
+            "{LINK_EVENTS} {events_before} -> {events}, scope all_namespaces {scope}"
+        );
+    }
     if let Some(p) = metrics_port {
         // The cut runs after the owners are written: with the tenant's connections to
         // look through it takes a while, so wait for it: the cut map is full, so pod a's
@@ -810,6 +836,17 @@ fn veth_deleted_cuts_bypassed_connections() -> Result<()> {
 }
 
 #[test]
+fn a_tenant_flooding_the_scan_of_its_namespace_cannot_hold_a_cut() -> Result<()> {
+    privileged!();
+    network_loss_cuts_bypassed_connections(
+        Loss::InterfaceDown,
+        Seen::Either,
+        5626,
+        Some(Tenant::FloodingTheScan),
+    )
+}
+
+#[test]
 fn interface_down_cuts_without_waiting_for_the_poll() -> Result<()> {
     privileged!();
     network_loss_cuts_bypassed_connections(Loss::InterfaceDown, Seen::ByTheEvent, 5623, None)
@@ -833,7 +870,12 @@ fn a_tenant_holding_the_cut_map_full_cannot_stop_a_cut() -> Result<()> {
     let metrics = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
-    network_loss_cuts_bypassed_connections(Loss::InterfaceDown, Seen::Either, 5622, Some(metrics))
+    network_loss_cuts_bypassed_connections(
+        Loss::InterfaceDown,
+        Seen::Either,
+        5622,
+        Some(Tenant::HoldingCuts { metrics }),
+    )
 }
 
 /// Waits until the agent's series `series` (on its metrics port `port`) is at least
@@ -856,6 +898,154 @@ fn wait_metric(port: u16, series: &str, at_least: f64) -> Result<()> {
 
 /// The reconcile-error series of a cut the cut map could not hold.
 const CUT_MAP_FULL: &str = "bypass_reconcile_errors_total{kind=\"cut_map_full\"}";
+
+/// What the third pod of [`network_loss_cuts_bypassed_connections`] does.
+#[derive(Debug, Clone, Copy)]
+enum Tenant {
+    /// Holds the cut map full ([`TenantHoldingCuts`]); the agent's metrics on this port.
+    HoldingCuts { metrics: u16 },
+    /// Floods the agent's scan socket in its namespace ([`TenantFloodingTheScan`]).
+    FloodingTheScan,
+}
+
+/// A third pod that floods the socket the agent reads its namespace's links through:
+/// 64 links (32 veth pairs) inside its namespace, so that a dump of them takes several
+/// batches, and processes that
+/// send bare netlink headers, blocking, at the port id the agent's socket takes there
+/// (its process id: a socket's first port is its process's, and the pod's own
+/// `/proc/net/netlink` lists it). A socket whose queue stays above half full gets no
+/// more of a dump, so unless the kernel refuses them the agent's pass reads junk for
+/// good and no cut of any pod follows. Each process counts the datagrams delivered, and
+/// those refused while the agent's socket had the port.
+struct TenantFloodingTheScan {
+    _pod: testbed::topology::Pod,
+    child: testbed::spawn::PodChild,
+    steps: Steps,
+}
+
+impl TenantFloodingTheScan {
+    const WORKERS: u32 = 2;
+    /// Refusals seen while the agent's socket was there before the flood counts as
+    /// turned away.
+    const SAMPLES: u64 = 50;
+
+    const SCRIPT: &'static str = r#"
+import ctypes, os, socket, sys
+port, dir, workers = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+junk = b"\x10\x00\x00\x00" + b"\x00" * 12
+def present():
+    # Whether a socket of this namespace has the port (the agent's, while it reads here).
+    with open("/proc/net/netlink") as f:
+        return any(l.split()[2] == str(port) for l in f.readlines()[1:])
+def flood(w):
+    s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+    s.bind((0, 0))
+    delivered, refused, tries = 0, 0, 0
+    while True:
+        try:
+            s.sendto(junk, (port, 0))
+            delivered += 1
+        except ConnectionRefusedError:
+            # Refused with the agent's socket there: the kernel turned the datagram away.
+            if present():
+                refused += 1
+        tries += 1
+        if tries % 1000 == 0:
+            tmp = os.path.join(dir, "counts-%d.tmp" % w)
+            with open(tmp, "w") as f:
+                f.write("%d %d" % (delivered, refused))
+            os.rename(tmp, os.path.join(dir, "counts-%d" % w))
+for w in range(workers):
+    if os.fork() == 0:
+        ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL: go with the parent
+        flood(w)
+os.wait()
+sys.exit("a worker exited")
+"#;
+
+    fn start(pods: &testbed::TwoPods, agent: &testbed::Agent) -> Result<Self> {
+        let pod = pods.third_pod("flood", 31)?;
+        // veth pairs inside its namespace: every kernel that runs pods has veth.
+        for i in 0..32 {
+            let (a, b) = (format!("junk{i}a"), format!("junk{i}b"));
+            pod.ip(&["link", "add", &a, "type", "veth", "peer", "name", &b])?;
+        }
+        let t = IpAddr::V4(pod.ipv4());
+        agent.wait_for(
+            testbed::steps::NET,
+            "the flooding tenant's address owned",
+            |s| s.address_owners.iter().any(|o| o.address == t),
+        )?;
+        let steps = Steps::new(pods, "flood")?;
+        let mut cmd = Command::new("python3");
+        cmd.args([
+            "-c",
+            Self::SCRIPT,
+            &agent.pid().to_string(),
+            &steps.arg(""),
+            &Self::WORKERS.to_string(),
+        ]);
+        let mut child = testbed::spawn::spawn_in(&pod, cmd)?;
+        for w in 0..Self::WORKERS {
+            child = child.wait_ready(
+                &steps.file(&format!("counts-{w}")),
+                "the tenant's flood",
+                testbed::steps::NET,
+            )?;
+        }
+        Ok(Self {
+            _pod: pod,
+            child,
+            steps,
+        })
+    }
+
+    /// What the workers counted: datagrams delivered, and refused while the agent's
+    /// socket had the port.
+    fn counts(&self) -> Result<(u64, u64)> {
+        let mut sum = (0, 0);
+        for w in 0..Self::WORKERS {
+            let path = self.steps.file(&format!("counts-{w}"));
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("read {}", path.display()))?;
+            let mut n = text.split_whitespace().map(str::parse::<u64>);
+            let (Some(Ok(d)), Some(Ok(r))) = (n.next(), n.next()) else {
+                anyhow::bail!("{}: {text:?}", path.display());
+            };
+            sum = (sum.0 + d, sum.1 + r);
+        }
+        Ok(sum)
+    }
+
+    /// The kernel turned the flood away from the agent's socket: waits (a net against no
+    /// progress) until the workers were refused [`Self::SAMPLES`] times while the agent's
+    /// socket had the port, and no datagram was delivered to it.
+    fn none_delivered(&self) -> Result<()> {
+        let started = std::time::Instant::now();
+        loop {
+            let (delivered, refused) = self.counts()?;
+            ensure!(
+                delivered == 0,
+                "{delivered} of the tenant's datagrams reached the agent's socket"
+            );
+            if refused >= Self::SAMPLES {
+                return Ok(());
+            }
+            ensure!(
+                started.elapsed() < testbed::steps::NET,
+                "the flood met the agent's socket {refused} times within {:?}",
+                testbed::steps::NET
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for TenantFloodingTheScan {
+    fn drop(&mut self) {
+        self.child.kill();
+    }
+}
 
 /// A third pod that holds the cut map full: it opens more connections to its own
 /// address than the cut map has room for (Python, a program nobody here wrote), waits
