@@ -154,7 +154,7 @@ fn on_cluster(tools: &setup::Tools, agent: &Path, bench: &mut Command) -> Result
     let result = (|| -> Result<()> {
         let test_tool = image::build_test_tool(tools)?;
         let out = workspace::target_dir()?.join(kube_testenv::image::IMAGES_DIR);
-        for t in kube_testenv::image::build_all(agent, &test_tool, &out)? {
+        for t in kube_testenv::image::build_all(agent, None, &test_tool, &out)? {
             cluster::import_image(&layout, &t)?;
         }
         let bins = cluster::bins::ensure()?;

@@ -101,7 +101,9 @@ pub fn build_previous_agents(tools: &Tools) -> Result<()> {
     Ok(())
 }
 
-fn build_previous_agent(tools: &Tools, commit: &str) -> Result<PathBuf> {
+/// Builds the agent of `commit` as [`build_previous_agents`] does (once); returns its
+/// binary.
+pub fn build_previous_agent(tools: &Tools, commit: &str) -> Result<PathBuf> {
     let target = workspace::target_dir()?;
     let bin = workspace::previous_agent_bin(&target, commit);
     if bin.is_file() {

@@ -45,7 +45,7 @@ pub fn run(args: &Args) -> Result<()> {
     }
     let test_tool = build_test_tool(&tools)?;
     let out = workspace::target_dir()?.join(IMAGES_DIR);
-    let tarballs = build_all(&agent, &test_tool, &out)?;
+    let tarballs = build_all(&agent, None, &test_tool, &out)?;
     let layout = cluster::config::Layout::default();
     if layout.containerd_socket().exists() {
         for t in &tarballs {

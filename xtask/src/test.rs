@@ -296,8 +296,11 @@ fn cluster_tests(
     eprintln!("test: cluster up in {:.0?}", started.elapsed());
     let result = (|| -> Result<()> {
         let test_tool = crate::image::build_test_tool(tools)?;
+        // The upgrade and rollback test moves the DaemonSet between this build and an
+        // earlier one of the same layout.
+        let earlier = build::build_previous_agent(tools, workspace::SAME_LAYOUT_AGENT_COMMIT)?;
         let out = workspace::target_dir()?.join(kube_testenv::image::IMAGES_DIR);
-        for t in kube_testenv::image::build_all(agent, &test_tool, &out)? {
+        for t in kube_testenv::image::build_all(agent, Some(&earlier), &test_tool, &out)? {
             cluster::import_image(&layout, &t)?;
         }
         let bins = cluster::bins::ensure()?;

@@ -6,8 +6,8 @@ use std::{ffi::OsString, path::PathBuf, process::Command};
 use anyhow::{Context as _, Result, anyhow, bail};
 
 pub use kube_testenv::workspace::{
-    AGENT, INTEGRATION_TEST, PREVIOUS_AGENTS, TEST_TOOL, TEST_TOOL_ENV, TESTBED,
-    previous_agent_bin, previous_agent_dir, previous_agents_target, root, target_dir,
+    AGENT, INTEGRATION_TEST, PREVIOUS_AGENTS, SAME_LAYOUT_AGENT_COMMIT, TEST_TOOL, TEST_TOOL_ENV,
+    TESTBED, previous_agent_bin, previous_agent_dir, previous_agents_target, root, target_dir,
 };
 
 /// The kernel programs: built for the BPF target only (through the agent's build script),

@@ -22,6 +22,10 @@ pub const AGENT_IMAGE: &str = "bypass-agent";
 /// The tag of a second agent image (same binary, another image id): what the rolling
 /// update test moves the DaemonSet to.
 pub const ROLLOUT_TAG_SUFFIX: &str = "-rollout";
+/// The tag of the agent image of an earlier build
+/// ([`workspace::SAME_LAYOUT_AGENT_COMMIT`]): what the cluster's upgrade and rollback test
+/// moves the DaemonSet from and back to.
+pub const EARLIER_TAG_SUFFIX: &str = "-earlier";
 /// The test-tool image of the cluster tests.
 pub const TEST_IMAGE: &str = "bypass-test";
 /// Where the test image carries the test tool ([`workspace::TEST_TOOL`]).
@@ -37,17 +41,29 @@ pub const BUSYBOX_APPLETS: [&str; 11] = [
 /// link, and the package that installs each: the cluster bench runs qperf in pods.
 pub const HOST_TOOLS: [(&str, &str); 1] = [("/usr/bin/qperf", "qperf")];
 
-/// Writes the agent tarballs (and the rollout twin) and the test tarball (with
-/// `test_tool`) into `out`; returns their paths.
-pub fn build_all(agent: &Path, test_tool: &Path, out: &Path) -> Result<Vec<PathBuf>> {
+/// Writes the agent tarballs (and the rollout twin, and with `earlier` an earlier
+/// build's agent, [`EARLIER_TAG_SUFFIX`]) and the test tarball (with `test_tool`) into
+/// `out`; returns their paths.
+pub fn build_all(
+    agent: &Path,
+    earlier: Option<&Path>,
+    test_tool: &Path,
+    out: &Path,
+) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(out).with_context(|| format!("create {}", out.display()))?;
     let mut tarballs = Vec::new();
     let staging = out.join("rootfs-agent");
     agent_rootfs(agent, &staging)?;
-    for (tag, flavour) in [
-        (VERSION.to_owned(), "release"),
-        (format!("{VERSION}{ROLLOUT_TAG_SUFFIX}"), "rollout"),
-    ] {
+    let mut agents = vec![
+        (staging.clone(), VERSION.to_owned(), "release"),
+        (staging, format!("{VERSION}{ROLLOUT_TAG_SUFFIX}"), "rollout"),
+    ];
+    if let Some(earlier) = earlier {
+        let staging = out.join("rootfs-agent-earlier");
+        agent_rootfs(earlier, &staging)?;
+        agents.push((staging, format!("{VERSION}{EARLIER_TAG_SUFFIX}"), "earlier"));
+    }
+    for (staging, tag, flavour) in agents {
         let spec = ImageSpec {
             name: format!("{AGENT_IMAGE}:{tag}"),
             entrypoint: vec!["/usr/local/bin/bypass-agent".into()],

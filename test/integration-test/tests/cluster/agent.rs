@@ -43,10 +43,9 @@ impl Deployed {
         agent_status()
     }
 
-    /// A counter of `status --json`.
+    /// [`counter`].
     pub fn counter(&self, name: &str) -> Result<u64> {
-        let s = agent_status()?;
-        find_u64(&s, name).with_context(|| format!("no {name} in status: {s}"))
+        counter(name)
     }
 }
 
@@ -83,6 +82,12 @@ pub fn agent_pod() -> Result<String> {
 /// `bypass-agent status --json` through `kubectl exec`.
 pub fn agent_status() -> Result<serde_json::Value> {
     kubectl()?.agent_status()
+}
+
+/// A counter of the running agent's `status --json`.
+pub fn counter(name: &str) -> Result<u64> {
+    let s = agent_status()?;
+    find_u64(&s, name).with_context(|| format!("no {name} in status: {s}"))
 }
 
 fn find_u64(v: &serde_json::Value, key: &str) -> Option<u64> {
@@ -172,6 +177,20 @@ impl HelmRelease {
     /// `helm upgrade --reuse-values` with `sets`, waiting for the rollout.
     pub fn upgrade(&self, sets: &[&str]) -> Result<()> {
         helm_chart("upgrade", "--reuse-values", sets)
+    }
+
+    /// `helm rollback` to `revision` (1: what `install` made), waiting for the rollout.
+    pub fn rollback(&self, revision: u32) -> Result<()> {
+        helm(&[
+            "rollback",
+            RELEASE,
+            &revision.to_string(),
+            "-n",
+            AGENT_NS,
+            "--wait",
+            "--timeout=900s",
+        ])?;
+        wait_rollout()
     }
 }
 

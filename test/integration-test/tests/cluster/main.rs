@@ -9,6 +9,7 @@ mod kube;
 mod monitoring;
 mod pods;
 mod schema;
+mod versions;
 
 use std::time::Duration;
 
