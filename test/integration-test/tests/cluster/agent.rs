@@ -219,7 +219,7 @@ pub fn agent_container(init: bool) -> Result<serde_json::Value> {
 }
 
 /// `kubectl get pod POD -o jsonpath=EXPR` in the agent's namespace.
-fn pod_jsonpath(pod: &str, expr: &str) -> Result<String> {
+pub fn pod_jsonpath(pod: &str, expr: &str) -> Result<String> {
     k(&[
         "-n",
         AGENT_NS,

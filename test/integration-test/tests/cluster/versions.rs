@@ -93,7 +93,7 @@ fn helm_upgrade_and_rollback_between_builds_keep_a_held_connection_bypassed_and_
             Some(Switch::Rollback) => release.rollback(1)?,
         }
         let pod = agent::agent_pod()?;
-        let image = k_pod(&pod, "{.spec.containers[0].image}")?;
+        let image = agent::pod_jsonpath(&pod, "{.spec.containers[0].image}")?;
         let want = if matches!(switch, Some(Switch::Upgrade)) {
             VERSION.to_owned()
         } else {
@@ -220,17 +220,4 @@ fn finish(probe: Child, what: &str) -> Result<serde_json::Value> {
             )
         })?;
     Ok(serde_json::from_str(line)?)
-}
-
-/// A JSONPath of the agent pod `pod`.
-fn k_pod(pod: &str, path: &str) -> Result<String> {
-    k(&[
-        "-n",
-        AGENT_NS,
-        "get",
-        "pod",
-        pod,
-        "-o",
-        &format!("jsonpath={path}"),
-    ])
 }
