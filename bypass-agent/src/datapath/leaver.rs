@@ -16,7 +16,7 @@
 //! it starts, at most once every [`RESCAN`].
 
 use std::{
-    collections::HashMap as StdHashMap,
+    collections::{BTreeMap, HashMap as StdHashMap},
     os::fd::AsFd as _,
     sync::atomic::Ordering,
     time::{Duration, Instant},
@@ -157,23 +157,54 @@ struct Entry {
     /// Its counters at the last look, and the interval after it ([`next_interval`]).
     last: Option<Counts>,
     interval: Duration,
-    /// When to look at it again.
-    due: Instant,
 }
 
 impl Entry {
-    fn now(now: Instant) -> Self {
-        Self {
-            seen: None,
-            last: None,
-            interval: RECHECK,
-            due: now,
-        }
-    }
+    const NEW: Self = Self {
+        seen: None,
+        last: None,
+        interval: RECHECK,
+    };
 }
 
-/// Connections waiting to leave.
-type Waiting = StdHashMap<SockKey, Entry>;
+/// Connections waiting to leave, and when to look at each again, in the order they come
+/// due: a look touches only those due, however many wait (a pod holding thousands of
+/// unread leaving connections costs nothing between their looks).
+#[derive(Debug, Default)]
+struct Waiting {
+    entries: StdHashMap<SockKey, Entry>,
+    /// Each entry's key at `(due, n)`: one place per entry (`n` tells apart entries due
+    /// at one instant).
+    schedule: BTreeMap<(Instant, u64), SockKey>,
+    scheduled: u64,
+}
+
+impl Waiting {
+    /// Adds `key`, due at `now`, unless it waits already; whether it was added.
+    fn add(&mut self, key: SockKey, now: Instant) -> bool {
+        if self.entries.contains_key(&key) {
+            return false;
+        }
+        self.put(key, Entry::NEW, now);
+        true
+    }
+
+    /// Puts `key` back with `entry`, due at `due`.
+    fn put(&mut self, key: SockKey, entry: Entry, due: Instant) {
+        self.scheduled += 1;
+        self.schedule.insert((due, self.scheduled), key);
+        self.entries.insert(key, entry);
+    }
+
+    /// Takes out every entry due by `now`, in the order they came due.
+    fn take_due(&mut self, now: Instant) -> Vec<(SockKey, Entry)> {
+        let later = self.schedule.split_off(&(now, u64::MAX));
+        let due = std::mem::replace(&mut self.schedule, later);
+        due.into_values()
+            .filter_map(|k| self.entries.remove(&k).map(|e| (k, e)))
+            .collect()
+    }
+}
 
 /// Connections this thread took out of the SockHash whose link is still there (until
 /// both sockets close), with their sockets' cookies: a scan skips them, not a later
@@ -216,11 +247,8 @@ impl Maps {
             if gone.get(&k) == Some(&l.cookie) {
                 still.insert(k, l.cookie);
             }
-            if scan_adds(&k, &l, gone) {
-                waiting.entry(k).or_insert_with(|| {
-                    added += 1;
-                    Entry::now(now)
-                });
+            if scan_adds(&k, &l, gone) && waiting.add(k, now) {
+                added += 1;
             }
         }
         *gone = still;
@@ -241,7 +269,7 @@ impl Maps {
                 // (plain old data, any bit pattern valid); read unaligned.
                 let ev: LeaveEvent =
                     unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<LeaveEvent>()) };
-                waiting.entry(ev.link).or_insert_with(|| Entry::now(now));
+                waiting.add(ev.link, now);
             }
         }
     }
@@ -251,10 +279,8 @@ impl Maps {
     fn settle(&mut self, waiting: &mut Waiting, gone: &mut Gone) -> u64 {
         let mut left = 0;
         let now = Instant::now();
-        waiting.retain(|key, e| {
-            if e.due > now {
-                return true;
-            }
+        for (key, mut e) in waiting.take_due(now) {
+            let key = &key;
             let link = self.links.get(key, 0).ok();
             match step(link.as_ref()) {
                 Step::Forget => {
@@ -263,22 +289,19 @@ impl Maps {
                     if link.is_none() {
                         let _ = self.cut.remove(key);
                     }
-                    false
                 }
                 Step::Wait { counts } => {
                     e.seen = None;
                     e.interval = next_interval(e.interval, e.last != Some(counts));
                     e.last = Some(counts);
-                    e.due = now + e.interval;
-                    true
+                    waiting.put(*key, e, now + e.interval);
                 }
                 Step::Delete { counts, .. } if !may_go(e.seen, counts, now) => {
                     if e.seen.is_none_or(|s| s.counts != counts) {
                         e.seen = Some(Seen { counts, at: now });
                     }
                     e.interval = RECHECK;
-                    e.due = now;
-                    true
+                    waiting.put(*key, e, now);
                 }
                 Step::Delete { server, .. } => {
                     // Either may be gone already (closed): deleting the other is enough.
@@ -292,10 +315,9 @@ impl Maps {
                         gone.insert(*key, l.cookie);
                     }
                     let _ = self.cut.remove(key);
-                    false
                 }
             }
-        });
+        }
         left
     }
 
@@ -328,7 +350,7 @@ impl Leaver {
     pub fn start(pins: &PinLayout) -> Result<Self, AgentError> {
         let mut maps = Maps::open(pins)?;
         let thread = Worker::spawn("leaver", move |stop| {
-            let mut waiting = Waiting::new();
+            let mut waiting = Waiting::default();
             let mut gone = Gone::new();
             // Read before the scan: an event lost during it moves the counter past this.
             let mut lost = maps.lost_events();
@@ -389,6 +411,37 @@ impl Leaver {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn key(port: u32) -> SockKey {
+        SockKey {
+            local_port: port,
+            ..SockKey::default()
+        }
+    }
+
+    #[test]
+    fn a_look_takes_only_what_is_due_in_order() {
+        let t0 = Instant::now();
+        let mut w = Waiting::default();
+        assert!(w.add(key(1), t0));
+        assert!(!w.add(key(1), t0), "added twice");
+        w.put(key(2), Entry::NEW, t0 + Duration::from_secs(5));
+        w.put(key(3), Entry::NEW, t0 + Duration::from_secs(1));
+        let ports = |v: Vec<(SockKey, Entry)>| -> Vec<u32> {
+            v.into_iter().map(|(k, _)| k.local_port).collect()
+        };
+        assert_eq!(ports(w.take_due(t0)), [1]);
+        assert_eq!(ports(w.take_due(t0)), Vec::<u32>::new());
+        assert_eq!(ports(w.take_due(t0 + Duration::from_secs(6))), [3, 2]);
+        assert!(w.entries.is_empty() && w.schedule.is_empty());
+        // Put back at the instant it was taken: due at the next look, not lost.
+        assert!(w.add(key(4), t0));
+        let taken = w.take_due(t0);
+        for (k, e) in taken {
+            w.put(k, e, t0);
+        }
+        assert_eq!(ports(w.take_due(t0)), [4]);
+    }
 
     fn leaving(tx: [u64; 2], rx: [u64; 2]) -> Link {
         Link {
