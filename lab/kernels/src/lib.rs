@@ -162,6 +162,20 @@ pub struct Outcome {
     pub smoke: Option<Value>,
     /// Each test that ended, with the seconds it took (from the console's arrival).
     pub seconds: Vec<(String, u64)>,
+    /// A test whose line the kernel's own console output cut before its verdict, which
+    /// then comes on a later line.
+    pending: Option<String>,
+}
+
+/// The verdict that starts `text` (`ok`, `FAILED`), whatever the kernel's console printed
+/// after it (`ok[ 1646.37] ...`): `Some(true)` passed, `Some(false)` failed.
+fn verdict(text: &str) -> Option<bool> {
+    let word = text.trim_start().split('[').next().unwrap_or("").trim_end();
+    match word {
+        "ok" => Some(true),
+        "FAILED" => Some(false),
+        _ => None,
+    }
 }
 
 impl Outcome {
@@ -192,16 +206,28 @@ impl Outcome {
             let c = c.trim_start();
             let digits = c.find(|ch: char| !ch.is_ascii_digit()).unwrap_or(c.len());
             self.exit = c[..digits].parse().ok();
-        } else if let Some(t) = line
+        } else if let Some((name, rest)) = line
             .strip_prefix("test ")
-            .and_then(|l| l.strip_suffix(" ... FAILED"))
+            .and_then(|l| l.split_once(" ... "))
         {
-            self.failed.push(t.to_owned());
-        } else if let Some(t) = line
-            .strip_prefix("test ")
-            .and_then(|l| l.strip_suffix(" ... ok"))
+            // The kernel's console may cut in after the dots ("test x ... [ 1646.37]
+            // bypass-agent[14697] is installing a program with bpf_probe_write_user ..."):
+            // the verdict then comes on a line of its own.
+            self.pending = None;
+            match verdict(rest) {
+                Some(true) => self.passed.push(name.to_owned()),
+                Some(false) => self.failed.push(name.to_owned()),
+                None => self.pending = Some(name.to_owned()),
+            }
+        } else if self.pending.is_some()
+            && let Some(passed) = verdict(line)
+            && let Some(name) = self.pending.take()
         {
-            self.passed.push(t.to_owned());
+            if passed {
+                self.passed.push(name);
+            } else {
+                self.failed.push(name);
+            }
         }
     }
 }
@@ -664,6 +690,25 @@ mod tests {
         );
         assert_eq!(lockup_secs("test mesh::x ... ok"), None);
         assert_eq!(lockup_secs("BUG: soft lockup - CPU#0 stuck for s!"), None);
+    }
+
+    #[test]
+    fn a_verdict_the_kernel_cut_off_is_still_counted() {
+        let mut o = Outcome::default();
+        for line in [
+            "test tcp_semantics::so_rcvtimeo_times_out ... [ 1646.377825] bypass-agent[14697] is installing a program with bpf_probe_write_user helper that may corrupt user memory!",
+            "[ 1646.379116] bypass-agent[14697] is installing a program with bpf_probe_write_user helper that may corrupt user memory!",
+            "ok",
+            "test a::b ... ok",
+            "test a::c ... FAILED[ 12.5] sysrq: x",
+            "test a::d ... [ 1.0] x",
+            "FAILED",
+            "ok",
+        ] {
+            o.line(line);
+        }
+        assert_eq!(o.passed, ["tcp_semantics::so_rcvtimeo_times_out", "a::b"]);
+        assert_eq!(o.failed, ["a::c", "a::d"]);
     }
 
     #[test]
