@@ -40,7 +40,7 @@ use std::{
 
 use tokio::io::unix::AsyncFd;
 
-use super::netlink::{random_u32, recv_from, route_socket};
+use super::netlink::{nl_addr, random_u32, recv_from, route_socket};
 use crate::metrics::AgentMetrics;
 use tracing::{debug, info, warn};
 
@@ -161,10 +161,7 @@ fn random_port_id() -> io::Result<u32> {
 
 /// Binds `fd` at port id `port` (0: the kernel's choice), in no group.
 fn bind(fd: &OwnedFd, port: u32) -> io::Result<()> {
-    // SAFETY: a zeroed sockaddr_nl is a valid one; family and port are set below.
-    let mut local: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-    local.nl_family = libc::AF_NETLINK as u16;
-    local.nl_pid = port;
+    let local = nl_addr(port);
     // SAFETY: a valid socket and an address of the right size.
     let rc = unsafe {
         libc::bind(

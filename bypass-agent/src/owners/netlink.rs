@@ -100,9 +100,8 @@ impl Route {
         if rc < 0 {
             return Err(io::Error::last_os_error());
         }
-        // SAFETY: a zeroed sockaddr_nl is the kernel (port 0, no groups).
-        let mut kernel: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        kernel.nl_family = libc::AF_NETLINK as u16;
+        // To the kernel: its replies come, every other sender is refused.
+        let kernel = nl_addr(0);
         // SAFETY: a valid socket and an address of the right size.
         let rc = unsafe {
             libc::connect(
@@ -217,20 +216,8 @@ impl Route {
         req.extend_from_slice(&self.seq.to_ne_bytes());
         req.extend_from_slice(&0u32.to_ne_bytes());
         req.extend_from_slice(body);
-        // SAFETY: a zeroed sockaddr_nl is the kernel as destination.
-        let mut to: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        to.nl_family = libc::AF_NETLINK as u16;
-        // SAFETY: buffer and address valid for the call.
-        let sent = unsafe {
-            libc::sendto(
-                self.fd.as_raw_fd(),
-                req.as_ptr().cast(),
-                req.len(),
-                0,
-                std::ptr::from_ref(&to).cast(),
-                size_of::<libc::sockaddr_nl>() as u32,
-            )
-        };
+        // SAFETY: a buffer valid for the call, on a socket connected to the kernel.
+        let sent = unsafe { libc::send(self.fd.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) };
         if sent < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -329,6 +316,15 @@ pub(super) fn route_socket(flags: libc::c_int) -> io::Result<OwnedFd> {
     }
     // SAFETY: a descriptor just returned to us, owned from here.
     Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// The netlink address of port id `port` (0: the kernel), in no group.
+pub(super) fn nl_addr(port: u32) -> libc::sockaddr_nl {
+    // SAFETY: a zeroed sockaddr_nl is a valid one; family and port are set below.
+    let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    addr.nl_family = libc::AF_NETLINK as u16;
+    addr.nl_pid = port;
+    addr
 }
 
 /// Reads one datagram of `fd` into `buf` (the rest of a longer one is discarded), with
@@ -436,10 +432,7 @@ mod tests {
         // What a pod's process would send at the scan's socket: a bare header.
         let junk = [16u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
         let other = route_socket(0).unwrap();
-        // SAFETY: a zeroed sockaddr_nl, then the scan socket's port.
-        let mut to: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        to.nl_family = libc::AF_NETLINK as u16;
-        to.nl_pid = port;
+        let to = nl_addr(port);
         // SAFETY: buffer and address valid for the call.
         let sent = unsafe {
             libc::sendto(

@@ -49,6 +49,7 @@ pub fn service_backends<'a>(
             continue;
         };
         let ports = spec.ports.as_deref().unwrap_or_default();
+        let mut mine = BTreeSet::new();
         for vip in cluster_ips(service) {
             for port in ports.iter().filter(|p| tcp(p.protocol.as_deref())) {
                 let Some(vip_port) = port_number(Some(port.port)) else {
@@ -60,16 +61,19 @@ pub fn service_backends<'a>(
                     };
                     for addr in slice_addrs(slice) {
                         if addr.is_ipv4() == vip.is_ipv4() && local.contains(&addr) {
-                            out.entry(namespace.to_owned())
-                                .or_default()
-                                .insert(Backend::new(
-                                    SocketAddr::new(vip, vip_port),
-                                    SocketAddr::new(addr, target_port),
-                                ));
+                            mine.insert(Backend::new(
+                                SocketAddr::new(vip, vip_port),
+                                SocketAddr::new(addr, target_port),
+                            ));
                         }
                     }
                 }
             }
+        }
+        if !mine.is_empty() {
+            out.entry(namespace.to_owned())
+                .or_default()
+                .append(&mut mine);
         }
     }
     out
@@ -493,7 +497,8 @@ mod tests {
             .collect();
         assert_eq!(got, ["10.96.0.10:80=10.244.0.7:8080"]);
     }
-    /// `n` backends of namespace `ns`: ClusterIP 10.96.`tag`.x, one per port.
+
+    /// `n` backends, ClusterIPs 10.96.`tag`.x, on as many ports as they need.
     fn many(tag: u8, n: u16) -> BTreeSet<Backend> {
         (0..n)
             .map(|i| {

@@ -4,9 +4,9 @@
 //! a tmpfs overlay, so the guest runs the very binaries the host built. The serial
 //! console carries the results back; they are counted like the host run's and kept in
 //! `results/kernels/NAME.json`, which `cargo xtask kernel-table` turns into the
-//! README's table (a run given harness arguments, in `results/kernels/partial/`). A kernel of another architecture (arm64) boots in that
-//! architecture's qemu and runs the smoke test, built for it, instead of the privileged
-//! tests (see `smoke`).
+//! README's table (a run given harness arguments, in `results/kernels/partial/`). A
+//! kernel of another architecture (arm64) boots in that architecture's qemu and runs the
+//! smoke test, built for it, instead of the privileged tests (see `smoke`).
 //!
 //! What a run needs built (the test tools, the cross-built agent) comes from the caller
 //! through [`Build`]: xtask owns the toolchain and the cargo builds.

@@ -655,8 +655,9 @@ const LINK_EVENTS: &str = "bypass_link_events_total";
 /// byte-exact, over the veth, and the per-pod counters still hold what pod a's
 /// connections carried, closed before the loss and after it. With a `tenant`, a third
 /// pod first holds the cut map full ([`TenantHoldingCuts`]) or floods the agent's scan
-/// of its namespace ([`TenantFloodingTheScan`]), and the cut must hold all the same. With [`Seen::ByTheEvent`] the agent polls the namespaces less often
-/// than the test waits: only the link event can explain the cut.
+/// of its namespace ([`TenantFloodingTheScan`]), and the cut must hold all the same.
+/// With [`Seen::ByTheEvent`] the agent polls the namespaces less often than the test
+/// waits: only the link event can explain the cut.
 fn network_loss_cuts_bypassed_connections(
     loss: Loss,
     seen: Seen,
@@ -910,10 +911,9 @@ enum Tenant {
 
 /// A third pod that floods the socket the agent reads its namespace's links through:
 /// 64 links (32 veth pairs) inside its namespace, so that a dump of them takes several
-/// batches, and processes that
-/// send bare netlink headers, blocking, at the port id the agent's socket takes there
-/// (its process id: a socket's first port is its process's, and the pod's own
-/// `/proc/net/netlink` lists it). A socket whose queue stays above half full gets no
+/// batches, and processes that send bare netlink headers, blocking, at the port id the
+/// agent's socket takes there (its process id: a socket's first port is its process's,
+/// and the pod's own `/proc/net/netlink` lists it). A socket whose queue stays above half full gets no
 /// more of a dump, so unless the kernel refuses them the agent's pass reads junk for
 /// good and no cut of any pod follows. Each process counts the datagrams delivered, and
 /// those refused while the agent's socket had the port.
