@@ -26,6 +26,8 @@ pub mod toggle;
 pub mod uninstall;
 
 pub use error::AgentError;
+/// How many connections each metrics address serves at once.
+pub use metrics::MAX_CONNECTIONS as MAX_METRICS_CONNECTIONS;
 
 /// Runs one subcommand to its end.
 pub fn execute(command: cli::Command) -> Result<(), AgentError> {

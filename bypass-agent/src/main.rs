@@ -7,6 +7,7 @@ use clap::Parser as _;
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
+    map_large_allocations();
     let cli = cli::Cli::parse();
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
@@ -24,5 +25,21 @@ fn main() -> ExitCode {
             eprintln!("bypass-agent: error: {err}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Allocations of 128 KiB and more are mapped and unmapped on their own, at a fixed
+/// threshold. glibc's default threshold rises after the first such free, and then
+/// each later parse of the kernel's BTF at start (buffers grown by doubling to
+/// megabytes, parsed several times: the self-test's rounds, the load) grows the heap
+/// instead: that is the agent's peak resident memory (VmHWM, what the chart's memory
+/// limit meets). Measured standalone on this repository's VM: 32.4 MB without, 28.8 MB
+/// with.
+fn map_large_allocations() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets a parameter of the allocator; it runs before any
+    // other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
     }
 }

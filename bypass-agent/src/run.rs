@@ -99,7 +99,7 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
     } else {
         let t = Arc::new(Telemetry::new(PinLayout::new(&config.pin_dir)));
         for addr in addrs {
-            rt.block_on(metrics::serve(addr, t.clone()));
+            metrics::serve(addr, t.clone());
         }
         Some(t)
     };

@@ -135,7 +135,7 @@ fn load_with(
     }
     // Attached now, before any socket can be inserted (sock_ops attaches later): they
     // act on inserted sockets only.
-    let btfs = Btfs::read()?;
+    let btfs = Btfs::read(facts.hooks.all(), facts.features)?;
     for hook in facts.hooks.all() {
         match attach_hook(&mut ebpf, &btfs, *hook, facts.features) {
             Ok(link) => link.pin(&pins.link(hook.program))?,
@@ -150,6 +150,7 @@ fn load_with(
             Err(e) => return Err(e),
         }
     }
+    drop(btfs);
     let mut control = maps::Control::new(take_map(&mut ebpf, MAP_CONTROL)?)?;
     control.set_enabled(false)?;
     control.set_identity(identity)?;
@@ -380,23 +381,92 @@ pub(super) fn attach_skmsg(
     Ok((skmsg, link))
 }
 
-/// The kernel's BTF, as aya and as our reader parse it, for attaching tracing programs.
+/// What attaching `hooks` needs of the kernel's BTF: the read guard's attach points,
+/// found by our reader, and aya's parse for the programs aya attaches (fentry, fexit,
+/// tp_btf). Each parse of the 5 MB file takes tens of MB of heap; they are made one
+/// after the other, our reader dropped before aya parses, and aya's only where a hook
+/// needs it (held together, they were the agent's peak memory).
 pub(super) struct Btfs {
-    aya: Btf,
-    kernel: super::btf::Btf,
+    aya: Option<Btf>,
+    /// `(function, BTF id)` of each read guard hook's target (`guard_target`).
+    guard_ids: Vec<(String, u32)>,
 }
 
 impl Btfs {
-    /// Reads `/sys/kernel/btf/vmlinux`.
-    pub(super) fn read() -> Result<Self, AgentError> {
+    /// Reads `/sys/kernel/btf/vmlinux` for `hooks`, attached with the feature `bits`.
+    pub(super) fn read<'h>(
+        hooks: impl IntoIterator<Item = &'h Hook> + Clone,
+        bits: u32,
+    ) -> Result<Self, AgentError> {
         let err = |e: Box<dyn std::error::Error + Send + Sync>| AgentError::KernelSupport {
             what: "describe its functions for the tracing programs (BTF)",
             source: e,
         };
-        Ok(Self {
-            aya: Btf::from_sys_fs().map_err(|e| err(Box::new(e)))?,
-            kernel: super::btf::Btf::vmlinux().map_err(|e| err(Box::new(e)))?,
+        let guards: Vec<String> = hooks
+            .clone()
+            .into_iter()
+            .filter(|h| h.kind == HookKind::Guard)
+            .map(|h| guard_target(h, bits).1)
+            .collect();
+        let mut guard_ids = Vec::with_capacity(guards.len());
+        if !guards.is_empty() {
+            let kernel = super::btf::Btf::vmlinux().map_err(|e| err(Box::new(e)))?;
+            for target in guards {
+                let id = kernel
+                    .type_id(super::btf::KIND_FUNC, &target)
+                    .ok_or_else(|| AgentError::KernelSupport {
+                        what: "show its security functions in BTF for the read guard",
+                        source: format!("no function {target} in the kernel's BTF").into(),
+                    })?;
+                guard_ids.push((target, id));
+            }
+        }
+        let aya_attaches = hooks.into_iter().any(|h| {
+            matches!(
+                h.kind,
+                HookKind::Entry | HookKind::Exit | HookKind::TracePoint
+            )
+        });
+        let aya = if aya_attaches {
+            Some(Btf::from_sys_fs().map_err(|e| err(Box::new(e)))?)
+        } else {
+            None
+        };
+        Ok(Self { aya, guard_ids })
+    }
+
+    fn aya(&self, hook: &Hook) -> Result<&Btf, AgentError> {
+        self.aya.as_ref().ok_or_else(|| AgentError::KernelSupport {
+            what: "describe its functions for the tracing programs (BTF)",
+            source: format!(
+                "{} was not among the hooks its BTF was read for",
+                hook.program
+            )
+            .into(),
         })
+    }
+
+    fn guard_id(&self, target: &str) -> Result<u32, AgentError> {
+        self.guard_ids
+            .iter()
+            .find(|(t, _)| t == target)
+            .map(|&(_, id)| id)
+            .ok_or_else(|| AgentError::KernelSupport {
+                what: "show its security functions in BTF for the read guard",
+                source: format!("{target} was not among the hooks its BTF was read for").into(),
+            })
+    }
+}
+
+/// How a read guard `hook` attaches with the feature `bits`, and to which function: as
+/// a BPF LSM program on `bpf_lsm_<hook>` where the bits say the guard runs so
+/// ([`features::GUARD_LSM`]), else as fmod_ret on its target.
+fn guard_target(hook: &Hook, bits: u32) -> (super::fmodret::As, String) {
+    if bits & features::GUARD_LSM != 0 {
+        let hook_name = hook.target.strip_prefix("security_").unwrap_or(hook.target);
+        (super::fmodret::As::Lsm, format!("bpf_lsm_{hook_name}"))
+    } else {
+        (super::fmodret::As::FmodRet, hook.target.to_owned())
     }
 }
 
@@ -455,42 +525,30 @@ pub(super) fn attach_hook(
     bits: u32,
 ) -> Result<HookLink, AgentError> {
     let name = hook.program;
-    let btf = &btfs.aya;
     let load_err = |e: aya::programs::ProgramError| {
         AgentError::bpf(format!("attach {name} to the kernel's {}", hook.target), e)
     };
     let link: FdLink = match hook.kind {
         HookKind::Entry => {
             let p: &mut FEntry = program(ebpf, name)?;
-            p.load(hook.target, btf).map_err(load_err)?;
+            p.load(hook.target, btfs.aya(&hook)?).map_err(load_err)?;
             let id = p.attach().map_err(load_err)?;
             p.take_link(id).map_err(load_err)?.into()
         }
         HookKind::Exit => {
             let p: &mut FExit = program(ebpf, name)?;
-            p.load(hook.target, btf).map_err(load_err)?;
+            p.load(hook.target, btfs.aya(&hook)?).map_err(load_err)?;
             let id = p.attach().map_err(load_err)?;
             p.take_link(id).map_err(load_err)?.into()
         }
         HookKind::Guard => {
-            let (how, target) = if bits & features::GUARD_LSM != 0 {
-                let hook_name = hook.target.strip_prefix("security_").unwrap_or(hook.target);
-                (super::fmodret::As::Lsm, format!("bpf_lsm_{hook_name}"))
-            } else {
-                (super::fmodret::As::FmodRet, hook.target.to_owned())
-            };
-            let id = btfs
-                .kernel
-                .type_id(super::btf::KIND_FUNC, &target)
-                .ok_or_else(|| AgentError::KernelSupport {
-                    what: "show its security functions in BTF for the read guard",
-                    source: format!("no function {target} in the kernel's BTF").into(),
-                })?;
+            let (how, target) = guard_target(&hook, bits);
+            let id = btfs.guard_id(&target)?;
             return super::fmodret::attach(ebpf, name, &target, id, how).map(HookLink::Raw);
         }
         HookKind::TracePoint => {
             let p: &mut BtfTracePoint = program(ebpf, name)?;
-            p.load(hook.target, btf).map_err(load_err)?;
+            p.load(hook.target, btfs.aya(&hook)?).map_err(load_err)?;
             let id = p.attach().map_err(load_err)?;
             p.take_link(id).map_err(load_err)?.into()
         }

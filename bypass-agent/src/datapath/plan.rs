@@ -41,7 +41,7 @@ pub struct Hooks {
 
 impl Hooks {
     /// Every hook, in attach order.
-    pub fn all(&self) -> impl Iterator<Item = &'static Hook> {
+    pub fn all(&self) -> impl Iterator<Item = &'static Hook> + Clone {
         let guard: &'static [Hook] = match self.guard {
             ReadGuard::Guard => &GUARD_HOOKS,
             ReadGuard::Watch => &WATCH_HOOKS,

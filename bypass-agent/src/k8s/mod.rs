@@ -64,6 +64,10 @@ pub struct PodRef {
     pub name: String,
 }
 
+/// How long a publish of the node's status may take before the pass goes on without it
+/// (retried on the next pass).
+const PUBLISH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Where the node's status goes, and the UID of the Node that owns it.
 pub struct Publisher {
     client: kube::Client,
@@ -100,14 +104,28 @@ impl Publisher {
             return;
         }
         status.refreshed = Some(k8s_openapi::jiff::Timestamp::now().to_string());
-        match node_status::publish(
-            &self.client,
-            &self.namespace,
-            &status,
-            self.node_uid.as_deref(),
+        // The pass that cuts waits for this: an API server that stops answering without
+        // closing the connection must not hold it (the client sets no read timeout).
+        let published = tokio::time::timeout(
+            PUBLISH_TIMEOUT,
+            node_status::publish(
+                &self.client,
+                &self.namespace,
+                &status,
+                self.node_uid.as_deref(),
+            ),
         )
         .await
-        {
+        .unwrap_or_else(|_| {
+            Err(AgentError::System {
+                action: "publish the node status",
+                source: std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("the API server did not answer within {PUBLISH_TIMEOUT:?}"),
+                ),
+            })
+        });
+        match published {
             Ok(()) => {
                 if !self
                     .last
@@ -188,7 +206,7 @@ async fn run_async(
     let client = client::connect(settings.kubeconfig.as_deref()).await?;
     let telemetry = Arc::new(Telemetry::new(PinLayout::new(&config.pin_dir)));
     for addr in &settings.metrics_addrs {
-        metrics::serve(*addr, telemetry.clone()).await;
+        metrics::serve(*addr, telemetry.clone());
     }
 
     let mut attempt = 0;

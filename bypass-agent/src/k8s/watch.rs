@@ -30,7 +30,7 @@ use k8s_openapi::api::{
     networking::v1::{NetworkPolicy, ServiceCIDR},
 };
 use kube::{
-    Api, Client,
+    Api, Client, Resource as _,
     api::ListParams,
     runtime::{
         WatchStreamExt as _,
@@ -155,10 +155,12 @@ fn watch_policies(api: Api<NetworkPolicy>) -> BoxStream<'static, PolicyItem> {
 /// an error.
 pub(super) type Item = (Source, Result<bool, watcher::Error>);
 
+/// A reflector of `api`'s objects, each trimmed by `trim` before the store keeps it.
 fn watch<K>(
     source: Source,
     api: Api<K>,
     config: watcher::Config,
+    trim: fn(&mut K),
 ) -> (Store<K>, BoxStream<'static, Item>)
 where
     K: kube::Resource<DynamicType = ()>
@@ -170,7 +172,7 @@ where
         + 'static,
 {
     let (store, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher(api, config).default_backoff())
+    let stream = reflector::reflector(writer, watcher(api, config).default_backoff().modify(trim))
         .map(move |r| (source, r.map(|e| matches!(e, watcher::Event::InitDone))))
         .boxed();
     (store, stream)
@@ -200,8 +202,57 @@ fn watch_service_cidrs(api: Api<ServiceCIDR>) -> (Store<ServiceCIDR>, BoxStream<
             }
         }
     });
-    let (store, watch) = watch(Source::ServiceCidrs, api, watcher::Config::default());
+    let (store, watch) = watch(
+        Source::ServiceCidrs,
+        api,
+        watcher::Config::default(),
+        trim_metadata,
+    );
     (store, probe.chain(watch).boxed())
+}
+
+/// Drops what no pass reads and any client could make large: the managed fields, on
+/// every object the agent keeps.
+fn trim_metadata<K: kube::Resource>(obj: &mut K) {
+    obj.meta_mut().managed_fields = None;
+}
+
+/// A Service as [`crate::sync::backends`] reads it: its name, namespace, ClusterIPs and
+/// ports. Any tenant may write Services in its namespace, and every agent keeps every
+/// Service of the cluster: its annotations, labels, selector and status would be
+/// memory a tenant chooses (up to the API's object size, for each object).
+fn trim_service(svc: &mut Service) {
+    let meta = svc.meta_mut();
+    meta.managed_fields = None;
+    meta.annotations = None;
+    meta.labels = None;
+    meta.owner_references = None;
+    svc.status = None;
+    if let Some(spec) = svc.spec.as_mut() {
+        spec.selector = None;
+        spec.external_ips = None;
+        spec.load_balancer_source_ranges = None;
+        spec.session_affinity_config = None;
+    }
+}
+
+/// An EndpointSlice as [`crate::sync::backends`] reads it: its namespace, the label that
+/// names its Service, its ports and its endpoints' addresses (for the same reason as
+/// [`trim_service`]).
+fn trim_slice(slice: &mut EndpointSlice) {
+    let meta = slice.meta_mut();
+    meta.managed_fields = None;
+    meta.annotations = None;
+    meta.owner_references = None;
+    if let Some(labels) = meta.labels.as_mut() {
+        labels.retain(|k, _| k == crate::sync::backends::SERVICE_NAME_LABEL);
+    }
+    for e in &mut slice.endpoints {
+        *e = k8s_openapi::api::discovery::v1::Endpoint {
+            addresses: std::mem::take(&mut e.addresses),
+            ..Default::default()
+        };
+    }
 }
 
 /// What the reflectors hold: the objects the reconciler reads.
@@ -231,16 +282,19 @@ impl Watches {
             Source::Node,
             Api::<Node>::all(client.clone()),
             watcher::Config::default().fields(&format!("metadata.name={node}")),
+            trim_metadata,
         );
         let (pods, pod_events) = watch(
             Source::Pods,
             Api::<Pod>::all(client.clone()),
             watcher::Config::default().fields(&format!("spec.nodeName={node}")),
+            trim_metadata,
         );
         let (namespaces, ns_events) = watch(
             Source::Namespaces,
             Api::<Namespace>::all(client.clone()),
             watcher::Config::default(),
+            trim_metadata,
         );
         let policies = watch_policies(Api::<NetworkPolicy>::all(client.clone()));
         let (service_cidrs, sc_events) =
@@ -249,11 +303,13 @@ impl Watches {
             Source::Services,
             Api::<Service>::all(client.clone()),
             watcher::Config::default(),
+            trim_service,
         );
         let (endpoint_slices, slice_events) = watch(
             Source::EndpointSlices,
             Api::<EndpointSlice>::all(client.clone()),
             watcher::Config::default(),
+            trim_slice,
         );
         let events = futures::stream::select_all([
             node_events,
@@ -422,6 +478,44 @@ impl WatchState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the stores keep of a Service and an EndpointSlice a tenant wrote large is
+    /// what the backends need, and gives the same backends.
+    #[test]
+    fn trimmed_objects_give_the_same_backends() {
+        let pad = "x".repeat(4096);
+        let mut svc: Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "t",
+                "annotations": {"pad": pad}, "labels": {"pad": "x"},
+                "managedFields": [{"manager": "m", "operation": "Apply"}]},
+            "spec": {"clusterIP": "10.0.0.5", "clusterIPs": ["10.0.0.5"],
+                "selector": {"app": "web"},
+                "ports": [{"name": "http", "port": 80, "targetPort": 8080}]},
+        }))
+        .unwrap();
+        let mut slice: EndpointSlice = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web-1", "namespace": "t",
+                "annotations": {"pad": pad},
+                "labels": {"kubernetes.io/service-name": "web", "pad": "x"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.33.1.7"], "nodeName": "n",
+                "conditions": {"ready": false}, "hostname": pad,
+                "targetRef": {"kind": "Pod", "name": "web"}}],
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        }))
+        .unwrap();
+        let local = BTreeSet::from(["10.33.1.7".parse().unwrap()]);
+        let whole = crate::sync::backends::service_backends([&svc], [&slice], &local);
+        trim_service(&mut svc);
+        trim_slice(&mut slice);
+        assert_eq!(
+            crate::sync::backends::service_backends([&svc], [&slice], &local),
+            whole
+        );
+        assert_eq!(whole.values().map(BTreeSet::len).sum::<usize>(), 1);
+        let kept = serde_json::to_string(&(svc, slice)).unwrap();
+        assert!(kept.len() < 1024, "{kept}");
+    }
 
     #[test]
     fn service_cidrs_never_hold_up_the_first_pass() {

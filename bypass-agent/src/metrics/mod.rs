@@ -25,7 +25,7 @@ use prometheus_client::{
     },
     registry::Registry,
 };
-pub use server::serve;
+pub use server::{MAX_CONNECTIONS, serve};
 
 use crate::datapath::PinLayout;
 

@@ -1,42 +1,66 @@
 //! The HTTP/1 server of `/metrics`, `/healthz` and `/readyz`.
 
-use std::{convert::Infallible, net::SocketAddr, sync::Arc};
+use std::{convert::Infallible, net::SocketAddr, sync::Arc, time::Duration};
 
 use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode, body::Bytes, service::service_fn};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tracing::{debug, info, warn};
 
 use super::Telemetry;
 use crate::error::AgentError;
 
-/// Serves `/metrics`, `/healthz` and `/readyz` on `addr` until the runtime stops. A
-/// failed bind (the port taken by another program on the node) does not stop the
-/// agent: the datapath does not depend on it. It is logged and retried every
-/// [`RETRY`] until it succeeds; until then the probes of a DaemonSet fail and say so.
-pub async fn serve(addr: SocketAddr, telemetry: Arc<Telemetry>) {
-    let listener = match bind(addr).await {
-        Ok(l) => l,
-        Err(e) => {
-            warn!(error = %e, retry_in = ?RETRY,
-                "metrics not served for now; the datapath runs without them");
-            tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(RETRY).await;
-                    if let Ok(l) = bind(addr).await {
-                        accept_loop(l, telemetry).await;
-                        return;
-                    }
-                }
-            });
-            return;
-        }
-    };
-    tokio::spawn(accept_loop(listener, telemetry));
+/// Serves `/metrics`, `/healthz` and `/readyz` on `addr`, on a thread of its own with
+/// its own runtime, until the agent exits: whatever its clients do (any pod can reach a
+/// port on the node's address), they never take the thread that reconciles and cuts.
+/// A failed bind (the port taken by another program on the node) does not stop the
+/// agent: the datapath does not depend on it. It is logged and retried every [`RETRY`]
+/// until it succeeds; until then the probes of a DaemonSet fail and say so.
+pub fn serve(addr: SocketAddr, telemetry: Arc<Telemetry>) {
+    let spawned = std::thread::Builder::new()
+        .name(format!("metrics {addr}"))
+        .spawn(move || match crate::runtime::current_thread() {
+            Ok(rt) => rt.block_on(bind_then_serve(addr, telemetry)),
+            Err(e) => warn!(error = %e, %addr, "metrics not served"),
+        });
+    if let Err(e) = spawned {
+        warn!(error = %e, %addr, "metrics not served: no thread for them");
+    }
 }
 
 /// How often a failed bind is retried.
-pub const RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+pub const RETRY: Duration = Duration::from_secs(5);
+
+/// At most this many connections are served at once. The others wait in the listening
+/// socket's backlog, in the kernel: a pod that opens thousands of connections to the
+/// port takes none of the agent's file descriptors or memory beyond these.
+pub const MAX_CONNECTIONS: usize = 16;
+
+/// A connection's next request head must arrive within this, or it is closed.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A connection is closed after this long, whatever it does (a scraper that keeps its
+/// connection alive opens another), so that held connections cannot keep
+/// [`MAX_CONNECTIONS`] from the scrapers for good.
+const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
+
+async fn bind_then_serve(addr: SocketAddr, telemetry: Arc<Telemetry>) {
+    let mut warned = false;
+    let listener = loop {
+        match bind(addr).await {
+            Ok(l) => break l,
+            Err(e) => {
+                if !warned {
+                    warn!(error = %e, retry_in = ?RETRY,
+                        "metrics not served for now; the datapath runs without them");
+                    warned = true;
+                }
+                tokio::time::sleep(RETRY).await;
+            }
+        }
+    };
+    accept_loop(listener, telemetry).await;
+}
 
 async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, AgentError> {
     let listener = tokio::net::TcpListener::bind(addr)
@@ -50,26 +74,35 @@ async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, AgentError> {
 }
 
 async fn accept_loop(listener: tokio::net::TcpListener, telemetry: Arc<Telemetry>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
+        // A slot before the accept: beyond MAX_CONNECTIONS, connections stay queued.
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
             Err(e) => {
                 warn!(error = %e, "metrics accept");
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
         };
         let t = telemetry.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let svc = service_fn(move |req| {
                 let t = t.clone();
                 async move { Ok::<_, Infallible>(respond(&req, &t)) }
             });
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), svc)
-                .await
-            {
-                debug!(error = %e, "metrics connection");
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT);
+            let conn = http.serve_connection(TokioIo::new(stream), svc);
+            match tokio::time::timeout(CONNECTION_LIFETIME, conn).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => debug!(error = %e, "metrics connection"),
+                Err(_) => debug!("metrics connection closed at the end of its lifetime"),
             }
         });
     }

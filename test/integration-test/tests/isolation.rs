@@ -16,7 +16,7 @@ use std::{
 
 use crate::support::{
     HoldPair, ProbeServer, Steps, agent_with, exchange::exchange_exact, grew, hold_pair, num,
-    pod_counts, probe_client, probe_report, progress, spawn_probe_client, two_pods,
+    pod_counts, probe_client, probe_report, progress, spawn_probe_client, two_pods, wait_paired,
 };
 use anyhow::{Context as _, Result, ensure};
 use testbed::{ClientArgs, cmd, iptables};
@@ -171,12 +171,15 @@ fn attacker_takes_the_tuple(v6: bool, port: u16) -> Result<()> {
             "4M",
             "--bind",
             &client_end.to_string(),
+            "--wait-file",
+            &steps.arg("paired"),
             "--mark-file",
             &steps.arg("half-sent"),
             "--go-file",
             &steps.arg("send-more"),
         ]),
     )?;
+    wait_paired(&agent, &before, &steps)?;
     steps.wait("half-sent")?;
     let mid = agent.stats()?;
     ensure!(
@@ -1340,3 +1343,112 @@ fn a_loopback_server_in_another_pod_is_never_paired() -> Result<()> {
     );
     Ok(())
 }
+
+/// A pod holds [`HELD_METRICS_CONNECTIONS`] connections to the agent's metrics port on
+/// the node's address (any pod can reach it: a DaemonSet serves on `status.hostIPs`),
+/// sending nothing (Python, a program nobody here wrote). The agent serves at most
+/// `MAX_CONNECTIONS` of them at once and leaves the rest in the kernel's backlog: its
+/// open sockets grow by no more than that, its other metrics address answers, and pod
+/// a's interface going down still takes pod a's address from the owners, which is
+/// what a cut follows.
+#[test]
+fn a_tenant_holding_metrics_connections_takes_no_agent_resources() -> Result<()> {
+    privileged!();
+    let pods = two_pods()?;
+    let tenant = pods.third_pod("holder", 32)?;
+    let [x, y, z, _] = tenant.ipv4().octets();
+    let node = std::net::Ipv4Addr::new(x, y, z, 250);
+    cmd::ip(&[
+        "addr",
+        "add",
+        &format!("{node}/24"),
+        "dev",
+        pods.bridge().name(),
+    ])?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let ips = format!("127.0.0.1,{node}");
+    let opts = testbed::AgentOpts {
+        extra_args: strings(&["--metrics-ip", &ips, "--metrics-port", &port.to_string()]),
+        ..pods.agent_opts()
+    };
+    let agent = testbed::Agent::start(&opts)?;
+    let at_node = SocketAddr::new(IpAddr::V4(node), port);
+    // Both served before the tenant comes.
+    testbed::agent::metric_at(at_node, LINK_EVENTS)?;
+    let sockets = || -> Result<usize> {
+        let mut n = 0;
+        for fd in std::fs::read_dir(format!("/proc/{}/fd", agent.pid()))? {
+            let target = std::fs::read_link(fd?.path()).unwrap_or_default();
+            n += usize::from(target.to_string_lossy().starts_with("socket:"));
+        }
+        Ok(n)
+    };
+    let before = sockets()?;
+
+    let steps = Steps::new(&pods, "holder")?;
+    let mut cmd = Command::new("python3");
+    cmd.args([
+        "-c",
+        "import socket, sys, time\n\
+         held = [socket.create_connection((sys.argv[1], int(sys.argv[2])))\n\
+                 for _ in range(int(sys.argv[3]))]\n\
+         open(sys.argv[4], 'w').close()\n\
+         while True: time.sleep(3600)\n",
+        &node.to_string(),
+        &port.to_string(),
+        &HELD_METRICS_CONNECTIONS.to_string(),
+        &steps.arg("held"),
+    ]);
+    let _holder = testbed::spawn::spawn_in(&tenant, cmd)?.wait_ready(
+        &steps.file("held"),
+        "the tenant's connections",
+        testbed::steps::NET,
+    )?;
+    // Until the agent took all it takes: the listener's backlog holds the rest.
+    let max = bypass_agent::MAX_METRICS_CONNECTIONS;
+    let queued = || -> Result<usize> {
+        let out = cmd::run_program("ss", &["-Hltn", "src", &at_node.to_string()])?;
+        Ok(out
+            .split_whitespace()
+            .nth(1)
+            .and_then(|q| q.parse().ok())
+            .unwrap_or(0))
+    };
+    let deadline = std::time::Instant::now() + testbed::steps::NET;
+    while queued()? > HELD_METRICS_CONNECTIONS - max {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the agent took fewer than {max} of the tenant's connections within {:?}: {} queued",
+            testbed::steps::NET,
+            queued()?
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let held = sockets()?;
+    eprintln!(
+        "tenant holds {HELD_METRICS_CONNECTIONS} connections to {at_node}: the agent's sockets \
+         {before} -> {held}, {} left in the backlog",
+        queued()?
+    );
+    ensure!(
+        held <= before + max,
+        "the agent opened {} sockets for the tenant's {HELD_METRICS_CONNECTIONS} idle \
+         connections (at most {max})",
+        held - before
+    );
+    testbed::agent::metric(port, LINK_EVENTS)?;
+    let a = IpAddr::V4(pods.a.ipv4());
+    pods.a.ip(&["link", "set", "eth0", "down"])?;
+    agent.wait_for(
+        testbed::steps::NET,
+        "pod a's address to lose its owner",
+        |s| !s.address_owners.iter().any(|o| o.address == a),
+    )?;
+    Ok(())
+}
+
+/// The connections the tenant of
+/// [`a_tenant_holding_metrics_connections_takes_no_agent_resources`] holds.
+const HELD_METRICS_CONNECTIONS: usize = 300;

@@ -128,6 +128,12 @@ fn k8s_service_backends_one_namespace_cannot_fill_the_map() -> Result<()> {
     service_backends::k8s_service_backends_one_namespace_cannot_fill_the_map()
 }
 
+#[test]
+fn k8s_tenant_annotations_cost_the_agent_no_memory() -> Result<()> {
+    privileged!();
+    service_backends::k8s_tenant_annotations_cost_the_agent_no_memory()
+}
+
 // -------------------------------------------------------------------------------------
 // The manifests in deploy/ (tests/k8s/deploy.rs).
 

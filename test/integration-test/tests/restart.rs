@@ -16,7 +16,7 @@ use std::{
 
 use crate::support::{
     ProbeServer, Steps, hold_pair, num, probe_report, sigkill, spawn_probe_client, two_pods,
-    wait_for_log,
+    wait_for_log, wait_paired,
 };
 use anyhow::{Context as _, Result, bail, ensure};
 use bypass_common::{control, names};
@@ -219,12 +219,16 @@ fn upgrade_under_a_held_connection(other: Other) -> Result<()> {
     let server = ProbeServer::start(&pods.b, addr, &probe)?;
     let mut client_args = probe.to_vec();
     client_args.extend([
+        "--wait-file".to_owned(),
+        steps.arg("paired"),
         "--mark-file".to_owned(),
         steps.arg("first-half"),
         "--go-file".to_owned(),
         steps.arg("go"),
     ]);
+    let before = old.stats()?;
     let client = spawn_probe_client(&pods.a, addr, &client_args)?;
+    wait_paired(&old, &before, &steps)?;
     steps.wait("first-half")?;
     wait_status(&opts.pin_dir, "the first half redirected", |s| {
         num(s, "sockets") == 2 && num(s, "redirected_bytes") >= half

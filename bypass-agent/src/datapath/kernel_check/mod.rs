@@ -31,8 +31,8 @@ use bypass_common::{
     control, ip_key,
     layout::features,
     names::{
-        FIONREAD_HOOKS, HookKind, MAP_CONTROL, MAP_NETNS_OWNERS, MAP_POD_ADDRS, MAP_POD_NETNS,
-        MAP_STATS, PROG_SOCKOPS, PROG_SOCKOPT,
+        FIONREAD_HOOKS, Hook, HookKind, MAP_CONTROL, MAP_NETNS_OWNERS, MAP_POD_ADDRS,
+        MAP_POD_NETNS, MAP_STATS, PROG_SOCKOPS, PROG_SOCKOPT,
     },
 };
 use tracing::{info, warn};
@@ -424,20 +424,32 @@ fn round(facts: &HostFacts, mode: u32, cgroup: &Path) -> Result<Verdict, String>
     sockopt
         .attach(&cgroup_dir, CgroupAttachMode::Single)
         .map_err(|e| format!("attach {PROG_SOCKOPT} to {}: {e}", cgroup.display()))?;
-    let btfs = load::Btfs::read().map_err(text)?;
+    // The FIONREAD compensation's hook is found (one BTF parse) before the BTF is read
+    // for every hook (another), so the two are never held at once.
+    let compensation = match mode {
+        0 => None,
+        _ => Some(fionread_hook().ok_or("the kernel has neither sk_ioctl nor tcp_ioctl")?),
+    };
+    // The splice watch (a syscall tracepoint) is not the checks' business.
+    let hooks: Vec<&Hook> = facts
+        .hooks
+        .all()
+        .filter(|h| h.kind != HookKind::Syscall)
+        .collect();
+    let btfs = load::Btfs::read(hooks.iter().copied().chain(compensation), facts.features)
+        .map_err(text)?;
     // Held until the round ends: dropped, they detach.
     let mut links = Vec::new();
-    // The splice watch (a syscall tracepoint) is not the checks' business.
-    for hook in facts.hooks.all().filter(|h| h.kind != HookKind::Syscall) {
+    for hook in hooks {
         links.push(load::attach_hook(&mut ebpf, &btfs, *hook, facts.features).map_err(text)?);
     }
-    if mode != 0 {
-        let hook = fionread_hook().ok_or("the kernel has neither sk_ioctl nor tcp_ioctl")?;
+    if let Some(hook) = compensation {
         links.push(
             load::attach_hook(&mut ebpf, &btfs, *hook, facts.features)
                 .map_err(|e| format!("the FIONREAD compensation does not load: {}", text(e)))?,
         );
     }
+    drop(btfs);
     let stats = StatsView(&ebpf);
     let observed = scenarios::run(&stats, facts.hooks.guard == ReadGuard::Guard);
     drop(links);
@@ -536,7 +548,7 @@ where
 
 /// The FIONREAD compensation's hook on this kernel: the return of `sk_ioctl` where it
 /// exists (Linux >= 6.5), else of `tcp_ioctl`.
-pub fn fionread_hook() -> Option<&'static bypass_common::names::Hook> {
+pub fn fionread_hook() -> Option<&'static Hook> {
     let b = btf::Btf::vmlinux().ok()?;
     FIONREAD_HOOKS
         .iter()

@@ -219,3 +219,88 @@ impl FlagWatch {
         self.seen.get() && !self.lost.get()
     }
 }
+
+/// A tenant's EndpointSlices, each carrying as much annotation as the API takes:
+/// every agent keeps every EndpointSlice of the cluster, and must keep none of what it
+/// does not read. [`PAD_SLICES`] slices of 250 KiB of annotations each, then one that
+/// gives a backend on the node's pod (the watch delivers in order: once its backend is
+/// in the map, the agent has seen them all); the agent's resident memory grows by less
+/// than half of what they carry.
+pub fn k8s_tenant_annotations_cost_the_agent_no_memory() -> Result<()> {
+    let pods = TwoPods::new()?;
+    let c = Cluster::start()?;
+    let node = node_name(&pods, "sbpad");
+    c.node(&node, &[], &[])?;
+    c.namespace("bk-tenant", &[])?;
+    c.pod("bk-tenant", "t", &node, &["10.33.1.8"], PodOpts::default())?;
+    let port = free_port()?;
+    let agent = start_agent(&c, &pods, &node, port, &[])?;
+    let pin = agent.pin_dir().to_path_buf();
+    wait_addrs(&pin, "pods in", &addrs(&["10.33.1.8"]))?;
+    let rss = || -> Result<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", agent.pid()))?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kib| kib * 1024)
+            .ok_or_else(|| anyhow::anyhow!("no VmRSS in the agent's status"))
+    };
+    let before = rss()?;
+
+    const PAD: usize = 250 * 1024;
+    let pad = "x".repeat(PAD);
+    c.service(
+        "bk-tenant",
+        "pad",
+        "10.0.0.51",
+        json!([{"name": "http", "port": 80, "targetPort": 8080}]),
+    )?;
+    for s in 0..PAD_SLICES {
+        let name = format!("pad-{s}");
+        c.endpoint_slice(
+            "bk-tenant",
+            &name,
+            "pad",
+            &node,
+            &["10.33.1.8"],
+            json!([{"name": "other", "port": 9090, "protocol": "TCP"}]),
+        )?;
+        c.block(c.endpoint_slices("bk-tenant").patch(
+            &name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"annotations": {"pad": pad}}})),
+        ))?;
+    }
+    c.endpoint_slice(
+        "bk-tenant",
+        "pad-last",
+        "pad",
+        &node,
+        &["10.33.1.8"],
+        json!([{"name": "http", "port": 8080, "protocol": "TCP"}]),
+    )?;
+    let backend = "10.0.0.51:80=10.33.1.8:8080";
+    wait_for(&pin, DEADLINE, "the last slice's backend in", |s| {
+        s.service_backends.iter().any(|b| b == backend)
+    })?;
+    let after = rss()?;
+    let carried = (PAD_SLICES * PAD) as u64;
+    eprintln!(
+        "{PAD_SLICES} slices carrying {} KiB of annotations: the agent's resident memory \
+         {} -> {} KiB",
+        carried / 1024,
+        before / 1024,
+        after / 1024
+    );
+    ensure!(
+        after < before + carried / 2,
+        "the agent's resident memory grew by {} KiB with {} KiB of annotations it never reads",
+        after.saturating_sub(before) / 1024,
+        carried / 1024
+    );
+    Ok(())
+}
+
+/// The annotated slices of [`k8s_tenant_annotations_cost_the_agent_no_memory`].
+const PAD_SLICES: usize = 64;

@@ -326,6 +326,18 @@ pub struct HoldPair {
     pub redirected: AgentStatus,
 }
 
+/// Waits until a connection started after `before` is paired, then lets its client
+/// (started with `--wait-file` `paired` of `steps`) send. A first send before the
+/// server's end is in the SockHash takes TCP, and, the server not reading, so does
+/// everything after it (the order rule); in an emulated guest under load the server's
+/// end can be inserted after the client's first write.
+pub fn wait_paired(agent: &Agent, before: &AgentStatus, steps: &Steps) -> Result<()> {
+    agent.wait_for(testbed::steps::STEP_WAIT, "the connection paired", |s| {
+        grew(before, s, |s| s.counters.paired_pod) >= 1
+    })?;
+    steps.touch("paired")
+}
+
 pub fn hold_pair(
     pods: &TwoPods,
     agent: &Agent,
@@ -340,12 +352,15 @@ pub fn hold_pair(
     args.extend([
         "--bytes".to_owned(),
         chunk.to_string(),
+        "--wait-file".to_owned(),
+        steps.arg("paired"),
         "--mark-file".to_owned(),
         steps.arg("sent"),
         "--go-file".to_owned(),
         steps.arg("more"),
     ]);
     let client = spawn_probe_client(&pods.a, pods.b.v4_addr(port), &args)?;
+    wait_paired(agent, &before, steps)?;
     steps.wait("sent")?;
     let redirected = agent.wait_for(testbed::steps::NET, "the first chunk redirected", |s| {
         grew(&before, s, |s| s.counters.redirected_bytes) >= chunk

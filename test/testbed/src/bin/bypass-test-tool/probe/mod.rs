@@ -108,7 +108,8 @@ enum Case {
     /// --connections connections, --concurrency at a time; both sides write --bytes
     /// right after connect/accept, then read the other's.
     Burst,
-    /// Client: --bytes, --mark-file, wait for --go-file, --bytes more, half-close.
+    /// Client: wait for --wait-file (if any), --bytes, --mark-file, wait for --go-file,
+    /// --bytes more, half-close.
     /// Server: --mark-file once accepted, wait for --go-file, read and verify all.
     Hold,
     /// With the agent's bound at --bytes. Client: 1.25 x --bytes, --mark-file, wait for

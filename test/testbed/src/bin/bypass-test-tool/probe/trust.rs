@@ -132,9 +132,11 @@ pub fn connect(connect: SocketAddr, bind: Option<SocketAddr>) -> Result<TcpStrea
     Ok(s.into())
 }
 
-/// hold, client: `bytes`, mark, wait for go, `bytes` more, half-close, wait for EOF.
+/// hold, client: wait for wait (if any), `bytes`, mark, wait for go, `bytes` more,
+/// half-close, wait for EOF.
 pub fn hold_client(mut s: TcpStream, st: &Steps<'_>) -> Result<Value> {
     let mut w = Writer::new(Direction::ClientToServer);
+    wait_opt(st.wait)?;
     w.send(&mut s, st.bytes)?;
     mark(st.mark)?;
     wait_opt(st.go)?;
