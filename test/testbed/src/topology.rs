@@ -95,6 +95,28 @@ impl Pod {
         Ok(())
     }
 
+    /// Waits until no IPv6 address of the pod's interface is tentative. An address added
+    /// without DAD is still tentative while the link has no carrier, and a veth's carrier
+    /// comes up only once the kernel's link watch has seen both ends up (deferred, up to
+    /// a second apart under load): until then a bind to the address fails with
+    /// `EADDRNOTAVAIL`.
+    fn wait_addresses_usable(&self) -> Result<()> {
+        let deadline = std::time::Instant::now() + crate::steps::NET;
+        loop {
+            let tentative = self.ip(&["-6", "addr", "show", "dev", POD_IFNAME, "tentative"])?;
+            if tentative.trim().is_empty() {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "{}'s addresses still tentative after {:?}: {tentative}",
+                self.name,
+                crate::steps::NET
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
     /// Routes `cidr` out of the pod's interface (on-link).
     pub fn add_route(&self, cidr: &str) -> Result<()> {
         self.ip(&["route", "add", cidr, "dev", POD_IFNAME])?;
@@ -280,6 +302,7 @@ impl TwoPods {
             .and_then(|()| node.add_addr(&format!("{ipv6}/64")))
             .and_then(|()| node.add_route(&self.pod_cidr_v4()))
             .and_then(|()| node.add_route(&self.pod_cidr_v6()))
+            .and_then(|()| node.wait_addresses_usable())
             .with_context(|| format!("address node {label}"))?;
         Ok(node)
     }
@@ -355,6 +378,7 @@ fn make_pod(
     };
     pod.add_addr(&format!("{ipv4}/24"))
         .and_then(|()| pod.add_addr(&format!("{ipv6}/64")))
+        .and_then(|()| pod.wait_addresses_usable())
         .with_context(|| format!("address pod {label}"))?;
     Ok(pod)
 }
