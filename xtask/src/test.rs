@@ -106,12 +106,12 @@ pub fn run(args: &Args) -> Result<()> {
             // lock while they run; booted beside them, once the tests that measure
             // have run on a machine the guests do not yet load.
             let mut ready = VecDeque::new();
-            for kernel in kernel_matrix::EVERY_RUN {
-                match kernel_matrix::prepare(&tools, &agent, kernel, &args.harness) {
+            for share in kernel_matrix::EVERY_RUN {
+                match kernel_matrix::prepare(&tools, &agent, share.kernel, &share.harness()) {
                     Ok(p) => ready.push_back(p),
                     Err(e) => {
                         counts.failed += 1;
-                        failures.push(format!("kernel {kernel}: {e:#}"));
+                        failures.push(format!("kernel {}: {e:#}", share.kernel));
                     }
                 }
             }
