@@ -51,6 +51,9 @@ pub struct Args {
 
 /// `cargo xtask test`.
 pub fn run(args: &Args) -> Result<()> {
+    // Each stage's start is printed as seconds from here (where a slower machine's time
+    // goes).
+    let begun = Instant::now();
     let root = nix::unistd::geteuid().is_root();
     if is_ci() && !root {
         bail!(
@@ -118,6 +121,10 @@ pub fn run(args: &Args) -> Result<()> {
             let first = [BEFORE_GUESTS.to_owned()];
             let mut privileged = privileged_tests(tools.cargo()?, &agent, &first);
             statuses.push(run_counting(&mut privileged, &mut counts)?);
+            println!(
+                "test: the kernels' guests boot, {} s in",
+                begun.elapsed().as_secs()
+            );
             guests = Some(boot_guests(ready));
             let rest = ["--skip".to_owned(), BEFORE_GUESTS.to_owned()];
             let mut privileged = privileged_tests(tools.cargo()?, &agent, &rest);
@@ -156,7 +163,7 @@ pub fn run(args: &Args) -> Result<()> {
 
     // The one-node cluster's end-to-end tests, in every full run.
     if root && !args.no_cluster && args.harness.is_empty() {
-        println!("test: host {counts}");
+        println!("test: host {counts}, {} s in", begun.elapsed().as_secs());
         let started = Instant::now();
         if let Err(e) = cluster_tests(&tools, &agent, &args.harness, &mut counts) {
             failures.push(format!("cluster: {e:#}"));
@@ -168,7 +175,7 @@ pub fn run(args: &Args) -> Result<()> {
         join_guests(guests, &mut counts, &mut failures);
     }
     // The closing line: the host's tests and the kernels' together.
-    println!("test: {counts}");
+    println!("test: {counts} in {} s", begun.elapsed().as_secs());
     if failures.is_empty() {
         return Ok(());
     }

@@ -409,7 +409,10 @@ impl Datapath {
     pub fn cut_links(&mut self, excluded: &BTreeSet<IpAddr>) -> Result<usize, AgentError> {
         let pod_netns = aya::maps::HashMap::try_from(maps::open_pinned(&self.pins, MAP_POD_NETNS)?)
             .map_err(|e| AgentError::bpf(format!("open map {MAP_POD_NETNS}"), e))?;
-        match self.pairings.cut(excluded, &pod_netns)? {
+        match self
+            .pairings
+            .cut(excluded, &pod_netns, &self.owners.list())?
+        {
             maps::CutMap::Held(0) => Ok(0),
             maps::CutMap::Held(cut) => {
                 self.control.bump_cut_generation()?;

@@ -65,6 +65,12 @@ fn k8s_opt_outs_hold_by_traffic() -> Result<()> {
     opt_outs::k8s_opt_outs_hold_by_traffic()
 }
 
+#[test]
+fn k8s_opt_out_cuts_loopback_whose_namespace_the_datapath_forgot() -> Result<()> {
+    privileged!();
+    opt_outs::k8s_opt_out_cuts_loopback_whose_namespace_the_datapath_forgot()
+}
+
 // -------------------------------------------------------------------------------------
 // NetworkPolicy changes (tests/k8s/policies.rs).
 

@@ -14,7 +14,10 @@ use std::time::Instant;
 
 use bypass_agent::datapath::insert_failure_warning::{POLL, WARN_EVERY};
 
-use crate::support::{Steps, agent_with, grew, num, probe_pair, progress, two_pods, wait_for_log};
+use crate::support::{
+    ProbeServer, Steps, agent_with, grew, num, probe_report, progress, spawn_probe_client,
+    two_pods, wait_for_log,
+};
 use anyhow::{Result, ensure};
 use testbed::{Agent, ClientArgs, PeerClient, PeerServer, Report, TwoPods};
 
@@ -268,13 +271,29 @@ fn near_the_tcp_memory_limit_sends_wait_never_fail() -> Result<()> {
     let _mem = TcpMem::set(&tcp_mem_with_room(2048)?)?;
     let agent = agent_with(&pods, &["--max-queued-bytes", "64M"])?;
     let before = agent.status()?;
-    // A non-blocking writer floods for 3 s a reader that reads nothing for 4 s (then
-    // drains): any write error fails the probe.
-    let (c, s) = probe_pair(
-        &pods,
-        5504,
-        &["--case", "flood", "--secs", "3", "--hold-ms", "4000"],
-    )?;
+    // A non-blocking writer floods a reader that reads nothing, until the agent has
+    // sent by TCP for memory and a write has then met EAGAIN; the reader then drains.
+    // Any write error fails the probe.
+    let steps = Steps::new(&pods, "tight")?;
+    let args = [
+        "--case".to_owned(),
+        "flood".to_owned(),
+        "--go-file".to_owned(),
+        steps.arg("tight"),
+        "--wait-file".to_owned(),
+        steps.arg("read"),
+    ];
+    let to = pods.b.v4_addr(5504);
+    let server = ProbeServer::start(&pods.b, to, &args)?;
+    let client = spawn_probe_client(&pods.a, to, &args)?;
+    let tight0 = num(&before, "memory_tight");
+    agent.wait_for(testbed::steps::NET, "a send by TCP for memory", |s| {
+        s.counters.memory_tight > tight0
+    })?;
+    steps.touch("tight")?;
+    let c = probe_report(client)?;
+    steps.touch("read")?;
+    let s = server.wait()?;
     let after = agent.status()?;
     let grew = |key: &str| num(&after, key) - num(&before, key);
     let accepted = num(&c, "accepted");

@@ -51,6 +51,20 @@ pub fn pinned_hash_keys<K: Pod + Eq + std::hash::Hash, V: Pod>(pin: &Path) -> Re
     collect(pin, map.keys())
 }
 
+/// Removes every entry of the hash (or LRU hash) map pinned at `pin` (as an LRU's
+/// eviction would); returns how many it removed.
+pub fn clear_pinned_hash<K: Pod + Eq + std::hash::Hash, V: Pod>(pin: &Path) -> Result<usize> {
+    let mut map: HashMap<MapData, K, V> = open(pin)?
+        .try_into()
+        .with_context(|| format!("{} is not a hash map of this layout", pin.display()))?;
+    let keys = collect(pin, map.keys())?;
+    for k in &keys {
+        map.remove(k)
+            .with_context(|| format!("remove an entry of {}", pin.display()))?;
+    }
+    Ok(keys.len())
+}
+
 /// The keys of the SockHash pinned at `pin`.
 pub fn pinned_sockhash_keys(pin: &Path) -> Result<Vec<SockKey>> {
     let map: SockHash<MapData, SockKey> = open(pin)?

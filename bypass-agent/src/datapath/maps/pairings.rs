@@ -51,20 +51,30 @@ impl Pairings {
     /// then bumps the cut generation; each socket of such a connection sees the cut at
     /// its next send or read, and the connection leaves the SockHash (so an opt-out
     /// also moves established connections to plain TCP). Returns how many were cut.
+    ///
+    /// A namespace is a pod's when the datapath learned it there (`pod_netns`, an LRU
+    /// that pod churn evicts from) or the agent's scan saw it own the address
+    /// (`owners`, every pod namespace of the node, whatever the LRU kept).
     pub fn cut(
         &mut self,
         excluded: &BTreeSet<IpAddr>,
         pod_netns: &HashMap<MapData, u64, IpKey>,
+        owners: &std::collections::BTreeMap<IpAddr, u64>,
     ) -> Result<CutMap, AgentError> {
         if excluded.is_empty() {
             return Ok(CutMap::Held(0));
         }
         let keys: std::collections::HashSet<IpKey> =
             excluded.iter().map(|ip| ip_key(*ip)).collect();
-        let owners: std::collections::HashMap<u64, IpKey> =
-            pod_netns.iter().filter_map(Result::ok).collect();
+        let namespaces = excluded_namespaces(
+            pod_netns
+                .iter()
+                .filter_map(Result::ok)
+                .chain(owners.iter().map(|(ip, netns)| (*netns, ip_key(*ip)))),
+            &keys,
+        );
         let entries: Vec<(SockKey, Link)> = self.links.iter().filter_map(Result::ok).collect();
-        self.cut_keys(links_to_cut(&entries, &keys, &owners))
+        self.cut_keys(links_to_cut(&entries, &keys, &namespaces))
     }
 
     /// Puts the link keys `keys` into the cut map, up to the first insert it refuses;
@@ -147,17 +157,29 @@ fn gone(r: Result<(), aya::maps::MapError>, map: &str) -> Result<usize, AgentErr
     }
 }
 
+/// The namespaces (cookies) of the pods whose address is in `excluded`, from
+/// `(namespace, pod address)` pairs.
+pub fn excluded_namespaces(
+    pods: impl Iterator<Item = (u64, IpKey)>,
+    excluded: &std::collections::HashSet<IpKey>,
+) -> std::collections::HashSet<u64> {
+    pods.filter(|(_, ip)| excluded.contains(ip))
+        .map(|(netns, _)| netns)
+        .collect()
+}
+
 /// The links (by their client key) whose connection touches an address in `excluded`:
-/// an end of either socket, or the pod owning either socket's namespace.
+/// an end of either socket, or either socket's namespace is in `namespaces` (the
+/// excluded pods' own).
 pub fn links_to_cut(
     entries: &[(SockKey, Link)],
     excluded: &std::collections::HashSet<IpKey>,
-    owners: &std::collections::HashMap<u64, IpKey>,
+    namespaces: &std::collections::HashSet<u64>,
 ) -> Vec<SockKey> {
     let touches = |k: &SockKey| {
         excluded.contains(&k.local_ip)
             || excluded.contains(&k.remote_ip)
-            || owners.get(&k.netns).is_some_and(|ip| excluded.contains(ip))
+            || namespaces.contains(&k.netns)
     };
     entries
         .iter()
@@ -206,12 +228,26 @@ mod tests {
             (key(lo, lo, 30), link(key(lo, lo, 30))),
         ];
         let excluded: std::collections::HashSet<IpKey> = [b].into();
-        let owners: std::collections::HashMap<u64, IpKey> = [(10, a), (20, b), (30, c)].into();
+        let namespaces = excluded_namespaces([(10, a), (20, b), (30, c)].into_iter(), &excluded);
         assert_eq!(
-            links_to_cut(&entries, &excluded, &owners),
+            links_to_cut(&entries, &excluded, &namespaces),
             vec![key(a, b, 10), key(lo, lo, 20)],
             "pod to pod with b, and b's own loopback; not a to c, nor c's loopback"
         );
-        assert!(links_to_cut(&entries, &Default::default(), &owners).is_empty());
+        assert!(links_to_cut(&entries, &Default::default(), &Default::default()).is_empty());
+    }
+
+    #[test]
+    fn a_namespace_is_excluded_from_either_record() {
+        let ip = |s: &str| ip_key(s.parse().unwrap());
+        let (b4, b6, c) = (ip("10.0.0.2"), ip("fd00::2"), ip("10.0.0.3"));
+        let excluded: std::collections::HashSet<IpKey> = [b4, b6].into();
+        // The datapath's record lost b's namespace (20); the scan's has it, under its
+        // IPv6 address; a namespace holding both addresses is one namespace.
+        let pairs = [(30, c), (20, b6), (21, b4), (21, b6)];
+        assert_eq!(
+            excluded_namespaces(pairs.into_iter(), &excluded),
+            [20, 21].into()
+        );
     }
 }

@@ -15,9 +15,15 @@ use super::{
     cluster::{Cluster, PodOpts},
     support::{EXCLUDE, addrs, free_port, node_name, seen, set, start_agent, wait_addrs},
 };
-use crate::support::exchange::{
-    BOUND_ABOVE_PAYLOAD, assert_byte_exact, exchange, exchange_bypassed, exchange_exact,
+use crate::support::{
+    HoldPair, Steps,
+    exchange::{
+        BOUND_ABOVE_PAYLOAD, assert_byte_exact, exchange, exchange_bypassed, exchange_exact,
+    },
+    grew, hold_in, num, probe_report,
 };
+use bypass_common::{IpKey, names::MAP_POD_NETNS};
+use testbed::mapkeys;
 
 /// Growth of the counters over `f`, with the wire bytes the pods put on the veths.
 fn measured<T>(
@@ -162,5 +168,83 @@ pub fn k8s_opt_outs_hold_by_traffic() -> Result<()> {
     let w = exchange_exact(&pods, &agent, pods.b.v4_addr(5134), &bulk)?;
     ensure_untouched("namespace opted out", &w.before, &w.after)?;
     ensure!(w.wire >= payload, "the veths carried only {} B", w.wire);
+    Ok(())
+}
+
+/// An opt-out cuts the pod's loopback connections even when the datapath's record of
+/// the pod's namespace is gone: `BYPASS_POD_NETNS` is an LRU that pod churn on the node
+/// evicts from, and the cut finds a pod's loopback links by their namespace. A loopback
+/// `hold` connection inside pod b sends a first chunk, redirected; the map's entries
+/// are removed (as eviction would); pod b opts out; once the agent says it cut, the
+/// client sends a second chunk: it takes TCP, nothing more is redirected, and the
+/// server reads both, byte-exact.
+pub fn k8s_opt_out_cuts_loopback_whose_namespace_the_datapath_forgot() -> Result<()> {
+    let pods = TwoPods::new()?;
+    let c = Cluster::start()?;
+    let node = node_name(&pods, "lru");
+    c.node(&node, &[&pods.pod_cidr_v4(), &pods.pod_cidr_v6()], &[])?;
+    c.namespace("bk-lru", &[])?;
+    let (a4, b4) = (pods.a.ipv4().to_string(), pods.b.ipv4().to_string());
+    c.pod("bk-lru", "a", &node, &[&a4], PodOpts::default())?;
+    c.pod("bk-lru", "b", &node, &[&b4], PodOpts::default())?;
+    let agent = start_agent(&c, &pods, &node, free_port()?, &[])?;
+    let pin = agent.pin_dir().to_path_buf();
+    wait_addrs(&pin, "pods a and b in", &addrs(&[&a4, &b4]))?;
+    // Pod b's namespace learned by the datapath (a connection established on its
+    // address), so that its loopback connections are bypassed.
+    exchange_bypassed(
+        &pods,
+        &agent,
+        pods.b.v4_addr(5150),
+        &ClientArgs::bulk(1 << 20),
+    )?;
+
+    let steps = Steps::new(&pods, "lru")?;
+    let chunk = 1u64 << 20;
+    let HoldPair {
+        server,
+        client,
+        redirected: mid,
+    } = hold_in(
+        &pods.b,
+        &pods.b,
+        "127.0.0.1:5151".parse()?,
+        &agent,
+        &steps,
+        chunk,
+        |s| s.counters.paired_loopback,
+    )?;
+    let forgotten =
+        mapkeys::clear_pinned_hash::<u64, IpKey>(&pin.join("maps").join(MAP_POD_NETNS))?;
+    ensure!(forgotten >= 1, "{MAP_POD_NETNS} had no entry to lose");
+    c.annotate_pod("bk-lru", "b", EXCLUDE, Some("true"))?;
+    wait_addrs(&pin, "pod b opted out", &addrs(&[&a4]))?;
+    let deadline = std::time::Instant::now() + testbed::steps::NET;
+    while !agent
+        .stderr()
+        .contains("opted-out pods' connections moved to TCP")
+    {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the agent cut none of opted-out pod b's connections (its loopback one is \
+             bypassed): {}",
+            agent.stderr()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    steps.touch("more")?;
+    let c_report = probe_report(client)?;
+    let s_report = server.wait()?;
+    let after = agent.stats()?;
+    ensure!(
+        s_report["ok"] == true && num(&s_report, "received") == 2 * chunk,
+        "the server lost or reordered bytes: {s_report} (client {c_report})"
+    );
+    ensure!(
+        grew(&mid, &after, |s| s.counters.redirected_bytes) == 0
+            && grew(&mid, &after, |s| s.counters.passed_bytes) >= chunk
+            && grew(&mid, &after, |s| s.counters.cut_seen) >= 1,
+        "the loopback connection was not moved to TCP by the opt-out: {mid:?} -> {after:?}"
+    );
     Ok(())
 }

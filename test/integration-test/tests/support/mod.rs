@@ -332,8 +332,18 @@ pub struct HoldPair {
 /// everything after it (the order rule); in an emulated guest under load the server's
 /// end can be inserted after the client's first write.
 pub fn wait_paired(agent: &Agent, before: &AgentStatus, steps: &Steps) -> Result<()> {
+    wait_paired_by(agent, before, steps, |s| s.counters.paired_pod)
+}
+
+/// [`wait_paired`] for a pairing that `paired` counts (pod to pod, loopback, ...).
+pub fn wait_paired_by(
+    agent: &Agent,
+    before: &AgentStatus,
+    steps: &Steps,
+    paired: fn(&AgentStatus) -> u64,
+) -> Result<()> {
     agent.wait_for(testbed::steps::STEP_WAIT, "the connection paired", |s| {
-        grew(before, s, |s| s.counters.paired_pod) >= 1
+        grew(before, s, paired) >= 1
     })?;
     steps.touch("paired")
 }
@@ -345,9 +355,26 @@ pub fn hold_pair(
     port: u16,
     chunk: u64,
 ) -> Result<HoldPair> {
+    let to = pods.b.v4_addr(port);
+    hold_in(&pods.a, &pods.b, to, agent, steps, chunk, |s| {
+        s.counters.paired_pod
+    })
+}
+
+/// [`hold_pair`] from `client` to a server in `server` on `to`, paired as `paired`
+/// counts (a loopback hold: both in one pod, `to` on 127.0.0.1).
+pub fn hold_in(
+    client: &impl Place,
+    server: &impl Place,
+    to: SocketAddr,
+    agent: &Agent,
+    steps: &Steps,
+    chunk: u64,
+    paired: fn(&AgentStatus) -> u64,
+) -> Result<HoldPair> {
     let before = agent.stats()?;
     let hold = ["--case".to_owned(), "hold".to_owned()];
-    let server = ProbeServer::start(&pods.b, pods.b.v4_addr(port), &hold)?;
+    let server = ProbeServer::start(server, to, &hold)?;
     let mut args = hold.to_vec();
     args.extend([
         "--bytes".to_owned(),
@@ -359,8 +386,8 @@ pub fn hold_pair(
         "--go-file".to_owned(),
         steps.arg("more"),
     ]);
-    let client = spawn_probe_client(&pods.a, pods.b.v4_addr(port), &args)?;
-    wait_paired(agent, &before, steps)?;
+    let client = spawn_probe_client(client, to, &args)?;
+    wait_paired_by(agent, &before, steps, paired)?;
     steps.wait("sent")?;
     let redirected = agent.wait_for(testbed::steps::NET, "the first chunk redirected", |s| {
         grew(&before, s, |s| s.counters.redirected_bytes) >= chunk

@@ -1,7 +1,9 @@
-//! `flood`. Client: non-blocking writes of --chunk bytes for --secs, counting what the
+//! `flood`. Client: non-blocking writes of --chunk bytes for --secs (with --go-file:
+//! until that file exists and a write has met `EAGAIN` after it), counting what the
 //! kernel accepts, how far free memory drops and how many 1 KiB slab objects (where a
 //! waiting redirected message's `struct sk_msg` lives) and unreclaimable slab bytes it
-//! took. Server: reads nothing for --hold-ms, reports FIONREAD, then drains.
+//! took. Server: reads nothing for --hold-ms (with --wait-file: until that file
+//! exists), reports FIONREAD, then drains.
 
 use std::{
     io::{ErrorKind, Write},
@@ -19,7 +21,10 @@ use super::{
 };
 
 pub fn server(mut s: TcpStream, c: &Common) -> Result<Value> {
-    sleep_ms(c.hold_ms);
+    match &c.wait_file {
+        Some(p) => super::trust::wait_file(p)?,
+        None => sleep_ms(c.hold_ms),
+    }
     let queued = fionread(&s)?;
     let r = drain(&mut s, c.chunk, 0, Direction::ClientToServer, 0)?;
     Ok(json!({"fionread_after_hold": queued, "received": r.bytes, "ok": r.ok}))
@@ -36,7 +41,16 @@ pub fn client(mut s: TcpStream, c: &Common) -> Result<Value> {
     // The pattern advances only by what the kernel took: a short write keeps
     // its tail for the next call.
     let mut pending: Vec<u8> = Vec::new();
-    while t.elapsed().as_secs_f64() < c.secs {
+    // With --go-file: EAGAINs met since the file appeared (`None` before).
+    let mut after_go: Option<u64> = None;
+    let go_on = |after_go: Option<u64>| match &c.go_file {
+        Some(_) => after_go.is_none_or(|n| n == 0),
+        None => t.elapsed().as_secs_f64() < c.secs,
+    };
+    while go_on(after_go) {
+        if after_go.is_none() && c.go_file.as_deref().is_some_and(std::path::Path::exists) {
+            after_go = Some(0);
+        }
         if pending.is_empty() {
             p.fill(&mut buf);
             pending.extend_from_slice(&buf);
@@ -48,6 +62,7 @@ pub fn client(mut s: TcpStream, c: &Common) -> Result<Value> {
             }
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
                 eagain += 1;
+                after_go = after_go.map(|n| n + 1);
                 sleep_ms(5);
             }
             Err(e) => return Err(e).context("write"),
