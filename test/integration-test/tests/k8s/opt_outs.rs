@@ -13,14 +13,17 @@ use testbed::{
 
 use super::{
     cluster::{Cluster, PodOpts},
-    support::{EXCLUDE, addrs, free_port, node_name, seen, set, start_agent, wait_addrs},
+    support::{
+        EXCLUDE, TwoPodNode, addrs, ensure_second_chunk_by_tcp, free_port, node_name, seen, set,
+        start_agent, wait_addrs, wait_cut_logged,
+    },
 };
 use crate::support::{
     HoldPair, Steps,
     exchange::{
         BOUND_ABOVE_PAYLOAD, assert_byte_exact, exchange, exchange_bypassed, exchange_exact,
     },
-    grew, hold_in, num, probe_report,
+    hold_in, probe_report,
 };
 use bypass_common::{IpKey, names::MAP_POD_NETNS};
 use testbed::mapkeys;
@@ -179,17 +182,8 @@ pub fn k8s_opt_outs_hold_by_traffic() -> Result<()> {
 /// client sends a second chunk: it takes TCP, nothing more is redirected, and the
 /// server reads both, byte-exact.
 pub fn k8s_opt_out_cuts_loopback_whose_namespace_the_datapath_forgot() -> Result<()> {
-    let pods = TwoPods::new()?;
-    let c = Cluster::start()?;
-    let node = node_name(&pods, "lru");
-    c.node(&node, &[&pods.pod_cidr_v4(), &pods.pod_cidr_v6()], &[])?;
-    c.namespace("bk-lru", &[])?;
-    let (a4, b4) = (pods.a.ipv4().to_string(), pods.b.ipv4().to_string());
-    c.pod("bk-lru", "a", &node, &[&a4], PodOpts::default())?;
-    c.pod("bk-lru", "b", &node, &[&b4], PodOpts::default())?;
-    let agent = start_agent(&c, &pods, &node, free_port()?, &[])?;
+    let TwoPodNode { pods, c, agent, a4 } = TwoPodNode::start("lru", "bk-lru")?;
     let pin = agent.pin_dir().to_path_buf();
-    wait_addrs(&pin, "pods a and b in", &addrs(&[&a4, &b4]))?;
     // Pod b's namespace learned by the datapath (a connection established on its
     // address), so that its loopback connections are bypassed.
     exchange_bypassed(
@@ -219,32 +213,20 @@ pub fn k8s_opt_out_cuts_loopback_whose_namespace_the_datapath_forgot() -> Result
     ensure!(forgotten >= 1, "{MAP_POD_NETNS} had no entry to lose");
     c.annotate_pod("bk-lru", "b", EXCLUDE, Some("true"))?;
     wait_addrs(&pin, "pod b opted out", &addrs(&[&a4]))?;
-    let deadline = std::time::Instant::now() + testbed::steps::NET;
-    while !agent
-        .stderr()
-        .contains("opted-out pods' connections moved to TCP")
-    {
-        ensure!(
-            std::time::Instant::now() < deadline,
-            "the agent cut none of opted-out pod b's connections (its loopback one is \
-             bypassed): {}",
-            agent.stderr()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    wait_cut_logged(
+        &agent,
+        "opted-out pods' connections moved to TCP",
+        "opted-out pod b's loopback connection (bypassed)",
+    )?;
     steps.touch("more")?;
     let c_report = probe_report(client)?;
     let s_report = server.wait()?;
-    let after = agent.stats()?;
-    ensure!(
-        s_report["ok"] == true && num(&s_report, "received") == 2 * chunk,
-        "the server lost or reordered bytes: {s_report} (client {c_report})"
-    );
-    ensure!(
-        grew(&mid, &after, |s| s.counters.redirected_bytes) == 0
-            && grew(&mid, &after, |s| s.counters.passed_bytes) >= chunk
-            && grew(&mid, &after, |s| s.counters.cut_seen) >= 1,
-        "the loopback connection was not moved to TCP by the opt-out: {mid:?} -> {after:?}"
-    );
-    Ok(())
+    ensure_second_chunk_by_tcp(
+        "the loopback connection, by the opt-out,",
+        chunk,
+        &mid,
+        &agent.stats()?,
+        &s_report,
+        &c_report,
+    )
 }

@@ -9,7 +9,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Result, bail};
+use anyhow::{Result, bail, ensure};
+use serde_json::Value;
 use testbed::{Agent, AgentOpts, AgentStatus, TwoPods};
 
 use super::cluster::{Cluster, PodOpts};
@@ -155,4 +156,66 @@ pub fn node_name(pods: &TwoPods, what: &str) -> String {
 /// The repository's `deploy/`.
 pub fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
+}
+
+/// Two pods, `a` and `b`, of namespace `ns` on a node of their own, and an agent with
+/// both in its maps.
+pub struct TwoPodNode {
+    pub pods: TwoPods,
+    pub c: Cluster,
+    pub agent: Agent,
+    /// Pod a's IPv4 address, as the API has it.
+    pub a4: String,
+}
+
+impl TwoPodNode {
+    /// Starts it all: the node named after `label`.
+    pub fn start(label: &str, ns: &str) -> Result<Self> {
+        let pods = TwoPods::new()?;
+        let c = Cluster::start()?;
+        let node = node_name(&pods, label);
+        c.node(&node, &[&pods.pod_cidr_v4(), &pods.pod_cidr_v6()], &[])?;
+        c.namespace(ns, &[])?;
+        let (a4, b4) = (pods.a.ipv4().to_string(), pods.b.ipv4().to_string());
+        c.pod(ns, "a", &node, &[&a4], PodOpts::default())?;
+        c.pod(ns, "b", &node, &[&b4], PodOpts::default())?;
+        let agent = start_agent(&c, &pods, &node, free_port()?, &[])?;
+        wait_addrs(agent.pin_dir(), "pods a and b in", &addrs(&[&a4, &b4]))?;
+        Ok(Self { pods, c, agent, a4 })
+    }
+}
+
+/// Waits (a net, [`testbed::steps::NET`]) until the agent logged `line`: it says it
+/// cut, for `what`.
+pub fn wait_cut_logged(agent: &Agent, line: &str, what: &str) -> Result<()> {
+    ensure!(
+        crate::support::wait_for_log(agent, line),
+        "the agent did not cut {what}: {}",
+        agent.stderr()
+    );
+    Ok(())
+}
+
+/// A held connection cut after its first `chunk` (status `mid`): the server read both
+/// chunks, byte-exact, and the second took TCP (nothing more redirected, a cut seen).
+pub fn ensure_second_chunk_by_tcp(
+    what: &str,
+    chunk: u64,
+    mid: &AgentStatus,
+    after: &AgentStatus,
+    server: &Value,
+    client: &Value,
+) -> Result<()> {
+    use crate::support::{grew, num};
+    ensure!(
+        server["ok"] == true && num(server, "received") == 2 * chunk,
+        "the server lost or reordered bytes: {server} (client {client})"
+    );
+    ensure!(
+        grew(mid, after, |s| s.counters.redirected_bytes) == 0
+            && grew(mid, after, |s| s.counters.passed_bytes) >= chunk
+            && grew(mid, after, |s| s.counters.cut_seen) >= 1,
+        "{what} was not moved to TCP: {mid:?} -> {after:?}"
+    );
+    Ok(())
 }
