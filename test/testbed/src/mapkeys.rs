@@ -45,18 +45,20 @@ fn collect<K: Eq + std::hash::Hash + Clone>(
 /// The keys of the hash (or LRU hash) map pinned at `pin`, whose keys are `K` and
 /// values `V`; a key added or removed during the walk may be missed.
 pub fn pinned_hash_keys<K: Pod + Eq + std::hash::Hash, V: Pod>(pin: &Path) -> Result<Vec<K>> {
-    let map: HashMap<MapData, K, V> = open(pin)?
+    collect(pin, hash::<K, V>(pin)?.keys())
+}
+
+/// The hash (or LRU hash) map pinned at `pin`, keys `K`, values `V`.
+fn hash<K: Pod, V: Pod>(pin: &Path) -> Result<HashMap<MapData, K, V>> {
+    open(pin)?
         .try_into()
-        .with_context(|| format!("{} is not a hash map of this layout", pin.display()))?;
-    collect(pin, map.keys())
+        .with_context(|| format!("{} is not a hash map of this layout", pin.display()))
 }
 
 /// Removes every entry of the hash (or LRU hash) map pinned at `pin` (as an LRU's
 /// eviction would); returns how many it removed.
 pub fn clear_pinned_hash<K: Pod + Eq + std::hash::Hash, V: Pod>(pin: &Path) -> Result<usize> {
-    let mut map: HashMap<MapData, K, V> = open(pin)?
-        .try_into()
-        .with_context(|| format!("{} is not a hash map of this layout", pin.display()))?;
+    let mut map = hash::<K, V>(pin)?;
     let keys = collect(pin, map.keys())?;
     for k in &keys {
         map.remove(k)

@@ -41,15 +41,14 @@ pub fn client(mut s: TcpStream, c: &Common) -> Result<Value> {
     // The pattern advances only by what the kernel took: a short write keeps
     // its tail for the next call.
     let mut pending: Vec<u8> = Vec::new();
-    // With --go-file: EAGAINs met since the file appeared (`None` before).
-    let mut after_go: Option<u64> = None;
-    let go_on = |after_go: Option<u64>| match &c.go_file {
-        Some(_) => after_go.is_none_or(|n| n == 0),
-        None => t.elapsed().as_secs_f64() < c.secs,
-    };
-    while go_on(after_go) {
-        if after_go.is_none() && c.go_file.as_deref().is_some_and(std::path::Path::exists) {
-            after_go = Some(0);
+    // With --go-file: whether it has appeared, and a write met EAGAIN since.
+    let (mut go, mut blocked_after_go) = (false, false);
+    loop {
+        match c.go_file.as_deref() {
+            Some(_) if blocked_after_go => break,
+            Some(f) => go = go || f.exists(),
+            None if t.elapsed().as_secs_f64() >= c.secs => break,
+            None => {}
         }
         if pending.is_empty() {
             p.fill(&mut buf);
@@ -62,7 +61,7 @@ pub fn client(mut s: TcpStream, c: &Common) -> Result<Value> {
             }
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
                 eagain += 1;
-                after_go = after_go.map(|n| n + 1);
+                blocked_after_go = go;
                 sleep_ms(5);
             }
             Err(e) => return Err(e).context("write"),
