@@ -1,11 +1,11 @@
-//! `cargo xtask test`: setup and build, the unit tests of the host crates, then the
-//! privileged tests of `integration-test` one at a time (they share kernel state) against
-//! the built agent, with the test tool of `testbed` built beside them, and the one-node
-//! cluster's; the kernel matrix's guests boot beside them (each guest is one qemu TCG
-//! thread, [`GUEST_LANES`] at once, each console line prefixed with its kernel's name).
-//! Ends with `N passed, M failed` over all of it and fails on any failure. Privileged
-//! tests never skip: without root the task fails.
-
+//! `cargo xtask test`: setup and build; what the kernel matrix's guests run (the agent,
+//! the test tool of `testbed`, the earlier agents, the apps suite's programs, the
+//! privileged tests' binary); the demo's tests, which measure, on a quiet machine; then
+//! the guests boot (each guest is one qemu TCG thread, [`GUEST_LANES`] at once, each
+//! console line prefixed with its kernel's name), and beside them the unit tests of the
+//! host crates, the privileged tests of `integration-test` one at a time (they share
+//! kernel state) and the one-node cluster's. Ends with `N passed, M failed` over all of
+//! it and fails on any failure. Privileged tests never skip: without root the task fails.
 use std::{
     collections::VecDeque,
     io::{BufRead as _, BufReader, Write as _},
@@ -74,40 +74,27 @@ pub fn run(args: &Args) -> Result<()> {
     let mut counts = Counts::default();
     let mut failures = Vec::new();
 
-    let mut unit = tools.cargo()?;
-    unit.args(["test", "--workspace", "--no-fail-fast"])
-        .args(["--exclude", workspace::INTEGRATION_TEST])
-        .args(["--exclude", workspace::EBPF])
-        .args(["--exclude", workspace::MINIMAL_EBPF])
-        .arg("--")
-        .args(&args.harness);
-    let status = run_counting(&mut unit, &mut counts)?;
-    if !status.success() {
-        failures.push(format!("unit tests: {status}"));
-    }
-
     // The kernel matrix's share of every full run (the others on demand, `--kernel
     // NAME`); a filtered run is about the host's tests.
     let mut guests = None;
     if root {
-        // The Kubernetes tests start a real API server; build it here, once and cached,
-        // rather than inside the first test.
-        kube_testenv::ensure_binaries()
-            .context("build kube-apiserver and etcd for the Kubernetes tests")?;
-        // The tool the tests run, where they look for it (next to the test binaries).
+        // What the guests run, first: the tool the tests run, where they look for it
+        // (next to the test binaries); the earlier agents the upgrade tests switch to and
+        // from, once per commit; the apps suite's own programs (Go, Java, Node), beside
+        // that tool.
         build::build_test_tool(&tools, false)?;
-        // The earlier agents the upgrade tests switch to and from, once per commit.
         build::build_previous_agents(&tools)?;
-        // The apps suite's own programs (Go, Java, Node), beside that tool.
         crate::apps::build("debug")?;
         let started = Instant::now();
-        let before = counts;
+        // The host's privileged tests, counted apart for their own line.
+        let mut host = Counts::default();
         let pins_before = bpffs_entries();
         let mut statuses = Vec::new();
-        if !args.no_kernels && args.harness.is_empty() {
+        let rest = if !args.no_kernels && args.harness.is_empty() {
             // Prepared (downloaded, built) before the host's tests, which hold cargo's
             // lock while they run; booted beside them, once the tests that measure
-            // have run on a machine the guests do not yet load.
+            // have run on a machine the guests do not yet load. The unit tests and the
+            // Kubernetes tests' API server, which no guest needs, are built after.
             let mut ready = VecDeque::new();
             for share in kernel_matrix::EVERY_RUN {
                 match kernel_matrix::prepare(&tools, &agent, share.kernel, &share.harness()) {
@@ -120,33 +107,33 @@ pub fn run(args: &Args) -> Result<()> {
             }
             let first = [BEFORE_GUESTS.to_owned()];
             let mut privileged = privileged_tests(tools.cargo()?, &agent, &first);
-            statuses.push(run_counting(&mut privileged, &mut counts)?);
+            statuses.push(run_counting(&mut privileged, &mut host)?);
             println!(
                 "test: the kernels' guests boot, {} s in",
                 begun.elapsed().as_secs()
             );
             guests = Some(boot_guests(ready));
-            let rest = ["--skip".to_owned(), BEFORE_GUESTS.to_owned()];
-            let mut privileged = privileged_tests(tools.cargo()?, &agent, &rest);
-            statuses.push(run_counting(&mut privileged, &mut counts)?);
+            vec!["--skip".to_owned(), BEFORE_GUESTS.to_owned()]
         } else {
-            let mut privileged = privileged_tests(tools.cargo()?, &agent, &args.harness);
-            statuses.push(run_counting(&mut privileged, &mut counts)?);
-        }
+            args.harness.clone()
+        };
+        unit_tests(&tools, &args.harness, &mut counts, &mut failures)?;
+        // The Kubernetes tests start a real API server; build it here, once and cached,
+        // rather than inside the first test.
+        kube_testenv::ensure_binaries()
+            .context("build kube-apiserver and etcd for the Kubernetes tests")?;
+        let mut privileged = privileged_tests(tools.cargo()?, &agent, &rest);
+        statuses.push(run_counting(&mut privileged, &mut host)?);
         println!(
-            "test: host's privileged tests {} in {} s",
-            Counts {
-                passed: counts.passed - before.passed,
-                failed: counts.failed - before.failed,
-                ignored: counts.ignored - before.ignored,
-            },
+            "test: host's privileged tests {host} in {} s",
             started.elapsed().as_secs()
         );
         if let Some(status) = statuses.iter().find(|s| !s.success()) {
             failures.push(format!("privileged tests: {status}"));
-        } else if counts.passed == before.passed && counts.failed == before.failed {
+        } else if host.passed == 0 && host.failed == 0 {
             eprintln!("test: warning: no privileged test ran");
         }
+        counts += host;
         let left = leftover_pins(&pins_before, &bpffs_entries());
         if !left.is_empty() {
             failures.push(format!(
@@ -156,6 +143,7 @@ pub fn run(args: &Args) -> Result<()> {
             ));
         }
     } else {
+        unit_tests(&tools, &args.harness, &mut counts, &mut failures)?;
         failures.push(
             "privileged tests not run: they need root (run `cargo xtask test` as root)".into(),
         );
@@ -180,6 +168,28 @@ pub fn run(args: &Args) -> Result<()> {
         return Ok(());
     }
     bail!("{}", failures.join("; "))
+}
+
+/// The unit tests of the host crates (every crate but the privileged tests' and the
+/// eBPF programs'); a failure is added to `failures`.
+fn unit_tests(
+    tools: &setup::Tools,
+    harness: &[String],
+    counts: &mut Counts,
+    failures: &mut Vec<String>,
+) -> Result<()> {
+    let mut unit = tools.cargo()?;
+    unit.args(["test", "--workspace", "--no-fail-fast"])
+        .args(["--exclude", workspace::INTEGRATION_TEST])
+        .args(["--exclude", workspace::EBPF])
+        .args(["--exclude", workspace::MINIMAL_EBPF])
+        .arg("--")
+        .args(harness);
+    let status = run_counting(&mut unit, counts)?;
+    if !status.success() {
+        failures.push(format!("unit tests: {status}"));
+    }
+    Ok(())
 }
 
 /// `cargo xtask test --kernel A[,B...]`: one kernel's run, or several side by side
@@ -269,8 +279,7 @@ fn join_guests(
             continue;
         };
         for (kernel, c, verdict) in runs {
-            counts.passed += c.passed;
-            counts.failed += c.failed;
+            *counts += c;
             if let Err(e) = verdict {
                 failures.push(format!("kernel {kernel}: {e:#}"));
             }
@@ -336,8 +345,7 @@ fn cluster_tests(
         let mut counts = Counts::default();
         let status = run_counting(&mut cargo, &mut counts)?;
         println!("test: cluster {counts}");
-        total.passed += counts.passed;
-        total.failed += counts.failed;
+        *total += counts;
         if !status.success() {
             bail!("cluster tests: {status}");
         }

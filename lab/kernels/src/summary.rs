@@ -22,10 +22,16 @@ impl Counts {
     /// Adds the counts of one `test result:` line; other lines are ignored.
     pub fn add_line(&mut self, line: &str) {
         if let Some(counts) = parse_result_line(line) {
-            self.passed += counts.passed;
-            self.failed += counts.failed;
-            self.ignored += counts.ignored;
+            *self += counts;
         }
+    }
+}
+
+impl std::ops::AddAssign for Counts {
+    fn add_assign(&mut self, other: Self) {
+        self.passed += other.passed;
+        self.failed += other.failed;
+        self.ignored += other.ignored;
     }
 }
 
