@@ -1,6 +1,6 @@
 //! `bypass-agent`: parse options, start logging, run the chosen command.
 
-use std::process::ExitCode;
+use std::{io::IsTerminal as _, process::ExitCode};
 
 use bypass_agent::cli;
 use clap::Parser as _;
@@ -10,8 +10,11 @@ fn main() -> ExitCode {
     map_large_allocations();
     let cli = cli::Cli::parse();
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colours only on a terminal: a pod's log (`kubectl logs`, a collector) and a
+    // test's capture get plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     if cli.log_json {
         builder.json().init();

@@ -790,15 +790,20 @@ fn is_pod_address(ip: &IpKey) -> bool {
 }
 
 /// Whether `ip` is loopback inside namespace `netns` whose pod address is still a pod
-/// address (an opted-out or deleted pod's is not).
+/// address (an opted-out or deleted pod's is not) and still the namespace's own (one it
+/// lost, to another namespace or to none, is not: the record of what it learned stays
+/// until evicted, and a cut finds the namespace by its owner only while it owns).
 #[inline(always)]
 fn loopback_in_pod(ip: &IpKey, netns: u64) -> bool {
     if !is_loopback(ip) {
         return false;
     }
     match BYPASS_POD_NETNS.get_ptr(netns) {
-        // SAFETY: a live map value.
-        Some(pod) => is_pod(&unsafe { *pod }),
+        Some(pod) => {
+            // SAFETY: a live map value, copied.
+            let pod = unsafe { *pod };
+            is_pod(&pod) && owns(&pod, netns)
+        }
         None => false,
     }
 }

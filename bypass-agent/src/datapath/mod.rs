@@ -30,7 +30,7 @@ mod tcp_mem;
 mod worker;
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     fs::File,
     net::IpAddr,
     os::{fd::AsFd as _, unix::fs::MetadataExt as _},
@@ -143,6 +143,11 @@ pub struct Datapath {
     netns_owners: bool,
     /// Cuts the cut map could not hold, made as cuts of everything, not yet taken.
     cuts_of_everything: u64,
+    /// The namespaces that owned an address until the owners map gave it to another
+    /// or to none, kept until a cut of the address holds: that cut finds their loopback
+    /// links though neither the owners map nor the datapath's record of pod namespaces
+    /// (`BYPASS_POD_NETNS`, an LRU) names them any more.
+    former_owners: BTreeMap<IpAddr, BTreeSet<u64>>,
     /// Why the bypass is refused on this host, if it is.
     refused: Option<String>,
     /// What the kernel self-test found at this start.
@@ -258,6 +263,7 @@ impl Datapath {
             detach_on_exit: config.detach_on_exit,
             netns_owners: config.netns_owners,
             cuts_of_everything: 0,
+            former_owners: BTreeMap::new(),
             refused,
             checks,
             _ebpf: ebpf,
@@ -406,29 +412,46 @@ impl Datapath {
     /// connection is cut instead (counted, [`Datapath::take_cuts_of_everything`]):
     /// a cut never fails because of what other pods' connections hold. Returns how many
     /// connections the cut matched (0 for a cut of everything).
+    ///
+    /// A pod's namespace is found by its address in the owners map, in the datapath's
+    /// record, or among the namespaces that owned the address before (kept until this
+    /// cut holds).
     pub fn cut_links(&mut self, excluded: &BTreeSet<IpAddr>) -> Result<usize, AgentError> {
         if excluded.is_empty() {
             return Ok(0);
         }
         let pod_netns = aya::maps::HashMap::try_from(maps::open_pinned(&self.pins, MAP_POD_NETNS)?)
             .map_err(|e| AgentError::bpf(format!("open map {MAP_POD_NETNS}"), e))?;
-        match self
-            .pairings
-            .cut(excluded, &pod_netns, &self.owners.list())?
-        {
-            maps::CutMap::Held(0) => Ok(0),
+        let owners: Vec<(IpAddr, u64)> = self
+            .owners
+            .list()
+            .into_iter()
+            .chain(excluded.iter().flat_map(|ip| {
+                self.former_owners
+                    .get(ip)
+                    .into_iter()
+                    .flatten()
+                    .map(|netns| (*ip, *netns))
+            }))
+            .collect();
+        let cut = match self.pairings.cut(excluded, &pod_netns, &owners)? {
+            maps::CutMap::Held(0) => 0,
             maps::CutMap::Held(cut) => {
                 self.control.bump_cut_generation()?;
-                Ok(cut)
+                cut
             }
             maps::CutMap::Full(e) => {
                 self.control.cut_everything()?;
                 self.cuts_of_everything += 1;
                 warn!(error = %e, addresses = ?excluded,
                     "the cut map could not hold this cut: every bypassed connection on the node was cut instead (they continue on TCP)");
-                Ok(0)
+                0
             }
-        }
+        };
+        // The former owners' links are cut (or everything is): they are no longer
+        // needed. Kept when the cut fails, for its retry.
+        self.former_owners.retain(|ip, _| !excluded.contains(ip));
+        Ok(cut)
     }
 
     /// Cuts of everything made since the last call (the cut map was full).
@@ -455,8 +478,16 @@ impl Datapath {
 
     /// Writes `plan` into the owners map: every entry is tried; the first failure is
     /// returned after. The caller cuts the connections of the addresses it lost.
+    ///
+    /// A namespace that lost its address is remembered as its former owner until a cut
+    /// of the address holds ([`Datapath::cut_links`]). (Its new loopback connections
+    /// are not a pod's from the owners write on: the datapath bypasses loopback only in
+    /// a namespace that owns the pod address it learned there.)
     pub fn write_owners(&mut self, plan: &crate::owners::OwnerPlan) -> Result<(), AgentError> {
         let mut first = None;
+        for (ip, netns) in &plan.lost {
+            self.former_owners.entry(*ip).or_default().insert(*netns);
+        }
         for ip in &plan.remove {
             if let Err(e) = self.owners.remove(*ip) {
                 first.get_or_insert(e);

@@ -135,8 +135,9 @@ pub struct OwnerPlan {
     pub set: Vec<(IpAddr, u64)>,
     /// Entries to delete.
     pub remove: Vec<IpAddr>,
-    /// Addresses whose owner went or changed: their established connections are cut.
-    pub lost: BTreeSet<IpAddr>,
+    /// Addresses whose owner went or changed, each with the namespace that owned it:
+    /// their established connections are cut, that namespace's loopback ones too.
+    pub lost: BTreeMap<IpAddr, u64>,
 }
 
 impl OwnerPlan {
@@ -152,17 +153,17 @@ pub fn plan(current: &BTreeMap<IpAddr, u64>, desired: &BTreeMap<IpAddr, u64>) ->
     for (addr, netns) in desired {
         match current.get(addr) {
             Some(have) if have == netns => {}
-            Some(_) => {
+            Some(had) => {
                 p.set.push((*addr, *netns));
-                p.lost.insert(*addr);
+                p.lost.insert(*addr, *had);
             }
             None => p.set.push((*addr, *netns)),
         }
     }
-    for addr in current.keys() {
+    for (addr, had) in current {
         if !desired.contains_key(addr) {
             p.remove.push(*addr);
-            p.lost.insert(*addr);
+            p.lost.insert(*addr, *had);
         }
     }
     p
@@ -258,7 +259,7 @@ mod tests {
         let p = plan(&current, &desired);
         assert_eq!(p.set, vec![(v4(2), 9), (v4(4), 4)]);
         assert_eq!(p.remove, vec![v4(3)]);
-        assert_eq!(p.lost, BTreeSet::from([v4(2), v4(3)]));
+        assert_eq!(p.lost, BTreeMap::from([(v4(2), 2), (v4(3), 3)]));
         assert!(plan(&desired, &desired).is_empty());
     }
 }

@@ -100,7 +100,7 @@ impl Watcher {
         // none is inserted again meanwhile), every entry tried; the cut runs whatever
         // the writes did, and is retried until it succeeds.
         let written = dp.write_owners(&p);
-        self.uncut.extend(p.lost.iter().copied());
+        self.uncut.extend(p.lost.keys().copied());
         let cut = if self.uncut.is_empty() {
             0
         } else {
@@ -140,8 +140,8 @@ impl Watcher {
         if !p.is_empty() {
             info!(
                 owned = report.owned,
-                added = p.set.len() - p.lost.iter().filter(|ip| !p.remove.contains(ip)).count(),
-                lost = ?p.lost,
+                added = p.set.len() - p.lost.keys().filter(|ip| !p.remove.contains(ip)).count(),
+                lost = ?p.lost.keys().collect::<Vec<_>>(),
                 connections_cut = cut,
                 "pod address owners changed"
             );

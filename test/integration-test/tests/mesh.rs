@@ -16,7 +16,8 @@
 //!   side's candidate fails the sequence-number check, normal path, byte-exact;
 //! - 300 short connections through the chain, each writing at once: all paired, the
 //!   maps empty afterwards; egress to an outside address: that hop not watched;
-//!   loopback bypassed only once the namespace is known as a pod's.
+//!   loopback bypassed only once the namespace is known as a pod's, and no longer once
+//!   it lost its address (its connections cut, though the datapath forgot it).
 //!
 //! The proxies are `bypass-test-tool proxy` (testbed's src/bin/bypass-test-tool/proxy.rs);
 //! the rules come from `testbed::iptables` and vanish with the namespaces.
@@ -25,6 +26,7 @@ use crate::support::privileged;
 
 // The scenarios by topic, one file each under tests/mesh/; the tests below name them,
 // so every test keeps its name in the harness (filters, `--skip`, the kernel table).
+// A new test is a `#[test]` in its file (`mesh::loopback::...`), its name written once.
 pub mod chain;
 pub mod loopback;
 pub mod service;

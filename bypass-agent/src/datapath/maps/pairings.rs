@@ -54,12 +54,13 @@ impl Pairings {
     ///
     /// A namespace is a pod's when the datapath learned it there (`pod_netns`, an LRU
     /// that pod churn evicts from) or the agent's scan saw it own the address
-    /// (`owners`, every pod namespace of the node, whatever the LRU kept).
+    /// (`owners`: every pod namespace of the node, whatever the LRU kept, and those
+    /// that owned an address before).
     pub fn cut(
         &mut self,
         excluded: &BTreeSet<IpAddr>,
         pod_netns: &HashMap<MapData, u64, IpKey>,
-        owners: &std::collections::BTreeMap<IpAddr, u64>,
+        owners: &[(IpAddr, u64)],
     ) -> Result<CutMap, AgentError> {
         if excluded.is_empty() {
             return Ok(CutMap::Held(0));

@@ -14,12 +14,12 @@ use testbed::{
 use super::{
     cluster::{Cluster, PodOpts},
     support::{
-        EXCLUDE, TwoPodNode, addrs, ensure_second_chunk_by_tcp, free_port, node_name, seen, set,
-        start_agent, wait_addrs, wait_cut_logged,
+        EXCLUDE, TwoPodNode, addrs, free_port, node_name, seen, set, start_agent, wait_addrs,
+        wait_cut_logged,
     },
 };
 use crate::support::{
-    HoldPair, Steps,
+    HoldPair, Steps, ensure_second_chunk_by_tcp,
     exchange::{
         BOUND_ABOVE_PAYLOAD, assert_byte_exact, exchange, exchange_bypassed, exchange_exact,
     },

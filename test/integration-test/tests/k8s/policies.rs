@@ -3,7 +3,8 @@
 
 use anyhow::{Result, ensure};
 
-use super::support::{TwoPodNode, ensure_second_chunk_by_tcp, wait_cut_logged};
+use super::support::{TwoPodNode, wait_cut_logged};
+use crate::support::ensure_second_chunk_by_tcp;
 use crate::support::{HoldPair, Steps, grew, hold_pair, probe_report};
 
 /// A connection between two pods of one namespace sends a first chunk, redirected;

@@ -1,18 +1,25 @@
-//! Loopback in pods: identical tuples in two pods do not collide, and loopback is
-//! bypassed only once the namespace is known as a pod's.
+//! Loopback in pods: identical tuples in two pods do not collide, loopback is bypassed
+//! only once the namespace is known as a pod's, and no longer once it lost its address.
 
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr},
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, ensure};
+use anyhow::{Context as _, Result, bail, ensure};
 use testbed::{
     Agent, AgentStatus, ClientArgs, PeerClient, PeerServer, Proxy, ProxyOpts, Report, TwoPods,
 };
 
+use bypass_common::{IpKey, names::MAP_POD_NETNS};
+use testbed::mapkeys;
+
 use super::support::{grew, growth, keys_with_port};
-use crate::support::exchange::{ensure_one_exact, exchange_exact};
+use crate::support::{
+    HoldPair, Steps, ensure_second_chunk_by_tcp,
+    exchange::{ensure_one_exact, exchange_exact},
+    hold_in, privileged, probe_report, wait_for_log_line,
+};
 
 /// Identical loopback tuples in two pods, at once: in each pod a client reaches a
 /// proxy on the pod's own address (a pod-address connection, which is also what tells
@@ -182,6 +189,122 @@ pub fn loopback_bypassed_once_namespace_known_as_pod() -> Result<()> {
         grew(&b, &a, |s| s.counters.paired_loopback) == 1
             && grew(&b, &a, |s| s.counters.redirected_bytes_loopback) >= payload * 99 / 100,
         "loopback in a known pod namespace should be bypassed: {why}"
+    );
+    Ok(())
+}
+
+/// Pod b's namespace, learned by the datapath from a connection to b's address.
+fn learned_pod_b(pods: &TwoPods, agent: &Agent, port: u16) -> Result<IpAddr> {
+    exchange_exact(
+        pods,
+        agent,
+        pods.b.v4_addr(port),
+        &ClientArgs::bulk(64 << 10),
+    )?;
+    Ok(IpAddr::V4(pods.b.ipv4()))
+}
+
+/// Removes pod b's address from its interface, waits (a net) until the agent says the
+/// address lost its owner, and checks that this cut at least `cut` connections.
+fn pod_b_loses_its_address(pods: &TwoPods, agent: &Agent, b: IpAddr, cut: usize) -> Result<()> {
+    pods.b
+        .ip(&["addr", "del", &format!("{b}/24"), "dev", "eth0"])?;
+    let lost = format!("lost=[{b}]");
+    let Some(line) = wait_for_log_line(agent, &["pod address owners changed", &lost]) else {
+        bail!(
+            "the agent did not say that pod b's address lost its owner: {}",
+            agent.stderr()
+        );
+    };
+    let n = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("connections_cut="))
+        .and_then(|n| n.parse::<usize>().ok());
+    ensure!(
+        n.is_some_and(|n| n >= cut),
+        "the loss of pod b's address should cut at least {cut} connections: {line}"
+    );
+    Ok(())
+}
+
+/// A pod's loopback connections are cut when its address loses its owner, though the
+/// datapath's record of the pod's namespace was evicted and the owners map no longer
+/// names it: a loopback `hold` connection in pod b sends a first chunk, redirected;
+/// that record is emptied (as pod churn evicts from it); b's address is removed; once
+/// the agent has cut, the second chunk takes TCP, and the server reads both,
+/// byte-exact.
+#[test]
+fn a_lost_address_cuts_loopback_whose_namespace_the_datapath_forgot() -> Result<()> {
+    privileged!();
+    let pods = TwoPods::new()?;
+    let agent = Agent::start(&pods.agent_opts())?;
+    let b = learned_pod_b(&pods, &agent, 5931)?;
+    let steps = Steps::new(&pods, "lost-lo")?;
+    let chunk = 1u64 << 20;
+    let HoldPair {
+        server,
+        client,
+        redirected: mid,
+    } = hold_in(
+        &pods.b,
+        &pods.b,
+        SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 5932),
+        &agent,
+        &steps,
+        chunk,
+        |s| s.counters.paired_loopback,
+    )?;
+    let forgotten = mapkeys::clear_pinned_hash::<u64, IpKey>(
+        &agent.pin_dir().join("maps").join(MAP_POD_NETNS),
+    )?;
+    ensure!(forgotten >= 1, "{MAP_POD_NETNS} had no entry to lose");
+    pod_b_loses_its_address(&pods, &agent, b, 1)?;
+    steps.touch("more")?;
+    let c_report = probe_report(client)?;
+    let s_report = server.wait()?;
+    ensure_second_chunk_by_tcp(
+        "pod b's loopback connection, by the loss of b's address,",
+        chunk,
+        &mid,
+        &agent.stats()?,
+        &s_report,
+        &c_report,
+    )
+}
+
+/// A namespace that lost its pod address is no longer a pod's, though the datapath's
+/// record of the address it learned there stays until evicted: a loopback connection
+/// in pod b is bypassed while b owns its address, and one made after b lost it keeps
+/// TCP (a later cut of that address could not find the namespace once the record
+/// evicted it).
+#[test]
+fn a_namespace_that_lost_its_address_no_longer_bypasses_loopback() -> Result<()> {
+    privileged!();
+    let pods = TwoPods::new()?;
+    let agent = Agent::start(&pods.agent_opts())?;
+    let b = learned_pod_b(&pods, &agent, 5935)?;
+    let lo = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 5936);
+    let args = ClientArgs::bulk(1 << 20);
+    let loopback_in_b = || -> Result<(AgentStatus, AgentStatus)> {
+        let before = agent.stats()?;
+        let server = PeerServer::start(&pods.b, lo, 1)?;
+        let client = testbed::run_client(&pods.b, lo, &args)?;
+        ensure_one_exact(&client, &server.wait()?, &args)?;
+        Ok((before, agent.stats()?))
+    };
+    let (before, after) = loopback_in_b()?;
+    ensure!(
+        grew(&before, &after, |s| s.counters.paired_loopback) == 1,
+        "loopback in pod b, which owns its address, was not bypassed: {}",
+        growth(&before, &after)
+    );
+    pod_b_loses_its_address(&pods, &agent, b, 0)?;
+    let (before, after) = loopback_in_b()?;
+    ensure!(
+        grew(&before, &after, |s| s.counters.paired_loopback) == 0
+            && grew(&before, &after, |s| s.counters.redirected_bytes) == 0,
+        "loopback in a namespace that no longer owns its pod address was bypassed: {}",
+        growth(&before, &after)
     );
     Ok(())
 }

@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result, bail, ensure};
 use bypass_common::Stat;
 use nix::{
     sys::signal::{Signal, kill},
@@ -73,7 +73,16 @@ pub fn probe_command() -> Result<Command> {
 /// A probe server in a pod.
 pub struct ProbeServer {
     child: PodChild,
-    ready: PathBuf,
+    _ready: ReadyFile,
+}
+
+/// A server's ready file, removed when dropped (when the test fails too).
+struct ReadyFile(PathBuf);
+
+impl Drop for ReadyFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 impl ProbeServer {
@@ -101,12 +110,16 @@ impl ProbeServer {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        let ready = ReadyFile(ready);
         let child = spawn_in(pod, cmd)?.wait_ready(
-            &ready,
+            &ready.0,
             &format!("probe server on {listen}"),
             testbed::steps::NET,
         )?;
-        Ok(Self { child, ready })
+        Ok(Self {
+            child,
+            _ready: ready,
+        })
     }
 
     /// Its process id.
@@ -116,7 +129,6 @@ impl ProbeServer {
 
     /// Waits for its report.
     pub fn wait(self) -> Result<Value> {
-        let _ = std::fs::remove_file(&self.ready);
         report("server", self.child.wait_output(PROBE_TIMEOUT)?)
     }
 }
@@ -231,14 +243,46 @@ pub fn growth(before: &AgentStatus, after: &AgentStatus) -> String {
 /// agent's pinned datapath attached before this agent has even loaded, which under
 /// emulation takes seconds).
 pub fn wait_for_log(agent: &Agent, needle: &str) -> bool {
+    wait_for_log_line(agent, &[needle]).is_some()
+}
+
+/// [`wait_for_log`] for a line that holds each of `needles`: the first such line.
+pub fn wait_for_log_line(agent: &Agent, needles: &[&str]) -> Option<String> {
     let deadline = Instant::now() + testbed::steps::NET;
     while Instant::now() < deadline {
-        if agent.stderr().contains(needle) {
-            return true;
+        if let Some(line) = agent
+            .stderr()
+            .lines()
+            .find(|l| needles.iter().all(|n| l.contains(n)))
+        {
+            return Some(line.to_owned());
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    false
+    None
+}
+
+/// A held connection cut after its first `chunk` (status `mid`): the server read both
+/// chunks, byte-exact, and the second took TCP (nothing more redirected, a cut seen).
+pub fn ensure_second_chunk_by_tcp(
+    what: &str,
+    chunk: u64,
+    mid: &AgentStatus,
+    after: &AgentStatus,
+    server: &Value,
+    client: &Value,
+) -> Result<()> {
+    ensure!(
+        server["ok"] == true && num(server, "received") == 2 * chunk,
+        "the server lost or reordered bytes: {server} (client {client})"
+    );
+    ensure!(
+        grew(mid, after, |s| s.counters.redirected_bytes) == 0
+            && grew(mid, after, |s| s.counters.passed_bytes) >= chunk
+            && grew(mid, after, |s| s.counters.cut_seen) >= 1,
+        "{what} was not moved to TCP: {mid:?} -> {after:?}"
+    );
+    Ok(())
 }
 
 /// SIGKILL to a process we started, then waits until it is gone (a zombie counts: its
