@@ -264,6 +264,8 @@ pub fn wait_for_log_line(agent: &Agent, needles: &[&str]) -> Option<String> {
 
 /// A held connection cut after its first `chunk` (status `mid`): the server read both
 /// chunks, byte-exact, and the second took TCP (nothing more redirected, a cut seen).
+/// How much of it sk_msg saw and passed before the socket left the SockHash is the
+/// kernel's pace (on 6.1 under emulation, 589,824 of 1 MiB), so it is not counted.
 pub fn ensure_second_chunk_by_tcp(
     what: &str,
     chunk: u64,
@@ -278,7 +280,6 @@ pub fn ensure_second_chunk_by_tcp(
     );
     ensure!(
         grew(mid, after, |s| s.counters.redirected_bytes) == 0
-            && grew(mid, after, |s| s.counters.passed_bytes) >= chunk
             && grew(mid, after, |s| s.counters.cut_seen) >= 1,
         "{what} was not moved to TCP: {mid:?} -> {after:?}"
     );
