@@ -23,10 +23,8 @@ use crate::support::{
     exchange::{
         BOUND_ABOVE_PAYLOAD, assert_byte_exact, exchange, exchange_bypassed, exchange_exact,
     },
-    hold_in, probe_report,
+    loopback_hold_forgotten, probe_report,
 };
-use bypass_common::{IpKey, names::MAP_POD_NETNS};
-use testbed::mapkeys;
 
 /// Growth of the counters over `f`, with the wire bytes the pods put on the veths.
 fn measured<T>(
@@ -199,18 +197,7 @@ pub fn k8s_opt_out_cuts_loopback_whose_namespace_the_datapath_forgot() -> Result
         server,
         client,
         redirected: mid,
-    } = hold_in(
-        &pods.b,
-        &pods.b,
-        "127.0.0.1:5151".parse()?,
-        &agent,
-        &steps,
-        chunk,
-        |s| s.counters.paired_loopback,
-    )?;
-    let forgotten =
-        mapkeys::clear_pinned_hash::<u64, IpKey>(&pin.join("maps").join(MAP_POD_NETNS))?;
-    ensure!(forgotten >= 1, "{MAP_POD_NETNS} had no entry to lose");
+    } = loopback_hold_forgotten(&pods, &agent, &steps, 5151, chunk)?;
     c.annotate_pod("bk-lru", "b", EXCLUDE, Some("true"))?;
     wait_addrs(&pin, "pod b opted out", &addrs(&[&a4]))?;
     wait_cut_logged(

@@ -11,14 +11,11 @@ use testbed::{
     Agent, AgentStatus, ClientArgs, PeerClient, PeerServer, Proxy, ProxyOpts, Report, TwoPods,
 };
 
-use bypass_common::{IpKey, names::MAP_POD_NETNS};
-use testbed::mapkeys;
-
 use super::support::{grew, growth, keys_with_port};
 use crate::support::{
     HoldPair, Steps, ensure_second_chunk_by_tcp,
     exchange::{ensure_one_exact, exchange_exact},
-    hold_in, privileged, probe_report, wait_for_log_line,
+    loopback_hold_forgotten, privileged, probe_report, wait_for_log_line,
 };
 
 /// Identical loopback tuples in two pods, at once: in each pod a client reaches a
@@ -245,19 +242,7 @@ fn a_lost_address_cuts_loopback_whose_namespace_the_datapath_forgot() -> Result<
         server,
         client,
         redirected: mid,
-    } = hold_in(
-        &pods.b,
-        &pods.b,
-        SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 5932),
-        &agent,
-        &steps,
-        chunk,
-        |s| s.counters.paired_loopback,
-    )?;
-    let forgotten = mapkeys::clear_pinned_hash::<u64, IpKey>(
-        &agent.pin_dir().join("maps").join(MAP_POD_NETNS),
-    )?;
-    ensure!(forgotten >= 1, "{MAP_POD_NETNS} had no entry to lose");
+    } = loopback_hold_forgotten(&pods, &agent, &steps, 5932, chunk)?;
     pod_b_loses_its_address(&pods, &agent, b, 1)?;
     steps.touch("more")?;
     let c_report = probe_report(client)?;

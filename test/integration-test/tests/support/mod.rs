@@ -406,6 +406,28 @@ pub fn hold_pair(
     })
 }
 
+/// A loopback hold in pod b on 127.0.0.1:`port` ([`hold_in`]), its first `chunk`
+/// redirected, then the datapath's record of pod namespaces emptied, as pod churn
+/// evicts from it: a cut can find pod b's namespace only by its owner.
+pub fn loopback_hold_forgotten(
+    pods: &TwoPods,
+    agent: &Agent,
+    steps: &Steps,
+    port: u16,
+    chunk: u64,
+) -> Result<HoldPair> {
+    use bypass_common::{IpKey, names::MAP_POD_NETNS};
+    let to = SocketAddr::from(([127, 0, 0, 1], port));
+    let hold = hold_in(&pods.b, &pods.b, to, agent, steps, chunk, |s| {
+        s.counters.paired_loopback
+    })?;
+    let forgotten = testbed::mapkeys::clear_pinned_hash::<u64, IpKey>(
+        &agent.pin_dir().join("maps").join(MAP_POD_NETNS),
+    )?;
+    ensure!(forgotten >= 1, "{MAP_POD_NETNS} had no entry to lose");
+    Ok(hold)
+}
+
 /// [`hold_pair`] from `client` to a server in `server` on `to`, paired as `paired`
 /// counts (a loopback hold: both in one pod, `to` on 127.0.0.1).
 pub fn hold_in(
