@@ -9,24 +9,49 @@
 use crate::support::privileged;
 
 use crate::support::exchange::{Exchange, assert_bypassed, assert_byte_exact, exchange_with};
-use crate::support::{ProbeServer, agent_with, num, probe_report, spawn_probe_client, two_pods};
+use crate::support::{
+    ProbeServer, Steps, agent_with, num, probe_report, spawn_probe_client, two_pods,
+};
 use anyhow::{Result, ensure};
 use testbed::{Agent, AgentStatus, ClientArgs, ServerArgs, TwoPods};
 
-/// One-byte writes, 256 KiB of them, to a server that starts reading only after 200 ms:
-/// the writer is ahead of its reader from its first sends.
-fn stream_of_small_writes() -> (ClientArgs, ServerArgs) {
+/// One-byte writes, 256 KiB of them, to a server in pod b on `port` that starts
+/// reading only once `ahead` holds of the agent's counters (waited for, a net, while
+/// the writer writes): the writer is ahead of its reader from its first sends, however
+/// slowly the machine runs it.
+fn stream_of_small_writes(
+    pods: &TwoPods,
+    agent: &Agent,
+    port: u16,
+    what: &str,
+    ahead: impl Fn(&AgentStatus, &AgentStatus) -> bool + Sync,
+) -> Result<(ClientArgs, Exchange)> {
     let client = ClientArgs {
         send: 256 << 10,
         recv: 0,
         msg_size: 1,
         ..ClientArgs::default()
-    };
+    }
+    .greeted();
+    let steps = Steps::new(pods, "small")?;
     let server = ServerArgs {
-        reply_delay_ms: 200,
+        go_file: Some(steps.file("read")),
         ..ServerArgs::new(1)
     };
-    (client, server)
+    let before = agent.stats()?;
+    let x = std::thread::scope(|s| {
+        let watcher = s.spawn(|| {
+            let seen = agent.wait_for(testbed::steps::NET, what, |now| ahead(&before, now));
+            // The reader goes on either way: a test that fails does not hang.
+            steps.touch("read").and(seen)
+        });
+        let x = to_pod_b(pods, agent, port, &client, &server);
+        match watcher.join() {
+            Ok(seen) => seen.and(x),
+            Err(_) => anyhow::bail!("the watch of the agent's counters panicked"),
+        }
+    })?;
+    Ok((client, x))
 }
 
 /// Server in pod b on `port`, client in pod a, with `agent`'s counters around it.
@@ -195,12 +220,16 @@ fn small_stream_rule_can_be_turned_off() -> Result<()> {
     let agent = agent_with(&pods, &["--small-stream-bytes", "0"])?;
     let st = agent.status()?;
     ensure!(num(&st, "small_stream_bytes") == 0, "{st}");
-    let (args, server) = stream_of_small_writes();
-    let args = args.greeted();
-    let x = to_pod_b(&pods, &agent, 5403, &args, &server)?;
+    let (args, x) = stream_of_small_writes(
+        &pods,
+        &agent,
+        5403,
+        "the bound to apply while the reader waits",
+        |before, now| now.counters.queue_limited > before.counters.queue_limited,
+    )?;
     assert_byte_exact(&x, &args)?;
     // The stream stays in the SockHash; 262,144 one-byte messages waiting for a reader
-    // that sleeps first are each charged their `struct sk_msg`, so the bound (in
+    // that waits first are each charged their `struct sk_msg`, so the bound (in
     // messages as well as bytes) moves the rest to TCP until the reader catches up.
     ensure!(
         grew(&x.before, &x.after, |s| s.counters.small_streams) == 0

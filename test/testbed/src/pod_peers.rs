@@ -39,6 +39,8 @@ pub struct ServerArgs {
     pub idle_timeout_secs: u64,
     /// Pause after each client header before answering, milliseconds.
     pub reply_delay_ms: u64,
+    /// In stream mode, read nothing after a client's header until this file exists.
+    pub go_file: Option<PathBuf>,
 }
 
 impl ServerArgs {
@@ -49,6 +51,7 @@ impl ServerArgs {
             cpus: Vec::new(),
             idle_timeout_secs: crate::steps::NO_PROGRESS.as_secs(),
             reply_delay_ms: 0,
+            go_file: None,
         }
     }
 }
@@ -87,6 +90,11 @@ impl PeerServer {
             .arg(args.reply_delay_ms.to_string())
             .arg("--ready-file")
             .arg(&ready)
+            .args(
+                args.go_file
+                    .iter()
+                    .flat_map(|f| [std::ffi::OsStr::new("--go-file"), f.as_os_str()]),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());

@@ -38,6 +38,9 @@ enum Cmd {
         /// (its read waits meanwhile).
         #[arg(long, default_value_t = 0)]
         reply_delay_ms: u64,
+        /// In stream mode, read nothing after a client's header until this file exists.
+        #[arg(long, value_name = "PATH")]
+        go_file: Option<PathBuf>,
     },
     /// Connect, send the header and pattern at once, verify what comes back.
     Client {
@@ -59,6 +62,7 @@ pub fn run(cli: Cli) -> ExitCode {
             ready_file,
             idle_timeout,
             reply_delay_ms,
+            go_file,
         } => {
             let opts = server::ServerOpts {
                 listen,
@@ -66,6 +70,7 @@ pub fn run(cli: Cli) -> ExitCode {
                 ready_file,
                 idle_timeout: Duration::from_secs(idle_timeout),
                 reply_delay: Duration::from_millis(reply_delay_ms),
+                go_file,
             };
             match server::run(&opts) {
                 Ok(Some(r)) => r,

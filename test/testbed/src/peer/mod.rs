@@ -66,6 +66,7 @@ mod tests {
             ready_file: Some(ready.clone()),
             idle_timeout: Duration::from_secs(10),
             reply_delay: Duration::ZERO,
+            go_file: None,
         };
         let srv = std::thread::spawn(move || server::run(&sopts).unwrap().unwrap());
         while !ready.exists() {
@@ -161,6 +162,7 @@ mod tests {
                 ready_file: None,
                 idle_timeout: Duration::from_secs(10),
                 reply_delay: Duration::ZERO,
+                go_file: None,
             })
             .unwrap()
             .unwrap()

@@ -32,6 +32,9 @@ pub struct ServerOpts {
     pub idle_timeout: Duration,
     /// Pause between reading a header and answering it.
     pub reply_delay: Duration,
+    /// In stream mode, read nothing after the header until this file exists (waited
+    /// for at most [`crate::steps::STEP_WAIT`]).
+    pub go_file: Option<PathBuf>,
 }
 
 /// Listens, serves, reports. Errors only if it cannot listen.
@@ -143,6 +146,13 @@ fn serve(sock: TcpStream, opts: &ServerOpts) -> ConnOutcome {
     let verdict = match h.mode {
         Mode::Stream => {
             std::thread::sleep(opts.reply_delay);
+            if let Some(go) = &opts.go_file
+                && let Err(e) = crate::steps::wait_file(go, crate::steps::STEP_WAIT)
+            {
+                out.failures
+                    .push(Failure::conn(h.stream, "steps", format!("go file: {e:#}")));
+                return out;
+            }
             stream_mode(&sock, &mut reader, &h, &mut out)
         }
         Mode::PingPong => echo_mode(&sock, &mut reader, &h, &mut out),
