@@ -60,7 +60,7 @@ impl ServerArgs {
 #[derive(Debug)]
 pub struct PeerServer {
     child: PodChild,
-    ready: PathBuf,
+    _ready: crate::steps::ReadyFile,
 }
 
 impl PeerServer {
@@ -98,12 +98,16 @@ impl PeerServer {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        let ready = crate::steps::ReadyFile(ready);
         let child = spawn_in_on_cpus(pod, cmd, &args.cpus)?.wait_ready(
-            &ready,
+            &ready.0,
             &format!("peer server on {listen}"),
             crate::steps::NET,
         )?;
-        Ok(Self { child, ready })
+        Ok(Self {
+            child,
+            _ready: ready,
+        })
     }
 
     /// Its pid.
@@ -118,7 +122,6 @@ impl PeerServer {
 
     /// [`PeerServer::wait`] with a limit.
     pub fn wait_timeout(self, timeout: Duration) -> Result<Report> {
-        let _ = std::fs::remove_file(&self.ready);
         parse_report("server", self.child.wait_output(timeout)?)
     }
 }

@@ -21,6 +21,16 @@ pub use kube_testenv::NET;
 /// inactivity timeouts): a stall, never a pace.
 pub const NO_PROGRESS: Duration = Duration::from_secs(180);
 
+/// A server's ready file, removed when dropped (when the test fails too).
+#[derive(Debug)]
+pub struct ReadyFile(pub std::path::PathBuf);
+
+impl Drop for ReadyFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// Waits at most `within` until `path` exists.
 pub fn wait_file(path: &Path, within: Duration) -> Result<()> {
     let deadline = Instant::now() + within;

@@ -73,16 +73,7 @@ pub fn probe_command() -> Result<Command> {
 /// A probe server in a pod.
 pub struct ProbeServer {
     child: PodChild,
-    _ready: ReadyFile,
-}
-
-/// A server's ready file, removed when dropped (when the test fails too).
-struct ReadyFile(PathBuf);
-
-impl Drop for ReadyFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
+    _ready: testbed::steps::ReadyFile,
 }
 
 impl ProbeServer {
@@ -110,7 +101,7 @@ impl ProbeServer {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let ready = ReadyFile(ready);
+        let ready = testbed::steps::ReadyFile(ready);
         let child = spawn_in(pod, cmd)?.wait_ready(
             &ready.0,
             &format!("probe server on {listen}"),
