@@ -1,12 +1,14 @@
 //! The held echo: one connection kept across agent versions, exchanging --bytes of
 //! random bytes each step while the test switches agents between steps. The client
 //! writes from one thread and reads back from another (so the exchange never waits on
-//! TCP's buffers, as a client that writes everything before it reads would), and
-//! verifies every byte; the server echoes.
+//! TCP's buffers), or with --write-first reads only once it has written the whole step,
+//! as a client that sends a whole request before it reads the reply does (the exchange
+//! then needs the connection to hold a step in flight); it verifies every byte; the
+//! server echoes.
 //!
 //! Step `k` (0 to --steps - 1): the client waits for `<go-file>.<k>`, sends, and once
-//! everything came back writes `<mark-file>.<k>` (one JSON object); while it reads, it
-//! rewrites `<mark-file>.progress` with the step and the bytes read back, so the test
+//! everything came back writes `<mark-file>.<k>` (one JSON object); meanwhile it
+//! rewrites `<mark-file>.progress` with the step and the bytes written and read back, so the test
 //! can tell a stalled exchange from a slow one. The server reads step `k` only once
 //! `<wait-file>.<k>` exists (no --wait-file: at once), which lets the test hold
 //! redirected bytes unread across a switch.
@@ -17,7 +19,7 @@ use std::{
     path::{Path, PathBuf},
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::{Duration, Instant},
 };
@@ -53,6 +55,7 @@ pub fn client(
     steps: u64,
     bytes: u64,
     chunk: u64,
+    write_first: bool,
     go: &Path,
     mark: &Path,
 ) -> Result<Value> {
@@ -61,24 +64,35 @@ pub fn client(
     let mut progress_file = mark.as_os_str().to_owned();
     progress_file.push(".progress");
     let progress_file = PathBuf::from(progress_file);
+    let progress_next = progress_file.with_extension("progress-next");
     for k in 0..steps {
         wait_file(&step_file(go, k))?;
         let data = Arc::new(random_bytes(bytes)?);
         let started = Instant::now();
+        let (written, read) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let wrote = Arc::new(AtomicBool::new(false));
         let writer = {
             let (mut w, data) = (s.try_clone().context("clone the socket")?, data.clone());
+            let (written, wrote) = (written.clone(), wrote.clone());
             std::thread::spawn(move || -> std::io::Result<()> {
-                for piece in data.chunks(chunk) {
+                let all = data.chunks(chunk).try_for_each(|piece| {
                     w.write_all(piece)?;
-                }
-                Ok(())
+                    written.fetch_add(piece.len() as u64, Ordering::Relaxed);
+                    Ok(())
+                });
+                // Also when a write failed: the reader then reads what came back.
+                wrote.store(true, Ordering::Release);
+                all
             })
         };
-        let read = Arc::new(AtomicU64::new(0));
         let got = {
             let (s, read) = (s.try_clone().context("clone the socket")?, read.clone());
-            let len = data.len();
+            let (len, wrote) = (data.len(), wrote.clone());
             std::thread::spawn(move || -> std::io::Result<(Vec<u8>, u64)> {
+                // --write-first: not a byte read before the whole step is written.
+                while write_first && !wrote.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
                 let mut r = PatientReader::new(&s, None);
                 let mut got = vec![0u8; len];
                 let mut at = 0;
@@ -98,8 +112,15 @@ pub fn client(
             })
         };
         while !got.is_finished() {
-            let line = format!("{k} {}\n", read.load(Ordering::Relaxed));
-            let _ = std::fs::write(&progress_file, line);
+            let line = format!(
+                "{k} {} {}\n",
+                written.load(Ordering::Relaxed),
+                read.load(Ordering::Relaxed)
+            );
+            // Replaced whole (written beside, then renamed): a reader never sees it
+            // empty or half written.
+            let _ = std::fs::write(&progress_next, line)
+                .and_then(|()| std::fs::rename(&progress_next, &progress_file));
             std::thread::sleep(PROGRESS_EVERY);
         }
         let (back, spurious) = got

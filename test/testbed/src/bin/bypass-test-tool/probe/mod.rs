@@ -156,8 +156,8 @@ enum Case {
     /// MSG_ZEROCOPY writes of --bytes; reports the completions read back.
     Zerocopy,
     /// One connection held across agent versions (see `held.rs`): --steps exchanges of
-    /// --bytes of random bytes, the client writing and reading back from two threads,
-    /// step k on <--go-file>.k, read back into <--mark-file>.k; the server echoes step
+    /// --bytes of random bytes, the client writing and reading back from two threads
+    /// (with --write-first, reading only once the step is written), step k on <--go-file>.k, read back into <--mark-file>.k; the server echoes step
     /// k once <--wait-file>.k exists.
     HeldEcho,
 }
@@ -218,6 +218,10 @@ struct Common {
     /// held-echo: how many exchanges.
     #[arg(long, default_value_t = 1)]
     steps: u64,
+    /// held-echo: the client writes the whole step before it reads any of it back (one
+    /// thread's order), so the exchange needs the connection to hold a step in flight.
+    #[arg(long)]
+    write_first: bool,
 }
 
 impl Common {
@@ -410,7 +414,7 @@ fn client(connect: SocketAddr, c: &Common) -> Result<Value> {
                 .mark_file
                 .as_deref()
                 .context("held-echo needs --mark-file")?;
-            held::client(s, c.steps, c.bytes, c.chunk, go, mark)
+            held::client(s, c.steps, c.bytes, c.chunk, c.write_first, go, mark)
         }
         Case::Burst
         | Case::Tfo
