@@ -380,8 +380,11 @@ pub struct Link {
     pub server: SockKey,
     /// The [`hop`] kind.
     pub hop: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// The cut generation ([`crate::control::SLOT_CUT_GEN`]) when the accepting side
+    /// made the link, plus one; 0: not recorded (a build of this layout before it,
+    /// which wrote zero here). Both sockets check cuts from that generation or an
+    /// earlier one, so a cut of everything after it has cut them ([`Link::cut_by_all`]).
+    pub paired_gen: u32,
     /// [`link_state`] bits (a 64-bit word: without 32-bit sub-registers, the BPF
     /// backend has fetching atomics on 64-bit words only).
     pub state: u64,
@@ -402,6 +405,27 @@ pub struct Link {
 }
 
 const _: () = assert!(core::mem::size_of::<Link>() == 144);
+
+impl Link {
+    /// Whether the cut of everything made at generation `all`
+    /// ([`crate::control::SLOT_CUT_ALL`]) has cut this link's sockets, the cut generation
+    /// being `generation` now: it came after the link was made. `false` where the link
+    /// does not say when it was made ([`Link::paired_gen`] 0).
+    pub const fn cut_by_all(&self, generation: u32, all: u32) -> bool {
+        self.paired_gen != 0
+            && crate::control::cut_everything_since(
+                self.paired_gen.wrapping_sub(1),
+                generation,
+                all,
+            )
+    }
+
+    /// Whether this link is cut already: a socket saw its cut ([`link_state::CUT`]), or
+    /// the cut of everything at `all` came after it was made ([`Link::cut_by_all`]).
+    pub const fn already_cut(&self, generation: u32, all: u32) -> bool {
+        self.state & link_state::CUT != 0 || self.cut_by_all(generation, all)
+    }
+}
 
 /// What one pod's closed connections carried through the bypass, the value of
 /// [`crate::names::MAP_POD_COUNTS`]: added to by sock_ops as each of its sockets that

@@ -236,7 +236,9 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
                 (*new).rx_flags = [option(client.rx_tcp), option(u64::from(state.rx_tcp))];
                 (*new).rx_copied = [client.rcv_nxt, rcv_nxt];
                 (*new).rx_limit = [client.rx_limit, own.rx_limit];
-                (*new).reserved = 0;
+                // When it was made (plus one: 0 is "not recorded"), so that the agent
+                // knows a later cut of everything has cut it (`Link::cut_by_all`).
+                (*new).paired_gen = state.cut_gen.wrapping_add(1);
                 BYPASS_LINKS.insert(&client.key, &*new, BPF_NOEXIST.into())
             };
             // Without a link (no room) the pair takes TCP; the socket stays inserted.

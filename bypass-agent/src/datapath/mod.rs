@@ -47,7 +47,7 @@ use aya::{
 };
 pub use bypass_common::Counters;
 use bypass_common::{
-    SockKey,
+    IpKey, SockKey,
     names::{
         MAP_CONNECTORS, MAP_CONTROL, MAP_CUT, MAP_EXCLUDED_ADDRS, MAP_LINKS, MAP_NETNS_OWNERS,
         MAP_POD_ADDRS, MAP_POD_CIDRS, MAP_POD_COUNTS, MAP_POD_NETNS, MAP_SERVICE_BACKENDS,
@@ -434,7 +434,57 @@ impl Datapath {
                     .map(|netns| (*ip, *netns))
             }))
             .collect();
-        let cut = match self.pairings.cut(excluded, &pod_netns, &owners)? {
+        let generations = self.control.cut_generations()?;
+        let cut = self
+            .pairings
+            .cut(excluded, &pod_netns, &owners, generations)?;
+        let cut = self.hold_cut(cut, &format!("{excluded:?}"))?;
+        // The former owners' links are cut (or everything is): they are no longer
+        // needed. Kept when the cut fails, for its retry.
+        self.former_owners.retain(|ip, _| !excluded.contains(ip));
+        Ok(cut)
+    }
+
+    /// Cuts every link not cut already one of whose sides no longer stands where
+    /// sock_ops paired it ([`maps::side_stands`]: `is_pod`, the pod maps' judgement
+    /// now, the owners map, the datapath's record of pod namespaces), whatever the
+    /// history: what an earlier agent wrote into the maps and had not cut when it
+    /// stopped (killed, upgraded in place, its cut failing until then) is cut all the
+    /// same. For the ownership check on (`--netns-owners=observe`): it does nothing
+    /// otherwise. As [`Datapath::cut_links`], a full cut map cuts everything. Returns
+    /// how many connections it cut.
+    pub fn cut_links_astray(
+        &mut self,
+        is_pod: &dyn Fn(IpAddr) -> bool,
+    ) -> Result<usize, AgentError> {
+        if !self.netns_owners {
+            return Ok(0);
+        }
+        let owners = self.owners.list();
+        let owning = maps::owning_namespaces(&owners, is_pod);
+        let learned: std::collections::HashMap<u64, IpAddr> =
+            aya::maps::HashMap::<_, u64, IpKey>::try_from(maps::open_pinned(
+                &self.pins,
+                MAP_POD_NETNS,
+            )?)
+            .map_err(|e| AgentError::bpf(format!("open map {MAP_POD_NETNS}"), e))?
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(netns, ip)| (netns, bypass_common::addr::ip_from_key(ip).to_canonical()))
+            .collect();
+        let generations = self.control.cut_generations()?;
+        let cut = self.pairings.cut_astray(
+            |side| maps::side_stands(side, is_pod, &owners, &learned, &owning),
+            generations,
+        )?;
+        self.hold_cut(cut, "links astray")
+    }
+
+    /// Makes a cut the pairing maps took hold: the cut generation moves (nothing
+    /// matched: nothing to do); a full cut map cuts everything instead, counted and
+    /// logged with `what` was cut.
+    fn hold_cut(&mut self, cut: maps::CutMap, what: &str) -> Result<usize, AgentError> {
+        Ok(match cut {
             maps::CutMap::Held(0) => 0,
             maps::CutMap::Held(cut) => {
                 self.control.bump_cut_generation()?;
@@ -443,15 +493,11 @@ impl Datapath {
             maps::CutMap::Full(e) => {
                 self.control.cut_everything()?;
                 self.cuts_of_everything += 1;
-                warn!(error = %e, addresses = ?excluded,
+                warn!(error = %e, cut = what,
                     "the cut map could not hold this cut: every bypassed connection on the node was cut instead (they continue on TCP)");
                 0
             }
-        };
-        // The former owners' links are cut (or everything is): they are no longer
-        // needed. Kept when the cut fails, for its retry.
-        self.former_owners.retain(|ip, _| !excluded.contains(ip));
-        Ok(cut)
+        })
     }
 
     /// Cuts of everything made since the last call (the cut map was full).

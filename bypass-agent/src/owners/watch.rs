@@ -64,6 +64,9 @@ pub struct Watcher {
     uncut: BTreeSet<IpAddr>,
     /// The namespaces whose per-pod counts the last pass kept.
     kept: BTreeSet<u64>,
+    /// Whether a pass has cut every link astray since this agent started
+    /// ([`Datapath::cut_links_astray`]): once per start, until it succeeds.
+    audited: bool,
 }
 
 impl Watcher {
@@ -78,6 +81,7 @@ impl Watcher {
             last: Report::default(),
             uncut: BTreeSet::new(),
             kept: BTreeSet::new(),
+            audited: false,
         }))
     }
 
@@ -101,13 +105,35 @@ impl Watcher {
         // the writes did, and is retried until it succeeds.
         let written = dp.write_owners(&p);
         self.uncut.extend(p.lost.keys().copied());
-        let cut = if self.uncut.is_empty() {
+        let mut cut = if self.uncut.is_empty() {
             0
         } else {
             let n = dp.cut_links(&self.uncut)?;
             self.uncut.clear();
             n
         };
+        // The losses above are those this agent saw. What an earlier agent wrote into
+        // the pinned maps and had not cut when it stopped (killed, upgraded in place,
+        // its cut failing until then) no pass can see as a change: once per start, every
+        // link whose sides no longer stand where they were paired is cut.
+        // A failure is retried on the next pass, and does not hold up this one.
+        if !self.audited {
+            match dp.cut_links_astray(&|ip| pods.contains(ip)) {
+                Ok(astray) => {
+                    if astray > 0 {
+                        info!(
+                            connections_cut = astray,
+                            "connections whose pods no longer hold their addresses were cut at start (the agent before stopped before it cut them)"
+                        );
+                    }
+                    cut += astray;
+                    self.audited = true;
+                }
+                Err(e) => {
+                    warn!(error = %e, "could not check the connections the agent before left for cuts it did not make; retrying on the next pass");
+                }
+            }
+        }
         written?;
         // The per-pod counts of namespaces that are gone (their pods with them) go.
         // Kept while a namespace lives, owner or not now: a pod that takes its own

@@ -531,3 +531,25 @@ fn an_urgent_byte_or_fin_stepped_over_is_no_byte_read() {
     assert_eq!(skipped_seqs(1000, 1000, at(1000), at(1000)), 0);
     assert_eq!(skipped_seqs(990, 1000, at(995), NO), 0, "backwards");
 }
+
+#[test]
+fn a_link_is_cut_by_a_cut_of_everything_made_after_it() {
+    // A cut of everything at generation `all` moves the generation to `all`.
+    let made_at = |g: u32| Link {
+        paired_gen: g.wrapping_add(1),
+        ..Link::default()
+    };
+    assert!(made_at(3).cut_by_all(6, 5));
+    assert!(made_at(u32::MAX - 1).cut_by_all(2, 1), "in wrapping order");
+    // Made at the cut's generation or later, or with no cut of everything: not cut.
+    assert!(!made_at(5).cut_by_all(6, 5));
+    assert!(!made_at(3).cut_by_all(6, 0));
+    // A link that does not say when it was made is never taken for cut.
+    let unrecorded = Link::default();
+    assert!(!unrecorded.cut_by_all(6, 5) && !unrecorded.already_cut(6, 5));
+    let seen = Link {
+        state: link_state::CUT,
+        ..Link::default()
+    };
+    assert!(seen.already_cut(6, 0) && made_at(3).already_cut(6, 5));
+}

@@ -685,6 +685,10 @@ fn network_loss_cuts_bypassed_connections(
     if tenant.is_some() {
         extra.extend(["--pod-cidr", outside.as_str()]);
     }
+    if metrics_port.is_some() {
+        // Restarted at the end, on the datapath it leaves.
+        extra.push("--detach-on-exit=false");
+    }
     let mut opts = testbed::AgentOpts {
         extra_args: strings(&extra),
         ..pods.agent_opts()
@@ -695,7 +699,7 @@ fn network_loss_cuts_bypassed_connections(
         opts.env
             .push((bypass_agent::owners::POLL_ENV.to_owned(), never.to_string()));
     }
-    let agent = testbed::Agent::start(&opts)?;
+    let mut agent = testbed::Agent::start(&opts)?;
     let start = agent.stats()?.counters.redirected_bytes;
     let _holding = match metrics_port {
         Some(p) => Some(TenantHoldingCuts::start(&pods, &agent, p)?),
@@ -812,7 +816,7 @@ fn network_loss_cuts_bypassed_connections(
         // carried is still its own once it owns its address again (without the tenant,
         // whose connections the node's total counts too).
         if metrics_port.is_some() {
-            return Ok(());
+            return restart_leaves_cut_links_alone(&pods, &mut agent, &opts, metrics);
         }
         agent.wait_for(testbed::steps::NET, "pod a's address owned again", |s| {
             s.address_owners.iter().any(|o| o.address == a)
@@ -880,6 +884,140 @@ fn a_tenant_holding_the_cut_map_full_cannot_stop_a_cut() -> Result<()> {
         5622,
         Some(Tenant::HoldingCuts { metrics }),
     )
+}
+
+/// After [`TenantHoldingCuts`] made the cut map cut everything, the agent restarts on
+/// the datapath it leaves: the next agent's check of the links it adopts (fifth
+/// attacker-role review's HIGH finding on that check) must take the tenant's links,
+/// astray since its interface went down, for cut already, not cut them again: their
+/// cut entries fill the map, so cutting them again would be one more cut of everything,
+/// at every start, of every other pod's connections. A connection from pod a to pod b
+/// held across the restart keeps being redirected, and the new agent counts no cut of
+/// everything.
+fn restart_leaves_cut_links_alone(
+    pods: &testbed::TwoPods,
+    agent: &mut testbed::Agent,
+    opts: &testbed::AgentOpts,
+    metrics: u16,
+) -> Result<()> {
+    use bypass_common::{IpKey, names::MAP_NETNS_OWNERS};
+    let steps = Steps::new(pods, "restart")?;
+    let chunk = 64 * 1024u64;
+    let HoldPair {
+        server,
+        client,
+        redirected: mid,
+    } = hold_pair(pods, agent, &steps, 5628, chunk)?;
+    agent.stop_cleanly("the agent that cut everything")?;
+    // So that the next agent's first pass logs a change to wait for (pod b's address
+    // owned again); pod a's and the tenant's entries go too, and come back as found.
+    let owners = agent.pin_dir().join("maps").join(MAP_NETNS_OWNERS);
+    testbed::mapkeys::clear_pinned_hash::<IpKey, u64>(&owners)?;
+    // The agent before is kept until the end: dropping an agent removes the pins it leaves.
+    let next = testbed::Agent::start(opts)?;
+    ensure!(
+        crate::support::wait_for_log(&next, "pod address owners changed"),
+        "the next agent's first pass did not write the owners again: {}",
+        next.stderr()
+    );
+    steps.touch("more")?;
+    let after = next.wait_for(testbed::steps::NET, "the second chunk sent", |s| {
+        grew(&mid, s, |s| s.counters.passed_bytes) > 0
+            || grew(&mid, s, |s| s.counters.redirected_bytes) >= chunk
+    })?;
+    // Read after the second chunk: the agent counts a cut of everything once it is made.
+    let full = testbed::agent::metric(metrics, CUT_MAP_FULL)?;
+    ensure!(
+        full == 0.0 && grew(&mid, &after, |s| s.counters.passed_bytes) == 0,
+        "the restart cut every connection again for the tenant's links cut before: \
+         {CUT_MAP_FULL} {full}, passed +{} B, cut seen +{}",
+        grew(&mid, &after, |s| s.counters.passed_bytes),
+        grew(&mid, &after, |s| s.counters.cut_seen)
+    );
+    let c = probe_report(client)?;
+    let s = server.wait()?;
+    ensure!(
+        s["ok"] == true && num(&s, "received") == 2 * chunk,
+        "the held connection across the restart: server {s}, client {c}"
+    );
+    Ok(())
+}
+
+/// A loss the agent before wrote into the pinned maps and did not cut is cut by the
+/// next one, though no history records it (issue 32). An agent stops with a bypassed
+/// connection held from pod a to pod b, leaving its datapath pinned and attached; pod
+/// a's interface goes down and the owners map loses pod a's address, as the stopped
+/// agent's pass writes it just before it cuts (and pod b's, so that the next agent's
+/// first pass logs a change to wait for); no agent cuts. The next agent adopts the
+/// datapath: against the pinned owners nothing is lost, and still its first pass must
+/// cut the connection. The client's next bytes then take TCP, none crosses the veth
+/// while the link is down, and with the link up they reach the server, byte-exact.
+#[test]
+fn a_loss_the_agent_before_did_not_cut_is_cut_by_the_next() -> Result<()> {
+    privileged!();
+    use bypass_common::{IpKey, names::MAP_NETNS_OWNERS};
+    let pods = two_pods()?;
+    let opts = testbed::AgentOpts {
+        extra_args: strings(&["--detach-on-exit=false"]),
+        ..pods.agent_opts()
+    };
+    let mut before = testbed::Agent::start(&opts)?;
+    let steps = Steps::new(&pods, "astray")?;
+    let chunk = 64 * 1024u64;
+    let HoldPair {
+        server,
+        client,
+        redirected: mid,
+    } = hold_pair(&pods, &before, &steps, 5627, chunk)?;
+    before.stop_cleanly("the agent before")?;
+    pods.a.ip(&["link", "set", "eth0", "down"])?;
+    let owners = before.pin_dir().join("maps").join(MAP_NETNS_OWNERS);
+    let emptied = testbed::mapkeys::clear_pinned_hash::<IpKey, u64>(&owners)?;
+    ensure!(
+        emptied >= 2,
+        "{MAP_NETNS_OWNERS} held {emptied} owners, not pod a's and b's"
+    );
+    let wire_down = pods.wire_bytes()?;
+    // `before` is kept until the end: dropping an agent removes the pins it leaves.
+    let agent = testbed::Agent::start(&opts)?;
+    ensure!(
+        crate::support::wait_for_log(&agent, "pod address owners changed"),
+        "the next agent's first pass did not write pod b's owner again: {}",
+        agent.stderr()
+    );
+    steps.touch("more")?;
+    let after = agent.wait_for(testbed::steps::NET, "the second chunk sent", |s| {
+        grew(&mid, s, |s| s.counters.passed_bytes) > 0
+            || grew(&mid, s, |s| s.counters.redirected_bytes) > 0
+    })?;
+    ensure!(
+        grew(&mid, &after, |s| s.counters.redirected_bytes) == 0
+            && grew(&mid, &after, |s| s.counters.cut_seen) >= 1,
+        "the next agent did not cut the connection of pod a, which lost its network while no \
+         agent ran: redirected +{} B, passed +{} B, cut seen +{}",
+        grew(&mid, &after, |s| s.counters.redirected_bytes),
+        grew(&mid, &after, |s| s.counters.passed_bytes),
+        grew(&mid, &after, |s| s.counters.cut_seen)
+    );
+    let wire0 = pods.wire_bytes()?;
+    ensure!(
+        wire0 - wire_down < chunk,
+        "the second chunk crossed the veth while pod a's link was down: {} B",
+        wire0 - wire_down
+    );
+    pods.a.ip(&["link", "set", "eth0", "up"])?;
+    let c = probe_report(client)?;
+    let s = server.wait()?;
+    ensure!(
+        s["ok"] == true && num(&s, "received") == 2 * chunk,
+        "the server lost or reordered bytes once the link was up: {s} (client {c})"
+    );
+    ensure!(
+        pods.wire_bytes()? - wire0 >= chunk,
+        "the second chunk did not cross the veth"
+    );
+    drop(before);
+    Ok(())
 }
 
 /// Waits until the agent's series `series` (on its metrics port `port`) is at least

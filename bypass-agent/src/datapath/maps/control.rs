@@ -60,6 +60,15 @@ impl Control {
         self.set(control::SLOT_CUT_GEN, next)
     }
 
+    /// The cut generation and the generation of the last cut of everything (0: none),
+    /// as [`bypass_common::Link::already_cut`] takes them.
+    pub fn cut_generations(&self) -> Result<(u32, u32), AgentError> {
+        Ok((
+            self.get(control::SLOT_CUT_GEN)?,
+            self.get(control::SLOT_CUT_ALL)?,
+        ))
+    }
+
     /// Allows or stops redirects.
     pub fn set_enabled(&mut self, on: bool) -> Result<(), AgentError> {
         let v = if on {

@@ -1,6 +1,9 @@
 //! The pairing maps: connecting sockets, links of paired connections, cut links.
 
-use std::{collections::BTreeSet, net::IpAddr};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
 
 use aya::maps::{HashMap, Map, MapData, SockHash};
 use bypass_common::{Connector, Endpoint, IpKey, Link, SockKey, ip_key, names};
@@ -61,6 +64,7 @@ impl Pairings {
         excluded: &BTreeSet<IpAddr>,
         pod_netns: &HashMap<MapData, u64, IpKey>,
         owners: &[(IpAddr, u64)],
+        generations: (u32, u32),
     ) -> Result<CutMap, AgentError> {
         if excluded.is_empty() {
             return Ok(CutMap::Held(0));
@@ -74,8 +78,29 @@ impl Pairings {
                 .chain(owners.iter().map(|(ip, netns)| (*netns, ip_key(*ip)))),
             &keys,
         );
-        let entries: Vec<(SockKey, Link)> = self.links.iter().filter_map(Result::ok).collect();
+        let entries = self.links_not_cut(generations);
         self.cut_keys(links_to_cut(&entries, &keys, &namespaces))
+    }
+
+    /// Every link not cut already ([`Link::already_cut`] at `generations`, the cut
+    /// generation and the last cut of everything's): cutting one again would only take
+    /// another entry of the cut map, which a pod's own cut connections could fill
+    /// however often their links are cut.
+    fn links_not_cut(&self, (generation, all): (u32, u32)) -> Vec<(SockKey, Link)> {
+        self.links()
+            .into_iter()
+            .filter(|(_, link)| !link.already_cut(generation, all))
+            .collect()
+    }
+
+    /// Cuts the links one of whose sides no longer `stands` where sock_ops paired it
+    /// ([`links_astray`]).
+    pub fn cut_astray(
+        &mut self,
+        stands: impl Fn(&SockKey) -> bool,
+        generations: (u32, u32),
+    ) -> Result<CutMap, AgentError> {
+        self.cut_keys(links_astray(&self.links_not_cut(generations), stands))
     }
 
     /// Puts the link keys `keys` into the cut map, up to the first insert it refuses;
@@ -189,6 +214,54 @@ pub fn links_to_cut(
         .collect()
 }
 
+/// The links (by their client key) one of whose sides does not `stand` (pure).
+pub fn links_astray(
+    entries: &[(SockKey, Link)],
+    stands: impl Fn(&SockKey) -> bool,
+) -> Vec<SockKey> {
+    entries
+        .iter()
+        .filter(|(client, link)| !stands(client) || !stands(&link.server))
+        .map(|(client, _)| *client)
+        .collect()
+}
+
+/// Whether a socket of a link (`side`) still stands where sock_ops paired it (pure),
+/// with the ownership check on: on a pod address that is a pod's now (`is_pod`: the
+/// pod maps less the excluded) and its namespace's own in the owners map (`owners`); on
+/// loopback, in a namespace whose pod address as the datapath learned it (`learned`,
+/// namespace → address, an LRU) is a pod's and still its own, or, where the datapath
+/// forgot the namespace, that owns some pod address (`owning`: the namespaces that do).
+pub fn side_stands(
+    side: &SockKey,
+    is_pod: &dyn Fn(IpAddr) -> bool,
+    owners: &BTreeMap<IpAddr, u64>,
+    learned: &std::collections::HashMap<u64, IpAddr>,
+    owning: &std::collections::HashSet<u64>,
+) -> bool {
+    let own = |ip: IpAddr| is_pod(ip) && owners.get(&ip) == Some(&side.netns);
+    if bypass_common::addr::is_loopback(&side.local_ip) {
+        return match learned.get(&side.netns) {
+            Some(ip) => own(*ip),
+            None => owning.contains(&side.netns),
+        };
+    }
+    own(bypass_common::addr::ip_from_key(side.local_ip).to_canonical())
+}
+
+/// The namespaces that own a pod address (`is_pod`) in `owners` (pure), for
+/// [`side_stands`].
+pub fn owning_namespaces(
+    owners: &BTreeMap<IpAddr, u64>,
+    is_pod: &dyn Fn(IpAddr) -> bool,
+) -> std::collections::HashSet<u64> {
+    owners
+        .iter()
+        .filter(|(ip, _)| is_pod(**ip))
+        .map(|(_, netns)| *netns)
+        .collect()
+}
+
 /// The keys whose socket is gone, in the order given.
 pub fn stale_keys(keys: &[SockKey], alive: impl Fn(&SockKey) -> bool) -> Vec<SockKey> {
     keys.iter().copied().filter(|k| !alive(k)).collect()
@@ -210,6 +283,68 @@ mod tests {
             vec![k(1), k(3)]
         );
         assert!(stale_keys(&keys, |_| true).is_empty());
+    }
+
+    #[test]
+    fn a_side_stands_only_where_it_was_paired() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let side = |local: &str, netns| {
+            SockKey::new(ip_key(ip(local)), ip_key(ip("10.0.0.9")), 1, 2, netns)
+        };
+        // 10.0.0.3 opted out: no pod's, though its namespace holds it.
+        let pods = |a: IpAddr| a != ip("10.0.0.3");
+        let owners = BTreeMap::from([
+            (ip("10.0.0.1"), 7),
+            (ip("10.0.0.3"), 9),
+            (ip("fd00::1"), 7),
+            (ip("10.0.0.4"), 4),
+        ]);
+        let owning = owning_namespaces(&owners, &pods);
+        assert_eq!(owning, [7, 4].into());
+        // Namespace 7 learned 10.0.0.1, 4 learned 10.0.0.2 (which it lost); 9 is forgotten.
+        let learned = std::collections::HashMap::from([(7, ip("10.0.0.1")), (4, ip("10.0.0.2"))]);
+        let stands =
+            |local, netns| side_stands(&side(local, netns), &pods, &owners, &learned, &owning);
+        assert!(stands("10.0.0.1", 7) && stands("fd00::1", 7));
+        // Another namespace's, nobody's, no pod's.
+        assert!(!stands("10.0.0.1", 8));
+        assert!(!stands("10.0.0.2", 7));
+        assert!(!stands("10.0.0.3", 9));
+        // Loopback: the address the namespace was learned from, still its own...
+        assert!(stands("127.0.0.1", 7) && stands("::1", 7));
+        // ...not another it owns (it lost the learned one)...
+        assert!(!stands("127.0.0.1", 4));
+        // ...and, forgotten, a namespace that owns a pod address (an opted-out one is not).
+        assert!(!stands("127.0.0.1", 9));
+        assert!(!stands("127.0.0.1", 8));
+        let forgot = std::collections::HashMap::new();
+        assert!(side_stands(
+            &side("127.0.0.1", 4),
+            &pods,
+            &owners,
+            &forgot,
+            &owning
+        ));
+        // A link goes when either side does not stand.
+        let link = |client: SockKey, server: SockKey| {
+            (
+                client,
+                Link {
+                    server,
+                    ..Link::default()
+                },
+            )
+        };
+        let entries = [
+            link(side("10.0.0.1", 7), side("10.0.0.5", 5)),
+            link(side("10.0.0.5", 5), side("10.0.0.1", 7)),
+            link(side("10.0.0.5", 5), side("10.0.0.6", 6)),
+        ];
+        assert_eq!(
+            links_astray(&entries, |k| k.netns != 7),
+            vec![entries[0].0, entries[1].0]
+        );
+        assert!(links_astray(&entries, |_| true).is_empty());
     }
 
     #[test]
