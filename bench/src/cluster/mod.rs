@@ -48,7 +48,7 @@ use crate::{
 };
 
 /// The image with qperf and busybox's `taskset` (`cargo xtask image`).
-pub const TEST_IMAGE: &str = "bypass-test:0.1.0";
+pub const TEST_IMAGE: &str = concat!("bypass-test:", env!("CARGO_PKG_VERSION"));
 /// The bench's own namespace, deleted on drop.
 pub const NAMESPACE: &str = "bypass-bench";
 

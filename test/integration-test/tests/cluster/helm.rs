@@ -9,7 +9,7 @@
 use std::{net::SocketAddr, path::Path};
 
 use anyhow::{Result, ensure};
-use kube_testenv::{chart, deploy::AGENT_NS};
+use kube_testenv::{chart, deploy::AGENT_NS, image::VERSION};
 
 use crate::{
     PORT, agent,
@@ -34,7 +34,7 @@ fn helm_install_under_enforced_pod_security_unprivileged_ipv6_metrics_check_and_
         &plain.name,
         "run",
         "hostnet",
-        "--image=bypass-test:0.1.0",
+        &format!("--image={}", crate::kube::TEST_IMAGE),
         "--overrides={\"spec\":{\"hostNetwork\":true}}",
         "--dry-run=server",
     ]);
@@ -46,7 +46,7 @@ fn helm_install_under_enforced_pod_security_unprivileged_ipv6_metrics_check_and_
     );
     drop(plain);
 
-    let _release = HelmRelease::install(&["image.tag=0.1.0"])?;
+    let _release = HelmRelease::install(&[&format!("image.tag={VERSION}")])?;
     // The hook labelled the namespace Helm made.
     let level = k(&[
         "get",
@@ -211,7 +211,7 @@ fn helm_install_under_enforced_pod_security_unprivileged_ipv6_metrics_check_and_
 
 #[test]
 fn helm_uninstall_alone_leaves_nothing_attached() -> Result<()> {
-    let mut release = HelmRelease::install(&["image.tag=0.1.0"])?;
+    let mut release = HelmRelease::install(&[&format!("image.tag={VERSION}")])?;
     label_node(Some(true))?;
     let ns = Namespace::create("bt-helm-gone", &[])?;
     let server = ns.server_pod("server", &[])?;
@@ -244,7 +244,7 @@ fn helm_uninstall_alone_leaves_nothing_attached() -> Result<()> {
 
 #[test]
 fn changed_max_sockets_takes_effect_on_rollout_and_memory_fits_the_limits() -> Result<()> {
-    let release = HelmRelease::install(&["image.tag=0.1.0"])?;
+    let release = HelmRelease::install(&[&format!("image.tag={VERSION}")])?;
     let capacity = || agent::metric("bypass_sockets_capacity");
     ensure!(capacity()? == 65_536.0, "default capacity");
     let default = agent_memory()?;

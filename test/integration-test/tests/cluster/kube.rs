@@ -13,7 +13,7 @@ use kube_testenv::Kubectl;
 /// The node's address (metrics listen there).
 pub const NODE_IP: &str = "10.123.0.1";
 /// The test image (the test tool, whose `peer` the tests run).
-pub const TEST_IMAGE: &str = "bypass-test:0.1.0";
+pub const TEST_IMAGE: &str = concat!("bypass-test:", env!("CARGO_PKG_VERSION"));
 /// The server port of the test pods.
 pub const PORT: u16 = 8080;
 /// How to run the tests so that the environment names the cluster.

@@ -16,6 +16,7 @@ use std::time::Duration;
 use agent::{Deployed, HelmRelease, metric, pins_left};
 use anyhow::{Result, ensure};
 use kube::{PORT, label_node};
+use kube_testenv::image::{ROLLOUT_TAG_SUFFIX, VERSION};
 use pods::{Namespace, Pod, Running, exchange};
 
 /// Bytes each way per exchange.
@@ -122,7 +123,7 @@ fn daemonset_ready_pods_bypassed_only_once_labelled_status_and_metrics() -> Resu
     );
     let (_, body) = agent::http_get("/metrics")?;
     ensure!(
-        body.contains("bypass_build_info{version=\"0.1.0\"} 1"),
+        body.contains(&format!("bypass_build_info{{version=\"{VERSION}\"}} 1")),
         "no build info in /metrics"
     );
     ensure!(agent::http_get("/readyz")?.0 == 200, "/readyz");
@@ -283,7 +284,7 @@ fn rolling_update_keeps_an_established_connection_bypassed_and_byte_exact() -> R
         "set",
         "image",
         "ds/bypass-agent",
-        "agent=bypass-agent:0.1.0-rollout",
+        &format!("agent=bypass-agent:{VERSION}{ROLLOUT_TAG_SUFFIX}"),
     ])?;
     deployed.wait_rollout()?;
     let new_pod = deployed.pod()?;
@@ -297,7 +298,10 @@ fn rolling_update_keeps_an_established_connection_bypassed_and_byte_exact() -> R
         "-o",
         "jsonpath={.spec.containers[0].image}",
     ])?;
-    ensure!(image.ends_with("0.1.0-rollout"), "new pod runs {image}");
+    ensure!(
+        image.ends_with(&format!("{VERSION}{ROLLOUT_TAG_SUFFIX}")),
+        "new pod runs {image}"
+    );
     let report = running.finish()?;
     let cost = server.veth_bytes()? - before;
     eprintln!("rollout: 96 MiB byte-exact, the server's veth carried {cost} bytes");
@@ -349,7 +353,7 @@ fn delete_then_readme_uninstall_leaves_nothing_pinned_or_attached() -> Result<()
 
 #[test]
 fn helm_chart_installs_bypasses_and_upgrades_with_a_connection_kept() -> Result<()> {
-    let release = HelmRelease::install(&["image.tag=0.1.0"])?;
+    let release = HelmRelease::install(&[&format!("image.tag={VERSION}")])?;
     let ns = Namespace::create("bt-helm", &[])?;
     let server = ns.server_pod("server", &[])?;
     let client = ns.client_pod("client")?;
@@ -363,7 +367,7 @@ fn helm_chart_installs_bypasses_and_upgrades_with_a_connection_kept() -> Result<
     let running = Running::start(&client, &target, "32M", "3M")?;
     std::thread::sleep(Duration::from_secs(2));
     release.upgrade(&[
-        "image.tag=0.1.0-rollout",
+        &format!("image.tag={VERSION}{ROLLOUT_TAG_SUFFIX}"),
         "skipPorts=15021",
         "serviceCIDRs={10.97.0.0/16}",
     ])?;
@@ -378,7 +382,7 @@ fn helm_chart_installs_bypasses_and_upgrades_with_a_connection_kept() -> Result<
         "jsonpath={.spec.containers[0].image} {.spec.containers[0].args}",
     ])?;
     ensure!(
-        args.contains("0.1.0-rollout")
+        args.contains(&format!("{VERSION}{ROLLOUT_TAG_SUFFIX}"))
             && args.contains("--skip-ports=15021")
             && args.contains("--service-cidr=10.97.0.0/16"),
         "upgraded pod: {args}"

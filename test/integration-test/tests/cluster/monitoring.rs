@@ -227,7 +227,10 @@ fn alerts_pass_promtool_fire_on_broken_series_only_and_the_dashboard_parses() ->
 
 #[test]
 fn alert_and_dashboard_queries_read_only_metrics_a_running_agent_exports() -> Result<()> {
-    let _release = HelmRelease::install(&["image.tag=0.1.0", "dashboard.enabled=true"])?;
+    let _release = HelmRelease::install(&[
+        &format!("image.tag={}", kube_testenv::image::VERSION),
+        "dashboard.enabled=true",
+    ])?;
     // The dashboard's ConfigMap as the API server keeps it.
     let (dashboard, _) = dashboard()?;
     let stored = k(&[
