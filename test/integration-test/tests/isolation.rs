@@ -883,7 +883,6 @@ fn restart_leaves_cut_links_alone(
     opts: &testbed::AgentOpts,
     metrics: u16,
 ) -> Result<()> {
-    use bypass_common::{IpKey, names::MAP_NETNS_OWNERS};
     let steps = Steps::new(pods, "restart")?;
     let chunk = 64 * 1024u64;
     let HoldPair {
@@ -892,17 +891,9 @@ fn restart_leaves_cut_links_alone(
         redirected: mid,
     } = hold_pair(pods, agent, &steps, 5628, chunk)?;
     agent.stop_cleanly("the agent that cut everything")?;
-    // So that the next agent's first pass logs a change to wait for (pod b's address
-    // owned again); pod a's and the tenant's entries go too, and come back as found.
-    let owners = agent.pin_dir().join("maps").join(MAP_NETNS_OWNERS);
-    testbed::mapkeys::clear_pinned_hash::<IpKey, u64>(&owners)?;
+    // Pod a's and the tenant's entries go too, and come back as found.
     // The agent before is kept until the end: dropping an agent removes the pins it leaves.
-    let next = testbed::Agent::start(opts)?;
-    ensure!(
-        crate::support::wait_for_log(&next, "pod address owners changed"),
-        "the next agent's first pass did not write the owners again: {}",
-        next.stderr()
-    );
+    let (next, _) = next_agent_on_emptied_owners(agent, opts)?;
     steps.touch("more")?;
     let after = next.wait_for(testbed::steps::NET, "the second chunk sent", |s| {
         grew(&mid, s, |s| s.counters.passed_bytes) > 0
@@ -938,7 +929,6 @@ fn restart_leaves_cut_links_alone(
 #[test]
 fn a_loss_the_agent_before_did_not_cut_is_cut_by_the_next() -> Result<()> {
     privileged!();
-    use bypass_common::{IpKey, names::MAP_NETNS_OWNERS};
     let pods = two_pods()?;
     let opts = testbed::AgentOpts {
         extra_args: strings(&["--detach-on-exit=false"]),
@@ -954,19 +944,12 @@ fn a_loss_the_agent_before_did_not_cut_is_cut_by_the_next() -> Result<()> {
     } = hold_pair(&pods, &before, &steps, 5627, chunk)?;
     before.stop_cleanly("the agent before")?;
     pods.a.ip(&["link", "set", "eth0", "down"])?;
-    let owners = before.pin_dir().join("maps").join(MAP_NETNS_OWNERS);
-    let emptied = testbed::mapkeys::clear_pinned_hash::<IpKey, u64>(&owners)?;
-    ensure!(
-        emptied >= 2,
-        "{MAP_NETNS_OWNERS} held {emptied} owners, not pod a's and b's"
-    );
     let wire_down = pods.wire_bytes()?;
     // `before` is kept until the end: dropping an agent removes the pins it leaves.
-    let agent = testbed::Agent::start(&opts)?;
+    let (agent, emptied) = next_agent_on_emptied_owners(&before, &opts)?;
     ensure!(
-        crate::support::wait_for_log(&agent, "pod address owners changed"),
-        "the next agent's first pass did not write pod b's owner again: {}",
-        agent.stderr()
+        emptied >= 2,
+        "the owners map held {emptied} owners, not pod a's and b's"
     );
     steps.touch("more")?;
     let after = agent.wait_for(testbed::steps::NET, "the second chunk sent", |s| {
@@ -1016,6 +999,26 @@ fn second_chunk_waits_for_the_link(
         "the second chunk did not cross the veth: {wire} B"
     );
     Ok(())
+}
+
+/// Empties the owners map `before` (stopped) left pinned, as its pass writes losses
+/// just before it cuts, and starts the next agent on those pins with `opts`, waiting
+/// for its first pass, which logs the owners it writes again; returns the agent and
+/// how many owners the map held.
+fn next_agent_on_emptied_owners(
+    before: &testbed::Agent,
+    opts: &testbed::AgentOpts,
+) -> Result<(testbed::Agent, usize)> {
+    use bypass_common::{IpKey, names::MAP_NETNS_OWNERS};
+    let owners = before.pin_dir().join("maps").join(MAP_NETNS_OWNERS);
+    let emptied = testbed::mapkeys::clear_pinned_hash::<IpKey, u64>(&owners)?;
+    let next = testbed::Agent::start(opts)?;
+    ensure!(
+        crate::support::wait_for_log(&next, "pod address owners changed"),
+        "the next agent's first pass did not write the owners again: {}",
+        next.stderr()
+    );
+    Ok((next, emptied))
 }
 
 /// Waits until the agent's series `series` (on its metrics port `port`) is at least
