@@ -121,6 +121,10 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
     }
     // The pods there are now own their addresses before anything is inserted.
     let mut owners = owners::Watcher::new(&dp)?;
+    // Without the ownership check no pass runs: the links astray are cut here, once.
+    if owners.is_none() {
+        owners::cut_astray(&mut dp)?;
+    }
     let poll = owners::poll_interval()?;
     // Subscribed before the first pass, so no change after it goes unheard.
     let mut events = {

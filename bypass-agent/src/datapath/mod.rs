@@ -446,22 +446,18 @@ impl Datapath {
     }
 
     /// Cuts every link not cut already one of whose sides no longer stands where
-    /// sock_ops paired it ([`maps::side_stands`]: `is_pod`, the pod maps' judgement
-    /// now, the owners map, the datapath's record of pod namespaces), whatever the
-    /// history: what an earlier agent wrote into the maps and had not cut when it
-    /// stopped (killed, upgraded in place, its cut failing until then) is cut all the
-    /// same. For the ownership check on (`--netns-owners=observe`): it does nothing
-    /// otherwise. As [`Datapath::cut_links`], a full cut map cuts everything. Returns
-    /// how many connections it cut.
+    /// sock_ops paired it, whatever the history: what an earlier agent wrote into the
+    /// maps and had not cut when it stopped (killed, upgraded in place, its cut failing
+    /// until then) is cut all the same. With the ownership check on
+    /// (`--netns-owners=observe`), [`maps::side_stands`]: `is_pod`, the pod maps'
+    /// judgement now, the owners map, the datapath's record of pod namespaces; with it
+    /// off, [`maps::side_is_pod`]: `is_pod` and that record alone. As
+    /// [`Datapath::cut_links`], a full cut map cuts everything. Returns how many
+    /// connections it cut.
     pub fn cut_links_astray(
         &mut self,
         is_pod: &dyn Fn(IpAddr) -> bool,
     ) -> Result<usize, AgentError> {
-        if !self.netns_owners {
-            return Ok(0);
-        }
-        let owners = self.owners.list();
-        let owning = maps::owning_namespaces(&owners, is_pod);
         let learned: std::collections::HashMap<u64, IpAddr> =
             aya::maps::HashMap::<_, u64, IpKey>::try_from(maps::open_pinned(
                 &self.pins,
@@ -473,10 +469,19 @@ impl Datapath {
             .map(|(netns, ip)| (netns, bypass_common::addr::ip_from_key(ip).to_canonical()))
             .collect();
         let generations = self.control.cut_generations()?;
-        let cut = self.pairings.cut_astray(
-            |side| maps::side_stands(side, is_pod, &owners, &learned, &owning),
-            generations,
-        )?;
+        let cut = if self.netns_owners {
+            let owners = self.owners.list();
+            let owning = maps::owning_namespaces(&owners, is_pod);
+            self.pairings.cut_astray(
+                |side| maps::side_stands(side, is_pod, &owners, &learned, &owning),
+                generations,
+            )?
+        } else {
+            self.pairings.cut_astray(
+                |side| maps::side_is_pod(side, is_pod, &learned),
+                generations,
+            )?
+        };
         self.hold_cut(cut, "links astray")
     }
 

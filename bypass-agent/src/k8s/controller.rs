@@ -61,6 +61,9 @@ pub async fn run(
     // its network is down or gone.
     // A link or an address changing wakes the read too (subscribed before the first).
     let mut owners = crate::owners::Watcher::new(dp)?;
+    // Without the ownership check no pass cuts the links astray: done here, against the
+    // adopted pod maps, before anything else is cut, and on every turn until it holds.
+    let mut audited = owners.is_some();
     let mut link_events = owners
         .is_some()
         .then(|| crate::owners::Events::open(Some(telemetry.agent.clone())));
@@ -108,6 +111,9 @@ pub async fn run(
         // Coalesce a burst (a relist delivers every object) into one reconcile.
         while let Some(Some(item)) = events.next().now_or_never() {
             note(&mut state, &mut pace, item);
+        }
+        if !audited {
+            audited = crate::owners::cut_astray_or_retry(dp).is_some();
         }
         if state.listed.core() {
             if !telemetry.health.ready() {

@@ -32,6 +32,35 @@ pub use events::Events;
 pub use scan::{HostNamespace, Scan, scan};
 pub use watch::{INTERVAL, POLL_ENV, Report, Watcher, poll_interval};
 
+use crate::{datapath::Datapath, error::AgentError};
+
+/// Once per start, before anything else is cut: every link whose sides no longer stand
+/// where sock_ops paired them, against the pod maps now ([`Datapath::cut_links_astray`]).
+/// The losses and opt-outs an agent cuts are those it saw change; what an earlier agent
+/// wrote into the pinned maps and had not cut when it stopped (killed, upgraded in place,
+/// its cut failing until then) no pass sees as a change. Logs what it cut.
+pub fn cut_astray(dp: &mut Datapath) -> Result<usize, AgentError> {
+    let pods = PodAddresses::of(dp);
+    let astray = dp.cut_links_astray(&|ip| pods.contains(ip))?;
+    if astray > 0 {
+        tracing::info!(
+            connections_cut = astray,
+            "connections whose pods no longer hold their addresses were cut at start (the agent before stopped before it cut them)"
+        );
+    }
+    Ok(astray)
+}
+
+/// [`cut_astray`] for a caller that tries again on its next pass: a failure is logged
+/// and gives `None`.
+pub fn cut_astray_or_retry(dp: &mut Datapath) -> Option<usize> {
+    cut_astray(dp)
+        .inspect_err(|e| {
+            tracing::warn!(error = %e, "could not check the connections the agent before left for cuts it did not make; retrying on the next pass");
+        })
+        .ok()
+}
+
 /// An address held by namespace `netns` on an interface that reaches the node's
 /// namespace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -98,6 +127,20 @@ pub struct PodAddresses {
 }
 
 impl PodAddresses {
+    /// The pod addresses `dp`'s pod maps hold now.
+    pub fn of(dp: &mut Datapath) -> Self {
+        let maps = dp.pod_maps();
+        Self {
+            addrs: maps.addrs(),
+            cidrs: maps
+                .cidrs()
+                .iter()
+                .map(crate::cidr::Cidr::trie_key)
+                .collect(),
+            excluded: maps.excluded(),
+        }
+    }
+
     /// Whether `ip` is a pod address, as sock_ops would judge it.
     pub fn contains(&self, ip: IpAddr) -> bool {
         let ip = ip.to_canonical();

@@ -5,7 +5,7 @@ use std::{collections::BTreeSet, net::IpAddr, time::Duration};
 
 use tracing::{info, warn};
 
-use super::{HostNamespace, PodAddresses, plan, resolve, scan};
+use super::{HostNamespace, PodAddresses, cut_astray_or_retry, plan, resolve, scan};
 use crate::{datapath::Datapath, error::AgentError};
 
 /// How often the agent reads the node's namespaces (also after every reconcile pass and
@@ -88,16 +88,7 @@ impl Watcher {
     /// One pass. Logs what changed.
     pub fn pass(&mut self, dp: &mut Datapath) -> Result<Report, AgentError> {
         let found = scan(&self.host)?;
-        let maps = dp.pod_maps();
-        let pods = PodAddresses {
-            addrs: maps.addrs(),
-            cidrs: maps
-                .cidrs()
-                .iter()
-                .map(crate::cidr::Cidr::trie_key)
-                .collect(),
-            excluded: maps.excluded(),
-        };
+        let pods = PodAddresses::of(dp);
         let owners = resolve(found.claims, |ip| pods.contains(ip));
         let p = plan(&dp.owners(), &owners.owned);
         // Written first (a lost address is nobody's before its connections are cut, so
@@ -117,22 +108,11 @@ impl Watcher {
         // its cut failing until then) no pass can see as a change: once per start, every
         // link whose sides no longer stand where they were paired is cut.
         // A failure is retried on the next pass, and does not hold up this one.
-        if !self.audited {
-            match dp.cut_links_astray(&|ip| pods.contains(ip)) {
-                Ok(astray) => {
-                    if astray > 0 {
-                        info!(
-                            connections_cut = astray,
-                            "connections whose pods no longer hold their addresses were cut at start (the agent before stopped before it cut them)"
-                        );
-                    }
-                    cut += astray;
-                    self.audited = true;
-                }
-                Err(e) => {
-                    warn!(error = %e, "could not check the connections the agent before left for cuts it did not make; retrying on the next pass");
-                }
-            }
+        if !self.audited
+            && let Some(astray) = cut_astray_or_retry(dp)
+        {
+            cut += astray;
+            self.audited = true;
         }
         written?;
         // The per-pod counts of namespaces that are gone (their pods with them) go.

@@ -658,7 +658,9 @@ const LINK_EVENTS: &str = "bypass_link_events_total";
 /// byte-exact, over the veth, and the per-pod counters still hold what pod a's
 /// connections carried, closed before the loss and after it. With a `tenant`, a third
 /// pod first holds the cut map full ([`TenantHoldingCuts`]) or floods the agent's scan
-/// of its namespace ([`TenantFloodingTheScan`]), and the cut must hold all the same.
+/// of its namespace ([`TenantFloodingTheScan`]), and the cut must hold all the same;
+/// holding the map full with connections cut already, it must not make pod a's cut a
+/// cut of everything either ([`Bystander`]).
 /// With [`Seen::ByTheEvent`] the agent polls the namespaces less often than the test
 /// waits: only the link event can explain the cut.
 fn network_loss_cuts_bypassed_connections(
@@ -730,12 +732,27 @@ fn network_loss_cuts_bypassed_connections(
     let HoldPair {
         server,
         client,
-        redirected: mid,
+        redirected: mut mid,
     } = hold_pair(&pods, &agent, &steps, port, chunk)?;
+    // After pod a's connection, which makes pod b's namespace a pod's for the
+    // datapath; what it redirects is not pod a's connection's.
+    let bystander = match metrics_port {
+        Some(_) => {
+            let b = Bystander::hold(&pods, &agent, port + 200, chunk)?;
+            mid = agent.stats()?;
+            Some(b)
+        }
+        None => None,
+    };
     let full_before = match metrics_port {
         Some(p) => testbed::agent::metric(p, CUT_MAP_FULL)?,
         None => 0.0,
     };
+    let control = agent
+        .pin_dir()
+        .join("maps")
+        .join(bypass_common::names::MAP_CONTROL);
+    let generation = testbed::mapkeys::pinned_u32(&control, bypass_common::control::SLOT_CUT_GEN)?;
     let wire_down = pods.wire_bytes()?;
     let events_before = testbed::agent::metric(metrics, LINK_EVENTS)?;
     match loss {
@@ -769,11 +786,11 @@ fn network_loss_cuts_bypassed_connections(
             "{LINK_EVENTS} {events_before} -> {events}, scope all_namespaces {scope}"
         );
     }
-    if let Some(p) = metrics_port {
+    if metrics_port.is_some() {
         // The cut runs after the owners are written: with the tenant's connections to
-        // look through it takes a while, so wait for it: the cut map is full, so pod a's
-        // cut is one more cut of everything.
-        wait_metric(p, CUT_MAP_FULL, full_before + 1.0)?;
+        // look through it takes a while, so wait for it. Held by the cut map or made a
+        // cut of everything, it moves the cut generation.
+        wait_cut_generation(&control, generation)?;
     }
     steps.touch("more")?;
     let cut = agent.wait_for(testbed::steps::NET, "the second chunk to take TCP", |s| {
@@ -795,15 +812,19 @@ fn network_loss_cuts_bypassed_connections(
     );
     if let Loss::InterfaceDown = loss {
         second_chunk_waits_for_the_link(&pods, wire_down, chunk, client, server)?;
-        // Pod a's namespace lived on while it owned no address: what its connections
-        // carried is still its own once it owns its address again (without the tenant,
-        // whose connections the node's total counts too).
-        if metrics_port.is_some() {
-            return restart_leaves_cut_links_alone(&pods, &mut agent, &opts, metrics);
+        if let Some(b) = bystander {
+            b.not_cut(&agent, metrics, full_before)?;
         }
+        // A socket of pod a is inserted again once its address is its own again.
         agent.wait_for(testbed::steps::NET, "pod a's address owned again", |s| {
             s.address_owners.iter().any(|o| o.address == a)
         })?;
+        if metrics_port.is_some() {
+            return restart_leaves_cut_links_alone(&pods, &mut agent, &opts, metrics);
+        }
+        // Pod a's namespace lived on while it owned no address: what its connections
+        // carried is still its own once it owns its address again (without the tenant,
+        // whose connections the node's total counts too).
         let node = agent.stats()?.counters.redirected_bytes - start;
         let (pa, pb) = (pod_counts(metrics, &pods.a)?, pod_counts(metrics, &pods.b)?);
         ensure!(
@@ -872,11 +893,11 @@ fn a_tenant_holding_the_cut_map_full_cannot_stop_a_cut() -> Result<()> {
 /// After [`TenantHoldingCuts`] made the cut map cut everything, the agent restarts on
 /// the datapath it leaves: the next agent's check of the links it adopts (fifth
 /// attacker-role review's HIGH finding on that check) must take the tenant's links,
-/// astray since its interface went down, for cut already, not cut them again: their
-/// cut entries fill the map, so cutting them again would be one more cut of everything,
-/// at every start, of every other pod's connections. A connection from pod a to pod b
-/// held across the restart keeps being redirected, and the new agent counts no cut of
-/// everything.
+/// astray since its interface went down, for cut already, not cut them again: there
+/// are more of them than the cut map holds, so cutting them again would be one more
+/// cut of everything, at every start, of every other pod's connections. A connection
+/// from pod a to pod b held across the restart keeps being redirected, and the new
+/// agent counts no cut of everything.
 fn restart_leaves_cut_links_alone(
     pods: &testbed::TwoPods,
     agent: &mut testbed::Agent,
@@ -934,38 +955,112 @@ fn a_loss_the_agent_before_did_not_cut_is_cut_by_the_next() -> Result<()> {
         extra_args: strings(&["--detach-on-exit=false"]),
         ..pods.agent_opts()
     };
-    let mut before = testbed::Agent::start(&opts)?;
-    let steps = Steps::new(&pods, "astray")?;
     let chunk = 64 * 1024u64;
-    let HoldPair {
-        server,
-        client,
-        redirected: mid,
-    } = hold_pair(&pods, &before, &steps, 5627, chunk)?;
-    before.stop_cleanly("the agent before")?;
+    let (before, steps, hold) = held_across_a_stop(&pods, &opts, 5627, chunk)?;
     pods.a.ip(&["link", "set", "eth0", "down"])?;
     let wire_down = pods.wire_bytes()?;
-    // `before` is kept until the end: dropping an agent removes the pins it leaves.
     let (agent, emptied) = next_agent_on_emptied_owners(&before, &opts)?;
     ensure!(
         emptied >= 2,
         "the owners map held {emptied} owners, not pod a's and b's"
     );
+    second_chunk_cut(
+        &agent,
+        &steps,
+        &hold.redirected,
+        "the next agent did not cut the connection of pod a, which lost its network while no \
+         agent ran",
+    )?;
+    second_chunk_waits_for_the_link(&pods, wire_down, chunk, hold.client, hold.server)?;
+    drop(before);
+    Ok(())
+}
+
+/// An agent started with `opts` (which leave its datapath attached when it stops), a
+/// connection held from pod a to pod b on `port` ([`hold_pair`], its first `chunk`
+/// redirected), then the agent stopped cleanly. The agent is returned to be kept until
+/// the end: dropping an agent removes the pins it leaves.
+fn held_across_a_stop(
+    pods: &testbed::TwoPods,
+    opts: &testbed::AgentOpts,
+    port: u16,
+    chunk: u64,
+) -> Result<(testbed::Agent, Steps, HoldPair)> {
+    let mut before = testbed::Agent::start(opts)?;
+    let steps = Steps::new(pods, "astray")?;
+    let hold = hold_pair(pods, &before, &steps, port, chunk)?;
+    before.stop_cleanly("the agent before")?;
+    Ok((before, steps, hold))
+}
+
+/// Lets a held connection's client send its second chunk (`more` in `steps`) under the
+/// next `agent`, which must have cut the connection: nothing is redirected after `mid`
+/// (the first chunk's status), and a socket saw the cut; `what` says what was not cut.
+fn second_chunk_cut(
+    agent: &testbed::Agent,
+    steps: &Steps,
+    mid: &testbed::AgentStatus,
+    what: &str,
+) -> Result<()> {
     steps.touch("more")?;
     let after = agent.wait_for(testbed::steps::NET, "the second chunk sent", |s| {
-        grew(&mid, s, |s| s.counters.passed_bytes) > 0
-            || grew(&mid, s, |s| s.counters.redirected_bytes) > 0
+        grew(mid, s, |s| s.counters.passed_bytes) > 0
+            || grew(mid, s, |s| s.counters.redirected_bytes) > 0
     })?;
     ensure!(
-        grew(&mid, &after, |s| s.counters.redirected_bytes) == 0
-            && grew(&mid, &after, |s| s.counters.cut_seen) >= 1,
-        "the next agent did not cut the connection of pod a, which lost its network while no \
-         agent ran: redirected +{} B, passed +{} B, cut seen +{}",
-        grew(&mid, &after, |s| s.counters.redirected_bytes),
-        grew(&mid, &after, |s| s.counters.passed_bytes),
-        grew(&mid, &after, |s| s.counters.cut_seen)
+        grew(mid, &after, |s| s.counters.redirected_bytes) == 0
+            && grew(mid, &after, |s| s.counters.cut_seen) >= 1,
+        "{what}: redirected +{} B, passed +{} B, cut seen +{}",
+        grew(mid, &after, |s| s.counters.redirected_bytes),
+        grew(mid, &after, |s| s.counters.passed_bytes),
+        grew(mid, &after, |s| s.counters.cut_seen)
     );
-    second_chunk_waits_for_the_link(&pods, wire_down, chunk, client, server)?;
+    Ok(())
+}
+
+/// With the ownership check off (`--netns-owners=any`) no pass reads the namespaces,
+/// and still what the agent before bypassed and the next does not take for a pod's is cut
+/// when the next starts (the first attacker-role review of the check at start, its
+/// MEDIUM finding C): an agent stops with a bypassed connection held from pod a to pod b,
+/// leaving its datapath pinned and attached; the next adopts it with pod b's address
+/// alone for a pod's, as an opt-out the agent before wrote and did not cut leaves it.
+/// The client's next bytes take TCP, over the veth, and reach the server byte-exact.
+#[test]
+fn a_pod_the_next_agent_leaves_out_is_cut_with_ownership_off() -> Result<()> {
+    privileged!();
+    let pods = two_pods()?;
+    let opts = testbed::AgentOpts {
+        extra_args: strings(&["--detach-on-exit=false", "--netns-owners=any"]),
+        ..pods.agent_opts()
+    };
+    let chunk = 64 * 1024u64;
+    let (before, steps, hold) = held_across_a_stop(&pods, &opts, 5629, chunk)?;
+    let next = testbed::AgentOpts {
+        pod_cidrs: Vec::new(),
+        pod_ips: vec![pods.b.ipv4().to_string()],
+        ..opts.clone()
+    };
+    let agent = testbed::Agent::start(&next)?;
+    // The pins it adopts were attached before it started: wait for its start's end.
+    ensure!(
+        crate::support::wait_for_log(&agent, "running; SIGINT or SIGTERM detaches"),
+        "the next agent did not start: {}",
+        agent.stderr()
+    );
+    let wire0 = pods.wire_bytes()?;
+    second_chunk_cut(
+        &agent,
+        &steps,
+        &hold.redirected,
+        "the next agent, which takes pod a for no pod, left its connection bypassed",
+    )?;
+    let c = probe_report(hold.client)?;
+    let s = hold.server.wait()?;
+    let wire = pods.wire_bytes()? - wire0;
+    ensure!(
+        s["ok"] == true && num(&s, "received") == 2 * chunk && wire >= chunk,
+        "the second chunk by TCP: server {s}, client {c}, {wire} B on the veths"
+    );
     drop(before);
     Ok(())
 }
@@ -1036,6 +1131,79 @@ fn wait_metric(port: u16, series: &str, at_least: f64) -> Result<()> {
             testbed::steps::NET
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Waits until the cut generation in the pinned control map `control` is no longer
+/// `from`: a cut was made.
+fn wait_cut_generation(control: &std::path::Path, from: u32) -> Result<()> {
+    let deadline = std::time::Instant::now() + testbed::steps::NET;
+    loop {
+        let now = testbed::mapkeys::pinned_u32(control, bypass_common::control::SLOT_CUT_GEN)?;
+        if now != from {
+            return Ok(());
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "no cut within {:?}: the cut generation stayed {from}",
+            testbed::steps::NET
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// A connection that no cut touches, held in pod b over loopback while
+/// [`TenantHoldingCuts`] holds the cut map full with connections its own cut of
+/// everything cut: pod a's cut after it must free their entries and be held by the map,
+/// not cut everything again (the second attacker-role review of the audit at start, its
+/// MEDIUM finding), so this connection's second chunk is still redirected.
+struct Bystander {
+    hold: HoldPair,
+    steps: Steps,
+    chunk: u64,
+}
+
+impl Bystander {
+    fn hold(
+        pods: &testbed::TwoPods,
+        agent: &testbed::Agent,
+        port: u16,
+        chunk: u64,
+    ) -> Result<Self> {
+        let steps = Steps::new(pods, "bystander")?;
+        let to = SocketAddr::from(([127, 0, 0, 1], port));
+        let hold = crate::support::hold_in(&pods.b, &pods.b, to, agent, &steps, chunk, |s| {
+            s.counters.paired_loopback
+        })?;
+        Ok(Self { hold, steps, chunk })
+    }
+
+    /// After a cut that touched other connections: the second chunk is redirected, none
+    /// of it takes TCP, and the agent counts no cut of everything since `full_before`.
+    fn not_cut(self, agent: &testbed::Agent, metrics: u16, full_before: f64) -> Result<()> {
+        let Self { hold, steps, chunk } = self;
+        let before = agent.stats()?;
+        steps.touch("more")?;
+        let after = agent.wait_for(testbed::steps::NET, "the bystander's second chunk", |s| {
+            grew(&before, s, |s| s.counters.passed_bytes) > 0
+                || grew(&before, s, |s| s.counters.redirected_bytes) >= chunk
+        })?;
+        let full = testbed::agent::metric(metrics, CUT_MAP_FULL)?;
+        ensure!(
+            full == full_before && grew(&before, &after, |s| s.counters.passed_bytes) == 0,
+            "pod a's cut, with the cut map full of connections cut already, cut a connection \
+             it does not touch: {CUT_MAP_FULL} {full_before} -> {full}, passed +{} B, \
+             redirected +{} B",
+            grew(&before, &after, |s| s.counters.passed_bytes),
+            grew(&before, &after, |s| s.counters.redirected_bytes)
+        );
+        let c = probe_report(hold.client)?;
+        let s = hold.server.wait()?;
+        ensure!(
+            s["ok"] == true && num(&s, "received") == 2 * chunk,
+            "the bystander's connection: server {s}, client {c}"
+        );
+        Ok(())
     }
 }
 
@@ -1193,8 +1361,9 @@ impl Drop for TenantFloodingTheScan {
 /// A third pod that holds the cut map full: it opens more connections to its own
 /// address than the cut map has room for (Python, a program nobody here wrote), waits
 /// until the agent paired them all, sends one byte on each that its peer never reads,
-/// then takes its own interface down. The agent cuts its connections; they can never
-/// finish leaving (each waits for its byte to be read), so their cut entries stay.
+/// then takes its own interface down. The agent's cut of its connections does not fit
+/// the map, so it cuts everything; the connections stay idle and never see the cut, so
+/// their cut entries stay until a cut that needs room frees them.
 struct TenantHoldingCuts {
     _pod: testbed::topology::Pod,
     child: testbed::spawn::PodChild,

@@ -13,7 +13,7 @@ pub use addresses::PodMaps;
 pub use control::{Control, Identity};
 pub use counters::Stats;
 pub use owners::{OwnerMap, refusals};
-pub use pairings::{CutMap, Pairings, owning_namespaces, side_stands};
+pub use pairings::{CutMap, Pairings, owning_namespaces, side_is_pod, side_stands};
 pub use pods::{PodCountsMap, add_counts, live_counts};
 pub use ports::SkipPorts;
 

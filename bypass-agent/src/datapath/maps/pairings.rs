@@ -79,7 +79,7 @@ impl Pairings {
             &keys,
         );
         let entries = self.links_not_cut(generations);
-        self.cut_keys(links_to_cut(&entries, &keys, &namespaces))
+        self.cut_keys(links_to_cut(&entries, &keys, &namespaces), generations)
     }
 
     /// Every link not cut already ([`Link::already_cut`] at `generations`, the cut
@@ -100,21 +100,38 @@ impl Pairings {
         stands: impl Fn(&SockKey) -> bool,
         generations: (u32, u32),
     ) -> Result<CutMap, AgentError> {
-        self.cut_keys(links_astray(&self.links_not_cut(generations), stands))
+        let astray = links_astray(&self.links_not_cut(generations), stands);
+        self.cut_keys(astray, generations)
     }
 
-    /// Puts the link keys `keys` into the cut map, up to the first insert it refuses;
-    /// counts those already there too: an entry can outlive its connection, and a new
-    /// connection under the same key checks only generations after its insert, so every
-    /// cut that matches a link must move the generation.
-    fn cut_keys(&mut self, keys: impl IntoIterator<Item = SockKey>) -> Result<CutMap, AgentError> {
+    /// Puts the link keys `keys` into the cut map; counts those already there too: an
+    /// entry can outlive its connection, and a new connection under the same key checks
+    /// only generations after its insert, so every cut that matches a link must move the
+    /// generation. An insert the map refuses first makes room ([`Pairings::free_cut`]) and
+    /// is tried once more; refused again, the cut is [`CutMap::Full`].
+    fn cut_keys(
+        &mut self,
+        keys: impl IntoIterator<Item = SockKey>,
+        generations: (u32, u32),
+    ) -> Result<CutMap, AgentError> {
         let mut cut = 0;
+        let mut freed = false;
         for key in keys {
             cut += 1;
             if self.cut.get(&key, 0).is_ok() {
                 continue;
             }
-            if let Err(e) = self.cut.insert(key, 0, 0) {
+            let mut inserted = self.cut.insert(key, 0, 0);
+            if inserted.is_err() && !freed {
+                freed = true;
+                let needless = self.free_cut(generations);
+                tracing::info!(
+                    freed = needless,
+                    "the cut map was full: freed the entries of connections cut already or gone"
+                );
+                inserted = self.cut.insert(key, 0, 0);
+            }
+            if let Err(e) = inserted {
                 return Ok(CutMap::Full(AgentError::bpf(
                     format!("write map {}", names::MAP_CUT),
                     e,
@@ -122,6 +139,32 @@ impl Pairings {
             }
         }
         Ok(CutMap::Held(cut))
+    }
+
+    /// Removes the cut map's entries no socket needs: those whose link is gone, and
+    /// those whose link is cut already at `generations` ([`Link::already_cut`]: a socket
+    /// saw the cut, or a cut of everything after the pairing cuts both sockets whatever
+    /// the map holds). Idle connections that a cut of everything cut never check their
+    /// cut, so without this their entries would keep the map full, and every later cut
+    /// that needs one would cut everything again, for as long as they stay open.
+    /// Returns how many went; a delete that fails leaves its entry (the retry then
+    /// ends in a cut of everything, never in no cut).
+    fn free_cut(&mut self, (generation, all): (u32, u32)) -> usize {
+        let links: std::collections::HashMap<SockKey, Link> = self.links().into_iter().collect();
+        let needless: Vec<SockKey> = self
+            .cut
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|key| {
+                links
+                    .get(key)
+                    .is_none_or(|link| link.already_cut(generation, all))
+            })
+            .collect();
+        needless
+            .iter()
+            .filter(|key| self.cut.remove(key).is_ok())
+            .count()
     }
 
     /// Removes the entries of connecting sockets that are no longer in the SockHash:
@@ -249,6 +292,21 @@ pub fn side_stands(
     own(bypass_common::addr::ip_from_key(side.local_ip).to_canonical())
 }
 
+/// Whether a link's `side` still has a pod address (`is_pod`), for the ownership check
+/// off (`--netns-owners=any`, where [`side_stands`] does not apply) (pure): its own
+/// address, or, on loopback, the pod address the datapath learned in its namespace
+/// (`learned`; a namespace it forgot cannot be judged, and stands).
+pub fn side_is_pod(
+    side: &SockKey,
+    is_pod: &dyn Fn(IpAddr) -> bool,
+    learned: &std::collections::HashMap<u64, IpAddr>,
+) -> bool {
+    if bypass_common::addr::is_loopback(&side.local_ip) {
+        return learned.get(&side.netns).is_none_or(|ip| is_pod(*ip));
+    }
+    is_pod(bypass_common::addr::ip_from_key(side.local_ip).to_canonical())
+}
+
 /// The namespaces that own a pod address (`is_pod`) in `owners` (pure), for
 /// [`side_stands`].
 pub fn owning_namespaces(
@@ -345,6 +403,26 @@ mod tests {
             vec![entries[0].0, entries[1].0]
         );
         assert!(links_astray(&entries, |_| true).is_empty());
+    }
+
+    #[test]
+    fn without_owners_a_side_stands_while_its_address_is_a_pod_s() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let side = |local: &str, netns| {
+            SockKey::new(ip_key(ip(local)), ip_key(ip("10.0.0.9")), 1, 2, netns)
+        };
+        // 10.0.0.3 opted out, 10.0.0.4 no longer given as a pod's.
+        let pods = |a: IpAddr| a == ip("10.0.0.1") || a == ip("fd00::1");
+        // Namespace 7 learned 10.0.0.1, 9 learned 10.0.0.3; 4 is forgotten.
+        let learned = std::collections::HashMap::from([(7, ip("10.0.0.1")), (9, ip("10.0.0.3"))]);
+        let is_pod = |local, netns| side_is_pod(&side(local, netns), &pods, &learned);
+        // Any namespace may use a pod address; not one that is no pod's.
+        assert!(is_pod("10.0.0.1", 7) && is_pod("10.0.0.1", 8) && is_pod("fd00::1", 9));
+        assert!(!is_pod("10.0.0.3", 9) && !is_pod("10.0.0.4", 4));
+        // Loopback: by the address its namespace was learned from; a forgotten one stands.
+        assert!(is_pod("127.0.0.1", 7) && is_pod("::1", 7));
+        assert!(!is_pod("127.0.0.1", 9));
+        assert!(is_pod("127.0.0.1", 4));
     }
 
     #[test]
