@@ -124,6 +124,7 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
     // Without the ownership check no pass runs: the links astray are cut here, once.
     if owners.is_none() {
         owners::cut_astray(&mut dp)?;
+        count_cuts_of_everything(&mut dp, telemetry.as_deref());
     }
     let poll = owners::poll_interval()?;
     // Subscribed before the first pass, so no change after it goes unheard.
@@ -184,16 +185,21 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
             if let Some(e) = events.as_mut() {
                 e.ran(started);
             }
-            let everything = dp.take_cuts_of_everything();
-            if let Some(t) = &telemetry {
-                for _ in 0..everything {
-                    t.agent.error(metrics::ErrorKind::CutMapFull);
-                }
-            }
+            count_cuts_of_everything(&mut dp, telemetry.as_deref());
         }
     });
     let counters = dp.counters()?;
     tracing::info!(signal, sockets = dp.socket_count(), ?counters, "stopping");
     drop(dp);
     Ok(())
+}
+
+/// Counts on `/metrics` the cuts of everything `dp` made since the last call.
+fn count_cuts_of_everything(dp: &mut Datapath, telemetry: Option<&Telemetry>) {
+    let everything = dp.take_cuts_of_everything();
+    if let Some(t) = telemetry {
+        for _ in 0..everything {
+            t.agent.error(metrics::ErrorKind::CutMapFull);
+        }
+    }
 }
