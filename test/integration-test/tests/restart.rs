@@ -162,11 +162,16 @@ fn sigkill_mid_100_streams_then_restart_adopts() -> Result<()> {
         num(&end, "redirected_bytes") >= num(&at_adoption, "redirected_bytes") + CHUNK,
         "the held chunk sent after the adoption was not redirected: {end}"
     );
-    // Every byte redirected, across both agents, but a connection whose client wrote
-    // before it was paired (a race with the end of the handshake): that one goes by TCP.
+    // Every byte redirected, across both agents, but where the datapath passes by
+    // design: a connection whose client wrote before it was paired (a race with the end
+    // of the handshake), and sends while the node's TCP memory is under pressure
+    // (`memory_tight`, docs/limitations.md: a 7.3-cloud guest with two more guests and a
+    // CI run beside it reached it 4,055 times, the streams' bytes queued meanwhile).
     ensure!(
         num(&end, "redirected_bytes") + num(&end, "passed_bytes") >= payload
-            && (num(&end, "passed_bytes") == 0 || num(&end, "unpaired_sends") > 0),
+            && (num(&end, "passed_bytes") == 0
+                || num(&end, "unpaired_sends") > 0
+                || num(&end, "memory_tight") > 0),
         "every byte should have been redirected, across both agents: {end}"
     );
     ensure!(
