@@ -1116,40 +1116,46 @@ fn next_agent_on_emptied_owners(
     Ok((next, emptied))
 }
 
-/// Waits until the agent's series `series` (on its metrics port `port`) is at least
-/// `at_least`, at most [`testbed::steps::NET`].
-fn wait_metric(port: u16, series: &str, at_least: f64) -> Result<()> {
+/// Reads `read` until `done` holds for what it gives, at most [`testbed::steps::NET`];
+/// `what` names the wait in the error, with the last value read.
+fn wait_until<T: std::fmt::Debug>(
+    what: &str,
+    mut read: impl FnMut() -> Result<T>,
+    done: impl Fn(&T) -> bool,
+) -> Result<()> {
     let deadline = std::time::Instant::now() + testbed::steps::NET;
     loop {
-        let v = testbed::agent::metric(port, series)?;
-        if v >= at_least {
+        let v = read()?;
+        if done(&v) {
             return Ok(());
         }
         ensure!(
             std::time::Instant::now() < deadline,
-            "{series} {v}, not {at_least} within {:?}",
+            "{what}: still {v:?} after {:?}",
             testbed::steps::NET
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
 
+/// Waits until the agent's series `series` (on its metrics port `port`) is at least
+/// `at_least`.
+fn wait_metric(port: u16, series: &str, at_least: f64) -> Result<()> {
+    wait_until(
+        &format!("{series} to reach {at_least}"),
+        || testbed::agent::metric(port, series),
+        |v| *v >= at_least,
+    )
+}
+
 /// Waits until the cut generation in the pinned control map `control` is no longer
 /// `from`: a cut was made.
 fn wait_cut_generation(control: &std::path::Path, from: u32) -> Result<()> {
-    let deadline = std::time::Instant::now() + testbed::steps::NET;
-    loop {
-        let now = testbed::mapkeys::pinned_u32(control, bypass_common::control::SLOT_CUT_GEN)?;
-        if now != from {
-            return Ok(());
-        }
-        ensure!(
-            std::time::Instant::now() < deadline,
-            "no cut within {:?}: the cut generation stayed {from}",
-            testbed::steps::NET
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    wait_until(
+        "a cut (the cut generation to move)",
+        || testbed::mapkeys::pinned_u32(control, bypass_common::control::SLOT_CUT_GEN),
+        |g| *g != from,
+    )
 }
 
 /// A connection that no cut touches, held in pod b over loopback while
