@@ -24,6 +24,14 @@ pub(crate) fn request(ptr: *mut Link, key: &SockKey) {
     mark(ptr, key, link_state::LEAVING);
 }
 
+/// Marks the connection of the link at `ptr` (key `key`) cut, as [`check_cut`] does
+/// for a cut the agent made.
+#[inline(always)]
+pub(crate) fn cut(ptr: *mut Link, key: &SockKey) {
+    stats::add(Stat::CutSeen, 1);
+    mark(ptr, key, link_state::CUT);
+}
+
 /// Or-s `bits` (with [`link_state::LEAVING`]) into the state of the link at `ptr` (key
 /// `key`); the first to mark it leaving tells the agent.
 #[inline(always)]
@@ -70,8 +78,7 @@ pub(crate) fn check_cut(state: &mut SockState, ptr: *mut Link) -> bool {
     {
         return false;
     }
-    stats::add(Stat::CutSeen, 1);
     // Marked cut as well as leaving: a sender draining a TCP-only reader stops too.
-    mark(ptr, &state.link, link_state::CUT);
+    cut(ptr, &state.link);
     true
 }

@@ -39,7 +39,7 @@ use bypass_common::{
 };
 
 use crate::{
-    atomic, kernel, key,
+    atomic, kernel, key, leave,
     maps::{
         BYPASS_BACKEND_KEY, BYPASS_CONNECTORS, BYPASS_CONTROL, BYPASS_EXCLUDED_ADDRS, BYPASS_LINKS,
         BYPASS_NETNS_OWNERS, BYPASS_POD_ADDRS, BYPASS_POD_CIDRS, BYPASS_POD_COUNTS,
@@ -245,6 +245,15 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
             if let (Ok(()), Some(l)) = (linked, BYPASS_LINKS.get_ptr_mut(&client.key)) {
                 // SAFETY: the pair's entry in the links map, just found.
                 unsafe { confirm_link(l, &client.key, kind) };
+                // The agent takes an address from a pod (its owner lost or changed, its
+                // pod opted out or gone), then walks the links to cut its connections.
+                // A run that read the address as the pod's before that, and inserted
+                // the link after the walk passed it, is cut here: confirm_link's fully
+                // ordered atomic keeps these reads after the insert, so either the walk
+                // sees the link or this sees the address taken.
+                if !still_its_own(&state.key) || !still_its_own(&client.key) {
+                    leave::cut(l, &client.key);
+                }
             }
         }
     }
@@ -783,6 +792,18 @@ fn is_service(ip: &IpKey) -> bool {
 #[inline(always)]
 fn skipped_port(port: u32) -> bool {
     BYPASS_SKIP_PORTS.get_ptr(port).is_some()
+}
+
+/// Whether the local end of `key` still speaks for its pod, as [`try_insert`] and
+/// [`proven_client`] judged it: a pod address its namespace owns, or loopback inside a
+/// pod that still holds its address ([`loopback_in_pod`]).
+#[inline(always)]
+fn still_its_own(key: &SockKey) -> bool {
+    if is_loopback(&key.local_ip) {
+        loopback_in_pod(&key.local_ip, key.netns)
+    } else {
+        is_pod(&key.local_ip) && owns(&key.local_ip, key.netns)
+    }
 }
 
 /// Whether `ip` is a pod address (never a loopback one).

@@ -420,6 +420,10 @@ impl Datapath {
         if excluded.is_empty() {
             return Ok(0);
         }
+        // What the caller took from the pods (owners, pod addresses) is written before
+        // the walk below reads the links: sock_ops, having inserted a link the walk does
+        // not see, reads that state again after its own fence and cuts the link itself.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         let pod_netns = aya::maps::HashMap::try_from(maps::open_pinned(&self.pins, MAP_POD_NETNS)?)
             .map_err(|e| AgentError::bpf(format!("open map {MAP_POD_NETNS}"), e))?;
         let owners: Vec<(IpAddr, u64)> = self

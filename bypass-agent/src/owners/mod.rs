@@ -71,31 +71,66 @@ pub struct Claim {
     pub addr: IpAddr,
 }
 
+/// The most pod addresses one namespace may own. A pod holds one or two (one per
+/// family), a few more with extra interfaces; a namespace holding more is not a pod as
+/// the CNI made it, and owns none of them: otherwise one tenant could fill the owners
+/// map (`bypass_common::names::DEFAULT_MAX_ADDRS`) and no new pod of the node would be
+/// bypassed.
+pub const MAX_OWNED_PER_NAMESPACE: usize = 64;
+
+/// The claimant that stands for the node's own namespace in [`resolve`]: never a
+/// namespace's cookie (they start at 1).
+const NODE: u64 = 0;
+
 /// Owners decided from a set of claims.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Owners {
     /// Each address claimed by exactly one namespace, and that namespace.
     pub owned: BTreeMap<IpAddr, u64>,
-    /// Addresses claimed by more than one namespace: nobody's.
+    /// Addresses claimed by more than one namespace (the node's own among them): nobody's.
     pub contested: BTreeSet<IpAddr>,
+    /// Namespaces claiming more than [`MAX_OWNED_PER_NAMESPACE`] pod addresses, with how
+    /// many: they own none.
+    pub crowded: BTreeMap<u64, usize>,
 }
 
 /// The owner of each pod address (`is_pod`): its only claimant. Loopback,
 /// unspecified, multicast and link-local addresses are never a pod's and are left out.
-pub fn resolve(claims: impl IntoIterator<Item = Claim>, is_pod: impl Fn(IpAddr) -> bool) -> Owners {
+/// The node's own addresses (`node`: the bridge's, the node's) are claims of the node's
+/// namespace, which owns none: a pod putting the gateway's address on its interface
+/// contests it and does not own it. A namespace claiming more than
+/// [`MAX_OWNED_PER_NAMESPACE`] pod addresses contests them and owns none either.
+pub fn resolve(
+    claims: impl IntoIterator<Item = Claim>,
+    node: &BTreeSet<IpAddr>,
+    is_pod: impl Fn(IpAddr) -> bool,
+) -> Owners {
     let mut by_addr: BTreeMap<IpAddr, BTreeSet<u64>> = BTreeMap::new();
-    for c in claims {
+    let node = node.iter().map(|&addr| Claim { netns: NODE, addr });
+    for c in claims.into_iter().chain(node) {
         let addr = c.addr.to_canonical();
         if !could_be_a_pod(addr) || !is_pod(addr) {
             continue;
         }
         by_addr.entry(addr).or_default().insert(c.netns);
     }
-    let mut out = Owners::default();
+    let mut per_namespace: BTreeMap<u64, usize> = BTreeMap::new();
+    for netns in by_addr.values().flatten() {
+        *per_namespace.entry(*netns).or_default() += 1;
+    }
+    let mut out = Owners {
+        crowded: per_namespace
+            .into_iter()
+            .filter(|&(netns, n)| netns != NODE && n > MAX_OWNED_PER_NAMESPACE)
+            .collect(),
+        ..Owners::default()
+    };
     for (addr, namespaces) in by_addr {
         match namespaces.iter().next() {
             Some(&only) if namespaces.len() == 1 => {
-                out.owned.insert(addr, only);
+                if only != NODE && !out.crowded.contains_key(&only) {
+                    out.owned.insert(addr, only);
+                }
             }
             _ => {
                 out.contested.insert(addr);
@@ -241,6 +276,7 @@ mod tests {
                 claim(1, v4(4)),
                 claim(1, v4(4)),
             ],
+            &BTreeSet::new(),
             any,
         );
         assert_eq!(o.owned, BTreeMap::from([(v4(2), 1), (v4(4), 1)]));
@@ -259,6 +295,7 @@ mod tests {
                 claim(1, IpAddr::V6("fe80::1".parse().unwrap())),
                 claim(1, IpAddr::V6("fd00::5".parse().unwrap())),
             ],
+            &BTreeSet::new(),
             any,
         );
         assert_eq!(
@@ -289,10 +326,79 @@ mod tests {
                 claim(1, v4(3)),
                 claim(2, v4(3)),
             ],
+            &BTreeSet::new(),
             |ip| pods.contains(ip),
         );
         assert_eq!(o.owned, BTreeMap::from([(v4(2), 1)]));
         assert_eq!(o.contested, BTreeSet::from([v4(3)]));
+    }
+
+    #[test]
+    fn the_nodes_own_addresses_are_nobodys() {
+        // The gateway (the bridge's address, inside the pod CIDR): the node's alone is
+        // not owned; a pod holding it too contests it.
+        let o = resolve(
+            [claim(1, v4(2)), claim(2, v4(3)), claim(2, v4(1))],
+            &BTreeSet::from([v4(1), v4(4), IpAddr::V4(Ipv4Addr::LOCALHOST)]),
+            any,
+        );
+        assert_eq!(o.owned, BTreeMap::from([(v4(2), 1), (v4(3), 2)]));
+        assert_eq!(o.contested, BTreeSet::from([v4(1)]));
+        assert!(o.crowded.is_empty());
+    }
+
+    #[test]
+    fn a_namespace_holding_more_addresses_than_a_pod_owns_none() {
+        let many = (1..=MAX_OWNED_PER_NAMESPACE + 1).map(|i| {
+            claim(
+                7,
+                IpAddr::V6(Ipv6Addr::new(
+                    0xfd00,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    1,
+                    u16::try_from(i).unwrap(),
+                )),
+            )
+        });
+        let at_most = (1..=MAX_OWNED_PER_NAMESPACE).map(|i| {
+            claim(
+                8,
+                IpAddr::V6(Ipv6Addr::new(
+                    0xfd00,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    2,
+                    u16::try_from(i).unwrap(),
+                )),
+            )
+        });
+        let theirs = IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 1, 1));
+        let o = resolve(
+            many.chain(at_most)
+                .chain([claim(1, v4(2)), claim(1, theirs)]),
+            &BTreeSet::new(),
+            any,
+        );
+        assert_eq!(
+            o.crowded,
+            BTreeMap::from([(7, MAX_OWNED_PER_NAMESPACE + 1)])
+        );
+        // The crowded namespace owns nothing; one at the bound owns all it holds; an
+        // address both hold stays contested.
+        assert!(o.owned.values().all(|&n| n != 7));
+        assert_eq!(
+            o.owned.values().filter(|&&n| n == 8).count(),
+            MAX_OWNED_PER_NAMESPACE
+        );
+        assert_eq!(o.owned.get(&v4(2)), Some(&1));
+        assert_eq!(o.contested, BTreeSet::from([theirs]));
     }
 
     #[test]

@@ -3,8 +3,9 @@
 //! one thread of the agent (`setns` changes only the calling thread's namespace).
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     fs::File,
+    net::IpAddr,
     os::{fd::AsFd, unix::fs::MetadataExt},
     path::{Path, PathBuf},
 };
@@ -55,6 +56,9 @@ impl HostNamespace {
 pub struct Scan {
     /// Addresses held on interfaces that reach the node's namespace.
     pub claims: Vec<Claim>,
+    /// The addresses of the node's own namespace, on any of its interfaces (its
+    /// bridge's, its own): no pod owns one ([`super::resolve`]).
+    pub node: BTreeSet<IpAddr>,
     /// Namespaces read (the node's own left out).
     pub namespaces: usize,
     /// Namespaces that could not be entered or read (gone meanwhile, or no right).
@@ -65,16 +69,17 @@ pub struct Scan {
 
 /// Reads every network namespace it can find but the node's own.
 pub fn scan(host: &HostNamespace) -> Result<Scan, AgentError> {
-    let mut seen = BTreeSet::from([host.id]);
-    let mut paths = Vec::new();
+    // Stat first (cheap, follows the namespace link): most processes share a few
+    // namespaces. Each is opened only when it is read, one at a time, through the first
+    // of its paths that still leads to it (a process may exit meanwhile).
+    let mut paths: BTreeMap<(u64, u64), Vec<PathBuf>> = BTreeMap::new();
     for path in candidates() {
-        // Stat first (cheap, follows the namespace link): most processes share a few
-        // namespaces. Each is opened only when it is read, one at a time.
         let Ok(meta) = std::fs::metadata(&path) else {
             continue;
         };
-        if seen.insert((meta.dev(), meta.ino())) {
-            paths.push((path, (meta.dev(), meta.ino())));
+        let id = (meta.dev(), meta.ino());
+        if id != host.id {
+            paths.entry(id).or_default().push(path);
         }
     }
     let host_file = host.file.try_clone().map_err(|e| AgentError::Io {
@@ -121,23 +126,27 @@ fn candidates() -> Vec<PathBuf> {
     out
 }
 
-fn read_all(host: &File, paths: &[(PathBuf, (u64, u64))]) -> Scan {
+fn read_all(host: &File, paths: &BTreeMap<(u64, u64), Vec<PathBuf>>) -> Scan {
     let mut out = Scan::default();
-    for (path, id) in paths {
-        // The same namespace as stated, or none (a process that exited and a pid
-        // reused meanwhile).
-        let opened = File::open(path).and_then(|f| {
-            let m = f.metadata()?;
-            if (m.dev(), m.ino()) == *id {
-                Ok(f)
-            } else {
-                Err(std::io::Error::other(
-                    "another namespace than the one stated",
-                ))
+    // The node's own addresses, read first: the thread is still in its namespace.
+    match Route::open().and_then(|mut r| r.addrs()) {
+        Ok(addrs) => out.node = addrs.into_iter().map(|a| a.addr.to_canonical()).collect(),
+        Err(e) => {
+            tracing::debug!(error = %e, "the node's own addresses could not be read");
+            out.unreadable += 1;
+        }
+    }
+    for (id, paths) in paths {
+        let f = match open_first(paths, *id) {
+            Ok(Some(f)) => f,
+            // Every path gone (its processes exited): so is the namespace, unless
+            // something else holds it; a later scan finds it then.
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::debug!(error = %e, "a network namespace could not be opened");
+                out.unreadable += 1;
+                continue;
             }
-        });
-        let Ok(f) = opened else {
-            continue;
         };
         match read_one(host, &f) {
             Ok((netns, claims)) => {
@@ -152,6 +161,26 @@ fn read_all(host: &File, paths: &[(PathBuf, (u64, u64))]) -> Scan {
         }
     }
     out
+}
+
+/// The namespace `id` through the first of `paths` that still leads to it; `None` when
+/// none does any more (gone, or another namespace now: a process that exited and its
+/// pid reused); an error when one exists and cannot be opened (no right).
+fn open_first(paths: &[PathBuf], id: (u64, u64)) -> std::io::Result<Option<File>> {
+    let mut refused = None;
+    for path in paths {
+        match File::open(path) {
+            Ok(f) => {
+                let m = f.metadata()?;
+                if (m.dev(), m.ino()) == id {
+                    return Ok(Some(f));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => refused = Some(e),
+        }
+    }
+    refused.map_or(Ok(None), Err)
 }
 
 /// Enters `ns`: its cookie, and the addresses on its interfaces that are up and whose

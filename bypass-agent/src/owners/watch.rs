@@ -1,7 +1,11 @@
 //! The agent's pass over the node's namespaces: scan, decide, write the owners map, cut
 //! the connections of addresses that lost their owner.
 
-use std::{collections::BTreeSet, net::IpAddr, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    time::Duration,
+};
 
 use tracing::{info, warn};
 
@@ -47,6 +51,9 @@ pub struct Report {
     pub owned: usize,
     /// Addresses claimed by more than one namespace.
     pub contested: BTreeSet<IpAddr>,
+    /// Namespaces that hold more pod addresses than a pod does, with how many: they own
+    /// none.
+    pub crowded: BTreeMap<u64, usize>,
     /// Namespaces read.
     pub namespaces: usize,
     /// Namespaces that could not be read.
@@ -89,7 +96,7 @@ impl Watcher {
     pub fn pass(&mut self, dp: &mut Datapath) -> Result<Report, AgentError> {
         let found = scan(&self.host)?;
         let pods = PodAddresses::of(dp);
-        let owners = resolve(found.claims, |ip| pods.contains(ip));
+        let owners = resolve(found.claims, &found.node, |ip| pods.contains(ip));
         let p = plan(&dp.owners(), &owners.owned);
         // Written first (a lost address is nobody's before its connections are cut, so
         // none is inserted again meanwhile), every entry tried; the cut runs whatever
@@ -139,6 +146,7 @@ impl Watcher {
         let report = Report {
             owned: owners.owned.len(),
             contested: owners.contested,
+            crowded: owners.crowded,
             namespaces: found.namespaces,
             unreadable: found.unreadable,
             cut,
@@ -154,6 +162,16 @@ impl Watcher {
         }
         for ip in report.contested.difference(&self.last.contested) {
             warn!(address = %ip, "two network namespaces hold this pod address on interfaces that reach the node: it is nobody's (its connections keep TCP) until one of them lets it go");
+        }
+        for (netns, n) in &report.crowded {
+            if !self.last.crowded.contains_key(netns) {
+                warn!(
+                    netns_cookie = netns,
+                    pod_addresses = n,
+                    at_most = super::MAX_OWNED_PER_NAMESPACE,
+                    "a network namespace holds more pod addresses than a pod does: it owns none of them (its connections keep TCP) until it holds at most this many"
+                );
+            }
         }
         if report.unreadable > 0 && self.last.unreadable == 0 {
             warn!(

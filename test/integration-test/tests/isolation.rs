@@ -626,6 +626,104 @@ fn host_loopback_never_bypassed_via_gateway() -> Result<()> {
     Ok(())
 }
 
+/// The node's own address inside the pod CIDR (the bridge's, the gateway) is nobody's,
+/// whoever else holds it: pod a putting it on its interface does not make it pod a's
+/// (round 4's L1), so pod a's sockets on it are never inserted.
+#[test]
+fn a_pod_holding_the_gateways_address_does_not_own_it() -> Result<()> {
+    privileged!();
+    let pods = two_pods()?;
+    let gateway = pods.pod_cidr_v4().replace(".0/24", ".254");
+    // On the bridge in the host's namespace; gone with the bridge.
+    cmd::ip(&[
+        "addr",
+        "add",
+        &format!("{gateway}/24"),
+        "dev",
+        pods.bridge().name(),
+    ])?;
+    let agent = agent_with(&pods, &[])?;
+    pods.a.add_addr(&format!("{gateway}/32"))?;
+    let g: IpAddr = gateway.parse()?;
+    let owned = |s: &testbed::AgentStatus| s.address_owners.iter().any(|o| o.address == g);
+    let s = after_a_whole_pass(&pods, &agent, [77, 78], owned)?;
+    ensure!(
+        !owned(&s),
+        "pod a owns the node's gateway address {g}: {:?}",
+        s.address_owners
+    );
+    Ok(())
+}
+
+/// A namespace holding more pod addresses than a pod does owns none of them (round 4's
+/// L3): two tenants holding 8,500 each would otherwise fill the owners map (16,384), and
+/// no address given to a pod after them would be owned, nor its connections bypassed.
+#[test]
+fn tenants_holding_the_owners_map_full_cannot_keep_a_new_pod_out() -> Result<()> {
+    privileged!();
+    const EACH: u32 = 8_500;
+    let pods = two_pods()?;
+    let agent = agent_with(&pods, &[])?;
+    let net = pods.pod_cidr_v6().replace("::/64", "");
+    let tenants = [pods.third_pod("crowd1", 41)?, pods.third_pod("crowd2", 42)?];
+    let batches = Steps::new(&pods, "crowd")?;
+    for (t, tenant) in tenants.iter().enumerate() {
+        let lines: String = (0..EACH)
+            .map(|i| format!("addr add {net}::{:x}:{i:x}/128 dev eth0 nodad\n", 0xc0 + t))
+            .collect();
+        let batch = batches.file(&format!("batch-{t}"));
+        std::fs::write(&batch, lines).with_context(|| format!("write {}", batch.display()))?;
+        tenant.ip(&["-batch", &batch.to_string_lossy()])?;
+    }
+    let theirs = |s: &testbed::AgentStatus| {
+        s.address_owners
+            .iter()
+            .filter(|o| matches!(o.address, IpAddr::V6(v6) if v6.segments()[6] >= 0xc0))
+            .count()
+    };
+    let s = after_a_whole_pass(&pods, &agent, [79, 80], |s| {
+        theirs(s) > bypass_agent::owners::MAX_OWNED_PER_NAMESPACE
+    })?;
+    ensure!(
+        theirs(&s) == 0,
+        "the tenants own {} of their {} addresses ({} owners in all)",
+        theirs(&s),
+        2 * EACH,
+        s.address_owners.len()
+    );
+    Ok(())
+}
+
+/// Gives pod b a new IPv4 address (host part `hosts[0]`) and waits until it is owned, then
+/// another (`hosts[1]`): the pass that owns the second began after the first was owned,
+/// so it read every namespace after whatever the caller did before. Returns the agent's
+/// status then; fails at once, with what it saw, when `astray` holds first.
+fn after_a_whole_pass(
+    pods: &testbed::TwoPods,
+    agent: &testbed::Agent,
+    hosts: [u8; 2],
+    astray: impl Fn(&testbed::AgentStatus) -> bool,
+) -> Result<testbed::AgentStatus> {
+    let mut last = None;
+    for host in hosts {
+        let ip = pods.pod_cidr_v4().replace(".0/24", &format!(".{host}"));
+        pods.b.add_addr(&format!("{ip}/24"))?;
+        let ip: IpAddr = ip.parse()?;
+        let s = agent.wait_for(
+            testbed::steps::NET,
+            &format!("pod b's new address {ip} owned"),
+            |s| astray(s) || s.address_owners.iter().any(|o| o.address == ip),
+        )?;
+        ensure!(
+            !astray(&s),
+            "before pod b's {ip} was owned: {} owners",
+            s.address_owners.len()
+        );
+        last = Some(s);
+    }
+    last.context("no address given")
+}
+
 /// How a pod loses its network in [`network_loss_cuts_bypassed_connections`].
 #[derive(Clone, Copy, Debug)]
 enum Loss {
