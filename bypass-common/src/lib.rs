@@ -134,6 +134,12 @@ pub mod control {
     /// everything, never to cutting nothing. A socket that last checked an older
     /// generation leaves ([`cut_everything_since`]). 0, as a fresh load leaves it: never.
     pub const SLOT_CUT_ALL: u32 = 18;
+    /// The fingerprint of the cluster's NetworkPolicies whose changes the agent has cut
+    /// (FNV-1a of each policy's namespace, name, uid and generation, folded to 32 bits),
+    /// written by the agent in Kubernetes mode once every
+    /// change it saw is cut; 0, as a fresh load leaves it: none. The next agent compares
+    /// its first listing with it, so a change made while no agent ran is cut too.
+    pub const SLOT_POLICIES: u32 = 19;
     /// Number of slots: room for later slots without changing the map's size, which
     /// would make it another layout.
     pub const SLOTS: u32 = 32;

@@ -566,6 +566,17 @@ impl Datapath {
         self.control.set_agent_state(v)
     }
 
+    /// The fingerprint of the NetworkPolicies whose changes an agent has cut
+    /// (`control::SLOT_POLICIES`; 0: none recorded).
+    pub fn policies_record(&self) -> Result<u32, AgentError> {
+        self.control.policies()
+    }
+
+    /// Records the fingerprint of the NetworkPolicies whose changes are cut.
+    pub fn set_policies_record(&mut self, fingerprint: u32) -> Result<(), AgentError> {
+        self.control.set_policies(fingerprint)
+    }
+
     /// Counters summed over CPUs.
     pub fn counters(&self) -> Result<Counters, AgentError> {
         self.stats.read()

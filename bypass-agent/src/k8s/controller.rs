@@ -2,10 +2,12 @@
 //! ([`super::reconcile`]). A pass is full and level-triggered; [`super::pace`] says when
 //! one runs: at once for a change to this node (its Node, its pods, a namespace), at
 //! most once a [`super::pace::MIN_INTERVAL`] for the cluster's Services, EndpointSlices
-//! and ServiceCIDRs and for the resync tick, so a burst of events is coalesced into one.
-//! A NetworkPolicy change cuts its namespace's connections at once, without a pass. The
-//! pod network namespace owners are read after every pass and on their own tick. While the API server is away
-//! the stores, and so the datapath, stay as they were.
+//! and ServiceCIDRs and for the resync tick, so a burst of events is coalesced into one;
+//! either way no sooner than [`super::pace::QUIET`] times the last pass's length after
+//! it. A NetworkPolicy change makes a pass due at once, and the pass cuts its
+//! namespace's connections. The pod network namespace owners are read after every pass
+//! (counted in its length), on their own tick, and when link events wake them. While
+//! the API server is away the stores, and so the datapath, stay as they were.
 
 use std::{future::Future, sync::Arc, time::Instant};
 
@@ -44,7 +46,10 @@ pub async fn run(
         mut events,
         mut policies,
     } = Watches::new(&client, &node);
-    let mut state = WatchState::new(telemetry.clone(), &statics);
+    // A datapath an older build loaded, or one whose control map cannot be read, has no
+    // record: nothing is cut for policy changes made before this agent.
+    let recorded = dp.policies_record().unwrap_or(0);
+    let mut state = WatchState::new(telemetry.clone(), &statics, recorded);
     // An adopted datapath keeps what the previous agent decided until the first pass.
     let enabled_by = dp
         .agent_state()
@@ -70,6 +75,7 @@ pub async fn run(
     let mut owners_tick = tokio::time::interval(crate::owners::poll_interval()?);
     owners_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut pace = Pace::default();
+    let mut policies_recorded = false;
     let shutdown = shutdown.fuse();
     futures::pin_mut!(shutdown);
     info!(node = %node, "watching the node, its pods, namespaces, ServiceCIDRs, Services and EndpointSlices");
@@ -86,6 +92,7 @@ pub async fn run(
             }
         };
         let mut read_owners = false;
+        let mut pass_started = None;
         tokio::select! {
             signal = &mut shutdown => return Ok(signal),
             item = events.next() => match item {
@@ -108,6 +115,10 @@ pub async fn run(
         while let Some(Some(item)) = policies.next().now_or_never() {
             state.note_policy(item);
         }
+        // Until its cut holds (a failed one is retried by the next pass).
+        if !state.policy_changed.is_empty() {
+            pace.note(Urgency::Now);
+        }
         // Coalesce a burst (a relist delivers every object) into one reconcile.
         while let Some(Some(item)) = events.next().now_or_never() {
             note(&mut state, &mut pace, item);
@@ -123,9 +134,14 @@ pub async fn run(
             telemetry.agent.synced.set(1);
             let now = Instant::now();
             if pace.is_due(now) {
-                pace.ran(now);
                 ctl.reconcile(&stores, &state.listed, dp);
+                // With the pass: a changed policy waits for no interval, only for the
+                // pace a tenant editing its policies in a loop would otherwise defeat.
+                ctl.cut_policy_changes(&stores, &mut state.policy_changed, dp);
+                // So that a pod address added now is owned at once; the pass's length,
+                // which paces the next, counts that read too.
                 read_owners = true;
+                pass_started = Some(now);
                 if let Some(p) = publisher.as_deref_mut() {
                     p.set_node_uid(
                         stores
@@ -137,10 +153,26 @@ pub async fn run(
                     p.update(ctl.node_status(dp)).await;
                 }
             }
-            // At once, pass or not: a changed policy must not wait for the interval.
-            ctl.cut_policy_changes(&stores, &mut state.policy_changed, dp);
+            // Once every change seen is cut: the next agent cuts what changes after.
+            if let Some(f) = state.policies_to_record() {
+                match dp.set_policies_record(f) {
+                    Ok(()) => {
+                        if !policies_recorded {
+                            policies_recorded = true;
+                            info!(
+                                "NetworkPolicies recorded: a change made while no agent runs is cut when the next one starts"
+                            );
+                        }
+                        state.policies_recorded(f);
+                    }
+                    Err(e) => {
+                        telemetry.agent.error(ErrorKind::MapUpdate);
+                        warn!(error = %e, "could not record the NetworkPolicies in the datapath; retrying");
+                    }
+                }
+            }
         }
-        // After a pass, so a pod address added now is owned at once; and on the tick.
+        // After a pass, on a link event, and on the tick.
         if read_owners && let Some(w) = owners.as_mut() {
             let started = Instant::now();
             if let Err(e) = w.pass(dp) {
@@ -150,6 +182,9 @@ pub async fn run(
             if let Some(e) = link_events.as_mut() {
                 e.ran(started);
             }
+        }
+        if let Some(started) = pass_started {
+            pace.ran(started, Instant::now());
         }
         for _ in 0..dp.take_cuts_of_everything() {
             telemetry.agent.error(ErrorKind::CutMapFull);

@@ -2,13 +2,17 @@
 //! pods, a namespace) or a completed listing is applied at once; a change elsewhere in
 //! the cluster (a Service, an EndpointSlice, a ServiceCIDR) and the periodic resync wait
 //! until [`MIN_INTERVAL`] after the last pass, so a cluster's churn costs at most one
-//! pass an interval, not one per event (results/scale/README.md). The passes stay
-//! level-triggered: each reads the whole stores, so whatever waited is applied by the
-//! next one.
+//! pass an interval, not one per event (results/scale/README.md). Either waits, too,
+//! [`QUIET`] times the last pass's length after it: a pod that patches its own
+//! metadata many times a second (each event of this node's) gets one pass per such
+//! spell, and the passes take at most a fifth of a core however fast events come. The
+//! passes stay level-triggered: each reads the whole stores, so whatever waited is
+//! applied by the next one.
 
 use std::time::{Duration, Instant};
 
 use super::watch::{Item, Source};
+pub(super) use crate::owners::QUIET;
 
 /// The shortest time between two passes for cluster-wide changes: kube-proxy's default
 /// `--iptables-min-sync-period`. A Service backend on this node waits at most this long.
@@ -42,6 +46,8 @@ pub(super) fn urgency((source, item): &Item) -> Option<Urgency> {
 pub(super) struct Pace {
     pending: Option<Urgency>,
     last: Option<Instant>,
+    /// [`QUIET`] times the last pass's length after its end.
+    not_before: Option<Instant>,
 }
 
 impl Pace {
@@ -53,10 +59,11 @@ impl Pace {
     /// When the next pass is due: `None` when nothing waits; `now` or earlier when it
     /// is due now.
     pub(super) fn due(&self, now: Instant) -> Option<Instant> {
-        match (self.pending?, self.last) {
-            (Urgency::Now, _) | (Urgency::Batched, None) => Some(now),
-            (Urgency::Batched, Some(last)) => Some(last + MIN_INTERVAL),
-        }
+        let by_kind = match (self.pending?, self.last) {
+            (Urgency::Now, _) | (Urgency::Batched, None) => now,
+            (Urgency::Batched, Some(last)) => last + MIN_INTERVAL,
+        };
+        Some(self.not_before.map_or(by_kind, |t| t.max(by_kind)))
     }
 
     /// Whether a pass is due at `now`.
@@ -64,10 +71,12 @@ impl Pace {
         self.due(now).is_some_and(|t| t <= now)
     }
 
-    /// A pass ran at `now`: everything noted before is applied.
-    pub(super) fn ran(&mut self, now: Instant) {
+    /// A pass ran from `started` to `ended`: everything noted before `started` is
+    /// applied.
+    pub(super) fn ran(&mut self, started: Instant, ended: Instant) {
         self.pending = None;
-        self.last = Some(now);
+        self.last = Some(started);
+        self.not_before = Some(ended + ended.saturating_duration_since(started) * QUIET);
     }
 }
 
@@ -82,9 +91,35 @@ mod tests {
         let t0 = Instant::now();
         let mut pace = Pace::default();
         assert_eq!(pace.due(t0), None, "nothing waits");
-        pace.ran(t0);
+        pace.ran(t0, t0);
         pace.note(Urgency::Now);
         assert!(pace.is_due(t0));
+    }
+
+    #[test]
+    fn passes_for_this_node_are_paced_by_their_own_length() {
+        let t0 = Instant::now();
+        let took = Duration::from_millis(50);
+        let mut pace = Pace::default();
+        pace.note(Urgency::Now);
+        assert!(pace.is_due(t0), "the first pass does not wait");
+        pace.ran(t0, t0 + took);
+        // A pod patching itself in a loop: its events come on, one pass waits for them
+        // all, QUIET times the last pass after it.
+        let end = t0 + took;
+        for _ in 0..1_000 {
+            pace.note(Urgency::Now);
+        }
+        assert!(!pace.is_due(end));
+        assert_eq!(pace.due(end), Some(end + took * QUIET));
+        let next = end + took * QUIET;
+        assert!(pace.is_due(next));
+        pace.ran(next, next + took);
+        assert_eq!(pace.due(next + took), None, "one pass applied all of them");
+        // After a quiet spell, a change is applied at once again.
+        let later = next + Duration::from_secs(5);
+        pace.note(Urgency::Now);
+        assert_eq!(pace.due(later), Some(later));
     }
 
     #[test]
@@ -93,7 +128,7 @@ mod tests {
         let mut pace = Pace::default();
         pace.note(Urgency::Batched);
         assert!(pace.is_due(t0), "the first pass does not wait");
-        pace.ran(t0);
+        pace.ran(t0, t0);
         let t1 = t0 + MIN_INTERVAL / 10;
         for _ in 0..500 {
             pace.note(Urgency::Batched);
@@ -102,7 +137,7 @@ mod tests {
         assert_eq!(pace.due(t1), Some(t0 + MIN_INTERVAL));
         let t2 = t0 + MIN_INTERVAL;
         assert!(pace.is_due(t2));
-        pace.ran(t2);
+        pace.ran(t2, t2);
         assert_eq!(pace.due(t2), None, "one pass applied all of them");
         // A local change among them does not wait.
         pace.note(Urgency::Batched);

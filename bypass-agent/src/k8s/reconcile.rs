@@ -507,7 +507,7 @@ mod tests {
         unexpected: &mut mpsc::UnboundedReceiver<String>,
     ) -> (Watches, WatchState) {
         let mut watches = Watches::new(client, NODE);
-        let mut state = WatchState::new(telemetry.clone(), &statics());
+        let mut state = WatchState::new(telemetry.clone(), &statics(), 0);
         let known = |l: &Listed| {
             l.core() && l.service_cidrs_known() && (l.backends_known() || l.backends_forbidden())
         };

@@ -18,7 +18,10 @@
 //! `--service-backend` alone (never what an earlier agent wrote), and the watcher keeps
 //! retrying.
 
-use std::{collections::BTreeSet, sync::Arc};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+};
 
 use futures::{
     StreamExt as _,
@@ -127,28 +130,119 @@ impl Listed {
     }
 }
 
-/// A NetworkPolicy event: the namespace of a policy that changed (created, modified,
-/// deleted, or seen again by a relist), none for the first listing, or an error.
-pub(super) type PolicyItem = Result<Option<String>, watcher::Error>;
+/// A NetworkPolicy event, with the fingerprint of every policy known after it
+/// ([`policies_fingerprint`]; 0 before the first listing completes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct PolicyEvent {
+    /// The namespace of a policy that changed (created, modified, deleted, or seen again
+    /// by a relist).
+    pub(super) changed: Option<String>,
+    /// The first listing completed now: the namespaces holding a policy.
+    pub(super) first_listing: Option<BTreeSet<String>>,
+    pub(super) fingerprint: u32,
+}
+
+/// A NetworkPolicy event, or an error.
+pub(super) type PolicyItem = Result<PolicyEvent, watcher::Error>;
+
+/// Each policy's `(uid, generation)` by `(namespace, name)`.
+type PolicyIndex = BTreeMap<(String, String), (String, i64)>;
+
+/// The fingerprint of a set of NetworkPolicies (`control::SLOT_POLICIES`): FNV-1a over
+/// each one's namespace, name, uid and generation (which the API server bumps on each
+/// change of its spec), in order, folded to 32 bits; never 0, which reads as none.
+pub(super) fn policies_fingerprint(index: &PolicyIndex) -> u32 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for b in bytes {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    for ((ns, name), (uid, generation)) in index {
+        for field in [ns.as_bytes(), name.as_bytes(), uid.as_bytes()] {
+            eat(field);
+            eat(&[0]);
+        }
+        eat(&generation.to_le_bytes());
+    }
+    match (h ^ (h >> 32)) as u32 {
+        0 => 1,
+        f => f,
+    }
+}
 
 /// The NetworkPolicy watch. Policies of the first listing are not changes (the
-/// connections established before were allowed by them); any event after is.
+/// connections established before were allowed by them, or the record an agent before
+/// left tells what changed since: [`WatchState::note_policy`]); any event after is.
 fn watch_policies(api: Api<NetworkPolicy>) -> BoxStream<'static, PolicyItem> {
-    let mut listed = false;
+    let mut policies = Policies::default();
     watcher(api, watcher::Config::default())
         .default_backoff()
-        .map(move |e| {
-            Ok(match e? {
-                watcher::Event::Apply(p) | watcher::Event::Delete(p) => p.metadata.namespace,
-                watcher::Event::InitApply(p) if listed => p.metadata.namespace,
-                watcher::Event::InitDone => {
-                    listed = true;
-                    None
-                }
-                watcher::Event::Init | watcher::Event::InitApply(_) => None,
-            })
-        })
+        .map(move |e| Ok(policies.on(e?)))
         .boxed()
+}
+
+/// What the NetworkPolicy watch has seen (pure): every policy's identity and
+/// generation, and whether the first listing is done.
+#[derive(Debug, Default)]
+struct Policies {
+    listed: bool,
+    index: PolicyIndex,
+    /// A listing under way (the watcher's first, or a relist after a desync).
+    relisting: Option<PolicyIndex>,
+}
+
+impl Policies {
+    fn on(&mut self, e: watcher::Event<NetworkPolicy>) -> PolicyEvent {
+        let key = |p: &NetworkPolicy| {
+            let m = &p.metadata;
+            (
+                (
+                    m.namespace.clone().unwrap_or_default(),
+                    m.name.clone().unwrap_or_default(),
+                ),
+                (m.uid.clone().unwrap_or_default(), m.generation.unwrap_or(0)),
+            )
+        };
+        let mut first_listing = None;
+        let changed = match e {
+            watcher::Event::Apply(p) => {
+                let (k, v) = key(&p);
+                self.index.insert(k, v);
+                p.metadata.namespace
+            }
+            watcher::Event::Delete(p) => {
+                self.index.remove(&key(&p).0);
+                p.metadata.namespace
+            }
+            watcher::Event::Init => {
+                self.relisting = Some(PolicyIndex::new());
+                None
+            }
+            watcher::Event::InitApply(p) => {
+                let (k, v) = key(&p);
+                self.relisting.get_or_insert_default().insert(k, v);
+                p.metadata.namespace.filter(|_| self.listed)
+            }
+            watcher::Event::InitDone => {
+                self.index = self.relisting.take().unwrap_or_default();
+                if !std::mem::replace(&mut self.listed, true) {
+                    first_listing = Some(self.index.keys().map(|(ns, _)| ns.clone()).collect());
+                }
+                None
+            }
+        };
+        PolicyEvent {
+            changed,
+            first_listing,
+            fingerprint: if self.listed {
+                policies_fingerprint(&self.index)
+            } else {
+                0
+            },
+        }
+    }
 }
 
 /// One item of the merged watch streams: an event (whether it completed a listing), or
@@ -343,6 +437,10 @@ pub(super) struct WatchState {
     pub(super) listed: Listed,
     /// Namespaces whose NetworkPolicies changed since the last pass.
     pub(super) policy_changed: BTreeSet<String>,
+    /// The fingerprint of the NetworkPolicies known now (0: not listed yet), and the one
+    /// recorded in the datapath (`control::SLOT_POLICIES`; 0: none).
+    policies: u32,
+    policies_recorded: u32,
     /// Whether a failing NetworkPolicy watch was warned about (cleared by an event).
     policy_warned: bool,
     telemetry: Arc<Telemetry>,
@@ -351,10 +449,18 @@ pub(super) struct WatchState {
 }
 
 impl WatchState {
-    pub(super) fn new(telemetry: Arc<Telemetry>, statics: &Statics) -> Self {
+    /// `policies_recorded`: the datapath's record of the NetworkPolicies whose changes an
+    /// agent cut (0: none).
+    pub(super) fn new(
+        telemetry: Arc<Telemetry>,
+        statics: &Statics,
+        policies_recorded: u32,
+    ) -> Self {
         Self {
             listed: Listed::default(),
             policy_changed: BTreeSet::new(),
+            policies: 0,
+            policies_recorded,
             policy_warned: false,
             telemetry,
             service_cidr_flags: statics
@@ -365,14 +471,28 @@ impl WatchState {
         }
     }
 
-    /// Records a NetworkPolicy event; a failing watch is warned about once.
+    /// Records a NetworkPolicy event; a failing watch is warned about once. On the first
+    /// listing, policies that differ from the datapath's record changed while no agent
+    /// ran (or while the one before still failed to cut them): every namespace holding a
+    /// policy now is cut, as a change there would have been. (A namespace that only
+    /// lost policies needs no cut: what they allowed, fewer allow.) No record (a fresh
+    /// datapath, or one an older build loaded) cuts nothing.
     pub(super) fn note_policy(&mut self, item: PolicyItem) {
         match item {
-            Ok(Some(ns)) => {
+            Ok(e) => {
                 self.policy_warned = false;
-                self.policy_changed.insert(ns);
+                self.policy_changed.extend(e.changed);
+                self.policies = e.fingerprint;
+                if let Some(holding) = e.first_listing
+                    && self.policies_recorded != 0
+                    && self.policies_recorded != e.fingerprint
+                    && !holding.is_empty()
+                {
+                    info!(namespaces = ?holding,
+                        "NetworkPolicies changed while no agent ran: these namespaces' pods' bypassed connections move to TCP");
+                    self.policy_changed.extend(holding);
+                }
             }
-            Ok(None) => self.policy_warned = false,
             Err(e) => {
                 self.telemetry.agent.error(ErrorKind::Watch);
                 if !self.policy_warned {
@@ -382,6 +502,20 @@ impl WatchState {
                 }
             }
         }
+    }
+
+    /// The NetworkPolicies' fingerprint to record in the datapath now: once listed, when
+    /// every change seen is cut and the record differs.
+    pub(super) fn policies_to_record(&self) -> Option<u32> {
+        (self.policies != 0
+            && self.policy_changed.is_empty()
+            && self.policies != self.policies_recorded)
+            .then_some(self.policies)
+    }
+
+    /// The datapath holds `fingerprint` now ([`Self::policies_to_record`]).
+    pub(super) fn policies_recorded(&mut self, fingerprint: u32) {
+        self.policies_recorded = fingerprint;
     }
 
     /// Records one watch item: a completed listing, or an error (logged and counted;
@@ -478,6 +612,105 @@ impl WatchState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn policy(ns: &str, name: &str, generation: i64) -> NetworkPolicy {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": ns, "uid": format!("{ns}-{name}"),
+                "generation": generation},
+        }))
+        .unwrap()
+    }
+
+    fn listed(p: &mut Policies, policies: &[NetworkPolicy]) -> PolicyEvent {
+        p.on(watcher::Event::Init);
+        for x in policies {
+            assert_eq!(
+                p.on(watcher::Event::InitApply(x.clone())).fingerprint != 0,
+                p.listed
+            );
+        }
+        p.on(watcher::Event::InitDone)
+    }
+
+    #[test]
+    fn the_policy_watch_tells_changes_from_its_first_listing_and_fingerprints_them() {
+        let mut p = Policies::default();
+        let first = listed(&mut p, &[policy("t1", "deny", 1), policy("t2", "allow", 3)]);
+        assert_eq!(first.changed, None, "the first listing changes nothing");
+        assert_eq!(
+            first.first_listing,
+            Some(BTreeSet::from(["t1".to_owned(), "t2".to_owned()]))
+        );
+        assert_ne!(first.fingerprint, 0);
+        // The same policies, listed by another agent in another order: the same record.
+        let mut other = Policies::default();
+        let again = listed(
+            &mut other,
+            &[policy("t2", "allow", 3), policy("t1", "deny", 1)],
+        );
+        assert_eq!(again.fingerprint, first.fingerprint);
+        // A new generation of one (its spec edited) is a change, with another record.
+        let edited = p.on(watcher::Event::Apply(policy("t1", "deny", 2)));
+        assert_eq!(edited.changed.as_deref(), Some("t1"));
+        assert_eq!(edited.first_listing, None);
+        assert_ne!(edited.fingerprint, first.fingerprint);
+        // Deleted: the record goes back to what it was without it.
+        let gone = p.on(watcher::Event::Delete(policy("t1", "deny", 2)));
+        assert_eq!(gone.changed.as_deref(), Some("t1"));
+        let only_t2 = listed(&mut Policies::default(), &[policy("t2", "allow", 3)]);
+        assert_eq!(gone.fingerprint, only_t2.fingerprint);
+        // A relist after a desync: each policy it lists is a change, and the record is
+        // what it lists.
+        let relisted = listed(&mut p, &[policy("t3", "x", 1)]);
+        assert_eq!(relisted.first_listing, None);
+        let alone = listed(&mut Policies::default(), &[policy("t3", "x", 1)]);
+        assert_eq!(relisted.fingerprint, alone.fingerprint);
+    }
+
+    #[test]
+    fn policies_changed_while_no_agent_ran_are_cut_and_recorded_once_cut() {
+        let telemetry = Arc::new(Telemetry::new(crate::datapath::PinLayout::new(
+            std::path::Path::new("/nonexistent/bypass-test"),
+        )));
+        let before = listed(&mut Policies::default(), &[policy("t1", "deny", 1)]);
+        let mut now = Policies::default();
+        let first = listed(
+            &mut now,
+            &[policy("t1", "deny", 2), policy("t2", "allow", 1)],
+        );
+        // No record (a fresh datapath, an older build's): nothing cut, the record due.
+        let mut fresh = WatchState::new(telemetry.clone(), &Statics::default(), 0);
+        fresh.note_policy(Ok(first.clone()));
+        assert!(fresh.policy_changed.is_empty());
+        assert_eq!(fresh.policies_to_record(), Some(first.fingerprint));
+        // The record of the policies as they were: unchanged, nothing cut.
+        let mut same = WatchState::new(telemetry.clone(), &Statics::default(), before.fingerprint);
+        same.note_policy(Ok(listed(
+            &mut Policies::default(),
+            &[policy("t1", "deny", 1)],
+        )));
+        assert!(same.policy_changed.is_empty());
+        assert_eq!(same.policies_to_record(), None, "recorded already");
+        // Changed meanwhile: every namespace holding a policy now is cut, and the record
+        // waits until the cut holds.
+        let mut changed = WatchState::new(telemetry, &Statics::default(), before.fingerprint);
+        changed.note_policy(Ok(first.clone()));
+        assert_eq!(
+            changed.policy_changed,
+            BTreeSet::from(["t1".to_owned(), "t2".to_owned()])
+        );
+        assert_eq!(changed.policies_to_record(), None);
+        changed.policy_changed.clear();
+        assert_eq!(changed.policies_to_record(), Some(first.fingerprint));
+        changed.policies_recorded(first.fingerprint);
+        assert_eq!(changed.policies_to_record(), None);
+        // A live change: cut, then recorded.
+        changed.note_policy(Ok(now.on(watcher::Event::Apply(policy("t2", "allow", 2)))));
+        assert_eq!(changed.policy_changed, BTreeSet::from(["t2".to_owned()]));
+        assert_eq!(changed.policies_to_record(), None);
+        changed.policy_changed.clear();
+        assert!(changed.policies_to_record().is_some());
+    }
 
     /// What the stores keep of a Service and an EndpointSlice a tenant wrote large is
     /// what the backends need, and gives the same backends.

@@ -28,7 +28,7 @@ use std::{
     net::IpAddr,
 };
 
-pub use events::Events;
+pub use events::{Events, QUIET};
 pub use scan::{HostNamespace, Scan, scan};
 pub use watch::{INTERVAL, POLL_ENV, Report, Watcher, poll_interval};
 

@@ -23,6 +23,9 @@ pub const PINNED_NETNS_DIRS: [&str; 3] = ["/run/netns", "/var/run/netns", "/var/
 const IFF_UP: u32 = 0x1;
 /// `IFF_LOWER_UP`: its carrier is (for a veth: its peer is up too).
 const IFF_LOWER_UP: u32 = 0x1_0000;
+/// `IFF_NOARP`: the interface answers no ARP (a dummy device, such as the one IPVS binds
+/// Service addresses to, `kube-ipvs0`).
+const IFF_NOARP: u32 = 0x80;
 
 /// The node's own network namespace: the agent's, opened when it starts.
 pub struct HostNamespace {
@@ -56,9 +59,10 @@ impl HostNamespace {
 pub struct Scan {
     /// Addresses held on interfaces that reach the node's namespace.
     pub claims: Vec<Claim>,
-    /// The addresses of the node's own namespace, on any of its interfaces (its
-    /// bridge's, its own): no pod owns one ([`super::resolve`]).
-    pub node: BTreeSet<IpAddr>,
+    /// The addresses of the node's own namespace on interfaces that answer ARP (its
+    /// bridge's, its own): no pod owns one ([`super::resolve`]). `None` when they could
+    /// not be read.
+    pub node: Option<BTreeSet<IpAddr>>,
     /// Namespaces read (the node's own left out).
     pub namespaces: usize,
     /// Namespaces that could not be entered or read (gone meanwhile, or no right).
@@ -129,12 +133,9 @@ fn candidates() -> Vec<PathBuf> {
 fn read_all(host: &File, paths: &BTreeMap<(u64, u64), Vec<PathBuf>>) -> Scan {
     let mut out = Scan::default();
     // The node's own addresses, read first: the thread is still in its namespace.
-    match Route::open().and_then(|mut r| r.addrs()) {
-        Ok(addrs) => out.node = addrs.into_iter().map(|a| a.addr.to_canonical()).collect(),
-        Err(e) => {
-            tracing::debug!(error = %e, "the node's own addresses could not be read");
-            out.unreadable += 1;
-        }
+    match node_addrs() {
+        Ok(addrs) => out.node = Some(addrs),
+        Err(e) => tracing::debug!(error = %e, "the node's own addresses could not be read"),
     }
     for (id, paths) in paths {
         let f = match open_first(paths, *id) {
@@ -161,6 +162,25 @@ fn read_all(host: &File, paths: &BTreeMap<(u64, u64), Vec<PathBuf>>) -> Scan {
         }
     }
     out
+}
+
+/// The addresses of the calling thread's namespace (the node's) on interfaces that
+/// answer ARP: not those a dummy device holds for IPVS (a Service's `externalIPs`, which
+/// any tenant may set to a pod's address).
+fn node_addrs() -> std::io::Result<BTreeSet<IpAddr>> {
+    let mut route = Route::open()?;
+    let arp: BTreeSet<u32> = route
+        .links()?
+        .into_iter()
+        .filter(|l| l.flags & IFF_NOARP == 0)
+        .map(|l| l.index)
+        .collect();
+    Ok(route
+        .addrs()?
+        .into_iter()
+        .filter(|a| arp.contains(&a.index))
+        .map(|a| a.addr.to_canonical())
+        .collect())
 }
 
 /// The namespace `id` through the first of `paths` that still leads to it; `None` when

@@ -71,6 +71,8 @@ pub struct Watcher {
     uncut: BTreeSet<IpAddr>,
     /// The namespaces whose per-pod counts the last pass kept.
     kept: BTreeSet<u64>,
+    /// The node's own addresses, as last read.
+    node: BTreeSet<IpAddr>,
     /// Whether a pass has cut every link astray since this agent started
     /// ([`Datapath::cut_links_astray`]): once per start, until it succeeds.
     audited: bool,
@@ -88,6 +90,7 @@ impl Watcher {
             last: Report::default(),
             uncut: BTreeSet::new(),
             kept: BTreeSet::new(),
+            node: BTreeSet::new(),
             audited: false,
         }))
     }
@@ -96,7 +99,20 @@ impl Watcher {
     pub fn pass(&mut self, dp: &mut Datapath) -> Result<Report, AgentError> {
         let found = scan(&self.host)?;
         let pods = PodAddresses::of(dp);
-        let owners = resolve(found.claims, &found.node, |ip| pods.contains(ip));
+        // A read of the node's addresses that failed keeps the last one's.
+        if let Some(node) = found.node {
+            self.node = node;
+        }
+        // The node's addresses are nobody's where only the flags' CIDRs make them pod
+        // addresses: an address a Pod's status gives (Kubernetes mode) stays its pod's,
+        // whatever the node holds too.
+        let node: BTreeSet<IpAddr> = self
+            .node
+            .iter()
+            .filter(|ip| !pods.addrs.contains(ip))
+            .copied()
+            .collect();
+        let owners = resolve(found.claims, &node, |ip| pods.contains(ip));
         let p = plan(&dp.owners(), &owners.owned);
         // Written first (a lost address is nobody's before its connections are cut, so
         // none is inserted again meanwhile), every entry tried; the cut runs whatever

@@ -80,6 +80,12 @@ fn k8s_network_policy_change_cuts_bypassed_connections() -> Result<()> {
     policies::k8s_network_policy_change_cuts_bypassed_connections()
 }
 
+#[test]
+fn k8s_network_policy_change_while_no_agent_runs_is_cut_at_start() -> Result<()> {
+    privileged!();
+    policies::k8s_network_policy_change_while_no_agent_runs_is_cut_at_start()
+}
+
 // -------------------------------------------------------------------------------------
 // The API server away (tests/k8s/outage.rs).
 

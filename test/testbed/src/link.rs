@@ -50,6 +50,41 @@ impl Drop for Bridge {
     }
 }
 
+/// The kind in a [`NoArp`] device's name (`names::ifname`): the reaper finds it by it.
+pub const NOARP_KIND: &str = "-na";
+
+/// A device in the host's namespace that answers no ARP and is down, as IPVS's dummy
+/// `kube-ipvs0` is (a bridge with ARP off: not every kernel has the dummy driver),
+/// deleted on drop.
+#[derive(Debug)]
+pub struct NoArp {
+    name: String,
+}
+
+impl NoArp {
+    /// Creates the device of run `tag`.
+    pub fn create(tag: &str) -> Result<Self> {
+        let name = crate::names::ifname(NOARP_KIND, tag).map_err(anyhow::Error::msg)?;
+        cmd::ip(&["link", "add", &name, "type", "bridge"])?;
+        let link = Self { name };
+        cmd::ip(&["link", "set", &link.name, "arp", "off"])?;
+        Ok(link)
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Drop for NoArp {
+    fn drop(&mut self) {
+        if let Err(e) = cmd::ip(&["link", "delete", &self.name]) {
+            eprintln!("testbed: cleanup: {e:#}");
+        }
+    }
+}
+
 /// A veth pair: `host` end enslaved to a bridge, the other end moved into a namespace
 /// as `inner`. Deleting the host end (on drop) deletes both.
 #[derive(Debug)]

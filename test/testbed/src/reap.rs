@@ -36,8 +36,9 @@ fn resource_tag<'a>(name: &'a str, prefix: &str) -> Option<&'a str> {
 
 /// The tag of the bridge `name` (`<prefix>-br<tag>`) under `prefix`.
 fn bridge_tag<'a>(name: &'a str, prefix: &str) -> Option<&'a str> {
-    name.strip_prefix(prefix)?
-        .strip_prefix("-br")
+    let rest = name.strip_prefix(prefix)?;
+    rest.strip_prefix("-br")
+        .or_else(|| rest.strip_prefix(crate::link::NOARP_KIND))
         .filter(|t| !t.is_empty())
 }
 
@@ -106,7 +107,7 @@ pub fn reap(prefix: &str) -> Result<Reaped> {
     for name in links()? {
         if bridge_tag(&name, prefix).is_some_and(dead) {
             drop(Bridge::existing(&name));
-            reaped.resources.push(format!("bridge {name}"));
+            reaped.resources.push(format!("link {name}"));
         }
     }
     for name in pin_dirs {
@@ -190,6 +191,7 @@ mod tests {
         assert_eq!(resource_tag("br-2n9cx0", "br"), None);
         assert_eq!(bridge_tag("br-br2n9cx0", "br"), Some("2n9cx0"));
         assert_eq!(bridge_tag("br-a2n9cx0", "br"), None);
+        assert_eq!(bridge_tag("br-na2n9cx0", "br"), Some("2n9cx0"));
         assert_eq!(names::tag_pid(&names::tag(1234, 5)), Some(1234));
         assert_eq!(
             names::tag_pid(&names::tag(4_194_303, 1088)),

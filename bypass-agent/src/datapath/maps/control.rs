@@ -212,6 +212,16 @@ impl Control {
         ))
     }
 
+    /// The NetworkPolicies' fingerprint recorded (`control::SLOT_POLICIES`; 0: none).
+    pub fn policies(&self) -> Result<u32, AgentError> {
+        self.get(control::SLOT_POLICIES)
+    }
+
+    /// Records the NetworkPolicies' fingerprint.
+    pub fn set_policies(&mut self, fingerprint: u32) -> Result<(), AgentError> {
+        self.set(control::SLOT_POLICIES, fingerprint)
+    }
+
     /// Sets the agent's own state word.
     pub fn set_agent_state(&mut self, v: u32) -> Result<(), AgentError> {
         self.set(control::SLOT_AGENT_STATE, v)

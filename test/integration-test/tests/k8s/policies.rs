@@ -3,7 +3,10 @@
 
 use anyhow::{Result, ensure};
 
-use super::support::{TwoPodNode, wait_cut_logged};
+use super::cluster::{Cluster, PodOpts};
+use super::support::{
+    TwoPodNode, addrs, free_port, node_name, start_agent, wait_addrs, wait_cut_logged,
+};
 use crate::support::ensure_second_chunk_by_tcp;
 use crate::support::{HoldPair, Steps, grew, hold_pair, probe_report};
 
@@ -41,6 +44,66 @@ pub fn k8s_network_policy_change_cuts_bypassed_connections() -> Result<()> {
     );
     ensure_second_chunk_by_tcp(
         "the connection, by the policy change,",
+        chunk,
+        &mid,
+        &after,
+        &s_report,
+        &c_report,
+    )?;
+    ensure!(
+        wire >= chunk,
+        "the second chunk did not cross the veths: {wire} B"
+    );
+    Ok(())
+}
+
+/// A NetworkPolicy created while no agent runs on the node is cut all the same: an agent
+/// that leaves its datapath attached when it stops (an upgrade in place, a crash) has
+/// recorded the policies it cut for; the next compares its first listing with that
+/// record and cuts the connections of every namespace holding a policy now. The client's
+/// second chunk takes TCP, over the veths, and the server reads both, byte-exact.
+pub fn k8s_network_policy_change_while_no_agent_runs_is_cut_at_start() -> Result<()> {
+    let ns = "bk-pol-gap";
+    let pods = testbed::TwoPods::new()?;
+    let c = Cluster::start()?;
+    let node = node_name(&pods, "npgap");
+    c.node(&node, &[&pods.pod_cidr_v4(), &pods.pod_cidr_v6()], &[])?;
+    c.namespace(ns, &[])?;
+    let (a4, b4) = (pods.a.ipv4().to_string(), pods.b.ipv4().to_string());
+    c.pod(ns, "a", &node, &[&a4], PodOpts::default())?;
+    c.pod(ns, "b", &node, &[&b4], PodOpts::default())?;
+    let keep = ["--detach-on-exit=false"];
+    // Kept to the end: dropping an agent removes the pins it leaves.
+    let mut before = start_agent(&c, &pods, &node, free_port()?, &keep)?;
+    wait_addrs(before.pin_dir(), "pods a and b in", &addrs(&[&a4, &b4]))?;
+    let steps = Steps::new(&pods, "policy-gap")?;
+    let chunk = 1u64 << 20;
+    let HoldPair {
+        server,
+        client,
+        redirected: mid,
+    } = hold_pair(&pods, &before, &steps, 5141, chunk)?;
+    ensure!(
+        crate::support::wait_for_log(&before, "NetworkPolicies recorded"),
+        "the agent before did not record the policies: {}",
+        before.stderr()
+    );
+    before.stop_cleanly("the agent before")?;
+    c.network_policy(ns, "allow-same-namespace")?;
+    let next = start_agent(&c, &pods, &node, free_port()?, &keep)?;
+    wait_cut_logged(
+        &next,
+        "NetworkPolicies changed while no agent ran",
+        "the namespace's connections",
+    )?;
+    let wire0 = pods.wire_bytes()?;
+    steps.touch("more")?;
+    let c_report = probe_report(client)?;
+    let s_report = server.wait()?;
+    let after = next.stats()?;
+    let wire = pods.wire_bytes()? - wire0;
+    ensure_second_chunk_by_tcp(
+        "the connection, by the policy made while no agent ran,",
         chunk,
         &mid,
         &after,
