@@ -92,7 +92,7 @@ pub async fn run(
             }
         };
         let mut read_owners = false;
-        let mut pass_started = None;
+        let mut pass = None;
         tokio::select! {
             signal = &mut shutdown => return Ok(signal),
             item = events.next() => match item {
@@ -134,14 +134,15 @@ pub async fn run(
             telemetry.agent.synced.set(1);
             let now = Instant::now();
             if pace.is_due(now) {
+                let started = Instant::now();
                 ctl.reconcile(&stores, &state.listed, dp);
                 // With the pass: a changed policy waits for no interval, only for the
                 // pace a tenant editing its policies in a loop would otherwise defeat.
                 ctl.cut_policy_changes(&stores, &mut state.policy_changed, dp);
                 // So that a pod address added now is owned at once; the pass's length,
-                // which paces the next, counts that read too.
+                // which paces the next, counts that read too (not the publish below).
                 read_owners = true;
-                pass_started = Some(now);
+                pass = Some((now, started.elapsed()));
                 if let Some(p) = publisher.as_deref_mut() {
                     p.set_node_uid(
                         stores
@@ -173,6 +174,7 @@ pub async fn run(
             }
         }
         // After a pass, on a link event, and on the tick.
+        let mut owners_took = std::time::Duration::ZERO;
         if read_owners && let Some(w) = owners.as_mut() {
             let started = Instant::now();
             if let Err(e) = w.pass(dp) {
@@ -182,9 +184,10 @@ pub async fn run(
             if let Some(e) = link_events.as_mut() {
                 e.ran(started);
             }
+            owners_took = started.elapsed();
         }
-        if let Some(started) = pass_started {
-            pace.ran(started, Instant::now());
+        if let Some((started, busy)) = pass {
+            pace.ran(started, busy + owners_took, Instant::now());
         }
         for _ in 0..dp.take_cuts_of_everything() {
             telemetry.agent.error(ErrorKind::CutMapFull);

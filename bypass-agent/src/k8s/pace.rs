@@ -71,12 +71,14 @@ impl Pace {
         self.due(now).is_some_and(|t| t <= now)
     }
 
-    /// A pass ran from `started` to `ended`: everything noted before `started` is
-    /// applied.
-    pub(super) fn ran(&mut self, started: Instant, ended: Instant) {
+    /// A pass that started at `started` ended at `ended`, busy for `busy` of that (its
+    /// waits on the API server left out): everything noted before `started` is applied.
+    /// The next waits [`QUIET`] times `busy`, at most [`MIN_INTERVAL`]: a tenant that
+    /// makes passes long cannot stretch the wait for a cut past it.
+    pub(super) fn ran(&mut self, started: Instant, busy: Duration, ended: Instant) {
         self.pending = None;
         self.last = Some(started);
-        self.not_before = Some(ended + ended.saturating_duration_since(started) * QUIET);
+        self.not_before = Some(ended + (busy * QUIET).min(MIN_INTERVAL));
     }
 }
 
@@ -91,7 +93,7 @@ mod tests {
         let t0 = Instant::now();
         let mut pace = Pace::default();
         assert_eq!(pace.due(t0), None, "nothing waits");
-        pace.ran(t0, t0);
+        pace.ran(t0, Duration::ZERO, t0);
         pace.note(Urgency::Now);
         assert!(pace.is_due(t0));
     }
@@ -103,7 +105,7 @@ mod tests {
         let mut pace = Pace::default();
         pace.note(Urgency::Now);
         assert!(pace.is_due(t0), "the first pass does not wait");
-        pace.ran(t0, t0 + took);
+        pace.ran(t0, took, t0 + took);
         // A pod patching itself in a loop: its events come on, one pass waits for them
         // all, QUIET times the last pass after it.
         let end = t0 + took;
@@ -114,12 +116,24 @@ mod tests {
         assert_eq!(pace.due(end), Some(end + took * QUIET));
         let next = end + took * QUIET;
         assert!(pace.is_due(next));
-        pace.ran(next, next + took);
+        pace.ran(next, took, next + took);
         assert_eq!(pace.due(next + took), None, "one pass applied all of them");
         // After a quiet spell, a change is applied at once again.
         let later = next + Duration::from_secs(5);
         pace.note(Urgency::Now);
         assert_eq!(pace.due(later), Some(later));
+        // A pass made long (or waiting on the API server) delays the next by at most
+        // MIN_INTERVAL.
+        pace.ran(
+            later,
+            Duration::from_secs(3),
+            later + Duration::from_secs(30),
+        );
+        pace.note(Urgency::Now);
+        assert_eq!(
+            pace.due(later + Duration::from_secs(30)),
+            Some(later + Duration::from_secs(30) + MIN_INTERVAL)
+        );
     }
 
     #[test]
@@ -128,7 +142,7 @@ mod tests {
         let mut pace = Pace::default();
         pace.note(Urgency::Batched);
         assert!(pace.is_due(t0), "the first pass does not wait");
-        pace.ran(t0, t0);
+        pace.ran(t0, Duration::ZERO, t0);
         let t1 = t0 + MIN_INTERVAL / 10;
         for _ in 0..500 {
             pace.note(Urgency::Batched);
@@ -137,7 +151,7 @@ mod tests {
         assert_eq!(pace.due(t1), Some(t0 + MIN_INTERVAL));
         let t2 = t0 + MIN_INTERVAL;
         assert!(pace.is_due(t2));
-        pace.ran(t2, t2);
+        pace.ran(t2, Duration::ZERO, t2);
         assert_eq!(pace.due(t2), None, "one pass applied all of them");
         // A local change among them does not wait.
         pace.note(Urgency::Batched);

@@ -35,6 +35,7 @@ use k8s_openapi::api::{
 use kube::{
     Api, Client, Resource as _,
     api::ListParams,
+    core::PartialObjectMeta,
     runtime::{
         WatchStreamExt as _,
         reflector::{self, Store},
@@ -148,9 +149,14 @@ pub(super) type PolicyItem = Result<PolicyEvent, watcher::Error>;
 /// Each policy's `(uid, generation)` by `(namespace, name)`.
 type PolicyIndex = BTreeMap<(String, String), (String, i64)>;
 
+/// The record of a change seen and not cut yet (`control::SLOT_POLICIES`): never a
+/// fingerprint, so the next agent cuts whatever it lists.
+pub(super) const POLICIES_PENDING: u32 = 1;
+
 /// The fingerprint of a set of NetworkPolicies (`control::SLOT_POLICIES`): FNV-1a over
 /// each one's namespace, name, uid and generation (which the API server bumps on each
-/// change of its spec), in order, folded to 32 bits; never 0, which reads as none.
+/// change of its spec), in order, folded to 32 bits; never 0, which reads as none, nor
+/// [`POLICIES_PENDING`].
 pub(super) fn policies_fingerprint(index: &PolicyIndex) -> u32 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut eat = |bytes: &[u8]| {
@@ -167,7 +173,7 @@ pub(super) fn policies_fingerprint(index: &PolicyIndex) -> u32 {
         eat(&generation.to_le_bytes());
     }
     match (h ^ (h >> 32)) as u32 {
-        0 => 1,
+        0 | POLICIES_PENDING => 2,
         f => f,
     }
 }
@@ -175,7 +181,7 @@ pub(super) fn policies_fingerprint(index: &PolicyIndex) -> u32 {
 /// The NetworkPolicy watch. Policies of the first listing are not changes (the
 /// connections established before were allowed by them, or the record an agent before
 /// left tells what changed since: [`WatchState::note_policy`]); any event after is.
-fn watch_policies(api: Api<NetworkPolicy>) -> BoxStream<'static, PolicyItem> {
+fn watch_policies(api: Api<PartialObjectMeta<NetworkPolicy>>) -> BoxStream<'static, PolicyItem> {
     let mut policies = Policies::default();
     watcher(api, watcher::Config::default())
         .default_backoff()
@@ -194,8 +200,8 @@ struct Policies {
 }
 
 impl Policies {
-    fn on(&mut self, e: watcher::Event<NetworkPolicy>) -> PolicyEvent {
-        let key = |p: &NetworkPolicy| {
+    fn on(&mut self, e: watcher::Event<PartialObjectMeta<NetworkPolicy>>) -> PolicyEvent {
+        let key = |p: &PartialObjectMeta<NetworkPolicy>| {
             let m = &p.metadata;
             (
                 (
@@ -390,7 +396,8 @@ impl Watches {
             watcher::Config::default(),
             trim_metadata,
         );
-        let policies = watch_policies(Api::<NetworkPolicy>::all(client.clone()));
+        // Metadata only: what a policy says is the CNI's to read; a change is enough.
+        let policies = watch_policies(Api::<PartialObjectMeta<NetworkPolicy>>::all(client.clone()));
         let (service_cidrs, sc_events) =
             watch_service_cidrs(Api::<ServiceCIDR>::all(client.clone()));
         let (services, svc_events) = watch(
@@ -473,10 +480,11 @@ impl WatchState {
 
     /// Records a NetworkPolicy event; a failing watch is warned about once. On the first
     /// listing, policies that differ from the datapath's record changed while no agent
-    /// ran (or while the one before still failed to cut them): every namespace holding a
-    /// policy now is cut, as a change there would have been. (A namespace that only
-    /// lost policies needs no cut: what they allowed, fewer allow.) No record (a fresh
-    /// datapath, or one an older build loaded) cuts nothing.
+    /// ran (or the one before stopped before it cut a change: [`POLICIES_PENDING`]):
+    /// every namespace holding a policy now is cut, as a change there would have been.
+    /// A namespace left with no policy needs none: NetworkPolicy isolates none of its
+    /// pods any more, so what they were allowed still is. No record (a fresh datapath,
+    /// or one an older build loaded) cuts nothing.
     pub(super) fn note_policy(&mut self, item: PolicyItem) {
         match item {
             Ok(e) => {
@@ -504,13 +512,19 @@ impl WatchState {
         }
     }
 
-    /// The NetworkPolicies' fingerprint to record in the datapath now: once listed, when
-    /// every change seen is cut and the record differs.
+    /// What to record in the datapath now, once listed: while a change waits for its cut,
+    /// [`POLICIES_PENDING`] (an agent stopping before the cut leaves the next to make
+    /// it); once every change seen is cut, the fingerprint. `None` when recorded already.
     pub(super) fn policies_to_record(&self) -> Option<u32> {
-        (self.policies != 0
-            && self.policy_changed.is_empty()
-            && self.policies != self.policies_recorded)
-            .then_some(self.policies)
+        if self.policies == 0 {
+            return None;
+        }
+        let want = if self.policy_changed.is_empty() {
+            self.policies
+        } else {
+            POLICIES_PENDING
+        };
+        (want != self.policies_recorded).then_some(want)
     }
 
     /// The datapath holds `fingerprint` now ([`Self::policies_to_record`]).
@@ -613,7 +627,7 @@ impl WatchState {
 mod tests {
     use super::*;
 
-    fn policy(ns: &str, name: &str, generation: i64) -> NetworkPolicy {
+    fn policy(ns: &str, name: &str, generation: i64) -> PartialObjectMeta<NetworkPolicy> {
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": name, "namespace": ns, "uid": format!("{ns}-{name}"),
                 "generation": generation},
@@ -621,7 +635,7 @@ mod tests {
         .unwrap()
     }
 
-    fn listed(p: &mut Policies, policies: &[NetworkPolicy]) -> PolicyEvent {
+    fn listed(p: &mut Policies, policies: &[PartialObjectMeta<NetworkPolicy>]) -> PolicyEvent {
         p.on(watcher::Event::Init);
         for x in policies {
             assert_eq!(
@@ -699,6 +713,8 @@ mod tests {
             changed.policy_changed,
             BTreeSet::from(["t1".to_owned(), "t2".to_owned()])
         );
+        assert_eq!(changed.policies_to_record(), Some(POLICIES_PENDING));
+        changed.policies_recorded(POLICIES_PENDING);
         assert_eq!(changed.policies_to_record(), None);
         changed.policy_changed.clear();
         assert_eq!(changed.policies_to_record(), Some(first.fingerprint));
@@ -707,9 +723,26 @@ mod tests {
         // A live change: cut, then recorded.
         changed.note_policy(Ok(now.on(watcher::Event::Apply(policy("t2", "allow", 2)))));
         assert_eq!(changed.policy_changed, BTreeSet::from(["t2".to_owned()]));
-        assert_eq!(changed.policies_to_record(), None);
+        assert_eq!(changed.policies_to_record(), Some(POLICIES_PENDING));
         changed.policy_changed.clear();
-        assert!(changed.policies_to_record().is_some());
+        assert!(
+            changed
+                .policies_to_record()
+                .is_some_and(|f| f != POLICIES_PENDING)
+        );
+        // An agent that stopped before its cut: the next cuts whatever it lists.
+        let mut after_a_stop = WatchState::new(
+            Arc::new(Telemetry::new(crate::datapath::PinLayout::new(
+                std::path::Path::new("/nonexistent/bypass-test"),
+            ))),
+            &Statics::default(),
+            POLICIES_PENDING,
+        );
+        after_a_stop.note_policy(Ok(before.clone()));
+        assert_eq!(
+            after_a_stop.policy_changed,
+            BTreeSet::from(["t1".to_owned()])
+        );
     }
 
     /// What the stores keep of a Service and an EndpointSlice a tenant wrote large is

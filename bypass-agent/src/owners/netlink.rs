@@ -40,6 +40,10 @@ const RTM_GETADDR: u16 = 22;
 const RTM_NEWNSID: u16 = 88;
 const RTM_GETNSID: u16 = 90;
 const IFLA_LINK_NETNSID: u16 = 37;
+/// `IFLA_LINKINFO` (nested) and its `IFLA_INFO_KIND`, the driver's name
+/// (include/uapi/linux/if_link.h).
+const IFLA_LINKINFO: u16 = 18;
+const IFLA_INFO_KIND: u16 = 1;
 const IFA_ADDRESS: u16 = 1;
 const IFA_LOCAL: u16 = 2;
 const NETNSA_NSID: u16 = 1;
@@ -62,6 +66,9 @@ pub struct Link {
     /// (veth, netkit, ipvlan, macvlan); `None` when that is this namespace or the
     /// link has none.
     pub link_netnsid: Option<i32>,
+    /// Whether its driver is `dummy` (IPVS's `kube-ipvs0`, kube-router's
+    /// `kube-dummy-if`).
+    pub dummy: bool,
 }
 
 /// An address of the namespace, on interface `index`.
@@ -77,6 +84,8 @@ pub struct Addr {
 pub struct Route {
     fd: OwnedFd,
     seq: u32,
+    /// The longest reply taken, in messages.
+    limit: usize,
 }
 
 impl Route {
@@ -116,7 +125,16 @@ impl Route {
         Ok(Self {
             fd,
             seq: random_u32()?,
+            limit: MAX_MESSAGES,
         })
+    }
+
+    /// Takes replies of up to `limit` messages instead of [`MAX_MESSAGES`]: for the
+    /// node's own namespace, whose socket no pod can send to and where IPVS binds every
+    /// Service address.
+    pub fn with_limit(mut self, limit: usize) -> Self {
+        self.limit = limit;
+        self
     }
 
     /// Every link.
@@ -132,10 +150,15 @@ impl Route {
             let link_netnsid = attrs(&b[IFINFOMSG_LEN..])
                 .find(|(t, v)| *t == IFLA_LINK_NETNSID && v.len() >= 4)
                 .map(|(_, v)| i32::from_ne_bytes([v[0], v[1], v[2], v[3]]));
+            let dummy = attrs(&b[IFINFOMSG_LEN..])
+                .filter(|(t, _)| *t & 0x3fff == IFLA_LINKINFO)
+                .flat_map(|(_, v)| attrs(v))
+                .any(|(t, v)| t == IFLA_INFO_KIND && v.split(|b| *b == 0).next() == Some(b"dummy"));
             out.push(Link {
                 index,
                 flags,
                 link_netnsid,
+                dummy,
             });
         }
         Ok(out)
@@ -234,9 +257,10 @@ impl Route {
             // senders to a connected socket) counts against the reply's length.
             if from != 0 {
                 seen += 1;
-                if seen > MAX_MESSAGES {
+                if seen > self.limit {
                     return Err(io::Error::other(format!(
-                        "a reply longer than {MAX_MESSAGES} messages"
+                        "a reply longer than {} messages",
+                        self.limit
                     )));
                 }
                 continue;
@@ -255,9 +279,10 @@ impl Route {
                 let body = &rest[NLMSG_HDRLEN..mlen];
                 rest = &rest[align(mlen).min(rest.len())..];
                 seen += 1;
-                if seen > MAX_MESSAGES {
+                if seen > self.limit {
                     return Err(io::Error::other(format!(
-                        "a reply longer than {MAX_MESSAGES} messages"
+                        "a reply longer than {} messages",
+                        self.limit
                     )));
                 }
                 if mseq != self.seq {

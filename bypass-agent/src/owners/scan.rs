@@ -23,9 +23,6 @@ pub const PINNED_NETNS_DIRS: [&str; 3] = ["/run/netns", "/var/run/netns", "/var/
 const IFF_UP: u32 = 0x1;
 /// `IFF_LOWER_UP`: its carrier is (for a veth: its peer is up too).
 const IFF_LOWER_UP: u32 = 0x1_0000;
-/// `IFF_NOARP`: the interface answers no ARP (a dummy device, such as the one IPVS binds
-/// Service addresses to, `kube-ipvs0`).
-const IFF_NOARP: u32 = 0x80;
 
 /// The node's own network namespace: the agent's, opened when it starts.
 pub struct HostNamespace {
@@ -59,9 +56,9 @@ impl HostNamespace {
 pub struct Scan {
     /// Addresses held on interfaces that reach the node's namespace.
     pub claims: Vec<Claim>,
-    /// The addresses of the node's own namespace on interfaces that answer ARP (its
-    /// bridge's, its own): no pod owns one ([`super::resolve`]). `None` when they could
-    /// not be read.
+    /// The addresses of the node's own namespace on interfaces that are up and not dummy
+    /// devices (its bridge's, its own, a CNI's router or tunnel address): no pod owns one
+    /// ([`super::resolve`]). `None` when they could not be read.
     pub node: Option<BTreeSet<IpAddr>>,
     /// Namespaces read (the node's own left out).
     pub namespaces: usize,
@@ -135,7 +132,9 @@ fn read_all(host: &File, paths: &BTreeMap<(u64, u64), Vec<PathBuf>>) -> Scan {
     // The node's own addresses, read first: the thread is still in its namespace.
     match node_addrs() {
         Ok(addrs) => out.node = Some(addrs),
-        Err(e) => tracing::debug!(error = %e, "the node's own addresses could not be read"),
+        Err(e) => {
+            tracing::warn!(error = %e, "the node's own addresses could not be read: until they are, a pod holding one of them inside the pod CIDRs may own it")
+        }
     }
     for (id, paths) in paths {
         let f = match open_first(paths, *id) {
@@ -164,21 +163,26 @@ fn read_all(host: &File, paths: &BTreeMap<(u64, u64), Vec<PathBuf>>) -> Scan {
     out
 }
 
-/// The addresses of the calling thread's namespace (the node's) on interfaces that
-/// answer ARP: not those a dummy device holds for IPVS (a Service's `externalIPs`, which
-/// any tenant may set to a pod's address).
+/// The longest reply read from the node's own namespace, in messages: IPVS binds every
+/// Service address there, and no pod can send to the agent's socket there.
+const NODE_MESSAGES: usize = 1 << 22;
+
+/// The addresses of the calling thread's namespace (the node's) on interfaces that are
+/// up and not dummy devices: not those IPVS binds Service addresses to (`kube-ipvs0`, a
+/// dummy device kube-proxy never brings up), a Service's `externalIPs` among them, which
+/// any tenant may set to a pod's address.
 fn node_addrs() -> std::io::Result<BTreeSet<IpAddr>> {
-    let mut route = Route::open()?;
-    let arp: BTreeSet<u32> = route
+    let mut route = Route::open()?.with_limit(NODE_MESSAGES);
+    let serving: BTreeSet<u32> = route
         .links()?
         .into_iter()
-        .filter(|l| l.flags & IFF_NOARP == 0)
+        .filter(|l| !l.dummy && l.flags & IFF_UP != 0)
         .map(|l| l.index)
         .collect();
     Ok(route
         .addrs()?
         .into_iter()
-        .filter(|a| arp.contains(&a.index))
+        .filter(|a| serving.contains(&a.index))
         .map(|a| a.addr.to_canonical())
         .collect())
 }

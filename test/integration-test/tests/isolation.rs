@@ -655,17 +655,17 @@ fn a_pod_holding_the_gateways_address_does_not_own_it() -> Result<()> {
     Ok(())
 }
 
-/// IPVS binds every Service address on a dummy device of the node's namespace
-/// (`kube-ipvs0`), a Service's `externalIPs` among them, which any tenant may set to
-/// another pod's address: the node holding an address there does not take it from its
-/// pod, as its addresses on interfaces that answer ARP do (the attacker-role review of the
-/// gateway's, N1).
+/// IPVS binds every Service address on a dummy device of the node's namespace that
+/// stays down (`kube-ipvs0`), a Service's `externalIPs` among them, which any tenant may
+/// set to another pod's address: the node holding an address there does not take it
+/// from its pod, as its addresses on interfaces that are up do (the attacker-role review
+/// of the gateway's, N1).
 #[test]
 fn a_pods_address_the_node_binds_for_ipvs_stays_the_pods() -> Result<()> {
     privileged!();
     let pods = two_pods()?;
     let agent = agent_with(&pods, &[])?;
-    let ipvs = testbed::link::NoArp::create(pods.tag())?;
+    let ipvs = testbed::link::DownLink::create(pods.tag())?;
     let b = IpAddr::V4(pods.b.ipv4());
     cmd::ip(&["addr", "add", &format!("{b}/32"), "dev", ipvs.name()])?;
     let owned = |s: &testbed::AgentStatus| s.address_owners.iter().any(|o| o.address == b);

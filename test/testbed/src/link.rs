@@ -50,21 +50,20 @@ impl Drop for Bridge {
     }
 }
 
-/// The kind in a [`NoArp`] device's name (`names::ifname`): the reaper finds it by it.
-pub const NOARP_KIND: &str = "-na";
+/// The kind in a [`DownLink`] device's name (`names::ifname`): the reaper finds it by it.
+pub const DOWN_KIND: &str = "-dn";
 
-/// A device in the host's namespace that answers no ARP and is down, as IPVS's dummy
-/// `kube-ipvs0` is (a bridge with ARP off: not every kernel has the dummy driver),
-/// deleted on drop.
+/// A device in the host's namespace that stays down and answers no ARP, as IPVS's dummy
+/// `kube-ipvs0` does (a bridge: not every kernel has the dummy driver), deleted on drop.
 #[derive(Debug)]
-pub struct NoArp {
+pub struct DownLink {
     name: String,
 }
 
-impl NoArp {
+impl DownLink {
     /// Creates the device of run `tag`.
     pub fn create(tag: &str) -> Result<Self> {
-        let name = crate::names::ifname(NOARP_KIND, tag).map_err(anyhow::Error::msg)?;
+        let name = crate::names::ifname(DOWN_KIND, tag).map_err(anyhow::Error::msg)?;
         cmd::ip(&["link", "add", &name, "type", "bridge"])?;
         let link = Self { name };
         cmd::ip(&["link", "set", &link.name, "arp", "off"])?;
@@ -77,7 +76,7 @@ impl NoArp {
     }
 }
 
-impl Drop for NoArp {
+impl Drop for DownLink {
     fn drop(&mut self) {
         if let Err(e) = cmd::ip(&["link", "delete", &self.name]) {
             eprintln!("testbed: cleanup: {e:#}");

@@ -38,7 +38,7 @@ fn resource_tag<'a>(name: &'a str, prefix: &str) -> Option<&'a str> {
 fn bridge_tag<'a>(name: &'a str, prefix: &str) -> Option<&'a str> {
     let rest = name.strip_prefix(prefix)?;
     rest.strip_prefix("-br")
-        .or_else(|| rest.strip_prefix(crate::link::NOARP_KIND))
+        .or_else(|| rest.strip_prefix(crate::link::DOWN_KIND))
         .filter(|t| !t.is_empty())
 }
 
@@ -191,7 +191,7 @@ mod tests {
         assert_eq!(resource_tag("br-2n9cx0", "br"), None);
         assert_eq!(bridge_tag("br-br2n9cx0", "br"), Some("2n9cx0"));
         assert_eq!(bridge_tag("br-a2n9cx0", "br"), None);
-        assert_eq!(bridge_tag("br-na2n9cx0", "br"), Some("2n9cx0"));
+        assert_eq!(bridge_tag("br-dn2n9cx0", "br"), Some("2n9cx0"));
         assert_eq!(names::tag_pid(&names::tag(1234, 5)), Some(1234));
         assert_eq!(
             names::tag_pid(&names::tag(4_194_303, 1088)),
