@@ -158,7 +158,7 @@ pub async fn run(
             if let Some(f) = state.policies_to_record() {
                 match dp.set_policies_record(f) {
                     Ok(()) => {
-                        if !policies_recorded {
+                        if f != super::watch::POLICIES_PENDING && !policies_recorded {
                             policies_recorded = true;
                             info!(
                                 "NetworkPolicies recorded: a change made while no agent runs is cut when the next one starts"

@@ -576,15 +576,7 @@ fn one_wrong_guess_spends_a_clients_record() -> Result<()> {
 fn host_loopback_never_bypassed_via_gateway() -> Result<()> {
     privileged!();
     let pods = two_pods()?;
-    let gateway = pods.pod_cidr_v4().replace(".0/24", ".254");
-    // On the bridge in the host's namespace; gone with the bridge.
-    cmd::ip(&[
-        "addr",
-        "add",
-        &format!("{gateway}/24"),
-        "dev",
-        pods.bridge().name(),
-    ])?;
+    let gateway = gateway_on_the_bridge(&pods)?;
     let agent = agent_with(&pods, &[])?;
     let host = pods.host_network("h")?;
     let before = agent.stats()?;
@@ -633,15 +625,7 @@ fn host_loopback_never_bypassed_via_gateway() -> Result<()> {
 fn a_pod_holding_the_gateways_address_does_not_own_it() -> Result<()> {
     privileged!();
     let pods = two_pods()?;
-    let gateway = pods.pod_cidr_v4().replace(".0/24", ".254");
-    // On the bridge in the host's namespace; gone with the bridge.
-    cmd::ip(&[
-        "addr",
-        "add",
-        &format!("{gateway}/24"),
-        "dev",
-        pods.bridge().name(),
-    ])?;
+    let gateway = gateway_on_the_bridge(&pods)?;
     let agent = agent_with(&pods, &[])?;
     pods.a.add_addr(&format!("{gateway}/32"))?;
     let g: IpAddr = gateway.parse()?;
@@ -745,6 +729,20 @@ fn after_a_whole_pass(
         last = Some(s);
     }
     last.context("no address given")
+}
+
+/// Gives the bridge in the host's namespace the address a bridge CNI's gateway has,
+/// inside the pod CIDR (gone with the bridge); returns it.
+fn gateway_on_the_bridge(pods: &testbed::TwoPods) -> Result<String> {
+    let gateway = pods.pod_cidr_v4().replace(".0/24", ".254");
+    cmd::ip(&[
+        "addr",
+        "add",
+        &format!("{gateway}/24"),
+        "dev",
+        pods.bridge().name(),
+    ])?;
+    Ok(gateway)
 }
 
 /// How a pod loses its network in [`network_loss_cuts_bypassed_connections`].
