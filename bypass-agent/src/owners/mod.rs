@@ -349,36 +349,16 @@ mod tests {
 
     #[test]
     fn a_namespace_holding_more_addresses_than_a_pod_owns_none() {
-        let many = (1..=MAX_OWNED_PER_NAMESPACE + 1).map(|i| {
+        // Address `i` of group `g`, held by namespace `netns`.
+        let held = |netns, g, i: usize| {
+            let i = u16::try_from(i).unwrap();
             claim(
-                7,
-                IpAddr::V6(Ipv6Addr::new(
-                    0xfd00,
-                    0,
-                    0,
-                    0,
-                    0,
-                    0,
-                    1,
-                    u16::try_from(i).unwrap(),
-                )),
+                netns,
+                IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, g, i)),
             )
-        });
-        let at_most = (1..=MAX_OWNED_PER_NAMESPACE).map(|i| {
-            claim(
-                8,
-                IpAddr::V6(Ipv6Addr::new(
-                    0xfd00,
-                    0,
-                    0,
-                    0,
-                    0,
-                    0,
-                    2,
-                    u16::try_from(i).unwrap(),
-                )),
-            )
-        });
+        };
+        let many = (1..=MAX_OWNED_PER_NAMESPACE + 1).map(|i| held(7, 1, i));
+        let at_most = (1..=MAX_OWNED_PER_NAMESPACE).map(|i| held(8, 2, i));
         let theirs = IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 1, 1));
         let o = resolve(
             many.chain(at_most)
