@@ -133,7 +133,7 @@ unsafe fn field<T>(tp: *const u8, off: u32) -> T {
 }
 
 /// What an establishing socket's own fields say.
-pub(crate) struct Own {
+pub(crate) struct Established {
     /// `sk_rcvlowat`.
     pub(crate) rcvlowat: i32,
     /// `sk_peek_off`.
@@ -153,7 +153,7 @@ pub(crate) struct Own {
 /// The sock_ops context socket's own fields, read typed; `None` if the context has no
 /// full TCP socket.
 #[inline(always)]
-pub(crate) fn own(ops: *const bpf_sock_ops) -> Option<Own> {
+pub(crate) fn established(ops: *const bpf_sock_ops) -> Option<Established> {
     // SAFETY: context field load.
     let sk = unsafe { read_volatile(addr_of!((*ops).__bindgen_anon_2.sk)) };
     if sk.is_null() {
@@ -166,7 +166,7 @@ pub(crate) fn own(ops: *const bpf_sock_ops) -> Option<Own> {
     }
     // SAFETY: typed loads at offsets the verifier checks against the kernel's BTF.
     unsafe {
-        Some(Own {
+        Some(Established {
             rcvlowat: field::<i32>(tp, BYPASS_OFF_SK_RCVLOWAT.load()),
             peek_off: field::<i32>(tp, BYPASS_OFF_SK_PEEK_OFF.load()),
             ulp: field::<u64>(tp, BYPASS_OFF_ICSK_ULP_OPS.load()) != 0,

@@ -160,7 +160,7 @@ fn decide(
     let (Some(link), Some(ptr)) = (link, ptr) else {
         return Err(PassReason::Unpaired);
     };
-    let verdict = checked(ctx, sk, state, size, &link, ptr);
+    let verdict = claim_and_redirect(ctx, sk, state, size, &link, ptr);
     match verdict {
         Ok(_) => state.tcp_run = 0,
         Err(reason) if reason.lingers() => linger(state, ptr, size),
@@ -187,7 +187,7 @@ fn linger(state: &mut SockState, ptr: *mut Link, size: u64) {
 /// The checks after the link was found to be this socket's: the peer's progress, the
 /// bound, the small-stream rule, then the claim and the redirect.
 #[inline(always)]
-fn checked(
+fn claim_and_redirect(
     ctx: &SkMsgContext,
     sk: *mut bpf_sock,
     state: &mut SockState,

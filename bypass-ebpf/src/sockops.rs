@@ -174,7 +174,7 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
     }
     check_local_owner(&key, local_pod, owned)?;
     check_nothing_sent(ctx)?;
-    let own = kernel::own(ctx.ops).ok_or(Skip::Failed)?;
+    let own = kernel::established(ctx.ops).ok_or(Skip::Failed)?;
     check_send_path(&own, snd_nxt)?;
     check_no_simultaneous_open(ctx, active)?;
     // The accepting side is established after its client (the client's callback runs
@@ -316,7 +316,7 @@ fn check_nothing_sent(ctx: &SockOpsContext) -> Result<(), Skip> {
 /// Step of [`try_insert`]: nothing of the socket's own keeps it on TCP's send path (bytes
 /// queued, a Fast Open send, zero-copy, an upper-layer protocol).
 #[inline(always)]
-fn check_send_path(own: &kernel::Own, snd_nxt: u32) -> Result<(), Skip> {
+fn check_send_path(own: &kernel::Established, snd_nxt: u32) -> Result<(), Skip> {
     // Bytes already queued to TCP and not sent yet (a TCP Fast Open client's first
     // write without a cookie waits for the handshake's end) go by TCP too: later
     // redirected bytes would overtake them.
@@ -367,7 +367,7 @@ fn check_no_simultaneous_open(ctx: &SockOpsContext, active: bool) -> Result<(), 
 fn fresh_state(
     ctx: &SockOpsContext,
     key: SockKey,
-    own: &kernel::Own,
+    own: &kernel::Established,
     rcv_nxt: u32,
 ) -> Result<(&'static mut SockState, u64), Skip> {
     // SAFETY: context field load.
