@@ -56,10 +56,16 @@ fn names<'a>(run: &'a Value, key: &str) -> Vec<&'a str> {
 /// One cell for a tested column: "yes" only when a test of the column passed and none
 /// failed; "—" when none of them ran.
 fn tested(run: &Value, prefixes: &[&str]) -> String {
-    // Runs before the one privileged binary recorded bare names; later ones `topic::name`.
+    // A prefix may begin at any segment of the name, `::` read as `_`, so it finds a test
+    // under every name runs recorded: bare (before the one privileged binary), then
+    // `topic::name`, now `topic::file::name` (`go_io_copy`: `apps::go_io_copy_echo_exact`,
+    // `apps::go::io_copy_echo_exact`).
     let ours = |t: &&str| {
-        let name = t.rsplit("::").next().unwrap_or(t);
-        prefixes.iter().any(|p| name.starts_with(p))
+        let segments: Vec<&str> = t.split("::").collect();
+        (0..segments.len()).any(|i| {
+            let name = segments[i..].join("_");
+            prefixes.iter().any(|p| name.starts_with(p))
+        })
     };
     let bad: Vec<&str> = names(run, "failed_tests")
         .into_iter()
@@ -224,6 +230,25 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("40 passed, 1 failed (`ulp_refused_on_bypassed_socket`)"));
+    }
+
+    #[test]
+    fn a_prefix_names_a_test_as_recorded_and_by_its_file() {
+        let prefixes = ["go_io_copy", "splice_read_guarded"];
+        for t in [
+            "go_io_copy_echo_exact",
+            "apps::go_io_copy_echo_exact",
+            "apps::go::io_copy_echo_exact",
+            "tcp_semantics::reading::splice_read_guarded_or_known_difference",
+        ] {
+            assert_eq!(
+                tested(&json!({"passed_tests": [t]}), &prefixes),
+                "yes",
+                "{t}"
+            );
+        }
+        let other = json!({"passed_tests": ["apps::go::read_write_echo_exact"]});
+        assert_eq!(tested(&other, &prefixes), "—");
     }
 
     #[test]

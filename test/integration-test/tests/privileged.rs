@@ -1,6 +1,8 @@
 //! The privileged tests, one binary with a module per topic (aya's
 //! `test/integration-test` layout): `cargo xtask test` runs it one test at a time, since
-//! the tests share kernel state (bpffs, cgroups, network namespaces).
+//! the tests share kernel state (bpffs, cgroups, network namespaces). Each test is one
+//! `#[test]` in its topic's files, named by its module path
+//! (`tcp_semantics::reading::epoll_readiness`); a prefix such as `mesh::` selects a topic.
 
 mod support;
 

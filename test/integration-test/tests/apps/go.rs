@@ -14,7 +14,7 @@ use testbed::apps::{
     go::{self, GrpcCheck, HttpCheck, Relay, StreamCheck, StreamReport},
 };
 
-use super::support::{Bed, Delta};
+use super::support::{Bed, Delta, app_test};
 
 const ECHO_PORT: u16 = 7001;
 const PROXY_PORT: u16 = 7002;
@@ -105,11 +105,15 @@ fn echo(relay: Relay) -> Result<()> {
     }
 }
 
-pub fn io_copy_echo_exact() -> Result<()> {
+#[test]
+fn io_copy_echo_exact() -> Result<()> {
+    app_test!(go::ALL);
     echo(Relay::Copy)
 }
 
-pub fn read_write_echo_exact() -> Result<()> {
+#[test]
+fn read_write_echo_exact() -> Result<()> {
+    app_test!(go::ALL);
     echo(Relay::ReadWrite)
 }
 
@@ -134,17 +138,23 @@ fn l4_proxy(relay: Relay) -> Result<()> {
     }
 }
 
-pub fn l4_proxy_io_copy_exact() -> Result<()> {
+#[test]
+fn l4_proxy_io_copy_exact() -> Result<()> {
+    app_test!(go::ALL);
     l4_proxy(Relay::Copy)
 }
 
-pub fn l4_proxy_read_write_exact() -> Result<()> {
+#[test]
+fn l4_proxy_read_write_exact() -> Result<()> {
+    app_test!(go::ALL);
     l4_proxy(Relay::ReadWrite)
 }
 
 /// `httpcheck` in pod a → `httputil.ReverseProxy` in pod b → the HTTP server in pod a,
 /// keep-alive on both hops.
-pub fn http_reverse_proxy_exact() -> Result<()> {
+#[test]
+fn http_reverse_proxy_exact() -> Result<()> {
+    app_test!(go::ALL);
     let bed = Bed::new()?;
     let mut origin = go::http_server(bed.a(), bed.pods.a.v4_addr(HTTP_PORT))?;
     let mut proxy = go::reverse_proxy(bed.b(), bed.pods.b.v4_addr(PROXY_PORT), origin.addr())?;
@@ -177,7 +187,9 @@ pub fn http_reverse_proxy_exact() -> Result<()> {
 }
 
 /// One gRPC bidirectional stream, every message echoed.
-pub fn grpc_bidi_stream_exact() -> Result<()> {
+#[test]
+fn grpc_bidi_stream_exact() -> Result<()> {
+    app_test!(go::ALL);
     let bed = Bed::new()?;
     let mut server = go::grpc_server(bed.b(), bed.pods.b.v4_addr(GRPC_PORT))?;
     let check = GrpcCheck {

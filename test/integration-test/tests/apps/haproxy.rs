@@ -12,7 +12,10 @@ use testbed::apps::{
     haproxy::{self, Splice},
 };
 
-use super::{go::stream_exact, support::Bed};
+use super::{
+    go::stream_exact,
+    support::{Bed, app_test},
+};
 
 const ECHO_PORT: u16 = 7101;
 const PROXY_PORT: u16 = 7102;
@@ -44,14 +47,20 @@ fn echo_through(splice: Splice) -> Result<()> {
     delta.expect_paired(&what, hops)
 }
 
-pub fn splice_auto_echo_exact() -> Result<()> {
+#[test]
+fn splice_auto_echo_exact() -> Result<()> {
+    app_test!(haproxy::NEEDS);
     echo_through(Splice::Auto)
 }
 
-pub fn splice_forced_echo_exact() -> Result<()> {
+#[test]
+fn splice_forced_echo_exact() -> Result<()> {
+    app_test!(haproxy::NEEDS);
     echo_through(Splice::Forced)
 }
 
-pub fn no_splice_echo_exact() -> Result<()> {
+#[test]
+fn no_splice_echo_exact() -> Result<()> {
+    app_test!(haproxy::NEEDS);
     echo_through(Splice::Off)
 }

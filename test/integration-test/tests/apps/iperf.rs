@@ -7,7 +7,7 @@
 use anyhow::{Result, ensure};
 use testbed::apps::iperf::{self, Iperf};
 
-use super::support::Bed;
+use super::support::{Bed, app_test};
 
 const PORT: u16 = 5201;
 /// Bulk runs: bytes over all streams.
@@ -75,7 +75,9 @@ fn iperf(run: &Iperf) -> Result<()> {
     delta.expect_bypassed("iperf3", 1 + u64::from(run.streams), r.sent)
 }
 
-pub fn bulk_one_stream() -> Result<()> {
+#[test]
+fn bulk_one_stream() -> Result<()> {
+    app_test!(iperf::NEEDS);
     iperf(&Iperf {
         bytes: BULK_BYTES,
         streams: 1,
@@ -84,7 +86,9 @@ pub fn bulk_one_stream() -> Result<()> {
     })
 }
 
-pub fn small_writes() -> Result<()> {
+#[test]
+fn small_writes() -> Result<()> {
+    app_test!(iperf::NEEDS);
     iperf(&Iperf {
         bytes: SMALL_BYTES,
         streams: 1,
@@ -93,7 +97,9 @@ pub fn small_writes() -> Result<()> {
     })
 }
 
-pub fn four_streams() -> Result<()> {
+#[test]
+fn four_streams() -> Result<()> {
+    app_test!(iperf::NEEDS);
     iperf(&Iperf {
         bytes: BULK_BYTES,
         streams: STREAMS,
@@ -102,7 +108,9 @@ pub fn four_streams() -> Result<()> {
     })
 }
 
-pub fn reverse() -> Result<()> {
+#[test]
+fn reverse() -> Result<()> {
+    app_test!(iperf::NEEDS);
     iperf(&Iperf {
         bytes: BULK_BYTES,
         streams: 1,

@@ -6,11 +6,11 @@
 use anyhow::{Result, ensure};
 use testbed::apps::{
     http::{Ab, curl_get},
-    nginx::Nginx,
+    nginx::{self, Nginx},
     payload::{first_difference, random_bytes, sha256_hex},
 };
 
-use super::support::Bed;
+use super::support::{Bed, app_test};
 
 const HTTP_PORT: u16 = 8080;
 const HTTPS_PORT: u16 = 8443;
@@ -66,11 +66,15 @@ fn download(tls: bool) -> Result<()> {
     delta.expect_bypassed(&url, 1, BIG_BYTES as u64)
 }
 
-pub fn download_64mib_exact() -> Result<()> {
+#[test]
+fn download_64mib_exact() -> Result<()> {
+    app_test!(nginx::NEEDS);
     download(false)
 }
 
-pub fn https_download_64mib_exact() -> Result<()> {
+#[test]
+fn https_download_64mib_exact() -> Result<()> {
+    app_test!(nginx::NEEDS);
     download(true)
 }
 
@@ -112,10 +116,14 @@ fn ab(keep_alive: bool, requests: u32) -> Result<()> {
     delta.expect_bypassed("ab", connections, body)
 }
 
-pub fn keep_alive_requests_complete() -> Result<()> {
+#[test]
+fn keep_alive_requests_complete() -> Result<()> {
+    app_test!(nginx::NEEDS);
     ab(true, KEEP_ALIVE_REQUESTS)
 }
 
-pub fn connection_per_request_complete() -> Result<()> {
+#[test]
+fn connection_per_request_complete() -> Result<()> {
+    app_test!(nginx::NEEDS);
     ab(false, CLOSE_REQUESTS)
 }

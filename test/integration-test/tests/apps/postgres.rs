@@ -5,7 +5,7 @@
 use anyhow::{Result, ensure};
 use testbed::apps::postgres::{self, Pgbench, pgbench_init};
 
-use super::support::Bed;
+use super::support::{Bed, app_test};
 
 const PORT: u16 = 5432;
 /// `pgbench -i -s`: 100,000 accounts.
@@ -60,10 +60,14 @@ fn pgbench(connect_per_transaction: bool, transactions: u32) -> Result<()> {
     )
 }
 
-pub fn tpcb_all_transactions() -> Result<()> {
+#[test]
+fn tpcb_all_transactions() -> Result<()> {
+    app_test!(postgres::NEEDS);
     pgbench(false, TRANSACTIONS)
 }
 
-pub fn connection_per_transaction_all_transactions() -> Result<()> {
+#[test]
+fn connection_per_transaction_all_transactions() -> Result<()> {
+    app_test!(postgres::NEEDS);
     pgbench(true, CONNECT_TRANSACTIONS)
 }

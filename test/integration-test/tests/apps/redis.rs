@@ -8,7 +8,7 @@ use testbed::apps::{
     redis::{self, Benchmark, RespCheck},
 };
 
-use super::support::Bed;
+use super::support::{Bed, app_test};
 
 const PORT: u16 = 6379;
 /// redis-benchmark: connections, and requests per test (SET, GET).
@@ -31,7 +31,9 @@ const VALUES_PER_SIZE: u32 = 3;
 /// The net for each client run (see `testbed::steps::NET`): a hang, never a pace.
 const CLIENT_TIMEOUT: std::time::Duration = testbed::steps::NET;
 
-pub fn benchmark_completes() -> Result<()> {
+#[test]
+fn benchmark_completes() -> Result<()> {
+    app_test!(redis::NEEDS);
     let bed = Bed::new()?;
     let mut redis = redis::start(bed.b(), bed.pods.b.v4_addr(PORT))?;
     let commands_before = redis::info_stat(bed.a(), redis.addr(), "total_commands_processed")?;
@@ -66,7 +68,9 @@ pub fn benchmark_completes() -> Result<()> {
     )
 }
 
-pub fn pipelined_set_get_exact() -> Result<()> {
+#[test]
+fn pipelined_set_get_exact() -> Result<()> {
+    app_test!(redis::NEEDS);
     let bed = Bed::new()?;
     let mut redis = redis::start(bed.b(), bed.pods.b.v4_addr(PORT))?;
     let check = RespCheck {

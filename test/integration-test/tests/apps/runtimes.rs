@@ -5,14 +5,19 @@
 use anyhow::Result;
 use testbed::apps::{go::StreamCheck, java, node};
 
-use super::{go::stream_exact, support::Bed};
+use super::{
+    go::stream_exact,
+    support::{Bed, app_test},
+};
 
 const ECHO_PORT: u16 = 7201;
 const PROXY_PORT: u16 = 7202;
 const STREAMS: u32 = 4;
 const STREAM_BYTES: u64 = 8 << 20;
 
-pub fn java_nio_echo_exact() -> Result<()> {
+#[test]
+fn java_nio_echo_exact() -> Result<()> {
+    app_test!(java::NEEDS);
     let bed = Bed::new()?;
     let mut server = java::nio_echo(bed.b(), bed.pods.b.v4_addr(ECHO_PORT))?;
     let check = StreamCheck::echo(server.addr(), STREAMS, STREAM_BYTES);
@@ -22,7 +27,9 @@ pub fn java_nio_echo_exact() -> Result<()> {
     delta.expect_bypassed("java NIO echo", streams, 2 * report.bytes_sent)
 }
 
-pub fn nodejs_pipe_proxy_echo_exact() -> Result<()> {
+#[test]
+fn nodejs_pipe_proxy_echo_exact() -> Result<()> {
+    app_test!(node::NEEDS);
     let bed = Bed::new()?;
     let mut echo = node::echo(bed.a(), bed.pods.a.v4_addr(ECHO_PORT))?;
     let mut proxy = node::proxy(bed.b(), bed.pods.b.v4_addr(PROXY_PORT), echo.addr())?;

@@ -39,7 +39,7 @@ pub fn programs_here(test: &str, needs: &[Needs]) -> Result<bool> {
 /// not privileged, or a program of `needs` missing.
 macro_rules! app_test {
     ($($needs:expr),+ $(,)?) => {
-        privileged!();
+        crate::support::privileged!();
         if !crate::apps::support::programs_here(crate::support::test_name!(), &[$($needs),+])? {
             return Ok(());
         }

@@ -14,6 +14,7 @@ use super::{
         wait_for, wait_service_cidrs,
     },
 };
+use crate::support::privileged;
 
 /// Starts the agent expecting it to fail; returns its stderr. No datapath may be left.
 fn agent_fails(opts: &AgentOpts, env: &[(&str, Option<&str>)]) -> Result<String> {
@@ -45,7 +46,9 @@ fn agent_fails(opts: &AgentOpts, env: &[(&str, Option<&str>)]) -> Result<String>
     Ok(stderr)
 }
 
-pub fn k8s_bad_input_fails_with_the_fix_and_deploy_rbac_suffices() -> Result<()> {
+#[test]
+fn k8s_bad_input_fails_with_the_fix_and_deploy_rbac_suffices() -> Result<()> {
+    privileged!();
     let pods = TwoPods::new()?;
     let c = Cluster::start()?;
     let node = node_name(&pods, "n");

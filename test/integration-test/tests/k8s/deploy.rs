@@ -11,8 +11,12 @@ use kube::{
 use serde_json::Value;
 
 use super::{cluster::Cluster, support::deploy_dir};
+use crate::support::privileged;
 
-pub fn k8s_deploy_manifests_accepted_by_the_api_server() -> Result<()> {
+#[test]
+fn k8s_deploy_manifests_accepted_by_the_api_server() -> Result<()> {
+    // No netns or BPF here, but the same tools and root policy as the others.
+    privileged!();
     let c = Cluster::start()?;
     let deploy = deploy_dir();
     // uninstall.yaml is applied after `kubectl delete -k`, never with the kustomization;

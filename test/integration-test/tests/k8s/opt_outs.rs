@@ -23,7 +23,7 @@ use crate::support::{
     exchange::{
         BOUND_ABOVE_PAYLOAD, assert_byte_exact, exchange, exchange_bypassed, exchange_exact,
     },
-    loopback_hold_forgotten, probe_report,
+    loopback_hold_forgotten, privileged, probe_report,
 };
 
 /// Growth of the counters over `f`, with the wire bytes the pods put on the veths.
@@ -56,7 +56,9 @@ fn ensure_untouched(what: &str, before: &AgentStatus, after: &AgentStatus) -> Re
 /// the veths, pod to pod, over loopback inside it, and through a sidecar REDIRECT into
 /// it; no socket of its is inserted. Without the annotation the same exchange is
 /// bypassed (so the test can tell); with its namespace labelled, not again.
-pub fn k8s_opt_outs_hold_by_traffic() -> Result<()> {
+#[test]
+fn k8s_opt_outs_hold_by_traffic() -> Result<()> {
+    privileged!();
     let pods = TwoPods::new()?;
     let c = Cluster::start()?;
     let node = node_name(&pods, "n");
@@ -179,7 +181,9 @@ pub fn k8s_opt_outs_hold_by_traffic() -> Result<()> {
 /// are removed (as eviction would); pod b opts out; once the agent says it cut, the
 /// client sends a second chunk: it takes TCP, nothing more is redirected, and the
 /// server reads both, byte-exact.
-pub fn k8s_opt_out_cuts_loopback_whose_namespace_the_datapath_forgot() -> Result<()> {
+#[test]
+fn k8s_opt_out_cuts_loopback_whose_namespace_the_datapath_forgot() -> Result<()> {
+    privileged!();
     let TwoPodNode { pods, c, agent, a4 } = TwoPodNode::start("lru", "bk-lru")?;
     let pin = agent.pin_dir().to_path_buf();
     // Pod b's namespace learned by the datapath (a connection established on its

@@ -22,9 +22,14 @@ use super::{
         start_agent, wait_addrs, wait_for,
     },
 };
-use crate::support::exchange::{BOUND_ABOVE_PAYLOAD, exchange_bypassed};
+use crate::support::{
+    exchange::{BOUND_ABOVE_PAYLOAD, exchange_bypassed},
+    privileged,
+};
 
-pub fn k8s_api_server_outage_keeps_datapath_then_resyncs() -> Result<()> {
+#[test]
+fn k8s_api_server_outage_keeps_datapath_then_resyncs() -> Result<()> {
+    privileged!();
     let pods = TwoPods::new()?;
     let mut c = Cluster::start()?;
     let node = node_name(&pods, "n");
@@ -100,7 +105,9 @@ pub fn k8s_api_server_outage_keeps_datapath_then_resyncs() -> Result<()> {
     exchange_bypassed(&pods, &agent, pods.b.v4_addr(5202), &bulk)
 }
 
-pub fn k8s_agent_waits_for_an_absent_api_server() -> Result<()> {
+#[test]
+fn k8s_agent_waits_for_an_absent_api_server() -> Result<()> {
+    privileged!();
     let pods = TwoPods::new()?;
     let mut c = Cluster::start()?;
     let node = node_name(&pods, "n");

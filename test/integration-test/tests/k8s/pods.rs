@@ -19,8 +19,11 @@ use super::{
         wait_for,
     },
 };
+use crate::support::privileged;
 
-pub fn k8s_pod_addresses_follow_the_api() -> Result<()> {
+#[test]
+fn k8s_pod_addresses_follow_the_api() -> Result<()> {
+    privileged!();
     let pods = TwoPods::new()?;
     let c = Cluster::start()?;
     let node = node_name(&pods, "n1");

@@ -8,13 +8,15 @@ use super::support::{
     TwoPodNode, addrs, free_port, node_name, start_agent, wait_addrs, wait_cut_logged,
 };
 use crate::support::ensure_second_chunk_by_tcp;
-use crate::support::{HoldPair, Steps, grew, hold_pair, probe_report};
+use crate::support::{HoldPair, Steps, grew, hold_pair, privileged, probe_report};
 
 /// A connection between two pods of one namespace sends a first chunk, redirected;
 /// then a NetworkPolicy is created in the namespace; once the agent says it cut the
 /// namespace's connections, the client sends a second chunk: it takes TCP (over the
 /// veths), nothing more is redirected, and the server reads both, byte-exact.
-pub fn k8s_network_policy_change_cuts_bypassed_connections() -> Result<()> {
+#[test]
+fn k8s_network_policy_change_cuts_bypassed_connections() -> Result<()> {
+    privileged!();
     let TwoPodNode { pods, c, agent, .. } = TwoPodNode::start("np", "bk-pol")?;
     let steps = Steps::new(&pods, "policy")?;
     let chunk = 1u64 << 20;
@@ -41,7 +43,9 @@ pub fn k8s_network_policy_change_cuts_bypassed_connections() -> Result<()> {
 /// recorded the policies it cut for; the next compares its first listing with that
 /// record and cuts the connections of every namespace holding a policy now. The client's
 /// second chunk takes TCP, over the veths, and the server reads both, byte-exact.
-pub fn k8s_network_policy_change_while_no_agent_runs_is_cut_at_start() -> Result<()> {
+#[test]
+fn k8s_network_policy_change_while_no_agent_runs_is_cut_at_start() -> Result<()> {
+    privileged!();
     let ns = "bk-pol-gap";
     let pods = testbed::TwoPods::new()?;
     let c = Cluster::start()?;

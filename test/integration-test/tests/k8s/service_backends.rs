@@ -22,6 +22,7 @@ use super::{
         wait_for,
     },
 };
+use crate::support::privileged;
 
 /// How long a change of the Services or EndpointSlices may take to reach the map:
 /// generous, what is checked here is that the map follows them.
@@ -36,7 +37,9 @@ const CLUSTER_IP: &str = "10.0.0.42";
 /// API says.
 const FLAG: &str = "10.0.0.99:443=10.33.1.9:8443";
 
-pub fn k8s_service_backends_follow_endpointslices() -> Result<()> {
+#[test]
+fn k8s_service_backends_follow_endpointslices() -> Result<()> {
+    privileged!();
     let pods = TwoPods::new()?;
     let c = Cluster::start()?;
     let node = node_name(&pods, "sb");
@@ -98,7 +101,9 @@ pub fn k8s_service_backends_follow_endpointslices() -> Result<()> {
 /// pod addresses, on any ports) giving more backends than the map holds: the tenant's fill
 /// the map while it is alone, another namespace's backend then still enters, no map
 /// update fails, and the backends left out are counted and logged by namespace.
-pub fn k8s_service_backends_one_namespace_cannot_fill_the_map() -> Result<()> {
+#[test]
+fn k8s_service_backends_one_namespace_cannot_fill_the_map() -> Result<()> {
+    privileged!();
     let pods = TwoPods::new()?;
     let c = Cluster::start()?;
     let node = node_name(&pods, "sbfill");
@@ -226,7 +231,9 @@ impl FlagWatch {
 /// gives a backend on the node's pod (the watch delivers in order: once its backend is
 /// in the map, the agent has seen them all); the agent's resident memory grows by less
 /// than half of what they carry.
-pub fn k8s_tenant_annotations_cost_the_agent_no_memory() -> Result<()> {
+#[test]
+fn k8s_tenant_annotations_cost_the_agent_no_memory() -> Result<()> {
+    privileged!();
     let pods = TwoPods::new()?;
     let c = Cluster::start()?;
     let node = node_name(&pods, "sbpad");

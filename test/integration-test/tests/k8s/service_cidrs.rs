@@ -18,8 +18,11 @@ use super::{
         wait_addrs, wait_for, wait_service_cidrs,
     },
 };
+use crate::support::privileged;
 
-pub fn k8s_service_cidrs_follow_the_api() -> Result<()> {
+#[test]
+fn k8s_service_cidrs_follow_the_api() -> Result<()> {
+    privileged!();
     let pods = TwoPods::new()?;
     let c = Cluster::start()?;
     let node = node_name(&pods, "n");
@@ -84,7 +87,9 @@ pub fn k8s_service_cidrs_follow_the_api() -> Result<()> {
     Ok(())
 }
 
-pub fn k8s_service_cidrs_forbidden_fall_back_to_the_flags() -> Result<()> {
+#[test]
+fn k8s_service_cidrs_forbidden_fall_back_to_the_flags() -> Result<()> {
+    privileged!();
     let pods = TwoPods::new()?;
     let c = Cluster::start()?;
     let node = node_name(&pods, "n");

@@ -21,9 +21,14 @@ use super::{
         wait_addrs, wait_for,
     },
 };
-use crate::support::exchange::{BOUND_ABOVE_PAYLOAD, exchange_bypassed, exchange_exact};
+use crate::support::{
+    exchange::{BOUND_ABOVE_PAYLOAD, exchange_bypassed, exchange_exact},
+    privileged,
+};
 
-pub fn k8s_traffic_from_pod_objects_and_label_toggle_lose_no_byte() -> Result<()> {
+#[test]
+fn k8s_traffic_from_pod_objects_and_label_toggle_lose_no_byte() -> Result<()> {
+    privileged!();
     let pods = TwoPods::new()?;
     let c = Cluster::start()?;
     let node = node_name(&pods, "n");
@@ -187,7 +192,9 @@ pub fn k8s_traffic_from_pod_objects_and_label_toggle_lose_no_byte() -> Result<()
 /// sock_ops can insert anything again, so nothing stale stays for a later connection
 /// with the same key to find. Their counts go to their pods' counters
 /// (`bypass_pod_*_total`): no close of theirs was seen to add them.
-pub fn k8s_entries_of_connections_closed_while_off_are_swept() -> Result<()> {
+#[test]
+fn k8s_entries_of_connections_closed_while_off_are_swept() -> Result<()> {
+    privileged!();
     let pods = TwoPods::new()?;
     let c = Cluster::start()?;
     let node = node_name(&pods, "n");

@@ -15,13 +15,17 @@ use testbed::{
     Agent, ClientArgs, Proxy, ProxyOpts, TwoPods,
     iptables::{self, Family},
     mapkeys,
+    require::preflight_iptables,
 };
 
 use super::support::{
     APP_PORT, INBOUND_PORT, OUTBOUND_PORT, PROXY_MARK, any, grew, growth, ip_of, loopback,
     nat_tables, vip_in,
 };
-use crate::support::exchange::{ABOVE_PAYLOAD, Exchange, assert_byte_exact, exchange};
+use crate::support::{
+    exchange::{ABOVE_PAYLOAD, Exchange, assert_byte_exact, exchange},
+    privileged,
+};
 
 /// Pod a's capture: its app's connections to the app port go to the outbound sidecar.
 fn capture_outbound(pods: &TwoPods, family: Family) -> Result<()> {
@@ -126,7 +130,7 @@ pub fn assert_chain_bypassed(x: &Exchange, payload: u64) -> Result<()> {
 /// Pod a's app dials pod b's app port; pod a's sidecar captures it (OUTPUT REDIRECT to
 /// :15001, its own upstream sockets exempt by mark), dials pod b, whose sidecar
 /// captures that (PREROUTING REDIRECT to :15006) and dials the app over loopback.
-pub fn sidecar_chain(family: Family) -> Result<()> {
+fn sidecar_chain(family: Family) -> Result<()> {
     let pods = TwoPods::new()?;
     capture_outbound(&pods, family)?;
     capture_inbound(&pods, family)?;
@@ -162,10 +166,24 @@ pub fn sidecar_chain(family: Family) -> Result<()> {
     assert_chain_bypassed(&y, 2 * rounds * size as u64).with_context(|| context("ping-pong"))
 }
 
+#[test]
+fn sidecar_chain_ipv4_every_hop_bypassed() -> Result<()> {
+    privileged!(preflight_iptables);
+    sidecar_chain(Family::V4)
+}
+
+#[test]
+fn sidecar_chain_ipv6_every_hop_bypassed() -> Result<()> {
+    privileged!(preflight_iptables);
+    sidecar_chain(Family::V6)
+}
+
 /// Many short connections through the chain, each writing at once, 8 at a time: the
 /// pairing at establishment races the first sends on every hop; all byte-exact, every
 /// hop of every connection paired, and the maps empty afterwards.
-pub fn sidecar_chain_short_connections_exact() -> Result<()> {
+#[test]
+fn sidecar_chain_short_connections_exact() -> Result<()> {
+    privileged!(preflight_iptables);
     const CONNECTIONS: u64 = 300;
     let pods = TwoPods::new()?;
     capture_outbound(&pods, Family::V4)?;
@@ -236,7 +254,9 @@ pub fn sidecar_chain_short_connections_exact() -> Result<()> {
 /// ranges (an external IP): that hop is not watched, so it stays on the normal path;
 /// the proxy's own connection to a pod of this node is an ordinary pod-to-pod hop and
 /// is bypassed. Byte-exact end to end.
-pub fn egress_to_outside_address_first_hop_normal_path() -> Result<()> {
+#[test]
+fn egress_to_outside_address_first_hop_normal_path() -> Result<()> {
+    privileged!(preflight_iptables);
     let pods = TwoPods::new()?;
     let external = vip_in(&pods.outside_cidr_v4(), APP_PORT)?;
     // The app needs a route to dial it; the REDIRECT then keeps it on the node.

@@ -9,6 +9,7 @@ use std::{
 use anyhow::{Context as _, Result, bail, ensure};
 use testbed::{
     Agent, AgentStatus, ClientArgs, PeerClient, PeerServer, Proxy, ProxyOpts, Report, TwoPods,
+    require::preflight_iptables,
 };
 
 use super::support::{grew, growth, keys_with_port};
@@ -24,7 +25,9 @@ use crate::support::{
 /// 127.0.0.1:40123, the same tuple in both pods. Each pod's server must get its own
 /// pod's stream (they differ in content and length), both loopback hops redirected,
 /// and the SockHash must hold four distinct loopback keys, two per namespace.
-pub fn loopback_tuples_in_two_pods_do_not_collide() -> Result<()> {
+#[test]
+fn loopback_tuples_in_two_pods_do_not_collide() -> Result<()> {
+    privileged!(preflight_iptables);
     const SERVER_PORT: u16 = 5901;
     const FRONT_PORT: u16 = 5902;
     const CLIENT_PORT: u16 = 40123;
@@ -146,7 +149,9 @@ pub fn loopback_tuples_in_two_pods_do_not_collide() -> Result<()> {
 /// learns from a socket there with a pod address: a loopback connection in a pod that
 /// has made none stays on the normal path; after one pod-address connection, the same
 /// loopback connection is bypassed.
-pub fn loopback_bypassed_once_namespace_known_as_pod() -> Result<()> {
+#[test]
+fn loopback_bypassed_once_namespace_known_as_pod() -> Result<()> {
+    privileged!(preflight_iptables);
     const LO_PORT: u16 = 5921;
     let pods = TwoPods::new()?;
     let agent = Agent::start(&pods.agent_opts())?;

@@ -8,11 +8,13 @@ use anyhow::{Context as _, Result, ensure};
 use testbed::{
     ClientArgs, PeerServer, TwoPods,
     iptables::{self, ClusterIp, Family},
+    require::preflight_iptables,
 };
 
 use super::support::{agent_with, any, grew, growth, ip_of, nat_tables, vip_in};
-use crate::support::exchange::{
-    ABOVE_PAYLOAD, Exchange, assert_byte_exact, ensure_one_exact, exchange,
+use crate::support::{
+    exchange::{ABOVE_PAYLOAD, Exchange, assert_byte_exact, ensure_one_exact, exchange},
+    privileged,
 };
 
 /// A ClusterIP Service, kube-proxy style, in pod a's nat table.
@@ -92,7 +94,7 @@ fn through_vip(
 /// A pod dials a ClusterIP; kube-proxy's chains DNAT it to a pod of this node, from a
 /// cluster address, so without SNAT. The client's socket sees the VIP, the server's
 /// sees the client: paired as translated, redirected both ways.
-pub fn clusterip_to_local_pod(family: Family) -> Result<()> {
+fn clusterip_to_local_pod(family: Family) -> Result<()> {
     const TARGET_PORT: u16 = 5701;
     let pods = TwoPods::new()?;
     let (svc_cidr, vip, backend) = service_to_b(&pods, family, TARGET_PORT)?;
@@ -128,13 +130,27 @@ pub fn clusterip_to_local_pod(family: Family) -> Result<()> {
     Ok(())
 }
 
+#[test]
+fn clusterip_dnat_to_local_pod_ipv4_bypassed_both_ways() -> Result<()> {
+    privileged!(preflight_iptables);
+    clusterip_to_local_pod(Family::V4)
+}
+
+#[test]
+fn clusterip_dnat_to_local_pod_ipv6_bypassed_both_ways() -> Result<()> {
+    privileged!(preflight_iptables);
+    clusterip_to_local_pod(Family::V6)
+}
+
 /// The same Service, but what the agent knows as its backend is another port of the
 /// pod: a server that is no backend of the address its client dialled is never paired
 /// with it, whatever the sequence numbers say (a pod's own listener, fed a handshake
 /// crafted with a victim client's numbers, looks exactly like this one). Byte-exact on
 /// TCP, counted as `pair_unreachable` and as a pairing refusal of the server's
 /// address.
-pub fn clusterip_to_a_pod_not_its_backend_stays_on_tcp() -> Result<()> {
+#[test]
+fn clusterip_dnat_to_a_pod_not_its_backend_stays_on_tcp() -> Result<()> {
+    privileged!(preflight_iptables);
     const TARGET_PORT: u16 = 5704;
     let pods = TwoPods::new()?;
     let (svc_cidr, vip, backend) = service_to_b(&pods, Family::V4, TARGET_PORT)?;
@@ -178,7 +194,9 @@ pub fn clusterip_to_a_pod_not_its_backend_stays_on_tcp() -> Result<()> {
 /// source port): byte-exact, and either cleanly on the normal path (the server's view
 /// of its client matches no connecting socket) or, if the port happened to be kept,
 /// paired as the same connection; never rejected, never half-redirected.
-pub fn clusterip_masqueraded_client_exact() -> Result<()> {
+#[test]
+fn clusterip_masqueraded_client_exact() -> Result<()> {
+    privileged!(preflight_iptables);
     const TARGET_PORT: u16 = 5703;
     let pods = TwoPods::new()?;
     let svc_cidr = pods.service_cidr_v4();
@@ -220,7 +238,9 @@ pub fn clusterip_masqueraded_client_exact() -> Result<()> {
 
 /// The same Service with its endpoint on another "node" (a namespace on the bridge,
 /// outside the pod CIDRs and the agent's cgroup): the normal path, byte-exact.
-pub fn clusterip_dnat_to_other_node_stays_on_normal_path() -> Result<()> {
+#[test]
+fn clusterip_dnat_to_other_node_stays_on_normal_path() -> Result<()> {
+    privileged!(preflight_iptables);
     const TARGET_PORT: u16 = 5702;
     let pods = TwoPods::new()?;
     let node = pods.outside_node("n", 3)?;
@@ -287,7 +307,7 @@ pub fn clusterip_dnat_to_other_node_stays_on_normal_path() -> Result<()> {
 /// socket sees the VIP, the server's the client: paired as translated, both ways
 /// redirected, byte-exact. (A review reported this one not bypassed; it is tested here
 /// in all four shapes.)
-pub fn output_dnat(family: Family, to_self: bool) -> Result<()> {
+fn output_dnat(family: Family, to_self: bool) -> Result<()> {
     const VIP_PORT: u16 = 80;
     const TARGET_PORT: u16 = 7001;
     let pods = TwoPods::new()?;
@@ -355,5 +375,17 @@ pub fn output_dnat(family: Family, to_self: bool) -> Result<()> {
         grew(&before, &after, |s| s.counters.redirected_bytes_translated) >= args.send + args.recv,
         "not redirected both ways: {why}"
     );
+    Ok(())
+}
+
+#[test]
+fn clusterip_dnat_in_client_pod_output_bypassed() -> Result<()> {
+    privileged!(preflight_iptables);
+    for family in [Family::V4, Family::V6] {
+        for to_self in [false, true] {
+            output_dnat(family, to_self)
+                .with_context(|| format!("{family:?}, to itself: {to_self}"))?;
+        }
+    }
     Ok(())
 }

@@ -2,15 +2,20 @@
 //! `none` bypasses them.
 
 use anyhow::{Result, ensure};
-use testbed::{Agent, AgentOpts, ClientArgs, TwoPods};
+use testbed::{Agent, AgentOpts, ClientArgs, TwoPods, require::preflight_iptables};
 
 use super::support::{ISTIO_HEALTH_PORT, growth};
-use crate::support::exchange::{assert_byte_exact, exchange};
+use crate::support::{
+    exchange::{assert_byte_exact, exchange},
+    privileged,
+};
 
 /// Istio's health port 15021 is in the default `--skip-ports`: a pod-to-pod connection
 /// on it stays on the normal path and is counted; with `--skip-ports none` the same
 /// connection is bypassed.
-pub fn skip_ports_default_and_none() -> Result<()> {
+#[test]
+fn skip_ports_default_and_none() -> Result<()> {
+    privileged!(preflight_iptables);
     let pods = TwoPods::new()?;
     let target = pods.b.v4_addr(ISTIO_HEALTH_PORT);
     let args = ClientArgs::bulk(4 << 20);

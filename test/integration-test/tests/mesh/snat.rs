@@ -10,10 +10,11 @@ use anyhow::{Result, ensure};
 use testbed::{
     Agent, ClientArgs, PeerServer, Proxy, ProxyOpts, TwoPods,
     iptables::{self, Family},
+    require::preflight_iptables,
 };
 
 use super::support::{grew, growth, keys_with_port, nat_tables};
-use crate::support::{ProbeServer, Steps, probe_report, spawn_probe_client};
+use crate::support::{ProbeServer, Steps, privileged, probe_report, spawn_probe_client};
 
 /// A source NAT onto the address and port of another live connection: pod a's
 /// connection 1 leaves from 10.88.k.1:40500 (a proxy bound there) and stays open; its
@@ -21,7 +22,9 @@ use crate::support::{ProbeServer, Steps, probe_report, spawn_probe_client};
 /// b's accepting socket of connection 2 finds connection 1's socket under its client's
 /// address and port, but their sequence numbers do not cross: rejected, the normal
 /// path, byte-exact; connection 1 is unaffected.
-pub fn snat_onto_a_live_source_port_is_rejected() -> Result<()> {
+#[test]
+fn snat_onto_a_live_source_port_is_rejected() -> Result<()> {
+    privileged!(preflight_iptables);
     const PORT_1: u16 = 5751;
     const PORT_2: u16 = 5752;
     const FRONT_PORT: u16 = 5753;

@@ -25,7 +25,7 @@ use testbed::{Agent, AgentOpts, AgentStatus, Place, PodChild, TwoPods, names, sp
 /// error).
 macro_rules! privileged {
     () => {
-        privileged!(testbed::preflight)
+        crate::support::privileged!(testbed::preflight)
     };
     // With a stricter check, such as `testbed::require::preflight_iptables`.
     ($check:path) => {

@@ -4,9 +4,11 @@
 use anyhow::{Result, ensure};
 
 use super::support::{both, redirected, same};
-use crate::support::{num, two_pods};
+use crate::support::{num, privileged, two_pods};
 
-pub fn half_close_both_ways_with_data_flowing_back() -> Result<()> {
+#[test]
+fn half_close_both_ways_with_data_flowing_back() -> Result<()> {
+    privileged!();
     let pods = two_pods()?;
     let (tcp, bypass) = both(&pods, 5401, &["--case", "halfclose", "--bytes", "4M"])?;
     ensure!(
@@ -42,7 +44,9 @@ pub fn half_close_both_ways_with_data_flowing_back() -> Result<()> {
     Ok(())
 }
 
-pub fn linger_zero_reset_mid_stream() -> Result<()> {
+#[test]
+fn linger_zero_reset_mid_stream() -> Result<()> {
+    privileged!();
     let pods = two_pods()?;
     let (tcp, bypass) = both(&pods, 5403, &["--case", "reset"])?;
     // What arrived before the RST is a verified prefix; then the same error, then EOF,
@@ -71,7 +75,9 @@ pub fn linger_zero_reset_mid_stream() -> Result<()> {
 /// kernel it does not: the bypassed reader reads every byte the writer's calls accepted,
 /// in order, then ECONNRESET, then EOF — while TCP, which drops what it had not sent
 /// yet at the RST, delivers a prefix. This pins it; a kernel that frees them fails here.
-pub fn reset_peer_keeps_redirected_bytes_readable() -> Result<()> {
+#[test]
+fn reset_peer_keeps_redirected_bytes_readable() -> Result<()> {
+    privileged!();
     let pods = two_pods()?;
     let (tcp, bypass) = both(&pods, 5426, &["--case", "reset"])?;
     same(&tcp, &bypass, &[], &["events", "prefix_ok"])?;

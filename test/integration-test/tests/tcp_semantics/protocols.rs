@@ -5,7 +5,7 @@ use anyhow::{Result, ensure};
 use serde_json::Value;
 
 use super::support::{both, redirected, run_case, same};
-use crate::support::{ProbeServer, agent_with, num, probe_client, two_pods};
+use crate::support::{ProbeServer, agent_with, num, privileged, probe_client, two_pods};
 
 /// kTLS and every other upper-layer protocol: a bypassed socket refuses
 /// `setsockopt(TCP_ULP)` with EPERM. kTLS runs the sk_msg verdict on the plaintext
@@ -14,7 +14,9 @@ use crate::support::{ProbeServer, agent_with, num, probe_client, two_pods};
 /// bytes as if decrypted. The normal path's answer is the kernel's own (ENOENT without
 /// the tls module, as here; success with it); a socket that is not bypassed gets that
 /// same answer; the refused call leaves the stream byte-exact and bypassed.
-pub fn ulp_refused_on_bypassed_socket() -> Result<()> {
+#[test]
+fn ulp_refused_on_bypassed_socket() -> Result<()> {
+    privileged!();
     let pods = two_pods()?;
     let args = ["--case", "ulp", "--bytes", "256K"];
     let (tcp, bypass) = both(&pods, 5420, &args)?;
@@ -62,7 +64,9 @@ pub fn ulp_refused_on_bypassed_socket() -> Result<()> {
 /// A socket that was bypassed keeps its psock, and what was redirected to it, after it
 /// disconnects (`connect(AF_UNSPEC)` empties only the TCP queue): kTLS stays refused on
 /// it, where the normal path answers as the kernel does.
-pub fn ulp_refused_after_disconnect() -> Result<()> {
+#[test]
+fn ulp_refused_after_disconnect() -> Result<()> {
+    privileged!();
     let pods = two_pods()?;
     let (tcp, bypass) = both(&pods, 5432, &["--case", "ulp-after-disconnect"])?;
     ensure!(tcp.client["ulp"] != "EPERM", "normal path: {}", tcp.client);
@@ -78,7 +82,9 @@ pub fn ulp_refused_after_disconnect() -> Result<()> {
 /// options (and two longer than a page, which a hook that mishandles them turns into
 /// EFAULT) get exactly the answers they get without the agent, on a bypassed socket and
 /// on a fresh one.
-pub fn setsockopt_answers_unchanged() -> Result<()> {
+#[test]
+fn setsockopt_answers_unchanged() -> Result<()> {
+    privileged!();
     let pods = two_pods()?;
     let (tcp, bypass) = both(&pods, 5424, &["--case", "sockopts", "--bytes", "1M"])?;
     same(
@@ -106,7 +112,9 @@ pub fn setsockopt_answers_unchanged() -> Result<()> {
 /// each only once everything has landed, so a redirected byte that overtook those would
 /// show. Both are byte-exact, and a socket with bytes already sent or queued to TCP, or
 /// connecting for a Fast Open send, is never inserted, so no sk_msg runs on its sends.
-pub fn tcp_fast_open_stays_on_tcp_byte_exact() -> Result<()> {
+#[test]
+fn tcp_fast_open_stays_on_tcp_byte_exact() -> Result<()> {
+    privileged!();
     let pods = two_pods()?;
     for pod in [&pods.a, &pods.b] {
         testbed::cmd::ip(&[
@@ -162,7 +170,9 @@ pub fn tcp_fast_open_stays_on_tcp_byte_exact() -> Result<()> {
 
 /// MPTCP: the subflows are TCP sockets with the "mptcp" upper-layer protocol, which
 /// owns the byte stream; they are never inserted, and the connection is byte-exact.
-pub fn mptcp_subflows_never_inserted() -> Result<()> {
+#[test]
+fn mptcp_subflows_never_inserted() -> Result<()> {
+    privileged!();
     let pods = two_pods()?;
     let agent = agent_with(&pods, &[])?;
     let run = run_case(

@@ -5,9 +5,11 @@ use anyhow::{Result, bail, ensure};
 use serde_json::Value;
 
 use super::support::{Run, both, redirected, same};
-use crate::support::{agent_with, num, two_pods};
+use crate::support::{agent_with, num, privileged, two_pods};
 
-pub fn msg_peek_then_read() -> Result<()> {
+#[test]
+fn msg_peek_then_read() -> Result<()> {
+    privileged!();
     let pods = two_pods()?;
     let (tcp, bypass) = both(&pods, 5405, &["--case", "peek"])?;
     same(
@@ -18,7 +20,9 @@ pub fn msg_peek_then_read() -> Result<()> {
     )
 }
 
-pub fn fionread_counts_queued_bytes() -> Result<()> {
+#[test]
+fn fionread_counts_queued_bytes() -> Result<()> {
+    privileged!();
     let pods = two_pods()?;
     let (tcp, bypass) = both(&pods, 5407, &["--case", "fionread"])?;
     // The agent's kernel self-test says how FIONREAD counts redirected bytes here,
@@ -52,7 +56,9 @@ pub fn fionread_counts_queued_bytes() -> Result<()> {
 /// FIONREAD says 0 as on TCP (TCP skips an urgent byte by moving `copied_seq`, which the
 /// read accounting counts as read from the TCP queue: the FIONREAD compensation of 6.1
 /// caps what it adds by what the receive queues hold).
-pub fn fionread_after_urgent_bytes() -> Result<()> {
+#[test]
+fn fionread_after_urgent_bytes() -> Result<()> {
+    privileged!();
     let pods = two_pods()?;
     let (tcp, bypass) = both(&pods, 5441, &["--case", "urgent"])?;
     ensure!(
@@ -76,7 +82,9 @@ fn outcome<'a>(checks: &'a [bypass_common::status::KernelCheck], name: &str) -> 
 /// the kernel's sockmap misreports FIONREAD and no compensation can run (this VM's
 /// 6.18: no BPF trampolines, lockdown), the agent must say so and refuse to bypass
 /// unless allowed, and only FIONREAD may differ, by the bytes that came by TCP.
-pub fn mixed_reader_sees_what_tcp_shows() -> Result<()> {
+#[test]
+fn mixed_reader_sees_what_tcp_shows() -> Result<()> {
+    privileged!();
     let pods = two_pods()?;
     let run = |agent: Option<&testbed::Agent>, port: u16| -> Result<Run> {
         let steps = crate::support::Steps::new(&pods, &format!("mixed-{port}"))?;
@@ -185,7 +193,9 @@ pub fn mixed_reader_sees_what_tcp_shows() -> Result<()> {
     Ok(())
 }
 
-pub fn so_rcvlowat_is_honoured() -> Result<()> {
+#[test]
+fn so_rcvlowat_is_honoured() -> Result<()> {
+    privileged!();
     let pods = two_pods()?;
     let (tcp, bypass) = both(&pods, 5409, &["--case", "rcvlowat"])?;
     same(
@@ -207,13 +217,17 @@ pub fn so_rcvlowat_is_honoured() -> Result<()> {
     Ok(())
 }
 
-pub fn so_rcvtimeo_times_out() -> Result<()> {
+#[test]
+fn so_rcvtimeo_times_out() -> Result<()> {
+    privileged!();
     let pods = two_pods()?;
     let (tcp, bypass) = both(&pods, 5411, &["--case", "rcvtimeo"])?;
     same(&tcp, &bypass, &[], &["result", "waited_at_least_180ms"])
 }
 
-pub fn epoll_readiness() -> Result<()> {
+#[test]
+fn epoll_readiness() -> Result<()> {
+    privileged!();
     let pods = two_pods()?;
     let (tcp, bypass) = both(&pods, 5413, &["--case", "epoll"])?;
     same(
@@ -224,7 +238,9 @@ pub fn epoll_readiness() -> Result<()> {
     )
 }
 
-pub fn msg_waitall_returns_what_is_queued_known_difference() -> Result<()> {
+#[test]
+fn msg_waitall_returns_what_is_queued_known_difference() -> Result<()> {
+    privileged!();
     let pods = two_pods()?;
     let (tcp, bypass) = both(&pods, 5421, &["--case", "waitall"])?;
     // tcp_bpf_recvmsg returns what the ingress queue holds and ignores MSG_WAITALL
@@ -242,7 +258,9 @@ pub fn msg_waitall_returns_what_is_queued_known_difference() -> Result<()> {
     Ok(())
 }
 
-pub fn splice_read_guarded_or_known_difference() -> Result<()> {
+#[test]
+fn splice_read_guarded_or_known_difference() -> Result<()> {
+    privileged!();
     let pods = two_pods()?;
     let (tcp, bypass) = both(&pods, 5423, &["--case", "splice-recv", "--bytes", "1M"])?;
     ensure!(
@@ -276,7 +294,9 @@ pub fn splice_read_guarded_or_known_difference() -> Result<()> {
 /// lets happen, and a splice let through reads the empty TCP queue; the guard's checks
 /// run as BPF LSM programs where the BPF LSM is active, which the kernel never skips
 /// (HAProxy with `splice-auto` lost stream tails on 7.3 so).
-pub fn splice_refused_however_busy_the_cpu() -> Result<()> {
+#[test]
+fn splice_refused_however_busy_the_cpu() -> Result<()> {
+    privileged!();
     let pods = two_pods()?;
     let (tcp, bypass) = both(
         &pods,
@@ -324,7 +344,9 @@ fn unguarded_splice_misses_bytes(bypass: &Run, sent: u64) -> Result<()> {
 /// redirected bytes still in its ingress queue: the guard must still refuse a splice
 /// of it, or the splice reads the empty TCP queue and returns end of file (HAProxy
 /// with `option splice-auto` lost stream tails so).
-pub fn splice_after_close_guarded_or_known_difference() -> Result<()> {
+#[test]
+fn splice_after_close_guarded_or_known_difference() -> Result<()> {
+    privileged!();
     let pods = two_pods()?;
     // What TCP's receive queue takes unread (the reader reads only once closed).
     const BYTES: u64 = 32 << 10;
@@ -361,7 +383,9 @@ pub fn splice_after_close_guarded_or_known_difference() -> Result<()> {
 /// that stopped at the end of the ingress queue with the later bytes waiting in the TCP
 /// queue lost them (the tails of `apps::haproxy_splice_*`): the sender goes on
 /// redirecting to a reader that reads TCP only until it has read every redirected byte.
-pub fn splice_refused_then_one_read_takes_all() -> Result<()> {
+#[test]
+fn splice_refused_then_one_read_takes_all() -> Result<()> {
+    privileged!();
     let pods = two_pods()?;
     let run = |agent: Option<&testbed::Agent>, port: u16| -> Result<Run> {
         let steps = crate::support::Steps::new(&pods, &format!("splice-switch-{port}"))?;
@@ -418,7 +442,9 @@ pub fn splice_refused_then_one_read_takes_all() -> Result<()> {
     Ok(())
 }
 
-pub fn msg_oob_is_not_urgent_known_difference() -> Result<()> {
+#[test]
+fn msg_oob_is_not_urgent_known_difference() -> Result<()> {
+    privileged!();
     let pods = two_pods()?;
     // The probe writes at once: a write that races the end of the handshake takes TCP
     // (`unpaired_sends`), and then the urgent byte is TCP's. Run again until the five
@@ -451,7 +477,9 @@ pub fn msg_oob_is_not_urgent_known_difference() -> Result<()> {
 /// bytes unread the option is refused (EPERM) rather than applied and ignored; every
 /// byte is then read as sent. (Kernels before 6.9 refuse SO_PEEK_OFF on TCP: both
 /// paths then answer the same.)
-pub fn peek_off_after_bytes_arrived_is_honoured_or_refused() -> Result<()> {
+#[test]
+fn peek_off_after_bytes_arrived_is_honoured_or_refused() -> Result<()> {
+    privileged!();
     let pods = two_pods()?;
     let (tcp, bypass) = both(&pods, 5437, &["--case", "peek-off-late"])?;
     let s = |r: &Run, k: &str| r.server[k].clone();

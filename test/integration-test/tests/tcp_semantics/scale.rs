@@ -4,7 +4,7 @@ use anyhow::{Result, ensure};
 use serde_json::Value;
 
 use super::support::both;
-use crate::support::{num, two_pods};
+use crate::support::{num, privileged, two_pods};
 
 /// `connections` connections, `concurrency` at a time, each side writing `bytes` right
 /// after connect/accept; both runs byte-exact.
@@ -42,10 +42,14 @@ fn burst(port: u16, connections: u64, concurrency: u64, bytes: &str) -> Result<(
     Ok(())
 }
 
-pub fn thousand_concurrent_streams() -> Result<()> {
+#[test]
+fn thousand_concurrent_streams() -> Result<()> {
+    privileged!();
     burst(5431, 1000, 1000, "256K")
 }
 
-pub fn ten_thousand_connections_writing_at_once_both_ways() -> Result<()> {
+#[test]
+fn ten_thousand_connections_writing_at_once_both_ways() -> Result<()> {
+    privileged!();
     burst(5433, 10_000, 64, "4K")
 }

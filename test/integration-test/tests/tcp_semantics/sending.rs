@@ -6,10 +6,12 @@ use testbed::{Agent, ClientArgs, PeerServer, iptables, run_client};
 
 use super::support::{both, both_with, redirected, run_case, same};
 use crate::support::{
-    ProbeServer, Steps, agent_with, num, probe_report, spawn_probe_client, two_pods,
+    ProbeServer, Steps, agent_with, num, privileged, probe_report, spawn_probe_client, two_pods,
 };
 
-pub fn blocking_reader_and_writer_threads_on_one_socket() -> Result<()> {
+#[test]
+fn blocking_reader_and_writer_threads_on_one_socket() -> Result<()> {
+    privileged!();
     let pods = two_pods()?;
     let (tcp, bypass) = both(&pods, 5415, &["--case", "duplex", "--bytes", "32M"])?;
     same(
@@ -35,7 +37,9 @@ pub fn blocking_reader_and_writer_threads_on_one_socket() -> Result<()> {
     Ok(())
 }
 
-pub fn sendfile_on_the_sender() -> Result<()> {
+#[test]
+fn sendfile_on_the_sender() -> Result<()> {
+    privileged!();
     sixteen_mib_by_the_kernel("sendfile", 5417)
 }
 
@@ -64,7 +68,9 @@ fn sixteen_mib_by_the_kernel(case: &str, port: u16) -> Result<()> {
 /// `sk_msg` and gives none (or ids of its own), so a socket with SO_ZEROCOPY before it
 /// is established is never inserted, and SO_ZEROCOPY on an inserted one is refused
 /// (EPERM), after which the sender writes without MSG_ZEROCOPY, byte-exact.
-pub fn msg_zerocopy_sender_gets_every_completion() -> Result<()> {
+#[test]
+fn msg_zerocopy_sender_gets_every_completion() -> Result<()> {
+    privileged!();
     let pods = two_pods()?;
     let args = ["--case", "zerocopy", "--bytes", "4M", "--chunk", "64K"];
     let tcp = run_case(&pods, None, 5434, &args)?;
@@ -118,11 +124,15 @@ pub fn msg_zerocopy_sender_gets_every_completion() -> Result<()> {
     Ok(())
 }
 
-pub fn splice_on_the_sender() -> Result<()> {
+#[test]
+fn splice_on_the_sender() -> Result<()> {
+    privileged!();
     sixteen_mib_by_the_kernel("splice-send", 5419)
 }
 
-pub fn one_gib_in_one_stream() -> Result<()> {
+#[test]
+fn one_gib_in_one_stream() -> Result<()> {
+    privileged!();
     let pods = two_pods()?;
     // About one long redirected stream: the server's side is paired before the client
     // sends.
@@ -175,7 +185,9 @@ pub fn one_gib_in_one_stream() -> Result<()> {
 /// handshake: its bytes go by TCP, past sk_msg. A later send must not be redirected
 /// ahead of them. The handshake is held by dropping the first SYN in the server's
 /// namespace (the client sends it again after 1 s).
-pub fn write_blocked_while_connecting_stays_in_order() -> Result<()> {
+#[test]
+fn write_blocked_while_connecting_stays_in_order() -> Result<()> {
+    privileged!(testbed::require::preflight_iptables);
     let pods = two_pods()?;
     let agent = agent_with(&pods, &[])?;
     let port = 5430u16;

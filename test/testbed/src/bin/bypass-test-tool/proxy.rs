@@ -1,5 +1,5 @@
 //! `bypass-test-tool proxy`: a sidecar-like TCP proxy, the stand-in for Envoy in the mesh
-//! tests (`tests/mesh.rs`) and in `cargo xtask bench --scenario mesh`.
+//! tests (`tests/mesh/`) and in `cargo xtask bench --scenario mesh`.
 //!
 //! ```text
 //! bypass-test-tool proxy --listen ADDR:PORT --upstream ADDR:PORT
