@@ -381,7 +381,7 @@ fn splice_after_close_guarded_or_known_difference() -> Result<()> {
 /// FIN: once the FIN was reported, one read returns every byte waiting, as TCP's does.
 /// HAProxy takes a shorter read after EPOLLRDHUP as the end of the stream, so a read
 /// that stopped at the end of the ingress queue with the later bytes waiting in the TCP
-/// queue lost them (the tails of `apps::haproxy_splice_*`): the sender goes on
+/// queue lost them (the tails of `apps::haproxy::splice_*`): the sender goes on
 /// redirecting to a reader that reads TCP only until it has read every redirected byte.
 #[test]
 fn splice_refused_then_one_read_takes_all() -> Result<()> {
