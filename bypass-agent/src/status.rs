@@ -1,10 +1,15 @@
 //! `status`: what a running datapath holds and has counted, read from its pins by
 //! another process.
 
-use bypass_common::Stat;
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
+
 pub use bypass_common::status::{
     AddressOwner, AddressRefusals, Features, KernelCheck, Key, Report, queue_bound_off_reason,
 };
+use bypass_common::{PodCounts, Stat};
 
 use crate::{
     cli::StatusOpts,
@@ -21,8 +26,14 @@ pub struct Reading {
     pub report: Report,
     /// The other programs, with the fields `/metrics` labels (the report names them).
     pub others: Vec<OtherProgram>,
-    /// The maps it was read from, for the per-pod counters `/metrics` names by pod.
-    pub view: PinnedView,
+    /// Each pinned tracing program's runs the kernel skipped.
+    pub skipped_runs: Vec<(&'static str, u64)>,
+    /// Whether the datapath has an owners map (one of an older build has none).
+    pub owners_pinned: bool,
+    /// What each pod network namespace carried (`PinnedView::pod_totals`).
+    pub pod_totals: Option<BTreeMap<u64, PodCounts>>,
+    /// Each network namespace's pod addresses, which name its pod.
+    pub netns_addrs: BTreeMap<u64, BTreeSet<IpAddr>>,
 }
 
 impl Reading {
@@ -31,10 +42,16 @@ impl Reading {
         let view = PinnedView::open(layout)?;
         let others = crate::other_programs::list();
         let report = report(&view, layout, &others)?;
+        // The owners name a namespace's pod where the datapath observes them.
+        let observed = view.owners.is_some() && report.netns_owners == "observe";
+        let owners = observed.then_some(&report.address_owners[..]);
         Ok(Self {
+            netns_addrs: crate::metrics::pods::netns_addrs(owners, &view.pod_netns),
+            pod_totals: view.pod_totals(),
+            owners_pinned: view.owners.is_some(),
+            skipped_runs: view.skipped_runs,
             report,
             others,
-            view,
         })
     }
 }

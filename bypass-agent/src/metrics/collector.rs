@@ -15,7 +15,7 @@ use bypass_common::{PodCounts, Stat, checks::Outcome, state::hop};
 use super::pods::{self, Monotonic, PodDirectory};
 
 use crate::{
-    datapath::{Counters, PinLayout, PinnedView},
+    datapath::{Counters, PinLayout},
     status::{KernelCheck, Reading},
 };
 
@@ -45,20 +45,15 @@ impl DatapathCollector {
     fn encode_pods(
         &self,
         enc: &mut DescriptorEncoder,
-        view: &PinnedView,
+        reading: &Reading,
     ) -> Result<(), std::fmt::Error> {
-        let Some(totals) = view.pod_totals() else {
+        let Some(totals) = &reading.pod_totals else {
             return Ok(());
         };
-        let owners = match (&view.owners, view.control.owners_off()) {
-            (Some(o), Ok(false)) => Some(o.list()),
-            _ => None,
-        };
-        let addrs = pods::netns_addrs(owners.as_ref(), &view.pod_netns);
         let identities = self.pods.get();
         let shown = match self.shown.lock() {
-            Ok(mut m) => m.update(&totals, |netns| {
-                pods::pod_name(netns, &addrs, identities.as_ref())
+            Ok(mut m) => m.update(totals, |netns| {
+                pods::pod_name(netns, &reading.netns_addrs, identities.as_ref())
             }),
             Err(_) => return Ok(()),
         };
@@ -146,7 +141,7 @@ impl Collector for DatapathCollector {
         };
         gauge(&mut enc, "bypass_datapath_up", up, 1)?;
         encode_report(&mut enc, &reading)?;
-        self.encode_pods(&mut enc, &reading.view)?;
+        self.encode_pods(&mut enc, &reading)?;
         encode_counters(&mut enc, &reading.report.counters)
     }
 }
@@ -154,7 +149,7 @@ impl Collector for DatapathCollector {
 /// The report's gauges and labelled families, as `status` shows its keys.
 fn encode_report(enc: &mut DescriptorEncoder, reading: &Reading) -> Result<(), std::fmt::Error> {
     let r = &reading.report;
-    let owned = reading.view.owners.as_ref().map(|_| r.address_owners.len());
+    let owned = reading.owners_pinned.then_some(r.address_owners.len());
     for (name, help, value) in [
         (
             "bypass_attached",
@@ -220,7 +215,7 @@ fn encode_report(enc: &mut DescriptorEncoder, reading: &Reading) -> Result<(), s
         None,
         MetricType::Counter,
     )?;
-    for (program, n) in &reading.view.skipped_runs {
+    for (program, n) in &reading.skipped_runs {
         ConstCounter::new(*n).encode(family.encode_family(&[("program", *program)])?)?;
     }
     labeled_gauges(

@@ -9,7 +9,7 @@ use std::{
     sync::Mutex,
 };
 
-use bypass_common::PodCounts;
+use bypass_common::{PodCounts, status::AddressOwner};
 
 use crate::sync::PodIdentity;
 
@@ -55,14 +55,16 @@ pub fn pod_name(
 /// namespace) where the agent observes them, else from the namespaces' learned pod
 /// addresses (namespace → address, `--netns-owners=any`).
 pub fn netns_addrs(
-    owners: Option<&BTreeMap<IpAddr, u64>>,
+    owners: Option<&[AddressOwner]>,
     learned: &BTreeMap<u64, IpAddr>,
 ) -> BTreeMap<u64, BTreeSet<IpAddr>> {
     let mut out: BTreeMap<u64, BTreeSet<IpAddr>> = BTreeMap::new();
     match owners {
         Some(owners) => {
-            for (ip, netns) in owners {
-                out.entry(*netns).or_default().insert(ip.to_canonical());
+            for o in owners {
+                out.entry(o.netns)
+                    .or_default()
+                    .insert(o.address.to_canonical());
             }
         }
         None => {
@@ -144,7 +146,11 @@ mod tests {
 
     #[test]
     fn namespaces_are_named_by_their_pods() {
-        let owners = BTreeMap::from([(ip("10.0.0.1"), 1), (ip("fd00::1"), 1), (ip("10.0.0.2"), 2)]);
+        let owners =
+            [("10.0.0.1", 1), ("fd00::1", 1), ("10.0.0.2", 2)].map(|(a, netns)| AddressOwner {
+                address: ip(a),
+                netns,
+            });
         let addrs = netns_addrs(Some(&owners), &BTreeMap::new());
         assert_eq!(addrs[&1], BTreeSet::from([ip("10.0.0.1"), ip("fd00::1")]));
         let ids = BTreeMap::from([
