@@ -1,6 +1,6 @@
 //! The agent's error type: each variant names the object at fault and the fix.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use bypass_common::{MIN_KERNEL, kernel::REFUSAL};
 use nix::errno::Errno;
@@ -127,6 +127,19 @@ pub enum AgentError {
         /// Why (aya's map, program or pin error, or the syscall's).
         #[source]
         source: BoxError,
+    },
+    /// A pinned datapath of this layout is not what this build loads: its programs are
+    /// not replaced in place (the agent releases it instead).
+    #[error(
+        "replace the pinned datapath's programs in place: {what} differ, pinned {pinned}, this build's {ours}"
+    )]
+    PinnedDiffers {
+        /// What differs.
+        what: String,
+        /// The pinned datapath's.
+        pinned: String,
+        /// This build's.
+        ours: String,
     },
     /// A report could not be written as JSON.
     #[error("encode {what} as JSON: {source}")]
@@ -270,66 +283,70 @@ pub enum AgentError {
 }
 
 impl AgentError {
-    /// A BPF failure, classified: EPERM becomes [`AgentError::Permission`], a program
-    /// the verifier refused [`AgentError::Verifier`].
-    pub fn bpf<E>(action: impl Into<String>, err: E) -> Self
-    where
-        E: std::error::Error + Send + Sync + 'static,
-    {
-        let action = action.into();
-        // A verifier log says more than its errno (the verifier answers EPERM too,
-        // e.g. for a program that may not attach where it was loaded for).
-        if let Some(aya::programs::ProgramError::LoadError {
-            io_error,
-            verifier_log,
-        }) = (&err as &(dyn std::error::Error + 'static)).downcast_ref()
-        {
-            let log = verifier_log.to_string();
-            if !log.trim().is_empty() {
-                return Self::Verifier {
-                    action,
-                    source: std::io::Error::from_raw_os_error(io_error.raw_os_error().unwrap_or(0)),
-                    log,
-                };
-            }
-        }
-        if find_io(&err).is_some_and(|io| io.raw_os_error() == Some(Errno::EPERM as i32)) {
-            return Self::Permission {
+    /// A BPF failure, classified: a program the verifier refused becomes
+    /// [`AgentError::Verifier`], EPERM [`AgentError::Permission`].
+    pub fn bpf(action: impl Into<String>, err: impl Into<BoxError>) -> Self {
+        use aya::programs::ProgramError;
+        let (action, source) = (action.into(), err.into());
+        let eperm = errno(&*source) == Some(Errno::EPERM as i32);
+        match source.downcast::<ProgramError>().map(|e| *e) {
+            // A verifier log says more than its errno (the verifier answers EPERM too,
+            // e.g. for a program that may not attach where it was loaded for).
+            Ok(ProgramError::LoadError {
+                io_error,
+                verifier_log,
+            }) if !eperm || !verifier_log.to_string().trim().is_empty() => Self::Verifier {
+                action,
+                source: io_error,
+                log: verifier_log.to_string(),
+            },
+            _ if eperm => Self::Permission {
                 action,
                 source: Errno::EPERM.into(),
-            };
-        }
-        let source: BoxError = Box::new(err);
-        match source.downcast::<aya::programs::ProgramError>() {
-            Ok(program_error) => match *program_error {
-                aya::programs::ProgramError::LoadError {
-                    io_error,
-                    verifier_log,
-                } => Self::Verifier {
-                    action,
-                    source: io_error,
-                    log: verifier_log.to_string(),
-                },
-                other => Self::Bpf {
-                    action,
-                    source: Box::new(other),
-                },
+            },
+            Ok(other) => Self::Bpf {
+                action,
+                source: Box::new(other),
             },
             Err(source) => Self::Bpf { action, source },
         }
     }
+
+    /// Map `map` could not be opened (from its pin, or as the type its name says).
+    pub fn open_map(map: &str, err: impl Into<BoxError>) -> Self {
+        Self::bpf(format!("open map {map}"), err)
+    }
+
+    /// An entry of map `map` could not be read or written: `what` says which, and how.
+    pub fn map(map: &str, what: impl std::fmt::Display, err: impl Into<BoxError>) -> Self {
+        Self::bpf(format!("{what} in map {map}"), err)
+    }
+
+    /// Program `program` could not be loaded (or, not loaded, gives no fd).
+    pub fn load(program: &str, err: impl Into<BoxError>) -> Self {
+        Self::bpf(format!("load program {program}"), err)
+    }
+
+    /// Program `program` could not be attached to `to`.
+    pub fn attach(program: &str, to: impl std::fmt::Display, err: impl Into<BoxError>) -> Self {
+        Self::bpf(format!("attach program {program} to {to}"), err)
+    }
+
+    /// Program `program`'s link could not be taken (to pin it).
+    pub fn link(program: &str, err: impl Into<BoxError>) -> Self {
+        Self::bpf(format!("take the link of program {program}"), err)
+    }
+
+    /// `what` (a program, map or link) could not be pinned at `path`.
+    pub fn pin(what: impl std::fmt::Display, path: &Path, err: impl Into<BoxError>) -> Self {
+        Self::bpf(format!("pin {what} at {}", path.display()), err)
+    }
 }
 
-/// The first `io::Error` in an error's source chain.
-fn find_io<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a std::io::Error> {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
-    while let Some(e) = cur {
-        if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            return Some(io);
-        }
-        cur = e.source();
-    }
-    None
+/// The errno of the first system call error in `err`'s chain of sources.
+fn errno(err: &(dyn std::error::Error + 'static)) -> Option<i32> {
+    std::iter::successors(Some(err), |e| e.source())
+        .find_map(|e| e.downcast_ref::<std::io::Error>()?.raw_os_error())
 }
 
 /// `text` with every run of white space (a parser's quoted lines) made one space.
@@ -340,14 +357,11 @@ fn one_line(text: &str) -> String {
 /// An error and its sources on one line.
 pub fn chain(err: &(dyn std::error::Error + 'static)) -> String {
     let mut out = err.to_string();
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        let s = e.to_string();
+    for s in std::iter::successors(err.source(), |e| e.source()).map(ToString::to_string) {
         if !out.contains(&s) {
             out.push_str(": ");
             out.push_str(&s);
         }
-        cur = e.source();
     }
     out
 }
@@ -364,6 +378,33 @@ mod tests {
         assert!(matches!(e, AgentError::Bpf { .. }), "{e:?}");
         assert!(e.source().is_some());
         assert!(e.to_string().starts_with("open map x: "), "{e}");
+    }
+
+    #[test]
+    fn each_shape_names_its_object() {
+        let e = || std::io::Error::from(Errno::ENOENT);
+        let errors = [
+            AgentError::open_map("M", e()),
+            AgentError::map("M", "read slot 3", e()),
+            AgentError::load("P", e()),
+            AgentError::attach("P", "cgroup /c", e()),
+            AgentError::pin("P", Path::new("/p"), e()),
+            AgentError::link("P", e()),
+        ];
+        let actions = [
+            "open map M",
+            "read slot 3 in map M",
+            "load program P",
+            "attach program P to cgroup /c",
+            "pin P at /p",
+            "take the link of program P",
+        ];
+        for (e, want) in errors.into_iter().zip(actions) {
+            assert!(
+                matches!(&e, AgentError::Bpf { action, .. } if action == want),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -72,9 +72,8 @@ fn map_fd(map: &Map) -> i32 {
 /// The instructions of program `name` of the embedded object, relocated against the
 /// maps of `ebpf` (the load the program joins: same maps, same frozen globals).
 fn relocated(ebpf: &Ebpf, name: &str) -> Result<Vec<bpf_insn>, AgentError> {
-    let err = |e: &dyn std::fmt::Display| AgentError::Bpf {
-        action: format!("relocate {name} for fmod_ret"),
-        source: e.to_string().into(),
+    let err = |e: &dyn std::fmt::Display| {
+        AgentError::bpf(format!("relocate {name} for fmod_ret"), e.to_string())
     };
     let mut obj = Object::parse(object::BYTES).map_err(|e| err(&e))?;
     let text_sections: HashSet<usize> = obj.functions.keys().map(|(s, _)| *s).collect();
@@ -169,5 +168,5 @@ pub fn attach(
     let mut attr = Attr::zeroed();
     attr.u32(8, prog.as_raw_fd() as u32);
     bpf_fd(BPF_RAW_TRACEPOINT_OPEN, &mut attr)
-        .map_err(|e| AgentError::bpf(format!("attach {name} to the kernel's {target}"), e))
+        .map_err(|e| AgentError::attach(name, format_args!("the kernel's {target}"), e))
 }

@@ -222,15 +222,11 @@ struct Maps {
 
 impl Maps {
     fn open(pins: &PinLayout) -> Result<Self, AgentError> {
-        let err = |name: &str, e| AgentError::bpf(format!("open map {name}"), e);
         Ok(Self {
-            sockets: SockHash::try_from(open_pinned(pins, MAP_SOCKETS)?)
-                .map_err(|e| err(MAP_SOCKETS, e))?,
-            links: HashMap::try_from(open_pinned(pins, MAP_LINKS)?)
-                .map_err(|e| err(MAP_LINKS, e))?,
-            cut: HashMap::try_from(open_pinned(pins, MAP_CUT)?).map_err(|e| err(MAP_CUT, e))?,
-            events: RingBuf::try_from(open_pinned(pins, MAP_EVENTS)?)
-                .map_err(|e| err(MAP_EVENTS, e))?,
+            sockets: open_pinned(pins, MAP_SOCKETS)?,
+            links: open_pinned(pins, MAP_LINKS)?,
+            cut: open_pinned(pins, MAP_CUT)?,
+            events: open_pinned(pins, MAP_EVENTS)?,
             stats: Stats::new(open_pinned(pins, MAP_STATS)?)?,
         })
     }

@@ -119,17 +119,17 @@ fn load_with(
         let map = ebpf
             .map_mut(MAP_CONTROL)
             .ok_or_else(|| missing("map", MAP_CONTROL))?;
-        let mut words: aya::maps::Array<&mut MapData, u32> = aya::maps::Array::try_from(map)
-            .map_err(|e| AgentError::bpf(format!("open map {MAP_CONTROL}"), e))?;
+        let mut words: aya::maps::Array<&mut MapData, u32> =
+            aya::maps::Array::try_from(map).map_err(|e| AgentError::open_map(MAP_CONTROL, e))?;
         words
             .set(bypass_common::control::SLOT_HOOKS_OWNER, build_id(), 0)
-            .map_err(|e| AgentError::bpf(format!("write map {MAP_CONTROL}"), e))?;
+            .map_err(|e| AgentError::map(MAP_CONTROL, "write the tracing programs' build", e))?;
     }
 
     let (skmsg, _) = attach_skmsg(&mut ebpf)?;
     skmsg
         .pin(pins.prog(PROG_SKMSG))
-        .map_err(|e| AgentError::bpf(format!("pin {PROG_SKMSG}"), e))?;
+        .map_err(|e| AgentError::pin(PROG_SKMSG, &pins.prog(PROG_SKMSG), e))?;
     for name in [PROG_SOCKOPS, PROG_SOCKOPT] {
         load_and_pin(&mut ebpf, pins, name)?;
     }
@@ -160,7 +160,7 @@ fn load_with(
     let path = pins.map(MAP_CONTROL);
     control
         .pin(path.as_path())
-        .map_err(|e| AgentError::bpf(format!("pin map {MAP_CONTROL} at {}", path.display()), e))?;
+        .map_err(|e| AgentError::pin(MAP_CONTROL, &path, e))?;
     guard.disarm();
     Ok(ebpf)
 }
@@ -195,15 +195,11 @@ pub(super) fn load_in_place(
     let mut control = maps::Control::new(maps::open_pinned(pins, MAP_CONTROL)?)?;
     let pinned = control.features()?;
     if pinned != facts.features {
-        return Err(AgentError::Bpf {
-            action: "replace the pinned datapath's programs in place".into(),
-            source: format!(
-                "its programs were loaded with the features {pinned:#x}, this build finds \
-                 {:#x} on this host (its tracing programs stay, and must agree with this \
-                 build's)",
-                facts.features
-            )
-            .into(),
+        // Its tracing programs stay, and must agree with this build's.
+        return Err(AgentError::PinnedDiffers {
+            what: "the features its programs were loaded with".into(),
+            pinned: format!("{pinned:#x}"),
+            ours: format!("{:#x}", facts.features),
         });
     }
     let mut ebpf = load_object_over(config.max_sockets, &facts, Some(pins))?;
@@ -217,11 +213,9 @@ pub(super) fn load_in_place(
     std::mem::forget(
         skmsg
             .take_link(link)
-            .map_err(|e| AgentError::bpf("take the sk_msg link", e))?,
+            .map_err(|e| AgentError::link(PROG_SKMSG, e))?,
     );
-    let fd = skmsg
-        .fd()
-        .map_err(|e| AgentError::bpf(format!("open {PROG_SKMSG}"), e))?;
+    let fd = skmsg.fd().map_err(|e| AgentError::load(PROG_SKMSG, e))?;
     repin_prog(pins, PROG_SKMSG, fd.as_fd())?;
     for (name, link) in [
         (PROG_SOCKOPS, PIN_LINK_SOCKOPS),
@@ -251,7 +245,7 @@ fn repin_prog(
     let to = pins.prog(name);
     let beside = pins.prog(&format!("{name}_next"));
     remove_pin(&beside)?;
-    rawbpf::obj_pin(fd, &beside).map_err(|e| AgentError::bpf(format!("pin {name}"), e))?;
+    rawbpf::obj_pin(fd, &beside).map_err(|e| AgentError::pin(name, &beside, e))?;
     std::fs::rename(&beside, &to).map_err(|source| AgentError::Io {
         action: "rename a program pin",
         path: beside.clone(),
@@ -281,12 +275,9 @@ fn check_pinned_shapes(pins: &PinLayout) -> Result<(), AgentError> {
         .map_err(|e| AgentError::bpf("parse the embedded object", e))?;
     for name in PINNED_MAPS {
         let ours = obj.maps.get(name).ok_or_else(|| missing("map", name))?;
-        let pinned = aya::maps::MapInfo::from_pin(pins.map(name))
-            .map_err(|e| AgentError::bpf(format!("read the pinned map {name}"), e))?;
-        let pinned_type = pinned
-            .map_type()
-            .map_err(|e| AgentError::bpf(format!("read the pinned map {name}"), e))?
-            as u32;
+        let err = |e| AgentError::open_map(name, e);
+        let pinned = aya::maps::MapInfo::from_pin(pins.map(name)).map_err(err)?;
+        let pinned_type = pinned.map_type().map_err(err)? as u32;
         // The maps `--max-sockets` sizes are compared with it before (adopt::same_sizes).
         let sized = [MAP_SOCKETS, MAP_CONNECTORS, MAP_LINKS].contains(&name);
         let entries = |n: u32| if sized { 0 } else { n };
@@ -307,13 +298,11 @@ fn check_pinned_shapes(pins: &PinLayout) -> Result<(), AgentError> {
             ),
         );
         if want != have {
-            return Err(AgentError::Bpf {
-                action: format!("adopt the pinned map {name} in place"),
-                source: format!(
-                    "pinned (type, key size, value size, entries, flags) {have:?}, this \
-                     build's {want:?}: the same layout number on maps of another shape"
-                )
-                .into(),
+            // The same layout number on maps of another shape.
+            return Err(AgentError::PinnedDiffers {
+                what: format!("map {name}'s (type, key size, value size, entries, flags)"),
+                pinned: format!("{have:?}"),
+                ours: format!("{want:?}"),
             });
         }
     }
@@ -329,7 +318,7 @@ fn replace_cgroup_program(
     name: &str,
     link: &str,
 ) -> Result<(), AgentError> {
-    let load_err = |e: aya::programs::ProgramError| AgentError::bpf(format!("load {name}"), e);
+    let load_err = |e| AgentError::load(name, e);
     let prog = ebpf
         .program_mut(name)
         .ok_or_else(|| missing("program", name))?;
@@ -366,18 +355,16 @@ pub(super) fn attach_skmsg(
         ebpf.map(MAP_SOCKETS)
             .ok_or_else(|| missing("map", MAP_SOCKETS))?,
     )
-    .map_err(|e| AgentError::bpf(format!("open map {MAP_SOCKETS}"), e))?;
+    .map_err(|e| AgentError::open_map(MAP_SOCKETS, e))?;
     let sockets_fd = sockets
         .fd()
         .try_clone()
         .map_err(|e| AgentError::bpf("dup the SockHash fd", e))?;
     let skmsg: &mut SkMsg = program(ebpf, PROG_SKMSG)?;
-    skmsg
-        .load()
-        .map_err(|e| AgentError::bpf(format!("load {PROG_SKMSG}"), e))?;
+    skmsg.load().map_err(|e| AgentError::load(PROG_SKMSG, e))?;
     let link = skmsg
         .attach(&sockets_fd)
-        .map_err(|e| AgentError::bpf(format!("attach {PROG_SKMSG} to {MAP_SOCKETS}"), e))?;
+        .map_err(|e| AgentError::attach(PROG_SKMSG, MAP_SOCKETS, e))?;
     Ok((skmsg, link))
 }
 
@@ -482,14 +469,11 @@ impl HookLink {
     /// Pins it at `path` (the link keeps the program attached after the agent exits,
     /// for the next agent).
     pub(super) fn pin(self, path: &std::path::Path) -> Result<(), AgentError> {
-        let err = |e: &dyn std::fmt::Display| AgentError::Bpf {
-            action: format!("pin a link at {}", path.display()),
-            source: e.to_string().into(),
-        };
+        let err = |e: crate::error::BoxError| AgentError::pin("a link", path, e);
         match self {
-            HookLink::Fd(link) => link.pin(path).map(drop).map_err(|e| err(&e)),
+            HookLink::Fd(link) => link.pin(path).map(drop).map_err(|e| err(e.into())),
             HookLink::Raw(fd) => {
-                rawbpf::obj_pin(std::os::fd::AsFd::as_fd(&fd), path).map_err(|e| err(&e))
+                rawbpf::obj_pin(std::os::fd::AsFd::as_fd(&fd), path).map_err(|e| err(e.into()))
             }
         }
     }
@@ -500,8 +484,8 @@ fn load_and_pin(ebpf: &mut Ebpf, pins: &PinLayout, name: &str) -> Result<(), Age
     let prog = ebpf
         .program_mut(name)
         .ok_or_else(|| missing("program", name))?;
-    let load_err = |e: aya::programs::ProgramError| AgentError::bpf(format!("load {name}"), e);
-    let pin_err = |e: aya::pin::PinError| AgentError::bpf(format!("pin {name}"), e);
+    let load_err = |e| AgentError::load(name, e);
+    let pin_err = |e| AgentError::pin(name, &pins.prog(name), e);
     match prog {
         aya::programs::Program::SockOps(p) => {
             p.load().map_err(load_err)?;
@@ -525,9 +509,7 @@ pub(super) fn attach_hook(
     bits: u32,
 ) -> Result<HookLink, AgentError> {
     let name = hook.program;
-    let load_err = |e: aya::programs::ProgramError| {
-        AgentError::bpf(format!("attach {name} to the kernel's {}", hook.target), e)
-    };
+    let load_err = |e| AgentError::attach(name, format_args!("the kernel's {}", hook.target), e);
     let link: FdLink = match hook.kind {
         HookKind::Entry => {
             let p: &mut FEntry = program(ebpf, name)?;
@@ -558,11 +540,9 @@ pub(super) fn attach_hook(
             let id = p
                 .attach("syscalls", &format!("sys_enter_{}", hook.target))
                 .map_err(load_err)?;
-            p.take_link(id).map_err(load_err)?.try_into().map_err(
-                |e: aya::programs::links::LinkError| {
-                    AgentError::bpf(format!("the link of {name}"), e)
-                },
-            )?
+            let link = p.take_link(id).map_err(load_err)?;
+            link.try_into()
+                .map_err(|e: aya::programs::links::LinkError| AgentError::link(name, e))?
         }
     };
     Ok(HookLink::Fd(link))
@@ -584,7 +564,7 @@ fn pin_map(ebpf: &Ebpf, pins: &PinLayout, name: &str) -> Result<(), AgentError> 
     ebpf.map(name)
         .ok_or_else(|| missing("map", name))?
         .pin(&path)
-        .map_err(|e| AgentError::bpf(format!("pin map {name} at {}", path.display()), e))
+        .map_err(|e| AgentError::pin(name, &path, e))
 }
 
 /// A program of the object, by name and type.
@@ -609,40 +589,19 @@ fn raise_memlock() {
     }
 }
 
+/// A failed load of the object: a SockHash the kernel will not create (but for EPERM)
+/// is a kernel without it; the rest as any BPF failure ([`AgentError::bpf`]).
 fn classify_load_error(err: aya::EbpfError) -> AgentError {
-    if errno_in(&err) == Some(nix::errno::Errno::EPERM as i32) {
-        return AgentError::Permission {
-            action: "loading the eBPF object".into(),
-            source: nix::errno::Errno::EPERM.into(),
-        };
-    }
-    if let aya::EbpfError::MapError(aya::maps::MapError::CreateError { name, .. }) = &err
+    if let aya::EbpfError::MapError(aya::maps::MapError::CreateError { name, io_error }) = &err
         && name == MAP_SOCKETS
+        && io_error.raw_os_error() != Some(libc::EPERM)
     {
         return AgentError::KernelSupport {
             what: "create the SockHash map",
             source: Box::new(err),
         };
     }
-    AgentError::Bpf {
-        action: "load the eBPF object".into(),
-        source: Box::new(err),
-    }
-}
-
-/// The errno of the first system call error in `err`'s chain of sources.
-fn errno_in(err: &(dyn std::error::Error + 'static)) -> Option<i32> {
-    let mut next = Some(err);
-    while let Some(e) = next {
-        if let Some(n) = e
-            .downcast_ref::<std::io::Error>()
-            .and_then(std::io::Error::raw_os_error)
-        {
-            return Some(n);
-        }
-        next = e.source();
-    }
-    None
+    AgentError::bpf("load the eBPF object", err)
 }
 
 #[cfg(test)]
@@ -661,6 +620,10 @@ mod tests {
         use nix::errno::Errno;
         assert!(matches!(
             classify_load_error(create_failed("BYPASS_LINKS", Errno::EPERM)),
+            AgentError::Permission { .. }
+        ));
+        assert!(matches!(
+            classify_load_error(create_failed(MAP_SOCKETS, Errno::EPERM)),
             AgentError::Permission { .. }
         ));
         assert!(matches!(

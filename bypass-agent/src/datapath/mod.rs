@@ -209,9 +209,7 @@ impl Datapath {
         let adopt = matches!(origin, Origin::Adopted | Origin::Upgraded);
         load::release_freed_heap();
         let guard = pins::PinGuard::new(pins.clone(), !adopt);
-        let sockets: SockHash<MapData, SockKey> =
-            SockHash::try_from(maps::open_pinned(&pins, MAP_SOCKETS)?)
-                .map_err(|e| AgentError::bpf(format!("open map {MAP_SOCKETS}"), e))?;
+        let sockets: SockHash<MapData, SockKey> = maps::open_pinned(&pins, MAP_SOCKETS)?;
         let pod_maps = open_pod_maps(&pins)?;
         // Every start (adopting too) writes the skip list asked for.
         maps::SkipPorts::new(maps::open_pinned(&pins, MAP_SKIP_PORTS)?)?.set(&config.skip_ports)?;
@@ -299,7 +297,7 @@ impl Datapath {
             let prog = self
                 .sockopt
                 .fd()
-                .map_err(|e| AgentError::bpf(format!("open {PROG_SOCKOPT}"), e))?;
+                .map_err(|e| AgentError::load(PROG_SOCKOPT, e))?;
             self.sockopt_link = Some(rawlink::create_pinned(
                 prog.as_fd(),
                 self.cgroup.as_fd(),
@@ -317,22 +315,19 @@ impl Datapath {
         let link = self
             .sockops
             .take_link(id)
-            .map_err(|e| AgentError::bpf("take the sock_ops link", e))?;
+            .map_err(|e| AgentError::link(PROG_SOCKOPS, e))?;
         let link: FdLink = link
             .try_into()
-            .map_err(|e: aya::programs::links::LinkError| AgentError::bpf("sock_ops link", e))?;
+            .map_err(|e: aya::programs::links::LinkError| AgentError::link(PROG_SOCKOPS, e))?;
         self.sockops_link = Some(pin_link(link, &self.pins.link(PIN_LINK_SOCKOPS))?);
         info!(cgroup = %self.cgroup_path.display(), "bypass attached");
         Ok(())
     }
 
-    fn attach_err(
-        &self,
-        prog: &str,
-        e: impl std::error::Error + Send + Sync + 'static,
-    ) -> AgentError {
-        AgentError::bpf(
-            format!("attach {prog} to cgroup {}", self.cgroup_path.display()),
+    fn attach_err(&self, prog: &str, e: impl Into<crate::error::BoxError>) -> AgentError {
+        AgentError::attach(
+            prog,
+            format_args!("cgroup {}", self.cgroup_path.display()),
             e,
         )
     }
@@ -424,8 +419,8 @@ impl Datapath {
         // the walk below reads the links: sock_ops, having inserted a link the walk does
         // not see, reads that state again after its own fence and cuts the link itself.
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-        let pod_netns = aya::maps::HashMap::try_from(maps::open_pinned(&self.pins, MAP_POD_NETNS)?)
-            .map_err(|e| AgentError::bpf(format!("open map {MAP_POD_NETNS}"), e))?;
+        let pod_netns: aya::maps::HashMap<MapData, u64, IpKey> =
+            maps::open_pinned(&self.pins, MAP_POD_NETNS)?;
         let owners: Vec<(IpAddr, u64)> = self
             .owners
             .list()
@@ -462,16 +457,13 @@ impl Datapath {
         &mut self,
         is_pod: &dyn Fn(IpAddr) -> bool,
     ) -> Result<usize, AgentError> {
-        let learned: std::collections::HashMap<u64, IpAddr> =
-            aya::maps::HashMap::<_, u64, IpKey>::try_from(maps::open_pinned(
-                &self.pins,
-                MAP_POD_NETNS,
-            )?)
-            .map_err(|e| AgentError::bpf(format!("open map {MAP_POD_NETNS}"), e))?
-            .iter()
-            .filter_map(Result::ok)
-            .map(|(netns, ip)| (netns, bypass_common::addr::ip_from_key(ip).to_canonical()))
-            .collect();
+        let learned: std::collections::HashMap<u64, IpAddr> = maps::open_pinned::<
+            aya::maps::HashMap<MapData, u64, IpKey>,
+        >(&self.pins, MAP_POD_NETNS)?
+        .iter()
+        .filter_map(Result::ok)
+        .map(|(netns, ip)| (netns, bypass_common::addr::ip_from_key(ip).to_canonical()))
+        .collect();
         let generations = self.control.cut_generations()?;
         let cut = if self.netns_owners {
             let owners = self.owners.list();
@@ -755,13 +747,13 @@ fn write_refusal(
 
 /// Step of [`Datapath::load`]: the pinned sock_ops and setsockopt programs.
 fn open_programs(pins: &PinLayout) -> Result<(SockOps, CgroupSockopt), AgentError> {
-    let sockops = SockOps::from_pin(pins.prog(PROG_SOCKOPS))
-        .map_err(|e| AgentError::bpf(format!("open pinned program {PROG_SOCKOPS}"), e))?;
+    let err = |name: &str, e| AgentError::bpf(format!("open pinned program {name}"), e);
+    let sockops = SockOps::from_pin(pins.prog(PROG_SOCKOPS)).map_err(|e| err(PROG_SOCKOPS, e))?;
     let sockopt = CgroupSockopt::from_pin(
         pins.prog(PROG_SOCKOPT),
         aya::programs::CgroupSockoptAttachType::Set,
     )
-    .map_err(|e| AgentError::bpf(format!("open pinned program {PROG_SOCKOPT}"), e))?;
+    .map_err(|e| err(PROG_SOCKOPT, e))?;
     Ok((sockops, sockopt))
 }
 
@@ -777,7 +769,7 @@ fn pinned_links(pins: &PinLayout) -> (Option<PinnedLink>, Option<PinnedLink>) {
 /// Pins `link` at `path`.
 fn pin_link(link: FdLink, path: &std::path::Path) -> Result<PinnedLink, AgentError> {
     link.pin(path)
-        .map_err(|e| AgentError::bpf(format!("pin the link at {}", path.display()), e))
+        .map_err(|e| AgentError::pin("the link", path, e))
 }
 
 impl Drop for Datapath {

@@ -477,9 +477,9 @@ impl scenarios::Counted for StatsView<'_> {
 /// namespace recorded as the pod's and as the only owner of its address.
 fn configure(ebpf: &mut Ebpf) -> Result<(), AgentError> {
     let netns = host::netns_cookie()?;
-    let map_err = |name: &str, e: aya::maps::MapError| AgentError::bpf(format!("write {name}"), e);
+    let err = |e| AgentError::map(MAP_CONTROL, "write the self-test's settings", e);
     let mut control: Array<&mut aya::maps::MapData, u32> =
-        Array::try_from(map_mut(ebpf, MAP_CONTROL)?).map_err(|e| map_err(MAP_CONTROL, e))?;
+        Array::try_from(map_mut(ebpf, MAP_CONTROL)?).map_err(err)?;
     let now = clock_monotonic_ns();
     for (slot, value) in [
         (control::SLOT_ENABLED, control::ENABLED),
@@ -493,30 +493,29 @@ fn configure(ebpf: &mut Ebpf) -> Result<(), AgentError> {
             control::heartbeat_deadline(now, 3600),
         ),
     ] {
-        control
-            .set(slot, value, 0)
-            .map_err(|e| map_err(MAP_CONTROL, e))?;
+        control.set(slot, value, 0).map_err(err)?;
     }
     let pod: IpKey = ip_key(POD);
-    let mut addrs: HashMap<&mut aya::maps::MapData, IpKey, u8> =
-        HashMap::try_from(map_mut(ebpf, MAP_POD_ADDRS)?).map_err(|e| map_err(MAP_POD_ADDRS, e))?;
-    addrs
-        .insert(pod, 1, 0)
-        .map_err(|e| map_err(MAP_POD_ADDRS, e))?;
-    let mut namespaces: HashMap<&mut aya::maps::MapData, u64, IpKey> =
-        HashMap::try_from(map_mut(ebpf, MAP_POD_NETNS)?).map_err(|e| map_err(MAP_POD_NETNS, e))?;
-    namespaces
-        .insert(netns, pod, 0)
-        .map_err(|e| map_err(MAP_POD_NETNS, e))?;
+    insert(ebpf, MAP_POD_ADDRS, pod, 1u8)?;
+    insert(ebpf, MAP_POD_NETNS, netns, pod)?;
     // The pod address is owned by this thread's namespace alone: another namespace in
     // the agent's cgroup (a standalone agent in the cgroup root, where pods' namespaces
     // live too) that uses it is refused, so none is taken for the checks' pod.
-    let mut owners: HashMap<&mut aya::maps::MapData, IpKey, u64> =
-        HashMap::try_from(map_mut(ebpf, MAP_NETNS_OWNERS)?)
-            .map_err(|e| map_err(MAP_NETNS_OWNERS, e))?;
-    owners
-        .insert(pod, netns, 0)
-        .map_err(|e| map_err(MAP_NETNS_OWNERS, e))
+    insert(ebpf, MAP_NETNS_OWNERS, pod, netns)
+}
+
+/// Inserts `key` → `value` into the hash map `map` of `ebpf`.
+fn insert<K: aya::Pod, V: aya::Pod>(
+    ebpf: &mut Ebpf,
+    map: &str,
+    key: K,
+    value: V,
+) -> Result<(), AgentError> {
+    let err = |e| AgentError::map(map, "write the self-test's entry", e);
+    HashMap::<_, K, V>::try_from(map_mut(ebpf, map)?)
+        .map_err(err)?
+        .insert(key, value, 0)
+        .map_err(err)
 }
 
 /// `CLOCK_MONOTONIC` in nanoseconds, what `bpf_ktime_get_ns` reads.

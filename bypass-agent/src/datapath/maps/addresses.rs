@@ -9,7 +9,6 @@ use aya::maps::{
 };
 use bypass_common::{IpKey, addr::ip_from_key, ip_key, key::ServiceBackend, names};
 
-use super::open_err;
 use crate::{backend::Backend, cidr::Cidr, error::AgentError};
 
 /// The address maps: pod CIDRs, exact pod addresses, excluded addresses, Service
@@ -32,13 +31,11 @@ impl PodMaps {
         backends: Map,
     ) -> Result<Self, AgentError> {
         Ok(Self {
-            backends: HashMap::try_from(backends)
-                .map_err(|e| open_err(names::MAP_SERVICE_BACKENDS, e))?,
-            cidrs: LpmTrie::try_from(cidrs).map_err(|e| open_err(names::MAP_POD_CIDRS, e))?,
+            backends: super::typed(backends, names::MAP_SERVICE_BACKENDS)?,
+            cidrs: super::typed(cidrs, names::MAP_POD_CIDRS)?,
             addrs: AddrSet::new(addrs, names::MAP_POD_ADDRS, "pod")?,
             excluded: AddrSet::new(excluded, names::MAP_EXCLUDED_ADDRS, "excluded")?,
-            services: LpmTrie::try_from(services)
-                .map_err(|e| open_err(names::MAP_SERVICE_CIDRS, e))?,
+            services: super::typed(services, names::MAP_SERVICE_CIDRS)?,
         })
     }
 
@@ -69,7 +66,12 @@ impl PodMaps {
 
     /// Removes a Service CIDR.
     pub fn remove_service_cidr(&mut self, cidr: &Cidr) -> Result<(), AgentError> {
-        trie_remove(&mut self.services, cidr, "Service")
+        trie_remove(
+            &mut self.services,
+            cidr,
+            "Service",
+            names::MAP_SERVICE_CIDRS,
+        )
     }
 
     /// The Service CIDRs in the trie now.
@@ -80,10 +82,10 @@ impl PodMaps {
     /// Adds a Service backend.
     pub fn insert_service_backend(&mut self, b: &Backend) -> Result<(), AgentError> {
         self.backends.insert(b.key(), 1, 0).map_err(|e| {
-            AgentError::bpf(
-                format!(
-                    "insert Service backend {b} into {} (full at {} entries? keep fewer Service ports on this node's pods)",
-                    names::MAP_SERVICE_BACKENDS,
+            AgentError::map(
+                names::MAP_SERVICE_BACKENDS,
+                format_args!(
+                    "insert Service backend {b} (full at {} entries? keep fewer Service ports on this node's pods)",
                     names::MAX_SERVICE_BACKENDS
                 ),
                 e,
@@ -95,11 +97,9 @@ impl PodMaps {
     pub fn remove_service_backend(&mut self, b: &Backend) -> Result<(), AgentError> {
         match self.backends.remove(&b.key()) {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
-            Err(e) => Err(AgentError::bpf(
-                format!(
-                    "remove Service backend {b} from {}",
-                    names::MAP_SERVICE_BACKENDS
-                ),
+            Err(e) => Err(AgentError::map(
+                names::MAP_SERVICE_BACKENDS,
+                format_args!("remove Service backend {b}"),
                 e,
             )),
         }
@@ -121,7 +121,7 @@ impl PodMaps {
 
     /// Removes a pod CIDR.
     pub fn remove_cidr(&mut self, cidr: &Cidr) -> Result<(), AgentError> {
-        trie_remove(&mut self.cidrs, cidr, "pod")
+        trie_remove(&mut self.cidrs, cidr, "pod", names::MAP_POD_CIDRS)
     }
 
     /// Adds a pod address.
@@ -155,7 +155,7 @@ struct AddrSet {
 impl AddrSet {
     fn new(map: Map, name: &'static str, what: &'static str) -> Result<Self, AgentError> {
         Ok(Self {
-            map: HashMap::try_from(map).map_err(|e| open_err(name, e))?,
+            map: super::typed(map, name)?,
             name,
             what,
         })
@@ -163,17 +163,18 @@ impl AddrSet {
 
     fn insert(&mut self, ip: IpAddr) -> Result<(), AgentError> {
         self.map.insert(ip_key(ip), 1, 0).map_err(|e| {
-            AgentError::bpf(
-                format!("add {} address {ip} to {}", self.what, self.name),
-                e,
-            )
+            AgentError::map(self.name, format_args!("add {} address {ip}", self.what), e)
         })
     }
 
     fn remove(&mut self, ip: IpAddr) -> Result<(), AgentError> {
-        self.map
-            .remove(&ip_key(ip))
-            .map_err(|e| AgentError::bpf(format!("remove {} address {ip}", self.what), e))
+        self.map.remove(&ip_key(ip)).map_err(|e| {
+            AgentError::map(
+                self.name,
+                format_args!("remove {} address {ip}", self.what),
+                e,
+            )
+        })
     }
 
     fn list(&self) -> BTreeSet<IpAddr> {
@@ -190,13 +191,13 @@ type Trie = LpmTrie<MapData, [u8; 16], u8>;
 fn trie_insert(trie: &mut Trie, cidr: &Cidr, what: &str, map: &str) -> Result<(), AgentError> {
     let (len, bytes) = cidr.trie_key();
     trie.insert(&Key::new(len, bytes), 1, 0)
-        .map_err(|e| AgentError::bpf(format!("add {what} CIDR {cidr} to {map}"), e))
+        .map_err(|e| AgentError::map(map, format_args!("add {what} CIDR {cidr}"), e))
 }
 
-fn trie_remove(trie: &mut Trie, cidr: &Cidr, what: &str) -> Result<(), AgentError> {
+fn trie_remove(trie: &mut Trie, cidr: &Cidr, what: &str, map: &str) -> Result<(), AgentError> {
     let (len, bytes) = cidr.trie_key();
     trie.remove(&Key::new(len, bytes))
-        .map_err(|e| AgentError::bpf(format!("remove {what} CIDR {cidr}"), e))
+        .map_err(|e| AgentError::map(map, format_args!("remove {what} CIDR {cidr}"), e))
 }
 
 fn trie_cidrs(trie: &Trie) -> BTreeSet<Cidr> {

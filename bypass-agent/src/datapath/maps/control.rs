@@ -3,7 +3,6 @@
 use aya::maps::{Array, Map, MapData};
 use bypass_common::{control, names};
 
-use super::open_err;
 use crate::error::AgentError;
 
 /// The control words (slots in `bypass_common::control`).
@@ -12,21 +11,19 @@ pub struct Control(Array<MapData, u32>);
 impl Control {
     /// Wraps the map.
     pub fn new(map: Map) -> Result<Self, AgentError> {
-        Ok(Self(
-            Array::try_from(map).map_err(|e| open_err(names::MAP_CONTROL, e))?,
-        ))
+        Ok(Self(super::typed(map, names::MAP_CONTROL)?))
     }
 
     fn get(&self, slot: u32) -> Result<u32, AgentError> {
         self.0
             .get(&slot, 0)
-            .map_err(|e| AgentError::bpf(format!("read control slot {slot}"), e))
+            .map_err(|e| AgentError::map(names::MAP_CONTROL, format_args!("read slot {slot}"), e))
     }
 
     fn set(&mut self, slot: u32, v: u32) -> Result<(), AgentError> {
         self.0
             .set(slot, v, 0)
-            .map_err(|e| AgentError::bpf(format!("write control slot {slot}"), e))
+            .map_err(|e| AgentError::map(names::MAP_CONTROL, format_args!("write slot {slot}"), e))
     }
 
     fn get64(&self, lo: u32, hi: u32) -> Result<u64, AgentError> {

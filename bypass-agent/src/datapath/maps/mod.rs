@@ -19,25 +19,38 @@ pub use ports::SkipPorts;
 
 use std::{collections::BTreeMap, net::IpAddr};
 
-use aya::maps::{HashMap, Map, MapData, SockHash};
-use bypass_common::{SockKey, names};
+use aya::{
+    maps::{HashMap, Map, MapData, SockHash},
+    programs::links::PinnedLink,
+};
+use bypass_common::{IpKey, SockKey, names};
 
 use super::pins::PinLayout;
 use crate::error::AgentError;
-
-fn open_err(name: &str, e: impl std::error::Error + Send + Sync + 'static) -> AgentError {
-    AgentError::bpf(format!("open map {name}"), e)
-}
 
 /// Number of keys in a SockHash.
 pub fn count_keys(map: &SockHash<MapData, SockKey>) -> usize {
     map.keys().filter(Result::is_ok).count()
 }
 
-/// Opens the map `name` from its pin.
-pub fn open_pinned(layout: &PinLayout, name: &str) -> Result<Map, AgentError> {
-    let data = MapData::from_pin(layout.map(name)).map_err(|e| open_err(name, e))?;
-    Map::from_map_data(data).map_err(|e| open_err(name, e))
+/// Opens the map `name` from its pin, as a [`Map`] or the aya map type `T` of its kind.
+pub fn open_pinned<T>(layout: &PinLayout, name: &str) -> Result<T, AgentError>
+where
+    T: TryFrom<Map, Error: std::error::Error + Send + Sync + 'static>,
+{
+    let data = MapData::from_pin(layout.map(name)).map_err(|e| AgentError::open_map(name, e))?;
+    typed(
+        Map::from_map_data(data).map_err(|e| AgentError::open_map(name, e))?,
+        name,
+    )
+}
+
+/// Map `map` (named `name`) as the aya map type `T` of its kind.
+pub fn typed<T>(map: Map, name: &str) -> Result<T, AgentError>
+where
+    T: TryFrom<Map, Error: std::error::Error + Send + Sync + 'static>,
+{
+    T::try_from(map).map_err(|e| AgentError::open_map(name, e))
 }
 
 /// Everything `status` reads, opened from the pins of a running agent.
@@ -84,6 +97,7 @@ impl PinnedView {
             });
         }
         let open = |name: &str| open_pinned(layout, name);
+        let pinned = |link: &str| PinnedLink::from_pin(layout.link(link)).is_ok();
         Ok(Self {
             pod_maps: PodMaps::new(
                 open(names::MAP_POD_CIDRS)?,
@@ -95,38 +109,23 @@ impl PinnedView {
             skip_ports: SkipPorts::new(open(names::MAP_SKIP_PORTS)?)?,
             stats: Stats::new(open(names::MAP_STATS)?)?,
             control: Control::new(open(names::MAP_CONTROL)?)?,
-            sockets: SockHash::try_from(open(names::MAP_SOCKETS)?)
-                .map_err(|e| open_err(names::MAP_SOCKETS, e))?,
+            sockets: open_pinned(layout, names::MAP_SOCKETS)?,
             pairings: Pairings::new(
                 open(names::MAP_CONNECTORS)?,
                 open(names::MAP_LINKS)?,
                 open(names::MAP_CUT)?,
             )?,
-            link_pinned: aya::programs::links::PinnedLink::from_pin(
-                layout.link(names::PIN_LINK_SOCKOPS),
-            )
-            .is_ok(),
-            sockopt_pinned: aya::programs::links::PinnedLink::from_pin(
-                layout.link(names::PIN_LINK_SOCKOPT),
-            )
-            .is_ok(),
-            guard_pinned: names::GUARD_HOOKS.iter().all(|h| {
-                aya::programs::links::PinnedLink::from_pin(layout.link(h.program)).is_ok()
-            }),
+            link_pinned: pinned(names::PIN_LINK_SOCKOPS),
+            sockopt_pinned: pinned(names::PIN_LINK_SOCKOPT),
+            guard_pinned: names::GUARD_HOOKS.iter().all(|h| pinned(h.program)),
             skipped_runs: skipped_runs(layout),
-            owners: open(names::MAP_NETNS_OWNERS)
-                .ok()
-                .and_then(|m| OwnerMap::new(m).ok()),
+            owners: open(names::MAP_NETNS_OWNERS).and_then(OwnerMap::new).ok(),
             refusals: open(names::MAP_REFUSALS)
-                .ok()
-                .and_then(|m| refusals(m).ok())
+                .and_then(refusals)
                 .unwrap_or_default(),
-            pod_counts: open(names::MAP_POD_COUNTS)
+            pod_counts: open(names::MAP_POD_COUNTS).and_then(PodCountsMap::new).ok(),
+            pod_netns: open_pinned::<HashMap<MapData, u64, IpKey>>(layout, names::MAP_POD_NETNS)
                 .ok()
-                .and_then(|m| PodCountsMap::new(m).ok()),
-            pod_netns: open(names::MAP_POD_NETNS)
-                .ok()
-                .and_then(|m| HashMap::<MapData, u64, bypass_common::IpKey>::try_from(m).ok())
                 .map(|m| {
                     m.iter()
                         .filter_map(Result::ok)

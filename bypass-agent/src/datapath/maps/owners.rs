@@ -5,7 +5,6 @@ use std::{collections::BTreeMap, net::IpAddr};
 use aya::maps::{HashMap, Map, MapData};
 use bypass_common::{IpKey, addr::ip_from_key, ip_key, names};
 
-use super::open_err;
 use crate::error::AgentError;
 
 /// Pod address → the cookie of the network namespace that owns it
@@ -15,9 +14,7 @@ pub struct OwnerMap(HashMap<MapData, IpKey, u64>);
 impl OwnerMap {
     /// Wraps the map.
     pub fn new(map: Map) -> Result<Self, AgentError> {
-        Ok(Self(
-            HashMap::try_from(map).map_err(|e| open_err(names::MAP_NETNS_OWNERS, e))?,
-        ))
+        Ok(Self(super::typed(map, names::MAP_NETNS_OWNERS)?))
     }
 
     /// Its entries now.
@@ -32,8 +29,9 @@ impl OwnerMap {
     /// Records `netns` as the owner of `ip`.
     pub fn set(&mut self, ip: IpAddr, netns: u64) -> Result<(), AgentError> {
         self.0.insert(ip_key(ip), netns, 0).map_err(|e| {
-            AgentError::bpf(
-                format!("record the owner of {ip} in {}", names::MAP_NETNS_OWNERS),
+            AgentError::map(
+                names::MAP_NETNS_OWNERS,
+                format_args!("record {ip}'s owner"),
                 e,
             )
         })
@@ -43,8 +41,9 @@ impl OwnerMap {
     pub fn remove(&mut self, ip: IpAddr) -> Result<(), AgentError> {
         match self.0.remove(&ip_key(ip)) {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
-            Err(e) => Err(AgentError::bpf(
-                format!("forget the owner of {ip} in {}", names::MAP_NETNS_OWNERS),
+            Err(e) => Err(AgentError::map(
+                names::MAP_NETNS_OWNERS,
+                format_args!("forget {ip}'s owner"),
                 e,
             )),
         }
@@ -56,7 +55,7 @@ pub fn refusals(
     map: Map,
 ) -> Result<BTreeMap<IpAddr, [u64; bypass_common::refusal::KINDS]>, AgentError> {
     let m: HashMap<MapData, IpKey, [u64; bypass_common::refusal::KINDS]> =
-        HashMap::try_from(map).map_err(|e| open_err(names::MAP_REFUSALS, e))?;
+        super::typed(map, names::MAP_REFUSALS)?;
     Ok(m.iter()
         .filter_map(Result::ok)
         .map(|(k, v)| (ip_from_key(k), v))

@@ -8,7 +8,6 @@ use std::{
 use aya::maps::{HashMap, Map, MapData, SockHash};
 use bypass_common::{Connector, Endpoint, IpKey, Link, SockKey, ip_key, names};
 
-use super::open_err;
 use crate::error::AgentError;
 
 /// The pairing maps: connecting sockets not yet paired, and the links of paired
@@ -24,10 +23,9 @@ impl Pairings {
     /// Wraps the three maps.
     pub fn new(connectors: Map, links: Map, cut: Map) -> Result<Self, AgentError> {
         Ok(Self {
-            connectors: HashMap::try_from(connectors)
-                .map_err(|e| open_err(names::MAP_CONNECTORS, e))?,
-            links: HashMap::try_from(links).map_err(|e| open_err(names::MAP_LINKS, e))?,
-            cut: HashMap::try_from(cut).map_err(|e| open_err(names::MAP_CUT, e))?,
+            connectors: super::typed(connectors, names::MAP_CONNECTORS)?,
+            links: super::typed(links, names::MAP_LINKS)?,
+            cut: super::typed(cut, names::MAP_CUT)?,
         })
     }
 
@@ -132,8 +130,9 @@ impl Pairings {
                 inserted = self.cut.insert(key, 0, 0);
             }
             if let Err(e) = inserted {
-                return Ok(CutMap::Full(AgentError::bpf(
-                    format!("write map {}", names::MAP_CUT),
+                return Ok(CutMap::Full(AgentError::map(
+                    names::MAP_CUT,
+                    "add a cut",
                     e,
                 )));
             }
@@ -222,7 +221,7 @@ fn gone(r: Result<(), aya::maps::MapError>, map: &str) -> Result<usize, AgentErr
     match r {
         Ok(()) => Ok(1),
         Err(aya::maps::MapError::KeyNotFound) => Ok(0),
-        Err(e) => Err(AgentError::bpf(format!("sweep {map}"), e)),
+        Err(e) => Err(AgentError::map(map, "sweep an entry", e)),
     }
 }
 

@@ -8,7 +8,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use aya::maps::{HashMap, Map, MapData};
 use bypass_common::{Link, PodCounts, SockKey, names, state::link_state, state::side};
 
-use super::open_err;
 use crate::error::AgentError;
 
 /// Network namespace cookie → its pod's closed connections' counts.
@@ -17,9 +16,7 @@ pub struct PodCountsMap(HashMap<MapData, u64, PodCounts>);
 impl PodCountsMap {
     /// Wraps the map.
     pub fn new(map: Map) -> Result<Self, AgentError> {
-        Ok(Self(
-            HashMap::try_from(map).map_err(|e| open_err(names::MAP_POD_COUNTS, e))?,
-        ))
+        Ok(Self(super::typed(map, names::MAP_POD_COUNTS)?))
     }
 
     /// Its entries now.
@@ -42,10 +39,8 @@ impl PodCountsMap {
                 Ok(()) => removed += 1,
                 Err(aya::maps::MapError::KeyNotFound) => {}
                 Err(e) => {
-                    return Err(AgentError::bpf(
-                        format!("remove a gone pod's entry from {}", names::MAP_POD_COUNTS),
-                        e,
-                    ));
+                    let what = "remove a gone pod's entry";
+                    return Err(AgentError::map(names::MAP_POD_COUNTS, what, e));
                 }
             }
         }
@@ -63,7 +58,7 @@ impl PodCountsMap {
         };
         self.0
             .insert(netns, sum, 0)
-            .map_err(|e| AgentError::bpf(format!("add to {}", names::MAP_POD_COUNTS), e))
+            .map_err(|e| AgentError::map(names::MAP_POD_COUNTS, "add counts", e))
     }
 }
 

@@ -5,7 +5,6 @@ use std::collections::BTreeSet;
 use aya::maps::{HashMap, Map, MapData};
 use bypass_common::names;
 
-use super::open_err;
 use crate::error::AgentError;
 
 /// Ports whose connections the datapath leaves alone.
@@ -14,9 +13,7 @@ pub struct SkipPorts(HashMap<MapData, u32, u8>);
 impl SkipPorts {
     /// Wraps the map.
     pub fn new(map: Map) -> Result<Self, AgentError> {
-        Ok(Self(
-            HashMap::try_from(map).map_err(|e| open_err(names::MAP_SKIP_PORTS, e))?,
-        ))
+        Ok(Self(super::typed(map, names::MAP_SKIP_PORTS)?))
     }
 
     /// The ports in the map now.
@@ -32,20 +29,14 @@ impl SkipPorts {
     pub fn set(&mut self, want: &BTreeSet<u16>) -> Result<(), AgentError> {
         let (add, remove) = crate::sync::diff(&self.ports(), want);
         for p in remove {
-            self.0
-                .remove(&u32::from(p))
-                .map_err(|e| AgentError::bpf(format!("remove skip port {p}"), e))?;
+            self.0.remove(&u32::from(p)).map_err(|e| {
+                AgentError::map(names::MAP_SKIP_PORTS, format_args!("remove port {p}"), e)
+            })?;
         }
         for p in add {
             self.0.insert(u32::from(p), 1, 0).map_err(|e| {
-                AgentError::bpf(
-                    format!(
-                        "add skip port {p} to {} (at most {} ports)",
-                        names::MAP_SKIP_PORTS,
-                        names::MAX_SKIP_PORTS
-                    ),
-                    e,
-                )
+                let what = format!("add port {p} (at most {} ports)", names::MAX_SKIP_PORTS);
+                AgentError::map(names::MAP_SKIP_PORTS, what, e)
             })?;
         }
         Ok(())
