@@ -312,6 +312,12 @@ impl AgentError {
         }
     }
 
+    /// The embedded object has no `kind` (map, program, function) named `name`.
+    pub fn missing(kind: &'static str, name: &str) -> Self {
+        let name = name.to_owned();
+        Self::NotInObject { kind, name }
+    }
+
     /// Map `map` could not be opened (from its pin, or as the type its name says).
     pub fn open_map(map: &str, err: impl Into<BoxError>) -> Self {
         Self::bpf(format!("open map {map}"), err)

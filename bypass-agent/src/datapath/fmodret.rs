@@ -94,17 +94,11 @@ fn relocated(ebpf: &Ebpf, name: &str) -> Result<Vec<bpf_insn>, AgentError> {
     let prog = obj
         .programs
         .get(name)
-        .ok_or_else(|| AgentError::NotInObject {
-            kind: "program",
-            name: name.to_owned(),
-        })?;
-    let function =
-        obj.functions
-            .get(&prog.function_key())
-            .ok_or_else(|| AgentError::NotInObject {
-                kind: "function",
-                name: name.to_owned(),
-            })?;
+        .ok_or_else(|| AgentError::missing("program", name))?;
+    let function = obj
+        .functions
+        .get(&prog.function_key())
+        .ok_or_else(|| AgentError::missing("function", name))?;
     Ok(function.instructions.clone())
 }
 

@@ -118,7 +118,7 @@ fn load_with(
     {
         let map = ebpf
             .map_mut(MAP_CONTROL)
-            .ok_or_else(|| missing("map", MAP_CONTROL))?;
+            .ok_or_else(|| AgentError::missing("map", MAP_CONTROL))?;
         let mut words: aya::maps::Array<&mut MapData, u32> =
             aya::maps::Array::try_from(map).map_err(|e| AgentError::open_map(MAP_CONTROL, e))?;
         words
@@ -274,7 +274,10 @@ fn check_pinned_shapes(pins: &PinLayout) -> Result<(), AgentError> {
     let obj = aya_obj::Object::parse(object::BYTES)
         .map_err(|e| AgentError::bpf("parse the embedded object", e))?;
     for name in PINNED_MAPS {
-        let ours = obj.maps.get(name).ok_or_else(|| missing("map", name))?;
+        let ours = obj
+            .maps
+            .get(name)
+            .ok_or_else(|| AgentError::missing("map", name))?;
         let err = |e| AgentError::open_map(name, e);
         let pinned = aya::maps::MapInfo::from_pin(pins.map(name)).map_err(err)?;
         let pinned_type = pinned.map_type().map_err(err)? as u32;
@@ -321,7 +324,7 @@ fn replace_cgroup_program(
     let load_err = |e| AgentError::load(name, e);
     let prog = ebpf
         .program_mut(name)
-        .ok_or_else(|| missing("program", name))?;
+        .ok_or_else(|| AgentError::missing("program", name))?;
     let fd = match prog {
         aya::programs::Program::SockOps(p) => {
             p.load().map_err(load_err)?;
@@ -331,7 +334,7 @@ fn replace_cgroup_program(
             p.load().map_err(load_err)?;
             p.fd().map_err(load_err)?
         }
-        _ => return Err(missing("program", name)),
+        _ => return Err(AgentError::missing("program", name)),
     };
     let link_path = pins.link(link);
     if link_path.exists() {
@@ -353,7 +356,7 @@ pub(super) fn attach_skmsg(
 ) -> Result<(&mut SkMsg, aya::programs::sk_msg::SkMsgLinkId), AgentError> {
     let sockets: SockHash<&MapData, SockKey> = SockHash::try_from(
         ebpf.map(MAP_SOCKETS)
-            .ok_or_else(|| missing("map", MAP_SOCKETS))?,
+            .ok_or_else(|| AgentError::missing("map", MAP_SOCKETS))?,
     )
     .map_err(|e| AgentError::open_map(MAP_SOCKETS, e))?;
     let sockets_fd = sockets
@@ -483,7 +486,7 @@ impl HookLink {
 fn load_and_pin(ebpf: &mut Ebpf, pins: &PinLayout, name: &str) -> Result<(), AgentError> {
     let prog = ebpf
         .program_mut(name)
-        .ok_or_else(|| missing("program", name))?;
+        .ok_or_else(|| AgentError::missing("program", name))?;
     let load_err = |e| AgentError::load(name, e);
     let pin_err = |e| AgentError::pin(name, &pins.prog(name), e);
     match prog {
@@ -495,7 +498,7 @@ fn load_and_pin(ebpf: &mut Ebpf, pins: &PinLayout, name: &str) -> Result<(), Age
             p.load().map_err(load_err)?;
             p.pin(pins.prog(name)).map_err(pin_err)
         }
-        _ => Err(missing("program", name)),
+        _ => Err(AgentError::missing("program", name)),
     }
 }
 
@@ -548,21 +551,15 @@ pub(super) fn attach_hook(
     Ok(HookLink::Fd(link))
 }
 
-fn missing(kind: &'static str, name: &str) -> AgentError {
-    AgentError::NotInObject {
-        kind,
-        name: name.to_owned(),
-    }
-}
-
 fn take_map(ebpf: &mut Ebpf, name: &str) -> Result<Map, AgentError> {
-    ebpf.take_map(name).ok_or_else(|| missing("map", name))
+    ebpf.take_map(name)
+        .ok_or_else(|| AgentError::missing("map", name))
 }
 
 fn pin_map(ebpf: &Ebpf, pins: &PinLayout, name: &str) -> Result<(), AgentError> {
     let path = pins.map(name);
     ebpf.map(name)
-        .ok_or_else(|| missing("map", name))?
+        .ok_or_else(|| AgentError::missing("map", name))?
         .pin(&path)
         .map_err(|e| AgentError::pin(name, &path, e))
 }
@@ -574,7 +571,7 @@ where
 {
     let prog = ebpf
         .program_mut(name)
-        .ok_or_else(|| missing("program", name))?;
+        .ok_or_else(|| AgentError::missing("program", name))?;
     prog.try_into()
         .map_err(|e: aya::programs::ProgramError| AgentError::bpf(format!("program {name}"), e))
 }

@@ -358,9 +358,9 @@ impl Datapath {
     }
 
     /// The guarantees the loaded programs give on this kernel.
-    pub fn features(&self) -> crate::status::Features {
+    pub fn features(&self) -> bypass_common::status::Features {
         let bits = self.control.features().unwrap_or(0);
-        crate::status::Features::from_checks(
+        bypass_common::status::Features::from_checks(
             self.checks.results,
             self.sockopt_link.is_some(),
             bits & bypass_common::layout::features::GUARD_ATTACH != 0,
@@ -457,13 +457,13 @@ impl Datapath {
         &mut self,
         is_pod: &dyn Fn(IpAddr) -> bool,
     ) -> Result<usize, AgentError> {
-        let learned: std::collections::HashMap<u64, IpAddr> = maps::open_pinned::<
-            aya::maps::HashMap<MapData, u64, IpKey>,
-        >(&self.pins, MAP_POD_NETNS)?
-        .iter()
-        .filter_map(Result::ok)
-        .map(|(netns, ip)| (netns, bypass_common::addr::ip_from_key(ip).to_canonical()))
-        .collect();
+        let pod_netns: aya::maps::HashMap<MapData, u64, IpKey> =
+            maps::open_pinned(&self.pins, MAP_POD_NETNS)?;
+        let learned: std::collections::HashMap<u64, IpAddr> = pod_netns
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(netns, ip)| (netns, bypass_common::addr::ip_from_key(ip).to_canonical()))
+            .collect();
         let generations = self.control.cut_generations()?;
         let cut = if self.netns_owners {
             let owners = self.owners.list();

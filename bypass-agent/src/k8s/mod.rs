@@ -152,7 +152,7 @@ pub fn loaded_status(
     node: &str,
     attached: bool,
     refused: Option<&str>,
-    features: &crate::status::Features,
+    features: &bypass_common::status::Features,
     checks: bypass_common::checks::Results,
     why_off: &str,
 ) -> node_status::NodeStatus {

@@ -529,10 +529,8 @@ fn clock_monotonic_ns() -> u64 {
 }
 
 fn map_mut<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut Map, AgentError> {
-    ebpf.map_mut(name).ok_or_else(|| AgentError::NotInObject {
-        kind: "map",
-        name: name.to_owned(),
-    })
+    ebpf.map_mut(name)
+        .ok_or_else(|| AgentError::missing("map", name))
 }
 
 fn program<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, String>
