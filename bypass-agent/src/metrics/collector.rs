@@ -10,13 +10,13 @@ use tracing::debug;
 
 use std::sync::{Arc, Mutex};
 
-use bypass_common::{PodCounts, Stat, checks::Outcome, state::hop};
+use bypass_common::{PodCounts, Stat, checks::Outcome, state::hop, status::KernelCheck};
 
 use super::pods::{self, Monotonic, PodDirectory};
 
 use crate::{
     datapath::{Counters, PinLayout},
-    status::{KernelCheck, Reading},
+    report::Reading,
 };
 
 /// Reads the datapath through its pins on every scrape, so the numbers are the

@@ -56,7 +56,7 @@ fn from_facts(facts: &HostFacts, checks: &kernel_check::Verdict) -> Probe {
 pub fn probe(opts: &ProbeOpts) -> Result<(), AgentError> {
     let found = detect()?;
     if opts.json {
-        return crate::print_json(&found, "the probe");
+        return super::print_json(&found, "the probe");
     }
     println!("read guard:        {}", yes_no(found.read_guard));
     println!("read guard runs as: {}", found.read_guard_runs_as);

@@ -26,7 +26,7 @@ pub fn nodes(opts: &NodesOpts) -> Result<(), AgentError> {
         Ok::<_, AgentError>((list, existing))
     })?;
     if opts.json {
-        crate::print_json(&list, "the node list")?;
+        super::print_json(&list, "the node list")?;
     } else if list.is_empty() {
         println!(
             "no node status in namespace {}: is the agent installed there?",

@@ -236,7 +236,7 @@ pub fn pod_security_item(namespace: &str, enforce: Option<Option<String>>) -> It
 pub fn check(opts: &CheckOpts) -> Result<(), AgentError> {
     let report = gather(opts);
     if opts.json {
-        crate::print_json(&report, "the check report")?;
+        super::print_json(&report, "the check report")?;
     } else {
         println!("kernel {}", report.kernel);
         for i in &report.items {
@@ -305,7 +305,7 @@ pub fn check_items(checks: &[bypass_common::status::KernelCheck], fionread: &str
 fn gather(opts: &CheckOpts) -> Report {
     let kernel = datapath::kernel_release();
     let mut items = feature_items(&preflight::probe_all());
-    let probe = crate::probe::detect_both();
+    let probe = super::probe::detect_both();
     let bypass = match &probe {
         Ok((p, allowed)) => bypass_item(
             p.refusal.as_deref(),
