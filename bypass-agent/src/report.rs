@@ -1,10 +1,7 @@
 //! One reading of the pins of a running datapath, by another process: the report that
 //! `status` prints (text, JSON) and `/metrics` exports.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    net::IpAddr,
-};
+use std::{collections::BTreeMap, net::IpAddr};
 
 use bypass_common::{
     PodCounts, Stat,
@@ -33,8 +30,8 @@ pub struct Reading {
     pub owners_pinned: bool,
     /// What each pod network namespace carried (`PinnedView::pod_totals`).
     pub pod_totals: Option<BTreeMap<u64, PodCounts>>,
-    /// Each network namespace's pod addresses, which name its pod.
-    pub netns_addrs: BTreeMap<u64, BTreeSet<IpAddr>>,
+    /// A pod address learned in each network namespace (`PinnedView::pod_netns`).
+    pub pod_netns: BTreeMap<u64, IpAddr>,
 }
 
 impl Reading {
@@ -43,12 +40,9 @@ impl Reading {
         let view = PinnedView::open(layout)?;
         let others = crate::other_programs::list();
         let report = report(&view, layout, &others)?;
-        // The owners name a namespace's pod where the datapath observes them.
-        let observed = view.owners.is_some() && report.netns_owners == "observe";
-        let owners = observed.then_some(&report.address_owners[..]);
         Ok(Self {
-            netns_addrs: crate::metrics::pods::netns_addrs(owners, &view.pod_netns),
             pod_totals: view.pod_totals(),
+            pod_netns: view.pod_netns,
             owners_pinned: view.owners.is_some(),
             skipped_runs: view.skipped_runs,
             report,

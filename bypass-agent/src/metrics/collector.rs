@@ -50,10 +50,15 @@ impl DatapathCollector {
         let Some(totals) = &reading.pod_totals else {
             return Ok(());
         };
+        // The owners name a namespace's pod where the datapath observes them.
+        let r = &reading.report;
+        let observed = reading.owners_pinned && r.netns_owners == "observe";
+        let owners = observed.then_some(&r.address_owners[..]);
+        let addrs = pods::netns_addrs(owners, &reading.pod_netns);
         let identities = self.pods.get();
         let shown = match self.shown.lock() {
             Ok(mut m) => m.update(totals, |netns| {
-                pods::pod_name(netns, &reading.netns_addrs, identities.as_ref())
+                pods::pod_name(netns, &addrs, identities.as_ref())
             }),
             Err(_) => return Ok(()),
         };
