@@ -87,7 +87,7 @@ pub enum AgentError {
     },
     /// Missing privileges.
     #[error(
-        "{action} was refused ({source}): run as root, or with CAP_BPF, CAP_NET_ADMIN and CAP_SYS_ADMIN"
+        "the kernel refused to {action} ({source}): run as root, or with CAP_BPF, CAP_NET_ADMIN and CAP_SYS_ADMIN"
     )]
     Permission {
         /// What was attempted.
