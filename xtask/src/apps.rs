@@ -9,9 +9,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-
-use crate::workspace;
-use kube_testenv::cmd;
+use xtask_lib::{cmd, workspace};
 
 /// The sources, under the workspace root.
 const SOURCES: &str = "test/testbed/apps";

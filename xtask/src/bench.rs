@@ -17,10 +17,10 @@
 use std::{path::Path, process::Command};
 
 use anyhow::{Context as _, Result, bail};
-
-use crate::{build, image, setup, workspace};
 use kube_testenv::cluster;
-use kube_testenv::cmd;
+use xtask_lib::{cmd, workspace};
+
+use crate::{build, image, setup};
 
 /// Where the apps scenario finds the suite's built programs (testbed's
 /// `apps::bins::APPS_DIR_ENV`; xtask does not link testbed).

@@ -4,12 +4,9 @@
 use std::{path::PathBuf, process::Command};
 
 use anyhow::{Context as _, Result, bail};
+use xtask_lib::{cmd, workspace};
 
-use crate::{
-    setup::{self, Tools},
-    workspace,
-};
-use kube_testenv::cmd;
+use crate::setup::{self, Tools};
 
 /// Options of `cargo xtask build`, shared by the tasks that build first.
 #[derive(Debug, Clone, clap::Args)]

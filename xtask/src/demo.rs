@@ -2,9 +2,9 @@
 //! in `bench/`): the bench at small scale, against the built agent.
 
 use anyhow::Result;
+use xtask_lib::cmd;
 
 use crate::{bench, build, setup};
-use kube_testenv::cmd;
 
 /// Arguments of `cargo xtask demo`.
 #[derive(Debug, Clone, clap::Args)]

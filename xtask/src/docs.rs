@@ -12,9 +12,9 @@ use std::path::Path;
 
 use anyhow::{Context as _, Result, bail};
 use bypass_common::{KernelLayout, MIN_KERNEL, kernel::NEEDS, layout::Source, status::Report};
+use xtask_lib::{cmd, workspace};
 
-use crate::{setup, workspace};
-use kube_testenv::cmd;
+use crate::setup;
 
 /// Arguments of `cargo xtask docs`.
 #[derive(Debug, Clone, clap::Args)]

@@ -9,8 +9,9 @@ use kube_testenv::{
     cluster,
     image::{CrossAgent, IMAGES_DIR, agent_rootfs, build_all, test_rootfs},
 };
+use xtask_lib::workspace;
 
-use crate::{build, setup, workspace};
+use crate::{build, setup};
 
 /// Arguments of `cargo xtask image`.
 #[derive(Debug, Clone, clap::Args)]

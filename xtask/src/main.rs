@@ -11,11 +11,11 @@ mod image;
 mod render;
 mod setup;
 mod test;
-mod workspace;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use xtask_lib::workspace;
 
 /// Tasks of the bypass project (run as `cargo xtask <task>`).
 #[derive(Debug, Parser)]

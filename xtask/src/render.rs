@@ -3,8 +3,7 @@
 
 use anyhow::{Result, bail};
 use kube_testenv::{chart, cluster};
-
-use crate::workspace;
+use xtask_lib::workspace;
 
 /// Arguments of `cargo xtask render-deploy`.
 #[derive(Debug, Clone, clap::Args)]

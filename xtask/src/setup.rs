@@ -11,8 +11,7 @@ mod toolchain;
 use std::{path::PathBuf, process::Command, time::Instant};
 
 use anyhow::Result;
-
-use crate::workspace::{self, ToolchainSpec};
+use xtask_lib::workspace::{self, ToolchainSpec};
 
 /// What a task needs installed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -16,10 +16,10 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-
-use crate::{build, setup, workspace};
 use kernel_matrix::Counts;
-use kube_testenv::cmd;
+use xtask_lib::{cmd, workspace};
+
+use crate::{build, setup};
 
 /// Arguments of `cargo xtask test`.
 #[derive(Debug, Clone, clap::Args)]

@@ -10,12 +10,12 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
+use xtask_lib::cmd;
 
 use super::{
     catalog::{self, Kernel, Mirrors},
     share::Share,
 };
-use kube_testenv::cmd;
 
 /// An unpacked kernel package.
 #[derive(Debug, Clone)]

@@ -9,9 +9,9 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
+use xtask_lib::cmd;
 
 use super::fetch::Unpacked;
-use kube_testenv::cmd;
 
 /// Builds (or reuses) the initramfs for `k` from `busybox`, the `modules` `/init` loads
 /// before it can mount the host's root, and `init`; returns its path.

@@ -31,10 +31,9 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use serde_json::{Value, json};
 
-use kube_testenv::{cmd, workspace};
-
 pub use catalog::KERNELS;
 pub use summary::Counts;
+use xtask_lib::{cmd, workspace};
 
 /// The privileged test binary (`test/integration-test/tests/privileged.rs`), which a VM
 /// runs.

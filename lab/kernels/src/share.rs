@@ -12,8 +12,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-
-use kube_testenv::cmd;
+use xtask_lib::cmd;
 
 /// The transport of the host's root.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

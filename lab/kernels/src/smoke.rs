@@ -6,8 +6,7 @@ use std::path::Path;
 
 use anyhow::{Result, bail};
 use serde_json::Value;
-
-use kube_testenv::workspace;
+use xtask_lib::workspace;
 
 use crate::{Build, arch::Cross, guest};
 

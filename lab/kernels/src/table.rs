@@ -6,9 +6,9 @@ use std::path::Path;
 
 use anyhow::{Context as _, Result, bail};
 use serde_json::Value;
+use xtask_lib::workspace;
 
 use super::{KERNELS, results_dir};
-use kube_testenv::workspace;
 
 const START: &str = "<!-- kernel-table:start (cargo xtask kernel-table) -->";
 const END: &str = "<!-- kernel-table:end -->";

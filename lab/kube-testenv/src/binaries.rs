@@ -8,8 +8,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-
-use crate::cmd;
+use xtask_lib::cmd;
 
 /// The Kubernetes release the API server is built from.
 pub const KUBE_VERSION: &str = "v1.35.4";

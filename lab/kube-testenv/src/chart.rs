@@ -27,7 +27,7 @@ pub const HEADER: &str = "# Rendered from deploy/chart/bypass-agent with deploy/
 /// release the tests run ([`crate::KUBE_VERSION`]; alone, `helm template` assumes
 /// v1.20.0, which the chart's `kubeVersion` refuses).
 pub fn render(helm: &Path, repo: &Path) -> Result<String> {
-    crate::cmd::output_named(
+    xtask_lib::cmd::output_named(
         Command::new(helm)
             .args(["template", RELEASE])
             .arg(repo.join(CHART))

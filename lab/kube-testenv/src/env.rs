@@ -9,8 +9,9 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
+use xtask_lib::http;
 
-use crate::{Binaries, ca, ensure_binaries, http, service_account_key, signed};
+use crate::{Binaries, ca, ensure_binaries, service_account_key, signed};
 
 /// How long to wait for the API server to answer `/readyz`: a net ([`crate::NET`]).
 pub const READY_TIMEOUT: Duration = crate::NET;

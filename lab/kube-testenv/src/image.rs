@@ -12,8 +12,9 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
+use xtask_lib::{cmd, workspace};
 
-use crate::{cmd, oci, workspace};
+use crate::oci;
 
 /// The version the images are tagged with (the workspace's).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -65,7 +65,7 @@ impl Kubectl {
 
     /// Runs `kubectl args`; its stdout, or an error with its stderr.
     pub fn run(&self, args: &[&str]) -> Result<String> {
-        crate::cmd::output_named(
+        xtask_lib::cmd::output_named(
             self.cmd().args(args),
             &format!("kubectl {}", args.join(" ")),
         )

@@ -1,5 +1,5 @@
 //! The Kubernetes lab: the one-node cluster, the API-server test env and the offline
-//! images, with the command runner xtask, the testbed and the lab crates share.
+//! images.
 //!
 //! A real kube-apiserver with its etcd on loopback, for `cargo xtask kube-env up|down`
 //! and for the agent's Kubernetes tests. Both binaries are built once from the Go module
@@ -13,29 +13,21 @@
 //! of `deploy/` on it ([`deploy`]), and polling until a check passes ([`wait_for`]),
 //! shared by xtask, the cluster tests and the bench.
 //!
-//! [`http`]: one GET with hyper's HTTP/1 client, plain or over TLS, for the API server
-//! and for the agent's metrics server in the tests. [`cmd`]: runs child processes and
-//! names the command in every failure. [`workspace`]: the workspace root and target
-//! directory.
-//!
-//! Only `std`, `anyhow`, `serde_json`, `nix`, bypass-common's std helpers and that HTTP
-//! client (hyper, tokio, rustls with ring), so xtask (which installs the eBPF toolchain
-//! the other crates need) and the tests can use it cheaply.
+//! Only `std`, `anyhow`, `serde_json`, `nix`, bypass-common's std helpers and
+//! `xtask-lib` (the command runner, the workspace's paths, one HTTP GET), so xtask (which
+//! installs the eBPF toolchain the other crates need) and the tests can use it cheaply.
 
 mod binaries;
 pub mod chart;
 pub mod cluster;
-pub mod cmd;
 pub mod deploy;
 mod env;
-pub mod http;
 pub mod image;
 mod kubectl;
 pub mod oci;
 mod pki;
 mod state;
 mod wait;
-pub mod workspace;
 
 pub use binaries::{
     Binaries, KUBE_VERSION, STAGING_VERSION, build_go_mod, build_stamped, cache_dir,
@@ -46,3 +38,6 @@ pub use kubectl::{KUBECONFIG_ENV, KUBECTL_ENV, Kubectl, env_path, veth_bytes};
 pub use pki::{ca, service_account_key, signed};
 pub use state::{default_dir, down, up};
 pub use wait::{NET, retry, wait_for};
+// Only for test/integration-test/tests (`kube_testenv::cmd::output_named`,
+// `kube_testenv::workspace::*_AGENT_COMMIT`) until they name `xtask_lib`.
+pub use xtask_lib::{cmd, workspace};

@@ -10,8 +10,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
 use serde_json::{Value, json};
-
-use crate::cmd;
+use xtask_lib::cmd;
 
 /// `application/vnd.oci.image.index.v1+json`.
 pub const INDEX: &str = "application/vnd.oci.image.index.v1+json";

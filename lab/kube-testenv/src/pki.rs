@@ -3,8 +3,7 @@
 use std::{path::Path, process::Command};
 
 use anyhow::{Context as _, Result};
-
-use crate::cmd;
+use xtask_lib::cmd;
 
 fn openssl(dir: &Path, args: &[&str]) -> Result<()> {
     cmd::output_named(

@@ -41,7 +41,7 @@ pub fn agent_bin() -> PathBuf {
     }
 }
 
-/// The agent of `commit` (one of [`kube_testenv::workspace::PREVIOUS_AGENTS`]), which
+/// The agent of `commit` (one of [`xtask_lib::workspace::PREVIOUS_AGENTS`]), which
 /// the upgrade tests switch to and from: `$BYPASS_PREVIOUS_AGENT_BIN_<commit>` (the
 /// commit's first 7 characters), else where `cargo xtask test` builds it, under the
 /// target directory the running test binary is in (`<target>/debug/deps/`).
@@ -57,7 +57,7 @@ pub fn previous_agent_bin(commit: &str) -> Result<PathBuf> {
         target.pop();
     }
     target.pop();
-    let bin = kube_testenv::workspace::previous_agent_bin(&target, commit);
+    let bin = xtask_lib::workspace::previous_agent_bin(&target, commit);
     ensure!(
         bin.is_file(),
         "no agent of {commit} at {} (`cargo xtask test` builds it; or set \
@@ -482,7 +482,7 @@ pub fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
 /// `GET path` on a metrics server at `addr` (the agent of `deploy/` listens on the node's
 /// address): status code and body. Fails past [`HTTP_TIMEOUT`].
 pub fn http_get_at(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
-    kube_testenv::http::get(addr, path, HTTP_TIMEOUT)
+    xtask_lib::http::get(addr, path, HTTP_TIMEOUT)
 }
 
 /// The value of one series on `/metrics`, e.g. `bypass_reconcile_errors_total{kind="watch"}`.

@@ -12,8 +12,9 @@
 use std::net::{IpAddr, SocketAddr};
 
 use anyhow::{Context as _, Result};
+use xtask_lib::cmd;
 
-use crate::{cmd, netns::Netns};
+use crate::netns::Netns;
 
 /// Which of `iptables` / `ip6tables`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -51,8 +51,7 @@ pub mod topology;
 
 pub use agent::{Agent, AgentExit, AgentOpts, AgentStatus, KernelProbe, kernel_probe};
 pub use cgroup::CgroupGuard;
-/// The command runner (`ip`, helper tools): kube-testenv's, the one xtask and the lab share.
-pub use kube_testenv::cmd;
+// Only for test/integration-test/tests (`testbed::cmd::ip`) until they name `xtask_lib`.
 pub use link::{Bridge, LinkCounters, Veth};
 pub use netns::Netns;
 pub use peer::Report;
@@ -61,3 +60,5 @@ pub use proxy::{Proxy, ProxyOpts};
 pub use require::preflight;
 pub use spawn::{Place, PodChild, spawn_in, spawn_in_on_cpus};
 pub use topology::{Pod, Sandbox, TwoPods};
+#[doc(hidden)]
+pub use xtask_lib::cmd;

@@ -4,8 +4,9 @@
 use std::path::Path;
 
 use anyhow::{Context as _, Result};
+use xtask_lib::cmd;
 
-use crate::{cmd, netns::Netns};
+use crate::netns::Netns;
 
 /// A Linux bridge in the host namespace, deleted on drop. No address: pods talk to
 /// each other through it at layer 2, nothing is routed by the host.

@@ -3,8 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
-
-use crate::cmd;
+use xtask_lib::cmd;
 
 /// A network namespace under /run/netns. Processes still inside keep it alive after
 /// the drop; kill them first ([`crate::CgroupGuard`] does).

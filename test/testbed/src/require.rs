@@ -3,8 +3,9 @@
 //! `CI=true`, where they fail it.
 
 use anyhow::{Result, bail};
+use xtask_lib::cmd;
 
-use crate::{agent::agent_bin, cgroup::cgroup2_mount, cmd};
+use crate::{agent::agent_bin, cgroup::cgroup2_mount};
 
 /// Whether we run under CI (`CI=true`, any case, or `CI=1`).
 pub fn in_ci() -> bool {

@@ -6,7 +6,7 @@
 use std::{path::PathBuf, process::Command};
 
 use anyhow::{Context as _, Result, bail};
-pub use kube_testenv::workspace::{TEST_TOOL, TEST_TOOL_ENV};
+use xtask_lib::workspace::{TEST_TOOL, TEST_TOOL_ENV};
 
 /// The test tool: `$BYPASS_TEST_TOOL_BIN` if set, else `bypass-test-tool` beside the
 /// running executable.

@@ -160,7 +160,7 @@ impl Sandbox {
     pub fn ip(&self, args: &[&str]) -> Result<String> {
         match &self.netns {
             Some(ns) => ns.ip(args),
-            None => crate::cmd::ip(args),
+            None => xtask_lib::cmd::ip(args),
         }
     }
 }

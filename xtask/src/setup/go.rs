@@ -10,8 +10,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, anyhow, bail};
-
-use kube_testenv::cmd;
+use xtask_lib::cmd;
 
 /// The oldest Go that builds the pinned Kubernetes release (its `go.mod` says `go 1.25.0`).
 pub const MIN: GoVersion = GoVersion(1, 25, 0);

@@ -8,9 +8,9 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, anyhow, bail};
+use xtask_lib::cmd;
 
 use super::toolchain::Toolchain;
-use kube_testenv::cmd;
 
 /// The bpf-linker release we build; 0.13 is the newest that supports LLVM 22 (rustc 1.95).
 pub const VERSION: &str = "0.13.0";

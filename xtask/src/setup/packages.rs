@@ -3,8 +3,7 @@
 use std::process::Command;
 
 use anyhow::{Result, bail};
-
-use kube_testenv::cmd;
+use xtask_lib::cmd;
 
 /// Each package the project needs, with what it is for.
 pub const PACKAGES: &[(&str, &str)] = &[

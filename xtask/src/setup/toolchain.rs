@@ -3,9 +3,7 @@
 use std::{path::PathBuf, process::Command};
 
 use anyhow::{Result, bail};
-
-use crate::workspace::ToolchainSpec;
-use kube_testenv::cmd;
+use xtask_lib::{cmd, workspace::ToolchainSpec};
 
 /// An installed toolchain.
 pub struct Toolchain {

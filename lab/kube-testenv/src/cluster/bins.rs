@@ -10,8 +10,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-
-use crate::cmd;
+use xtask_lib::cmd;
 
 /// The components built here besides `kube-env`'s two, by command package.
 pub const COMPONENTS: [&str; 5] = [

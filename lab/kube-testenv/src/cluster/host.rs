@@ -10,9 +10,9 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use bypass_common::mountinfo::mounts;
+use xtask_lib::cmd;
 
 use super::config::{BRIDGE, NODE_IP, NODE_IP6, NODE_LINK};
-use crate::cmd;
 
 const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
 

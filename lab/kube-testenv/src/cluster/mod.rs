@@ -21,8 +21,9 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
+use xtask_lib::cmd;
 
-use crate::{cmd, wait_for};
+use crate::wait_for;
 use cgroups::CgroupLayout;
 use config::{Layout, NODE_IP, NODE_NAME};
 
@@ -548,7 +549,7 @@ fn kill_by_cmdline(name: &str, arg: &str) -> Result<()> {
 
 /// `bypass-agent uninstall` on the DaemonSet's pin directory, with the release binary.
 fn uninstall_agent_pins() -> Result<()> {
-    let agent = crate::workspace::target_dir()?.join("release/bypass-agent");
+    let agent = xtask_lib::workspace::target_dir()?.join("release/bypass-agent");
     if !agent.is_file() {
         bail!(
             "{AGENT_PIN_DIR} holds pins and {} is missing: build it (`cargo xtask build`) and run `bypass-agent uninstall --pin-dir {AGENT_PIN_DIR}`",

@@ -17,7 +17,7 @@ use nix::{
     },
 };
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
-use testbed::cmd;
+use xtask_lib::cmd;
 
 /// Root of the new user namespace is this uid (and gid) outside, with the
 /// [`ID_RANGE`] after it: an unprivileged user, as a pod with user namespaces gets.

@@ -1,5 +1,5 @@
 //! One `GET` with hyper's HTTP/1 client, plain or over TLS, for blocking callers: the
-//! API server's `/readyz` as admin ([`crate::KubeEnv::get`]) and the agent's metrics
+//! API server's `/readyz` as admin (`kube_testenv::KubeEnv::get`) and the agent's metrics
 //! server (the tests). Each call runs on its own current-thread tokio runtime.
 
 use std::{future::Future, net::SocketAddr, path::Path, sync::Arc, time::Duration};
