@@ -1,7 +1,6 @@
 //! [`KubeEnv`]: an API server and its etcd, running until dropped.
 
 use std::{
-    fmt::Write as _,
     net::{Ipv4Addr, SocketAddr, TcpListener},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -11,7 +10,10 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use xtask_lib::http;
 
-use crate::{Binaries, ca, ensure_binaries, service_account_key, signed};
+use crate::{
+    Binaries, ca, client_cert, cluster::procs::tail, ensure_binaries, kubeconfig,
+    service_account_key, signed,
+};
 
 /// How long to wait for the API server to answer `/readyz`: a net ([`crate::NET`]).
 pub const READY_TIMEOUT: Duration = crate::NET;
@@ -20,7 +22,7 @@ pub const READY_TIMEOUT: Duration = crate::NET;
 pub const GET_TIMEOUT: Duration = crate::NET;
 
 /// A free TCP port on 127.0.0.1 (free when asked; the caller binds it soon after).
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     let l = TcpListener::bind("127.0.0.1:0").context("find a free port on 127.0.0.1")?;
     Ok(l.local_addr()?.port())
 }
@@ -94,25 +96,7 @@ impl KubeEnv {
             &["subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc"],
         )?;
         service_account_key(&pki)?;
-        self.client_cert("admin", &["system:masters"])
-    }
-
-    /// A client certificate `<user>.crt`/`<user>.key` for `user` in `groups`.
-    fn client_cert(&self, user: &str, groups: &[&str]) -> Result<()> {
-        let mut subj = format!("/CN={user}");
-        for g in groups {
-            let _ = write!(subj, "/O={g}");
-        }
-        // With extensions, so the certificate is X.509 v3 (rustls refuses v1).
-        signed(
-            &self.pki(),
-            user,
-            &subj,
-            &[
-                "extendedKeyUsage=clientAuth",
-                "keyUsage=critical,digitalSignature,keyEncipherment",
-            ],
-        )
+        client_cert(&pki, "admin", "admin", &["system:masters"])
     }
 
     fn write_kubeconfig(&self, user: &str, path: &Path) -> Result<()> {
@@ -120,20 +104,14 @@ impl KubeEnv {
     }
 
     fn write_kubeconfig_for(&self, server: &str, user: &str, path: &Path) -> Result<()> {
-        let pki = self.pki();
-        let text = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: bypass-test\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\nusers:\n- name: {user}\n  user:\n    client-certificate: {crt}\n    client-key: {key}\ncontexts:\n- name: {user}@bypass-test\n  context:\n    cluster: bypass-test\n    user: {user}\ncurrent-context: {user}@bypass-test\n",
-            ca = pki.join("ca.crt").display(),
-            crt = pki.join(format!("{user}.crt")).display(),
-            key = pki.join(format!("{user}.key")).display(),
-        );
+        let text = kubeconfig("bypass-test", server, &self.pki(), user);
         std::fs::write(path, text).with_context(|| format!("write {}", path.display()))
     }
 
     /// A kubeconfig for a certificate user `user` in `groups` (RBAC decides what it may
     /// do), e.g. to run the agent with exactly the permissions of `deploy/`.
     pub fn user_kubeconfig(&self, user: &str, groups: &[&str]) -> Result<PathBuf> {
-        self.client_cert(user, groups)?;
+        client_cert(&self.pki(), user, user, groups)?;
         let path = self.dir.join(format!("{user}.kubeconfig"));
         self.write_kubeconfig(user, &path)?;
         Ok(path)
@@ -157,20 +135,7 @@ impl KubeEnv {
     }
 
     fn start_etcd(&mut self) -> Result<()> {
-        let peer = free_port()?;
-        let client = format!("http://127.0.0.1:{}", self.etcd_port);
-        let peer = format!("http://127.0.0.1:{peer}");
-        let args = [
-            "--name=bypass-test".to_owned(),
-            format!("--data-dir={}", self.dir.join("etcd").display()),
-            format!("--listen-client-urls={client}"),
-            format!("--advertise-client-urls={client}"),
-            format!("--listen-peer-urls={peer}"),
-            format!("--initial-advertise-peer-urls={peer}"),
-            format!("--initial-cluster=bypass-test={peer}"),
-            "--unsafe-no-fsync=true".to_owned(),
-            "--log-level=warn".to_owned(),
-        ];
+        let args = etcd_args("bypass-test", &self.dir.join("etcd"), self.etcd_port)?;
         let etcd = self.bins.etcd.clone();
         self.etcd = Some(self.spawn_logged(&etcd, &args, "etcd.log")?);
         Ok(())
@@ -206,28 +171,13 @@ impl KubeEnv {
     }
 
     fn apiserver_args(&self, port: u16) -> Vec<String> {
-        let pki = self.pki();
-        let p = |f: &str| pki.join(f).display().to_string();
-        let args = [
-            format!("--etcd-servers=http://127.0.0.1:{}", self.etcd_port),
-            "--bind-address=127.0.0.1".to_owned(),
-            "--advertise-address=127.0.0.1".to_owned(),
-            format!("--secure-port={port}"),
-            format!("--cert-dir={}", p("")),
-            format!("--tls-cert-file={}", p("server.crt")),
-            format!("--tls-private-key-file={}", p("server.key")),
-            format!("--client-ca-file={}", p("ca.crt")),
-            format!("--service-account-key-file={}", p("sa.pub")),
-            format!("--service-account-signing-key-file={}", p("sa.key")),
-            "--service-account-issuer=https://kubernetes.default.svc".to_owned(),
+        let etcd = format!("http://127.0.0.1:{}", self.etcd_port);
+        let mut args = api_server_args(&etcd, "127.0.0.1", port, &self.pki(), "server");
+        args.extend([
             "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
-            "--authorization-mode=RBAC".to_owned(),
-            "--allow-privileged=true".to_owned(),
             "--endpoint-reconciler-type=none".to_owned(),
-            "--enable-priority-and-fairness=false".to_owned(),
-            "--profiling=false".to_owned(),
-        ];
-        args.to_vec()
+        ]);
+        args
     }
 
     /// Stops the API server (etcd keeps the data): the "API server went away" case.
@@ -251,7 +201,7 @@ impl KubeEnv {
             {
                 bail!(
                     "kube-apiserver exited ({status}) before it was ready; log: {}",
-                    tail(&self.dir.join("kube-apiserver.log"))
+                    tail(&self.dir.join("kube-apiserver.log"), 15)
                 );
             }
             if let Ok((200, _)) = self.get_on(port, "/readyz") {
@@ -260,7 +210,7 @@ impl KubeEnv {
             if Instant::now() > deadline {
                 bail!(
                     "kube-apiserver not ready within {READY_TIMEOUT:?}; log: {}",
-                    tail(&self.dir.join("kube-apiserver.log"))
+                    tail(&self.dir.join("kube-apiserver.log"), 15)
                 );
             }
             std::thread::sleep(Duration::from_millis(250));
@@ -336,9 +286,76 @@ fn terminate(child: &mut Child) -> Result<()> {
     Ok(())
 }
 
-/// The last lines of a log, for error messages.
-fn tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(15)..].join("\n")
+/// etcd's flags for a one-member cluster `name` with its data in `data_dir`, clients on
+/// 127.0.0.1:`client_port` and its peer URL on a free port.
+pub(crate) fn etcd_args(name: &str, data_dir: &Path, client_port: u16) -> Result<Vec<String>> {
+    let client = format!("http://127.0.0.1:{client_port}");
+    let peer = format!("http://127.0.0.1:{}", free_port()?);
+    Ok(vec![
+        format!("--name={name}"),
+        format!("--data-dir={}", data_dir.display()),
+        format!("--listen-client-urls={client}"),
+        format!("--advertise-client-urls={client}"),
+        format!("--listen-peer-urls={peer}"),
+        format!("--initial-advertise-peer-urls={peer}"),
+        format!("--initial-cluster={name}={peer}"),
+        "--unsafe-no-fsync=true".to_owned(),
+        "--log-level=warn".to_owned(),
+    ])
+}
+
+/// kube-apiserver's flags that the test env and the cluster share: etcd at `etcd`,
+/// serving on `address:port` with `<cert>.crt`/`<cert>.key` of `pki`, clients by its CA,
+/// service accounts by its `sa` key pair, RBAC; each adds its Service range and more.
+pub(crate) fn api_server_args(
+    etcd: &str,
+    address: &str,
+    port: u16,
+    pki: &Path,
+    cert: &str,
+) -> Vec<String> {
+    let p = |f: &str| pki.join(f).display().to_string();
+    vec![
+        format!("--etcd-servers={etcd}"),
+        format!("--bind-address={address}"),
+        format!("--advertise-address={address}"),
+        format!("--secure-port={port}"),
+        format!("--cert-dir={}", p("")),
+        format!("--tls-cert-file={}", p(&format!("{cert}.crt"))),
+        format!("--tls-private-key-file={}", p(&format!("{cert}.key"))),
+        format!("--client-ca-file={}", p("ca.crt")),
+        format!("--service-account-key-file={}", p("sa.pub")),
+        format!("--service-account-signing-key-file={}", p("sa.key")),
+        "--service-account-issuer=https://kubernetes.default.svc".to_owned(),
+        "--authorization-mode=RBAC".to_owned(),
+        "--allow-privileged=true".to_owned(),
+        "--enable-priority-and-fairness=false".to_owned(),
+        "--profiling=false".to_owned(),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_flags_name_the_pki_files_and_the_member() {
+        let api = api_server_args("http://e:1", "10.0.0.1", 6443, Path::new("/p"), "apiserver");
+        assert!(api.contains(&"--tls-cert-file=/p/apiserver.crt".to_owned()));
+        assert!(api.contains(&"--tls-private-key-file=/p/apiserver.key".to_owned()));
+        assert!(api.contains(&"--advertise-address=10.0.0.1".to_owned()));
+        let etcd = etcd_args("m", Path::new("/d"), 2379).unwrap();
+        assert!(etcd.contains(&"--advertise-client-urls=http://127.0.0.1:2379".to_owned()));
+        assert!(
+            etcd.iter()
+                .any(|a| a.starts_with("--initial-cluster=m=http://127.0.0.1:"))
+        );
+    }
+
+    #[test]
+    fn kubeconfig_names_its_cluster_and_the_users_files() {
+        let k = kubeconfig("c", "https://s", Path::new("/p"), "u");
+        assert!(k.contains("current-context: u@c\n"), "{k}");
+        assert!(k.contains("client-key: /p/u.key\n") && k.contains("server: https://s\n"));
+    }
 }

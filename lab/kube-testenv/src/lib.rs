@@ -35,7 +35,7 @@ pub use binaries::{
 };
 pub use env::{GET_TIMEOUT, KubeEnv, READY_TIMEOUT};
 pub use kubectl::{KUBECONFIG_ENV, KUBECTL_ENV, Kubectl, env_path, veth_bytes};
-pub use pki::{ca, service_account_key, signed};
+pub use pki::{ca, client_cert, kubeconfig, service_account_key, signed};
 pub use state::{default_dir, down, up};
 pub use wait::{NET, retry, wait_for};
 // Only for test/integration-test/tests (`kube_testenv::cmd::output_named`,

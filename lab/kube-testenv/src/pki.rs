@@ -1,4 +1,5 @@
-//! Certificates and keys for the API server, made with `openssl`.
+//! Certificates and keys for the API server, made with `openssl`, and the kubeconfig
+//! that presents a client certificate; for the test env and the one-node cluster.
 
 use std::{path::Path, process::Command};
 
@@ -67,5 +68,33 @@ pub fn signed(dir: &Path, name: &str, subj: &str, ext: &[&str]) -> Result<()> {
             "-copy_extensions",
             "copy",
         ],
+    )
+}
+
+/// A client certificate `<name>.crt`/`<name>.key` in `dir` for the user `cn` in `groups`:
+/// with extensions, so it is X.509 v3 (rustls refuses v1), client usage.
+pub fn client_cert(dir: &Path, name: &str, cn: &str, groups: &[&str]) -> Result<()> {
+    let subj = groups
+        .iter()
+        .fold(format!("/CN={cn}"), |subj, g| subj + "/O=" + g);
+    signed(
+        dir,
+        name,
+        &subj,
+        &[
+            "extendedKeyUsage=clientAuth",
+            "keyUsage=critical,digitalSignature,keyEncipherment",
+        ],
+    )
+}
+
+/// A kubeconfig of the cluster `cluster` at `server` for the client certificate
+/// `<user>.crt` in `pki`.
+pub fn kubeconfig(cluster: &str, server: &str, pki: &Path, user: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: {cluster}\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\nusers:\n- name: {user}\n  user:\n    client-certificate: {crt}\n    client-key: {key}\ncontexts:\n- name: {user}@{cluster}\n  context:\n    cluster: {cluster}\n    user: {user}\ncurrent-context: {user}@{cluster}\n",
+        ca = pki.join("ca.crt").display(),
+        crt = pki.join(format!("{user}.crt")).display(),
+        key = pki.join(format!("{user}.key")).display(),
     )
 }

@@ -1,5 +1,5 @@
 //! Pure: the configuration files of the one-node cluster (containerd, the CNI network,
-//! kubelet, kube-proxy, kubeconfigs) from its [`Layout`], so they are unit-tested.
+//! kubelet, kube-proxy) from its [`Layout`], so they are unit-tested.
 
 use std::path::{Path, PathBuf};
 
@@ -299,16 +299,6 @@ plugins:
 /// `status.hostIP` says).
 pub fn node_ips() -> String {
     format!("{NODE_IP},{NODE_IP6}")
-}
-
-/// A kubeconfig for a client certificate `<user>.crt` in `pki`.
-pub fn kubeconfig(server: &str, pki: &Path, user: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: bypass-cluster\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\nusers:\n- name: {user}\n  user:\n    client-certificate: {crt}\n    client-key: {key}\ncontexts:\n- name: {user}@bypass-cluster\n  context:\n    cluster: bypass-cluster\n    user: {user}\ncurrent-context: {user}@bypass-cluster\n",
-        ca = pki.join("ca.crt").display(),
-        crt = pki.join(format!("{user}.crt")).display(),
-        key = pki.join(format!("{user}.key")).display(),
-    )
 }
 
 /// `https://NODE_IP:API_PORT`.

@@ -14,7 +14,6 @@ pub mod pki;
 pub mod procs;
 
 use std::{
-    net::TcpListener,
     path::{Path, PathBuf},
     process::Command,
     time::Duration,
@@ -23,18 +22,15 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use xtask_lib::cmd;
 
-use crate::wait_for;
+use crate::{
+    env::{api_server_args, etcd_args, free_port},
+    wait_for,
+};
 use cgroups::CgroupLayout;
 use config::{Layout, NODE_IP, NODE_NAME};
 
 /// The pin directory of `deploy/`'s DaemonSet: `down` removes what an agent left there.
 pub const AGENT_PIN_DIR: &str = "/sys/fs/bpf/bypass";
-
-/// A free TCP port on 127.0.0.1.
-fn free_port() -> Result<u16> {
-    let l = TcpListener::bind("127.0.0.1:0").context("find a free port on 127.0.0.1")?;
-    Ok(l.local_addr()?.port())
-}
 
 /// `kubectl` of the cluster's version with the admin kubeconfig.
 pub fn kubectl(layout: &Layout) -> Result<Command> {
@@ -138,7 +134,12 @@ fn write_credentials(layout: &Layout) -> Result<PathBuf> {
     let admin = layout.admin_kubeconfig();
     std::fs::write(
         &admin,
-        config::kubeconfig(&config::api_server_url(), &layout.pki(), "admin"),
+        crate::kubeconfig(
+            "bypass-cluster",
+            &config::api_server_url(),
+            &layout.pki(),
+            "admin",
+        ),
     )?;
     Ok(admin)
 }
@@ -150,27 +151,16 @@ fn pki_file(layout: &Layout, f: &str) -> String {
 
 /// Step of [`up`]: etcd on two free ports; returns its client URL.
 fn start_etcd(layout: &Layout, bins: &bins::Bins) -> Result<String> {
-    let (etcd_client, etcd_peer) = (free_port()?, free_port()?);
-    let client = format!("http://127.0.0.1:{etcd_client}");
-    let peer = format!("http://127.0.0.1:{etcd_peer}");
+    let port = free_port()?;
+    let args = etcd_args("bypass-cluster", &layout.var.join("etcd"), port)?;
     procs::spawn(
         "etcd",
         &bins.get("etcd"),
-        &[
-            "--name=bypass-cluster".into(),
-            format!("--data-dir={}", layout.var.join("etcd").display()),
-            format!("--listen-client-urls={client}"),
-            format!("--advertise-client-urls={client}"),
-            format!("--listen-peer-urls={peer}"),
-            format!("--initial-advertise-peer-urls={peer}"),
-            format!("--initial-cluster=bypass-cluster={peer}"),
-            "--unsafe-no-fsync=true".into(),
-            "--log-level=warn".into(),
-        ],
+        &args,
         &layout.logs(),
         &layout.pids(),
     )?;
-    Ok(client)
+    Ok(format!("http://127.0.0.1:{port}"))
 }
 
 /// Step of [`up`]: kube-apiserver on the node address, on etcd at `etcd`; returns once
@@ -178,40 +168,22 @@ fn start_etcd(layout: &Layout, bins: &bins::Bins) -> Result<String> {
 fn start_api_server(layout: &Layout, bins: &bins::Bins, etcd: &str) -> Result<()> {
     let p = |f: &str| pki_file(layout, f);
     let logs = layout.logs();
-    procs::spawn(
-        "kube-apiserver",
-        &bins.get("kube-apiserver"),
-        &[
-            format!("--etcd-servers={etcd}"),
-            format!("--bind-address={NODE_IP}"),
-            format!("--advertise-address={NODE_IP}"),
-            format!("--secure-port={}", config::API_PORT),
-            format!("--cert-dir={}", p("")),
-            format!("--tls-cert-file={}", p("apiserver.crt")),
-            format!("--tls-private-key-file={}", p("apiserver.key")),
-            format!("--client-ca-file={}", p("ca.crt")),
-            format!(
-                "--kubelet-client-certificate={}",
-                p("apiserver-kubelet-client.crt")
-            ),
-            format!("--kubelet-client-key={}", p("apiserver-kubelet-client.key")),
-            format!("--service-account-key-file={}", p("sa.pub")),
-            format!("--service-account-signing-key-file={}", p("sa.key")),
-            "--service-account-issuer=https://kubernetes.default.svc".into(),
-            format!("--service-cluster-ip-range={}", config::SERVICE_CIDR),
-            "--authorization-mode=RBAC".into(),
-            format!(
-                "--admission-control-config-file={}",
-                layout.admission_config().display()
-            ),
-            "--allow-privileged=true".into(),
-            "--enable-priority-and-fairness=false".into(),
-            "--kubelet-preferred-address-types=InternalIP".into(),
-            "--profiling=false".into(),
-        ],
-        &logs,
-        &layout.pids(),
-    )?;
+    let mut args = api_server_args(etcd, NODE_IP, config::API_PORT, &layout.pki(), "apiserver");
+    args.extend([
+        format!("--service-cluster-ip-range={}", config::SERVICE_CIDR),
+        format!(
+            "--kubelet-client-certificate={}",
+            p("apiserver-kubelet-client.crt")
+        ),
+        format!("--kubelet-client-key={}", p("apiserver-kubelet-client.key")),
+        format!(
+            "--admission-control-config-file={}",
+            layout.admission_config().display()
+        ),
+        "--kubelet-preferred-address-types=InternalIP".into(),
+    ]);
+    let api_server = bins.get("kube-apiserver");
+    procs::spawn("kube-apiserver", &api_server, &args, &logs, &layout.pids())?;
     wait_for(
         "kube-apiserver /readyz",
         crate::wait::NET,

@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::Result;
 
 use super::config::{KUBERNETES_SERVICE_IP, NODE_IP, NODE_NAME};
-use crate::{ca, service_account_key, signed};
+use crate::{ca, client_cert, service_account_key, signed};
 
 /// Makes every certificate under `dir` (which must exist).
 pub fn make(dir: &Path) -> Result<()> {
@@ -30,17 +30,12 @@ pub fn make(dir: &Path) -> Result<()> {
         &format!("/CN={NODE_NAME}"),
         &[&kubelet_san, "extendedKeyUsage=serverAuth"],
     )?;
-    // Client certificates: X.509 v3 (rustls refuses v1), client usage.
-    let client = [
-        "extendedKeyUsage=clientAuth",
-        "keyUsage=critical,digitalSignature,keyEncipherment",
-    ];
-    signed(dir, "admin", "/CN=admin/O=system:masters", &client)?;
-    signed(
+    client_cert(dir, "admin", "admin", &["system:masters"])?;
+    client_cert(
         dir,
         "apiserver-kubelet-client",
-        "/CN=kube-apiserver-kubelet-client/O=system:masters",
-        &client,
+        "kube-apiserver-kubelet-client",
+        &["system:masters"],
     )?;
     service_account_key(dir)
 }
