@@ -16,8 +16,7 @@
 
 use std::{path::Path, process::Command};
 
-use anyhow::{Context as _, Result, bail};
-use kube_testenv::cluster;
+use anyhow::{Result, bail};
 use xtask_lib::{cmd, workspace};
 
 use crate::{build, image, setup};
@@ -133,40 +132,13 @@ pub fn bench_command(tools: &setup::Tools, agent: &Path) -> Result<Command> {
     Ok(cargo)
 }
 
-/// Runs `bench` (the bench's cargo command) against the one-node cluster: up if it is
-/// not (and down afterwards, whatever the bench's outcome), the agent and test images
-/// loaded, `kubectl` and the admin kubeconfig in the bench's environment.
+/// Runs `bench` (the bench's cargo command) against the one-node cluster
+/// ([`crate::cluster::with_cluster`]).
 fn on_cluster(tools: &setup::Tools, agent: &Path, bench: &mut Command) -> Result<()> {
     if !nix::unistd::geteuid().is_root() {
         bail!(
             "the cluster scenario runs kubelet and containerd: run `cargo xtask bench --scenario cluster` as root"
         );
     }
-    setup::ensure_cluster()?;
-    let layout = cluster::config::Layout::default();
-    let brought_up = if cluster::is_up(&layout) {
-        eprintln!("bench: the cluster is up already; it stays up");
-        false
-    } else {
-        cluster::up(&layout)?;
-        true
-    };
-    let result = (|| -> Result<()> {
-        let test_tool = image::build_test_tool(tools)?;
-        let out = workspace::target_dir()?.join(kube_testenv::image::IMAGES_DIR);
-        for t in kube_testenv::image::build_all(agent, None, &test_tool, &out)? {
-            cluster::import_image(&layout, &t)?;
-        }
-        let bins = cluster::bins::ensure()?;
-        bench
-            .env(kube_testenv::KUBECONFIG_ENV, layout.admin_kubeconfig())
-            .env(kube_testenv::KUBECTL_ENV, bins.get("kubectl"));
-        cmd::run(bench)
-    })();
-    if brought_up {
-        let down = cluster::down(&layout).context("take the cluster down");
-        result?;
-        return down;
-    }
-    result
+    crate::cluster::with_cluster(tools, agent, None, bench, cmd::run)
 }

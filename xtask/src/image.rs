@@ -44,9 +44,7 @@ pub fn run(args: &Args) -> Result<()> {
     if let Some(dir) = &args.oci {
         return build_oci(&tools, &agent, dir);
     }
-    let test_tool = build_test_tool(&tools)?;
-    let out = workspace::target_dir()?.join(IMAGES_DIR);
-    let tarballs = build_all(&agent, None, &test_tool, &out)?;
+    let tarballs = build_images(&tools, &agent, None)?;
     let layout = cluster::config::Layout::default();
     if layout.containerd_socket().exists() {
         for t in &tarballs {
@@ -65,6 +63,18 @@ pub fn run(args: &Args) -> Result<()> {
 /// the bench's mesh scenario runs.
 pub fn build_test_tool(tools: &setup::Tools) -> Result<PathBuf> {
     build::build_test_tool(tools, true)
+}
+
+/// The agent's image of `agent` (and of `earlier`, tagged apart) and the test image with
+/// the test tool built here, as tarballs under the target directory's [`IMAGES_DIR`].
+pub fn build_images(
+    tools: &setup::Tools,
+    agent: &Path,
+    earlier: Option<&Path>,
+) -> Result<Vec<PathBuf>> {
+    let test_tool = build_test_tool(tools)?;
+    let out = workspace::target_dir()?.join(IMAGES_DIR);
+    build_all(agent, earlier, &test_tool, &out)
 }
 
 /// The agent as an OCI image index for amd64 (`agent`, built here) and arm64 (cross

@@ -294,63 +294,44 @@ fn cluster_tests(
     harness: &[String],
     total: &mut Counts,
 ) -> Result<()> {
-    use kube_testenv::cluster;
+    use kube_testenv::cluster::{AGENT_PIN_DIR, bins};
     if !nix::unistd::geteuid().is_root() {
         bail!(
             "the cluster tests run kubelet and containerd: run `cargo xtask test --cluster` as root"
         );
     }
-    setup::ensure_cluster()?;
-    let layout = cluster::config::Layout::default();
-    let started = std::time::Instant::now();
-    let brought_up = if cluster::is_up(&layout) {
-        false
-    } else {
-        cluster::up(&layout)?;
-        true
-    };
-    eprintln!("test: cluster up in {:.0?}", started.elapsed());
-    let result = (|| -> Result<()> {
-        let test_tool = crate::image::build_test_tool(tools)?;
-        // The upgrade and rollback test moves the DaemonSet between this build and an
-        // earlier one of the same layout.
-        let earlier = build::build_previous_agent(tools, workspace::SAME_LAYOUT_AGENT_COMMIT)?;
-        let out = workspace::target_dir()?.join(kube_testenv::image::IMAGES_DIR);
-        for t in kube_testenv::image::build_all(agent, Some(&earlier), &test_tool, &out)? {
-            cluster::import_image(&layout, &t)?;
-        }
-        let bins = cluster::bins::ensure()?;
-        let helm = cluster::bins::ensure_helm()?;
-        let kubeconform = cluster::bins::ensure_kubeconform()?;
-        let promtool = cluster::bins::ensure_promtool()?;
-        let mut cargo = tools.cargo()?;
+    // The upgrade and rollback test moves the DaemonSet between this build and an
+    // earlier one of the same layout.
+    let earlier = build::build_previous_agent(tools, workspace::SAME_LAYOUT_AGENT_COMMIT)?;
+    let mut cargo = tools.cargo()?;
+    cargo
+        .args([
+            "test",
+            "--package",
+            workspace::INTEGRATION_TEST,
+            "--features",
+            "cluster",
+            "--test",
+            "cluster",
+        ])
+        .env("BYPASS_AGENT_BIN", agent)
+        .args(["--", "--test-threads=1"])
+        .args(harness);
+    crate::cluster::with_cluster(tools, agent, Some(&earlier), &mut cargo, |cargo| {
+        // Built after setup::ensure_cluster, which installs the Go they are built with.
         cargo
-            .args([
-                "test",
-                "--package",
-                workspace::INTEGRATION_TEST,
-                "--features",
-                "cluster",
-                "--test",
-                "cluster",
-            ])
-            .env(kube_testenv::KUBECONFIG_ENV, layout.admin_kubeconfig())
-            .env(kube_testenv::KUBECTL_ENV, bins.get("kubectl"))
-            .env("BYPASS_HELM", helm)
-            .env("BYPASS_KUBECONFORM", kubeconform)
-            .env("BYPASS_PROMTOOL", promtool)
-            .env("BYPASS_AGENT_BIN", agent)
-            .args(["--", "--test-threads=1"])
-            .args(harness);
+            .env("BYPASS_HELM", bins::ensure_helm()?)
+            .env("BYPASS_KUBECONFORM", bins::ensure_kubeconform()?)
+            .env("BYPASS_PROMTOOL", bins::ensure_promtool()?);
         let mut counts = Counts::default();
-        let status = run_counting(&mut cargo, &mut counts)?;
+        let status = run_counting(cargo, &mut counts)?;
         println!("test: cluster {counts}");
         *total += counts;
         if !status.success() {
             bail!("cluster tests: {status}");
         }
         // Every test ends with the README's uninstall: nothing of the agent is left.
-        let left: Vec<String> = std::fs::read_dir(cluster::AGENT_PIN_DIR)
+        let left: Vec<String> = std::fs::read_dir(AGENT_PIN_DIR)
             .into_iter()
             .flatten()
             .flatten()
@@ -359,16 +340,12 @@ fn cluster_tests(
         if !left.is_empty() {
             bail!(
                 "the cluster tests left pins in {}: {} (the uninstall did not remove them)",
-                cluster::AGENT_PIN_DIR,
+                AGENT_PIN_DIR,
                 left.join(", ")
             );
         }
         Ok(())
-    })();
-    if brought_up {
-        cluster::down(&layout)?;
-    }
-    result
+    })
 }
 
 /// Where the tests' agents pin (each under its own directory).
