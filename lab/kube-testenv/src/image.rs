@@ -65,12 +65,7 @@ pub fn build_all(
         agents.push((staging, format!("{VERSION}{EARLIER_TAG_SUFFIX}"), "earlier"));
     }
     for (staging, tag, flavour) in agents {
-        let spec = ImageSpec {
-            name: format!("{AGENT_IMAGE}:{tag}"),
-            entrypoint: vec!["/usr/local/bin/bypass-agent".into()],
-            cmd: vec!["run".into()],
-            labels: vec![("dev.bypass.flavour".into(), flavour.into())],
-        };
+        let spec = agent_spec(&tag, vec![("dev.bypass.flavour".into(), flavour.into())]);
         let tar = out.join(format!("{AGENT_IMAGE}-{tag}.tar"));
         docker_archive(&staging, &spec, &tar)?;
         println!("image: {} -> {}", spec.name, tar.display());
@@ -170,12 +165,12 @@ pub fn build_oci(agent: &Path, arm: &CrossAgent<'_>, dir: &Path) -> Result<()> {
         let diff_id = format!("sha256:{}", oci::sha256(&layer)?);
         cmd::output(Command::new("gzip").args(["-n", "-9", "-f"]).arg(&layer))?;
         let layer = layout.adopt(oci::LAYER_GZIP, &layer.with_extension("tar.gz"))?;
-        let config = layout.blob(
-            oci::CONFIG,
-            oci::config(arch_name, &diff_id, VERSION)
-                .to_string()
-                .as_bytes(),
-        )?;
+        let labels = vec![
+            ("org.opencontainers.image.title".into(), AGENT_IMAGE.into()),
+            ("org.opencontainers.image.version".into(), VERSION.into()),
+        ];
+        let config = oci::config(&agent_spec(VERSION, labels), arch_name, &diff_id);
+        let config = layout.blob(oci::CONFIG, config.to_string().as_bytes())?;
         let image = layout.blob(
             oci::MANIFEST,
             oci::image_manifest(&config, &layer).to_string().as_bytes(),
@@ -407,6 +402,16 @@ pub struct ImageSpec {
     pub labels: Vec<(String, String)>,
 }
 
+/// The agent's image `AGENT_IMAGE:tag` with `labels`: it runs `bypass-agent run`.
+fn agent_spec(tag: &str, labels: Vec<(String, String)>) -> ImageSpec {
+    ImageSpec {
+        name: format!("{AGENT_IMAGE}:{tag}"),
+        entrypoint: vec!["/usr/local/bin/bypass-agent".into()],
+        cmd: vec!["run".into()],
+        labels,
+    }
+}
+
 /// The OCI architecture name of this build's target.
 pub fn oci_arch() -> &'static str {
     match std::env::consts::ARCH {
@@ -414,29 +419,6 @@ pub fn oci_arch() -> &'static str {
         "aarch64" => "arm64",
         other => other,
     }
-}
-
-/// The image config JSON (pure): `layer_digest` is the uncompressed layer's sha256.
-pub fn config_json(spec: &ImageSpec, layer_digest: &str) -> String {
-    let labels: serde_json::Map<String, serde_json::Value> = spec
-        .labels
-        .iter()
-        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-        .collect();
-    serde_json::json!({
-        "architecture": oci_arch(),
-        "os": "linux",
-        "created": "1970-01-01T00:00:00Z",
-        "config": {
-            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
-            "Entrypoint": if spec.entrypoint.is_empty() { serde_json::Value::Null } else { spec.entrypoint.clone().into() },
-            "Cmd": spec.cmd,
-            "Labels": labels,
-            "WorkingDir": "/",
-        },
-        "rootfs": { "type": "layers", "diff_ids": [format!("sha256:{layer_digest}")] },
-    })
-    .to_string()
 }
 
 /// The docker-archive `manifest.json` (pure).
@@ -449,14 +431,6 @@ pub fn manifest_json(name: &str, config_digest: &str, layer_digest: &str) -> Str
     .to_string()
 }
 
-fn sha256(path: &Path) -> Result<String> {
-    let out = cmd::output(Command::new("sha256sum").arg(path))?;
-    out.split_whitespace()
-        .next()
-        .map(str::to_owned)
-        .context("sha256sum printed nothing")
-}
-
 /// Packs `rootfs` as one layer into a docker-archive tarball at `out`.
 pub fn docker_archive(rootfs: &Path, spec: &ImageSpec, out: &Path) -> Result<()> {
     let work = out.with_extension("work");
@@ -464,13 +438,13 @@ pub fn docker_archive(rootfs: &Path, spec: &ImageSpec, out: &Path) -> Result<()>
     let layer = work.join("layer.tar");
     // Fixed order, owners and times: the same files make the same layer.
     tar_layer(rootfs, &layer)?;
-    let layer_digest = sha256(&layer)?;
+    let layer_digest = oci::sha256(&layer)?;
     std::fs::create_dir_all(work.join(&layer_digest))?;
     std::fs::rename(&layer, work.join(&layer_digest).join("layer.tar"))?;
-    let config = config_json(spec, &layer_digest);
+    let config = oci::config(spec, oci_arch(), &format!("sha256:{layer_digest}")).to_string();
     let config_path = work.join("config.json");
     std::fs::write(&config_path, &config)?;
-    let config_digest = sha256(&config_path)?;
+    let config_digest = oci::sha256(&config_path)?;
     std::fs::rename(&config_path, work.join(format!("{config_digest}.json")))?;
     std::fs::write(
         work.join("manifest.json"),
@@ -536,18 +510,7 @@ mod tests {
     }
 
     #[test]
-    fn config_and_manifest() {
-        let spec = ImageSpec {
-            name: "bypass-agent:0.1.0".into(),
-            entrypoint: vec!["/usr/local/bin/bypass-agent".into()],
-            cmd: vec!["run".into()],
-            labels: vec![("a".into(), "b".into())],
-        };
-        let c: serde_json::Value = serde_json::from_str(&config_json(&spec, "ab")).unwrap();
-        assert_eq!(c["rootfs"]["diff_ids"][0], "sha256:ab");
-        assert_eq!(c["config"]["Entrypoint"][0], "/usr/local/bin/bypass-agent");
-        assert_eq!(c["config"]["Labels"]["a"], "b");
-        assert_eq!(c["os"], "linux");
+    fn manifest() {
         let m: serde_json::Value = serde_json::from_str(&manifest_json("x:1", "cd", "ab")).unwrap();
         assert_eq!(m[0]["Config"], "cd.json");
         assert_eq!(m[0]["Layers"][0], "ab/layer.tar");

@@ -12,6 +12,8 @@ use anyhow::{Context as _, Result};
 use serde_json::{Value, json};
 use xtask_lib::cmd;
 
+use crate::image::ImageSpec;
+
 /// `application/vnd.oci.image.index.v1+json`.
 pub const INDEX: &str = "application/vnd.oci.image.index.v1+json";
 /// `application/vnd.oci.image.manifest.v1+json`.
@@ -103,20 +105,23 @@ pub fn index(platforms: &[Platform], tag: &str) -> Value {
     })
 }
 
-/// The image config (pure): `diff_id` is the uncompressed layer's `sha256:...`.
-pub fn config(arch: &str, diff_id: &str, version: &str) -> Value {
+/// The image config of `spec` for `arch` (pure), in the OCI layout and the docker
+/// archives alike: `diff_id` is the uncompressed layer's `sha256:...`.
+pub fn config(spec: &ImageSpec, arch: &str, diff_id: &str) -> Value {
+    let labels: serde_json::Map<String, Value> = spec
+        .labels
+        .iter()
+        .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+        .collect();
     json!({
         "architecture": arch,
         "os": "linux",
         "created": "1970-01-01T00:00:00Z",
         "config": {
             "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
-            "Entrypoint": ["/usr/local/bin/bypass-agent"],
-            "Cmd": ["run"],
-            "Labels": {
-                "org.opencontainers.image.title": "bypass-agent",
-                "org.opencontainers.image.version": version,
-            },
+            "Entrypoint": if spec.entrypoint.is_empty() { Value::Null } else { spec.entrypoint.clone().into() },
+            "Cmd": spec.cmd,
+            "Labels": labels,
             "WorkingDir": "/",
         },
         "rootfs": {"type": "layers", "diff_ids": [diff_id]},
@@ -294,10 +299,18 @@ mod tests {
             image_manifest(&d(CONFIG, '1'), &d(LAYER_GZIP, '2'))["layers"][0]["mediaType"],
             LAYER_GZIP
         );
-        assert_eq!(
-            config("arm64", "sha256:x", "0.1.0")["architecture"],
-            "arm64"
-        );
+        let spec = ImageSpec {
+            entrypoint: vec!["/e".into()],
+            labels: vec![("a".into(), "b".into())],
+            ..ImageSpec::default()
+        };
+        let c = config(&spec, "arm64", "sha256:x");
+        assert_eq!(c["architecture"], "arm64");
+        assert_eq!(c["rootfs"]["diff_ids"][0], "sha256:x");
+        assert_eq!(c["config"]["Entrypoint"][0], "/e");
+        assert_eq!(c["config"]["Labels"]["a"], "b");
+        let bare = config(&ImageSpec::default(), "amd64", "sha256:x");
+        assert_eq!(bare["config"]["Entrypoint"], Value::Null);
     }
 
     #[test]
