@@ -67,7 +67,7 @@ fn build_go(module: &Path, out: &Path) -> Result<()> {
         .arg(format!("{}/", out.display()))
         .arg("./cmd/...")
         .current_dir(module)
-        .env("GOMODCACHE", cache_dir()?.join("gomod"))
+        .env("GOMODCACHE", workspace::cache_dir("apps")?.join("gomod"))
         .env("GOFLAGS", "-mod=readonly")
         .env("GOTOOLCHAIN", "local")
         .env("CGO_ENABLED", "0");
@@ -118,14 +118,4 @@ fn files(dir: &Path) -> Result<Vec<PathBuf>> {
     }
     out.sort();
     Ok(out)
-}
-
-/// `${XDG_CACHE_HOME:-~/.cache}/bypass/apps`.
-fn cache_dir() -> Result<PathBuf> {
-    let from_env = |key| std::env::var_os(key).filter(|v| !v.is_empty());
-    from_env("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| from_env("HOME").map(|home| PathBuf::from(home).join(".cache")))
-        .map(|cache| cache.join("bypass/apps"))
-        .context("neither XDG_CACHE_HOME nor HOME is set")
 }

@@ -10,7 +10,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-use xtask_lib::cmd;
+use xtask_lib::{cmd, workspace};
 
 use super::{
     catalog::{self, Kernel, Mirrors},
@@ -32,15 +32,6 @@ pub struct Unpacked {
     pub root: PathBuf,
     /// How the guest sees the host's root, by the kernel's configuration.
     pub share: Share,
-}
-
-/// The cache directory.
-pub fn cache_dir() -> Result<PathBuf> {
-    let home = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .context("neither XDG_CACHE_HOME nor HOME is set")?;
-    Ok(home.join("bypass").join("kernels"))
 }
 
 fn curl(url: &str, to: &Path) -> Result<()> {
@@ -105,7 +96,7 @@ fn unpacked(
     pattern: &str,
     then: impl FnOnce(&Path) -> Result<()>,
 ) -> Result<(catalog::Entry, PathBuf)> {
-    let dir = cache_dir()?.join(arch);
+    let dir = workspace::cache_dir("kernels")?.join(arch);
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     let mirrors = mirrors()?;
     let mut found = Vec::new();

@@ -82,6 +82,20 @@ pub fn root() -> &'static Path {
         .unwrap_or(manifest_dir)
 }
 
+/// `${XDG_CACHE_HOME:-~/.cache}/bypass/<what>`: what is downloaded or built once for
+/// every checkout (Go, the apps' modules, the kernels).
+pub fn cache_dir(what: &str) -> Result<PathBuf> {
+    cache_dir_of(what, |key| std::env::var_os(key))
+}
+
+fn cache_dir_of(what: &str, var: impl Fn(&str) -> Option<OsString>) -> Result<PathBuf> {
+    let set = |key| var(key).filter(|v| !v.is_empty()).map(PathBuf::from);
+    set("XDG_CACHE_HOME")
+        .or_else(|| set("HOME").map(|home| home.join(".cache")))
+        .map(|cache| cache.join("bypass").join(what))
+        .ok_or_else(|| anyhow!("neither XDG_CACHE_HOME nor HOME is set"))
+}
+
 /// The cargo target directory, as `cargo metadata` reports it (honours CARGO_TARGET_DIR
 /// and `.cargo/config.toml`).
 pub fn target_dir() -> Result<PathBuf> {
@@ -197,6 +211,19 @@ mod tests {
     #[test]
     fn rejects_a_file_without_channel() {
         assert!(ToolchainSpec::parse("[toolchain]\nprofile = \"minimal\"\n").is_err());
+    }
+
+    #[test]
+    fn the_cache_is_under_xdg_else_home() {
+        let of = |xdg: &str, home: &str| {
+            cache_dir_of("go", |k| {
+                Some(OsString::from(if k == "HOME" { home } else { xdg }))
+            })
+            .ok()
+        };
+        assert_eq!(of("/x", "/h"), Some(PathBuf::from("/x/bypass/go")));
+        assert_eq!(of("", "/h"), Some(PathBuf::from("/h/.cache/bypass/go")));
+        assert_eq!(of("", ""), None);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, anyhow, bail};
-use xtask_lib::cmd;
+use xtask_lib::{cmd, workspace};
 
 /// The oldest Go that builds the pinned Kubernetes release (its `go.mod` says `go 1.25.0`).
 pub const MIN: GoVersion = GoVersion(1, 25, 0);
@@ -44,7 +44,7 @@ impl std::fmt::Display for GoVersion {
 /// Finds or fetches a Go of at least [`MIN`]; returns the directory of its `go`, which
 /// setup puts first on PATH so every `go` lookup finds this one.
 pub fn ensure(done: &mut Vec<String>) -> Result<PathBuf> {
-    let cached = cache_dir()?.join(format!("go{PINNED}"));
+    let cached = workspace::cache_dir("go")?.join(format!("go{PINNED}"));
     let on_path = std::env::var_os("PATH")
         .map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
         .unwrap_or_default()
@@ -83,16 +83,6 @@ fn bin_dir(go: &Path) -> Result<PathBuf> {
     go.parent()
         .map(Path::to_path_buf)
         .ok_or_else(|| anyhow!("{} has no parent directory", go.display()))
-}
-
-/// `${XDG_CACHE_HOME:-~/.cache}/bypass/go`, beside the Kubernetes binaries' cache.
-fn cache_dir() -> Result<PathBuf> {
-    let from_env = |key| std::env::var_os(key).filter(|v| !v.is_empty());
-    from_env("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| from_env("HOME").map(|home| PathBuf::from(home).join(".cache")))
-        .map(|cache| cache.join("bypass/go"))
-        .ok_or_else(|| anyhow!("neither XDG_CACHE_HOME nor HOME is set"))
 }
 
 /// `go env GOVERSION`, parsed; `None` if it does not run or says something else.
