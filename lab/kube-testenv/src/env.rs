@@ -3,7 +3,7 @@
 use std::{
     net::{Ipv4Addr, SocketAddr, TcpListener},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Child, Command},
     time::{Duration, Instant},
 };
 
@@ -11,8 +11,9 @@ use anyhow::{Context as _, Result, bail};
 use xtask_lib::http;
 
 use crate::{
-    Binaries, ca, client_cert, cluster::procs::tail, ensure_binaries, kubeconfig,
-    service_account_key, signed,
+    Binaries, ca, client_cert,
+    cluster::procs::{logged, tail},
+    ensure_binaries, kubeconfig, service_account_key, signed,
 };
 
 /// How long to wait for the API server to answer `/readyz`: a net ([`crate::NET`]).
@@ -118,18 +119,7 @@ impl KubeEnv {
     }
 
     fn spawn_logged(&self, program: &Path, args: &[String], log: &str) -> Result<Child> {
-        let log_path = self.dir.join(log);
-        let out = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .with_context(|| format!("open {}", log_path.display()))?;
-        let err = out.try_clone()?;
-        Command::new(program)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
+        logged(program, args, &self.dir.join(log))?
             .spawn()
             .with_context(|| format!("start {}", program.display()))
     }

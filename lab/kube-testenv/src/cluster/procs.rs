@@ -14,18 +14,7 @@ use anyhow::{Context as _, Result, bail};
 /// Starts `program args` with stdout and stderr appended to `<logs>/<name>.log`, and
 /// appends `name pid` to `pids`.
 pub fn spawn(name: &str, program: &Path, args: &[String], logs: &Path, pids: &Path) -> Result<u32> {
-    let log_path = logs.join(format!("{name}.log"));
-    let out = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log_path)
-        .with_context(|| format!("open {}", log_path.display()))?;
-    let err = out.try_clone()?;
-    let child = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
+    let child = logged(program, args, &logs.join(format!("{name}.log")))?
         .process_group(0)
         .spawn()
         .with_context(|| format!("start {}", program.display()))?;
@@ -37,6 +26,23 @@ pub fn spawn(name: &str, program: &Path, args: &[String], logs: &Path, pids: &Pa
         .with_context(|| format!("open {}", pids.display()))?;
     std::io::Write::write_all(&mut f, format!("{name} {pid}\n").as_bytes())?;
     Ok(pid)
+}
+
+/// `program args` with stdin closed and stdout and stderr appended to `log`.
+pub fn logged(program: &Path, args: &[String], log: &Path) -> Result<Command> {
+    let out = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("open {}", log.display()))?;
+    let err = out.try_clone()?;
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err);
+    Ok(command)
 }
 
 /// Parses the `name pid` lines (pure).
