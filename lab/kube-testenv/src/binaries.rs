@@ -72,6 +72,19 @@ pub fn build_go_mod(kubernetes_go_mod: &str) -> String {
     out
 }
 
+/// The build module's `tools.go`: etcd, kube-apiserver and each of `commands` (under
+/// `k8s.io/kubernetes/cmd/`) imported, so `go mod tidy` keeps what all of them need.
+pub fn tools_go(commands: &[&str]) -> String {
+    let mut s = String::from(
+        "//go:build tools\n\npackage kubebuild\n\nimport (\n\t_ \"go.etcd.io/etcd/server/v3\"\n\t_ \"k8s.io/kubernetes/cmd/kube-apiserver\"\n",
+    );
+    for c in commands {
+        let _ = writeln!(s, "\t_ \"k8s.io/kubernetes/cmd/{c}\"");
+    }
+    s.push_str(")\n");
+    s
+}
+
 /// Builds etcd and kube-apiserver unless cached. Takes minutes the first time.
 pub fn ensure_binaries() -> Result<Binaries> {
     let root = cache_dir();
@@ -114,10 +127,7 @@ pub fn ensure_binaries() -> Result<Binaries> {
         .context("`go mod download -json` printed no GoMod path")?;
     let upstream = std::fs::read_to_string(mod_path).with_context(|| format!("read {mod_path}"))?;
     std::fs::write(src.join("go.mod"), build_go_mod(&upstream))?;
-    std::fs::write(
-        src.join("tools.go"),
-        "//go:build tools\n\npackage kubebuild\n\nimport (\n\t_ \"go.etcd.io/etcd/server/v3\"\n\t_ \"k8s.io/kubernetes/cmd/kube-apiserver\"\n)\n",
-    )?;
+    std::fs::write(src.join("tools.go"), tools_go(&[]))?;
     cmd::output_named(&mut go_cmd(&["mod", "tidy"]), "go mod tidy")?;
     for (pkg, dest) in [
         ("go.etcd.io/etcd/server/v3", &bins.etcd),
@@ -191,6 +201,15 @@ pub fn go_command(go: &Path, src: &Path, args: &[&str]) -> Command {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tools_go_imports_every_command() {
+        assert!(tools_go(&[]).ends_with("\t_ \"k8s.io/kubernetes/cmd/kube-apiserver\"\n)\n"));
+        let t = tools_go(&["kubelet", "kubectl"]);
+        for c in ["kube-apiserver", "kubelet", "kubectl"] {
+            assert!(t.contains(&format!("\"k8s.io/kubernetes/cmd/{c}\"")), "{t}");
+        }
+    }
 
     #[test]
     fn go_mod_replaces_every_staging_module_by_its_release() {

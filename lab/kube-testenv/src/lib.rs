@@ -31,7 +31,7 @@ mod wait;
 
 pub use binaries::{
     Binaries, KUBE_VERSION, STAGING_VERSION, build_go_mod, build_stamped, cache_dir,
-    ensure_binaries, go_command, go_tool, is_current, version_ldflags,
+    ensure_binaries, go_command, go_tool, is_current, tools_go, version_ldflags,
 };
 pub use env::{GET_TIMEOUT, KubeEnv, READY_TIMEOUT};
 pub use kubectl::{KUBECONFIG_ENV, KUBECTL_ENV, Kubectl, env_path, veth_bytes};
