@@ -51,7 +51,6 @@ pub mod topology;
 
 pub use agent::{Agent, AgentExit, AgentOpts, AgentStatus, KernelProbe, kernel_probe};
 pub use cgroup::CgroupGuard;
-// Only for test/integration-test/tests (`testbed::cmd::ip`) until they name `xtask_lib`.
 pub use link::{Bridge, LinkCounters, Veth};
 pub use netns::Netns;
 pub use peer::Report;
@@ -60,5 +59,7 @@ pub use proxy::{Proxy, ProxyOpts};
 pub use require::preflight;
 pub use spawn::{Place, PodChild, spawn_in, spawn_in_on_cpus};
 pub use topology::{Pod, Sandbox, TwoPods};
+
+// Only for test/integration-test/tests (`testbed::cmd::ip`) until they name `xtask_lib`.
 #[doc(hidden)]
 pub use xtask_lib::cmd;
