@@ -9,9 +9,8 @@
 
 use std::collections::BTreeMap;
 
-use super::model::{AppSample, AppsResults};
 use crate::{
-    model::Path,
+    model::{AppSample, AppsResults, Path},
     stats::{Summary, summarize},
 };
 

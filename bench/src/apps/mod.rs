@@ -7,13 +7,12 @@
 //! starts the agent once as a user would and decides whether it needs
 //! `--allow-unguarded`; `services` starts the servers through `testbed::apps`, `sweep`
 //! switches the path (the qperf driver's `PathSwitch`) and runs every client each block
-//! (`runners`) into a [`model::AppsResults`]; [`cells`] (pure) turns it into ratios,
+//! (`runners`) into a [`AppsResults`](crate::model::AppsResults); [`cells`] (pure) turns it into ratios,
 //! spreads and verdicts, [`table`] (pure) into the tables.
 
 pub mod catalogue;
 pub mod cells;
 pub mod mode;
-pub mod model;
 mod runners;
 mod services;
 mod sweep;
@@ -29,13 +28,12 @@ use testbed::{
 
 use self::{
     catalogue::{Scale, Service, Workload},
-    model::{AppsConfig, AppsResults, WorkloadInfo},
     sweep::AppsRun,
 };
 use crate::{
     driver::{PathSwitch, RawLog, Steps, fit_placements, paths_of, progress, write_files},
     env,
-    model::Placement,
+    model::{AppsConfig, AppsResults, Path, Placement, WorkloadInfo},
 };
 
 /// What to run.
@@ -188,9 +186,7 @@ pub fn run(opts: &Options) -> Result<AppsResults> {
     let outcome = run.start_services().and_then(|()| run.sweep());
     // Stop the agent before the servers and the pods go.
     let r = &mut run.results;
-    let stopped = run
-        .paths
-        .set(crate::model::Path::Default, &mut r.agent, &mut r.warnings);
+    let stopped = run.paths.set(Path::Default, &mut r.agent, &mut r.warnings);
     outcome?;
     stopped?;
     run.results.env.loadavg_end = env::loadavg();

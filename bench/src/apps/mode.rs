@@ -19,7 +19,7 @@ use testbed::{
     agent::{agent_command, remove_pins, status_json},
 };
 
-use super::model::{AgentMode, GuardStatus};
+use crate::model::{AgentMode, GuardStatus};
 
 /// How long the probe waits for the agent to attach or refuse.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(30);

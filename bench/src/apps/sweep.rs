@@ -12,14 +12,12 @@ use testbed::{TwoPods, apps::On};
 
 use super::{
     catalogue::{Scale, Workload},
-    mode,
-    model::{AppSample, AppsResults},
-    runners,
+    mode, runners,
     services::Started,
 };
 use crate::{
     driver::{PathSwitch, RawLog, Steps, paths_of, progress},
-    model::{Path, Placement, ProbePhase},
+    model::{AppSample, AppsResults, Path, Placement, ProbePhase},
     scenario,
 };
 

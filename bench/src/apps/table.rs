@@ -9,9 +9,11 @@ use std::fmt::Write as _;
 use super::{
     cells::{AppRow, PathCell, Ratio, Verdict, events_per_run, rows, targets_met},
     mode,
-    model::AppsResults,
 };
-use crate::{model::Path, report::text::fmt_ratio};
+use crate::{
+    model::{AppsResults, Path, ProbePhase},
+    report::text::fmt_ratio,
+};
 
 /// A rate with three significant digits or more (`61234`, `312`, `19.4`, `4.53`).
 pub fn fmt_value(v: f64) -> String {
@@ -194,7 +196,7 @@ pub fn render(r: &AppsResults) -> String {
             "\nagent: {} starts, peak RSS (VmHWM) {:.1} MB",
             r.agent
                 .iter()
-                .filter(|a| a.phase == crate::model::ProbePhase::Started)
+                .filter(|a| a.phase == ProbePhase::Started)
                 .count(),
             kib as f64 * 1024.0 / 1e6
         );

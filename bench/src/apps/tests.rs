@@ -8,10 +8,11 @@ use super::{
         Verdict, events_per_run, path_cell, ratio, redirected_share, rows, targets_met, verdict,
     },
     mode,
-    model::{AppSample, AppsConfig, AppsResults, GuardStatus, WorkloadInfo},
     table::{fmt_value, render, render_markdown, render_markdown_full},
 };
-use crate::model::{Path, Placement};
+use crate::model::{
+    AppSample, AppsConfig, AppsResults, GuardStatus, Path, Placement, Saved, WorkloadInfo,
+};
 
 fn sample(rep: u32, placement: &str, path: Path, workload: &str, value: Option<f64>) -> AppSample {
     AppSample {
@@ -233,9 +234,10 @@ fn values_keep_three_digits() {
 #[test]
 fn json_round_trips_and_is_told_apart() {
     let r = run();
-    let json = serde_json::to_value(&r).unwrap();
-    assert!(AppsResults::is_apps(&json));
-    assert!(!AppsResults::is_apps(&serde_json::json!({"schema": 1})));
-    let back: AppsResults = serde_json::from_value(json).unwrap();
-    assert_eq!(back, r);
+    let text = serde_json::to_string(&r).unwrap();
+    assert_eq!(Saved::parse(&text).unwrap(), Saved::Apps(r));
+    assert!(!matches!(
+        Saved::parse(r#"{"schema": 1}"#),
+        Ok(Saved::Apps(_))
+    ));
 }

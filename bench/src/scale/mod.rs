@@ -51,25 +51,38 @@ use crate::{procfs, stats};
 /// Where the results go by default.
 pub const DEFAULT_OUT: &str = "results/scale/latest";
 
-/// What to run.
-#[derive(Clone, Debug)]
+/// What to run (`bypass-bench scale`'s options).
+#[derive(Clone, Debug, clap::Args)]
 pub struct Options {
     /// The cluster's size.
+    #[command(flatten)]
     pub counts: Counts,
     /// Updates a second in the churn window.
+    #[arg(long, default_value_t = 300)]
     pub churn_rate: u32,
     /// Seconds of churn.
+    #[arg(long, default_value_t = 90)]
     pub churn_secs: u32,
-    /// Seconds of the idle window (no churn).
+    /// Seconds of the idle window before it (no churn).
+    #[arg(long, default_value_t = 30)]
     pub idle_secs: u32,
-    /// Requests in flight while creating and churning.
+    /// Requests in flight while creating and churning (at least 1).
+    #[arg(long, default_value_t = 64, value_parser = at_least_one)]
     pub concurrency: usize,
-    /// The API server's and etcd's state (a tmpfs by default).
+    /// The API server's and etcd's state (removed at the end).
+    #[arg(long, default_value = "/dev/shm/bypass-scale")]
     pub state_dir: PathBuf,
-    /// More arguments for `bypass-agent run`.
+    /// One more argument for `bypass-agent run` (repeat it).
+    #[arg(long = "agent-arg", allow_hyphen_values = true)]
     pub agent_args: Vec<String>,
-    /// What this run is called in the results (e.g. `before`, `after`).
+    /// What the run is called in its table (e.g. `before`, `after`).
+    #[arg(long, default_value = "latest")]
     pub label: String,
+}
+
+/// A count given on the command line, 0 taken as 1.
+fn at_least_one(s: &str) -> Result<usize, std::num::ParseIntError> {
+    s.parse::<usize>().map(|n| n.max(1))
 }
 
 /// How long creating a kind of object took.

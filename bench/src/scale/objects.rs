@@ -6,20 +6,27 @@ use std::net::Ipv4Addr;
 
 use serde_json::{Value, json};
 
-/// How large the cluster is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+/// How large the cluster is (`bypass-bench scale`'s options, their defaults a large
+/// cluster's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::Args)]
 pub struct Counts {
     /// Nodes, the agent's included.
+    #[arg(long, default_value_t = 5_000)]
     pub nodes: u32,
     /// Pods, the agent's node's included.
+    #[arg(long, default_value_t = 150_000)]
     pub pods: u32,
     /// Pods on the agent's node.
+    #[arg(long, default_value_t = 100)]
     pub node_pods: u32,
     /// Namespaces the objects are spread over.
+    #[arg(long, default_value_t = 100)]
     pub namespaces: u32,
     /// Services, each with one EndpointSlice.
+    #[arg(long, default_value_t = 10_000)]
     pub services: u32,
     /// NetworkPolicies.
+    #[arg(long, default_value_t = 1_000)]
     pub policies: u32,
 }
 
