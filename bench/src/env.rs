@@ -46,10 +46,22 @@ pub fn cpus() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
 }
 
+/// MemTotal, KiB (0 when unknown).
+pub fn mem_total_kib() -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    proc_field(&meminfo, "MemTotal")
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `uname -r`.
+pub fn kernel() -> String {
+    first_line("uname", &["-r"])
+}
+
 /// Collects the environment; `workspace` is the git work tree.
 pub fn collect(workspace: &Path, agent_bin: &Path) -> Environment {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
     let ws = workspace.display().to_string();
     let commit = first_line("git", &["-C", &ws, "rev-parse", "HEAD"]);
     let dirty = Command::new("git")
@@ -59,12 +71,10 @@ pub fn collect(workspace: &Path, agent_bin: &Path) -> Environment {
         .unwrap_or(false);
     let agent = agent_bin.display().to_string();
     Environment {
-        kernel: first_line("uname", &["-r"]),
+        kernel: kernel(),
         cpus: cpus(),
         cpu_model: proc_field(&cpuinfo, "model name").unwrap_or_else(|| "unknown".into()),
-        mem_total_kib: proc_field(&meminfo, "MemTotal")
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .unwrap_or(0),
+        mem_total_kib: mem_total_kib(),
         qperf_version: first_line("qperf", &["--version"]),
         sockperf_version: first_line("sockperf", &["--version"]),
         agent_version: first_line(&agent, &["--version"]),

@@ -273,165 +273,44 @@ pub struct Workload {
     pub client: Client,
 }
 
-/// Every workload, in the order of a block.
-pub const WORKLOADS: [Workload; 20] = [
-    Workload {
-        name: "redis",
-        service: Service::Redis,
-        client: Client::RedisBenchmark {
-            pipeline: 1,
-            requests: 50_000,
-        },
-    },
-    Workload {
-        name: "redis-P16",
-        service: Service::Redis,
-        client: Client::RedisBenchmark {
-            pipeline: 16,
-            requests: 400_000,
-        },
-    },
-    Workload {
-        name: "nginx-wrk",
-        service: Service::Nginx,
-        client: Client::Wrk,
-    },
-    Workload {
-        name: "nginx-ab-k",
-        service: Service::Nginx,
-        client: Client::Ab {
-            keep_alive: true,
-            requests: 20_000,
-        },
-    },
-    Workload {
-        name: "nginx-ab-close",
-        service: Service::Nginx,
-        client: Client::Ab {
-            keep_alive: false,
-            requests: 10_000,
-        },
-    },
-    Workload {
-        name: "nginx-download",
-        service: Service::Nginx,
-        client: Client::Download,
-    },
-    Workload {
-        name: "pgbench-S",
-        service: Service::Postgres,
-        client: Client::Pgbench {
-            connect_per_transaction: false,
-            transactions: 2_500,
-        },
-    },
-    Workload {
-        name: "pgbench-S-C",
-        service: Service::Postgres,
-        client: Client::Pgbench {
-            connect_per_transaction: true,
-            transactions: 100,
-        },
-    },
-    Workload {
-        name: "iperf3",
-        service: Service::Iperf,
-        client: Client::Iperf {
-            write_size: None,
-            streams: 1,
-            reverse: false,
-            bytes: 2 << 30,
-        },
-    },
-    Workload {
-        name: "iperf3-l64",
-        service: Service::Iperf,
-        client: Client::Iperf {
-            write_size: Some(64),
-            streams: 1,
-            reverse: false,
-            bytes: 32 << 20,
-        },
-    },
-    Workload {
-        name: "iperf3-P4",
-        service: Service::Iperf,
-        client: Client::Iperf {
-            write_size: None,
-            streams: 4,
-            reverse: false,
-            bytes: 2 << 30,
-        },
-    },
-    Workload {
-        name: "iperf3-R",
-        service: Service::Iperf,
-        client: Client::Iperf {
-            write_size: None,
-            streams: 1,
-            reverse: true,
-            bytes: 2 << 30,
-        },
-    },
-    Workload {
-        name: "go-copy-echo",
-        service: Service::GoCopyEcho,
-        client: Client::Stream {
-            connections: 1,
-            bytes: 256 << 20,
-        },
-    },
-    Workload {
-        name: "go-copy-proxy",
-        service: Service::GoCopyProxy,
-        client: Client::Stream {
-            connections: 8,
-            bytes: 32 << 20,
-        },
-    },
-    Workload {
-        name: "go-revproxy",
-        service: Service::GoReverseProxy,
-        client: Client::HttpRequests { rounds: 2_000 },
-    },
-    Workload {
-        name: "grpc-stream",
-        service: Service::Grpc,
-        client: Client::GrpcStream { messages: 150_000 },
-    },
-    Workload {
-        name: "haproxy-splice",
-        service: Service::HaproxySplice,
-        client: Client::Stream {
-            connections: 4,
-            bytes: 64 << 20,
-        },
-    },
-    Workload {
-        name: "haproxy-nosplice",
-        service: Service::HaproxyNoSplice,
-        client: Client::Stream {
-            connections: 4,
-            bytes: 64 << 20,
-        },
-    },
-    Workload {
-        name: "java-nio-echo",
-        service: Service::JavaEcho,
-        client: Client::Stream {
-            connections: 4,
-            bytes: 64 << 20,
-        },
-    },
-    Workload {
-        name: "node-pipe-proxy",
-        service: Service::NodeProxy,
-        client: Client::Stream {
-            connections: 4,
-            bytes: 32 << 20,
-        },
-    },
-];
+/// Every workload, in the order of a block: one row each (kept a table by hand).
+#[rustfmt::skip]
+pub const WORKLOADS: [Workload; 20] = {
+    use Client as C;
+    const fn w(name: &'static str, service: Service, client: Client) -> Workload {
+        Workload { name, service, client }
+    }
+    // iperf3 -l, -P, -R, -n.
+    const fn iperf(write_size: Option<u32>, streams: u32, reverse: bool, bytes: u64) -> Client {
+        C::Iperf { write_size, streams, reverse, bytes }
+    }
+    // streamcheck: connections, bytes on each.
+    const fn stream(connections: u32, bytes: u64) -> Client {
+        C::Stream { connections, bytes }
+    }
+    [
+        w("redis", Service::Redis, C::RedisBenchmark { pipeline: 1, requests: 50_000 }),
+        w("redis-P16", Service::Redis, C::RedisBenchmark { pipeline: 16, requests: 400_000 }),
+        w("nginx-wrk", Service::Nginx, C::Wrk),
+        w("nginx-ab-k", Service::Nginx, C::Ab { keep_alive: true, requests: 20_000 }),
+        w("nginx-ab-close", Service::Nginx, C::Ab { keep_alive: false, requests: 10_000 }),
+        w("nginx-download", Service::Nginx, C::Download),
+        w("pgbench-S", Service::Postgres, C::Pgbench { connect_per_transaction: false, transactions: 2_500 }),
+        w("pgbench-S-C", Service::Postgres, C::Pgbench { connect_per_transaction: true, transactions: 100 }),
+        w("iperf3", Service::Iperf, iperf(None, 1, false, 2 << 30)),
+        w("iperf3-l64", Service::Iperf, iperf(Some(64), 1, false, 32 << 20)),
+        w("iperf3-P4", Service::Iperf, iperf(None, 4, false, 2 << 30)),
+        w("iperf3-R", Service::Iperf, iperf(None, 1, true, 2 << 30)),
+        w("go-copy-echo", Service::GoCopyEcho, stream(1, 256 << 20)),
+        w("go-copy-proxy", Service::GoCopyProxy, stream(8, 32 << 20)),
+        w("go-revproxy", Service::GoReverseProxy, C::HttpRequests { rounds: 2_000 }),
+        w("grpc-stream", Service::Grpc, C::GrpcStream { messages: 150_000 }),
+        w("haproxy-splice", Service::HaproxySplice, stream(4, 64 << 20)),
+        w("haproxy-nosplice", Service::HaproxyNoSplice, stream(4, 64 << 20)),
+        w("java-nio-echo", Service::JavaEcho, stream(4, 64 << 20)),
+        w("node-pipe-proxy", Service::NodeProxy, stream(4, 32 << 20)),
+    ]
+};
 
 /// The workloads named in `names` (all when empty), in catalogue order; fails naming
 /// an unknown one and listing the known.

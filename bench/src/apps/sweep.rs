@@ -201,7 +201,7 @@ impl AppsRun {
                 sample.latency_us = o.latency_us;
                 format!(
                     "{what}: {} {}{}",
-                    super::table::fmt_value(o.value),
+                    crate::report::text::fmt_value(o.value),
                     w.unit(),
                     o.latency_us
                         .map_or_else(String::new, |l| format!(", mean latency {l:.0} us"))

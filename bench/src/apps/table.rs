@@ -12,32 +12,14 @@ use super::{
 };
 use crate::{
     model::{AppsResults, Path, ProbePhase},
-    report::text::fmt_ratio,
+    report::text::{fmt_ratio, fmt_summary, fmt_value},
 };
-
-/// A rate with three significant digits or more (`61234`, `312`, `19.4`, `4.53`).
-pub fn fmt_value(v: f64) -> String {
-    if v.abs() >= 100.0 {
-        format!("{v:.0}")
-    } else if v.abs() >= 10.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.2}")
-    }
-}
 
 /// `median [min-max]` of a path's rates, or its failures.
 fn fmt_cell(c: &PathCell) -> String {
-    let rates = match c.summary {
-        Some(s) if s.n > 1 => format!(
-            "{} [{}-{}]",
-            fmt_value(s.median),
-            fmt_value(s.min),
-            fmt_value(s.max)
-        ),
-        Some(s) => fmt_value(s.median),
-        None => String::new(),
-    };
+    let rates = c
+        .summary
+        .map_or_else(String::new, |s| fmt_summary(Some(s), fmt_value));
     match (c.failed, rates.is_empty()) {
         (0, true) => "-".into(),
         (0, false) => rates,

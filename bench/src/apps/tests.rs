@@ -8,10 +8,13 @@ use super::{
         Verdict, events_per_run, path_cell, ratio, redirected_share, rows, targets_met, verdict,
     },
     mode,
-    table::{fmt_value, render, render_markdown, render_markdown_full},
+    table::{render, render_markdown, render_markdown_full},
 };
-use crate::model::{
-    AppSample, AppsConfig, AppsResults, GuardStatus, Path, Placement, Saved, WorkloadInfo,
+use crate::{
+    model::{
+        AppSample, AppsConfig, AppsResults, GuardStatus, Path, Placement, Saved, WorkloadInfo,
+    },
+    report::text::fmt_value,
 };
 
 fn sample(rep: u32, placement: &str, path: Path, workload: &str, value: Option<f64>) -> AppSample {

@@ -13,29 +13,28 @@ use crate::{
     stats::Summary,
 };
 
+/// A value with three significant digits or more (`61234`, `312`, `19.4`, `4.53`).
+pub fn fmt_value(v: f64) -> String {
+    if v.abs() >= 100.0 {
+        format!("{v:.0}")
+    } else if v.abs() >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// Nanoseconds as microseconds, [`fmt_value`].
 pub(super) fn fmt_lat(ns: f64) -> String {
-    let us = ns / 1e3;
-    if us >= 100.0 {
-        format!("{us:.0}")
-    } else if us >= 10.0 {
-        format!("{us:.1}")
-    } else {
-        format!("{us:.2}")
-    }
+    fmt_value(ns / 1e3)
 }
 
+/// Bytes a second as MB/s, [`fmt_value`].
 pub(super) fn fmt_bw(bps: f64) -> String {
-    let mb = bps / 1e6;
-    if mb >= 100.0 {
-        format!("{mb:.0}")
-    } else if mb >= 10.0 {
-        format!("{mb:.1}")
-    } else {
-        format!("{mb:.2}")
-    }
+    fmt_value(bps / 1e6)
 }
 
-pub(super) fn fmt_summary(s: Option<Summary>, f: fn(f64) -> String) -> String {
+pub(crate) fn fmt_summary(s: Option<Summary>, f: fn(f64) -> String) -> String {
     match s {
         Some(s) if s.n > 1 => format!("{} [{}-{}]", f(s.median), f(s.min), f(s.max)),
         Some(s) => f(s.median),

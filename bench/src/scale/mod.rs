@@ -46,7 +46,7 @@ use testbed::{
 };
 
 use self::objects::{Counts, PodRef};
-use crate::{procfs, stats};
+use crate::{driver::write_files, env, procfs, stats};
 
 /// Where the results go by default.
 pub const DEFAULT_OUT: &str = "results/scale/latest";
@@ -734,20 +734,11 @@ fn free_port() -> Result<u16> {
 
 /// CPUs, memory and kernel of this machine.
 fn machine() -> String {
-    let cpus = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
-    let mem = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .find_map(|l| l.strip_prefix("MemTotal:"))
-                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        })
-        .unwrap_or(0);
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     format!(
-        "{cpus} CPUs, {:.0} GiB, Linux {}",
-        mem as f64 / 1024.0 / 1024.0,
-        kernel.trim()
+        "{} CPUs, {:.0} GiB, Linux {}",
+        env::cpus(),
+        env::mem_total_kib() as f64 / 1024.0 / 1024.0,
+        env::kernel()
     )
 }
 
@@ -828,11 +819,11 @@ fn join(m: &BTreeMap<String, f64>) -> String {
 
 /// Writes `scale.json` and `scale.md` under `out`; returns the paths.
 pub fn write_outputs(r: &Results, out: &Path) -> Result<Vec<PathBuf>> {
-    std::fs::create_dir_all(out).with_context(|| format!("create {}", out.display()))?;
-    let json = out.join("scale.json");
-    std::fs::write(&json, serde_json::to_string_pretty(r)?)
-        .with_context(|| format!("write {}", json.display()))?;
-    let md = out.join("scale.md");
-    std::fs::write(&md, render(r)).with_context(|| format!("write {}", md.display()))?;
-    Ok(vec![json, md])
+    write_files(
+        out,
+        &[
+            ("scale.json", serde_json::to_string_pretty(r)?),
+            ("scale.md", render(r)),
+        ],
+    )
 }
