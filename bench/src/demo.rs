@@ -219,16 +219,11 @@ mod tests {
                     };
                     for (test, value) in [(Test::TcpLat, 5000.0), (Test::TcpBw, payload as f64)] {
                         r.samples.push(Sample {
-                            rep: 0,
-                            placement: p.name.clone(),
-                            path,
-                            test,
-                            size,
-                            value,
                             wire_bytes: Some(wire),
                             redirected_bytes: (path == Path::Bypass).then_some(redirected),
                             passed_bytes: (path == Path::Bypass).then_some(0),
                             left: (path == Path::Bypass).then_some(0),
+                            ..Sample::bare(0, &p.name, path, test, size, value)
                         });
                     }
                 }

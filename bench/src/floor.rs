@@ -23,7 +23,10 @@ use anyhow::{Context as _, Result, bail};
 use nix::{sched::CpuSet, unistd::Pid};
 use serde::{Deserialize, Serialize};
 
-use crate::{model::Test, stats::percentile_sorted};
+use crate::{
+    model::{Percentiles, Test},
+    stats::percentile_sorted,
+};
 
 /// Round trips before timing starts.
 const WARMUP: u32 = 1000;
@@ -31,16 +34,8 @@ const WARMUP: u32 = 1000;
 /// One floor measurement, as the client prints it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FloorResult {
-    /// `tcp_lat`: mean one-way latency, ns.
-    pub latency_ns: Option<f64>,
-    /// `tcp_lat`: median one-way latency, ns.
-    pub p50_ns: Option<f64>,
-    /// `tcp_lat`: 99th percentile, ns.
-    pub p99_ns: Option<f64>,
-    /// `tcp_lat`: 99.9th percentile, ns.
-    pub p999_ns: Option<f64>,
-    /// `tcp_lat`: round trips timed.
-    pub observations: u64,
+    /// `tcp_lat`: the one-way latencies of the round trips timed.
+    pub latency: Option<Percentiles>,
     /// `tcp_bw`: bytes per second received.
     pub bw_bytes_per_sec: Option<f64>,
 }
@@ -118,12 +113,15 @@ fn ping_pong(s: &mut UnixStream, size: usize, duration: Duration) -> Result<Floo
     let elapsed = (last - start).as_nanos() as f64;
     let n = half_rtts.len();
     half_rtts.sort_by(f64::total_cmp);
+    let pct = |p| percentile_sorted(&half_rtts, p).context("no round trip timed");
     Ok(FloorResult {
-        latency_ns: Some(elapsed / (2.0 * n as f64)),
-        p50_ns: percentile_sorted(&half_rtts, 50.0),
-        p99_ns: percentile_sorted(&half_rtts, 99.0),
-        p999_ns: percentile_sorted(&half_rtts, 99.9),
-        observations: n as u64,
+        latency: Some(Percentiles {
+            avg_ns: elapsed / (2.0 * n as f64),
+            p50_ns: pct(50.0)?,
+            p99_ns: pct(99.0)?,
+            p999_ns: pct(99.9)?,
+            observations: n as u64,
+        }),
         bw_bytes_per_sec: None,
     })
 }
@@ -144,11 +142,7 @@ fn stream(s: &mut UnixStream, size: usize, duration: Duration) -> Result<FloorRe
         .context("read the peer's byte count")?;
     let received = u64::from_le_bytes(count) as f64;
     Ok(FloorResult {
-        latency_ns: None,
-        p50_ns: None,
-        p99_ns: None,
-        p999_ns: None,
-        observations: 0,
+        latency: None,
         bw_bytes_per_sec: Some(received / elapsed),
     })
 }
@@ -203,9 +197,12 @@ mod tests {
         let r = ping_pong(&mut a, 16, Duration::from_millis(20)).unwrap();
         drop(a);
         echo.join().unwrap();
-        assert!(r.observations > 0);
-        let (p50, p99, p999) = (r.p50_ns.unwrap(), r.p99_ns.unwrap(), r.p999_ns.unwrap());
-        assert!(p50 > 0.0 && p50 <= p99 && p99 <= p999, "{r:?}");
+        let l = r.latency.unwrap();
+        assert!(l.observations > 0);
+        assert!(
+            l.p50_ns > 0.0 && l.p50_ns <= l.p99_ns && l.p99_ns <= l.p999_ns,
+            "{r:?}"
+        );
     }
 
     #[test]

@@ -139,6 +139,22 @@ pub struct Sample {
 }
 
 impl Sample {
+    /// A sample with nothing observed around it (the floor's).
+    pub fn bare(rep: u32, placement: &str, path: Path, test: Test, size: u32, value: f64) -> Self {
+        Self {
+            rep,
+            placement: placement.to_owned(),
+            path,
+            test,
+            size,
+            value,
+            wire_bytes: None,
+            redirected_bytes: None,
+            passed_bytes: None,
+            left: None,
+        }
+    }
+
     /// What the agent counted over the run, where it was read (bypass).
     pub fn counted(&self) -> Option<Counted> {
         Some(Counted {
@@ -190,6 +206,46 @@ pub struct PctSample {
     /// 99th percentile, ns.
     pub p99_ns: f64,
     /// 99.9th percentile, ns.
+    pub p999_ns: f64,
+    /// Round trips observed.
+    pub observations: u64,
+}
+
+impl PctSample {
+    /// The `latency` of one run at `rep`, `placement`, `path`, `size`.
+    pub fn new(rep: u32, placement: &str, path: Path, size: u32, latency: Percentiles) -> Self {
+        let Percentiles {
+            avg_ns,
+            p50_ns,
+            p99_ns,
+            p999_ns,
+            observations,
+        } = latency;
+        Self {
+            rep,
+            placement: placement.to_owned(),
+            path,
+            size,
+            avg_ns,
+            p50_ns,
+            p99_ns,
+            p999_ns,
+            observations,
+        }
+    }
+}
+
+/// One ping-pong run's one-way latencies, ns: sockperf's, or the floor's own (the
+/// measured part of a [`PctSample`]).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Percentiles {
+    /// Mean.
+    pub avg_ns: f64,
+    /// Median.
+    pub p50_ns: f64,
+    /// 99th percentile.
+    pub p99_ns: f64,
+    /// 99.9th percentile.
     pub p999_ns: f64,
     /// Round trips observed.
     pub observations: u64,

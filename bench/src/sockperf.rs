@@ -5,6 +5,8 @@ use std::{net::IpAddr, process::Command};
 
 use anyhow::{Result, bail};
 
+use crate::model::Percentiles;
+
 /// The server: `sockperf sr --tcp -i ADDR -p PORT` (one process, no fork).
 pub fn server_command(addr: IpAddr, port: u16) -> Command {
     let mut c = Command::new("sockperf");
@@ -37,21 +39,6 @@ pub fn client_command(server: IpAddr, port: u16, size: u32, secs: u32) -> Comman
     c
 }
 
-/// One run's latency summary, ns.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct SockperfResult {
-    /// Mean.
-    pub avg_ns: f64,
-    /// Median.
-    pub p50_ns: f64,
-    /// 99th percentile.
-    pub p99_ns: f64,
-    /// 99.9th percentile.
-    pub p999_ns: f64,
-    /// Observations.
-    pub observations: u64,
-}
-
 /// Removes ANSI colour escapes (`ESC [ ... m`), which sockperf prints around some lines.
 fn strip_ansi(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -71,7 +58,7 @@ fn strip_ansi(s: &str) -> String {
 }
 
 /// Parses `avg-latency=`, `Total N observations` and `---> percentile P = V` lines.
-pub fn parse(out: &str) -> Result<SockperfResult> {
+pub fn parse(out: &str) -> Result<Percentiles> {
     let text = strip_ansi(out);
     let (mut avg, mut obs, mut p50, mut p99, mut p999) = (None, None, None, None, None);
     for line in text.lines() {
@@ -102,7 +89,7 @@ pub fn parse(out: &str) -> Result<SockperfResult> {
         }
     }
     match (avg, obs, p50, p99, p999) {
-        (Some(a), Some(o), Some(p50), Some(p99), Some(p999)) => Ok(SockperfResult {
+        (Some(a), Some(o), Some(p50), Some(p99), Some(p999)) => Ok(Percentiles {
             avg_ns: a * 1e3,
             p50_ns: p50 * 1e3,
             p99_ns: p99 * 1e3,

@@ -93,16 +93,11 @@ fn record_qperf_output(
     ] {
         let Some(value) = value else { continue };
         results.samples.push(Sample {
-            rep,
-            placement: p.name.clone(),
-            path,
-            test,
-            size,
-            value,
             wire_bytes: wire,
             redirected_bytes: delta.map(|d| d.redirected),
             passed_bytes: delta.map(|d| d.passed),
             left: delta.map(|d| d.left),
+            ..Sample::bare(rep, &p.name, path, test, size, value)
         });
     }
     format!(

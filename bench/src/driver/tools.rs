@@ -2,7 +2,6 @@
 //! sockperf and the Unix-socket floor, each into samples, with the progress line.
 
 use std::{
-    collections::BTreeMap,
     process::{Command, Stdio},
     time::Duration,
 };
@@ -106,17 +105,8 @@ impl Run<'_> {
         let parsed = out.map(|o| sockperf::parse(&o));
         match parsed {
             Some(Ok(r)) => {
-                self.results.percentiles.push(PctSample {
-                    rep,
-                    placement: p.name.clone(),
-                    path,
-                    size,
-                    avg_ns: r.avg_ns,
-                    p50_ns: r.p50_ns,
-                    p99_ns: r.p99_ns,
-                    p999_ns: r.p999_ns,
-                    observations: r.observations,
-                });
+                let sample = PctSample::new(rep, &p.name, path, size, r);
+                self.results.percentiles.push(sample);
                 self.steps.tick(&format!(
                     "{what}: p50 {:.2} us, p99 {:.2} us, p99.9 {:.2} us",
                     r.p50_ns / 1e3,
@@ -141,60 +131,32 @@ impl Run<'_> {
         with_pct: bool,
     ) -> Result<()> {
         let secs = self.results.config.floor_secs;
-        let mut got = BTreeMap::new();
+        let (mut lat, mut bw) = (None, None);
         for test in [Test::TcpLat, Test::TcpBw] {
             let what = format!("floor rep {rep} {} {} size {size}", p.name, test.name());
             match floor_once(test, size, secs, p) {
-                Ok(r) => {
-                    got.insert(test.name(), r);
-                }
+                Ok(r) => (lat, bw) = (lat.or(r.latency), bw.or(r.bw_bytes_per_sec)),
                 Err(e) => self.results.warnings.push(format!("{what}: {e:#}")),
             }
         }
-        let lat = got.get("tcp_lat").cloned();
-        let bw = got.get("tcp_bw").and_then(|r| r.bw_bytes_per_sec);
-        for (test, value) in [
-            (Test::TcpLat, lat.as_ref().and_then(|r| r.latency_ns)),
-            (Test::TcpBw, bw),
-        ] {
+        let lat_ns = lat.map(|l| l.avg_ns);
+        for (test, value) in [(Test::TcpLat, lat_ns), (Test::TcpBw, bw)] {
             if let Some(value) = value {
-                self.results.samples.push(Sample {
-                    rep,
-                    placement: p.name.clone(),
-                    path: Path::Floor,
-                    test,
-                    size,
-                    value,
-                    wire_bytes: None,
-                    redirected_bytes: None,
-                    passed_bytes: None,
-                    left: None,
-                });
+                let sample = Sample::bare(rep, &p.name, Path::Floor, test, size, value);
+                self.results.samples.push(sample);
             }
         }
         if with_pct
             && self.results.config.sockperf_sizes.contains(&size)
-            && let Some(l) = &lat
-            && let (Some(avg), Some(p50), Some(p99), Some(p999)) =
-                (l.latency_ns, l.p50_ns, l.p99_ns, l.p999_ns)
+            && let Some(l) = lat
         {
-            self.results.percentiles.push(PctSample {
-                rep,
-                placement: p.name.clone(),
-                path: Path::Floor,
-                size,
-                avg_ns: avg,
-                p50_ns: p50,
-                p99_ns: p99,
-                p999_ns: p999,
-                observations: l.observations,
-            });
+            let sample = PctSample::new(rep, &p.name, Path::Floor, size, l);
+            self.results.percentiles.push(sample);
         }
         self.steps.tick(&format!(
             "floor rep {rep} {} size {size}: lat {}, bw {}",
             p.name,
-            lat.and_then(|l| l.latency_ns)
-                .map_or_else(|| "-".into(), |v| format!("{:.2} us", v / 1e3)),
+            lat_ns.map_or_else(|| "-".into(), |v| format!("{:.2} us", v / 1e3)),
             bw.map_or_else(|| "-".into(), |v| format!("{:.1} MB/s", v / 1e6)),
         ));
         Ok(())

@@ -2,8 +2,8 @@
 
 use super::{markdown::short_commit, *};
 use crate::model::{
-    AgentProbe, Config, Environment, Path, PctSample, Placement, ProbePhase, Prog, ProgSample,
-    Results, SCHEMA, Sample, Scenario, Test,
+    AgentProbe, Config, Environment, Path, PctSample, Percentiles, Placement, ProbePhase, Prog,
+    ProgSample, Results, SCHEMA, Sample, Scenario, Test,
 };
 
 pub(crate) fn sample_results() -> Results {
@@ -17,30 +17,10 @@ pub(crate) fn sample_results() -> Results {
                 (Path::Floor, 4500.0, 5e9),
             ] {
                 let jitter = f64::from(rep) * 100.0;
-                samples.push(Sample {
-                    rep,
-                    placement: "cross-cpu".into(),
-                    path,
-                    test: Test::TcpLat,
-                    size,
-                    value: lat + jitter,
-                    wire_bytes: None,
-                    redirected_bytes: None,
-                    passed_bytes: None,
-                    left: None,
-                });
-                samples.push(Sample {
-                    rep,
-                    placement: "cross-cpu".into(),
-                    path,
-                    test: Test::TcpBw,
-                    size,
-                    value: bw + jitter,
-                    wire_bytes: None,
-                    redirected_bytes: None,
-                    passed_bytes: None,
-                    left: None,
-                });
+                for (test, value) in [(Test::TcpLat, lat), (Test::TcpBw, bw)] {
+                    let s = Sample::bare(rep, "cross-cpu", path, test, size, value + jitter);
+                    samples.push(s);
+                }
             }
         }
     }
@@ -64,17 +44,19 @@ pub(crate) fn sample_results() -> Results {
         },
         env: Environment::default(),
         samples,
-        percentiles: vec![PctSample {
-            rep: 0,
-            placement: "cross-cpu".into(),
-            path: Path::Bypass,
-            size: 64,
-            avg_ns: 5000.0,
-            p50_ns: 4900.0,
-            p99_ns: 8000.0,
-            p999_ns: 20000.0,
-            observations: 1000,
-        }],
+        percentiles: vec![PctSample::new(
+            0,
+            "cross-cpu",
+            Path::Bypass,
+            64,
+            Percentiles {
+                avg_ns: 5000.0,
+                p50_ns: 4900.0,
+                p99_ns: 8000.0,
+                p999_ns: 20000.0,
+                observations: 1000,
+            },
+        )],
         agent: vec![
             AgentProbe {
                 phase: ProbePhase::Started,
