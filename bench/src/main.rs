@@ -15,7 +15,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use bench::{
     apps, demo, driver,
-    model::{Config, Placement, SIZES, Saved, Scenario, Test},
+    model::{AppsConfig, Config, Placement, SIZES, Saved, Scenario, Test},
     report,
 };
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -410,12 +410,14 @@ fn demo(out: &FsPath, raw: &FsPath) -> Result<()> {
 /// `apps`: the workloads' run, its files and tables.
 fn apps(a: AppsArgs) -> Result<()> {
     let opts = apps::Options {
-        quick: a.quick,
-        reps: reps_of(a.reps, a.quick, 3)?,
-        placements: placements_of(a.placement, a.quick),
-        minimal: !a.no_minimal,
-        agent_args: a.agent_args,
-        workloads: a.workloads,
+        config: AppsConfig {
+            quick: a.quick,
+            reps: reps_of(a.reps, a.quick, 3)?,
+            placements: placements_of(a.placement, a.quick),
+            minimal: !a.no_minimal,
+            agent_args: a.agent_args,
+            workloads: a.workloads,
+        },
         raw_dir: a.raw,
         workspace: workspace(),
     };

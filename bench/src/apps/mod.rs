@@ -23,6 +23,7 @@ use std::path::{Path as FsPath, PathBuf};
 use anyhow::{Context as _, Result, bail};
 use testbed::{
     TwoPods,
+    agent::AgentOpts,
     apps::{Needs, go, haproxy, iperf, java, nginx, node, postgres, redis},
 };
 
@@ -31,26 +32,16 @@ use self::{
     sweep::AppsRun,
 };
 use crate::{
-    driver::{PathSwitch, RawLog, Steps, fit_placements, paths_of, progress, write_files},
+    driver::{PathSwitch, Start, Steps, paths_of, progress, write_files},
     env,
-    model::{AppsConfig, AppsResults, Path, Placement, WorkloadInfo},
+    model::{AgentMode, AppsConfig, AppsResults, Path, WorkloadInfo},
 };
 
 /// What to run.
 #[derive(Clone, Debug)]
 pub struct Options {
-    /// `--quick`: every workload once, short.
-    pub quick: bool,
-    /// Interleaved repetitions.
-    pub reps: u32,
-    /// Placements.
-    pub placements: Vec<Placement>,
-    /// Whether to measure the minimal redirect too.
-    pub minimal: bool,
-    /// Extra `bypass-agent run` arguments.
-    pub agent_args: Vec<String>,
-    /// Workloads by name; empty: all.
-    pub workloads: Vec<String>,
+    /// The configuration (`workloads` by name, empty: all).
+    pub config: AppsConfig,
     /// Where raw tool output is appended.
     pub raw_dir: PathBuf,
     /// The workspace (for the git commit).
@@ -97,48 +88,23 @@ fn missing(workloads: &[Workload]) -> Vec<String> {
 
 /// Runs the apps scenario and returns everything it measured.
 pub fn run(opts: &Options) -> Result<AppsResults> {
-    let workloads = catalogue::select(&opts.workloads).map_err(anyhow::Error::msg)?;
-    let mut missing_here = testbed::require::missing();
-    missing_here.extend(missing(&workloads));
-    if !missing_here.is_empty() {
-        bail!(
-            "cannot run the apps bench: {} (`cargo xtask bench --scenario apps` installs and builds them)",
-            missing_here.join("; ")
-        );
-    }
-    let scale = if opts.quick {
+    let mut config = opts.config.clone();
+    let workloads = catalogue::select(&config.workloads).map_err(anyhow::Error::msg)?;
+    require(&workloads)?;
+    let scale = if config.quick {
         Scale::Quick
     } else {
         Scale::Full
     };
-    let agent_bin = testbed::agent::agent_bin();
-    let env = env::collect(&opts.workspace, &agent_bin);
-    let mut placements = opts.placements.clone();
-    let mut warnings = Vec::new();
-    fit_placements(&mut placements, env.cpus, &mut warnings)?;
-    if placements.len() > Service::MAX_PLACEMENTS {
+    let mut start = Start::new(&opts.workspace, &opts.raw_dir, &config.placements)?;
+    config.placements = std::mem::take(&mut start.placements);
+    if config.placements.len() > Service::MAX_PLACEMENTS {
         bail!("at most {} placements", Service::MAX_PLACEMENTS);
     }
-    let load: f64 = env
-        .loadavg_start
-        .split_whitespace()
-        .next()
-        .and_then(|l| l.parse().ok())
-        .unwrap_or(0.0);
-    if load > QUIET_LOAD {
-        warnings.push(format!(
-            "load average {} at the start (above {QUIET_LOAD}): other work shares the machine",
-            env.loadavg_start
-        ));
+    if let Some(busy) = busy(&start.env.loadavg_start) {
+        start.warnings.push(busy);
     }
-    let config = AppsConfig {
-        quick: opts.quick,
-        reps: opts.reps,
-        placements,
-        minimal: opts.minimal,
-        agent_args: opts.agent_args.clone(),
-        workloads: workloads.iter().map(|w| w.name.to_owned()).collect(),
-    };
+    config.workloads = workloads.iter().map(|w| w.name.to_owned()).collect();
     let infos = workloads
         .iter()
         .map(|w| WorkloadInfo {
@@ -147,31 +113,15 @@ pub fn run(opts: &Options) -> Result<AppsResults> {
             unit: w.unit().to_owned(),
         })
         .collect();
-    progress(&format!(
-        "apps: building two pods; agent {}; {} CPUs, load {}",
-        agent_bin.display(),
-        env.cpus,
-        env.loadavg_start
-    ));
-    let pods = TwoPods::new().context("build the two-pod topology")?;
-    let mut agent_opts = pods.agent_opts();
-    agent_opts
-        .extra_args
-        .extend(config.agent_args.iter().cloned());
-    let as_user = mode::probe(&agent_opts).context("start the agent as a user would")?;
-    let mut agent_mode = mode::decide(as_user);
-    agent_opts.allow_unguarded = agent_mode.allow_unguarded;
-    agent_mode.command = format!("bypass-agent {}", agent_opts.args().join(" "));
-    progress(&mode::describe(&agent_mode));
+    let pods = start.pods("apps: ")?;
+    let (agent_opts, agent_mode) = agent_as_a_user_runs_it(&pods, &config.agent_args)?;
     let total = config.reps as usize
         * config.placements.len()
         * paths_of(config.minimal).len()
         * workloads.len();
-    let mut env = env;
-    env.addresses = format!("{} -> {}", pods.a.ipv4(), pods.b.ipv4());
-    let mut results = AppsResults::new(config, env, infos);
+    let mut results = AppsResults::new(config, start.env, infos);
     results.agent_mode = agent_mode;
-    results.warnings = warnings;
+    results.warnings = start.warnings;
     let mut run = AppsRun {
         scale,
         workloads,
@@ -179,7 +129,7 @@ pub fn run(opts: &Options) -> Result<AppsResults> {
         paths: PathSwitch::new(agent_opts, pods.cgroup().to_path_buf()),
         pods,
         results,
-        raw: RawLog::open(&opts.raw_dir)?,
+        raw: start.raw,
         steps: Steps::new(total),
         hung: Default::default(),
     };
@@ -192,6 +142,47 @@ pub fn run(opts: &Options) -> Result<AppsResults> {
     run.results.env.loadavg_end = env::loadavg();
     run.results.env.duration_secs = run.steps.elapsed_secs();
     Ok(run.results)
+}
+
+/// Fails naming what the bench and `workloads` need that is not here.
+fn require(workloads: &[Workload]) -> Result<()> {
+    let mut missing_here = testbed::require::missing();
+    missing_here.extend(missing(workloads));
+    if !missing_here.is_empty() {
+        bail!(
+            "cannot run the apps bench: {} (`cargo xtask bench --scenario apps` installs and builds them)",
+            missing_here.join("; ")
+        );
+    }
+    Ok(())
+}
+
+/// A warning when the load average at the start (`loadavg`, its first field) says the
+/// machine is not quiet.
+fn busy(loadavg: &str) -> Option<String> {
+    let load: f64 = loadavg
+        .split_whitespace()
+        .next()
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(0.0);
+    (load > QUIET_LOAD).then(|| {
+        format!(
+            "load average {loadavg} at the start (above {QUIET_LOAD}): other work shares the machine"
+        )
+    })
+}
+
+/// The agent's options for the pods with `args` added, and how it runs: started once as
+/// a user starts it, with `--allow-unguarded` only when it refused to bypass without.
+fn agent_as_a_user_runs_it(pods: &TwoPods, args: &[String]) -> Result<(AgentOpts, AgentMode)> {
+    let mut agent_opts = pods.agent_opts();
+    agent_opts.extra_args.extend(args.iter().cloned());
+    let as_user = mode::probe(&agent_opts).context("start the agent as a user would")?;
+    let mut agent_mode = mode::decide(as_user);
+    agent_opts.allow_unguarded = agent_mode.allow_unguarded;
+    agent_mode.command = format!("bypass-agent {}", agent_opts.args().join(" "));
+    progress(&mode::describe(&agent_mode));
+    Ok((agent_opts, agent_mode))
 }
 
 /// Writes `bench.json`, `table.txt`, `table.md` and `readme-snippet.md` into `dir`.

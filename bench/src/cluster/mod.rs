@@ -39,11 +39,11 @@ use pods::{Namespace, argv_of};
 
 use crate::{
     driver::{
-        self, Observed, Options, RawLog, SLACK, Steps, fit_placements, progress, qperf_what,
-        record_hops, record_qperf,
+        self, Observed, Options, RawLog, SLACK, Start, Steps, progress, qperf_what, record_hops,
+        record_qperf,
     },
     env,
-    model::{Counted, Path, Placement, Results, Scenario},
+    model::{Config, Counted, Path, Placement, Results, Scenario},
     qperf, scenario,
 };
 
@@ -68,9 +68,54 @@ pub fn run(opts: &Options) -> Result<Results> {
         "run the cluster scenario as `cargo xtask bench --scenario cluster`, which brings the cluster up and sets it",
     )?;
     let mut config = opts.config.clone();
+    let narrowed = narrow(&mut config);
+    let mut start = Start::new(&opts.workspace, &opts.raw_dir, &config.placements)?;
+    config.placements = std::mem::take(&mut start.placements);
+    start.warnings.splice(0..0, narrowed);
+    progress(&format!(
+        "cluster: deploying deploy/ (node {NODE} labelled {}), {} CPUs, load {}",
+        label_arg(Some(false)),
+        start.env.cpus,
+        start.env.loadavg_start
+    ));
+    let deployed = Deployed::apply(&kube, &opts.workspace)?;
+    let ns = Namespace::create(&kube)?;
+    let server_ip = ns.pod("server", &server_containers(&config.placements))?;
+    let sleeper = Container {
+        name: "client".into(),
+        command: vec!["/bin/sleep".into(), "infinity".into()],
+    };
+    let client_ip = ns.pod("client", &[sleeper])?;
+    let veth = ns.host_veth("server")?;
+    start.env.addresses = format!("{client_ip} -> {server_ip} (server pod's host veth {veth})");
+    progress(&format!("cluster: pods {}", start.env.addresses));
+    let blocks = driver::paths_of(config.minimal).len();
+    let total_steps = config.reps as usize * config.placements.len() * blocks * config.sizes.len();
+    let mut run = Run {
+        kube: &kube,
+        ns: &ns,
+        server_ip: server_ip
+            .parse()
+            .with_context(|| format!("the server pod's IP {server_ip}"))?,
+        veth,
+        results: Results::new(config, start.env, start.warnings),
+        raw: start.raw,
+        steps: Steps::new(total_steps),
+    };
+    let outcome = run.sweep();
+    let mut results = run.results;
+    drop(ns);
+    drop(deployed);
+    outcome?;
+    results.env.loadavg_end = env::loadavg();
+    Ok(results)
+}
+
+/// What the cluster does not run, taken out of `config`, a warning each: sockperf is
+/// not in the test image, the minimal datapath and the floor have no pods to attach to
+/// or compare with here.
+fn narrow(config: &mut Config) -> Vec<String> {
     let mut warnings = Vec::new();
-    // Not in the cluster: sockperf is not in the test image, the minimal datapath and
-    // the floor have no pods to attach to or compare with here.
     if !config.sockperf_sizes.is_empty() {
         warnings.push("sockperf skipped: not in the test image".to_owned());
         config.sockperf_sizes.clear();
@@ -81,49 +126,7 @@ pub fn run(opts: &Options) -> Result<Results> {
         );
         config.minimal = false;
     }
-    let agent_bin = testbed::agent::agent_bin();
-    let mut env = env::collect(&opts.workspace, &agent_bin);
-    let cpus = env.cpus;
-    fit_placements(&mut config.placements, cpus, &mut warnings)?;
-    let raw = RawLog::open(&opts.raw_dir)?;
-    progress(&format!(
-        "cluster: deploying deploy/ (node {NODE} labelled {}), {cpus} CPUs, load {}",
-        label_arg(Some(false)),
-        env.loadavg_start
-    ));
-    let deployed = Deployed::apply(&kube, &opts.workspace)?;
-    let ns = Namespace::create(&kube)?;
-    let server_ip = ns.pod("server", &server_containers(&config.placements))?;
-    let client_ip = ns.pod(
-        "client",
-        &[Container {
-            name: "client".into(),
-            command: vec!["/bin/sleep".into(), "infinity".into()],
-        }],
-    )?;
-    let veth = ns.host_veth("server")?;
-    env.addresses = format!("{client_ip} -> {server_ip} (server pod's host veth {veth})");
-    progress(&format!("cluster: pods {}", env.addresses));
-    let blocks = driver::paths_of(config.minimal).len();
-    let total_steps = config.reps as usize * config.placements.len() * blocks * config.sizes.len();
-    let mut run = Run {
-        kube: &kube,
-        ns: &ns,
-        server_ip: server_ip
-            .parse()
-            .with_context(|| format!("the server pod's IP {server_ip}"))?,
-        veth,
-        results: Results::new(config, env, warnings),
-        raw,
-        steps: Steps::new(total_steps),
-    };
-    let outcome = run.sweep();
-    let mut results = run.results;
-    drop(ns);
-    drop(deployed);
-    outcome?;
-    results.env.loadavg_end = env::loadavg();
-    Ok(results)
+    warnings
 }
 
 impl Run<'_> {

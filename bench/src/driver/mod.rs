@@ -21,7 +21,7 @@ mod tools;
 
 use std::{
     net::IpAddr,
-    path::PathBuf,
+    path::{Path as FsPath, PathBuf},
     process::{Command, Stdio},
     time::Duration,
 };
@@ -30,8 +30,8 @@ use anyhow::{Context as _, Result, bail};
 use testbed::TwoPods;
 
 pub use output::{write_files, write_outputs};
-pub(crate) use plan::{fit_placements, paths_of, qperf_port};
-use plan::{qperf_data_port, sockperf_port};
+use plan::{fit_placements, qperf_data_port, sockperf_port};
+pub(crate) use plan::{paths_of, qperf_port};
 pub(crate) use progress::{RawLog, Steps, progress};
 pub use record::wire_problem;
 pub(crate) use record::{Observed, qperf_what, record_hops, record_qperf};
@@ -39,7 +39,7 @@ pub(crate) use switch::PathSwitch;
 
 use crate::{
     env,
-    model::{Config, Path, Prog, Results, Scenario},
+    model::{Config, Environment, Path, Placement, Prog, Results, Scenario},
     progstats,
     scenario::{self, Setup},
 };
@@ -97,14 +97,53 @@ impl ProgRef {
     }
 }
 
-/// Runs the bench and returns everything it measured.
-pub fn run(opts: &Options) -> Result<Results> {
-    if opts.config.scenario == Scenario::Cluster {
-        return crate::cluster::run(opts);
+/// What every run starts from: the environment, the placements that fit on this
+/// machine (with a warning for each left out), the raw log.
+pub(crate) struct Start {
+    pub(crate) env: Environment,
+    pub(crate) placements: Vec<Placement>,
+    pub(crate) warnings: Vec<String>,
+    pub(crate) raw: RawLog,
+}
+
+impl Start {
+    /// Collects the environment (`workspace` for the git commit), fits `placements`,
+    /// opens the raw log under `raw_dir`.
+    pub(crate) fn new(
+        workspace: &FsPath,
+        raw_dir: &FsPath,
+        placements: &[Placement],
+    ) -> Result<Self> {
+        let env = env::collect(workspace, &testbed::agent::agent_bin());
+        let (mut placements, mut warnings) = (placements.to_vec(), Vec::new());
+        fit_placements(&mut placements, env.cpus, &mut warnings)?;
+        let raw = RawLog::open(raw_dir)?;
+        Ok(Self {
+            env,
+            placements,
+            warnings,
+            raw,
+        })
     }
-    for (tool, arg) in [("qperf", "--version"), ("sockperf", "--version")] {
+
+    /// Builds the two pods (saying so, `prefix` first) and records their addresses.
+    pub(crate) fn pods(&mut self, prefix: &str) -> Result<TwoPods> {
+        let env = &mut self.env;
+        progress(&format!(
+            "{prefix}building two pods; agent {}; {} CPUs, load {}",
+            env.agent_bin, env.cpus, env.loadavg_start
+        ));
+        let pods = TwoPods::new().context("build the two-pod topology")?;
+        env.addresses = format!("{} -> {}", pods.a.ipv4(), pods.b.ipv4());
+        Ok(pods)
+    }
+}
+
+/// Fails naming what is not installed of the bench's tools and `scenario`'s needs.
+fn require(scenario: Scenario) -> Result<()> {
+    for tool in ["qperf", "sockperf"] {
         let ok = Command::new(tool)
-            .arg(arg)
+            .arg("--version")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
@@ -114,24 +153,23 @@ pub fn run(opts: &Options) -> Result<Results> {
         }
     }
     let mut missing = testbed::require::missing();
-    missing.extend(scenario::missing(opts.config.scenario));
+    missing.extend(scenario::missing(scenario));
     if !missing.is_empty() {
         bail!("cannot run the bench: {}", missing.join("; "));
     }
-    let agent_bin = testbed::agent::agent_bin();
-    let env = env::collect(&opts.workspace, &agent_bin);
+    Ok(())
+}
+
+/// Runs the bench and returns everything it measured.
+pub fn run(opts: &Options) -> Result<Results> {
+    if opts.config.scenario == Scenario::Cluster {
+        return crate::cluster::run(opts);
+    }
+    require(opts.config.scenario)?;
     let mut config = opts.config.clone();
-    let mut warnings = Vec::new();
-    let cpus = env.cpus;
-    fit_placements(&mut config.placements, cpus, &mut warnings)?;
-    let raw = RawLog::open(&opts.raw_dir)?;
-    progress(&format!(
-        "building two pods; agent {}; {} CPUs, load {}",
-        agent_bin.display(),
-        cpus,
-        env.loadavg_start
-    ));
-    let pods = TwoPods::new().context("build the two-pod topology")?;
+    let mut start = Start::new(&opts.workspace, &opts.raw_dir, &config.placements)?;
+    config.placements = std::mem::take(&mut start.placements);
+    let pods = start.pods("")?;
     let setup = Setup::apply(
         config.scenario,
         &pods,
@@ -143,7 +181,6 @@ pub fn run(opts: &Options) -> Result<Results> {
         },
     )
     .with_context(|| format!("set up the {} scenario", config.scenario.name()))?;
-    let server_ip = setup.target;
     let mut agent_opts = pods.agent_opts();
     agent_opts
         .extra_args
@@ -151,13 +188,6 @@ pub fn run(opts: &Options) -> Result<Results> {
     agent_opts
         .extra_args
         .extend(config.agent_args.iter().cloned());
-    let per_block = config.sizes.len() + config.sockperf_sizes.len();
-    let floor_steps = if opts.no_floor { 0 } else { config.sizes.len() };
-    let blocks = paths_of(config.minimal).len();
-    let total_steps =
-        config.reps as usize * config.placements.len() * (blocks * per_block + floor_steps);
-    let mut env = env;
-    env.addresses = format!("{} -> {}", pods.a.ipv4(), pods.b.ipv4());
     if config.scenario != Scenario::Default {
         progress(&format!(
             "scenario {}: {}; {}",
@@ -165,19 +195,20 @@ pub fn run(opts: &Options) -> Result<Results> {
             config.scenario.describe(),
             setup.summary
         ));
-        env.addresses = format!("{}; {}", env.addresses, setup.summary);
+        start.env.addresses = format!("{}; {}", start.env.addresses, setup.summary);
     }
+    let total_steps = total_steps(&config, opts.no_floor);
     let mut run = Run {
         opts,
+        server_ip: setup.target,
         setup,
-        server_ip,
         block_start: None,
         progs_start: None,
         paths: PathSwitch::new(agent_opts, pods.cgroup().to_path_buf()),
         _stats: progstats::enable()?,
-        results: Results::new(config, env, warnings),
+        results: Results::new(config, start.env, start.warnings),
         pods,
-        raw,
+        raw: start.raw,
         steps: Steps::new(total_steps),
     };
     let servers = run.start_servers()?;
@@ -190,4 +221,13 @@ pub fn run(opts: &Options) -> Result<Results> {
     run.results.env.loadavg_end = env::loadavg();
     run.results.env.duration_secs = run.steps.elapsed_secs();
     Ok(run.results)
+}
+
+/// The tool runs of `config`: per repetition and placement, qperf and sockperf on each
+/// path, and the floor unless `no_floor`.
+fn total_steps(config: &Config, no_floor: bool) -> usize {
+    let per_block = config.sizes.len() + config.sockperf_sizes.len();
+    let floor_steps = if no_floor { 0 } else { config.sizes.len() };
+    let blocks = paths_of(config.minimal).len();
+    config.reps as usize * config.placements.len() * (blocks * per_block + floor_steps)
 }
