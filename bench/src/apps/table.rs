@@ -12,7 +12,7 @@ use super::{
 };
 use crate::{
     model::{AppsResults, Path, ProbePhase},
-    report::text::{fmt_ratio, fmt_summary, fmt_value},
+    report::text::{fmt_ratio, fmt_summary, fmt_value, render_warnings},
 };
 
 /// `median [min-max]` of a path's rates, or its failures.
@@ -183,12 +183,7 @@ pub fn render(r: &AppsResults) -> String {
             kib as f64 * 1024.0 / 1e6
         );
     }
-    if !r.warnings.is_empty() {
-        let _ = writeln!(o, "\nwarnings:");
-        for w in &r.warnings {
-            let _ = writeln!(o, "  - {w}");
-        }
-    }
+    render_warnings(&mut o, &r.warnings);
     o
 }
 

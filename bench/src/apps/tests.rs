@@ -249,5 +249,8 @@ fn json_round_trips_and_is_told_apart() {
 fn a_busy_machine_is_warned_about() {
     assert_eq!(super::busy("0.40 0.30 0.20"), None);
     let w = super::busy("2.50 1.00 0.50").unwrap();
-    assert!(w.starts_with("load average 2.50 1.00 0.50 at the start (above 1.5)"), "{w}");
+    assert!(
+        w.starts_with("load average 2.50 1.00 0.50 at the start (above 1.5)"),
+        "{w}"
+    );
 }

@@ -39,8 +39,8 @@ use pods::{Namespace, argv_of};
 
 use crate::{
     driver::{
-        self, Observed, Options, RawLog, SLACK, Start, Steps, progress, qperf_what, record_hops,
-        record_qperf,
+        self, Observed, Options, RawLog, SLACK, Start, Steps, failed_attempt, progress, qperf_what,
+        record_hops, record_qperf,
     },
     env,
     model::{Config, Counted, Path, Placement, Results, Scenario},
@@ -199,12 +199,9 @@ impl Run<'_> {
                 self.raw.write(what, &text);
                 return Ok(Some(text));
             }
-            self.results.warnings.push(format!(
-                "{what} (attempt {}): {}: {}",
-                attempt + 1,
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
+            self.results
+                .warnings
+                .push(failed_attempt(what, attempt, &out));
         }
         Ok(None)
     }

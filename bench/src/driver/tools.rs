@@ -10,7 +10,8 @@ use anyhow::{Context as _, Result, bail};
 use testbed::spawn_in_on_cpus;
 
 use super::{
-    Observed, Run, SLACK, qperf_data_port, qperf_port, qperf_what, record_qperf, sockperf_port,
+    Observed, Run, SLACK, failed_attempt, qperf_data_port, qperf_port, qperf_what, record_qperf,
+    sockperf_port,
 };
 use crate::{
     floor::FloorResult,
@@ -40,15 +41,10 @@ impl Run<'_> {
                     self.raw.write(what, &text);
                     return Ok(Some(text));
                 }
-                Ok(out) => {
-                    let msg = format!(
-                        "{what} (attempt {}): {}: {}",
-                        attempt + 1,
-                        out.status,
-                        String::from_utf8_lossy(&out.stderr).trim()
-                    );
-                    self.results.warnings.push(msg);
-                }
+                Ok(out) => self
+                    .results
+                    .warnings
+                    .push(failed_attempt(what, attempt, &out)),
                 Err(e) => self
                     .results
                     .warnings

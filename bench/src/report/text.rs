@@ -278,13 +278,18 @@ pub fn render(r: &Results) -> String {
     for t in targets(r) {
         let _ = writeln!(o, "  {:<4}  {:<62} {}", t.verdict(), t.name, t.detail);
     }
-    if !r.warnings.is_empty() {
+    render_warnings(&mut o, &r.warnings);
+    o
+}
+
+/// The run's warnings, if any, one a line.
+pub(crate) fn render_warnings(o: &mut String, warnings: &[String]) {
+    if !warnings.is_empty() {
         let _ = writeln!(o, "\nwarnings:");
-        for w in &r.warnings {
+        for w in warnings {
             let _ = writeln!(o, "  - {w}");
         }
     }
-    o
 }
 
 fn render_programs(o: &mut String, r: &Results) {
