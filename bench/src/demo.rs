@@ -18,6 +18,7 @@ use bypass_common::Stat;
 use crate::{
     driver::{self, wire_problem},
     model::{Config, Path, Placement, Results, Scenario, Test},
+    report::hop_totals,
     scenario::hop_problems,
 };
 
@@ -178,11 +179,7 @@ pub fn moved(r: &Results) -> String {
 /// How much the agent's counter `stat` grew over the bypassed blocks of `placement` in
 /// run `r` (pure).
 pub fn counter(r: &Results, placement: &str, stat: Stat) -> u64 {
-    r.hops
-        .iter()
-        .filter(|h| h.placement == placement)
-        .filter_map(|h| h.counters.get(stat.name()))
-        .sum()
+    hop_totals(r, placement).map_or(0, |t| t.get(stat.name()).unwrap_or(0))
 }
 
 /// `n` bytes in B, KiB, MiB or GiB.
