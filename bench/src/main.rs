@@ -38,23 +38,6 @@ enum Placements {
     Cross,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum TestArg {
-    #[value(name = "tcp_lat")]
-    TcpLat,
-    #[value(name = "tcp_bw")]
-    TcpBw,
-}
-
-impl From<TestArg> for Test {
-    fn from(t: TestArg) -> Self {
-        match t {
-            TestArg::TcpLat => Test::TcpLat,
-            TestArg::TcpBw => Test::TcpBw,
-        }
-    }
-}
-
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// Run the bench (root): two pods, qperf and sockperf with the bypass attached and
@@ -103,7 +86,7 @@ enum Cmd {
     /// The floor's client (started by `run`): prints one JSON line.
     Floor {
         #[arg(long, value_enum)]
-        test: TestArg,
+        test: Test,
         #[arg(long)]
         size: u32,
         #[arg(long)]
@@ -151,7 +134,7 @@ enum Cmd {
     /// The floor's peer (started by `floor`, socket on stdin).
     FloorPeer {
         #[arg(long, value_enum)]
-        test: TestArg,
+        test: Test,
         #[arg(long)]
         size: u32,
         #[arg(long)]
@@ -182,7 +165,7 @@ struct SweepArgs {
     sockperf_sizes: Option<Vec<u32>>,
     /// qperf tests, comma-separated [default: tcp_lat,tcp_bw].
     #[arg(long, value_enum, value_delimiter = ',')]
-    tests: Option<Vec<TestArg>>,
+    tests: Option<Vec<Test>>,
     /// Skip the Unix-socket floor (always skipped in the mesh and clusterip
     /// scenarios: it has no chain to compare with, and the default run measures it).
     #[arg(long)]
@@ -283,12 +266,7 @@ fn real_main() -> Result<()> {
         Cmd::Run(args) => sweep(args),
         Cmd::Demo { out, raw } => demo(&out, &raw),
         Cmd::Apps(args) => apps(args),
-        Cmd::Scale { opts, out } => {
-            let results = bench::scale::run(&opts)?;
-            let written = bench::scale::write_outputs(&results, &out)?;
-            show(&bench::scale::render(&results), &written);
-            Ok(())
-        }
+        Cmd::Scale { opts, out } => scale(&opts, &out),
         Cmd::Report { from, out } => report(&from, out),
         Cmd::Floor {
             test,
@@ -297,13 +275,9 @@ fn real_main() -> Result<()> {
             client_cpu,
             server_cpu,
         } => print_json(&bench::floor::client(
-            test.into(),
-            size,
-            secs,
-            client_cpu,
-            server_cpu,
+            test, size, secs, client_cpu, server_cpu,
         )?),
-        Cmd::FloorPeer { test, size, cpu } => bench::floor::peer(test.into(), size, cpu),
+        Cmd::FloorPeer { test, size, cpu } => bench::floor::peer(test, size, cpu),
         Cmd::Wakeups {
             sizes,
             secs,
@@ -358,10 +332,7 @@ fn sweep(a: SweepArgs) -> Result<()> {
             .filter(|&s| s > 0)
             .collect(),
         placements: placements_of(a.placement, quick),
-        tests: a.tests.map_or_else(
-            || vec![Test::TcpLat, Test::TcpBw],
-            |t| t.into_iter().map(Test::from).collect(),
-        ),
+        tests: a.tests.unwrap_or_else(|| vec![Test::TcpLat, Test::TcpBw]),
         idle_secs: if quick { 1.0 } else { 3.0 },
         minimal: !a.no_minimal,
         agent_args: a.agent_args,
@@ -424,6 +395,14 @@ fn apps(a: AppsArgs) -> Result<()> {
     let results = apps::run(&opts)?;
     let written = apps::write_outputs(&results, &a.out.unwrap_or_else(apps::default_out))?;
     show(&apps::table::render(&results), &written);
+    Ok(())
+}
+
+/// `scale`: the run against the API server, its files and table.
+fn scale(opts: &bench::scale::Options, out: &FsPath) -> Result<()> {
+    let results = bench::scale::run(opts)?;
+    let written = bench::scale::write_outputs(&results, out)?;
+    show(&bench::scale::render(&results), &written);
     Ok(())
 }
 

@@ -40,9 +40,22 @@ impl Path {
     }
 }
 
-/// What a sample measured.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+/// What a sample measured (`--tests`, the floor's `--test`).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    clap::ValueEnum,
+)]
 #[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
 pub enum Test {
     /// Ping-pong of one message each way; the value is the mean one-way latency in ns
     /// (round trip / 2), as qperf `tcp_lat` reports it.
