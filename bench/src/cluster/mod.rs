@@ -43,7 +43,7 @@ use crate::{
         record_hops, record_qperf,
     },
     env,
-    model::{Config, Counted, Path, Placement, Results, Scenario},
+    model::{Config, Counted, Path, Placement, Results},
     qperf, scenario,
 };
 
@@ -143,7 +143,9 @@ impl Run<'_> {
                     }
                     if path == Path::Bypass {
                         let after = self.counters()?;
-                        self.hops(rep, placement, &before, &after);
+                        let at = (rep, placement);
+                        let shown = ["paired_pod", "redirected_bytes", "passed_bytes"];
+                        progress(&record_hops(&mut self.results, at, &before, &after, &shown));
                     }
                 }
                 order.rotate_left(1);
@@ -156,29 +158,6 @@ impl Run<'_> {
     /// The agent's counters now (it runs in both blocks).
     fn counters(&self) -> Result<BTreeMap<String, u64>> {
         Ok(scenario::counters_of(&self.kube.agent_status()?))
-    }
-
-    /// At the end of a bypassed block: how the counters grew, a warning when a
-    /// measured connection was not paired.
-    fn hops(
-        &mut self,
-        rep: u32,
-        p: &Placement,
-        before: &BTreeMap<String, u64>,
-        after: &BTreeMap<String, u64>,
-    ) {
-        let cfg = &self.results.config;
-        let connections = (cfg.sizes.len() * cfg.tests.len()) as u64;
-        let line = record_hops(
-            &mut self.results,
-            (rep, p),
-            Scenario::Cluster,
-            connections,
-            before,
-            after,
-            &["paired_pod", "redirected_bytes", "passed_bytes"],
-        );
-        progress(&line);
     }
 
     /// The qperf client in pod `client`, pinned to `cpu`, through `kubectl exec` under

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use crate::{
-    model::{Counted, HopSample, Path, Placement, Results, Sample, Scenario, Test},
+    model::{Config, Counted, HopSample, Path, Placement, Results, Sample, Test},
     qperf, scenario,
 };
 
@@ -119,21 +119,33 @@ fn record_qperf_output(
     )
 }
 
-/// At the end of a bypassed block of `connections` measured connections (rep and
-/// placement in `at`): how the agent's counters grew from `before` to `after`, into a hop
-/// sample of `results`, with a warning for each hop of `scenario` not paired; returns the
+/// The measured connections a bypassed block of repetition `rep` opens: one per qperf
+/// size and test, one per sockperf size while sockperf runs.
+pub(crate) fn block_connections(config: &Config, rep: u32) -> u64 {
+    let qperf = config.sizes.len() * config.tests.len();
+    let sockperf = if rep < config.sockperf_reps {
+        config.sockperf_sizes.len()
+    } else {
+        0
+    };
+    (qperf + sockperf) as u64
+}
+
+/// At the end of a bypassed block (rep and placement in `at`): how the agent's counters
+/// grew from `before` to `after`, into a hop sample of `results`, with a warning for
+/// each hop of its scenario not paired by the block's measured connections; returns the
 /// progress line, which shows the counters named in `shown`.
 pub(crate) fn record_hops(
     results: &mut Results,
     at: (u32, &Placement),
-    scenario: Scenario,
-    connections: u64,
     before: &BTreeMap<String, u64>,
     after: &BTreeMap<String, u64>,
     shown: &[&str],
 ) -> String {
     let (rep, p) = at;
+    let connections = block_connections(&results.config, rep);
     let counters = scenario::delta(before, after);
+    let scenario = results.config.scenario;
     for problem in scenario::hop_problems(scenario, connections, &counters) {
         results
             .warnings
@@ -251,11 +263,10 @@ mod tests {
         let mut results = Results::new(config, Default::default(), Vec::new());
         let before = BTreeMap::from([("paired_pod".to_owned(), 3)]);
         let after = BTreeMap::from([("paired_pod".to_owned(), 5)]);
+        let at = (1, &Placement::cross_cpu());
         let line = record_hops(
             &mut results,
-            (1, &Placement::cross_cpu()),
-            Scenario::Cluster,
-            2,
+            at,
             &before,
             &after,
             &["paired_pod", "passed_bytes"],

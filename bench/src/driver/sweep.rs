@@ -13,7 +13,7 @@ use testbed::{PodChild, apps::listening::is_listening, spawn_in_on_cpus};
 
 use super::{ProgRef, Run, paths_of, progress, qperf_port, record_hops, sockperf_port};
 use crate::{
-    model::{Config, Path, Placement, ProbePhase, Prog, ProgSample},
+    model::{Path, Placement, ProbePhase, Prog, ProgSample},
     qperf, scenario, sockperf,
 };
 
@@ -87,7 +87,7 @@ impl Run<'_> {
                         self.probe(ProbePhase::Sweep)?;
                     }
                     self.progs_end(rep, placement, path)?;
-                    self.hops_end(rep, placement, &cfg)?;
+                    self.hops_end(rep, placement)?;
                 }
                 order.rotate_left(1);
                 if !self.opts.no_floor {
@@ -185,28 +185,19 @@ impl Run<'_> {
 
     /// At the end of a bypassed block: record how the counters grew and warn when a hop
     /// was not paired.
-    fn hops_end(&mut self, rep: u32, p: &Placement, cfg: &Config) -> Result<()> {
+    fn hops_end(&mut self, rep: u32, p: &Placement) -> Result<()> {
         let Some(before) = self.block_start.take() else {
             return Ok(());
         };
         let after = self.counters()?;
-        let qperf_conns = cfg.sizes.len() * cfg.tests.len();
-        let sockperf_conns = if rep < cfg.sockperf_reps {
-            cfg.sockperf_sizes.len()
-        } else {
-            0
-        };
-        let connections = (qperf_conns + sockperf_conns) as u64;
-        let line = record_hops(
+        let shown = &scenario::HOP_COUNTERS;
+        progress(&record_hops(
             &mut self.results,
             (rep, p),
-            cfg.scenario,
-            connections,
             &before,
             &after,
-            &scenario::HOP_COUNTERS,
-        );
-        progress(&line);
+            shown,
+        ));
         Ok(())
     }
 }
