@@ -39,7 +39,7 @@ use pods::{Namespace, argv_of};
 
 use crate::{
     driver::{
-        self, Observed, Options, RawLog, SLACK, Start, Steps, failed_attempt, progress, qperf_what,
+        self, Observed, Options, RawLog, SLACK, Start, Steps, client_twice, progress, qperf_what,
         record_hops, record_qperf,
     },
     env,
@@ -164,8 +164,9 @@ impl Run<'_> {
     /// `timeout`; its stdout, or `None` (with a warning) after two failures.
     fn client(&mut self, what: &str, argv: &[String], secs: u32) -> Result<Option<String>> {
         let limit = Duration::from_secs(u64::from(secs) * 2 + 5) + SLACK;
-        for attempt in 0..2 {
-            let exec = self.ns.exec("client", argv);
+        let ns = self.ns;
+        client_twice(what, &mut self.raw, &mut self.results.warnings, || {
+            let exec = ns.exec("client", argv);
             let out = Command::new("timeout")
                 .arg(limit.as_secs().to_string())
                 .arg(exec.get_program())
@@ -173,16 +174,8 @@ impl Run<'_> {
                 .stdin(Stdio::null())
                 .output()
                 .context("run timeout kubectl exec")?;
-            if out.status.success() {
-                let text = String::from_utf8_lossy(&out.stdout).into_owned();
-                self.raw.write(what, &text);
-                return Ok(Some(text));
-            }
-            self.results
-                .warnings
-                .push(failed_attempt(what, attempt, &out));
-        }
-        Ok(None)
+            Ok(Ok(out))
+        })
     }
 
     /// What the agent has counted (redirected and passed bytes, small-message streams

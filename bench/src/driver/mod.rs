@@ -32,9 +32,9 @@ use testbed::TwoPods;
 pub use output::{write_files, write_outputs};
 use plan::{fit_placements, qperf_data_port, sockperf_port};
 pub(crate) use plan::{paths_of, qperf_port};
-pub(crate) use progress::{RawLog, Steps, progress};
+pub(crate) use progress::{RawLog, Steps, client_twice, progress};
 pub use record::wire_problem;
-pub(crate) use record::{Observed, failed_attempt, qperf_what, record_hops, record_qperf};
+pub(crate) use record::{Observed, qperf_what, record_hops, record_qperf};
 pub(crate) use switch::PathSwitch;
 
 use crate::{

@@ -1,10 +1,12 @@
 //! What a run tells as it goes: the `bench:` lines on stderr, each tool run's step with
-//! the time elapsed and left, and the raw tool output appended to `tools.log`.
+//! the time elapsed and left, and the raw tool output appended to `tools.log` (a client's
+//! run retried once, [`client_twice`]).
 
 use std::{
     fs::{File, OpenOptions},
     io::Write as _,
     path::Path as FsPath,
+    process::Output,
     time::Instant,
 };
 
@@ -89,9 +91,59 @@ impl RawLog {
     }
 }
 
+/// Up to two runs of a tool's client, `run` starting one and waiting for it (`Err`: the
+/// bench cannot go on; `Ok(Err(..))`: this run failed): the stdout of the first that
+/// succeeds, appended to `raw` as `what`; a warning in `warnings` for each that failed.
+pub(crate) fn client_twice(
+    what: &str,
+    raw: &mut RawLog,
+    warnings: &mut Vec<String>,
+    mut run: impl FnMut() -> Result<Result<Output>>,
+) -> Result<Option<String>> {
+    for attempt in 1..=2 {
+        match run()? {
+            Ok(out) if out.status.success() => {
+                let text = String::from_utf8_lossy(&out.stdout).into_owned();
+                raw.write(what, &text);
+                return Ok(Some(text));
+            }
+            Ok(out) => warnings.push(format!(
+                "{what} (attempt {attempt}): {}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )),
+            Err(e) => warnings.push(format!("{what} (attempt {attempt}): {e:#}")),
+        }
+    }
+    Ok(None)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_client_is_run_again_once_and_its_failures_warned_about() {
+        use std::os::unix::process::ExitStatusExt as _;
+        let output = |code: i32, stdout: &str, stderr: &str| Output {
+            status: std::process::ExitStatus::from_raw(code << 8),
+            stdout: stdout.into(),
+            stderr: stderr.into(),
+        };
+        let (mut raw, mut warnings) = (RawLog(None), Vec::new());
+        let mut runs = vec![Ok(output(0, "ok", "")), Ok(output(1, "", "boom\n"))];
+        let got = client_twice("x", &mut raw, &mut warnings, || Ok(runs.pop().unwrap()));
+        assert_eq!(got.unwrap().as_deref(), Some("ok"));
+        assert_eq!(warnings, ["x (attempt 1): exit status: 1: boom"]);
+        let got = client_twice("y", &mut raw, &mut warnings, || {
+            Ok(Err(anyhow::anyhow!("hung")))
+        });
+        assert_eq!(got.unwrap(), None);
+        assert_eq!(
+            warnings[1..],
+            ["y (attempt 1): hung", "y (attempt 2): hung"]
+        );
+    }
 
     #[test]
     fn seconds_as_minutes() {

@@ -32,16 +32,6 @@ impl Observed {
     }
 }
 
-/// The warning for a client run's failed `attempt` (from 0) of `what`.
-pub(crate) fn failed_attempt(what: &str, attempt: u32, out: &std::process::Output) -> String {
-    format!(
-        "{what} (attempt {}): {}: {}",
-        attempt + 1,
-        out.status,
-        String::from_utf8_lossy(&out.stderr).trim()
-    )
-}
-
 /// What a qperf run is called in warnings, progress and the raw log (rep, placement,
 /// path and size in `at`).
 pub(crate) fn qperf_what(at: (u32, &Placement, Path, u32)) -> String {

@@ -10,7 +10,7 @@ use anyhow::{Context as _, Result, bail};
 use testbed::spawn_in_on_cpus;
 
 use super::{
-    Observed, Run, SLACK, failed_attempt, qperf_data_port, qperf_port, qperf_what, record_qperf,
+    Observed, Run, SLACK, client_twice, qperf_data_port, qperf_port, qperf_what, record_qperf,
     sockperf_port,
 };
 use crate::{
@@ -28,30 +28,15 @@ impl Run<'_> {
         cpu: usize,
         secs: u32,
     ) -> Result<Option<String>> {
-        for attempt in 0..2 {
+        let timeout = Duration::from_secs(u64::from(secs) * 2 + 5) + SLACK;
+        let pod = &self.pods.a;
+        client_twice(what, &mut self.raw, &mut self.results.warnings, || {
             let mut cmd = make();
             cmd.stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
-            let child = spawn_in_on_cpus(&self.pods.a, cmd, &[cpu])?;
-            let timeout = Duration::from_secs(u64::from(secs) * 2 + 5) + SLACK;
-            match child.wait_output(timeout) {
-                Ok(out) if out.status.success() => {
-                    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-                    self.raw.write(what, &text);
-                    return Ok(Some(text));
-                }
-                Ok(out) => self
-                    .results
-                    .warnings
-                    .push(failed_attempt(what, attempt, &out)),
-                Err(e) => self
-                    .results
-                    .warnings
-                    .push(format!("{what} (attempt {}): {e:#}", attempt + 1)),
-            }
-        }
-        Ok(None)
+            Ok(spawn_in_on_cpus(pod, cmd, &[cpu])?.wait_output(timeout))
+        })
     }
 
     fn wire_and_stats(&self) -> (Option<u64>, Option<Counted>) {
