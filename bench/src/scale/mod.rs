@@ -177,63 +177,15 @@ pub fn run(opts: &Options) -> Result<Results> {
     let client = rt.block_on(client(&env.kubeconfig()))?;
     let created = rt.block_on(create_all(&client, opts))?;
     let api_before = env.get("/metrics")?.1;
-
-    // The agent, in a cgroup of its own (nothing in it: attaching moves no traffic).
-    let cgroup = CgroupGuard::create("bb-scale")?;
-    let pin_dir = PathBuf::from("/sys/fs/bpf/bb-scale");
-    testbed::agent::remove_pins(&pin_dir)?;
-    let metrics_port = free_port()?;
-    let node = objects::node_name(0);
-    let mut extra = vec![
-        "--node-name".to_owned(),
-        node,
-        "--kubeconfig".to_owned(),
-        env.kubeconfig().display().to_string(),
-        "--metrics-addr".to_owned(),
-        format!("127.0.0.1:{metrics_port}"),
-    ];
-    extra.extend(opts.agent_args.iter().cloned());
-    let agent_opts = AgentOpts {
-        pod_cidrs: Vec::new(),
-        pod_ips: Vec::new(),
-        cgroup: cgroup.path().to_path_buf(),
-        pin_dir: pin_dir.clone(),
-        extra_args: extra,
-        env: Vec::new(),
-        allow_unguarded: true,
-        binary: None,
-    };
-    let started = Instant::now();
-    let agent = Agent::start(&agent_opts)?;
-    let pid = agent.pid();
-    let map = pod_addrs(&pin_dir)?;
-    let own: Vec<Ipv4Addr> = opts
-        .counts
-        .pods()
-        .filter(|p| p.node == 0)
-        .map(|p| p.ip())
-        .collect();
-    wait_until(
-        "the agent's pod address map to hold its node's pods",
-        || Ok(own.iter().all(|ip| contains(&map, *ip))),
-    )?;
-    let first_sync_secs = started.elapsed().as_secs_f64();
-    wait_until("the agent's Service backends to come from the API", || {
-        Ok(!agent.stats()?.service_backends.is_empty())
-    })?;
-    let backends_secs = started.elapsed().as_secs_f64();
-    eprintln!(
-        "scale: agent synced in {first_sync_secs:.1} s, Service backends in {backends_secs:.1} s"
-    );
-
-    let metrics = SocketAddr::from((Ipv4Addr::LOCALHOST, metrics_port));
+    let agent = Running::start(&env, opts)?;
+    let (first_sync_secs, backends_secs) = agent.synced(opts)?;
     let probe_counter = AtomicU64::new(0);
     let ctx = Ctx {
         client: &client,
         opts,
-        map: &map,
-        pid,
-        metrics,
+        map: &agent.map,
+        pid: agent.agent.pid(),
+        metrics: agent.metrics,
         env: &env,
         probes: &probe_counter,
     };
@@ -244,34 +196,9 @@ pub fn run(opts: &Options) -> Result<Results> {
         opts.churn_secs, opts.churn_rate
     );
     let churn = rt.block_on(window(&ctx, opts.churn_secs, opts.churn_rate))?;
-
-    let api_after = env.get("/metrics")?.1;
-    let watch = |text: &str| {
-        promtext::sum_by(
-            text,
-            "apiserver_longrunning_requests",
-            &[("verb", "WATCH")],
-            "resource",
-        )
-    };
-    let requests = |text: &str, verb: &str| {
-        promtext::sum_by(
-            text,
-            "apiserver_request_total",
-            &[("verb", verb)],
-            "resource",
-        )
-    };
-    let watches = promtext::delta(&watch(&api_before), &watch(&api_after));
-    let mut list_watch_requests = BTreeMap::new();
-    for verb in ["LIST", "WATCH"] {
-        for (r, n) in promtext::delta(&requests(&api_before, verb), &requests(&api_after, verb)) {
-            list_watch_requests.insert(format!("{verb} {r}"), n);
-        }
-    }
-    let end = procfs::snapshot(pid)?;
+    let (watches, list_watch_requests) = api_requests(&api_before, &env.get("/metrics")?.1);
+    let end = procfs::snapshot(agent.agent.pid())?;
     drop(agent);
-    drop(cgroup);
     Ok(Results {
         label: opts.label.clone(),
         counts: opts.counts,
@@ -288,6 +215,110 @@ pub fn run(opts: &Options) -> Result<Results> {
         rss_peak_kib: end.hwm_kib,
         rss_end_kib: end.rss_kib,
     })
+}
+
+/// The agent as the chart runs it (Kubernetes mode, its node's name), in a cgroup of
+/// its own (nothing in it: attaching moves no traffic), with its pod address map and
+/// its metrics address.
+struct Running {
+    // Drop order: the agent, then its cgroup.
+    agent: Agent,
+    _cgroup: CgroupGuard,
+    map: BpfHashMap<MapData, IpKey, u8>,
+    metrics: SocketAddr,
+    started: Instant,
+}
+
+impl Running {
+    /// Starts the agent against the API server of `env`.
+    fn start(env: &KubeEnv, opts: &Options) -> Result<Self> {
+        let cgroup = CgroupGuard::create("bb-scale")?;
+        let pin_dir = PathBuf::from("/sys/fs/bpf/bb-scale");
+        testbed::agent::remove_pins(&pin_dir)?;
+        let metrics = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?));
+        let mut extra = vec![
+            "--node-name".to_owned(),
+            objects::node_name(0),
+            "--kubeconfig".to_owned(),
+            env.kubeconfig().display().to_string(),
+            "--metrics-addr".to_owned(),
+            metrics.to_string(),
+        ];
+        extra.extend(opts.agent_args.iter().cloned());
+        let agent_opts = AgentOpts {
+            pod_cidrs: Vec::new(),
+            pod_ips: Vec::new(),
+            cgroup: cgroup.path().to_path_buf(),
+            pin_dir: pin_dir.clone(),
+            extra_args: extra,
+            env: Vec::new(),
+            allow_unguarded: true,
+            binary: None,
+        };
+        let started = Instant::now();
+        let agent = Agent::start(&agent_opts)?;
+        Ok(Self {
+            agent,
+            _cgroup: cgroup,
+            map: pod_addrs(&pin_dir)?,
+            metrics,
+            started,
+        })
+    }
+
+    /// Waits for the agent's first sync: seconds from its start to its map holding its
+    /// node's pods, and to its Service backends coming from the API.
+    fn synced(&self, opts: &Options) -> Result<(f64, f64)> {
+        let own: Vec<Ipv4Addr> = opts
+            .counts
+            .pods()
+            .filter(|p| p.node == 0)
+            .map(|p| p.ip())
+            .collect();
+        wait_until(
+            "the agent's pod address map to hold its node's pods",
+            || Ok(own.iter().all(|ip| contains(&self.map, *ip))),
+        )?;
+        let first_sync_secs = self.started.elapsed().as_secs_f64();
+        wait_until("the agent's Service backends to come from the API", || {
+            Ok(!self.agent.stats()?.service_backends.is_empty())
+        })?;
+        let backends_secs = self.started.elapsed().as_secs_f64();
+        eprintln!(
+            "scale: agent synced in {first_sync_secs:.1} s, Service backends in {backends_secs:.1} s"
+        );
+        Ok((first_sync_secs, backends_secs))
+    }
+}
+
+/// From the API server's `/metrics` `before` and `after` the windows: the watches the
+/// agent holds, by resource, and the LIST and WATCH requests it made, by verb and
+/// resource (pure).
+fn api_requests(before: &str, after: &str) -> (BTreeMap<String, f64>, BTreeMap<String, f64>) {
+    let watch = |text: &str| {
+        promtext::sum_by(
+            text,
+            "apiserver_longrunning_requests",
+            &[("verb", "WATCH")],
+            "resource",
+        )
+    };
+    let requests = |text: &str, verb: &str| {
+        promtext::sum_by(
+            text,
+            "apiserver_request_total",
+            &[("verb", verb)],
+            "resource",
+        )
+    };
+    let watches = promtext::delta(&watch(before), &watch(after));
+    let mut list_watch_requests = BTreeMap::new();
+    for verb in ["LIST", "WATCH"] {
+        for (r, n) in promtext::delta(&requests(before, verb), &requests(after, verb)) {
+            list_watch_requests.insert(format!("{verb} {r}"), n);
+        }
+    }
+    (watches, list_watch_requests)
 }
 
 /// What a window needs.
@@ -826,4 +857,30 @@ pub fn write_outputs(r: &Results, out: &Path) -> Result<Vec<PathBuf>> {
             ("scale.md", render(r)),
         ],
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_agents_watches_and_requests_are_what_grew() {
+        let before = r#"apiserver_request_total{verb="LIST",resource="pods",code="200"} 1"#;
+        let after = [
+            r#"apiserver_longrunning_requests{verb="WATCH",resource="pods",scope="cluster"} 2"#,
+            r#"apiserver_longrunning_requests{verb="GET",resource="pods",scope="cluster"} 5"#,
+            r#"apiserver_request_total{verb="LIST",resource="pods",code="200"} 4"#,
+            r#"apiserver_request_total{verb="WATCH",resource="nodes",code="200"} 1"#,
+        ]
+        .join("\n");
+        let (watches, requests) = api_requests(before, &after);
+        assert_eq!(watches, BTreeMap::from([("pods".to_owned(), 2.0)]));
+        assert_eq!(
+            requests,
+            BTreeMap::from([
+                ("LIST pods".to_owned(), 3.0),
+                ("WATCH nodes".to_owned(), 1.0)
+            ])
+        );
+    }
 }
