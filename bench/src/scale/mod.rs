@@ -651,82 +651,69 @@ where
     })
 }
 
-/// Creates the whole cluster.
+/// Creates the whole cluster, kind by kind.
 async fn create_all(client: &Client, opts: &Options) -> Result<Vec<Created>> {
-    let c = opts.counts;
-    let n = opts.concurrency;
+    let (c, n) = (opts.counts, opts.concurrency);
     create::<ServiceCIDR>(client, objects::service_cidr_json()).await?;
-    let mut created = vec![
+    let ns = c.namespaces;
+    Ok(vec![
         create_many::<Namespace>(
             client,
             "namespaces",
             n,
-            (0..c.namespaces).map(|i| (objects::namespace_json(i), None)),
+            plain(0..ns, objects::namespace_json),
         )
         .await?,
-    ];
-    // Pods need their namespace's default ServiceAccount (no controller manager runs to
-    // make it).
-    created.push(
+        // Pods need their namespace's default ServiceAccount (no controller manager runs
+        // to make it).
         create_many::<ServiceAccount>(
             client,
             "serviceaccounts",
             n,
-            (0..c.namespaces).map(|i| (objects::service_account_json(i), None)),
+            plain(0..ns, objects::service_account_json),
         )
         .await?,
-    );
-    created.push(
-        create_many::<Node>(
-            client,
-            "nodes",
-            n,
-            (0..c.nodes).map(|i| (objects::node_json(i), None)),
-        )
-        .await?,
-    );
-    created.push(
+        create_many::<Node>(client, "nodes", n, plain(0..c.nodes, objects::node_json)).await?,
         create_many::<Pod>(
             client,
             "pods",
             n,
             c.pods().map(|p| {
-                (
-                    objects::pod_json(p, c.namespaces),
-                    Some(objects::pod_status_patch(p.ip())),
-                )
+                let status = objects::pod_status_patch(p.ip());
+                (objects::pod_json(p, ns), Some(status))
             }),
         )
         .await?,
-    );
-    created.push(
         create_many::<Service>(
             client,
             "services",
             n,
-            (0..c.services).map(|k| (objects::service_json(k, c.namespaces), None)),
+            plain(0..c.services, |k| objects::service_json(k, ns)),
         )
         .await?,
-    );
-    created.push(
         create_many::<EndpointSlice>(
             client,
             "endpointslices",
             n,
-            (0..c.services).map(|k| (objects::endpoint_slice_json(&c, k, 0), None)),
+            plain(0..c.services, |k| objects::endpoint_slice_json(&c, k, 0)),
         )
         .await?,
-    );
-    created.push(
         create_many::<NetworkPolicy>(
             client,
             "networkpolicies",
             n,
-            (0..c.policies).map(|k| (objects::policy_json(k, c.namespaces, 0), None)),
+            plain(0..c.policies, |k| objects::policy_json(k, ns, 0)),
         )
         .await?,
-    );
-    Ok(created)
+    ])
+}
+
+/// Objects `0..n` of `json`, with no status to write after.
+fn plain(
+    range: std::ops::Range<u32>,
+    json: impl Fn(u32) -> Value,
+) -> impl Iterator<Item = (Value, Option<Value>)> {
+    range.map(move |i| (json(i), None))
 }
 
 /// The agent's pod address map, from its pin.
