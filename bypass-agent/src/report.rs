@@ -92,7 +92,7 @@ fn report(
         refused: view
             .control
             .refused()?
-            .then(|| crate::datapath::refusal_from_results(checks)),
+            .then(|| crate::datapath::refusal_from_results(checks).why),
         counters,
         pod_cidrs: strings(view.pod_maps.cidrs()),
         pod_addresses: view.pod_maps.addrs().into_iter().collect(),

@@ -144,8 +144,8 @@ pub fn run(opts: RunOpts) -> Result<(), AgentError> {
     }
     dp.attach()?;
     if let Some(t) = &telemetry {
-        if let Some(why) = dp.refused() {
-            t.refused(why);
+        if let Some(refusal) = dp.refused() {
+            t.refused(refusal);
         }
         t.health.set_synced(true);
         t.health.set_settled(true);

@@ -149,7 +149,7 @@ pub struct Datapath {
     /// (`BYPASS_POD_NETNS`, an LRU) names them any more.
     former_owners: BTreeMap<IpAddr, BTreeSet<u64>>,
     /// Why the bypass is refused on this host, if it is.
-    refused: Option<String>,
+    refused: Option<Refusal>,
     /// What the kernel self-test found at this start.
     checks: kernel_check::Verdict,
     // Keeps the sk_msg attachment of a fresh load owned (dropping it detaches).
@@ -274,12 +274,12 @@ impl Datapath {
     /// allowed, then sock_ops attached to the cgroup (in that order, so no socket is
     /// inserted while redirects are still off).
     pub fn attach(&mut self) -> Result<(), AgentError> {
-        if let Some(why) = self.refused.clone() {
+        if let Some(refusal) = self.refused.clone() {
             if self.sockops_link.is_some() {
                 // Adopted from an agent that allowed it: this one does not.
                 self.detach()?;
             }
-            tracing::error!(reason = why, "not bypassing this node");
+            tracing::error!(reason = refusal.why, "not bypassing this node");
             return Ok(());
         }
         if self.sockops_link.is_some() {
@@ -377,8 +377,8 @@ impl Datapath {
 
     /// Why this agent does not bypass the node at all (a kernel without a read guard or
     /// failing its self-test, no `--allow-unguarded`), if it does not.
-    pub fn refused(&self) -> Option<&str> {
-        self.refused.as_deref()
+    pub fn refused(&self) -> Option<&Refusal> {
+        self.refused.as_ref()
     }
 
     /// What the kernel self-test found at this start.
@@ -594,17 +594,68 @@ pub const REFUSED_UNGUARDED: &str = "no read guard on this kernel (it refuses BP
 /// Why a pinned datapath refuses to bypass, for a reader of its maps (`status`): the
 /// checks its agent's self-test failed, else the missing read guard. The agent's own
 /// line says what each failed check saw.
-pub fn refusal_from_results(results: bypass_common::checks::Results) -> String {
+pub fn refusal_from_results(results: bypass_common::checks::Results) -> Refusal {
     let failed: Vec<&str> = results.failed().map(|c| c.name).collect();
     if failed.is_empty() {
-        return REFUSED_UNGUARDED.to_owned();
+        return Refusal::unguarded();
     }
-    format!(
-        "kernel {} fails the self-test: {} (the agent's log says what each saw; \
-         `bypass-agent probe` runs it again)",
-        host::kernel_release(),
-        failed.join(", ")
+    Refusal::new(
+        RefusalKind::SelfTest,
+        format!(
+            "kernel {} fails the self-test: {} (the agent's log says what each saw; \
+             `bypass-agent probe` runs it again)",
+            host::kernel_release(),
+            failed.join(", ")
+        ),
     )
+}
+
+/// Why an agent refuses to bypass its node: its kind, which `bypass_refused{reason}`
+/// counts, and the sentence the log and `/readyz` say.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// What kind of refusal.
+    pub kind: RefusalKind,
+    /// What the operator reads: the cause and the fix.
+    pub why: String,
+}
+
+impl Refusal {
+    /// A refusal of `kind` for `why`.
+    pub fn new(kind: RefusalKind, why: impl Into<String>) -> Self {
+        let why = why.into();
+        Self { kind, why }
+    }
+
+    /// The kernel has no read guard and `--allow-unguarded` was not given.
+    pub fn unguarded() -> Self {
+        Self::new(RefusalKind::NoReadGuard, REFUSED_UNGUARDED)
+    }
+}
+
+/// The kinds of [`Refusal`], named as `bypass_refused`'s `reason` label names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RefusalKind {
+    /// The kernel lacks what the datapath needs: nothing is loaded.
+    KernelFeatures,
+    /// The kernel fails a check of the self-test.
+    SelfTest,
+    /// No read guard (the kernel refuses BPF trampolines), no `--allow-unguarded`.
+    NoReadGuard,
+}
+
+impl RefusalKind {
+    /// Every kind, in the order `/metrics` lists them.
+    pub const ALL: [Self; 3] = [Self::KernelFeatures, Self::SelfTest, Self::NoReadGuard];
+
+    /// Its `reason` label.
+    pub const fn label(self) -> &'static str {
+        match self {
+            Self::KernelFeatures => "kernel_features",
+            Self::SelfTest => "self_test",
+            Self::NoReadGuard => "no_read_guard",
+        }
+    }
 }
 
 /// Step of [`Datapath::load`]: checks the kernel and the pin directory, opens the
@@ -733,13 +784,14 @@ fn write_refusal(
     control: &mut maps::Control,
     config: &Config,
     checks: &kernel_check::Verdict,
-) -> Result<Option<String>, AgentError> {
+) -> Result<Option<Refusal>, AgentError> {
     // What the pinned programs were loaded with (an adopted datapath: the previous
     // agent's load, same build and same host, so the same facts).
     let unguarded = control.features()? & bypass_common::layout::features::NO_READ_GUARD != 0;
     let refused = checks
         .refusal(&host::kernel_release(), config.allow_unguarded)
-        .or_else(|| (unguarded && !config.allow_unguarded).then(|| REFUSED_UNGUARDED.to_owned()));
+        .map(|why| Refusal::new(RefusalKind::SelfTest, why))
+        .or_else(|| (unguarded && !config.allow_unguarded).then(Refusal::unguarded));
     control.set_refused(refused.is_some())?;
     control.set_checks(checks.results)?;
     Ok(refused)

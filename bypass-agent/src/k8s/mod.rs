@@ -22,7 +22,7 @@ use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 use tracing::{error, info, warn};
 
 use crate::{
-    datapath::{self, Datapath, PinLayout},
+    datapath::{self, Datapath, PinLayout, Refusal, RefusalKind},
     error::AgentError,
     metrics::{self, Telemetry},
     runtime,
@@ -275,7 +275,7 @@ async fn run_async(
                 })
                 .await;
             }
-            telemetry.refused(&e.to_string());
+            telemetry.refused(&Refusal::new(RefusalKind::KernelFeatures, e.to_string()));
             telemetry.health.set_synced(true);
             telemetry.health.set_settled(true);
             let signal = (&mut shutdown).await;
@@ -284,8 +284,8 @@ async fn run_async(
         }
         Err(e) => return Err(e),
     };
-    if let Some(why) = dp.refused() {
-        telemetry.refused(why);
+    if let Some(refusal) = dp.refused() {
+        telemetry.refused(refusal);
     }
     telemetry.health.set_settled(false);
     let signal = controller::run(

@@ -279,7 +279,7 @@ impl<'a> Reconciler<'a> {
         super::loaded_status(
             &self.policy.node,
             dp.is_attached(),
-            dp.refused(),
+            dp.refused().map(|r| r.why.as_str()),
             &features,
             dp.kernel_checks().results,
             &why_off,

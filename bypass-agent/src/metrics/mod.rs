@@ -27,7 +27,7 @@ use prometheus_client::{
 };
 pub use server::{MAX_CONNECTIONS, serve};
 
-use crate::datapath::PinLayout;
+use crate::datapath::{PinLayout, Refusal, RefusalKind};
 
 /// Default port of `/metrics`, `/healthz` and `/readyz` (`--metrics-port`). Not 9464,
 /// OpenTelemetry's Prometheus exporter default, which an OpenTelemetry collector or SDK
@@ -73,36 +73,21 @@ mod addr_tests {
     use super::*;
 
     #[test]
-    fn refusals_are_labelled_by_kind_not_by_sentence() {
-        let kernel = format!(
-            "kernel 5.10.0 {}: it has no bpf_get_netns_cookie in sock_ops",
-            bypass_common::kernel::REFUSAL
-        );
-        assert_eq!(refusal_kind(&kernel), "kernel_features");
-        assert_eq!(
-            refusal_kind(&crate::datapath::refusal_from_results(Default::default())),
-            "no_read_guard"
-        );
-        assert_eq!(
-            refusal_kind("kernel 6.18.44 fails the self-test: fionread_tcp (seen)"),
-            "self_test"
-        );
-        assert_eq!(refusal_kind("anything else"), "other");
-    }
-
-    #[test]
     fn every_refusal_reason_listed_at_zero_until_refused() {
         let t = Telemetry::new(PinLayout::new(std::path::Path::new(
             "/nonexistent/bypass-metrics-test",
         )));
         let text = t.encode().unwrap();
-        for reason in REFUSAL_KINDS {
+        for kind in RefusalKind::ALL {
             assert!(
-                text.contains(&format!("bypass_refused{{reason=\"{reason}\"}} 0\n")),
+                text.contains(&format!(
+                    "bypass_refused{{reason=\"{}\"}} 0\n",
+                    kind.label()
+                )),
                 "{text}"
             );
         }
-        t.refused("no read guard on this kernel");
+        t.refused(&Refusal::unguarded());
         let text = t.encode().unwrap();
         assert!(
             text.contains("bypass_refused{reason=\"no_read_guard\"} 1\n"),
@@ -292,30 +277,9 @@ pub const EVENT_SCOPES: [&str; 3] = ["all_namespaces", "node", "none"];
 /// Labels of `bypass_refused`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct RefusedLabels {
-    /// What kind of refusal ([`refusal_kind`]); the sentence is in the log and
+    /// What kind of refusal ([`RefusalKind::label`]); the sentence is in the log and
     /// `/readyz`.
-    pub reason: String,
-}
-
-/// Every `reason` of `bypass_refused`, each listed (at 0) before any refusal, so the
-/// family is on `/metrics` of every agent.
-pub const REFUSAL_KINDS: [&str; 4] = ["kernel_features", "self_test", "no_read_guard", "other"];
-
-/// The short, enumerated label of a refusal sentence (pure), one of [`REFUSAL_KINDS`]:
-/// `kernel_features` (the kernel lacks what the datapath needs), `self_test` (it fails a
-/// check of the kernel self-test), `no_read_guard` (no BPF trampolines, no
-/// `--allow-unguarded`), `other`.
-pub fn refusal_kind(why: &str) -> &'static str {
-    let [kernel_features, self_test, no_read_guard, other] = REFUSAL_KINDS;
-    if why.contains(bypass_common::kernel::REFUSAL) {
-        kernel_features
-    } else if why.contains("fails the self-test") {
-        self_test
-    } else if why.starts_with("no read guard") {
-        no_read_guard
-    } else {
-        other
-    }
+    pub reason: &'static str,
 }
 
 impl Default for AgentMetrics {
@@ -374,9 +338,11 @@ impl Telemetry {
         }
         // No events until the owners' reader subscribes.
         agent.link_event_scope("none");
-        for reason in REFUSAL_KINDS {
+        // Every reason listed at 0 before any refusal, so the family is on every
+        // agent's `/metrics`.
+        for kind in RefusalKind::ALL {
             let _ = agent.refused.get_or_create(&RefusedLabels {
-                reason: reason.to_owned(),
+                reason: kind.label(),
             });
         }
         let mut registry = Registry::default();
@@ -432,7 +398,7 @@ impl Telemetry {
         );
         registry.register(
             "bypass_refused",
-            "1 for the kind of reason the agent refuses to bypass this node for, 0 for the others (kernel_features, self_test, no_read_guard, other; the sentence is in /readyz and the log)",
+            "1 for the kind of reason the agent refuses to bypass this node for, 0 for the others (kernel_features, self_test, no_read_guard; the sentence is in /readyz and the log)",
             agent.refused.clone(),
         );
         let pods = Arc::new(pods::PodDirectory::default());
@@ -450,12 +416,12 @@ impl Telemetry {
 
     /// The kernel was refused: the agent idles, and says why (in `/metrics` and
     /// `/readyz`).
-    pub fn refused(&self, reason: &str) {
-        self.health.set_refused(reason);
+    pub fn refused(&self, refusal: &Refusal) {
+        self.health.set_refused(&refusal.why);
         self.agent
             .refused
             .get_or_create(&RefusedLabels {
-                reason: refusal_kind(reason).to_owned(),
+                reason: refusal.kind.label(),
             })
             .set(1);
     }
