@@ -284,38 +284,53 @@ pub mod link_state {
 }
 
 /// How the two sockets of a bypassed connection were paired; each kind has its own
-/// counters.
-pub mod hop {
-    use crate::key::SockKey;
-
-    /// Not paired.
-    pub const UNPAIRED: u32 = 0;
+/// counters. A link holds it as its `u32` ([`Link::hop`]), 0 before it is paired.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hop {
     /// Pod address to pod address, each socket's key the mirror of the other's.
-    pub const POD: u32 = 1;
+    Pod = 1,
     /// Inside one pod over a loopback end (127.0.0.0/8, ::1).
-    pub const LOOPBACK: u32 = 2;
+    Loopback = 2,
     /// Translated on the way (iptables REDIRECT to a sidecar, a ClusterIP DNAT): the
     /// client's destination is not where the connection landed.
-    pub const TRANSLATED: u32 = 3;
+    Translated = 3,
+}
 
-    /// Every kind of a paired connection with its name, as the metrics' `kind` label
-    /// shows it, in the order they are listed.
-    pub const KINDS: [(u32, &str); 3] = [
-        (POD, "pod"),
-        (LOOPBACK, "loopback"),
-        (TRANSLATED, "translated"),
-    ];
+impl Hop {
+    /// Every kind, in the order the metrics list them.
+    pub const ALL: [Self; 3] = [Self::Pod, Self::Loopback, Self::Translated];
+
+    /// Its name, as the metrics' `kind` label shows it.
+    pub const fn label(self) -> &'static str {
+        match self {
+            Self::Pod => "pod",
+            Self::Loopback => "loopback",
+            Self::Translated => "translated",
+        }
+    }
+
+    /// The kind a link's `hop` holds; `None` for one not paired (0).
+    #[inline(always)]
+    pub const fn from_raw(raw: u32) -> Option<Self> {
+        match raw {
+            1 => Some(Self::Pod),
+            2 => Some(Self::Loopback),
+            3 => Some(Self::Translated),
+            _ => None,
+        }
+    }
 
     /// The kind of the connection between a connecting socket with key `client` and the
     /// accepting socket with key `server`.
     #[inline(always)]
-    pub const fn of(client: &SockKey, server: &SockKey) -> u32 {
+    pub const fn of(client: &SockKey, server: &SockKey) -> Self {
         if !client.mirrors(server) {
-            TRANSLATED
+            Self::Translated
         } else if client.is_loopback() {
-            LOOPBACK
+            Self::Loopback
         } else {
-            POD
+            Self::Pod
         }
     }
 }
@@ -378,7 +393,7 @@ const _: () = assert!(core::mem::size_of::<Connector>() == 80);
 pub struct Link {
     /// The accepting socket's key.
     pub server: SockKey,
-    /// The [`hop`] kind.
+    /// The [`Hop`] kind, as its `u32` (0: not paired).
     pub hop: u32,
     /// The cut generation ([`crate::control::SLOT_CUT_GEN`]) when the accepting side
     /// made the link, plus one; 0: not recorded (a build of this layout before it,

@@ -4,6 +4,8 @@
 //! the counters' names in `status --json` and `/metrics`). A counter added to the one
 //! list below exists everywhere.
 
+use crate::state::Hop;
+
 /// Declares [`Stat`], [`STAT_SLOTS`] and [`Counters`] from one list of
 /// `doc Variant = index, snake_name, "metrics help";`.
 macro_rules! counters {
@@ -107,11 +109,11 @@ counters! {
     PairedLoopback = 10, paired_loopback, "Connections paired over loopback inside a pod";
     /// Connections paired across an address translation (REDIRECT, DNAT).
     PairedTranslated = 11, paired_translated, "Connections paired across a REDIRECT or DNAT";
-    /// Bytes redirected on pod-to-pod connections ([`crate::state::hop::POD`]).
+    /// Bytes redirected on pod-to-pod connections ([`crate::state::Hop::Pod`]).
     RedirectedBytesPod = 12, redirected_bytes_pod, "Bytes redirected on pod-to-pod connections";
-    /// Bytes redirected on loopback connections ([`crate::state::hop::LOOPBACK`]).
+    /// Bytes redirected on loopback connections ([`crate::state::Hop::Loopback`]).
     RedirectedBytesLoopback = 13, redirected_bytes_loopback, "Bytes redirected on loopback connections";
-    /// Bytes redirected on translated connections ([`crate::state::hop::TRANSLATED`]).
+    /// Bytes redirected on translated connections ([`crate::state::Hop::Translated`]).
     RedirectedBytesTranslated = 14, redirected_bytes_translated, "Bytes redirected on translated connections";
     /// Accepting sockets that found a connecting socket on their client's address and
     /// port whose sequence numbers did not match (another connection from the same
@@ -181,12 +183,12 @@ counters! {
     LeaveEventsLost = 33, leave_events_lost, "Leave events the ring buffer could not hold (the agent then scans the links for leaving connections)";
 }
 
-/// The counter of each [`crate::state::hop`] kind in a family of counters kept per kind
+/// The counter of each [`crate::state::Hop`] kind in a family of counters kept per kind
 /// ([`Stat::BY_HOP`]).
-pub type PerHop = fn(u32) -> Option<Stat>;
+pub type PerHop = fn(crate::state::Hop) -> Stat;
 
 impl Stat {
-    /// The counters kept per [`crate::state::hop`] kind, by family: its name and the
+    /// The counters kept per [`crate::state::Hop`] kind, by family: its name and the
     /// counter of each kind. A counter named as the family ([`Stat::RedirectedBytes`])
     /// is the sum of its kinds.
     pub const BY_HOP: [(&str, PerHop); 2] = [
@@ -194,36 +196,34 @@ impl Stat {
         ("redirected_bytes", Stat::redirected_bytes),
     ];
 
-    /// The family and [`crate::state::hop`] kind of a counter kept per kind
+    /// The family and [`crate::state::Hop`] kind of a counter kept per kind
     /// ([`Stat::BY_HOP`]).
-    pub fn hop_family(self) -> Option<(&'static str, u32)> {
+    pub fn hop_family(self) -> Option<(&'static str, Hop)> {
         Self::BY_HOP.iter().find_map(|&(family, of)| {
-            crate::state::hop::KINDS
-                .iter()
-                .find(|&&(hop, _)| of(hop) == Some(self))
-                .map(|&(hop, _)| (family, hop))
+            Hop::ALL
+                .into_iter()
+                .find(|&hop| of(hop) == self)
+                .map(|hop| (family, hop))
         })
     }
 
-    /// The paired-connections counter of a [`crate::state::hop`] kind.
+    /// The paired-connections counter of a [`crate::state::Hop`] kind.
     #[inline(always)]
-    pub const fn paired(hop: u32) -> Option<Stat> {
+    pub const fn paired(hop: Hop) -> Stat {
         match hop {
-            crate::state::hop::POD => Some(Stat::PairedPod),
-            crate::state::hop::LOOPBACK => Some(Stat::PairedLoopback),
-            crate::state::hop::TRANSLATED => Some(Stat::PairedTranslated),
-            _ => None,
+            Hop::Pod => Stat::PairedPod,
+            Hop::Loopback => Stat::PairedLoopback,
+            Hop::Translated => Stat::PairedTranslated,
         }
     }
 
-    /// The redirected-bytes counter of a [`crate::state::hop`] kind.
+    /// The redirected-bytes counter of a [`crate::state::Hop`] kind.
     #[inline(always)]
-    pub const fn redirected_bytes(hop: u32) -> Option<Stat> {
+    pub const fn redirected_bytes(hop: Hop) -> Stat {
         match hop {
-            crate::state::hop::POD => Some(Stat::RedirectedBytesPod),
-            crate::state::hop::LOOPBACK => Some(Stat::RedirectedBytesLoopback),
-            crate::state::hop::TRANSLATED => Some(Stat::RedirectedBytesTranslated),
-            _ => None,
+            Hop::Pod => Stat::RedirectedBytesPod,
+            Hop::Loopback => Stat::RedirectedBytesLoopback,
+            Hop::Translated => Stat::RedirectedBytesTranslated,
         }
     }
 
@@ -261,10 +261,10 @@ mod tests {
 
     #[test]
     fn per_kind_counters_are_named_family_then_kind() {
-        use crate::state::hop;
         for (family, of) in Stat::BY_HOP {
-            for (kind, label) in hop::KINDS {
-                let stat = of(kind).unwrap();
+            for kind in Hop::ALL {
+                let stat = of(kind);
+                let label = kind.label();
                 assert_eq!(stat.hop_family(), Some((family, kind)));
                 // Its own name in `status` is `<family>_<kind>`.
                 let base = stat
@@ -273,7 +273,6 @@ mod tests {
                     .and_then(|b| b.strip_suffix('_'));
                 assert_eq!(base, Some(family));
             }
-            assert_eq!(of(hop::UNPAIRED), None);
         }
         assert_eq!(Stat::RedirectedBytes.hop_family(), None);
         assert_eq!(Stat::PassedBytes.hop_family(), None);

@@ -18,7 +18,7 @@ use aya_ebpf::{
 use bypass_common::{
     Link, SockState, Stat, control,
     state::{
-        PassReason, caught_up, charge, consumed_messages, drains_after_claim, drains_first,
+        Hop, PassReason, caught_up, charge, consumed_messages, drains_after_claim, drains_first,
         link_state, pending, precheck, rx, side, small_stream_step, tcp_run_step, within_limit,
     },
     tx_mode,
@@ -37,8 +37,8 @@ pub fn bypass_skmsg(ctx: SkMsgContext) -> u32 {
         Ok(kind) => {
             stats::add(Stat::RedirectedMessages, 1);
             stats::add(Stat::RedirectedBytes, size);
-            if let Some(stat) = Stat::redirected_bytes(kind) {
-                stats::add(stat, size);
+            if let Some(kind) = Hop::from_raw(kind) {
+                stats::add(Stat::redirected_bytes(kind), size);
             }
         }
         Err(reason) => {

@@ -10,7 +10,7 @@
 //! replace (`BPF_NOEXIST`); pairing needs sequence numbers only the two ends saw. The
 //! host's namespace (the node's own processes, hostNetwork pods) is never touched.
 //!
-//! Three kinds of connection are paired (`bypass_common::state::hop`): pod address to
+//! Three kinds of connection are paired (`bypass_common::state::Hop`): pod address to
 //! pod address, loopback inside a pod (a sidecar and its app, only in a namespace known
 //! to be a pod's), and translated (iptables REDIRECT to a sidecar, kube-proxy's DNAT),
 //! where the client's destination is not where the connection landed.
@@ -33,7 +33,7 @@ use bypass_common::{
     addr::{is_loopback, key_bytes},
     control, refusal,
     state::{
-        self, Pairing, flags, hop, is_other_end, link_state, options_need_tcp, pairing, rx, side,
+        self, Hop, Pairing, flags, is_other_end, link_state, options_need_tcp, pairing, rx, side,
     },
     tx_mode,
 };
@@ -211,7 +211,7 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
         Some(client) => {
             state.link = client.key;
             state.side = side::SERVER;
-            let kind = hop::of(&client.key, &state.key);
+            let kind = Hop::of(&client.key, &state.key);
             // The link makes the pair: until it exists neither side redirects. Written
             // after the insert, so a client that sees it finds this socket in the map,
             // and never over a live link (one left under the same key by a connection
@@ -228,7 +228,7 @@ fn try_insert(ctx: &SockOpsContext, op: u32, netns: u64) -> Result<(), Skip> {
             // field by field, then copied into the links map.
             let linked = unsafe {
                 (*new).server = state.key;
-                (*new).hop = kind;
+                (*new).hop = kind as u32;
                 (*new).state = 0;
                 (*new).cookie = [client.cookie, cookie];
                 (*new).tx_redir = [0, 0];
@@ -443,7 +443,7 @@ fn insert_socket(ctx: &SockOpsContext, state: &mut SockState) -> Result<(), Skip
 ///
 /// `l` must be a live value of the links map (`BYPASS_LINKS`).
 #[inline(always)]
-unsafe fn confirm_link(l: *mut Link, client: &SockKey, kind: u32) {
+unsafe fn confirm_link(l: *mut Link, client: &SockKey, kind: Hop) {
     // The client may have asked for a receive option between our read of
     // its connector and the link's insert: it wrote the connector then, and
     // finds the link from now on. A fully ordered atomic between our insert
@@ -454,9 +454,7 @@ unsafe fn confirm_link(l: *mut Link, client: &SockKey, kind: u32) {
         // SAFETY: a live map value; only its client's flag is or-ed.
         unsafe { atomic::or_u64(addr_of_mut!((*l).rx_flags[0]), rx::OPTION) };
     }
-    if let Some(stat) = Stat::paired(kind) {
-        stats::add(stat, 1);
-    }
+    stats::add(Stat::paired(kind), 1);
 }
 
 /// Whether the agent's heartbeat (`control::SLOT_HEARTBEAT`) is still ahead of

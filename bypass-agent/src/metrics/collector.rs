@@ -10,7 +10,7 @@ use tracing::debug;
 
 use std::sync::{Arc, Mutex};
 
-use bypass_common::{PodCounts, Stat, checks::Outcome, state::hop, status::KernelCheck};
+use bypass_common::{PodCounts, Stat, checks::Outcome, status::KernelCheck};
 
 use super::pods::{self, Monotonic, PodDirectory};
 
@@ -323,28 +323,20 @@ pub enum Series {
     ByKind {
         /// The family's name ([`Stat::BY_HOP`]).
         base: &'static str,
-        /// `(kind label, value)`, the label from [`hop::KINDS`].
+        /// `(kind label, value)`, the label [`bypass_common::state::Hop::label`].
         kinds: Vec<(&'static str, u64)>,
     },
 }
 
-/// Groups counter values (pure): every counter kept per [`hop`] kind
+/// Groups counter values (pure): every counter kept per [`bypass_common::state::Hop`] kind
 /// ([`Stat::hop_family`]) becomes a series of its family labelled `kind`, the family
 /// where its first counter is; a plain counter named as such a family is the sum of
 /// its kinds (every redirect belongs to a link of one kind) and is left out, so summing
 /// the family gives it without counting twice.
 pub fn families(values: &[(Stat, u64)]) -> Vec<Series> {
-    let label = |kind: u32| {
-        hop::KINDS
-            .iter()
-            .find_map(|&(k, label)| (k == kind).then_some(label))
-    };
     let mut out: Vec<Series> = Vec::new();
     for &(stat, value) in values {
-        if let Some((base, kind)) = stat
-            .hop_family()
-            .and_then(|(base, kind)| Some((base, label(kind)?)))
-        {
+        if let Some((base, kind)) = stat.hop_family().map(|(base, kind)| (base, kind.label())) {
             let existing = out.iter_mut().find_map(|f| match f {
                 Series::ByKind { base: b, kinds } if *b == base => Some(kinds),
                 _ => None,

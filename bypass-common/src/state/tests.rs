@@ -113,16 +113,21 @@ fn the_spent_bit_is_spent_in_the_word() {
 fn hop_kinds() {
     let client = key(1, 2, 10);
     let server = key(2, 1, 20);
-    assert_eq!(hop::of(&client, &server), hop::POD);
+    assert_eq!(Hop::of(&client, &server), Hop::Pod);
     let redirected = SockKey {
         local_port: 15006,
         ..server
     };
-    assert_eq!(hop::of(&client, &redirected), hop::TRANSLATED);
+    assert_eq!(Hop::of(&client, &redirected), Hop::Translated);
     let lo = [0, 0, 0xffff_u32.to_be(), u32::from_ne_bytes([127, 0, 0, 1])];
     let c = SockKey::new(lo, lo, 1, 2, 5);
     let s = SockKey::new(lo, lo, 2, 1, 5);
-    assert_eq!(hop::of(&c, &s), hop::LOOPBACK);
+    assert_eq!(Hop::of(&c, &s), Hop::Loopback);
+    // What a link holds: each kind's `u32`, and 0 before it is paired.
+    for kind in Hop::ALL {
+        assert_eq!(Hop::from_raw(kind as u32), Some(kind));
+    }
+    assert_eq!(Hop::from_raw(0), None);
 }
 
 #[test]
