@@ -15,15 +15,12 @@ use std::{
 };
 
 use crate::support::{
-    HoldPair, ProbeServer, Steps, agent_with, exchange::exchange_exact, grew, hold_pair, num,
-    pod_counts, probe_client, probe_report, progress, spawn_probe_client, two_pods, wait_paired,
+    HoldPair, ProbeServer, Steps, agent_with, exchange::exchange_exact, free_port, grew, hold_pair,
+    loopback_hold, num, owns, pod_counts, probe_client, probe_report, progress, spawn_probe_client,
+    to_strings, two_pods, wait_paired,
 };
 use anyhow::{Context as _, Result, ensure};
 use testbed::{ClientArgs, cmd, iptables};
-
-fn strings(args: &[&str]) -> Vec<String> {
-    args.iter().map(|s| (*s).to_owned()).collect()
-}
 
 /// The mode bits of a path.
 fn mode(p: &std::path::Path) -> Result<u32> {
@@ -92,10 +89,7 @@ fn only_pod_to_pod_connections_are_inserted() -> Result<()> {
     pods.a.add_addr(&format!("{a_out}/24"))?;
     pods.b.add_addr(&format!("{b_out}/24"))?;
     let agent = agent_with(&pods, &[])?;
-    let args: Vec<String> = ["--case", "duplex", "--bytes", "1M"]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
+    let args = to_strings(&["--case", "duplex", "--bytes", "1M"]);
     for (name, listen_pod, listen, connect_pod, connect) in [
         (
             "loopback inside pod a",
@@ -159,12 +153,12 @@ fn attacker_takes_the_tuple(v6: bool, port: u16) -> Result<()> {
     let victim_server = ProbeServer::start(
         &pods.b,
         server_end,
-        &strings(&["--case", "hold", "--go-file", &steps.arg("read")]),
+        &to_strings(&["--case", "hold", "--go-file", &steps.arg("read")]),
     )?;
     let victim_client = spawn_probe_client(
         &pods.a,
         server_end,
-        &strings(&[
+        &to_strings(&[
             "--case",
             "hold",
             "--bytes",
@@ -192,11 +186,11 @@ fn attacker_takes_the_tuple(v6: bool, port: u16) -> Result<()> {
     for ip in [a, b] {
         x.ip(&["addr", "add", &format!("{ip}/{host_len}"), "dev", "lo"])?;
     }
-    let attacker_server = ProbeServer::start(&x, server_end, &strings(&["--case", "hold"]))?;
+    let attacker_server = ProbeServer::start(&x, server_end, &to_strings(&["--case", "hold"]))?;
     let attacker_client = spawn_probe_client(
         &x,
         server_end,
-        &strings(&[
+        &to_strings(&[
             "--case",
             "hold",
             "--bytes",
@@ -264,7 +258,7 @@ struct Victim<'a> {
     held: iptables::Inserted<'a>,
     before: testbed::AgentStatus,
     server: ProbeServer,
-    victim: testbed::PodChild,
+    client: testbed::PodChild,
 }
 
 fn held_victim<'a>(
@@ -275,33 +269,19 @@ fn held_victim<'a>(
     client_end: SocketAddr,
 ) -> Result<Victim<'a>> {
     let server_end = pods.b.v4_addr(port);
-    let port_arg = port.to_string();
-    let held = iptables::insert(
-        pods.b.netns(),
-        iptables::Family::V4,
-        &[
-            "INPUT",
-            "-p",
-            "tcp",
-            "--dport",
-            &port_arg,
-            "--tcp-flags",
-            "SYN,ACK,FIN,RST",
-            "ACK",
-            "-j",
-            "DROP",
-        ],
-    )?;
+    let rule = format!("INPUT -p tcp --dport {port} --tcp-flags SYN,ACK,FIN,RST ACK -j DROP");
+    let rule: Vec<&str> = rule.split(' ').collect();
+    let held = iptables::insert(pods.b.netns(), iptables::Family::V4, &rule)?;
     let before = agent.stats()?;
     let server = ProbeServer::start(
         &pods.b,
         server_end,
-        &strings(&["--case", "forge", "--bytes", "1M"]),
+        &to_strings(&["--case", "forge", "--bytes", "1M"]),
     )?;
-    let victim = spawn_probe_client(
+    let client = spawn_probe_client(
         &pods.a,
         server_end,
-        &strings(&[
+        &to_strings(&[
             "--case",
             "forge",
             "--bytes",
@@ -316,8 +296,37 @@ fn held_victim<'a>(
         held,
         before,
         server,
-        victim,
+        client,
     })
+}
+
+/// An attacker's probe client in `place`, dialling `to` from `bind` with the probe's
+/// `case`: it goes once the victim wrote its numbers (`seq` in `steps`) and marks `mark`
+/// there once connected; with `until_victim_done` it waits for `victim-done` before it
+/// reports.
+fn spawn_attacker(
+    place: &impl testbed::Place,
+    to: SocketAddr,
+    case: &str,
+    bind: SocketAddr,
+    steps: &Steps,
+    mark: &str,
+    until_victim_done: bool,
+) -> Result<testbed::PodChild> {
+    let mut args = to_strings(&[
+        "--case",
+        case,
+        "--bind",
+        &bind.to_string(),
+        "--go-file",
+        &steps.arg("seq"),
+        "--mark-file",
+        &steps.arg(mark),
+    ]);
+    if until_victim_done {
+        args.extend(to_strings(&["--wait-file", &steps.arg("victim-done")]));
+    }
+    spawn_probe_client(place, to, &args)
 }
 
 /// Waits for the attacker's `mark` in `steps`, then lets the victim server's held
@@ -396,33 +405,23 @@ fn forged_repair_socket_cannot_pose_as_a_pods_client() -> Result<()> {
     for ip in [pods.a.ipv4(), pods.b.ipv4()] {
         x.ip(&["addr", "add", &format!("{ip}/32"), "dev", "lo"])?;
     }
-    let Victim {
-        held,
-        before,
-        server,
-        victim,
-    } = held_victim(&pods, &agent, &steps, port, client_end)?;
-    let forger = spawn_probe_client(
+    let victim = held_victim(&pods, &agent, &steps, port, client_end)?;
+    let forger = spawn_attacker(
         &x,
         server_end,
-        &strings(&[
-            "--case",
-            "forge-attacker",
-            "--bind",
-            &client_end.to_string(),
-            "--go-file",
-            &steps.arg("seq"),
-            "--mark-file",
-            &steps.arg("forged"),
-        ]),
+        "forge-attacker",
+        client_end,
+        &steps,
+        "forged",
+        false,
     )?;
     let forged = steps.wait("forged");
-    held.remove()?;
+    victim.held.remove()?;
     forged?;
-    let v = probe_report(victim)?;
+    let v = probe_report(victim.client)?;
     let f = probe_report(forger)?;
-    let s = server.wait()?;
-    victim_kept_every_byte(&before, &agent.stats()?, &v, &f, &s)
+    let s = victim.server.wait()?;
+    victim_kept_every_byte(&victim.before, &agent.stats()?, &v, &f, &s)
 }
 
 /// Another pod forges the victim client's end with a handshake of its own, so that it
@@ -449,36 +448,24 @@ fn forged_handshake_cannot_pose_as_a_pods_client() -> Result<()> {
     // In the pods' cgroup, so the programs see its sockets; it leaves the host's
     // network namespace for its own before it makes any.
     let x = pods.host_network("forger")?;
-    let Victim {
-        held,
-        before,
-        server,
-        victim,
-    } = held_victim(&pods, &agent, &steps, port, client_end)?;
-    let forger = spawn_probe_client(
+    let victim = held_victim(&pods, &agent, &steps, port, client_end)?;
+    let forger = spawn_attacker(
         &x,
         server_end,
-        &strings(&[
-            "--case",
-            "forge-handshake",
-            "--bind",
-            &client_end.to_string(),
-            "--go-file",
-            &steps.arg("seq"),
-            "--mark-file",
-            &steps.arg("forged"),
-            "--wait-file",
-            &steps.arg("victim-done"),
-        ]),
+        "forge-handshake",
+        client_end,
+        &steps,
+        "forged",
+        true,
     )?;
-    let forger = attacker_connected(&steps, "forged", held, forger, "forger")?;
+    let forger = attacker_connected(&steps, "forged", victim.held, forger, "forger")?;
     // The server sends everything (redirected or not) before its FIN, which the victim
     // reads last: once the victim is done, all the forger could get is queued to it.
-    let v = probe_report(victim)?;
+    let v = probe_report(victim.client)?;
     steps.touch("victim-done")?;
     let f = probe_report(forger)?;
-    let s = server.wait()?;
-    victim_kept_every_byte(&before, &agent.stats()?, &v, &f, &s)
+    let s = victim.server.wait()?;
+    victim_kept_every_byte(&victim.before, &agent.stats()?, &v, &f, &s)
 }
 
 /// One wrong guess spends a client's record. Pod a's victim client (bound to
@@ -511,7 +498,7 @@ fn one_wrong_guess_spends_a_clients_record() -> Result<()> {
         held,
         before,
         server,
-        victim,
+        client,
     } = held_victim(&pods, &agent, &steps, PORT, client_end)?;
     // The victim client is established (it wrote its numbers): published, unclaimed.
     steps.wait("seq")?;
@@ -524,7 +511,7 @@ fn one_wrong_guess_spends_a_clients_record() -> Result<()> {
     let gs = guess_server.wait()?;
     let mid = agent.stats()?;
     held.remove()?;
-    let v = probe_report(victim)?;
+    let v = probe_report(client)?;
     let s = server.wait()?;
     let after = agent.stats()?;
     let g =
@@ -580,12 +567,12 @@ fn host_loopback_never_bypassed_via_gateway() -> Result<()> {
     let agent = agent_with(&pods, &[])?;
     let host = pods.host_network("h")?;
     let before = agent.stats()?;
-    let duplex = |bytes: &str| strings(&["--case", "duplex", "--bytes", bytes]);
+    let duplex = |bytes: &str| to_strings(&["--case", "duplex", "--bytes", bytes]);
 
     // The host talks to pod b from the gateway address.
     let server = ProbeServer::start(&pods.b, pods.b.v4_addr(5612), &duplex("1M"))?;
     let mut args = duplex("1M");
-    args.extend(strings(&["--bind", &format!("{gateway}:0")]));
+    args.extend(to_strings(&["--bind", &format!("{gateway}:0")]));
     let c1 = probe_client(&host, pods.b.v4_addr(5612), &args)?;
     let s1 = server.wait()?;
     // Then host loopback, in the same host cgroup.
@@ -629,7 +616,7 @@ fn a_pod_holding_the_gateways_address_does_not_own_it() -> Result<()> {
     let agent = agent_with(&pods, &[])?;
     pods.a.add_addr(&format!("{gateway}/32"))?;
     let g: IpAddr = gateway.parse()?;
-    let owned = |s: &testbed::AgentStatus| s.address_owners.iter().any(|o| o.address == g);
+    let owned = |s: &testbed::AgentStatus| owns(s, g);
     let s = after_a_whole_pass(&pods, &agent, [77, 78], owned)?;
     ensure!(
         !owned(&s),
@@ -652,7 +639,7 @@ fn a_pods_address_the_node_binds_for_ipvs_stays_the_pods() -> Result<()> {
     let ipvs = testbed::link::DownLink::create(pods.tag())?;
     let b = IpAddr::V4(pods.b.ipv4());
     cmd::ip(&["addr", "add", &format!("{b}/32"), "dev", ipvs.name()])?;
-    let owned = |s: &testbed::AgentStatus| s.address_owners.iter().any(|o| o.address == b);
+    let owned = |s: &testbed::AgentStatus| owns(s, b);
     let s = after_a_whole_pass(&pods, &agent, [81, 82], |s| !owned(s))?;
     ensure!(
         owned(&s),
@@ -719,7 +706,7 @@ fn after_a_whole_pass(
         let s = agent.wait_for(
             testbed::steps::NET,
             &format!("pod b's new address {ip} owned"),
-            |s| astray(s) || s.address_owners.iter().any(|o| o.address == ip),
+            |s| astray(s) || owns(s, ip),
         )?;
         ensure!(
             !astray(&s),
@@ -795,9 +782,7 @@ fn network_loss_cuts_bypassed_connections(
     let pods = two_pods()?;
     let metrics = match metrics_port {
         Some(p) => p,
-        None => std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port(),
+        None => free_port()?,
     };
     let addr = format!("127.0.0.1:{metrics}");
     // The tenant's addresses are a pod's too.
@@ -811,7 +796,7 @@ fn network_loss_cuts_bypassed_connections(
         extra.push("--detach-on-exit=false");
     }
     let mut opts = testbed::AgentOpts {
-        extra_args: strings(&extra),
+        extra_args: to_strings(&extra),
         ..pods.agent_opts()
     };
     if seen == Seen::ByTheEvent {
@@ -844,7 +829,7 @@ fn network_loss_cuts_bypassed_connections(
     let chunk = 64 * 1024u64;
     let before = agent.stats()?;
     ensure!(
-        before.address_owners.iter().any(|o| o.address == a),
+        owns(&before, a),
         "pod a's address has no owner at start: {:?}",
         before.address_owners
     );
@@ -889,7 +874,7 @@ fn network_loss_cuts_bypassed_connections(
     agent.wait_for(
         testbed::steps::NET,
         "pod a's address to lose its owner",
-        |s| !s.address_owners.iter().any(|o| o.address == a),
+        |s| !owns(s, a),
     )?;
     if let Some(f) = &flooding {
         f.turned_away()?;
@@ -936,7 +921,7 @@ fn network_loss_cuts_bypassed_connections(
         }
         // A socket of pod a is inserted again once its address is its own again.
         agent.wait_for(testbed::steps::NET, "pod a's address owned again", |s| {
-            s.address_owners.iter().any(|o| o.address == a)
+            owns(s, a)
         })?;
         if metrics_port.is_some() {
             return restart_leaves_cut_links_alone(&pods, &mut agent, &opts, metrics);
@@ -998,9 +983,7 @@ fn address_removed_cuts_without_waiting_for_the_poll() -> Result<()> {
 #[test]
 fn a_tenant_holding_the_cut_map_full_cannot_stop_a_cut() -> Result<()> {
     privileged!();
-    let metrics = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+    let metrics = free_port()?;
     network_loss_cuts_bypassed_connections(
         Loss::InterfaceDown,
         Seen::Either,
@@ -1071,7 +1054,7 @@ fn a_loss_the_agent_before_did_not_cut_is_cut_by_the_next() -> Result<()> {
     privileged!();
     let pods = two_pods()?;
     let opts = testbed::AgentOpts {
-        extra_args: strings(&["--detach-on-exit=false"]),
+        extra_args: to_strings(&["--detach-on-exit=false"]),
         ..pods.agent_opts()
     };
     let chunk = 64 * 1024u64;
@@ -1149,7 +1132,7 @@ fn a_pod_the_next_agent_leaves_out_is_cut_with_ownership_off() -> Result<()> {
     privileged!();
     let pods = two_pods()?;
     let opts = testbed::AgentOpts {
-        extra_args: strings(&["--detach-on-exit=false", "--netns-owners=any"]),
+        extra_args: to_strings(&["--detach-on-exit=false", "--netns-owners=any"]),
         ..pods.agent_opts()
     };
     let chunk = 64 * 1024u64;
@@ -1296,10 +1279,7 @@ impl Bystander {
         chunk: u64,
     ) -> Result<Self> {
         let steps = Steps::new(pods, "bystander")?;
-        let to = SocketAddr::from(([127, 0, 0, 1], port));
-        let hold = crate::support::hold_in(&pods.b, &pods.b, to, agent, &steps, chunk, |s| {
-            s.counters.paired_loopback
-        })?;
+        let hold = loopback_hold(pods, agent, &steps, port, chunk)?;
         Ok(Self { hold, steps, chunk })
     }
 
@@ -1409,7 +1389,7 @@ sys.exit("a worker exited")
         agent.wait_for(
             testbed::steps::NET,
             "the flooding tenant's address owned",
-            |s| s.address_owners.iter().any(|o| o.address == t),
+            |s| owns(s, t),
         )?;
         let steps = Steps::new(pods, "flood")?;
         let mut cmd = Command::new("python3");
@@ -1539,7 +1519,7 @@ sys.exit("a worker exited")
         let steps = Steps::new(pods, "tenant")?;
         let t = IpAddr::V4(pod.ipv4());
         agent.wait_for(testbed::steps::NET, "the tenant's address owned", |s| {
-            s.address_owners.iter().any(|o| o.address == t)
+            owns(s, t)
         })?;
         let before = agent.stats()?;
         let mut cmd = Command::new("python3");
@@ -1590,7 +1570,7 @@ sys.exit("a worker exited")
         agent.wait_for(
             testbed::steps::NET,
             "the tenant's address to lose its owner (its connections cut)",
-            |s| !s.address_owners.iter().any(|o| o.address == t),
+            |s| !owns(s, t),
         )?;
         // More connections than the cut map holds: its cut is a cut of everything.
         wait_metric(metrics, CUT_MAP_FULL, 1.0)?;
@@ -1621,53 +1601,29 @@ fn simultaneous_open_cannot_pose_as_a_pods_server() -> Result<()> {
     let agent = agent_with(&pods, &["--pod-cidr", &cidr])?;
     let c_ip = IpAddr::V4(c.ipv4());
     agent.wait_for(testbed::steps::NET, "pod c's address owned", |s| {
-        s.address_owners.iter().any(|o| o.address == c_ip)
+        owns(s, c_ip)
     })?;
     let port = 5616u16;
     let client_end = SocketAddr::new(IpAddr::V4(pods.a.ipv4()), port + 30_000);
     let steps = Steps::new(&pods, "pose-server")?;
-    let client_port = client_end.port().to_string();
-    let client_ip = pods.a.ipv4().to_string();
     // Whatever the poser sends to the victim client's end stays in its namespace.
-    let _dropped = iptables::insert(
-        c.netns(),
-        iptables::Family::V4,
-        &[
-            "OUTPUT",
-            "-p",
-            "tcp",
-            "-d",
-            &client_ip,
-            "--dport",
-            &client_port,
-            "-j",
-            "DROP",
-        ],
-    )?;
+    let rule = format!(
+        "OUTPUT -p tcp -d {} --dport {} -j DROP",
+        client_end.ip(),
+        client_end.port()
+    );
+    let rule: Vec<&str> = rule.split(' ').collect();
+    let _dropped = iptables::insert(c.netns(), iptables::Family::V4, &rule)?;
     let Victim {
         held,
         before,
         server,
-        victim,
+        client,
     } = held_victim(&pods, &agent, &steps, port, client_end)?;
-    let poser = spawn_probe_client(
-        &c,
-        client_end,
-        &strings(&[
-            "--case",
-            "pose-server",
-            "--bind",
-            &SocketAddr::new(c_ip, 5617).to_string(),
-            "--go-file",
-            &steps.arg("seq"),
-            "--mark-file",
-            &steps.arg("posed"),
-            "--wait-file",
-            &steps.arg("victim-done"),
-        ]),
-    )?;
+    let bind = SocketAddr::new(c_ip, 5617);
+    let poser = spawn_attacker(&c, client_end, "pose-server", bind, &steps, "posed", true)?;
     let poser = attacker_connected(&steps, "posed", held, poser, "poser")?;
-    let v = probe_report(victim)?;
+    let v = probe_report(client)?;
     steps.touch("victim-done")?;
     let p = probe_report(poser)?;
     let s = server.wait()?;
@@ -1739,7 +1695,7 @@ fn a_loopback_server_in_another_pod_is_never_paired() -> Result<()> {
         iptables::run(pod.netns(), iptables::Family::V4, &args)?;
     }
     let agent = agent_with(&pods, &[])?;
-    let duplex = |bytes: &str| strings(&["--case", "duplex", "--bytes", bytes]);
+    let duplex = |bytes: &str| to_strings(&["--case", "duplex", "--bytes", bytes]);
     // Pod b's namespace becomes known as a pod's (its loopback sockets qualify) once
     // a socket there is established on its pod address.
     let warm = pods.b.v4_addr(5634);
@@ -1751,7 +1707,7 @@ fn a_loopback_server_in_another_pod_is_never_paired() -> Result<()> {
     let server = ProbeServer::start(&pods.b, land, &duplex("1M"))?;
     let mut args = duplex("1M");
     let bind = pods.a.v4_addr(0);
-    args.extend(strings(&["--bind", &bind.to_string()]));
+    args.extend(to_strings(&["--bind", &bind.to_string()]));
     let client = probe_client(&pods.a, dial, &args)?;
     let server = server.wait()?;
     let after = agent.stats()?;
@@ -1799,12 +1755,10 @@ fn a_tenant_holding_metrics_connections_takes_no_agent_resources() -> Result<()>
         "dev",
         pods.bridge().name(),
     ])?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+    let port = free_port()?;
     let ips = format!("127.0.0.1,{node}");
     let opts = testbed::AgentOpts {
-        extra_args: strings(&["--metrics-ip", &ips, "--metrics-port", &port.to_string()]),
+        extra_args: to_strings(&["--metrics-ip", &ips, "--metrics-port", &port.to_string()]),
         ..pods.agent_opts()
     };
     let agent = testbed::Agent::start(&opts)?;
@@ -1878,7 +1832,7 @@ fn a_tenant_holding_metrics_connections_takes_no_agent_resources() -> Result<()>
     agent.wait_for(
         testbed::steps::NET,
         "pod a's address to lose its owner",
-        |s| !s.address_owners.iter().any(|o| o.address == a),
+        |s| !owns(s, a),
     )?;
     Ok(())
 }

@@ -157,7 +157,7 @@ pub fn probe_report(child: PodChild) -> Result<Value> {
 
 /// Server in pod b, client in pod a, same arguments; `(client, server)` reports.
 pub fn probe_pair(pods: &TwoPods, port: u16, args: &[&str]) -> Result<(Value, Value)> {
-    let args: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
+    let args = to_strings(args);
     let server = ProbeServer::start(&pods.b, pods.b.v4_addr(port), &args)?;
     let client = probe_client(&pods.a, pods.b.v4_addr(port), &args)?;
     Ok((client, server.wait()?))
@@ -180,6 +180,23 @@ fn report(role: &str, out: std::process::Output) -> Result<Value> {
     serde_json::from_str(line).with_context(|| format!("probe {role} report: {line}"))
 }
 
+/// `args` as owned strings, as the probe and the agent take their arguments.
+pub fn to_strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// A free TCP port on 127.0.0.1 (for an agent's metrics).
+pub fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Whether the agent's status has an owner for `ip` (the address is a pod's).
+pub fn owns(s: &AgentStatus, ip: std::net::IpAddr) -> bool {
+    s.address_owners.iter().any(|o| o.address == ip)
+}
+
 /// A JSON field as u64 (0 when absent).
 pub fn num(v: &Value, field: &str) -> u64 {
     v.get(field).and_then(Value::as_u64).unwrap_or(0)
@@ -188,7 +205,7 @@ pub fn num(v: &Value, field: &str) -> u64 {
 /// The agent on `pods` with extra `run` flags.
 pub fn agent_with(pods: &TwoPods, extra: &[&str]) -> Result<Agent> {
     let opts = AgentOpts {
-        extra_args: extra.iter().map(|s| (*s).to_owned()).collect(),
+        extra_args: to_strings(extra),
         ..pods.agent_opts()
     };
     Agent::start(&opts)
@@ -398,7 +415,21 @@ pub fn hold_pair(
 }
 
 /// A loopback hold in pod b on 127.0.0.1:`port` ([`hold_in`]), its first `chunk`
-/// redirected, then the datapath's record of pod namespaces emptied, as pod churn
+/// redirected.
+pub fn loopback_hold(
+    pods: &TwoPods,
+    agent: &Agent,
+    steps: &Steps,
+    port: u16,
+    chunk: u64,
+) -> Result<HoldPair> {
+    let to = SocketAddr::from(([127, 0, 0, 1], port));
+    hold_in(&pods.b, &pods.b, to, agent, steps, chunk, |s| {
+        s.counters.paired_loopback
+    })
+}
+
+/// [`loopback_hold`], then the datapath's record of pod namespaces emptied, as pod churn
 /// evicts from it: a cut can find pod b's namespace only by its owner.
 pub fn loopback_hold_forgotten(
     pods: &TwoPods,
@@ -408,10 +439,7 @@ pub fn loopback_hold_forgotten(
     chunk: u64,
 ) -> Result<HoldPair> {
     use bypass_common::{IpKey, names::MAP_POD_NETNS};
-    let to = SocketAddr::from(([127, 0, 0, 1], port));
-    let hold = hold_in(&pods.b, &pods.b, to, agent, steps, chunk, |s| {
-        s.counters.paired_loopback
-    })?;
+    let hold = loopback_hold(pods, agent, steps, port, chunk)?;
     let forgotten = testbed::mapkeys::clear_pinned_hash::<u64, IpKey>(
         &agent.pin_dir().join("maps").join(MAP_POD_NETNS),
     )?;
