@@ -157,9 +157,7 @@ fn thousand_short_connections_send_at_once() -> Result<()> {
 
 /// The pods' agent options with `/metrics` served on a free loopback port, and the port.
 fn with_metrics(pods: &TwoPods) -> Result<(AgentOpts, u16)> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+    let port = crate::support::free_port()?;
     let opts = AgentOpts {
         extra_args: vec!["--metrics-addr".into(), format!("127.0.0.1:{port}")],
         ..pods.agent_opts()
@@ -369,9 +367,7 @@ fn kernel_self_test_reported_everywhere() -> Result<()> {
 fn per_pod_counters_follow_each_pods_bytes_and_connections() -> Result<()> {
     privileged!();
     let pods = TwoPods::new()?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+    let port = crate::support::free_port()?;
     // The bound's arguments kept: a struct update of `extra_args` would drop them.
     let mut opts = pods.agent_opts().max_queued(ABOVE_PAYLOAD);
     opts.extra_args

@@ -281,9 +281,7 @@ fn ensure_pins_as_tcp(
 fn bound_off_only_when_asked_and_says_so() -> Result<()> {
     privileged!();
     let pods = two_pods()?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+    let port = crate::support::free_port()?;
     let agent = agent_with(
         &pods,
         &[
@@ -357,14 +355,14 @@ fn blocked_waitall_reader_never_sees_reordered_bytes() -> Result<()> {
     let limited_before = agent.stats()?.counters.get(Stat::QueueLimited);
     let addr = pods.b.v4_addr(5206);
     let common = ["--case", "waitall-after-bound", "--bytes", "1M"];
-    let mut server_args: Vec<String> = common.iter().map(|s| (*s).to_owned()).collect();
+    let mut server_args: Vec<String> = crate::support::to_strings(&common);
     server_args.extend([
         "--wait-file".to_owned(),
         steps.arg("limited"),
         "--mark-file".to_owned(),
         steps.arg("waiting"),
     ]);
-    let mut client_args: Vec<String> = common.iter().map(|s| (*s).to_owned()).collect();
+    let mut client_args: Vec<String> = crate::support::to_strings(&common);
     client_args.extend([
         "--mark-file".to_owned(),
         steps.arg("all-acked"),

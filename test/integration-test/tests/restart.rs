@@ -79,7 +79,7 @@ fn ensure_exact(client: &Report, server: &Report, args: &ClientArgs) -> Result<(
 /// assert every byte redirected: [`ABOVE_PAYLOAD`]).
 fn opts(pods: &TwoPods, extra: &[&str]) -> AgentOpts {
     AgentOpts {
-        extra_args: extra.iter().map(|s| (*s).to_owned()).collect(),
+        extra_args: crate::support::to_strings(extra),
         ..pods.agent_opts()
     }
     .max_queued(ABOVE_PAYLOAD)

@@ -4,7 +4,7 @@
 
 use std::{
     collections::BTreeSet,
-    net::{IpAddr, TcpListener},
+    net::IpAddr,
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
@@ -39,10 +39,7 @@ pub fn start_agent(
     ))
 }
 
-/// A free TCP port on 127.0.0.1 (for the agent's metrics).
-pub fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
+pub use crate::support::free_port;
 
 /// Agent options for Kubernetes mode: no `--pod-cidr`, everything from the API.
 pub fn kube_agent_opts(

@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use anyhow::{Context as _, Result};
 use bypass_common::{SockKey, names::MAP_SOCKETS};
 use testbed::{
-    Agent, AgentOpts, TwoPods,
+    Agent, TwoPods,
     iptables::{self, Family},
     mapkeys,
     topology::Pod,
@@ -24,15 +24,7 @@ pub const PROXY_MARK: u32 = 0x539;
 /// A port of the default `--skip-ports` (Istio's health port).
 pub const ISTIO_HEALTH_PORT: u16 = 15021;
 
-/// The agent on `pods` with extra `run` flags.
-pub fn agent_with(pods: &TwoPods, extra: &[&str]) -> Result<Agent> {
-    Agent::start(&AgentOpts {
-        extra_args: extra.iter().map(|s| (*s).to_owned()).collect(),
-        ..pods.agent_opts()
-    })
-}
-
-pub use crate::support::{grew, growth};
+pub use crate::support::{agent_with, grew, growth};
 
 /// The nat tables of both pods, for a failure message.
 pub fn nat_tables(pods: &TwoPods, family: Family) -> String {

@@ -48,7 +48,7 @@ fn ulp_refused_on_bypassed_socket() -> Result<()> {
     pods.a.add_addr(&format!("{a_out}/24"))?;
     pods.b.add_addr(&format!("{b_out}/24"))?;
     let agent = agent_with(&pods, &[])?;
-    let args: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
+    let args = crate::support::to_strings(&args);
     let addr = format!("{b_out}:5422").parse()?;
     let server = ProbeServer::start(&pods.b, addr, &args)?;
     let client = probe_client(&pods.a, addr, &args)?;

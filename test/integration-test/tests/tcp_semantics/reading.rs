@@ -161,9 +161,7 @@ fn mixed_reader_sees_what_tcp_shows() -> Result<()> {
         bypass.server
     );
     drop(agent);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+    let port = crate::support::free_port()?;
     let mut opts = testbed::AgentOpts {
         allow_unguarded: false,
         ..pods.agent_opts()

@@ -5,7 +5,7 @@ use anyhow::{Result, ensure};
 use serde_json::Value;
 use testbed::{Agent, TwoPods};
 
-use crate::support::{ProbeServer, agent_with, num, probe_client};
+use crate::support::{ProbeServer, agent_with, num, probe_client, to_strings};
 
 /// What one run of a case saw, and what the datapath counted meanwhile.
 #[derive(Debug)]
@@ -17,7 +17,7 @@ pub struct Run {
 }
 
 pub fn run_case(pods: &TwoPods, agent: Option<&Agent>, port: u16, args: &[&str]) -> Result<Run> {
-    let args: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
+    let args = to_strings(args);
     let before = agent.map(Agent::status).transpose()?;
     let server = ProbeServer::start(&pods.b, pods.b.v4_addr(port), &args)?;
     let client = probe_client(&pods.a, pods.b.v4_addr(port), &args)?;
