@@ -15,8 +15,8 @@ use std::{
 };
 
 use crate::support::{
-    ProbeServer, Steps, hold_pair, num, probe_report, sigkill, spawn_probe_client, two_pods,
-    wait_for_log, wait_paired,
+    ProbeServer, Steps, hold_pair, num, probe_report, sigkill, spawn_probe_client, to_strings,
+    two_pods, wait_for_log, wait_paired,
 };
 use anyhow::{Context as _, Result, bail, ensure};
 use bypass_common::{control, names};
@@ -75,11 +75,21 @@ fn ensure_exact(client: &Report, server: &Report, args: &ClientArgs) -> Result<(
     Ok(())
 }
 
+/// One connection from pod a to a peer server on pod b's `port`, with `args`, every
+/// byte verified ([`ensure_exact`]).
+fn exchange_exact_on(pods: &TwoPods, port: u16, args: &ClientArgs) -> Result<()> {
+    let addr = pods.b.v4_addr(port);
+    let server = PeerServer::start(&pods.b, addr, 1)?;
+    let client = run_client(&pods.a, addr, args)?;
+    let server = server.wait()?;
+    ensure_exact(&client, &server, args)
+}
+
 /// The agent's options with `extra`, and a queue bound out of the streams' reach (they
 /// assert every byte redirected: [`ABOVE_PAYLOAD`]).
 fn opts(pods: &TwoPods, extra: &[&str]) -> AgentOpts {
     AgentOpts {
-        extra_args: crate::support::to_strings(extra),
+        extra_args: to_strings(extra),
         ..pods.agent_opts()
     }
     .max_queued(ABOVE_PAYLOAD)
@@ -217,15 +227,10 @@ fn upgrade_under_a_held_connection(other: Other) -> Result<()> {
     // until the new ones have replaced them, then sends 4 MiB more.
     let steps = Steps::new(&pods, "upgrade")?;
     let half = 4u64 << 20;
-    let probe = [
-        "--case".to_owned(),
-        "hold".to_owned(),
-        "--bytes".to_owned(),
-        half.to_string(),
-    ];
+    let probe = to_strings(&["--case", "hold", "--bytes", &half.to_string()]);
     let addr = pods.b.v4_addr(5302);
     let server = ProbeServer::start(&pods.b, addr, &probe)?;
-    let mut client_args = probe.to_vec();
+    let mut client_args = probe.clone();
     client_args.extend([
         "--wait-file".to_owned(),
         steps.arg("paired"),
@@ -335,12 +340,7 @@ fn upgrade_under_a_held_connection(other: Other) -> Result<()> {
     // New connections are bypassed by the new programs: counted in fresh maps when the
     // old datapath was released, on top of the old counts when it was upgraded.
     let before = new.status()?;
-    let fresh = ClientArgs::bulk(16 << 20).greeted();
-    let addr = pods.b.v4_addr(5303);
-    let server = PeerServer::start(&pods.b, addr, 1)?;
-    let client = run_client(&pods.a, addr, &fresh)?;
-    let server = server.wait()?;
-    ensure_exact(&client, &server, &fresh)?;
+    exchange_exact_on(&pods, 5303, &ClientArgs::bulk(16 << 20).greeted())?;
     let st = new.status()?;
     let (inserted, redirected) = match other {
         Other::Layout => (0, 0),
@@ -488,14 +488,7 @@ fn lapsed_heartbeat_stops_new_inserts_of_a_datapath_left_pinned() -> Result<()> 
     let control_pin = stop_leaving_datapath(&mut agent, &pods, &opts)?;
     // No agent beats any more. The deadline is set by hand, not waited for: still ahead,
     // then passed, exactly as the agent's absence would leave it.
-    let exchange = |port: u16| -> Result<()> {
-        let args = ClientArgs::bulk(1 << 20);
-        let addr = pods.b.v4_addr(port);
-        let server = PeerServer::start(&pods.b, addr, 1)?;
-        let client = run_client(&pods.a, addr, &args)?;
-        let server = server.wait()?;
-        ensure_exact(&client, &server, &args)
-    };
+    let exchange = |port: u16| exchange_exact_on(&pods, port, &ClientArgs::bulk(1 << 20));
     set_pinned_u32(&control_pin, control::SLOT_HEARTBEAT, u32::MAX)?;
     let before = num(&status_json(&opts.pin_dir)?, "sockets_inserted");
     exchange(5305)?;
@@ -558,12 +551,7 @@ fn sigterm_then_restart_adopts_and_redirects() -> Result<()> {
         second.stderr()
     );
     let before = num(&second.status()?, "redirected_bytes");
-    let args = ClientArgs::bulk(4 << 20).greeted();
-    let addr = pods.b.v4_addr(5309);
-    let server = PeerServer::start(&pods.b, addr, 1)?;
-    let client = run_client(&pods.a, addr, &args)?;
-    let server = server.wait()?;
-    ensure_exact(&client, &server, &args)?;
+    exchange_exact_on(&pods, 5309, &ClientArgs::bulk(4 << 20).greeted())?;
     let after = num(&second.status()?, "redirected_bytes");
     ensure!(
         after >= before + (8 << 20),
@@ -590,12 +578,7 @@ fn mapped_pod_cidrs_survive_a_restart() -> Result<()> {
     let redirected = |agent: &Agent, port: u16, when: &str| -> Result<()> {
         let before = num(&agent.status()?, "redirected_bytes");
         let wire0 = pods.wire_bytes()?;
-        let args = ClientArgs::bulk(4 << 20).greeted();
-        let addr = pods.b.v4_addr(port);
-        let server = PeerServer::start(&pods.b, addr, 1)?;
-        let client = run_client(&pods.a, addr, &args)?;
-        let server = server.wait()?;
-        ensure_exact(&client, &server, &args)?;
+        exchange_exact_on(&pods, port, &ClientArgs::bulk(4 << 20).greeted())?;
         let after = num(&agent.status()?, "redirected_bytes");
         let wire = pods.wire_bytes()? - wire0;
         ensure!(
@@ -748,19 +731,19 @@ fn held_across_versions(first: Switch, earlier: &str, order: Client) -> Result<(
         ..ours.clone()
     };
     let steps = Steps::new(&pods, "held")?;
-    let held = [
-        "--case".to_owned(),
-        "held-echo".to_owned(),
-        "--steps".to_owned(),
-        "4".to_owned(),
-        "--bytes".to_owned(),
-        STEP.to_string(),
-    ];
+    let held = to_strings(&[
+        "--case",
+        "held-echo",
+        "--steps",
+        "4",
+        "--bytes",
+        &STEP.to_string(),
+    ]);
     let addr = pods.b.v4_addr(5312);
-    let mut server_args = held.to_vec();
+    let mut server_args = held.clone();
     server_args.extend(["--wait-file".to_owned(), steps.arg("echo")]);
     let server = ProbeServer::start(&pods.b, addr, &server_args)?;
-    let mut client_args = held.to_vec();
+    let mut client_args = held.clone();
     client_args.extend([
         "--go-file".to_owned(),
         steps.arg("send"),
@@ -853,11 +836,8 @@ fn held_across_versions(first: Switch, earlier: &str, order: Client) -> Result<(
         }
         // A connection opened under this version is its to bypass.
         let fresh = ClientArgs::bulk(4 << 20).greeted();
-        let addr = pods.b.v4_addr(5313 + k as u16);
         let before = num(&agent.status()?, "redirected_bytes");
-        let fresh_server = PeerServer::start(&pods.b, addr, 1)?;
-        let c = run_client(&pods.a, addr, &fresh)?;
-        ensure_exact(&c, &fresh_server.wait()?, &fresh)?;
+        exchange_exact_on(&pods, 5313 + k as u16, &fresh)?;
         let st = agent.status()?;
         ensure!(
             num(&st, "redirected_bytes") >= before + (8 << 20),
