@@ -15,8 +15,9 @@ use testbed::{
     bpf::{TempBpffs, sockops_attached},
     cgroup::cgroup2_mount,
     names::{resource, unique_tag},
-    preflight,
 };
+
+use crate::support::privileged;
 
 /// A net for the agent to exit: it must exit with its one line, never retry; how fast is
 /// the machine's.
@@ -103,51 +104,46 @@ fn assert_one_clear_error(out: &Output, needles: &[&str]) -> Result<()> {
     Ok(())
 }
 
-fn ready(test: &str) -> Result<Option<Place>> {
-    if !preflight(test)? {
-        return Ok(None);
-    }
-    place().map(Some)
+/// `run` with `extra` in a new [`Place`] is refused with one clear error holding every
+/// one of `needles`, and leaves nothing behind.
+fn refused(extra: &[&str], needles: &[&str]) -> Result<()> {
+    let p = place()?;
+    let out = p.run(extra)?;
+    assert_one_clear_error(&out, needles)?;
+    p.assert_nothing_left()
 }
 
 #[test]
 fn cidr_with_host_bits() -> Result<()> {
-    let Some(p) = ready("cidr_with_host_bits")? else {
-        return Ok(());
-    };
-    let out = p.run(&["--pod-cidr", "10.0.0.1/24"])?;
-    assert_one_clear_error(
-        &out,
+    privileged!();
+    refused(
+        &["--pod-cidr", "10.0.0.1/24"],
         &["10.0.0.1/24", "host bits", "did you mean 10.0.0.0/24"],
-    )?;
-    p.assert_nothing_left()
+    )
 }
 
 #[test]
 fn cidr_prefix_too_long() -> Result<()> {
-    let Some(p) = ready("cidr_prefix_too_long")? else {
-        return Ok(());
-    };
-    let out = p.run(&["--pod-cidr", "10.0.0.0/33"])?;
-    assert_one_clear_error(&out, &["10.0.0.0/33", "prefix length", "0..=32"])?;
-    p.assert_nothing_left()
+    privileged!();
+    refused(
+        &["--pod-cidr", "10.0.0.0/33"],
+        &["10.0.0.0/33", "prefix length", "0..=32"],
+    )
 }
 
 #[test]
 fn cidr_not_a_cidr() -> Result<()> {
-    let Some(p) = ready("cidr_not_a_cidr")? else {
-        return Ok(());
-    };
-    let out = p.run(&["--pod-cidr", "banana"])?;
-    assert_one_clear_error(&out, &["banana", "not a CIDR", "ADDRESS/PREFIX"])?;
-    p.assert_nothing_left()
+    privileged!();
+    refused(
+        &["--pod-cidr", "banana"],
+        &["banana", "not a CIDR", "ADDRESS/PREFIX"],
+    )
 }
 
 #[test]
 fn cgroup_does_not_exist() -> Result<()> {
-    let Some(p) = ready("cgroup_does_not_exist")? else {
-        return Ok(());
-    };
+    privileged!();
+    let p = place()?;
     let missing = cgroup2_mount()?.join(resource(&p.tag, "no-such-cg"));
     let missing = missing.display().to_string();
     let out = p.run(&["--pod-cidr", "10.0.0.0/24", "--cgroup", &missing])?;
@@ -158,9 +154,8 @@ fn cgroup_does_not_exist() -> Result<()> {
 
 #[test]
 fn cgroup_not_cgroup2() -> Result<()> {
-    let Some(p) = ready("cgroup_not_cgroup2")? else {
-        return Ok(());
-    };
+    privileged!();
+    let p = place()?;
     let tmp = std::env::temp_dir().join(resource(&p.tag, "not-a-cg"));
     std::fs::create_dir(&tmp)?;
     let tmp_s = tmp.display().to_string();
@@ -178,9 +173,8 @@ fn cgroup_not_cgroup2() -> Result<()> {
 
 #[test]
 fn pin_dir_not_on_bpffs() -> Result<()> {
-    let Some(p) = ready("pin_dir_not_on_bpffs")? else {
-        return Ok(());
-    };
+    privileged!();
+    let p = place()?;
     let pins = std::env::temp_dir().join(resource(&p.tag, "pins"));
     let pins_s = pins.display().to_string();
     let out = p.run(&["--pod-cidr", "10.0.0.0/24", "--pin-dir", &pins_s])?;
@@ -199,9 +193,8 @@ fn pin_dir_not_on_bpffs() -> Result<()> {
 /// `uninstall` must refuse before touching anything.
 #[test]
 fn pin_dir_at_a_mount_root() -> Result<()> {
-    let Some(p) = ready("pin_dir_at_a_mount_root")? else {
-        return Ok(());
-    };
+    privileged!();
+    let p = place()?;
     let bpffs = TempBpffs::mount(&std::env::temp_dir().join(resource(&p.tag, "bpffs")))?;
     let root = bpffs.path().display().to_string();
     // Another tool's pin: bpffs holds directories, pins and symbolic links.
@@ -255,20 +248,15 @@ fn pin_dir_at_a_mount_root() -> Result<()> {
 
 #[test]
 fn no_pod_addresses() -> Result<()> {
-    let Some(p) = ready("no_pod_addresses")? else {
-        return Ok(());
-    };
-    let out = p.run(&[])?;
+    privileged!();
     // Names what is missing by the flags that supply it.
-    assert_one_clear_error(&out, &["--pod-cidr", "--pod-ip"])?;
-    p.assert_nothing_left()
+    refused(&[], &["--pod-cidr", "--pod-ip"])
 }
 
 #[test]
 fn status_with_nothing_pinned() -> Result<()> {
-    let Some(p) = ready("status_with_nothing_pinned")? else {
-        return Ok(());
-    };
+    privileged!();
+    let p = place()?;
     let pins = p.pins();
     for json in [false, true] {
         let mut args = vec!["status", "--pin-dir", &pins];
@@ -288,9 +276,8 @@ fn status_with_nothing_pinned() -> Result<()> {
 
 #[test]
 fn second_agent_on_same_pin_dir() -> Result<()> {
-    let Some(p) = ready("second_agent_on_same_pin_dir")? else {
-        return Ok(());
-    };
+    privileged!();
+    let p = place()?;
     let opts = AgentOpts {
         pod_cidrs: vec!["10.0.0.0/24".into()],
         cgroup: p.cgroup.path().to_path_buf(),
