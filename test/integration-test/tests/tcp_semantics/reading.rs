@@ -4,7 +4,7 @@
 use anyhow::{Result, bail, ensure};
 use serde_json::Value;
 
-use super::support::{Run, both, redirected, same};
+use super::support::{Run, both, redirected, run_stepped, same};
 use crate::support::{agent_with, num, privileged, two_pods};
 
 #[test]
@@ -86,20 +86,9 @@ fn outcome<'a>(checks: &'a [bypass_common::status::KernelCheck], name: &str) -> 
 fn mixed_reader_sees_what_tcp_shows() -> Result<()> {
     privileged!();
     let pods = two_pods()?;
-    let run = |agent: Option<&testbed::Agent>, port: u16| -> Result<Run> {
-        let steps = crate::support::Steps::new(&pods, &format!("mixed-{port}"))?;
-        let (mark, go) = (steps.arg("waiting"), steps.arg("drained"));
-        let args = [
-            "--case",
-            "mixed",
-            "--bytes",
-            "64K",
-            "--mark-file",
-            &mark,
-            "--go-file",
-            &go,
-        ];
-        super::support::run_case(&pods, agent, port, &args)
+    let run = |agent: Option<&testbed::Agent>, port: u16| {
+        let extra = ["--bytes", "64K"];
+        run_stepped(&pods, agent, port, "mixed", &extra, ("waiting", "drained"))
     };
     let tcp = run(None, 5431)?;
     // The bound at 16 KiB: the 68 KiB stream falls back to TCP part-way, and comes back
@@ -385,18 +374,15 @@ fn splice_after_close_guarded_or_known_difference() -> Result<()> {
 fn splice_refused_then_one_read_takes_all() -> Result<()> {
     privileged!();
     let pods = two_pods()?;
-    let run = |agent: Option<&testbed::Agent>, port: u16| -> Result<Run> {
-        let steps = crate::support::Steps::new(&pods, &format!("splice-switch-{port}"))?;
-        let (mark, go) = (steps.arg("sent"), steps.arg("spliced"));
-        let args = [
-            "--case",
+    let run = |agent: Option<&testbed::Agent>, port: u16| {
+        run_stepped(
+            &pods,
+            agent,
+            port,
             "splice-switch",
-            "--mark-file",
-            &mark,
-            "--go-file",
-            &go,
-        ];
-        super::support::run_case(&pods, agent, port, &args)
+            &[],
+            ("sent", "spliced"),
+        )
     };
     let tcp = run(None, 5485)?;
     let agent = agent_with(&pods, &[])?;

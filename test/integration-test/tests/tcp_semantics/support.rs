@@ -5,7 +5,7 @@ use anyhow::{Result, ensure};
 use serde_json::Value;
 use testbed::{Agent, TwoPods};
 
-use crate::support::{ProbeServer, agent_with, num, probe_client, to_strings};
+use crate::support::{ProbeServer, Steps, agent_with, num, probe_client, to_strings};
 
 /// What one run of a case saw, and what the datapath counted meanwhile.
 #[derive(Debug)]
@@ -38,6 +38,24 @@ pub fn run_case(pods: &TwoPods, agent: Option<&Agent>, port: u16, args: &[&str])
         server,
         grew,
     })
+}
+
+/// [`run_case`] of probe case `case` with `extra`, then `--mark-file` and `--go-file` at
+/// the steps `mark` and `go` of its own [`Steps`] (`{case}-{port}`).
+pub fn run_stepped(
+    pods: &TwoPods,
+    agent: Option<&Agent>,
+    port: u16,
+    case: &str,
+    extra: &[&str],
+    (mark, go): (&str, &str),
+) -> Result<Run> {
+    let steps = Steps::new(pods, &format!("{case}-{port}"))?;
+    let (mark, go) = (steps.arg(mark), steps.arg(go));
+    let mut args = vec!["--case", case];
+    args.extend_from_slice(extra);
+    args.extend(["--mark-file", &mark, "--go-file", &go]);
+    run_case(pods, agent, port, &args)
 }
 
 /// The case on the normal path, then bypassed (the agent started in between).
