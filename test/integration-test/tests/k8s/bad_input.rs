@@ -5,12 +5,12 @@ use std::path::Path;
 
 use anyhow::{Context as _, Result, ensure};
 use serde_json::json;
-use testbed::{Agent, AgentOpts, TwoPods, agent::http_get};
+use testbed::{Agent, AgentOpts, agent::http_get};
 
 use super::{
-    cluster::{Cluster, PodOpts},
+    cluster::PodOpts,
     support::{
-        PROPAGATION, deploy_dir, free_port, kube_agent_opts, log_lines, node_name, strings,
+        PROPAGATION, cluster_with_node, deploy_dir, free_port, kube_agent_opts, log_lines, strings,
         wait_for, wait_service_cidrs,
     },
 };
@@ -49,11 +49,7 @@ fn agent_fails(opts: &AgentOpts, env: &[(&str, Option<&str>)]) -> Result<String>
 #[test]
 fn k8s_bad_input_fails_with_the_fix_and_deploy_rbac_suffices() -> Result<()> {
     privileged!();
-    let pods = TwoPods::new()?;
-    let c = Cluster::start()?;
-    let node = node_name(&pods, "n");
-    c.node(&node, &["10.55.0.0/24"], &[])?;
-    c.namespace("bk-apps", &[])?;
+    let (pods, c, node) = cluster_with_node("n", &["10.55.0.0/24"], "bk-apps")?;
     c.pod("bk-apps", "p", &node, &["10.55.0.5"], PodOpts::default())?;
     let admin = c.env.kubeconfig();
     let port = free_port()?;

@@ -18,8 +18,8 @@ use testbed::{
 use super::{
     cluster::{Cluster, PodOpts, client_for},
     support::{
-        PROPAGATION, addrs, free_port, kube_agent_opts, node_name, node_with_pods_a_b, seen, set,
-        start_agent, wait_addrs, wait_for,
+        PROPAGATION, addrs, cluster_with_node, free_port, kube_agent_opts, node_name,
+        node_with_pods_a_b, seen, set, start_agent, wait_addrs, wait_for,
     },
 };
 use crate::support::{
@@ -108,11 +108,7 @@ fn k8s_api_server_outage_keeps_datapath_then_resyncs() -> Result<()> {
 #[test]
 fn k8s_agent_waits_for_an_absent_api_server() -> Result<()> {
     privileged!();
-    let pods = TwoPods::new()?;
-    let mut c = Cluster::start()?;
-    let node = node_name(&pods, "n");
-    c.node(&node, &["10.44.0.0/24"], &[])?;
-    c.namespace("bk-apps", &[])?;
+    let (pods, mut c, node) = cluster_with_node("n", &["10.44.0.0/24"], "bk-apps")?;
     c.pod("bk-apps", "p", &node, &["10.44.0.5"], PodOpts::default())?;
     c.env.stop_apiserver()?;
     let port = free_port()?;

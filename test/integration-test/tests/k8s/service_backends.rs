@@ -10,16 +10,13 @@ use std::{cell::Cell, collections::BTreeSet, path::Path, time::Duration};
 use anyhow::{Result, ensure};
 use bypass_common::names::MAX_SERVICE_BACKENDS;
 use serde_json::{Value, json};
-use testbed::{
-    TwoPods,
-    agent::{http_get, metric},
-};
+use testbed::agent::{http_get, metric};
 
 use super::{
-    cluster::{Cluster, PodOpts},
+    cluster::PodOpts,
     support::{
-        addrs, free_port, log_lines, node_name, seen, set, start_agent, strings, wait_addrs,
-        wait_for,
+        addrs, cluster_with_node, free_port, log_lines, seen, set, start_agent, strings,
+        wait_addrs, wait_for,
     },
 };
 use crate::support::privileged;
@@ -40,11 +37,7 @@ const FLAG: &str = "10.0.0.99:443=10.33.1.9:8443";
 #[test]
 fn k8s_service_backends_follow_endpointslices() -> Result<()> {
     privileged!();
-    let pods = TwoPods::new()?;
-    let c = Cluster::start()?;
-    let node = node_name(&pods, "sb");
-    c.node(&node, &[], &[])?;
-    c.namespace("bk-apps", &[])?;
+    let (pods, c, node) = cluster_with_node("sb", &[], "bk-apps")?;
     c.pod("bk-apps", "web", &node, &["10.33.1.7"], PodOpts::default())?;
     c.pod("bk-apps", "web2", &node, &["10.33.1.8"], PodOpts::default())?;
     let port = free_port()?;
@@ -104,11 +97,7 @@ fn k8s_service_backends_follow_endpointslices() -> Result<()> {
 #[test]
 fn k8s_service_backends_one_namespace_cannot_fill_the_map() -> Result<()> {
     privileged!();
-    let pods = TwoPods::new()?;
-    let c = Cluster::start()?;
-    let node = node_name(&pods, "sbfill");
-    c.node(&node, &[], &[])?;
-    c.namespace("bk-apps", &[])?;
+    let (pods, c, node) = cluster_with_node("sbfill", &[], "bk-apps")?;
     c.namespace("bk-tenant", &[])?;
     c.pod("bk-apps", "web", &node, &["10.33.1.7"], PodOpts::default())?;
     c.pod("bk-tenant", "t", &node, &["10.33.1.8"], PodOpts::default())?;
@@ -234,11 +223,7 @@ impl FlagWatch {
 #[test]
 fn k8s_tenant_annotations_cost_the_agent_no_memory() -> Result<()> {
     privileged!();
-    let pods = TwoPods::new()?;
-    let c = Cluster::start()?;
-    let node = node_name(&pods, "sbpad");
-    c.node(&node, &[], &[])?;
-    c.namespace("bk-tenant", &[])?;
+    let (pods, c, node) = cluster_with_node("sbpad", &[], "bk-tenant")?;
     c.pod("bk-tenant", "t", &node, &["10.33.1.8"], PodOpts::default())?;
     let port = free_port()?;
     let agent = start_agent(&c, &pods, &node, port, &[])?;

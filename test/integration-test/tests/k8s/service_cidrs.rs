@@ -7,15 +7,15 @@ use std::time::Duration;
 use anyhow::{Result, ensure};
 use serde_json::json;
 use testbed::{
-    Agent, TwoPods,
+    Agent,
     agent::{http_get, metric},
 };
 
 use super::{
-    cluster::{Cluster, PodOpts},
+    cluster::PodOpts,
     support::{
-        addrs, free_port, kube_agent_opts, log_lines, node_name, seen, set, start_agent, strings,
-        wait_addrs, wait_for, wait_service_cidrs,
+        addrs, cluster_with_node, free_port, kube_agent_opts, log_lines, seen, set, start_agent,
+        strings, wait_addrs, wait_for, wait_service_cidrs,
     },
 };
 use crate::support::privileged;
@@ -23,11 +23,7 @@ use crate::support::privileged;
 #[test]
 fn k8s_service_cidrs_follow_the_api() -> Result<()> {
     privileged!();
-    let pods = TwoPods::new()?;
-    let c = Cluster::start()?;
-    let node = node_name(&pods, "n");
-    c.node(&node, &["10.33.1.0/24"], &[])?;
-    c.namespace("bk-apps", &[])?;
+    let (pods, c, node) = cluster_with_node("n", &["10.33.1.0/24"], "bk-apps")?;
     let port = free_port()?;
     let flags = [
         "--service-cidr",
@@ -90,11 +86,7 @@ fn k8s_service_cidrs_follow_the_api() -> Result<()> {
 #[test]
 fn k8s_service_cidrs_forbidden_fall_back_to_the_flags() -> Result<()> {
     privileged!();
-    let pods = TwoPods::new()?;
-    let c = Cluster::start()?;
-    let node = node_name(&pods, "n");
-    c.node(&node, &[], &[])?;
-    c.namespace("bk-apps", &[])?;
+    let (pods, c, node) = cluster_with_node("n", &[], "bk-apps")?;
     c.pod("bk-apps", "a", &node, &["10.34.0.5"], PodOpts::default())?;
     // What deploy/rbac.yaml granted before ServiceCIDRs: nodes, pods, namespaces; and
     // Services and EndpointSlices, so that ServiceCIDRs are the only thing forbidden.

@@ -149,6 +149,21 @@ pub fn node_name(pods: &TwoPods, what: &str) -> String {
     format!("bk-{}-{what}", pods.tag())
 }
 
+/// Two pods, the API server, and in it the node named after `what` with the pod CIDRs
+/// `cidrs` and the namespace `ns`: where most Kubernetes tests begin.
+pub fn cluster_with_node(
+    what: &str,
+    cidrs: &[&str],
+    ns: &str,
+) -> Result<(TwoPods, Cluster, String)> {
+    let pods = TwoPods::new()?;
+    let c = Cluster::start()?;
+    let node = node_name(&pods, what);
+    c.node(&node, cidrs, &[])?;
+    c.namespace(ns, &[])?;
+    Ok((pods, c, node))
+}
+
 /// The repository's `deploy/`.
 pub fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")

@@ -17,8 +17,8 @@ use testbed::{
 use super::{
     cluster::{Cluster, PodOpts},
     support::{
-        LABEL, PROPAGATION, addrs, free_port, node_name, node_with_pods_a_b, seen, start_agent,
-        wait_addrs, wait_for,
+        LABEL, PROPAGATION, addrs, cluster_with_node, free_port, node_name, node_with_pods_a_b,
+        seen, start_agent, wait_addrs, wait_for,
     },
 };
 use crate::support::{
@@ -29,12 +29,8 @@ use crate::support::{
 #[test]
 fn k8s_traffic_from_pod_objects_and_label_toggle_lose_no_byte() -> Result<()> {
     privileged!();
-    let pods = TwoPods::new()?;
-    let c = Cluster::start()?;
-    let node = node_name(&pods, "n");
     // No pod CIDRs on the node, none on the command line: only Pod objects count.
-    c.node(&node, &[], &[])?;
-    c.namespace("bk-apps", &[])?;
+    let (pods, c, node) = cluster_with_node("n", &[], "bk-apps")?;
     let (a4, a6, b4, b6) = (
         pods.a.ipv4().to_string(),
         pods.a.ipv6().to_string(),
