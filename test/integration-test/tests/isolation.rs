@@ -300,11 +300,11 @@ fn held_victim<'a>(
     })
 }
 
-/// An attacker's probe client in `place`, dialling `to` from `bind` with the probe's
+/// Starts an attacker's probe client in `place`, dialling `to` from `bind` with the probe's
 /// `case`: it goes once the victim wrote its numbers (`seq` in `steps`) and marks `mark`
 /// there once connected; with `until_victim_done` it waits for `victim-done` before it
 /// reports.
-fn spawn_attacker(
+fn attacker(
     place: &impl testbed::Place,
     to: SocketAddr,
     case: &str,
@@ -406,7 +406,7 @@ fn forged_repair_socket_cannot_pose_as_a_pods_client() -> Result<()> {
         x.ip(&["addr", "add", &format!("{ip}/32"), "dev", "lo"])?;
     }
     let victim = held_victim(&pods, &agent, &steps, port, client_end)?;
-    let forger = spawn_attacker(
+    let forger = attacker(
         &x,
         server_end,
         "forge-attacker",
@@ -449,7 +449,7 @@ fn forged_handshake_cannot_pose_as_a_pods_client() -> Result<()> {
     // network namespace for its own before it makes any.
     let x = pods.host_network("forger")?;
     let victim = held_victim(&pods, &agent, &steps, port, client_end)?;
-    let forger = spawn_attacker(
+    let forger = attacker(
         &x,
         server_end,
         "forge-handshake",
@@ -1621,7 +1621,7 @@ fn simultaneous_open_cannot_pose_as_a_pods_server() -> Result<()> {
         client,
     } = held_victim(&pods, &agent, &steps, port, client_end)?;
     let bind = SocketAddr::new(c_ip, 5617);
-    let poser = spawn_attacker(&c, client_end, "pose-server", bind, &steps, "posed", true)?;
+    let poser = attacker(&c, client_end, "pose-server", bind, &steps, "posed", true)?;
     let poser = attacker_connected(&steps, "posed", held, poser, "poser")?;
     let v = probe_report(client)?;
     steps.touch("victim-done")?;
