@@ -15,9 +15,9 @@ use std::{
 };
 
 use crate::support::{
-    HoldPair, ProbeServer, Steps, agent_with, exchange::exchange_exact, free_port, grew, hold_pair,
-    loopback_hold, num, owns, pod_counts, probe_client, probe_report, progress, spawn_probe_client,
-    to_strings, two_pods, wait_paired,
+    HoldPair, ProbeServer, Steps, agent_with, ensure_logged, exchange::exchange_exact, free_port,
+    grew, hold_pair, loopback_hold, num, owns, pod_counts, probe_client, probe_report, progress,
+    spawn_probe_client, to_strings, two_pods, wait_paired,
 };
 use anyhow::{Context as _, Result, ensure};
 use testbed::{ClientArgs, cmd, iptables};
@@ -1144,11 +1144,11 @@ fn a_pod_the_next_agent_leaves_out_is_cut_with_ownership_off() -> Result<()> {
     };
     let agent = testbed::Agent::start(&next)?;
     // The pins it adopts were attached before it started: wait for its start's end.
-    ensure!(
-        crate::support::wait_for_log(&agent, "running; SIGINT or SIGTERM detaches"),
-        "the next agent did not start: {}",
-        agent.stderr()
-    );
+    ensure_logged(
+        &agent,
+        "running; SIGINT or SIGTERM detaches",
+        "the next agent did not start",
+    )?;
     let wire0 = pods.wire_bytes()?;
     second_chunk_cut(
         &agent,
@@ -1210,11 +1210,11 @@ fn next_agent_on_emptied_owners(
     let owners = before.pin_dir().join("maps").join(MAP_NETNS_OWNERS);
     let emptied = testbed::mapkeys::clear_pinned_hash::<IpKey, u64>(&owners)?;
     let next = testbed::Agent::start(opts)?;
-    ensure!(
-        crate::support::wait_for_log(&next, "pod address owners changed"),
-        "the next agent's first pass did not write the owners again: {}",
-        next.stderr()
-    );
+    ensure_logged(
+        &next,
+        "pod address owners changed",
+        "the next agent's first pass did not write the owners again",
+    )?;
     Ok((next, emptied))
 }
 

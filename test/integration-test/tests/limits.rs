@@ -15,8 +15,8 @@ use std::time::Instant;
 use bypass_agent::datapath::insert_failure_warning::{POLL, WARN_EVERY};
 
 use crate::support::{
-    ProbeServer, Steps, agent_with, grew, num, probe_report, progress, spawn_probe_client,
-    two_pods, wait_for_log,
+    ProbeServer, Steps, agent_with, ensure_logged, grew, num, probe_report, progress,
+    spawn_probe_client, two_pods,
 };
 use anyhow::{Result, ensure};
 use testbed::{Agent, ClientArgs, PeerClient, PeerServer, Report, TwoPods};
@@ -91,11 +91,7 @@ fn full_sockhash_falls_back_counts_and_warns() -> Result<()> {
         "insert failures not told as a full map: {st}"
     );
     const WARNING: &str = "sockets could not be inserted";
-    ensure!(
-        wait_for_log(&agent, WARNING),
-        "no warning about the full map: {}",
-        agent.stderr()
-    );
+    ensure_logged(&agent, WARNING, "no warning about the full map")?;
     // More failures: counted each time (`ten_at_once` asserts the counter), warned at
     // most once per interval however many fail. How many intervals the run spans is
     // the machine's speed (a slower one outlasts the first): the bound is on what was

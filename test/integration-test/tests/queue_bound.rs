@@ -13,8 +13,8 @@ use crate::support::privileged;
 use std::time::Duration;
 
 use crate::support::{
-    ProbeServer, Steps, agent_with, num, probe_pair, probe_report, spawn_probe_client, two_pods,
-    wait_for_log,
+    ProbeServer, Steps, agent_with, ensure_logged, num, probe_pair, probe_report,
+    spawn_probe_client, two_pods,
 };
 use anyhow::{Context as _, Result, ensure};
 use bypass_common::Stat;
@@ -94,11 +94,7 @@ fn restarted_agent_applies_its_own_bound() -> Result<()> {
     first.stop()?;
     // The adopted datapath takes the new agent's bound.
     let second = agent_with(&pods, &["--max-queued-bytes", "1M"])?;
-    ensure!(
-        wait_for_log(&second, "Adopted"),
-        "not adopted: {}",
-        second.stderr()
-    );
+    ensure_logged(&second, "Adopted", "not adopted")?;
     let (c, s) = probe_pair(&pods, 5203, &FLOOD)?;
     let accepted = num(&c, "accepted");
     ensure!(
@@ -312,11 +308,7 @@ fn bound_off_only_when_asked_and_says_so() -> Result<()> {
             && metric(port, "bypass_feature{feature=\"ulp_guard\"}")? == 1.0,
         "/metrics does not show which guarantees are active"
     );
-    ensure!(
-        wait_for_log(&agent, "no bound on what waits for a reader"),
-        "no warning: {}",
-        agent.stderr()
-    );
+    ensure_logged(&agent, "no bound on what waits for a reader", "no warning")?;
     drop(agent);
     // By default the bound is what TCP lets a receive buffer grow to.
     let bounded = agent_with(&pods, &[])?;

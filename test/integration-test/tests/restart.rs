@@ -15,8 +15,8 @@ use std::{
 };
 
 use crate::support::{
-    ProbeServer, Steps, hold_pair, num, probe_report, sigkill, spawn_probe_client, to_strings,
-    two_pods, wait_for_log, wait_paired,
+    ProbeServer, Steps, ensure_logged, hold_pair, num, probe_report, sigkill, spawn_probe_client,
+    to_strings, two_pods, wait_paired,
 };
 use anyhow::{Context as _, Result, bail, ensure};
 use bypass_common::{control, names};
@@ -141,11 +141,7 @@ fn sigkill_mid_100_streams_then_restart_adopts() -> Result<()> {
     )?;
 
     let second = Agent::start(&opts)?;
-    ensure!(
-        wait_for_log(&second, "Adopted"),
-        "the restarted agent did not adopt: {}",
-        second.stderr()
-    );
+    ensure_logged(&second, "Adopted", "the restarted agent did not adopt")?;
     let at_adoption = second.status()?;
     adopted_steps.touch("more")?;
     for (name, pair) in [("gap", gap), ("adopted", adopted)] {
@@ -265,11 +261,11 @@ fn upgrade_under_a_held_connection(other: Other) -> Result<()> {
     let before = testbed::bpf::pinned_link_programs(&links)?;
 
     let new = Agent::start(&opts)?;
-    ensure!(
-        wait_for_log(&new, origin),
-        "the new build did not come to the old datapath as {origin}: {}",
-        new.stderr()
-    );
+    ensure_logged(
+        &new,
+        origin,
+        &format!("the new build did not come to the old datapath as {origin}"),
+    )?;
     if other == Other::Build {
         // In place: the cgroup links run the new programs, the tracing links (the read
         // counts, the splice watch) the old ones, and no self-test attached its own
@@ -283,11 +279,11 @@ fn upgrade_under_a_held_connection(other: Other) -> Result<()> {
                 }),
             "the links' programs across the upgrade in place: {before:?}, then {after:?}"
         );
-        ensure!(
-            wait_for_log(&new, "as the pinned datapath recorded it, reused"),
-            "the upgrade in place ran the kernel self-test: {}",
-            new.stderr()
-        );
+        ensure_logged(
+            &new,
+            "as the pinned datapath recorded it, reused",
+            "the upgrade in place ran the kernel self-test",
+        )?;
     }
     ensure!(
         pinned_u32(&control_pin, control::SLOT_OBJECT_LO)? == ours,
@@ -545,11 +541,11 @@ fn sigterm_then_restart_adopts_and_redirects() -> Result<()> {
     let mut first = Agent::start(&opts)?;
     stop_leaving_datapath(&mut first, &pods, &opts)?;
     let second = Agent::start(&opts)?;
-    ensure!(
-        wait_for_log(&second, "Adopted"),
-        "the second agent did not adopt the pinned datapath: {}",
-        second.stderr()
-    );
+    ensure_logged(
+        &second,
+        "Adopted",
+        "the second agent did not adopt the pinned datapath",
+    )?;
     let before = num(&second.status()?, "redirected_bytes");
     exchange_exact_on(&pods, 5309, &ClientArgs::bulk(4 << 20).greeted())?;
     let after = num(&second.status()?, "redirected_bytes");
@@ -592,11 +588,9 @@ fn mapped_pod_cidrs_survive_a_restart() -> Result<()> {
     stop_leaving_datapath(&mut first, &pods, &opts)?;
     let second = Agent::start(&opts)?;
     // Logged once the maps match the flags and the programs are attached.
-    ensure!(
-        wait_for_log(&second, "Adopted") && wait_for_log(&second, "SIGTERM detaches"),
-        "the second agent did not adopt the pinned datapath: {}",
-        second.stderr()
-    );
+    let what = "the second agent did not adopt the pinned datapath";
+    ensure_logged(&second, "Adopted", what)?;
+    ensure_logged(&second, "SIGTERM detaches", what)?;
     redirected(&second, 5311, "after the restart")
 }
 
@@ -808,11 +802,11 @@ fn held_across_versions(first: Switch, earlier: &str, order: Client) -> Result<(
             // A build replaces in place what has its layout; across layouts each
             // releases the other's.
             let origin = if in_place { "Upgraded" } else { "Replaced" };
-            ensure!(
-                wait_for_log(&agent, origin),
-                "{when} did not come to the datapath as {origin}: {}",
-                agent.stderr()
-            );
+            ensure_logged(
+                &agent,
+                origin,
+                &format!("{when} did not come to the datapath as {origin}"),
+            )?;
         }
         if !under {
             steps.touch(&format!("send.{k}"))?;

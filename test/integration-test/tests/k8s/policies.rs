@@ -8,7 +8,7 @@ use super::support::{
     TwoPodNode, addrs, free_port, node_name, start_agent, wait_addrs, wait_cut_logged,
 };
 use crate::support::ensure_second_chunk_by_tcp;
-use crate::support::{HoldPair, Steps, grew, hold_pair, privileged, probe_report};
+use crate::support::{HoldPair, Steps, ensure_logged, grew, hold_pair, privileged, probe_report};
 
 /// A connection between two pods of one namespace sends a first chunk, redirected;
 /// then a NetworkPolicy is created in the namespace; once the agent says it cut the
@@ -62,11 +62,11 @@ fn k8s_network_policy_change_while_no_agent_runs_is_cut_at_start() -> Result<()>
     let steps = Steps::new(&pods, "policy-gap")?;
     let chunk = 1u64 << 20;
     let hold = hold_pair(&pods, &before, &steps, 5141, chunk)?;
-    ensure!(
-        crate::support::wait_for_log(&before, "NetworkPolicies recorded"),
-        "the agent before did not record the policies: {}",
-        before.stderr()
-    );
+    ensure_logged(
+        &before,
+        "NetworkPolicies recorded",
+        "the agent before did not record the policies",
+    )?;
     before.stop_cleanly("the agent before")?;
     c.network_policy(ns, "allow-same-namespace")?;
     let next = start_agent(&c, &pods, &node, free_port()?, &keep)?;

@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Result, bail, ensure};
+use anyhow::{Result, bail};
 use testbed::{Agent, AgentOpts, AgentStatus, TwoPods};
 
 use super::cluster::{Cluster, PodOpts};
@@ -39,6 +39,7 @@ pub fn start_agent(
     ))
 }
 
+use crate::support::ensure_logged;
 pub use crate::support::free_port;
 
 /// Agent options for Kubernetes mode: no `--pod-cidr`, everything from the API.
@@ -199,10 +200,6 @@ impl TwoPodNode {
 /// Waits (a net, [`testbed::steps::NET`]) until the agent logged `line`: it says it
 /// cut, for `what`.
 pub fn wait_cut_logged(agent: &Agent, line: &str, what: &str) -> Result<()> {
-    ensure!(
-        crate::support::wait_for_log(agent, line),
-        "the agent did not cut {what}: {}",
-        agent.stderr()
-    );
+    ensure_logged(agent, line, &format!("the agent did not cut {what}"))?;
     Ok(())
 }

@@ -254,6 +254,12 @@ pub fn wait_for_log(agent: &Agent, needle: &str) -> bool {
     wait_for_log_line(agent, &[needle]).is_some()
 }
 
+/// [`wait_for_log`], failing with `what` and the agent's log when `needle` never came.
+pub fn ensure_logged(agent: &Agent, needle: &str, what: &str) -> Result<()> {
+    ensure!(wait_for_log(agent, needle), "{what}: {}", agent.stderr());
+    Ok(())
+}
+
 /// [`wait_for_log`] for a line that holds each of `needles`: the first such line.
 pub fn wait_for_log_line(agent: &Agent, needles: &[&str]) -> Option<String> {
     let deadline = Instant::now() + testbed::steps::NET;
