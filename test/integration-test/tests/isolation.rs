@@ -688,6 +688,17 @@ fn tenants_holding_the_owners_map_full_cannot_keep_a_new_pod_out() -> Result<()>
     Ok(())
 }
 
+/// Waits ([`testbed::steps::NET`]) until the agent's owners map has `ip` (`owned`) or
+/// has it no more; `what` names the wait.
+fn wait_owned(
+    agent: &testbed::Agent,
+    ip: IpAddr,
+    owned: bool,
+    what: &str,
+) -> Result<testbed::AgentStatus> {
+    agent.wait_for(testbed::steps::NET, what, |s| owns(s, ip) == owned)
+}
+
 /// Gives pod b a new IPv4 address (host part `hosts[0]`) and waits until it is owned, then
 /// another (`hosts[1]`): the pass that owns the second began after the first was owned,
 /// so it read every namespace after whatever the caller did before. Returns the agent's
@@ -871,11 +882,7 @@ fn network_loss_cuts_bypassed_connections(
             pods.a.ip(&["addr", "del", cidr.as_str(), "dev", "eth0"])?;
         }
     }
-    agent.wait_for(
-        testbed::steps::NET,
-        "pod a's address to lose its owner",
-        |s| !owns(s, a),
-    )?;
+    wait_owned(&agent, a, false, "pod a's address to lose its owner")?;
     if let Some(f) = &flooding {
         f.turned_away()?;
     }
@@ -920,9 +927,7 @@ fn network_loss_cuts_bypassed_connections(
             b.not_cut(&agent, metrics, full_before)?;
         }
         // A socket of pod a is inserted again once its address is its own again.
-        agent.wait_for(testbed::steps::NET, "pod a's address owned again", |s| {
-            owns(s, a)
-        })?;
+        wait_owned(&agent, a, true, "pod a's address owned again")?;
         if metrics_port.is_some() {
             return restart_leaves_cut_links_alone(&pods, &mut agent, &opts, metrics);
         }
@@ -1386,11 +1391,7 @@ sys.exit("a worker exited")
             pod.ip(&["link", "add", &a, "type", "veth", "peer", "name", &b])?;
         }
         let t = IpAddr::V4(pod.ipv4());
-        agent.wait_for(
-            testbed::steps::NET,
-            "the flooding tenant's address owned",
-            |s| owns(s, t),
-        )?;
+        wait_owned(agent, t, true, "the flooding tenant's address owned")?;
         let steps = Steps::new(pods, "flood")?;
         let mut cmd = Command::new("python3");
         cmd.args([
@@ -1518,9 +1519,7 @@ sys.exit("a worker exited")
         let n = per * Self::WORKERS;
         let steps = Steps::new(pods, "tenant")?;
         let t = IpAddr::V4(pod.ipv4());
-        agent.wait_for(testbed::steps::NET, "the tenant's address owned", |s| {
-            owns(s, t)
-        })?;
+        wait_owned(agent, t, true, "the tenant's address owned")?;
         let before = agent.stats()?;
         let mut cmd = Command::new("python3");
         cmd.args([
@@ -1567,10 +1566,11 @@ sys.exit("a worker exited")
             )?;
         }
         pod.ip(&["link", "set", "eth0", "down"])?;
-        agent.wait_for(
-            testbed::steps::NET,
+        wait_owned(
+            agent,
+            t,
+            false,
             "the tenant's address to lose its owner (its connections cut)",
-            |s| !owns(s, t),
         )?;
         // More connections than the cut map holds: its cut is a cut of everything.
         wait_metric(metrics, CUT_MAP_FULL, 1.0)?;
@@ -1600,9 +1600,7 @@ fn simultaneous_open_cannot_pose_as_a_pods_server() -> Result<()> {
     let cidr = pods.outside_cidr_v4();
     let agent = agent_with(&pods, &["--pod-cidr", &cidr])?;
     let c_ip = IpAddr::V4(c.ipv4());
-    agent.wait_for(testbed::steps::NET, "pod c's address owned", |s| {
-        owns(s, c_ip)
-    })?;
+    wait_owned(&agent, c_ip, true, "pod c's address owned")?;
     let port = 5616u16;
     let client_end = SocketAddr::new(IpAddr::V4(pods.a.ipv4()), port + 30_000);
     let steps = Steps::new(&pods, "pose-server")?;
@@ -1829,11 +1827,7 @@ fn a_tenant_holding_metrics_connections_takes_no_agent_resources() -> Result<()>
     testbed::agent::metric(port, LINK_EVENTS)?;
     let a = IpAddr::V4(pods.a.ipv4());
     pods.a.ip(&["link", "set", "eth0", "down"])?;
-    agent.wait_for(
-        testbed::steps::NET,
-        "pod a's address to lose its owner",
-        |s| !owns(s, a),
-    )?;
+    wait_owned(&agent, a, false, "pod a's address to lose its owner")?;
     Ok(())
 }
 
