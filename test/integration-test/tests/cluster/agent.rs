@@ -111,6 +111,33 @@ pub fn helm(args: &[&str]) -> Result<String> {
     )
 }
 
+/// `helm template` of the chart as `release` (in `namespace`, when given) for the
+/// cluster the tests run (helm template alone assumes v1.20.0), only `show_only` when
+/// given, with each of `sets` as `--set`.
+pub fn helm_template(
+    release: &str,
+    namespace: Option<&str>,
+    show_only: Option<&str>,
+    sets: &[&str],
+) -> Result<String> {
+    let chart_dir = repo()
+        .join(kube_testenv::chart::CHART)
+        .display()
+        .to_string();
+    let mut args = vec!["template", release, chart_dir.as_str()];
+    if let Some(ns) = namespace {
+        args.extend(["-n", ns]);
+    }
+    args.extend(["--kube-version", kube_testenv::KUBE_VERSION]);
+    if let Some(t) = show_only {
+        args.extend(["--show-only", t]);
+    }
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    helm(&args)
+}
+
 /// A release of `deploy/chart/bypass-agent` in `bypass-system`; on drop `helm
 /// uninstall`, the README's node cleanup, the namespace deleted.
 pub struct HelmRelease {

@@ -13,7 +13,9 @@ use kube_testenv::{chart, deploy::AGENT_NS, image::VERSION};
 
 use crate::{
     PORT, agent,
-    agent::{HelmRelease, METRICS_PORT, agent_container, agent_memory, helm, pins_left},
+    agent::{
+        HelmRelease, METRICS_PORT, agent_container, agent_memory, helm, helm_template, pins_left,
+    },
     assert_normal_path, kube,
     kube::{k, label_node, repo},
     pods::Namespace,
@@ -285,29 +287,13 @@ fn chart_lints_renders_deploy_and_passes_the_schema_check() -> Result<()> {
     let lint = helm(&["lint", "--strict", &chart_dir])?;
     ensure!(lint.contains("0 chart(s) failed"), "{lint}");
     // The schema refuses what the agent would.
-    let bad = helm(&[
-        "template",
-        "x",
-        &chart_dir,
-        "--kube-version",
-        kube_testenv::KUBE_VERSION,
-        "--set",
-        "maxSockets=1",
-    ]);
+    let bad = helm_template("x", None, None, &["maxSockets=1"]);
     ensure!(
         bad.is_err_and(|e| e.to_string().contains("maxSockets")),
         "the schema took maxSockets=1"
     );
     // The alerts' runbook links need a base, named when missing.
-    let no_runbook = helm(&[
-        "template",
-        "x",
-        &chart_dir,
-        "--kube-version",
-        kube_testenv::KUBE_VERSION,
-        "--set",
-        "prometheusRule.enabled=true",
-    ]);
+    let no_runbook = helm_template("x", None, None, &["prometheusRule.enabled=true"]);
     ensure!(
         no_runbook.is_err_and(|e| e
             .to_string()
@@ -316,21 +302,8 @@ fn chart_lints_renders_deploy_and_passes_the_schema_check() -> Result<()> {
     );
     // The namespace hook runs on Linux nodes, as a fixed unprivileged UID except on
     // OpenShift, whose restricted-v2 SCC assigns one and refuses a fixed one.
-    let hook = |sets: &[&str]| -> Result<String> {
-        let mut args = vec![
-            "template",
-            "x",
-            chart_dir.as_str(),
-            "--kube-version",
-            kube_testenv::KUBE_VERSION,
-            "--show-only",
-            "templates/namespace-hook.yaml",
-        ];
-        for s in sets {
-            args.extend(["--set", s]);
-        }
-        helm(&args)
-    };
+    let hook =
+        |sets: &[&str]| helm_template("x", None, Some("templates/namespace-hook.yaml"), sets);
     let plain = hook(&[])?;
     ensure!(
         plain.contains("kubernetes.io/os: linux") && plain.contains("runAsUser: 65534"),
@@ -390,20 +363,7 @@ fn chart_lints_renders_deploy_and_passes_the_schema_check() -> Result<()> {
             ],
         ),
     ] {
-        // As for the cluster the tests run (helm template alone assumes v1.20.0).
-        let mut args = vec![
-            "template",
-            "bypass",
-            chart_dir.as_str(),
-            "-n",
-            AGENT_NS,
-            "--kube-version",
-            kube_testenv::KUBE_VERSION,
-        ];
-        for s in &sets {
-            args.extend(["--set", s]);
-        }
-        let text = helm(&args)?;
+        let text = helm_template("bypass", Some(AGENT_NS), None, &sets)?;
         let file = tmp.join(format!("{name}.yaml"));
         std::fs::write(&file, text)?;
         files.push(file);

@@ -7,12 +7,12 @@
 use std::{collections::BTreeSet, path::Path, process::Command};
 
 use anyhow::{Context as _, Result, ensure};
-use kube_testenv::{chart, deploy::AGENT_NS, env_path};
+use kube_testenv::{deploy::AGENT_NS, env_path};
 use serde_json::Value;
 
 use crate::{
     PORT,
-    agent::{self, HelmRelease, helm},
+    agent::{self, HelmRelease, helm_template},
     kube::{FIX, k, label_node, repo},
     pods::Namespace,
     wait_path,
@@ -32,22 +32,8 @@ const NOT_THE_AGENTS: [&str; 3] = [
 
 /// One template of the chart rendered with `sets`, as JSON.
 fn render(template: &str, sets: &[&str]) -> Result<Value> {
-    let chart_dir = repo().join(chart::CHART).display().to_string();
-    let mut args = vec![
-        "template",
-        "bypass",
-        chart_dir.as_str(),
-        "-n",
-        AGENT_NS,
-        "--kube-version",
-        kube_testenv::KUBE_VERSION,
-        "--show-only",
-        template,
-    ];
-    for s in sets {
-        args.extend(["--set", s]);
-    }
-    Ok(serde_saphyr::from_str(&helm(&args)?)?)
+    let text = helm_template("bypass", Some(AGENT_NS), Some(template), sets)?;
+    Ok(serde_saphyr::from_str(&text)?)
 }
 
 /// The PrometheusRule's rule groups (its `spec`), as Prometheus reads a rule file.
