@@ -12,6 +12,13 @@ use super::support::{Bed, app_test};
 const PORT: u16 = 5201;
 /// Bulk runs: bytes over all streams.
 const BULK_BYTES: u64 = 256 << 20;
+/// One bulk stream, the client sending; the other runs change a field or two of it.
+const BULK: Iperf = Iperf {
+    bytes: BULK_BYTES,
+    streams: 1,
+    write_size: None,
+    reverse: false,
+};
 /// The small-write run: bytes, and bytes per write.
 const SMALL_BYTES: u64 = 8 << 20;
 const SMALL_WRITE: u32 = 64;
@@ -78,12 +85,7 @@ fn iperf(run: &Iperf) -> Result<()> {
 #[test]
 fn bulk_one_stream() -> Result<()> {
     app_test!(iperf::NEEDS);
-    iperf(&Iperf {
-        bytes: BULK_BYTES,
-        streams: 1,
-        write_size: None,
-        reverse: false,
-    })
+    iperf(&BULK)
 }
 
 #[test]
@@ -91,9 +93,8 @@ fn small_writes() -> Result<()> {
     app_test!(iperf::NEEDS);
     iperf(&Iperf {
         bytes: SMALL_BYTES,
-        streams: 1,
         write_size: Some(SMALL_WRITE),
-        reverse: false,
+        ..BULK
     })
 }
 
@@ -101,10 +102,8 @@ fn small_writes() -> Result<()> {
 fn four_streams() -> Result<()> {
     app_test!(iperf::NEEDS);
     iperf(&Iperf {
-        bytes: BULK_BYTES,
         streams: STREAMS,
-        write_size: None,
-        reverse: false,
+        ..BULK
     })
 }
 
@@ -112,9 +111,7 @@ fn four_streams() -> Result<()> {
 fn reverse() -> Result<()> {
     app_test!(iperf::NEEDS);
     iperf(&Iperf {
-        bytes: BULK_BYTES,
-        streams: 1,
-        write_size: None,
         reverse: true,
+        ..BULK
     })
 }
