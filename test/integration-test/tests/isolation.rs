@@ -494,12 +494,8 @@ fn one_wrong_guess_spends_a_clients_record() -> Result<()> {
     )?;
     let agent = agent_with(&pods, &[])?;
     let steps = Steps::new(&pods, "spend")?;
-    let Victim {
-        held,
-        before,
-        server,
-        client,
-    } = held_victim(&pods, &agent, &steps, PORT, client_end)?;
+    let victim = held_victim(&pods, &agent, &steps, PORT, client_end)?;
+    let before = &victim.before;
     // The victim client is established (it wrote its numbers): published, unclaimed.
     steps.wait("seq")?;
     let guess = testbed::ClientArgs {
@@ -510,9 +506,9 @@ fn one_wrong_guess_spends_a_clients_record() -> Result<()> {
     let gc = testbed::run_client(&pods.a, pods.b.v4_addr(SNAT_PORT), &guess)?;
     let gs = guess_server.wait()?;
     let mid = agent.stats()?;
-    held.remove()?;
-    let v = probe_report(client)?;
-    let s = server.wait()?;
+    victim.held.remove()?;
+    let v = probe_report(victim.client)?;
+    let s = victim.server.wait()?;
     let after = agent.stats()?;
     let g =
         |from: &testbed::AgentStatus, f: fn(&testbed::AgentStatus) -> u64| grew(from, &after, f);
@@ -520,13 +516,13 @@ fn one_wrong_guess_spends_a_clients_record() -> Result<()> {
         "victim {v}, server {s}; wrong guess: client {gc:?}, server {gs:?}; spent +{} \
          (+{} by the wrong guess), rejected +{} (+{} by the wrong guess), paired +{} pod \
          +{} translated, redirected +{} B",
-        g(&before, |s| s.counters.pair_spent),
-        grew(&before, &mid, |s| s.counters.pair_spent),
-        g(&before, |s| s.counters.pair_rejected),
-        grew(&before, &mid, |s| s.counters.pair_rejected),
-        g(&before, |s| s.counters.paired_pod),
-        g(&before, |s| s.counters.paired_translated),
-        g(&before, |s| s.counters.redirected_bytes)
+        g(before, |s| s.counters.pair_spent),
+        grew(before, &mid, |s| s.counters.pair_spent),
+        g(before, |s| s.counters.pair_rejected),
+        grew(before, &mid, |s| s.counters.pair_rejected),
+        g(before, |s| s.counters.paired_pod),
+        g(before, |s| s.counters.paired_translated),
+        g(before, |s| s.counters.redirected_bytes)
     );
     ensure!(
         gc.ok && gs.ok && gs.bytes_received == guess.send && gc.bytes_received == guess.recv,
@@ -537,14 +533,14 @@ fn one_wrong_guess_spends_a_clients_record() -> Result<()> {
         "the victim client lost bytes: {v}"
     );
     ensure!(
-        grew(&before, &mid, |s| s.counters.pair_spent) == 1
-            && grew(&before, &mid, |s| s.counters.pair_rejected) >= 1,
+        grew(before, &mid, |s| s.counters.pair_spent) == 1
+            && grew(before, &mid, |s| s.counters.pair_rejected) >= 1,
         "the wrong guess did not spend the victim's record: {mid:?}"
     );
     ensure!(
-        g(&before, |s| s.counters.paired_pod) == 0
-            && g(&before, |s| s.counters.paired_translated) == 0
-            && g(&before, |s| s.counters.redirected_bytes) == 0,
+        g(before, |s| s.counters.paired_pod) == 0
+            && g(before, |s| s.counters.paired_translated) == 0
+            && g(before, |s| s.counters.redirected_bytes) == 0,
         "the exact numbers after a wrong guess were paired: {after:?}"
     );
     ensure!(
@@ -1612,34 +1608,30 @@ fn simultaneous_open_cannot_pose_as_a_pods_server() -> Result<()> {
     );
     let rule: Vec<&str> = rule.split(' ').collect();
     let _dropped = iptables::insert(c.netns(), iptables::Family::V4, &rule)?;
-    let Victim {
-        held,
-        before,
-        server,
-        client,
-    } = held_victim(&pods, &agent, &steps, port, client_end)?;
+    let victim = held_victim(&pods, &agent, &steps, port, client_end)?;
+    let before = &victim.before;
     let bind = SocketAddr::new(c_ip, 5617);
     let poser = attacker(&c, client_end, "pose-server", bind, &steps, "posed", true)?;
-    let poser = attacker_connected(&steps, "posed", held, poser, "poser")?;
-    let v = probe_report(client)?;
+    let poser = attacker_connected(&steps, "posed", victim.held, poser, "poser")?;
+    let v = probe_report(victim.client)?;
     steps.touch("victim-done")?;
     let p = probe_report(poser)?;
-    let s = server.wait()?;
+    let s = victim.server.wait()?;
     let after = agent.stats()?;
     eprintln!(
         "victim {v}, poser {p}, server {s}; inserted +{}, paired +{} pod +{} translated, \
          redirected +{} B",
-        grew(&before, &after, |s| s.counters.sockets_inserted),
-        grew(&before, &after, |s| s.counters.paired_pod),
-        grew(&before, &after, |s| s.counters.paired_translated),
-        grew(&before, &after, |s| s.counters.redirected_bytes)
+        grew(before, &after, |s| s.counters.sockets_inserted),
+        grew(before, &after, |s| s.counters.paired_pod),
+        grew(before, &after, |s| s.counters.paired_translated),
+        grew(before, &after, |s| s.counters.redirected_bytes)
     );
     ensure!(
         v["ok"] == true && num(&v, "received") == 1 << 20,
         "the victim client read bytes its server never sent, or lost some: {v}"
     );
     ensure!(
-        grew(&before, &after, |s| s.counters.paired_translated) == 0,
+        grew(before, &after, |s| s.counters.paired_translated) == 0,
         "the poser was paired with the victim client: {after:?}"
     );
     Ok(())
