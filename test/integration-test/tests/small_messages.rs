@@ -10,7 +10,7 @@ use crate::support::privileged;
 
 use crate::support::exchange::{Exchange, assert_bypassed, assert_byte_exact, exchange_with};
 use crate::support::{
-    ProbeServer, Steps, agent_with, num, probe_report, spawn_probe_client, two_pods,
+    ProbeServer, Steps, agent_with, grew, num, probe_report, spawn_probe_client, two_pods,
 };
 use anyhow::{Result, ensure};
 use testbed::{Agent, AgentStatus, ClientArgs, ServerArgs, TwoPods};
@@ -64,10 +64,6 @@ fn to_pod_b(
 ) -> Result<Exchange> {
     let addr = pods.b.v4_addr(port);
     exchange_with(pods, Some(agent), addr, addr, args, server)
-}
-
-fn grew(before: &AgentStatus, after: &AgentStatus, f: fn(&AgentStatus) -> u64) -> u64 {
-    f(after).saturating_sub(f(before))
 }
 
 /// One-byte writes to a reader that reads none yet: the rule sees a stream, the
