@@ -38,6 +38,3 @@ pub use kubectl::{KUBECONFIG_ENV, KUBECTL_ENV, Kubectl, env_path, veth_bytes};
 pub use pki::{ca, client_cert, kubeconfig, service_account_key, signed};
 pub use state::{default_dir, down, up};
 pub use wait::{NET, retry, wait_for};
-// Only for test/integration-test/tests (`kube_testenv::cmd::output_named`,
-// `kube_testenv::workspace::*_AGENT_COMMIT`) until they name `xtask_lib`.
-pub use xtask_lib::{cmd, workspace};

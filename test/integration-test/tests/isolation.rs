@@ -20,7 +20,8 @@ use crate::support::{
     spawn_probe_client, to_strings, two_pods, wait_paired,
 };
 use anyhow::{Context as _, Result, ensure};
-use testbed::{ClientArgs, cmd, iptables};
+use testbed::{ClientArgs, iptables};
+use xtask_lib::cmd;
 
 /// The mode bits of a path.
 fn mode(p: &std::path::Path) -> Result<u32> {

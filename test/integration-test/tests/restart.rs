@@ -20,7 +20,6 @@ use crate::support::{
 };
 use anyhow::{Context as _, Result, bail, ensure};
 use bypass_common::{control, names};
-use kube_testenv::workspace::{PREVIOUS_AGENT_COMMIT, SAME_LAYOUT_AGENT_COMMIT};
 use testbed::mapkeys::{pinned_u32, set_pinned_u32};
 use testbed::{
     Agent, AgentOpts, ClientArgs, PeerClient, PeerServer, Report, TwoPods,
@@ -29,6 +28,7 @@ use testbed::{
     bpf::{sockops_attached, sockopt_attached},
     run_client,
 };
+use xtask_lib::workspace::{PREVIOUS_AGENT_COMMIT, SAME_LAYOUT_AGENT_COMMIT};
 
 /// Polls `status` of `pin_dir` until `done` holds.
 fn wait_status(

@@ -59,7 +59,3 @@ pub use proxy::{Proxy, ProxyOpts};
 pub use require::preflight;
 pub use spawn::{Place, PodChild, spawn_in, spawn_in_on_cpus};
 pub use topology::{Pod, Sandbox, TwoPods};
-
-// Only for test/integration-test/tests (`testbed::cmd::ip`) until they name `xtask_lib`.
-#[doc(hidden)]
-pub use xtask_lib::cmd;

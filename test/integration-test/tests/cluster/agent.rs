@@ -102,7 +102,7 @@ fn find_u64(v: &serde_json::Value, key: &str) -> Option<u64> {
 
 /// `helm` of the tests.
 pub fn helm(args: &[&str]) -> Result<String> {
-    kube_testenv::cmd::output_named(
+    xtask_lib::cmd::output_named(
         Command::new(env_path("BYPASS_HELM", FIX)?)
             .arg("--kubeconfig")
             .arg(kubectl()?.kubeconfig())

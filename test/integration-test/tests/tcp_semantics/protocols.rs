@@ -117,7 +117,7 @@ fn tcp_fast_open_stays_on_tcp_byte_exact() -> Result<()> {
     privileged!();
     let pods = two_pods()?;
     for pod in [&pods.a, &pods.b] {
-        testbed::cmd::ip(&[
+        xtask_lib::cmd::ip(&[
             "netns",
             "exec",
             pod.netns().name(),
