@@ -194,9 +194,10 @@ pub struct RunOpts {
     #[arg(long, value_name = "BYTES|auto", default_value = "auto", value_parser = parse_bound)]
     pub max_queued_bytes: QueueBound,
     /// Sends smaller than this (K suffix allowed), made while the peer has not yet read
-    /// what was redirected to it 8 times in a row (a larger send restarts the count),
-    /// are a small-message stream: the connection leaves the SockHash and runs as plain
-    /// TCP, which coalesces small writes. Request and response traffic, where the peer
+    /// what was redirected to it and what waits is messages smaller than this on average,
+    /// 8 times in a row (a larger send, or one behind large messages, restarts the
+    /// count), are a small-message stream: the connection leaves the SockHash and runs as
+    /// plain TCP, which coalesces small writes. Request and response traffic, where the peer
     /// has read everything before it answers, keeps the redirect. 0 turns it off.
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_SMALL_STREAM_BYTES,
         value_parser = parse_bytes)]

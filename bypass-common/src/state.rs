@@ -732,19 +732,40 @@ pub const fn tcp_run_step(run: u64, size: u64, limit: u64) -> (u64, bool) {
 /// before a direction counts as a small-message stream.
 pub const SMALL_STREAM_RUN: u32 = 8;
 
-/// One small send's step of the small-stream rule: from the run so far and the bytes
-/// waiting unread in the peer's ingress queue, the new run and whether this direction
-/// is a small-message stream. A send that finds the queue empty (request/response: the
-/// peer read everything before answering) resets the run, and so does any send at or
-/// above the size (sk_msg does that); a writer that keeps ahead of its reader with
-/// small messages reaches [`SMALL_STREAM_RUN`].
+/// One small send's step of the small-stream rule: from the run so far, the bytes
+/// waiting unread in the peer's ingress queue (`peer_pending`), an upper bound on the
+/// messages they are in (`pending_msgs`, [`consumed_messages`]) and the size under
+/// which a send is small (`small`), the new run and whether this direction is a
+/// small-message stream. What a stream costs is a queue entry and a wake-up per
+/// message, so a send counts only when the queue it joins holds small messages on
+/// average. A send that finds the queue empty (request/response: the peer read
+/// everything before answering) resets the run, and so does one that finds large
+/// messages waiting (an echo of bulk data that answers with a short read's remainder
+/// while its peer has not read the last large answer yet), or any send at or above
+/// `small` (sk_msg does that); a writer that keeps ahead of its reader with small
+/// messages reaches [`SMALL_STREAM_RUN`].
 #[inline(always)]
-pub const fn small_stream_step(run: u32, peer_pending: u64) -> (u32, bool) {
-    if peer_pending == 0 {
+pub const fn small_stream_step(
+    run: u32,
+    peer_pending: u64,
+    pending_msgs: u64,
+    small: u64,
+) -> (u32, bool) {
+    if peer_pending == 0 || !small_on_average(peer_pending, pending_msgs, small) {
         return (0, false);
     }
     let run = run.saturating_add(1);
     (run, run >= SMALL_STREAM_RUN)
+}
+
+/// Whether `bytes` in at most `msgs` messages average under `small` bytes each. The
+/// count is an upper bound, so the average found is at most the real one: a queue of
+/// large messages can be taken for small ones, never the other way. Capped as
+/// [`charge`] caps its product (no 128-bit multiply in BPF).
+#[inline(always)]
+const fn small_on_average(bytes: u64, msgs: u64, small: u64) -> bool {
+    let msgs = min(if msgs == 0 { 1 } else { msgs }, 1 << 32);
+    bytes < msgs.wrapping_mul(min(small, 1 << 31))
 }
 
 /// The first checks of sk_msg, in order, on its copy of the link: `None` lets the

@@ -229,21 +229,18 @@ fn claim_and_redirect(
     state.cp_redir = cp_redir;
     state.done_msgs = done;
     let waiting = pending(sent, read);
+    let waiting_msgs = state.tx_msgs.saturating_sub(done);
     let limit = match link.rx_limit[peer] {
         0 => control_word(control::SLOT_MAX_QUEUED),
         l => l,
     };
-    let due = charge(
-        waiting,
-        state.tx_msgs.saturating_sub(done),
-        size,
-        kernel::msg_cost(),
-    );
+    let due = charge(waiting, waiting_msgs, size, kernel::msg_cost());
     if !within_limit(due, u64::from(limit)) {
         return Err(PassReason::QueueFull);
     }
-    if size < u64::from(control_word(control::SLOT_SMALL_STREAM)) {
-        let (run, stream) = small_stream_step(state.small_run, waiting);
+    let small = u64::from(control_word(control::SLOT_SMALL_STREAM));
+    if size < small {
+        let (run, stream) = small_stream_step(state.small_run, waiting, waiting_msgs, small);
         state.small_run = run;
         if stream {
             stats::add(Stat::SmallStreams, 1);

@@ -40,22 +40,55 @@ fn pair() -> (SockState, SockState, Link) {
 
 #[test]
 fn small_stream_rule() {
+    const SMALL: u64 = 256;
     // Request/response: every send finds the queue read.
     let mut run = 0;
     for _ in 0..100 {
-        let (r, tcp) = small_stream_step(run, 0);
+        let (r, tcp) = small_stream_step(run, 0, 0, SMALL);
         assert!(!tcp);
         run = r;
     }
-    // A stream: the reader falls behind; TCP at the SMALL_STREAM_RUN-th send.
+    // A stream: the reader falls behind on 1-byte messages; TCP at the
+    // SMALL_STREAM_RUN-th send.
     for i in 1..=SMALL_STREAM_RUN {
-        let (r, tcp) = small_stream_step(run, 5);
+        let (r, tcp) = small_stream_step(run, 5, 5, SMALL);
         assert_eq!((r, tcp), (i, i == SMALL_STREAM_RUN));
         run = r;
     }
     // A burst shorter than the run, then the reader catches up: the run restarts.
-    let (r, _) = small_stream_step(3, 7);
-    assert_eq!(small_stream_step(r, 0), (0, false));
+    let (r, _) = small_stream_step(3, 7, 7, SMALL);
+    assert_eq!(small_stream_step(r, 0, 0, SMALL), (0, false));
+}
+
+#[test]
+fn small_sends_behind_large_messages_are_not_a_stream() {
+    const SMALL: u64 = 256;
+    // An echo of bulk data: short sends while two 64 KiB answers wait unread (the
+    // message count an upper bound, up to twice the truth) never count.
+    let mut run = 0;
+    for _ in 0..100 {
+        let (r, tcp) = small_stream_step(run, 128 << 10, 4, SMALL);
+        assert_eq!((r, tcp), (0, false));
+        run = r;
+    }
+    // One large message among many small ones: small on average, it counts.
+    assert_eq!(small_stream_step(0, 4096 + 99, 100, SMALL), (1, false));
+    // At the size exactly: not under it.
+    assert_eq!(small_stream_step(5, 10 * SMALL, 10, SMALL), (0, false));
+    assert_eq!(small_stream_step(5, 10 * SMALL - 1, 10, SMALL), (6, false));
+    // Bytes waiting with no message counted (never from sk_msg): one message.
+    assert_eq!(small_stream_step(0, 100, 0, SMALL), (1, false));
+    assert_eq!(small_stream_step(0, SMALL, 0, SMALL), (0, false));
+    // Extremes do not overflow.
+    assert_eq!(
+        small_stream_step(0, 1 << 62, u64::MAX, u64::MAX),
+        (1, false)
+    );
+    assert_eq!(
+        small_stream_step(0, u64::MAX, u64::MAX, u64::MAX),
+        (0, false)
+    );
+    assert_eq!(small_stream_step(0, u64::MAX, 1, u64::MAX), (0, false));
 }
 
 #[test]

@@ -15,24 +15,29 @@ use crate::support::{
 use anyhow::{Result, ensure};
 use testbed::{Agent, AgentStatus, ClientArgs, ServerArgs, TwoPods};
 
-/// One-byte writes, 256 KiB of them, to a server in pod b on `port` that starts
-/// reading only once `ahead` holds of the agent's counters (waited for, a net, while
-/// the writer writes): the writer is ahead of its reader from its first sends, however
-/// slowly the machine runs it.
-fn stream_of_small_writes(
-    pods: &TwoPods,
-    agent: &Agent,
-    port: u16,
-    what: &str,
-    ahead: impl Fn(&AgentStatus, &AgentStatus) -> bool + Sync,
-) -> Result<(ClientArgs, Exchange)> {
-    let client = ClientArgs {
+/// One-byte writes, 256 KiB of them.
+fn small_writes() -> ClientArgs {
+    ClientArgs {
         send: 256 << 10,
         recv: 0,
         msg_size: 1,
         ..ClientArgs::default()
     }
-    .greeted();
+    .greeted()
+}
+
+/// `client`'s writes to a server in pod b on `port` that starts reading only once
+/// `ahead` holds of the agent's counters (waited for, a net, while the writer writes):
+/// the writer is ahead of its reader from its first sends, however slowly the machine
+/// runs it.
+fn writes_ahead_of_reader(
+    pods: &TwoPods,
+    agent: &Agent,
+    port: u16,
+    client: ClientArgs,
+    what: &str,
+    ahead: impl Fn(&AgentStatus, &AgentStatus) -> bool + Sync,
+) -> Result<(ClientArgs, Exchange)> {
     let steps = Steps::new(pods, "small")?;
     let server = ServerArgs {
         go_file: Some(steps.file("read")),
@@ -171,6 +176,54 @@ fn length_prefixed_records_keep_redirect() -> Result<()> {
     Ok(())
 }
 
+/// An echo of bulk data answers a short read with a short write: each 16 KiB record
+/// here is followed by twenty 100-byte writes, all to a reader that reads nothing
+/// until the last is written. Each short write finds the queue unread, far more than 8 in a row, but what
+/// waits is mostly the long records: large messages on average, not a stream that
+/// costs a queue entry per few bytes, so the connection keeps the redirect.
+#[test]
+fn short_writes_behind_long_ones_keep_redirect() -> Result<()> {
+    privileged!();
+    let pods = two_pods()?;
+    // The bound is not what this tests: one above everything the gated reader lets
+    // pile up (records, short writes and each message's `struct sk_msg`).
+    let agent = agent_with(&pods, &["--max-queued-bytes", "64M"])?;
+    let client = ClientArgs {
+        send: 4 << 20,
+        recv: 0,
+        msg_size: 16 << 10,
+        prefix: 100,
+        prefix_after: 20,
+        ..ClientArgs::default()
+    }
+    .greeted();
+    // The reader starts once the whole stream waits for it (a reader let go earlier
+    // could read up to the middle of a run of short writes and leave only short ones
+    // waiting: small on average, which the rule rightly counts), or once the
+    // connection asked to leave (what the rule must not do here).
+    let send = client.send;
+    let (args, x) = writes_ahead_of_reader(
+        &pods,
+        &agent,
+        5406,
+        client,
+        "the whole stream redirected to the gated reader, or a leave",
+        |before, now| {
+            now.counters.redirected_bytes >= before.counters.redirected_bytes + send
+                || now.counters.leave_requests > before.counters.leave_requests
+        },
+    )?;
+    assert_byte_exact(&x, &args)?;
+    ensure!(
+        grew(&x.before, &x.after, |s| s.counters.small_streams) == 0
+            && grew(&x.before, &x.after, |s| s.counters.leave_requests) == 0,
+        "short writes behind long records were taken for a small-message stream: {:?}",
+        x.after
+    );
+    assert_bypassed(&x, &args)?;
+    Ok(())
+}
+
 #[test]
 fn small_message_ping_pong_keeps_redirect() -> Result<()> {
     privileged!();
@@ -216,10 +269,11 @@ fn small_stream_rule_can_be_turned_off() -> Result<()> {
     let agent = agent_with(&pods, &["--small-stream-bytes", "0"])?;
     let st = agent.status()?;
     ensure!(num(&st, "small_stream_bytes") == 0, "{st}");
-    let (args, x) = stream_of_small_writes(
+    let (args, x) = writes_ahead_of_reader(
         &pods,
         &agent,
         5403,
+        small_writes(),
         "the bound to apply while the reader waits",
         |before, now| now.counters.queue_limited > before.counters.queue_limited,
     )?;

@@ -46,6 +46,11 @@ pub struct ClientArgs {
     /// length prefix before each record); 0 writes none.
     #[arg(long, default_value = "0", value_parser = parse_usize)]
     pub prefix: usize,
+    /// Write this many --prefix writes after each --msg-size write instead of one
+    /// before it (an echo's short answers behind each long one); 0 keeps --prefix a
+    /// length prefix. Needs --prefix.
+    #[arg(long, default_value = "0", value_parser = parse_usize, requires = "prefix")]
+    pub prefix_after: usize,
     /// Do this many round trips of --msg-size bytes instead of bulk transfer.
     #[arg(long, value_name = "ROUNDS")]
     pub pingpong: Option<u64>,
@@ -80,6 +85,7 @@ impl Default for ClientArgs {
             msg_size: 64 * 1024,
             rate: 0,
             prefix: 0,
+            prefix_after: 0,
             pingpong: None,
             stream_base: 0,
             cpus: Vec::new(),
@@ -144,6 +150,8 @@ impl ClientArgs {
             self.rate.to_string(),
             "--prefix".to_owned(),
             self.prefix.to_string(),
+            "--prefix-after".to_owned(),
+            self.prefix_after.to_string(),
             "--stream-base".to_owned(),
             self.stream_base.to_string(),
             "--idle-timeout".to_owned(),
@@ -279,10 +287,12 @@ fn stream_mode(
     out: &mut ConnOutcome,
 ) {
     let msg_size = h.msg_size as usize;
-    let sizes = if opts.prefix > 0 {
-        vec![opts.prefix, msg_size]
-    } else {
-        vec![msg_size]
+    let sizes = match (opts.prefix, opts.prefix_after) {
+        (0, _) => vec![msg_size],
+        (p, 0) => vec![p, msg_size],
+        (p, n) => std::iter::once(msg_size)
+            .chain(std::iter::repeat_n(p, n))
+            .collect(),
     };
     let rate = opts.rate;
     let (sent, (received, failure)) = std::thread::scope(|s| {

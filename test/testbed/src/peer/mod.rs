@@ -135,6 +135,7 @@ mod tests {
             msg_size: 1000,
             rate: 1 << 18,
             prefix: 4,
+            prefix_after: 3,
             pingpong: Some(5),
             stream_base: 42,
             cpus: Vec::new(),
