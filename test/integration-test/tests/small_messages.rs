@@ -178,9 +178,10 @@ fn length_prefixed_records_keep_redirect() -> Result<()> {
 
 /// An echo of bulk data answers a short read with a short write: each 16 KiB record
 /// here is followed by twenty 100-byte writes, all to a reader that reads nothing
-/// until the last is written. Each short write finds the queue unread, far more than 8 in a row, but what
-/// waits is mostly the long records: large messages on average, not a stream that
-/// costs a queue entry per few bytes, so the connection keeps the redirect.
+/// until the last is written. Each short write finds the queue unread, far more than 8
+/// in a row, but what waits is mostly the long records: large messages on average, not
+/// a stream that costs a queue entry per few bytes, so the connection keeps the
+/// redirect.
 #[test]
 fn short_writes_behind_long_ones_keep_redirect() -> Result<()> {
     privileged!();
