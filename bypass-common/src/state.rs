@@ -6,8 +6,9 @@
 //! # Who writes what
 //! A [`Link`] is shared by the two sockets of a connection and by the programs that
 //! watch each of them read. Each field has one writer:
-//! - `tx_redir[i]`: side `i`'s sk_msg, under its socket lock (atomic add, so that the
-//!   receive guard and the sender see each other, see [`rx`]);
+//! - `tx_redir[i]`: side `i`'s sk_msg, under its socket lock (a fully ordered
+//!   compare-and-exchange from the value it read, so that the receive guard and the
+//!   sender see each other, see [`rx`]; a plain atomic subtract to undo it);
 //! - `rx_read[i]`, `rx_copied[i]`, `rx_limit[i]`: the programs on side `i`'s reads;
 //! - `rx_flags[i]`: side `i`'s setsockopt hook and read guard (atomic or);
 //! - `state`: either side (atomic or).
@@ -210,8 +211,8 @@ pub mod flags {
 /// (read after the bits): then the guard refuses, and the sender goes on redirecting
 /// until its reader's ingress queue is empty, so no read of that queue returns short
 /// with TCP bytes waiting behind it ([`super::drains_first`]). The guard's or and the
-/// sender's read of its sum after its add (an or of 0) are fully ordered atomics, full
-/// barriers, so at least one of the two sees the other: no byte is ever left where the
+/// sender's add (a compare-and-exchange) are fully ordered atomics, full barriers, so
+/// at least one of the two sees the other: no byte is ever left where the
 /// reader cannot see it.
 pub mod rx {
     /// A receive option the ingress queue ignores (SO_RCVLOWAT above 1, SO_PEEK_OFF):

@@ -56,8 +56,9 @@ pub(crate) unsafe fn load_ordered(p: *mut u64) -> u64 {
     unsafe { or_u64(p, 0) }
 }
 
-/// If `*p == old`, `*p = new`; whether it did. Fully ordered (`BPF_CMPXCHG`, Linux >=
-/// 5.12).
+/// If `*p == old`, `*p = new`; whether it did (`BPF_CMPXCHG`, Linux >= 5.12). Fully
+/// ordered when it succeeds; a failed one orders nothing (the kernel's
+/// `atomic64_cmpxchg`, and arm64's JIT without LSE atomics branches past its barrier).
 ///
 /// # Safety
 /// `p` points into a live map or storage value.

@@ -220,6 +220,9 @@ pub(crate) struct Sending {
     pub(crate) write_seq: u32,
     /// An upper-layer protocol is attached (`icsk_ulp_ops` set).
     pub(crate) ulp: bool,
+    /// Its `struct tcp_sock` (non-null), for [`Sending::tcp_memory_allocated`]: one
+    /// helper call per send.
+    tp: *const u8,
 }
 
 /// The sk_msg context's socket's own fields, read typed; `None` if it is not a full TCP
@@ -236,25 +239,33 @@ pub(crate) fn sending(sk: *mut bpf_sock) -> Option<Sending> {
         Some(Sending {
             write_seq: field::<u32>(tp, BYPASS_OFF_TCP_WRITE_SEQ.load()),
             ulp: field::<u64>(tp, BYPASS_OFF_ICSK_ULP_OPS.load()) != 0,
+            tp,
         })
     }
 }
 
-/// The pages of TCP memory the node holds (`*sk->sk_prot->memory_allocated`, the
-/// counter `tcp_mem` limits: the same for every TCP socket), read typed through the
-/// sk_msg context's socket; `None` where the agent found no such fields.
+impl Sending {
+    /// The pages of TCP memory the node holds (`*sk->sk_prot->memory_allocated`, the
+    /// counter `tcp_mem` limits: the same for every TCP socket), read typed through the
+    /// sending socket; `None` where the agent found no such fields.
+    #[inline(always)]
+    pub(crate) fn tcp_memory_allocated(&self) -> Option<i64> {
+        let prot_at = BYPASS_OFF_SK_PROT.load();
+        let allocated_at = BYPASS_OFF_PROTO_MEMORY_ALLOCATED.load();
+        if prot_at == 0 || allocated_at == 0 {
+            return None;
+        }
+        // SAFETY: `tp` is the non-null `struct tcp_sock` `sending` found.
+        unsafe { memory_allocated(self.tp, prot_at, allocated_at) }
+    }
+}
+
+/// `*tp->sk_prot->memory_allocated`, `None` where a pointer on the way is null.
+///
+/// # Safety
+/// `tp` is a non-null `struct tcp_sock` BTF pointer; the offsets are the agent's.
 #[inline(always)]
-pub(crate) fn tcp_memory_allocated(sk: *mut bpf_sock) -> Option<i64> {
-    let prot_at = BYPASS_OFF_SK_PROT.load();
-    let allocated_at = BYPASS_OFF_PROTO_MEMORY_ALLOCATED.load();
-    if prot_at == 0 || allocated_at == 0 {
-        return None;
-    }
-    // SAFETY: the context's non-null socket.
-    let tp = unsafe { tcp_sock(sk) };
-    if tp.is_null() {
-        return None;
-    }
+unsafe fn memory_allocated(tp: *const u8, prot_at: u32, allocated_at: u32) -> Option<i64> {
     // SAFETY: typed loads, each at an offset the verifier checks against the kernel's
     // BTF: `struct sock_common`'s `skc_prot` (a `struct proto *`), that struct's
     // `memory_allocated` (an `atomic_long_t *`), and its `counter`, at offset 0.

@@ -205,7 +205,9 @@ fn claim_and_redirect(
     // and the kernel would fail this send (ENOMEM); TCP makes it wait instead.
     let tight = control_word(control::SLOT_TCP_MEM_TIGHT);
     if tight != 0
-        && kernel::tcp_memory_allocated(sk).is_some_and(|a| control::memory_tight(a, tight))
+        && own
+            .tcp_memory_allocated()
+            .is_some_and(|a| control::memory_tight(a, tight))
     {
         return Err(PassReason::MemoryTight);
     }
@@ -264,12 +266,12 @@ fn claim_and_redirect(
 }
 
 /// Counts the message as redirected before it is, then looks again at what the peer's
-/// read guard, its close and a leave write: the add and the guard's or are both fully ordered
-/// atomics (`bypass_common::state::rx`), so either the guard sees these bytes and
-/// refuses its splice, or this sees the guard's bit and takes TCP, unless the peer has
-/// not read every byte redirected to it yet ([`drains_after_claim`]: then its guard
-/// refuses, and the redirect goes on until its ingress queue is empty). Undone on the
-/// way out.
+/// read guard, its close and a leave write: the count's compare-and-exchange and the
+/// guard's or are both fully ordered atomics (`bypass_common::state::rx`), so either
+/// the guard sees these bytes and refuses its splice, or this sees the guard's bit and
+/// takes TCP, unless the peer has not read every byte redirected to it yet
+/// ([`drains_after_claim`]: then its guard refuses, and the redirect goes on until its
+/// ingress queue is empty). Undone on the way out.
 #[inline(always)]
 fn claim(
     ptr: *mut Link,
@@ -281,18 +283,24 @@ fn claim(
 ) -> Result<(), PassReason> {
     // SAFETY: a live map value; fields read and written in place.
     unsafe {
-        // Only this socket, under its lock, adds to its own count: the sum is `sent +
-        // size` unless the link was replaced meanwhile.
-        atomic::add_u64(addr_of_mut!((*ptr).tx_redir[me]), size);
-        let now = atomic::load_ordered(addr_of_mut!((*ptr).tx_redir[me]));
+        // Only this socket, under its lock, changes its own count: it still holds `sent`
+        // unless the link was replaced meanwhile, and then nothing is added. One atomic,
+        // fully ordered when it succeeds: the count and the barrier before the reads
+        // below (a failed one orders nothing, and nothing is read after it).
+        if !atomic::cmpxchg_u64(
+            addr_of_mut!((*ptr).tx_redir[me]),
+            sent,
+            sent.wrapping_add(size),
+        ) {
+            return Err(PassReason::Raced);
+        }
         let flags = read_volatile(addr_of!((*ptr).rx_flags[peer]));
         let st = read_volatile(addr_of!((*ptr).state));
         let cookie = read_volatile(addr_of!((*ptr).cookie[me]));
         // The peer's close or-s its closed bit, then reads this count (sockops.rs,
         // on_state_change): either it counted these bytes as due to it, or this sees
         // the bit.
-        let mut raced = now != sent.wrapping_add(size)
-            || st & (link_state::closed(side::peer(state.side)) | link_state::CUT) != 0
+        let mut raced = st & (link_state::closed(side::peer(state.side)) | link_state::CUT) != 0
             || cookie != state.cookie;
         if !raced && (flags & (rx::TCP_ONLY | rx::OPTION) != 0 || st & link_state::LEAVING != 0) {
             // What the peer has read, after its flags: fully ordered.
