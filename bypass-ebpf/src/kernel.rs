@@ -255,30 +255,21 @@ impl Sending {
         if prot_at == 0 || allocated_at == 0 {
             return None;
         }
-        // SAFETY: `tp` is the non-null `struct tcp_sock` `sending` found.
-        unsafe { memory_allocated(self.tp, prot_at, allocated_at) }
-    }
-}
-
-/// `*tp->sk_prot->memory_allocated`, `None` where a pointer on the way is null.
-///
-/// # Safety
-/// `tp` is a non-null `struct tcp_sock` BTF pointer; the offsets are the agent's.
-#[inline(always)]
-unsafe fn memory_allocated(tp: *const u8, prot_at: u32, allocated_at: u32) -> Option<i64> {
-    // SAFETY: typed loads, each at an offset the verifier checks against the kernel's
-    // BTF: `struct sock_common`'s `skc_prot` (a `struct proto *`), that struct's
-    // `memory_allocated` (an `atomic_long_t *`), and its `counter`, at offset 0.
-    unsafe {
-        let prot = field::<*const u8>(tp, prot_at);
-        if prot.is_null() {
-            return None;
+        // SAFETY: `tp` is the non-null `struct tcp_sock` `sending` found; typed loads,
+        // each at an offset the verifier checks against the kernel's BTF: `struct
+        // sock_common`'s `skc_prot` (a `struct proto *`), that struct's
+        // `memory_allocated` (an `atomic_long_t *`), and its `counter`, at offset 0.
+        unsafe {
+            let prot = field::<*const u8>(self.tp, prot_at);
+            if prot.is_null() {
+                return None;
+            }
+            let allocated = field::<*const u8>(prot, allocated_at);
+            if allocated.is_null() {
+                return None;
+            }
+            Some(field::<i64>(allocated, 0))
         }
-        let allocated = field::<*const u8>(prot, allocated_at);
-        if allocated.is_null() {
-            return None;
-        }
-        Some(field::<i64>(allocated, 0))
     }
 }
 
